@@ -1,0 +1,241 @@
+/// @file backend/cpu/kernels.hpp
+/// @brief CPU kernels of the RPE terms on raw row-major buffers (not API: use rpe::term).
+///
+/// Shapes in CuTe-like notation. `Ht` table heads (1 when shared), `h' = Ht == 1 ? 0 : h`.
+/// `transposed` selects the query target's pair order: entry (i, j) reads id(j, i) at token j.
+/// Every kernel is parallel over (b, h) with OpenMP when enabled; table gradients are summed
+/// from per-(b, h) partials in a fixed order, so results do not depend on the thread count.
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace rpe::detail::cpu {
+
+template <class S>
+using row_matrix = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class S>
+using cmap = Eigen::Map<const row_matrix<S>>;
+template <class S>
+using map = Eigen::Map<row_matrix<S>>;
+
+/// @brief Problem sizes shared by the kernels.
+struct dims {
+    std::int64_t batch = 1;  ///< B
+    std::int64_t heads = 1;  ///< H
+    std::int64_t length = 0; ///< L
+    std::int64_t dim = 1;    ///< D (head dim)
+    std::int64_t buckets = 0;///< K (extra bucket included)
+    std::int64_t table_heads = 1;  ///< Ht
+    [[nodiscard]] std::int64_t table_head(std::int64_t h) const { return table_heads == 1 ? 0 : h; }
+};
+
+inline int max_threads() {
+#if defined(_OPENMP)
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+inline int thread_id() {
+#if defined(_OPENMP)
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/// @brief Key target: S[i, id(i,j)] += g[i,j]; query target: S[j, id(j,i)] += g[i,j].  S: (L, K)
+template <class S, class Id>
+void scatter_add(const S* g, const Id* ids, std::int64_t n, std::int64_t k, bool transposed, S* out) {
+    std::fill(out, out + n * k, S(0));
+    if (!transposed) {
+        for (std::int64_t i = 0; i < n; ++i) {
+            const S* gi = g + i * n;
+            const Id* idi = ids + i * n;
+            S* oi = out + i * k;
+            for (std::int64_t j = 0; j < n; ++j) oi[idi[j]] += gi[j];
+        }
+    } else {
+        for (std::int64_t i = 0; i < n; ++i) {
+            const S* gi = g + i * n;
+            for (std::int64_t j = 0; j < n; ++j) out[j * k + ids[j * n + i]] += gi[j];
+        }
+    }
+}
+
+/// @brief Key target: o[i,j] (+)= T[i, id(i,j)]; query target: o[i,j] (+)= T[j, id(j,i)].  T: (L, K)
+template <class S, class Id>
+void gather(const S* t, const Id* ids, std::int64_t n, std::int64_t k, bool transposed, bool accumulate, S* o) {
+    for (std::int64_t i = 0; i < n; ++i) {
+        S* oi = o + i * n;
+        if (!transposed) {
+            const S* ti = t + i * k;
+            const Id* idi = ids + i * n;
+            if (accumulate)
+                for (std::int64_t j = 0; j < n; ++j) oi[j] += ti[idi[j]];
+            else
+                for (std::int64_t j = 0; j < n; ++j) oi[j] = ti[idi[j]];
+        } else {
+            if (accumulate)
+                for (std::int64_t j = 0; j < n; ++j) oi[j] += t[j * k + ids[j * n + i]];
+            else
+                for (std::int64_t j = 0; j < n; ++j) oi[j] = t[j * k + ids[j * n + i]];
+        }
+    }
+}
+
+/// @brief Bias forward. table (Ht, K); out (Bo, Ho, L, L) with Ho ∈ {Ht, H}: out[b,h,i,j] (+)= table[h', id].
+template <class S, class Id>
+void bias_forward(const dims& d, const Id* ids, bool transposed, const S* table, std::int64_t out_batch,
+                  std::int64_t out_heads, bool accumulate, S* out) {
+    const std::int64_t n = d.length, planes = out_batch * out_heads;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (planes > 1 && n * n > 4096)
+#endif
+    for (std::int64_t p = 0; p < planes; ++p) {
+        const std::int64_t h = p % out_heads;
+        const S* th = table + (d.table_heads == 1 ? 0 : h) * d.buckets;
+        gather(th, ids, n, 0, transposed, accumulate, out + p * n * n);
+    }
+}
+
+/// @brief Bias backward. grad (Bo, Ho, L, L) → grad_table (Ht, K) (+)= Σ over pairs, batch and
+/// (for a shared table) heads, accumulated in plane order.
+template <class S, class Id>
+void bias_backward(const dims& d, const Id* ids, bool transposed, const S* grad, std::int64_t grad_batch,
+                   std::int64_t grad_heads, bool accumulate, S* grad_table) {
+    const std::int64_t n = d.length, k = d.buckets;
+    if (!accumulate) std::fill(grad_table, grad_table + d.table_heads * k, S(0));
+    std::vector<S> partial(static_cast<std::size_t>(grad_batch * grad_heads * k));
+    const std::int64_t planes = grad_batch * grad_heads;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (planes > 1 && n * n > 4096)
+#endif
+    for (std::int64_t p = 0; p < planes; ++p) {
+        S* acc = partial.data() + p * k;
+        const S* g = grad + p * n * n;
+        for (std::int64_t i = 0; i < n; ++i)
+            for (std::int64_t j = 0; j < n; ++j) acc[transposed ? ids[j * n + i] : ids[i * n + j]] += g[i * n + j];
+    }
+    for (std::int64_t p = 0; p < planes; ++p) {
+        S* dst = grad_table + d.table_head(p % grad_heads) * k;
+        const S* src = partial.data() + p * k;
+        for (std::int64_t b = 0; b < k; ++b) dst[b] += src[b];
+    }
+}
+
+/// @brief Contextual q/k forward (eqs. 15–16, SPEC §5): per (b, h) T = x·table[h'] (L, K), then
+/// gather. x (B, H, L, D); table (Ht, D, K); out (B, H, L, L). O(B·H·L·D·K + B·H·L²).
+template <class S, class Id>
+void contextual_qk_forward(const dims& d, const Id* ids, bool transposed, const S* x, const S* table,
+                           bool accumulate, S* out) {
+    const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
+    std::vector<S> work(static_cast<std::size_t>(max_threads() * n * k));
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (planes > 1)
+#endif
+    for (std::int64_t p = 0; p < planes; ++p) {
+        S* t = work.data() + thread_id() * n * k;
+        map<S>(t, n, k).noalias() = cmap<S>(x + p * n * dd, n, dd) * cmap<S>(table + d.table_head(p % d.heads) * dd * k, dd, k);
+        gather(t, ids, n, k, transposed, accumulate, out + p * n * n);
+    }
+}
+
+/// @brief Contextual q/k backward: G = scatter(grad) (L, K); grad_x (+)= G·table[h']ᵀ;
+/// grad_table[h'] (+)= Σ_b,(h) xᵀ·G. Either output may be null (not wanted).
+template <class S, class Id>
+void contextual_qk_backward(const dims& d, const Id* ids, bool transposed, const S* x, const S* table,
+                            const S* grad, bool accumulate, S* grad_x, S* grad_table) {
+    const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
+    std::vector<S> work(static_cast<std::size_t>(max_threads() * n * k));
+    std::vector<S> partial(grad_table ? static_cast<std::size_t>(planes * dd * k) : 0);
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (planes > 1)
+#endif
+    for (std::int64_t p = 0; p < planes; ++p) {
+        S* g = work.data() + thread_id() * n * k;
+        scatter_add(grad + p * n * n, ids, n, k, transposed, g);
+        const S* th = table + d.table_head(p % d.heads) * dd * k;
+        if (grad_x) {
+            map<S> gx(grad_x + p * n * dd, n, dd);
+            if (accumulate)
+                gx.noalias() += cmap<S>(g, n, k) * cmap<S>(th, dd, k).transpose();
+            else
+                gx.noalias() = cmap<S>(g, n, k) * cmap<S>(th, dd, k).transpose();
+        }
+        if (grad_table)
+            map<S>(partial.data() + p * dd * k, dd, k).noalias() = cmap<S>(x + p * n * dd, n, dd).transpose() * cmap<S>(g, n, k);
+    }
+    if (grad_table) {
+        if (!accumulate) std::fill(grad_table, grad_table + d.table_heads * dd * k, S(0));
+        for (std::int64_t p = 0; p < planes; ++p) {
+            S* dst = grad_table + d.table_head(p % d.heads) * dd * k;
+            const S* src = partial.data() + p * dd * k;
+            for (std::int64_t e = 0; e < dd * k; ++e) dst[e] += src[e];
+        }
+    }
+}
+
+/// @brief Contextual value forward (eq. 17, SPEC §5): S = scatter(a) (L, K); out (+)= S·table[h'].
+/// a (B, H, L, L); table (Ht, K, D); out (B, H, L, D). O(B·H·(L² + L·K·D)).
+template <class S, class Id>
+void contextual_v_forward(const dims& d, const Id* ids, const S* a, const S* table, bool accumulate, S* out) {
+    const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
+    std::vector<S> work(static_cast<std::size_t>(max_threads() * n * k));
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (planes > 1)
+#endif
+    for (std::int64_t p = 0; p < planes; ++p) {
+        S* s = work.data() + thread_id() * n * k;
+        scatter_add(a + p * n * n, ids, n, k, false, s);
+        map<S> o(out + p * n * dd, n, dd);
+        const auto th = cmap<S>(table + d.table_head(p % d.heads) * k * dd, k, dd);
+        if (accumulate)
+            o.noalias() += cmap<S>(s, n, k) * th;
+        else
+            o.noalias() = cmap<S>(s, n, k) * th;
+    }
+}
+
+/// @brief Contextual value backward: grad_a[i,j] (+)= (grad_out·table[h']ᵀ)[i, id(i,j)];
+/// grad_table[h'] (+)= Σ Sᵀ·grad_out. Either output may be null.
+template <class S, class Id>
+void contextual_v_backward(const dims& d, const Id* ids, const S* a, const S* table, const S* grad_out,
+                           bool accumulate, S* grad_a, S* grad_table) {
+    const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
+    std::vector<S> work(static_cast<std::size_t>(max_threads() * n * k));
+    std::vector<S> partial(grad_table ? static_cast<std::size_t>(planes * k * dd) : 0);
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (planes > 1)
+#endif
+    for (std::int64_t p = 0; p < planes; ++p) {
+        S* w = work.data() + thread_id() * n * k;
+        const auto th = cmap<S>(table + d.table_head(p % d.heads) * k * dd, k, dd);
+        const auto go = cmap<S>(grad_out + p * n * dd, n, dd);
+        if (grad_a) {
+            map<S>(w, n, k).noalias() = go * th.transpose();
+            gather(w, ids, n, k, false, accumulate, grad_a + p * n * n);
+        }
+        if (grad_table) {
+            scatter_add(a + p * n * n, ids, n, k, false, w);
+            map<S>(partial.data() + p * k * dd, k, dd).noalias() = cmap<S>(w, n, k).transpose() * go;
+        }
+    }
+    if (grad_table) {
+        if (!accumulate) std::fill(grad_table, grad_table + d.table_heads * k * dd, S(0));
+        for (std::int64_t p = 0; p < planes; ++p) {
+            S* dst = grad_table + d.table_head(p % d.heads) * k * dd;
+            const S* src = partial.data() + p * k * dd;
+            for (std::int64_t e = 0; e < k * dd; ++e) dst[e] += src[e];
+        }
+    }
+}
+
+}  // namespace rpe::detail::cpu

@@ -1,0 +1,254 @@
+/// @file composed_attention.hpp
+/// @brief The reference's attention step with iRPE (SPEC §4), composed from single terms:
+/// logits buffer, RPE terms, key padding mask, softmax, value term — forward and backward.
+///
+/// This is the plain, obviously-correct baseline (it materialises (B, H, L, L) logits); a fused
+/// attention must give the same numbers.
+#pragma once
+
+#include <Eigen/Core>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "any_term.hpp"
+#include "backend/cpu/kernels.hpp"
+#include "detail/check.hpp"
+#include "error.hpp"
+#include "tensor.hpp"
+
+namespace rpe {
+
+/// @brief One RPE term attached to the attention step: the term (null = none), its lookup
+/// table(s) (1, or 2 for Cross: rows, cols) and, for backward, where their gradients go
+/// (empty = not wanted).
+template <class S>
+struct attention_term {
+    const any_term<S>* term = nullptr;                ///< the configured term, or null
+    std::vector<tensor_ref<const S>> tables;          ///< its table(s), shapes term->table_shape()
+    std::vector<tensor_ref<S>> grad_tables;           ///< gradients of the tables (backward), or empty
+};
+
+/// @brief Inputs of the attention step.
+///
+/// q, k, v: (B, H, L, D), projected and unscaled; `L = skip + height·width`. The grid size is
+/// given explicitly (the reference's default of a square ⌊√L⌋ grid is not guessed).
+/// key_padding_mask: optional (B, L), nonzero = padded key (DETR): those logits become −∞ after
+/// all RPE terms are added. Rows whose keys are all masked give zero probabilities and zero
+/// output (the reference gives NaN there).
+template <class S>
+struct attention_inputs {
+    tensor_ref<const S> q, k, v;                    ///< (B, H, L, D)
+    int height = 0;                                 ///< grid rows
+    int width = 0;                                  ///< grid columns
+    attention_term<S> rpe_q, rpe_k, rpe_v;          ///< RPE on queries, keys, values (each optional)
+    tensor_ref<const std::uint8_t> key_padding_mask;  ///< (B, L) or empty
+};
+
+namespace detail {
+
+template <class S>
+struct attention_shape {
+    std::int64_t b, h, l, d;
+};
+
+template <class S>
+attention_shape<S> check_attention(const attention_inputs<S>& in) {
+    require(in.q.rank == 4, "attention", "q has shape ", in.q.shape_string(), "; expected (B, H, L, D)");
+    attention_shape<S> s{in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)};
+    require(s.b >= 1 && s.h >= 1 && s.l >= 1 && s.d >= 1, "attention", "q has shape ", in.q.shape_string(),
+            "; expected positive extents");
+    check_shape(in.k, {s.b, s.h, s.l, s.d}, "attention", "k");
+    check_shape(in.v, {s.b, s.h, s.l, s.d}, "attention", "v");
+    check_nonnull(in.q, "attention", "q");
+    check_nonnull(in.k, "attention", "k");
+    check_nonnull(in.v, "attention", "v");
+    if (in.key_padding_mask.rank != 0 || in.key_padding_mask.data != nullptr) {
+        check_shape(in.key_padding_mask, {s.b, s.l}, "attention", "key_padding_mask");
+        check_nonnull(in.key_padding_mask, "attention", "key_padding_mask");
+    }
+    const attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    const char* names[] = {"rpe_q", "rpe_k", "rpe_v"};
+    const target wanted[] = {target::query, target::key, target::value};
+    for (int i = 0; i < 3; ++i) {
+        const auto& slot = *slots[i];
+        if (!slot.term) continue;
+        require(slot.term->target() == wanted[i], "attention", names[i], " holds a term on target ",
+                target_letter(slot.term->target()), "; expected ", target_letter(wanted[i]));
+        require(slot.term->num_heads() == s.h, "attention", names[i], " has num_heads = ", slot.term->num_heads(),
+                "; expected H = ", s.h, " of q");
+        require(slot.term->head_dim() == s.d, "attention", names[i], " has head_dim = ", slot.term->head_dim(),
+                "; expected D = ", s.d, " of q");
+        require(s.l == slot.term->skip() + static_cast<std::int64_t>(in.height) * in.width, "attention", "L = ", s.l,
+                " of q; expected skip + height*width = ", slot.term->skip(), " + ", in.height, "*", in.width);
+    }
+    return s;
+}
+
+template <class S>
+std::shared_ptr<const bucket_ids> ids_of(const attention_term<S>& slot, int height, int width) {
+    return slot.term ? slot.term->bucket_ids(height, width) : nullptr;
+}
+
+}  // namespace detail
+
+/// @brief Forward of the attention step (SPEC §4, reference `RPEAttention.forward` without the
+/// projections and dropout): `qs = q·s`, `s = D^−½`; `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s)`;
+/// mask; `attn = softmax_j(logits)`; `out = attn·v + rpe_v(attn)`.
+/// @param out  (B, H, L, D), written.
+/// @param attn (B, H, L, L), written: the probabilities, needed by the backward.
+/// @throws rpe::invalid_argument `[rpe.attention] ...` / `[rpe.term] ...` for mismatched shapes,
+///   grid, heads, or a term on the wrong slot; checks run before any output is written.
+/// Cost: O(B·H·L²·D) for the content products plus the terms' costs (rpe::term).
+template <class S>
+void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn) {
+    const auto s = detail::check_attention(in);
+    detail::check_shape(out, {s.b, s.h, s.l, s.d}, "attention", "out");
+    detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
+    detail::check_nonnull(out, "attention", "out");
+    detail::check_nonnull(attn, "attention", "attn");
+    const auto ids_q = detail::ids_of(in.rpe_q, in.height, in.width);
+    const auto ids_k = detail::ids_of(in.rpe_k, in.height, in.width);
+    const auto ids_v = detail::ids_of(in.rpe_v, in.height, in.width);
+    const S scale = static_cast<S>(1.0 / std::sqrt(static_cast<double>(s.d)));
+    const std::int64_t n = s.l, planes = s.b * s.h;
+    std::vector<S> qs(static_cast<std::size_t>(in.q.size())), ks;
+    for (std::int64_t e = 0; e < in.q.size(); ++e) qs[e] = in.q.data[e] * scale;
+    using detail::cpu::cmap;
+    using detail::cpu::map;
+    for (std::int64_t p = 0; p < planes; ++p)
+        map<S>(attn.data + p * n * n, n, n).noalias() =
+            cmap<S>(qs.data() + p * n * s.d, n, s.d) * cmap<S>(in.k.data + p * n * s.d, n, s.d).transpose();
+    const tensor_ref<const S> qs_ref(qs.data(), {s.b, s.h, s.l, s.d});
+    if (in.rpe_k.term)
+        in.rpe_k.term->forward(*ids_k, in.rpe_k.tables, in.rpe_k.term->contextual() ? qs_ref : tensor_ref<const S>{}, attn,
+                               write::accumulate);
+    if (in.rpe_q.term) {
+        tensor_ref<const S> ks_ref;
+        if (in.rpe_q.term->contextual()) {
+            ks.resize(static_cast<std::size_t>(in.k.size()));
+            for (std::int64_t e = 0; e < in.k.size(); ++e) ks[e] = in.k.data[e] * scale;
+            ks_ref = tensor_ref<const S>(ks.data(), {s.b, s.h, s.l, s.d});
+        }
+        in.rpe_q.term->forward(*ids_q, in.rpe_q.tables, ks_ref, attn, write::accumulate);
+    }
+    const bool masked = in.key_padding_mask.data != nullptr;
+    for (std::int64_t p = 0; p < planes; ++p) {
+        const std::uint8_t* mask = masked ? in.key_padding_mask.data + (p / s.h) * n : nullptr;
+        for (std::int64_t i = 0; i < n; ++i) {
+            S* row = attn.data + (p * n + i) * n;
+            S m = -std::numeric_limits<S>::infinity();
+            for (std::int64_t j = 0; j < n; ++j) {
+                if (mask && mask[j]) row[j] = -std::numeric_limits<S>::infinity();
+                m = std::max(m, row[j]);
+            }
+            if (m == -std::numeric_limits<S>::infinity()) {  // every key masked: zeros, not NaN
+                std::fill(row, row + n, S(0));
+                continue;
+            }
+            S sum = 0;
+            for (std::int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - m));
+            const S inv = S(1) / sum;
+            for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
+        }
+    }
+    for (std::int64_t p = 0; p < planes; ++p)
+        map<S>(out.data + p * n * s.d, n, s.d).noalias() =
+            cmap<S>(attn.data + p * n * n, n, n) * cmap<S>(in.v.data + p * n * s.d, n, s.d);
+    if (in.rpe_v.term) in.rpe_v.term->forward(*ids_v, in.rpe_v.tables, attn, out, write::accumulate);
+}
+
+/// @brief Backward of composed_attention_forward for `sum(out · grad_out)`.
+/// @param attn     (B, H, L, L): the probabilities written by the forward.
+/// @param grad_out (B, H, L, D).
+/// @param grad_q, grad_k, grad_v (B, H, L, D), written: gradients for the unscaled q, k, v.
+/// The tables' gradients are written into each attention_term's `grad_tables` (when given).
+/// Masked keys get exactly zero grad_k and grad_v rows.
+/// @throws as the forward.
+template <class S>
+void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const S> attn, tensor_ref<const S> grad_out,
+                                 tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v) {
+    const auto s = detail::check_attention(in);
+    const std::vector<std::int64_t> qshape{s.b, s.h, s.l, s.d};
+    detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
+    detail::check_shape(grad_out, qshape, "attention", "grad_out");
+    detail::check_shape(grad_q, qshape, "attention", "grad_q");
+    detail::check_shape(grad_k, qshape, "attention", "grad_k");
+    detail::check_shape(grad_v, qshape, "attention", "grad_v");
+    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
+        if (slot->term)
+            for (const auto& g : slot->grad_tables)
+                if (g.data) detail::check_shape(g, slot->term->table_shape(), "attention", "grad_tables");
+    const auto ids_q = detail::ids_of(in.rpe_q, in.height, in.width);
+    const auto ids_k = detail::ids_of(in.rpe_k, in.height, in.width);
+    const auto ids_v = detail::ids_of(in.rpe_v, in.height, in.width);
+    const S scale = static_cast<S>(1.0 / std::sqrt(static_cast<double>(s.d)));
+    const std::int64_t n = s.l, dd = s.d, planes = s.b * s.h;
+    using detail::cpu::cmap;
+    using detail::cpu::map;
+    // The terms add into the input gradients (write::accumulate), so their table gradients are
+    // zeroed first: this call overwrites them.
+    auto grad_tables_of = [](const attention_term<S>& slot) {
+        std::vector<tensor_ref<S>> g = slot.grad_tables;
+        g.resize(static_cast<std::size_t>(slot.term->num_tables()));
+        for (auto& t : g)
+            if (t.data) std::fill(t.data, t.data + t.size(), S(0));
+        return g;
+    };
+
+    // grad_v = attnᵀ·grad_out; grad_attn = grad_out·vᵀ (+ value term)
+    std::vector<S> grad_attn(static_cast<std::size_t>(planes * n * n));
+    for (std::int64_t p = 0; p < planes; ++p) {
+        const auto a = cmap<S>(attn.data + p * n * n, n, n);
+        const auto go = cmap<S>(grad_out.data + p * n * dd, n, dd);
+        map<S>(grad_v.data + p * n * dd, n, dd).noalias() = a.transpose() * go;
+        map<S>(grad_attn.data() + p * n * n, n, n).noalias() = go * cmap<S>(in.v.data + p * n * dd, n, dd).transpose();
+    }
+    tensor_ref<S> grad_attn_ref(grad_attn.data(), {s.b, s.h, s.l, s.l});
+    if (in.rpe_v.term) {
+        const auto g = grad_tables_of(in.rpe_v);
+        in.rpe_v.term->backward(*ids_v, in.rpe_v.tables, attn, grad_out, grad_attn_ref, g, write::accumulate);
+    }
+    // softmax backward: grad_logits = a ⊙ (grad_attn − Σ_j grad_attn ⊙ a)
+    for (std::int64_t r = 0; r < planes * n; ++r) {
+        const S* a = attn.data + r * n;
+        S* g = grad_attn.data() + r * n;
+        S dot = 0;
+        for (std::int64_t j = 0; j < n; ++j) dot += g[j] * a[j];
+        for (std::int64_t j = 0; j < n; ++j) g[j] = a[j] * (g[j] - dot);
+    }
+    const tensor_ref<const S> grad_logits(grad_attn.data(), {s.b, s.h, s.l, s.l});
+    // qs = q·s: grad_qs = grad_logits·k (+ key term); grad_q = s·grad_qs
+    std::vector<S> qs(static_cast<std::size_t>(in.q.size())), ks(static_cast<std::size_t>(in.k.size()));
+    for (std::int64_t e = 0; e < in.q.size(); ++e) qs[e] = in.q.data[e] * scale;
+    for (std::int64_t e = 0; e < in.k.size(); ++e) ks[e] = in.k.data[e] * scale;
+    const tensor_ref<const S> qs_ref(qs.data(), {s.b, s.h, s.l, s.d}), ks_ref(ks.data(), {s.b, s.h, s.l, s.d});
+    for (std::int64_t p = 0; p < planes; ++p) {
+        const auto gl = cmap<S>(grad_attn.data() + p * n * n, n, n);
+        map<S>(grad_q.data + p * n * dd, n, dd).noalias() = gl * cmap<S>(in.k.data + p * n * dd, n, dd);
+        map<S>(grad_k.data + p * n * dd, n, dd).noalias() = gl.transpose() * cmap<S>(qs.data() + p * n * dd, n, dd);
+    }
+    if (in.rpe_k.term) {
+        const auto g = grad_tables_of(in.rpe_k);
+        const bool ctx = in.rpe_k.term->contextual();
+        in.rpe_k.term->backward(*ids_k, in.rpe_k.tables, ctx ? qs_ref : tensor_ref<const S>{}, grad_logits,
+                                ctx ? grad_q : tensor_ref<S>{}, g, write::accumulate);
+    }
+    for (std::int64_t e = 0; e < grad_q.size(); ++e) grad_q.data[e] *= scale;
+    if (in.rpe_q.term) {
+        const auto g = grad_tables_of(in.rpe_q);
+        if (in.rpe_q.term->contextual()) {
+            std::vector<S> grad_ks(static_cast<std::size_t>(in.k.size()));
+            in.rpe_q.term->backward(*ids_q, in.rpe_q.tables, ks_ref, grad_logits,
+                                    tensor_ref<S>(grad_ks.data(), {s.b, s.h, s.l, s.d}), g, write::accumulate);
+            for (std::int64_t e = 0; e < grad_k.size(); ++e) grad_k.data[e] += scale * grad_ks[e];
+        } else {
+            in.rpe_q.term->backward(*ids_q, in.rpe_q.tables, {}, grad_logits, {}, g, write::accumulate);
+        }
+    }
+}
+
+}  // namespace rpe

@@ -1,0 +1,89 @@
+/// @file concepts.hpp
+/// @brief The concepts that constrain rpe's policies: IndexFunction, Mapping, Mode, Backend.
+///
+/// A policy that does not satisfy its concept fails at the point of use with the concept's name
+/// in the diagnostic, e.g. "the required expression 'm.bucket(dr, dc)' is invalid".
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <type_traits>
+
+namespace rpe {
+
+namespace mode {
+struct bias;
+struct contextual;
+}  // namespace mode
+
+namespace backend {
+struct cpu;
+struct cuda;
+}  // namespace backend
+
+/// @brief An index function g: integer offset or real distance → signed index in [−βi, βi].
+template <class F>
+concept IndexFunction =
+    // a policy is a plain value: copied into kernels, compared as part of a cache key
+    std::is_trivially_copyable_v<F> && std::equality_comparable<F> &&
+    requires(const F f, std::int64_t offset, float distance) {
+        // βi: the output half-width, so outputs are in [−βi, βi] and 2βi+1 values exist
+        { f.beta_int() } -> std::same_as<int>;
+        // g at an integer offset (Product, Cross, Quantization feed integers)
+        { f(offset) } -> std::same_as<int>;
+        // g at a real distance (Euclidean feeds a rounded or real distance)
+        { f(distance) } -> std::same_as<int>;
+    };
+
+/// @brief A 2D mapping: offset (dr, dc) = (r_i − r_j, c_i − c_j) → bucket id in [0, num_buckets()).
+///
+/// Optional members: `static constexpr int num_tables` (default 1; Cross has 2, one id per table:
+/// then `bucket(dr, dc, table)` gives the id in table `table`), and `void validate() const`
+/// (host-side parameter check that throws; called once when a term or bucket ids are built).
+template <class M>
+concept Mapping =
+    // a policy is a plain value: copied into kernels, compared as part of the cache key
+    std::is_trivially_copyable_v<M> && std::equality_comparable<M> &&
+    requires(const M m, int dr, int dc) {
+        // ids per table before the extra (skip) bucket; the table has this many rows (+1 with skip)
+        { m.num_buckets() } -> std::convertible_to<int>;
+        // id of the offset in table 0, in [0, num_buckets())
+        { m.bucket(dr, dc) } -> std::convertible_to<int>;
+    };
+
+/// @brief A mode tag: rpe::mode::bias (eq. 14) or rpe::mode::contextual (eqs. 15–17).
+template <class Md>
+concept Mode = std::same_as<Md, mode::bias> || std::same_as<Md, mode::contextual>;
+
+/// @brief A backend tag: rpe::backend::cpu (Eigen) or rpe::backend::cuda.
+template <class B>
+concept Backend = std::same_as<B, backend::cpu> || std::same_as<B, backend::cuda>;
+
+namespace detail {
+
+/// @brief Number of tables (and of id matrices) of mapping M: `M::num_tables`, else 1.
+template <class M>
+constexpr int num_tables_of() {
+    if constexpr (requires { M::num_tables; })
+        return static_cast<int>(M::num_tables);
+    else
+        return 1;
+}
+
+/// @brief Id of (dr, dc) in table `table` of mapping m.
+template <class M>
+constexpr int bucket_of(const M& m, int dr, int dc, int table) {
+    if constexpr (num_tables_of<M>() > 1)
+        return static_cast<int>(m.bucket(dr, dc, table));
+    else
+        return static_cast<int>(m.bucket(dr, dc));
+}
+
+/// @brief Calls `p.validate()` when the policy has one.
+template <class P>
+void validate_policy(const P& p) {
+    if constexpr (requires { p.validate(); }) p.validate();
+}
+
+}  // namespace detail
+}  // namespace rpe

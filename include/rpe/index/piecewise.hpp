@@ -1,0 +1,77 @@
+/// @file index/piecewise.hpp
+/// @brief The piecewise index function of iRPE (paper eq. 18), bit-exact with the reference.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "../config.hpp"
+#include "../detail/float.hpp"
+#include "../detail/validate.hpp"
+
+namespace rpe::index {
+
+/// @brief Piecewise index g (paper eq. 18): exact up to α, log-spaced from α to γ, capped at β.
+///
+/// `g(x) = round(x)` when `|x| ≤ α`; otherwise `trunc(sign(x)·min(round(v), β))` with
+/// `v = α + ln(|x|/α) / ln(γ/α) · (β − α)`. Output in `[−beta_int(), beta_int()]` with
+/// `beta_int() = int(β)` (truncation: β = 3.8 caps at 3).
+///
+/// Numerics follow the reference recipe exactly (SPEC §2): `α`, `ln(γ/α)` and `β − α` are computed
+/// in double and then cast to float32; `v` is evaluated step by step in float32 (`logf`);
+/// `round` is half to even (the default rounding mode, as torch.round); the cap compares with
+/// `float(β)`. An all-double or all-float evaluation, or `std::round`, gives other buckets for
+/// some configurations.
+///
+/// Fields are public (aggregate): `rpe::index::piecewise{.alpha = 1.9, .beta = 3.8, .gamma = 15.2}`.
+/// Valid parameters: finite, `α > 0`, `β ≥ α`, `γ > α`, `β < 2^30`; checked by `validate()`,
+/// which the term and bucket-id builders call once on the host.
+/// Source: paper eq. 18; reference `piecewise_index` in microsoft/Cream `iRPE/DeiT-with-iRPE/irpe.py`.
+struct piecewise {
+    double alpha = 1.9;   ///< α: offsets with |x| ≤ α keep their own index
+    double beta = 3.8;    ///< β: the cap (may be non-integer; the index range is ±int(β))
+    double gamma = 15.2;  ///< γ: the offset at which the log part reaches β
+
+    /// @brief The reference's parameters from one ratio: `α = r, β = 2r, γ = 8r` (Python floats).
+    static constexpr piecewise from_ratio(double ratio) { return {ratio, 2.0 * ratio, 8.0 * ratio}; }
+
+    /// @brief `int(β)`: the output lies in `[−beta_int(), beta_int()]`.
+    RPE_HOST_DEVICE constexpr int beta_int() const { return static_cast<int>(beta); }
+
+    /// @brief g at an integer offset (the reference's long input).
+    RPE_HOST_DEVICE int operator()(std::int64_t x) const {
+        const float xf = static_cast<float>(x);
+        if (std::fabs(xf) <= static_cast<float>(alpha)) return static_cast<int>(x);
+        return outer(xf);
+    }
+
+    /// @brief g at a real input (a distance): `round_half_even(x)` inside `|x| ≤ α`.
+    RPE_HOST_DEVICE int operator()(float x) const {
+        if (std::fabs(x) <= static_cast<float>(alpha)) return static_cast<int>(std::nearbyint(x));
+        return outer(x);
+    }
+
+    /// @brief Throws rpe::invalid_argument `[rpe.index.piecewise] ...` for invalid α, β, γ.
+    void validate() const { detail::validate_alpha_beta_gamma("index.piecewise", alpha, beta, gamma); }
+
+    friend constexpr bool operator==(const piecewise&, const piecewise&) = default;
+
+private:
+    // |x| > α branch, float32 step by step as the reference.
+    RPE_HOST_DEVICE int outer(float x) const {
+        const float alpha_f = static_cast<float>(alpha);
+        const float log_gamma_alpha_f = static_cast<float>(std::log(gamma / alpha));
+        const float beta_alpha_f = static_cast<float>(beta - alpha);
+        const float beta_f = static_cast<float>(beta);
+        float t = std::fabs(x) / alpha_f;
+        t = std::log(t);  // float overload: logf
+        t = t / log_gamma_alpha_f;
+        t = detail::mul_no_contract(t, beta_alpha_f);  // no fused multiply-add: the reference rounds here
+        const float v = alpha_f + t;
+        const float r = std::fmin(std::nearbyint(v), beta_f);
+        const float s = x > 0.0f ? r : -r;
+        return static_cast<int>(s);  // truncation toward zero
+    }
+};
+
+}  // namespace rpe::index

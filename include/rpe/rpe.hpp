@@ -1,0 +1,26 @@
+/// @file rpe.hpp
+/// @brief Umbrella header of rpe's CPU backend: everything a plain C++20 compiler builds.
+///
+/// rpe: relative position encoding for transformers, built around iRPE (Wu et al., ICCV 2021).
+/// Compose an index function, a mapping and a mode into an rpe::term; bucket ids come from the
+/// shared rpe::bucket_cache; rpe::composed_attention_forward / _backward run the attention step.
+/// The file readers (.npy, safetensors) live in <rpe/io/npy.hpp> and <rpe/io/safetensors.hpp>
+/// (they need nlohmann-json; CMake target rpe::io).
+#pragma once
+
+#include "any_term.hpp"
+#include "backend/tags.hpp"
+#include "bucket_ids.hpp"
+#include "composed_attention.hpp"
+#include "concepts.hpp"
+#include "config.hpp"
+#include "error.hpp"
+#include "index/clip.hpp"
+#include "index/piecewise.hpp"
+#include "mapping/cross.hpp"
+#include "mapping/euclidean.hpp"
+#include "mapping/product.hpp"
+#include "mapping/quantization.hpp"
+#include "mode.hpp"
+#include "tensor.hpp"
+#include "term.hpp"
