@@ -36,6 +36,8 @@ struct attention_term {
 ///
 /// q, k, v: (B, H, L, D), projected and unscaled; `L = skip + height·width`. The grid size is
 /// given explicitly (the reference's default of a square ⌊√L⌋ grid is not guessed).
+/// attn_mask: optional (L, L) additive mask (DETR's float `attn_mask`), added to the logits after
+/// all RPE terms; −∞ entries mask a pair.
 /// key_padding_mask: optional (B, L), nonzero = padded key (DETR): those logits become −∞ after
 /// all RPE terms are added. Rows whose keys are all masked give zero probabilities and zero
 /// output (the reference gives NaN there).
@@ -45,6 +47,7 @@ struct attention_inputs {
     int height = 0;                                 ///< grid rows
     int width = 0;                                  ///< grid columns
     attention_term<S> rpe_q, rpe_k, rpe_v;          ///< RPE on queries, keys, values (each optional)
+    tensor_ref<const S> attn_mask;                  ///< (L, L) additive, or empty
     tensor_ref<const std::uint8_t> key_padding_mask;  ///< (B, L) or empty
 };
 
@@ -66,6 +69,10 @@ attention_shape<S> check_attention(const attention_inputs<S>& in) {
     check_nonnull(in.q, "attention", "q");
     check_nonnull(in.k, "attention", "k");
     check_nonnull(in.v, "attention", "v");
+    if (in.attn_mask.rank != 0 || in.attn_mask.data != nullptr) {
+        check_shape(in.attn_mask, {s.l, s.l}, "attention", "attn_mask");
+        check_nonnull(in.attn_mask, "attention", "attn_mask");
+    }
     if (in.key_padding_mask.rank != 0 || in.key_padding_mask.data != nullptr) {
         check_shape(in.key_padding_mask, {s.b, s.l}, "attention", "key_padding_mask");
         check_nonnull(in.key_padding_mask, "attention", "key_padding_mask");
@@ -140,6 +147,8 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
         const std::uint8_t* mask = masked ? in.key_padding_mask.data + (p / s.h) * n : nullptr;
         for (std::int64_t i = 0; i < n; ++i) {
             S* row = attn.data + (p * n + i) * n;
+            if (in.attn_mask.data)
+                for (std::int64_t j = 0; j < n; ++j) row[j] += in.attn_mask.data[i * n + j];
             S m = -std::numeric_limits<S>::infinity();
             for (std::int64_t j = 0; j < n; ++j) {
                 if (mask && mask[j]) row[j] = -std::numeric_limits<S>::infinity();

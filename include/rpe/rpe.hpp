@@ -9,6 +9,7 @@
 #pragma once
 
 #include "any_term.hpp"
+#include "attention.hpp"
 #include "backend/tags.hpp"
 #include "bucket_ids.hpp"
 #include "composed_attention.hpp"

@@ -3,7 +3,8 @@
 //   PASS <case path> max_abs=<e> worst_tol_ratio=<r>
 //   FAIL <case path> <what differed>
 // then `N passed, M failed`. Exit status 0 only when M == 0 and N > 0.
-// Kinds: index, bucket_ids, term, attention (through rpe::composed_attention_*), error.
+// Kinds: index, bucket_ids, term, attention (through rpe::composed_attention_* and through the
+// fused rpe::attention_forward / attention_backward, both checked), error.
 // The format is documented in tests/data/golden/README.md.
 #include <rpe/io/npy.hpp>
 #include <rpe/rpe.hpp>
@@ -44,7 +45,12 @@ public:
         if (kind == "index") run_index();
         else if (kind == "bucket_ids") run_bucket_ids();
         else if (kind == "term") { run_term<float>(); run_term<double>(); }
-        else if (kind == "attention") { run_attention<float>(); run_attention<double>(); }
+        else if (kind == "attention") {
+            for (bool fused : {false, true}) {
+                run_attention<float>(fused);
+                run_attention<double>(fused);
+            }
+        }
         else if (kind == "error") run_error();
         else throw mismatch("unknown kind '" + kind + "'");
         return score_;
@@ -220,8 +226,11 @@ private:
         for (std::size_t t = 0; t < tables.size(); ++t) close(tables[t].at("grad").get<std::string>(), grad_tab[t]);
     }
 
+    // The attention step through rpe::composed_attention_* (fused = false) or the fused
+    // rpe::attention_forward / attention_backward (fused = true, with a small row block so that
+    // several blocks per head are exercised).
     template <class S>
-    void run_attention() {
+    void run_attention(bool fused) {
         const std::string on = meta_.at("rpe_on").get<std::string>();
         const std::int64_t b = meta_.at("batch").get<std::int64_t>(), h = meta_.at("heads").get<std::int64_t>(),
                            l = meta_.at("L").get<std::int64_t>(), d = meta_.at("head_dim").get<std::int64_t>();
@@ -271,11 +280,17 @@ private:
         }
         std::vector<S> out(q.size()), attn(static_cast<std::size_t>(b * h * l * l));
         std::vector<S> gq(q.size()), gk(q.size()), gv(q.size());
-        rpe::composed_attention_forward(in, rpe::tensor_ref<S>(out.data(), {b, h, l, d}), rpe::tensor_ref<S>(attn.data(), {b, h, l, l}));
-        rpe::composed_attention_backward(in, rpe::tensor_ref<const S>(attn.data(), {b, h, l, l}),
-                                         rpe::tensor_ref<const S>(grad_out.data(), {b, h, l, d}),
-                                         rpe::tensor_ref<S>(gq.data(), {b, h, l, d}), rpe::tensor_ref<S>(gk.data(), {b, h, l, d}),
-                                         rpe::tensor_ref<S>(gv.data(), {b, h, l, d}));
+        const rpe::tensor_ref<S> out_ref(out.data(), {b, h, l, d}), attn_ref(attn.data(), {b, h, l, l});
+        const rpe::tensor_ref<const S> grad_out_ref(grad_out.data(), {b, h, l, d});
+        const rpe::tensor_ref<S> gq_ref(gq.data(), {b, h, l, d}), gk_ref(gk.data(), {b, h, l, d}), gv_ref(gv.data(), {b, h, l, d});
+        if (fused) {
+            const rpe::attention_options opt{.row_block = 7};
+            rpe::attention_forward(in, out_ref, attn_ref, opt);
+            rpe::attention_backward(in, grad_out_ref, gq_ref, gk_ref, gv_ref, opt);
+        } else {
+            rpe::composed_attention_forward(in, out_ref, attn_ref);
+            rpe::composed_attention_backward(in, rpe::tensor_ref<const S>(attn_ref), grad_out_ref, gq_ref, gk_ref, gv_ref);
+        }
         close("output.npy", out);
         close("attn.npy", attn);
         close("grad_q.npy", gq);

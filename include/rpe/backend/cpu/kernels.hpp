@@ -70,6 +70,18 @@ void scatter_add(const S* g, const Id* ids, std::int64_t n, std::int64_t k, bool
     }
 }
 
+/// @brief Row-block scatter: out[i, ids[i,j]] = Σ_j g[i,j] over `rows` rows of length n.  out: (rows, K)
+template <class S, class Id>
+void scatter_rows(const S* g, const Id* ids, std::int64_t rows, std::int64_t n, std::int64_t k, S* out) {
+    std::fill(out, out + rows * k, S(0));
+    for (std::int64_t i = 0; i < rows; ++i) {
+        const S* gi = g + i * n;
+        const Id* idi = ids + i * n;
+        S* oi = out + i * k;
+        for (std::int64_t j = 0; j < n; ++j) oi[idi[j]] += gi[j];
+    }
+}
+
 /// @brief Key target: o[i,j] (+)= T[i, id(i,j)]; query target: o[i,j] (+)= T[j, id(j,i)].  T: (L, K)
 template <class S, class Id>
 void gather(const S* t, const Id* ids, std::int64_t n, std::int64_t k, bool transposed, bool accumulate, S* o) {

@@ -1,0 +1,438 @@
+/// @file attention.hpp
+/// @brief Fused multi-head attention with iRPE on queries, keys and values (CPU): forward and
+/// backward of the whole attention step, row block by row block, with no (B, H, L, L) buffer.
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "any_term.hpp"
+#include "backend/cpu/kernels.hpp"
+#include "composed_attention.hpp"
+#include "detail/check.hpp"
+#include "error.hpp"
+#include "tensor.hpp"
+
+namespace rpe {
+
+/// @brief Options of the fused attention.
+struct attention_options {
+    /// Rows of the logits computed at once per (batch, head); 0 = automatic (about 128K logits
+    /// per block, at least 32 rows). Results do not depend on it beyond float rounding of the
+    /// matrix products.
+    std::int64_t row_block = 0;
+};
+
+namespace detail {
+
+/// One lookup table of one term, prepared for the fused kernels.
+template <class S, class Id>
+struct fused_table {
+    const Id* ids = nullptr;  // (L, L): id(i, j) for k and v; id(j, i) at [i, j] for q (transposed)
+    const S* table = nullptr; // bias (Ht, K); contextual q/k (Ht, D, K); v (Ht, K, D)
+    S* grad = nullptr;        // same shape as table, or null
+    std::int64_t table_heads = 1;
+    std::int64_t k = 0;       // buckets of this table (extra bucket included)
+    bool bias = false;
+    std::vector<S> partial;   // (planes, table size): per-(b, h) gradient partials
+    [[nodiscard]] std::int64_t head(std::int64_t h) const { return table_heads == 1 ? 0 : h; }
+};
+
+template <class S, class Id>
+struct fused_plan {
+    std::int64_t b = 0, h = 0, l = 0, d = 0, k = 0, rb = 0;
+    S scale = 1;
+    std::vector<fused_table<S, Id>> on_q, on_k, on_v;
+    std::vector<std::vector<Id>> owned;  // id copies (transposed or widened)
+};
+
+template <class Id>
+const Id* ids_as(const bucket_ids& ids, int table, bool transposed, std::vector<std::vector<Id>>& owned) {
+    const std::int64_t n = ids.length();
+    const Id* direct = ids.visit(table, [](const auto* p) -> const Id* {
+        if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(p)>>, Id>)
+            return p;
+        else
+            return nullptr;
+    });
+    if (direct && !transposed) return direct;
+    auto& v = owned.emplace_back(static_cast<std::size_t>(n * n));
+    ids.visit(table, [&](const auto* p) {
+        for (std::int64_t i = 0; i < n; ++i)
+            for (std::int64_t j = 0; j < n; ++j) v[static_cast<std::size_t>(i * n + j)] = static_cast<Id>(transposed ? p[j * n + i] : p[i * n + j]);
+    });
+    return v.data();
+}
+
+template <class S, class Id>
+void add_tables(fused_plan<S, Id>& plan, const attention_term<S>& slot, const std::shared_ptr<const bucket_ids>& ids,
+                std::vector<fused_table<S, Id>>& out, bool want_grads) {
+    if (!slot.term) return;
+    const auto shape = slot.term->table_shape();
+    const int n = slot.term->num_tables();
+    require(static_cast<int>(slot.tables.size()) == n, "attention", "a term holds ", slot.tables.size(), " tables; expected ", n);
+    for (int t = 0; t < n; ++t) {
+        fused_table<S, Id> ft;
+        check_shape(slot.tables[static_cast<std::size_t>(t)], shape, "attention", "tables");
+        check_nonnull(slot.tables[static_cast<std::size_t>(t)], "attention", "tables");
+        ft.table = slot.tables[static_cast<std::size_t>(t)].data;
+        if (want_grads && static_cast<std::size_t>(t) < slot.grad_tables.size() && slot.grad_tables[static_cast<std::size_t>(t)].data) {
+            check_shape(slot.grad_tables[static_cast<std::size_t>(t)], shape, "attention", "grad_tables");
+            ft.grad = slot.grad_tables[static_cast<std::size_t>(t)].data;
+        }
+        ft.table_heads = shape[0];
+        ft.k = slot.term->num_buckets();
+        ft.bias = !slot.term->contextual();
+        ft.ids = ids_as<Id>(*ids, t, slot.term->target() == target::query, plan.owned);
+        out.push_back(std::move(ft));
+    }
+}
+
+// Logits of rows [i0, i0 + rb) of plane p into lg (rb, L), then the masked softmax in place.
+// qs_blk (rb, D) are the scaled queries of those rows; tq (per q contextual table) is the plane's
+// (L, K) product ks·table_q.
+template <class S, class Id>
+void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, std::int64_t i0,
+                         std::int64_t rb, const S* qs_blk, const std::vector<const S*>& tq, S* lg, S* work) {
+    using cpu::cmap;
+    using cpu::map;
+    const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
+    map<S>(lg, rb, n).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(in.k.data + p * n * d, n, d).transpose();
+    for (const auto& t : plan.on_k) {
+        const Id* ids = t.ids + i0 * n;
+        const std::int64_t k = t.k;
+        if (t.bias) {
+            const S* tab = t.table + t.head(h) * k;
+            for (std::int64_t i = 0; i < rb; ++i)
+                for (std::int64_t j = 0; j < n; ++j) lg[i * n + j] += tab[ids[i * n + j]];
+        } else {
+            map<S>(work, rb, k).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(t.table + t.head(h) * d * k, d, k);
+            for (std::int64_t i = 0; i < rb; ++i) {
+                const S* w = work + i * k;
+                for (std::int64_t j = 0; j < n; ++j) lg[i * n + j] += w[ids[i * n + j]];
+            }
+        }
+    }
+    for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
+        const auto& t = plan.on_q[q];
+        const Id* ids = t.ids + i0 * n;  // transposed: [i, j] holds id(j, i)
+        const std::int64_t k = t.k;
+        if (t.bias) {
+            const S* tab = t.table + t.head(h) * k;
+            for (std::int64_t i = 0; i < rb; ++i)
+                for (std::int64_t j = 0; j < n; ++j) lg[i * n + j] += tab[ids[i * n + j]];
+        } else {
+            const S* w = tq[q];
+            for (std::int64_t i = 0; i < rb; ++i)
+                for (std::int64_t j = 0; j < n; ++j) lg[i * n + j] += w[j * k + ids[i * n + j]];
+        }
+    }
+    const std::uint8_t* mask = in.key_padding_mask.data ? in.key_padding_mask.data + (p / plan.h) * n : nullptr;
+    constexpr S neg_inf = -std::numeric_limits<S>::infinity();
+    for (std::int64_t i = 0; i < rb; ++i) {
+        S* row = lg + i * n;
+        if (in.attn_mask.data) {
+            const S* am = in.attn_mask.data + (i0 + i) * n;
+            for (std::int64_t j = 0; j < n; ++j) row[j] += am[j];
+        }
+        if (mask)
+            for (std::int64_t j = 0; j < n; ++j)
+                if (mask[j]) row[j] = neg_inf;
+        S m = neg_inf;
+        for (std::int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+        if (m == neg_inf) {  // every key masked: zero probabilities (the reference gives NaN)
+            std::fill(row, row + n, S(0));
+            continue;
+        }
+        S sum = 0;
+        for (std::int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - m));
+        const S inv = S(1) / sum;
+        for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
+    }
+}
+
+// Per plane: tq[q] = (k·s)·table_q[h'] (L, K) for every contextual q table, into buf.
+template <class S, class Id>
+std::vector<const S*> plane_query_products(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p,
+                                           S* ks, S* buf) {
+    using cpu::cmap;
+    using cpu::map;
+    const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
+    std::vector<const S*> tq(plan.on_q.size(), nullptr);
+    bool have_ks = false;
+    for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
+        const auto& t = plan.on_q[q];
+        if (t.bias) continue;
+        if (!have_ks) {
+            map<S>(ks, n, d) = cmap<S>(in.k.data + p * n * d, n, d) * plan.scale;
+            have_ks = true;
+        }
+        const std::int64_t k = t.k;
+        S* dst = buf + static_cast<std::int64_t>(q) * n * plan.k;
+        map<S>(dst, n, k).noalias() = cmap<S>(ks, n, d) * cmap<S>(t.table + t.head(h) * d * k, d, k);
+        tq[q] = dst;
+    }
+    return tq;
+}
+
+template <class S, class Id>
+fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, bool want_grads,
+                            const attention_options& opt) {
+    const auto s = check_attention(in);
+    fused_plan<S, Id> plan;
+    plan.b = s.b;
+    plan.h = s.h;
+    plan.l = s.l;
+    plan.d = s.d;
+    plan.scale = static_cast<S>(1.0 / std::sqrt(static_cast<double>(s.d)));
+    const attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    for (const auto* slot : slots)
+        if (slot->term) plan.k = std::max<std::int64_t>(plan.k, slot->term->num_buckets());
+    add_tables(plan, in.rpe_q, ids[0], plan.on_q, want_grads);
+    add_tables(plan, in.rpe_k, ids[1], plan.on_k, want_grads);
+    add_tables(plan, in.rpe_v, ids[2], plan.on_v, want_grads);
+    require(opt.row_block >= 0, "attention", "row_block = ", opt.row_block, "; expected >= 0");
+    plan.rb = opt.row_block > 0 ? opt.row_block : std::max<std::int64_t>(32, (std::int64_t{1} << 17) / std::max<std::int64_t>(s.l, 1));
+    plan.rb = std::min(plan.rb, s.l);
+    return plan;
+}
+
+template <class S, class Id>
+void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<S> out,
+                   tensor_ref<S> attn, const attention_options& opt) {
+    auto plan = make_plan<S, Id>(in, ids, false, opt);
+    using cpu::cmap;
+    using cpu::map;
+    const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
+    const std::int64_t nq = static_cast<std::int64_t>(plan.on_q.size());
+#if defined(_OPENMP)
+#pragma omp parallel
+#endif
+    {
+        std::vector<S> lg(static_cast<std::size_t>(rb_max * n)), work(static_cast<std::size_t>(std::max(rb_max, n) * std::max<std::int64_t>(k, 1)));
+        std::vector<S> qs(static_cast<std::size_t>(rb_max * d)), ks(static_cast<std::size_t>(n * d));
+        std::vector<S> tqbuf(static_cast<std::size_t>(nq * n * k));
+#if defined(_OPENMP)
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (std::int64_t p = 0; p < planes; ++p) {
+            const std::int64_t h = p % plan.h;
+            const auto tq = plane_query_products(plan, in, p, ks.data(), tqbuf.data());
+            for (std::int64_t i0 = 0; i0 < n; i0 += rb_max) {
+                const std::int64_t rb = std::min(rb_max, n - i0);
+                map<S>(qs.data(), rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
+                block_probabilities(plan, in, p, i0, rb, qs.data(), tq, lg.data(), work.data());
+                auto o = map<S>(out.data + (p * n + i0) * d, rb, d);
+                o.noalias() = cmap<S>(lg.data(), rb, n) * cmap<S>(in.v.data + p * n * d, n, d);
+                for (const auto& t : plan.on_v) {
+                    cpu::scatter_rows(lg.data(), t.ids + i0 * n, rb, n, t.k, work.data());
+                    o.noalias() += cmap<S>(work.data(), rb, t.k) * cmap<S>(t.table + t.head(h) * t.k * d, t.k, d);
+                }
+                if (attn.data) std::copy(lg.data(), lg.data() + rb * n, attn.data + (p * n + i0) * n);
+            }
+        }
+    }
+}
+
+template <class S, class Id>
+void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<const S> grad_out,
+                    tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt) {
+    auto plan = make_plan<S, Id>(in, ids, true, opt);
+    using cpu::cmap;
+    using cpu::map;
+    const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
+    const std::int64_t nq = static_cast<std::int64_t>(plan.on_q.size());
+    auto table_size = [&](const fused_table<S, Id>& t) { return t.bias ? t.k : d * t.k; };
+    for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+        for (auto& t : *group)
+            if (t.grad) t.partial.assign(static_cast<std::size_t>(planes * table_size(t)), S(0));
+#if defined(_OPENMP)
+#pragma omp parallel
+#endif
+    {
+        std::vector<S> lg(static_cast<std::size_t>(rb_max * n)), dp(static_cast<std::size_t>(rb_max * n));
+        std::vector<S> work(static_cast<std::size_t>(std::max(rb_max, n) * std::max<std::int64_t>(k, 1)));
+        std::vector<S> qs(static_cast<std::size_t>(rb_max * d)), dqs(static_cast<std::size_t>(rb_max * d));
+        std::vector<S> ks(static_cast<std::size_t>(n * d)), tqbuf(static_cast<std::size_t>(nq * n * k));
+        std::vector<S> gq(static_cast<std::size_t>(nq * n * k));  // per q contextual table: Σ of dlogits per (j, bucket)
+#if defined(_OPENMP)
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (std::int64_t p = 0; p < planes; ++p) {
+            const std::int64_t h = p % plan.h;
+            const auto tq = plane_query_products(plan, in, p, ks.data(), tqbuf.data());
+            std::fill(gq.begin(), gq.end(), S(0));
+            auto gk = map<S>(grad_k.data + p * n * d, n, d);
+            auto gv = map<S>(grad_v.data + p * n * d, n, d);
+            gk.setZero();
+            gv.setZero();
+            const auto vp = cmap<S>(in.v.data + p * n * d, n, d);
+            const auto kp = cmap<S>(in.k.data + p * n * d, n, d);
+            for (std::int64_t i0 = 0; i0 < n; i0 += rb_max) {
+                const std::int64_t rb = std::min(rb_max, n - i0);
+                map<S>(qs.data(), rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
+                block_probabilities(plan, in, p, i0, rb, qs.data(), tq, lg.data(), work.data());
+                const auto P = cmap<S>(lg.data(), rb, n);
+                const auto go = cmap<S>(grad_out.data + (p * n + i0) * d, rb, d);
+                auto dP = map<S>(dp.data(), rb, n);
+                dP.noalias() = go * vp.transpose();
+                gv.noalias() += P.transpose() * go;
+                for (auto& t : plan.on_v) {
+                    const Id* idb = t.ids + i0 * n;
+                    const std::int64_t k = t.k;
+                    const auto tab = cmap<S>(t.table + t.head(h) * k * d, k, d);
+                    map<S>(work.data(), rb, k).noalias() = go * tab.transpose();
+                    for (std::int64_t i = 0; i < rb; ++i)
+                        for (std::int64_t j = 0; j < n; ++j) dp[i * n + j] += work[i * k + idb[i * n + j]];
+                    if (t.grad) {
+                        cpu::scatter_rows(lg.data(), idb, rb, n, k, work.data());
+                        map<S>(t.partial.data() + p * k * d, k, d).noalias() += cmap<S>(work.data(), rb, k).transpose() * go;
+                    }
+                }
+                // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
+                for (std::int64_t i = 0; i < rb; ++i) {
+                    S dot = 0;
+                    for (std::int64_t j = 0; j < n; ++j) dot += dp[i * n + j] * lg[i * n + j];
+                    for (std::int64_t j = 0; j < n; ++j) dp[i * n + j] = lg[i * n + j] * (dp[i * n + j] - dot);
+                }
+                const auto dL = cmap<S>(dp.data(), rb, n);
+                auto dq = map<S>(dqs.data(), rb, d);
+                dq.noalias() = dL * kp;
+                gk.noalias() += dL.transpose() * cmap<S>(qs.data(), rb, d);
+                for (auto& t : plan.on_k) {
+                    const Id* idb = t.ids + i0 * n;
+                    const std::int64_t k = t.k;
+                    if (t.bias) {
+                        if (!t.grad) continue;
+                        S* acc = t.partial.data() + p * k;
+                        for (std::int64_t i = 0; i < rb; ++i)
+                            for (std::int64_t j = 0; j < n; ++j) acc[idb[i * n + j]] += dp[i * n + j];
+                    } else {
+                        cpu::scatter_rows(dp.data(), idb, rb, n, k, work.data());
+                        const auto tab = cmap<S>(t.table + t.head(h) * d * k, d, k);
+                        dq.noalias() += cmap<S>(work.data(), rb, k) * tab.transpose();
+                        if (t.grad)
+                            map<S>(t.partial.data() + p * d * k, d, k).noalias() += cmap<S>(qs.data(), rb, d).transpose() * cmap<S>(work.data(), rb, k);
+                    }
+                }
+                for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
+                    auto& t = plan.on_q[q];
+                    const Id* idb = t.ids + i0 * n;  // [i, j] holds id(j, i)
+                    const std::int64_t k = t.k;
+                    S* acc = t.bias ? (t.grad ? t.partial.data() + p * k : nullptr) : gq.data() + static_cast<std::int64_t>(q) * n * plan.k;
+                    if (!acc) continue;
+                    if (t.bias)
+                        for (std::int64_t i = 0; i < rb; ++i)
+                            for (std::int64_t j = 0; j < n; ++j) acc[idb[i * n + j]] += dp[i * n + j];
+                    else
+                        for (std::int64_t i = 0; i < rb; ++i)
+                            for (std::int64_t j = 0; j < n; ++j) acc[j * k + idb[i * n + j]] += dp[i * n + j];
+                }
+                map<S>(grad_q.data + (p * n + i0) * d, rb, d) = dq * plan.scale;
+            }
+            for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
+                auto& t = plan.on_q[q];
+                if (t.bias) continue;
+                const std::int64_t k = t.k;
+                const auto g = cmap<S>(gq.data() + static_cast<std::int64_t>(q) * n * plan.k, n, k);
+                const auto tab = cmap<S>(t.table + t.head(h) * d * k, d, k);
+                gk.noalias() += plan.scale * (g * tab.transpose());
+                if (t.grad) map<S>(t.partial.data() + p * d * k, d, k).noalias() += cmap<S>(ks.data(), n, d).transpose() * g;
+            }
+        }
+    }
+    // Table gradients: per-(b, h) partials summed in plane order (thread-count independent).
+    for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+        for (auto& t : *group) {
+            if (!t.grad) continue;
+            const std::int64_t size = table_size(t);
+            std::fill(t.grad, t.grad + t.table_heads * size, S(0));
+            for (std::int64_t p = 0; p < planes; ++p) {
+                S* dst = t.grad + t.head(p % plan.h) * size;
+                const S* src = t.partial.data() + p * size;
+                for (std::int64_t e = 0; e < size; ++e) dst[e] += src[e];
+            }
+        }
+}
+
+template <class S, class F>
+void dispatch_ids(const attention_inputs<S>& in, F&& f) {
+    std::shared_ptr<const bucket_ids> ids[3] = {ids_of(in.rpe_q, in.height, in.width), ids_of(in.rpe_k, in.height, in.width),
+                                                ids_of(in.rpe_v, in.height, in.width)};
+    int width = 1;
+    for (const auto& i : ids)
+        if (i) width = std::max(width, i->id_bytes());
+    if (width == 1) f.template operator()<std::uint8_t>(ids);
+    else if (width == 2) f.template operator()<std::uint16_t>(ids);
+    else f.template operator()<std::uint32_t>(ids);
+}
+
+}  // namespace detail
+
+/// @brief Fused forward of the attention step (SPEC §4): `qs = q·s`, `s = D^−½`;
+/// `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s) + attn_mask`, key padding mask (−∞), softmax over
+/// keys, `out = a·v + rpe_v(a)` — equal to composed_attention_forward, computed per (batch, head)
+/// and row block so that no (B, H, L, L) buffer exists unless `attn` is requested.
+///
+/// The contextual q/k terms use per-bucket products (qs·table per row block: rows·D·K; k·s·table
+/// per head: L·D·K), the value term per-bucket sums of probabilities then one product, the bias
+/// terms a gather. Rows whose keys are all masked give zero probabilities and zero output (the
+/// reference gives NaN); NaN inputs give NaN in the rows they reach only.
+/// @param in   q, k, v (B, H, L, D), grid, optional terms and masks (see attention_inputs).
+/// @param out  (B, H, L, D), written.
+/// @param attn (B, H, L, L) probabilities, written only when non-empty; pass `{}` otherwise.
+/// @throws rpe::invalid_argument `[rpe.attention] ...` / `[rpe.term] ...` for mismatched shapes,
+///   grid, heads, or a term on the wrong slot, before anything is written.
+/// Threads: OpenMP over (batch, head) when enabled; each (batch, head) is computed by one thread
+/// in a fixed order, so results do not depend on the thread count.
+template <class S>
+void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
+                       const attention_options& opt = {}) {
+    const auto s = detail::check_attention(in);
+    detail::check_shape(out, {s.b, s.h, s.l, s.d}, "attention", "out");
+    detail::check_nonnull(out, "attention", "out");
+    if (attn.data || attn.rank) {
+        detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
+        detail::check_nonnull(attn, "attention", "attn");
+    }
+    for (const auto* x : {&in.q, &in.k, &in.v}) detail::check_no_overlap(out, *x, "attention", "out", "q/k/v");
+    detail::dispatch_ids(in, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
+        detail::fused_forward<S, Id>(in, ids, out, attn, opt);
+    });
+}
+
+/// @brief Fused backward of attention_forward for `sum(out · grad_out)`: recomputes the
+/// probabilities row block by row block (no saved (B, H, L, L) state) and writes the gradients
+/// of the unscaled q, k, v and of every table given in the attention_terms' `grad_tables`
+/// (overwritten). Padded keys get exactly zero grad_k and grad_v rows.
+/// @param grad_out (B, H, L, D); @param grad_q, grad_k, grad_v (B, H, L, D), written.
+/// @throws as attention_forward.
+/// Threads: as attention_forward; table gradients are summed from per-(batch, head) partials in
+/// a fixed order, so results do not depend on the thread count.
+template <class S>
+void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
+                        tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt = {}) {
+    const auto s = detail::check_attention(in);
+    const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
+    detail::check_shape(grad_out, shape, "attention", "grad_out");
+    detail::check_nonnull(grad_out, "attention", "grad_out");
+    const tensor_ref<S>* outs[] = {&grad_q, &grad_k, &grad_v};
+    const char* names[] = {"grad_q", "grad_k", "grad_v"};
+    for (int i = 0; i < 3; ++i) {
+        detail::check_shape(*outs[i], shape, "attention", names[i]);
+        detail::check_nonnull(*outs[i], "attention", names[i]);
+        for (const tensor_ref<const S>* x : {&in.q, &in.k, &in.v, static_cast<const tensor_ref<const S>*>(&grad_out)})
+            detail::check_no_overlap(*outs[i], *x, "attention", names[i], "an input");
+        for (int j = 0; j < i; ++j) detail::check_no_overlap(*outs[i], *outs[j], "attention", names[i], names[j]);
+    }
+    detail::dispatch_ids(in, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
+        detail::fused_backward<S, Id>(in, ids, grad_out, grad_q, grad_k, grad_v, opt);
+    });
+}
+
+}  // namespace rpe
