@@ -1,0 +1,114 @@
+// Fused attention with iRPE (Google Benchmark): DeiT-S shapes and a 56x56 grid, with no RPE,
+// contextual Product on k, and on q, k, v (ratio 1.9, class token, table shared by the heads).
+//
+// Names (scripts read them): attention/<shape>/<rpe> is the float32 forward;
+// attention_fwd_bwd/<shape>/<rpe> forward + backward; attention_composed/<shape>/<rpe> the
+// unfused composition (materialised (B, H, L, L) logits) for comparison.
+#include <benchmark/benchmark.h>
+#include <rpe/rpe.hpp>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using product = rpe::mapping::product<>;
+template <rpe::target T>
+using ctx_term = rpe::term<product, rpe::mode::contextual, T, float>;
+
+struct attention_config {
+    int b, h, height, width, d;
+    std::string rpe_on;  // "", "k", "qkv"
+};
+
+struct attention_case : attention_config {
+    explicit attention_case(const attention_config& c) : attention_config(c) { setup(); }
+    std::int64_t l() const { return 1 + static_cast<std::int64_t>(height) * width; }
+
+    std::vector<float> q, k, v, grad_out, out, gq, gk, gv, attn;
+    std::vector<float> tables[3], grads[3];
+    std::unique_ptr<rpe::any_term<float>> terms[3];
+    rpe::attention_inputs<float> in;
+
+    void setup() {
+        std::mt19937 rng(7);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        const std::int64_t n = static_cast<std::int64_t>(b) * h * l() * d;
+        for (auto* x : {&q, &k, &v, &grad_out}) {
+            x->resize(static_cast<std::size_t>(n));
+            for (auto& e : *x) e = normal(rng);
+        }
+        out.resize(q.size());
+        gq.resize(q.size());
+        gk.resize(q.size());
+        gv.resize(q.size());
+        const product m{rpe::index::piecewise::from_ratio(1.9)};
+        in.q = {q.data(), {b, h, l(), d}};
+        in.k = {k.data(), {b, h, l(), d}};
+        in.v = {v.data(), {b, h, l(), d}};
+        in.height = height;
+        in.width = width;
+        rpe::attention_term<float>* slots[3] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+        const char letters[3] = {'q', 'k', 'v'};
+        for (int t = 0; t < 3; ++t) {
+            if (rpe_on.find(letters[t]) == std::string::npos) continue;
+            if (t == 0) terms[t] = rpe::make_any_term(ctx_term<rpe::target::query>(m, h, d, true, 1));
+            if (t == 1) terms[t] = rpe::make_any_term(ctx_term<rpe::target::key>(m, h, d, true, 1));
+            if (t == 2) terms[t] = rpe::make_any_term(ctx_term<rpe::target::value>(m, h, d, true, 1));
+            const auto shape = terms[t]->table_shape();
+            tables[t].resize(static_cast<std::size_t>(shape[0] * shape[1] * shape[2]));
+            for (auto& e : tables[t]) e = 0.1f * normal(rng);
+            grads[t].resize(tables[t].size());
+            slots[t]->term = terms[t].get();
+            slots[t]->tables = {rpe::tensor_ref<const float>(tables[t].data(), {shape[0], shape[1], shape[2]})};
+            slots[t]->grad_tables = {rpe::tensor_ref<float>(grads[t].data(), {shape[0], shape[1], shape[2]})};
+            (void)terms[t]->bucket_ids(height, width);  // warm cache: ids are built once per grid
+        }
+    }
+    rpe::tensor_ref<float> view(std::vector<float>& x) { return {x.data(), {b, h, l(), d}}; }
+};
+
+enum class what { forward, forward_backward, composed };
+
+void run(benchmark::State& state, const attention_config& config, what w) {
+    attention_case c(config);
+    const std::int64_t l = c.l();
+    if (w == what::composed) c.attn.resize(static_cast<std::size_t>(c.b) * c.h * l * l);
+    for (auto _ : state) {
+        if (w == what::composed) {
+            rpe::composed_attention_forward(c.in, c.view(c.out), rpe::tensor_ref<float>(c.attn.data(), {c.b, c.h, l, l}));
+        } else {
+            rpe::attention_forward(c.in, c.view(c.out));
+            if (w == what::forward_backward)
+                rpe::attention_backward(c.in, rpe::tensor_ref<const float>(c.grad_out.data(), {c.b, c.h, l, c.d}), c.view(c.gq),
+                                        c.view(c.gk), c.view(c.gv));
+        }
+        benchmark::DoNotOptimize(c.out.data());
+        benchmark::ClobberMemory();
+    }
+    state.SetItemsProcessed(state.iterations() * c.b * c.h * l * l);  // (query, key) pairs
+    state.counters["L"] = static_cast<double>(l);
+}
+
+const bool registered = [] {
+    struct shape {
+        const char* name;
+        int b, h, height, width, d;
+    };
+    for (const shape s : {shape{"deit_s", 8, 6, 14, 14, 64}, shape{"grid56", 1, 6, 56, 56, 64}})
+        for (const char* on : {"none", "k", "qkv"}) {
+            const attention_config c{s.b, s.h, s.height, s.width, s.d, std::string(on) == "none" ? "" : on};
+            const std::string tail = std::string(s.name) + "/" + on;
+            benchmark::RegisterBenchmark(("attention/" + tail).c_str(), run, c, what::forward)->Unit(benchmark::kMillisecond)->UseRealTime();
+            benchmark::RegisterBenchmark(("attention_fwd_bwd/" + tail).c_str(), run, c, what::forward_backward)
+                ->Unit(benchmark::kMillisecond)->UseRealTime();
+            if (std::string(s.name) == "deit_s")
+                benchmark::RegisterBenchmark(("attention_composed/" + tail).c_str(), run, c, what::composed)
+                    ->Unit(benchmark::kMillisecond)->UseRealTime();
+        }
+    return true;
+}();
+
+}  // namespace

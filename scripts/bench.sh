@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Build the benchmarks in Release (installing what is missing), run them, and write all results
+# as one Google Benchmark JSON file to build/bench.json. Arguments go to the benchmark binary,
+# e.g.  scripts/bench.sh --benchmark_filter='attention/deit_s' --benchmark_repetitions=5
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+
+rpe_require_build_packages
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DRPE_BUILD_BENCHMARKS=ON >/dev/null
+cmake --build build --target rpe_bench -j"$(rpe_jobs)"
+bench="$(find build -type f -name rpe_bench -perm -u+x | head -n 1)"
+"$bench" --benchmark_out=build/bench.json --benchmark_out_format=json "$@"
+rpe_log "results written to build/bench.json"
