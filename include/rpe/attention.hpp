@@ -83,6 +83,7 @@ void add_tables(fused_plan<S, Id>& plan, const attention_term<S>& slot, const st
         ft.table = slot.tables[static_cast<std::size_t>(t)].data;
         if (want_grads && static_cast<std::size_t>(t) < slot.grad_tables.size() && slot.grad_tables[static_cast<std::size_t>(t)].data) {
             check_shape(slot.grad_tables[static_cast<std::size_t>(t)], shape, "attention", "grad_tables");
+            check_output_overlap(in, slot.grad_tables[static_cast<std::size_t>(t)], "grad_tables");
             ft.grad = slot.grad_tables[static_cast<std::size_t>(t)].data;
         }
         ft.table_heads = shape[0];
@@ -400,7 +401,11 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
         detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
         detail::check_nonnull(attn, "attention", "attn");
     }
-    for (const auto* x : {&in.q, &in.k, &in.v}) detail::check_no_overlap(out, *x, "attention", "out", "q/k/v");
+    detail::check_output_overlap(in, out, "out");
+    if (attn.data) {
+        detail::check_output_overlap(in, attn, "attn");
+        detail::check_no_overlap(out, attn, "attention", "out", "attn");
+    }
     detail::dispatch_ids(in, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
         detail::fused_forward<S, Id>(in, ids, out, attn, opt);
     });
@@ -426,8 +431,8 @@ void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_
     for (int i = 0; i < 3; ++i) {
         detail::check_shape(*outs[i], shape, "attention", names[i]);
         detail::check_nonnull(*outs[i], "attention", names[i]);
-        for (const tensor_ref<const S>* x : {&in.q, &in.k, &in.v, static_cast<const tensor_ref<const S>*>(&grad_out)})
-            detail::check_no_overlap(*outs[i], *x, "attention", names[i], "an input");
+        detail::check_output_overlap(in, *outs[i], names[i]);
+        detail::check_no_overlap(*outs[i], grad_out, "attention", names[i], "grad_out");
         for (int j = 0; j < i; ++j) detail::check_no_overlap(*outs[i], *outs[j], "attention", names[i], names[j]);
     }
     detail::dispatch_ids(in, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {

@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "any_term.hpp"
@@ -91,8 +92,23 @@ attention_shape<S> check_attention(const attention_inputs<S>& in) {
                 "; expected D = ", s.d, " of q");
         require(s.l == slot.term->skip() + static_cast<std::int64_t>(in.height) * in.width, "attention", "L = ", s.l,
                 " of q; expected skip + height*width = ", slot.term->skip(), " + ", in.height, "*", in.width);
+        require(static_cast<int>(slot.tables.size()) == slot.term->num_tables(), "attention", names[i], " tables holds ",
+                slot.tables.size(), " tables; expected ", slot.term->num_tables());
+        const auto shape = slot.term->table_shape();
+        for (const auto& t : slot.tables) {
+            check_shape(t, shape, "attention", std::string(names[i]) + " table");
+            check_nonnull(t, "attention", std::string(names[i]) + " table");
+        }
     }
     return s;
+}
+
+/// @brief Throws when an output view overlaps q, k, v or the terms' tables.
+template <class S, class T>
+void check_output_overlap(const attention_inputs<S>& in, const tensor_ref<T>& out, const char* name) {
+    for (const tensor_ref<const S>* x : {&in.q, &in.k, &in.v}) check_no_overlap(out, *x, "attention", name, "q/k/v");
+    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
+        for (const auto& t : slot->tables) check_no_overlap(out, t, "attention", name, "a lookup table");
 }
 
 template <class S>
@@ -117,6 +133,9 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
     detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
     detail::check_nonnull(out, "attention", "out");
     detail::check_nonnull(attn, "attention", "attn");
+    detail::check_output_overlap(in, out, "out");
+    detail::check_output_overlap(in, attn, "attn");
+    detail::check_no_overlap(out, attn, "attention", "out", "attn");
     const auto ids_q = detail::ids_of(in.rpe_q, in.height, in.width);
     const auto ids_k = detail::ids_of(in.rpe_k, in.height, in.width);
     const auto ids_v = detail::ids_of(in.rpe_v, in.height, in.width);
@@ -187,10 +206,22 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
     detail::check_shape(grad_q, qshape, "attention", "grad_q");
     detail::check_shape(grad_k, qshape, "attention", "grad_k");
     detail::check_shape(grad_v, qshape, "attention", "grad_v");
+    const tensor_ref<S>* outs[] = {&grad_q, &grad_k, &grad_v};
+    const char* out_names[] = {"grad_q", "grad_k", "grad_v"};
+    for (int i = 0; i < 3; ++i) {
+        detail::check_nonnull(*outs[i], "attention", out_names[i]);
+        detail::check_output_overlap(in, *outs[i], out_names[i]);
+        detail::check_no_overlap(*outs[i], attn, "attention", out_names[i], "attn");
+        detail::check_no_overlap(*outs[i], grad_out, "attention", out_names[i], "grad_out");
+        for (int j = 0; j < i; ++j) detail::check_no_overlap(*outs[i], *outs[j], "attention", out_names[i], out_names[j]);
+    }
     for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
         if (slot->term)
             for (const auto& g : slot->grad_tables)
-                if (g.data) detail::check_shape(g, slot->term->table_shape(), "attention", "grad_tables");
+                if (g.data) {
+                    detail::check_shape(g, slot->term->table_shape(), "attention", "grad_tables");
+                    detail::check_output_overlap(in, g, "grad_tables");
+                }
     const auto ids_q = detail::ids_of(in.rpe_q, in.height, in.width);
     const auto ids_k = detail::ids_of(in.rpe_k, in.height, in.width);
     const auto ids_v = detail::ids_of(in.rpe_v, in.height, in.width);

@@ -27,6 +27,11 @@ template <class Md, target Tg>
 inline constexpr bool valid_mode_target = !(std::is_same_v<Md, mode::bias> && Tg == target::value);
 }  // namespace detail
 
+/// @brief A valid (mode, target) pair: bias mode on values does not exist (paper eq. 17 defines
+/// values in contextual mode only; the reference raises NotImplementedError).
+template <class Md, target Tg>
+concept ModeOnTarget = Mode<Md> && detail::valid_mode_target<Md, Tg>;
+
 /// @brief One iRPE term: a mapping M (with its index function), a mode, a target, a scalar type
 /// and a backend, composed at compile time.
 ///
@@ -53,9 +58,8 @@ inline constexpr bool valid_mode_target = !(std::is_same_v<Md, mode::bias> && Tg
 /// Source: paper eqs. 13–17; reference `iRPE` module and `build_rpe` in microsoft/Cream
 /// `iRPE/DeiT-with-iRPE/irpe.py`.
 template <Mapping M, Mode Md, target Tg, class S = float, Backend B = backend::cpu>
+    requires ModeOnTarget<Md, Tg>  // bias mode on values does not exist
 class term {
-    static_assert(detail::valid_mode_target<Md, Tg>,
-                  "rpe: bias mode on values does not exist (paper eq. 17 defines values in contextual mode only)");
     static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>, "rpe: the scalar type must be float or double");
     static_assert(std::is_same_v<B, backend::cpu>,
                   "rpe: this header provides the CPU backend; include <rpe/cuda.cuh> and compile with nvcc for backend::cuda");

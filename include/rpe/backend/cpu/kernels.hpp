@@ -36,6 +36,12 @@ struct dims {
     [[nodiscard]] std::int64_t table_head(std::int64_t h) const { return table_heads == 1 ? 0 : h; }
 };
 
+/// @brief Start a thread team only when the work (about planes·L·(L + K·D) operations) is large
+/// enough to pay for it.
+inline bool worth_threads(std::int64_t planes, std::int64_t n, std::int64_t k, std::int64_t d) {
+    return planes > 1 && planes * n * (n + k * d) > (std::int64_t{1} << 16);
+}
+
 inline int max_threads() {
 #if defined(_OPENMP)
     return omp_get_max_threads();
@@ -151,7 +157,7 @@ void contextual_qk_forward(const dims& d, const Id* ids, bool transposed, const 
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
     std::vector<S> work(static_cast<std::size_t>(max_threads() * n * k));
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (planes > 1)
+#pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         S* t = work.data() + thread_id() * n * k;
@@ -169,7 +175,7 @@ void contextual_qk_backward(const dims& d, const Id* ids, bool transposed, const
     std::vector<S> work(static_cast<std::size_t>(max_threads() * n * k));
     std::vector<S> partial(grad_table ? static_cast<std::size_t>(planes * dd * k) : 0);
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (planes > 1)
+#pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         S* g = work.data() + thread_id() * n * k;
@@ -202,7 +208,7 @@ void contextual_v_forward(const dims& d, const Id* ids, const S* a, const S* tab
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
     std::vector<S> work(static_cast<std::size_t>(max_threads() * n * k));
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (planes > 1)
+#pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         S* s = work.data() + thread_id() * n * k;
@@ -225,7 +231,7 @@ void contextual_v_backward(const dims& d, const Id* ids, const S* a, const S* ta
     std::vector<S> work(static_cast<std::size_t>(max_threads() * n * k));
     std::vector<S> partial(grad_table ? static_cast<std::size_t>(planes * k * dd) : 0);
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (planes > 1)
+#pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         S* w = work.data() + thread_id() * n * k;

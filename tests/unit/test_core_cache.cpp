@@ -1,0 +1,189 @@
+// rpe::bucket_cache (SPEC §3 "The cache key is the whole configuration"): hits share one object,
+// every part of the key separates entries, the reference's stale-id bug does not happen,
+// concurrent use gives the single-threaded ids, and a failing build leaves nothing behind.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <rpe/bucket_ids.hpp>
+#include <rpe/index/clip.hpp>
+#include <rpe/index/piecewise.hpp>
+#include <rpe/mapping/cross.hpp>
+#include <rpe/mapping/euclidean.hpp>
+#include <rpe/mapping/product.hpp>
+#include <rpe/mapping/quantization.hpp>
+#include <rpe/term.hpp>
+
+#include "golden.hpp"
+
+namespace {
+
+using rpe::index::piecewise;
+namespace mapping = rpe::mapping;
+
+const mapping::product<> prod{piecewise::from_ratio(1.9)};
+
+bool same_ids(const rpe::bucket_ids& a, const rpe::bucket_ids& b) {
+    if (a.length() != b.length() || a.num_tables() != b.num_tables() || a.num_buckets() != b.num_buckets()) return false;
+    for (int t = 0; t < a.num_tables(); ++t)
+        if (rpe_test::ids_matrix(a, t) != rpe_test::ids_matrix(b, t)) return false;
+    return true;
+}
+
+// A mapping whose id for offset (0, 0) is out of range: the build must fail.
+struct faulty {
+    int k = 4;
+    int num_buckets() const { return k; }
+    int bucket(int dr, int dc) const { return dr == 0 && dc == 0 ? k : 0; }
+    friend bool operator==(const faulty&, const faulty&) = default;
+};
+
+}  // namespace
+
+TEST_CASE("bucket_cache: the same configuration gives the same object, built once") {
+    rpe::bucket_cache cache;
+    CHECK(cache.size() == 0);
+    CHECK(cache.builds() == 0);
+    const auto a = cache.get(prod, 7, 7, 1);
+    const auto b = cache.get(mapping::product<>{piecewise{1.9, 3.8, 15.2}}, 7, 7, 1);  // equal value, new object
+    CHECK(a.get() == b.get());
+    CHECK(cache.builds() == 1);
+    CHECK(cache.size() == 1);
+    CHECK(a->length() == 50);
+    CHECK(same_ids(*a, *rpe::build_bucket_ids(prod, 7, 7, 1)));
+
+    // a term asks the cache it is given
+    const rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::key> t(prod, 2, 4, false, 1);
+    CHECK(t.bucket_ids(7, 7, cache).get() == a.get());
+    CHECK(cache.builds() == 1);
+
+    // clear drops entries; handed-out objects stay valid
+    cache.clear();
+    CHECK(cache.size() == 0);
+    CHECK(cache.builds() == 0);
+    CHECK(a->at(0, 0, 0) == 49);
+    const auto c = cache.get(prod, 7, 7, 1);
+    CHECK(c.get() != a.get());
+    CHECK(cache.builds() == 1);
+}
+
+TEST_CASE("bucket_cache: each part of the key separates entries") {
+    rpe::bucket_cache cache;
+    const auto base = cache.get(prod, 5, 6, 1);
+    std::vector<std::shared_ptr<const rpe::bucket_ids>> others;
+    SUBCASE("skip") { others = {cache.get(prod, 5, 6, 0), cache.get(prod, 5, 6, 2)}; }
+    SUBCASE("height") { others = {cache.get(prod, 4, 6, 1), cache.get(prod, 6, 6, 1)}; }
+    SUBCASE("width") { others = {cache.get(prod, 5, 5, 1), cache.get(prod, 5, 7, 1)}; }
+    SUBCASE("height and width swapped") { others = {cache.get(prod, 6, 5, 1)}; }
+    SUBCASE("alpha, beta, gamma") {
+        others = {cache.get(mapping::product<>{piecewise{1.0, 3.8, 15.2}}, 5, 6, 1),
+                  cache.get(mapping::product<>{piecewise{1.9, 3.9, 15.2}}, 5, 6, 1),
+                  cache.get(mapping::product<>{piecewise{1.9, 3.8, 16.0}}, 5, 6, 1)};
+    }
+    SUBCASE("mapping type, same index function") {
+        const piecewise g = piecewise::from_ratio(1.9);
+        others = {cache.get(mapping::euclidean<>{g}, 5, 6, 1), cache.get(mapping::quantization<>{g}, 5, 6, 1),
+                  cache.get(mapping::cross<>{g}, 5, 6, 1), cache.get(mapping::euclidean_paper<>{g}, 5, 6, 1),
+                  cache.get(mapping::quantization_paper<>{g}, 5, 6, 1)};
+    }
+    SUBCASE("index function type") { others = {cache.get(mapping::product<rpe::index::clip>{{3.0}}, 5, 6, 1)}; }
+    CHECK(cache.size() == 1 + others.size());
+    CHECK(cache.builds() == 1 + others.size());
+    for (const auto& o : others) {
+        CHECK(o.get() != base.get());
+        CHECK_FALSE(o->key() == base->key());
+    }
+    // and asking again hits every entry
+    CHECK(cache.get(prod, 5, 6, 1).get() == base.get());
+    CHECK(cache.builds() == 1 + others.size());
+}
+
+TEST_CASE("bucket_cache: the reference's stale-id scenario (L = 50 with skip 1, then L = 49 with skip 0)") {
+    // The reference caches per (height, width) and ignores skip, so a module that saw a 7x7 grid
+    // with a class token (L = 50) returned those ids for L = 49 without one (SPEC §3).
+    rpe::bucket_cache cache;
+    using key_term = rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::key, double>;
+    const key_term with_cls(prod, 1, 2, true, 1), without_cls(prod, 1, 2, true, 0);
+    const auto ids50 = with_cls.bucket_ids(7, 7, cache);
+    const auto ids49 = without_cls.bucket_ids(7, 7, cache);
+    CHECK(ids50->length() == 50);
+    REQUIRE(ids49->length() == 49);
+    CHECK(ids49.get() != ids50.get());
+    CHECK(cache.builds() == 2);
+    // the skip-0 ids are the golden ones
+    rpe_test::check_exact(rpe_test::ids_matrix(*ids49),
+                          rpe_test::load<std::int64_t>(rpe_test::golden("bucket_ids/product_7x7_skip0_r1.9"), "bucket_ids.npy", {49, 49}),
+                          "product 7x7 skip 0");
+    CHECK(ids49->num_buckets() == 49);
+    // a skip-1 term given skip-0 ids (of a matching length for its x) rejects them
+    std::vector<double> table(1 * 2 * 50), x(1 * 1 * 49 * 2, 1.0), out(49 * 49, 7.0);
+    CHECK(rpe_test::throws_with(
+        [&] {
+            with_cls.forward(*ids49, rpe_test::cview(table, {1, 2, 50}), rpe_test::cview(x, {1, 1, 49, 2}),
+                             rpe_test::mview(out, {1, 1, 49, 49}));
+        },
+        {"skip = 0", "skip = 1"}));
+    CHECK(out[0] == 7.0);  // untouched
+}
+
+TEST_CASE("bucket_cache: 8 threads on different grids give the single-threaded ids") {
+    rpe::bucket_cache cache;
+    const piecewise g = piecewise::from_ratio(1.9);
+    struct job {
+        int h, w, skip;
+    };
+    const job jobs[8] = {{7, 7, 1}, {5, 9, 0}, {14, 14, 1}, {3, 4, 2}, {9, 5, 1}, {12, 8, 0}, {1, 17, 3}, {16, 16, 1}};
+    std::vector<std::shared_ptr<const rpe::bucket_ids>> prod_ids(8), cross_ids(8), same_key(8);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t)
+        threads.emplace_back([&, t] {
+            ready.fetch_add(1);
+            while (ready.load() < 8) std::this_thread::yield();  // start together
+            const job& j = jobs[t];
+            prod_ids[static_cast<std::size_t>(t)] = cache.get(mapping::product<>{g}, j.h, j.w, j.skip);
+            cross_ids[static_cast<std::size_t>(t)] = cache.get(mapping::cross<>{g}, j.h, j.w, j.skip);
+            same_key[static_cast<std::size_t>(t)] = cache.get(mapping::euclidean<>{g}, 11, 13, 1);  // one key, 8 callers
+        });
+    for (auto& th : threads) th.join();
+    for (int t = 0; t < 8; ++t) {
+        CAPTURE(t);
+        const job& j = jobs[t];
+        CHECK(same_ids(*prod_ids[static_cast<std::size_t>(t)], *rpe::build_bucket_ids(mapping::product<>{g}, j.h, j.w, j.skip)));
+        CHECK(same_ids(*cross_ids[static_cast<std::size_t>(t)], *rpe::build_bucket_ids(mapping::cross<>{g}, j.h, j.w, j.skip)));
+        CHECK(same_key[static_cast<std::size_t>(t)].get() == same_key[0].get());
+    }
+    CHECK(same_ids(*same_key[0], *rpe::build_bucket_ids(mapping::euclidean<>{g}, 11, 13, 1)));
+    CHECK(cache.size() == 17);    // 8 product + 8 cross + 1 euclidean
+    CHECK(cache.builds() == 17);  // the shared key was built once
+}
+
+TEST_CASE("bucket_cache: a failing build leaves no entry") {
+    rpe::bucket_cache cache;
+    SUBCASE("invalid alpha (validation)") {
+        const mapping::product<> bad{piecewise{-1.0, 3.8, 15.2}};
+        CHECK(rpe_test::throws_with([&] { (void)cache.get(bad, 5, 5, 1); }, "alpha = -1"));
+        CHECK(cache.size() == 0);
+        CHECK_THROWS_AS((void)cache.get(bad, 5, 5, 1), rpe::invalid_argument);  // fails again, not a cached value
+        CHECK(cache.size() == 0);
+    }
+    SUBCASE("invalid height (inside the build)") {
+        CHECK(rpe_test::throws_with([&] { (void)cache.get(prod, 0, 5, 1); }, "height = 0"));
+        CHECK(cache.size() == 0);
+        CHECK_THROWS_AS((void)cache.get(prod, 0, 5, 1), rpe::invalid_argument);
+        CHECK(cache.size() == 0);
+    }
+    SUBCASE("a custom mapping returning an out-of-range id") {
+        CHECK(rpe_test::throws_with<rpe::out_of_range>([&] { (void)cache.get(faulty{}, 3, 3, 0); }, "bucket id 4"));
+        CHECK(cache.size() == 0);
+    }
+    // the cache still works afterwards
+    CHECK(cache.get(prod, 5, 5, 1)->length() == 26);
+    CHECK(cache.size() == 1);
+}
