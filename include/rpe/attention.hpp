@@ -70,8 +70,8 @@ const Id* ids_as(const bucket_ids& ids, int table, bool transposed, std::vector<
 }
 
 template <class S, class Id>
-void add_tables(fused_plan<S, Id>& plan, const attention_term<S>& slot, const std::shared_ptr<const bucket_ids>& ids,
-                std::vector<fused_table<S, Id>>& out, bool want_grads) {
+void add_tables(fused_plan<S, Id>& plan, const attention_inputs<S>& in, const attention_term<S>& slot,
+                const std::shared_ptr<const bucket_ids>& ids, std::vector<fused_table<S, Id>>& out, bool want_grads) {
     if (!slot.term) return;
     const auto shape = slot.term->table_shape();
     const int n = slot.term->num_tables();
@@ -194,9 +194,9 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     const attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
     for (const auto* slot : slots)
         if (slot->term) plan.k = std::max<std::int64_t>(plan.k, slot->term->num_buckets());
-    add_tables(plan, in.rpe_q, ids[0], plan.on_q, want_grads);
-    add_tables(plan, in.rpe_k, ids[1], plan.on_k, want_grads);
-    add_tables(plan, in.rpe_v, ids[2], plan.on_v, want_grads);
+    add_tables(plan, in, in.rpe_q, ids[0], plan.on_q, want_grads);
+    add_tables(plan, in, in.rpe_k, ids[1], plan.on_k, want_grads);
+    add_tables(plan, in, in.rpe_v, ids[2], plan.on_v, want_grads);
     require(opt.row_block >= 0, "attention", "row_block = ", opt.row_block, "; expected >= 0");
     plan.rb = opt.row_block > 0 ? opt.row_block : std::max<std::int64_t>(32, (std::int64_t{1} << 17) / std::max<std::int64_t>(s.l, 1));
     plan.rb = std::min(plan.rb, s.l);

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Shared helpers for rpe's scripts. Source it:  source "$(dirname "$0")/common.sh"
+#
+#   rpe_require_packages pkg...   install the Debian packages that are missing (apt-get, as root or
+#                                 via sudo); fail with a clear message when that is impossible
+#   rpe_require_build_packages    the toolchain and libraries that rpe's build and tests need
+#   rpe_configure_and_build DIR   configure DIR (Release, tests + benchmarks + examples) and build it
+set -euo pipefail
+
+# The standard list: compiler, build tools, and the libraries rpe's targets find.
+RPE_BUILD_PACKAGES=(g++ cmake make libeigen3-dev doctest-dev nlohmann-json3-dev libbenchmark-dev)
+
+# Repository root (this file lives in <root>/scripts).
+RPE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+rpe_log() { printf 'rpe: %s\n' "$*" >&2; }
+
+# True when Debian package $1 is installed (not merely known to dpkg, e.g. removed with config kept).
+rpe_package_installed() {
+    dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed$'
+}
+
+rpe_require_packages() {
+    if ! command -v dpkg >/dev/null 2>&1; then
+        rpe_log "not a Debian-based system (no dpkg); make sure these are installed: $*"
+        return 0
+    fi
+    local missing=() pkg
+    for pkg in "$@"; do
+        rpe_package_installed "$pkg" || missing+=("$pkg")
+    done
+    if ((${#missing[@]} == 0)); then
+        return 0
+    fi
+
+    local -a as_root=()
+    if [[ "$(id -u)" -ne 0 ]]; then
+        if command -v sudo >/dev/null 2>&1; then
+            as_root=(sudo)
+        else
+            rpe_log "missing packages: ${missing[*]}"
+            rpe_log "not root and no sudo; install them with: apt-get install ${missing[*]}"
+            exit 1
+        fi
+    fi
+    rpe_log "installing missing packages: ${missing[*]}"
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+rpe_require_build_packages() {
+    rpe_require_packages "${RPE_BUILD_PACKAGES[@]}"
+}
+
+# Number of parallel jobs for builds and tests.
+rpe_jobs() {
+    nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2
+}
+
+# Configure (Release, tests + benchmarks + examples) and build the tree in $1 (default build/).
+# The generator is not forced, so an existing build tree keeps the one it was made with.
+rpe_configure_and_build() {
+    local build_dir="${1:-$RPE_ROOT/build}"
+    cmake -S "$RPE_ROOT" -B "$build_dir" \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DRPE_BUILD_TESTS=ON \
+        -DRPE_BUILD_BENCHMARKS=ON \
+        -DRPE_BUILD_EXAMPLES=ON
+    cmake --build "$build_dir" -j"$(rpe_jobs)"
+}
