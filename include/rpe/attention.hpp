@@ -104,48 +104,50 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
     map<S>(lg, rb, n).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(in.k.data + p * n * d, n, d).transpose();
-    for (const auto& t : plan.on_k) {
-        const Id* ids = t.ids + i0 * n;
-        const std::int64_t k = t.k;
-        if (t.bias) {
-            const S* tab = t.table + t.head(h) * k;
-            for (std::int64_t i = 0; i < rb; ++i)
-                for (std::int64_t j = 0; j < n; ++j) lg[i * n + j] += tab[ids[i * n + j]];
-        } else {
-            map<S>(work, rb, k).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(t.table + t.head(h) * d * k, d, k);
-            for (std::int64_t i = 0; i < rb; ++i) {
-                const S* w = work + i * k;
-                for (std::int64_t j = 0; j < n; ++j) lg[i * n + j] += w[ids[i * n + j]];
-            }
+    // contextual key terms: per-bucket products of the block, (rb, K) each, side by side in work
+    std::int64_t offset = 0;
+    for (const auto& t : plan.on_k)
+        if (!t.bias) {
+            map<S>(work + offset, rb, t.k).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(t.table + t.head(h) * d * t.k, d, t.k);
+            offset += rb * t.k;
         }
-    }
-    for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
-        const auto& t = plan.on_q[q];
-        const Id* ids = t.ids + i0 * n;  // transposed: [i, j] holds id(j, i)
-        const std::int64_t k = t.k;
-        if (t.bias) {
-            const S* tab = t.table + t.head(h) * k;
-            for (std::int64_t i = 0; i < rb; ++i)
-                for (std::int64_t j = 0; j < n; ++j) lg[i * n + j] += tab[ids[i * n + j]];
-        } else {
-            const S* w = tq[q];
-            for (std::int64_t i = 0; i < rb; ++i)
-                for (std::int64_t j = 0; j < n; ++j) lg[i * n + j] += w[j * k + ids[i * n + j]];
-        }
-    }
     const std::uint8_t* mask = in.key_padding_mask.data ? in.key_padding_mask.data + (p / plan.h) * n : nullptr;
     constexpr S neg_inf = -std::numeric_limits<S>::infinity();
+    // one pass per row while it sits in L1: gathers, masks, max, exp, normalisation
     for (std::int64_t i = 0; i < rb; ++i) {
         S* row = lg + i * n;
+        std::int64_t off = 0;
+        for (const auto& t : plan.on_k) {
+            const Id* ids = t.ids + (i0 + i) * n;
+            const S* w = t.bias ? t.table + t.head(h) * t.k : work + off + i * t.k;
+            if (!t.bias) off += rb * t.k;
+            for (std::int64_t j = 0; j < n; ++j) row[j] += w[ids[j]];
+        }
+        for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
+            const auto& t = plan.on_q[q];
+            const Id* ids = t.ids + (i0 + i) * n;  // transposed: [i, j] holds id(j, i)
+            if (t.bias) {
+                const S* tab = t.table + t.head(h) * t.k;
+                for (std::int64_t j = 0; j < n; ++j) row[j] += tab[ids[j]];
+            } else {
+                const S* w = tq[q];
+                const std::int64_t k = t.k;
+                for (std::int64_t j = 0; j < n; ++j) row[j] += w[j * k + ids[j]];
+            }
+        }
         if (in.attn_mask.data) {
             const S* am = in.attn_mask.data + (i0 + i) * n;
             for (std::int64_t j = 0; j < n; ++j) row[j] += am[j];
         }
-        if (mask)
-            for (std::int64_t j = 0; j < n; ++j)
-                if (mask[j]) row[j] = neg_inf;
         S m = neg_inf;
-        for (std::int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+        if (mask) {
+            for (std::int64_t j = 0; j < n; ++j) {
+                if (mask[j]) row[j] = neg_inf;
+                m = std::max(m, row[j]);
+            }
+        } else {
+            for (std::int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+        }
         if (m == neg_inf) {  // every key masked: zero probabilities (the reference gives NaN)
             std::fill(row, row + n, S(0));
             continue;
@@ -215,7 +217,7 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
 #pragma omp parallel
 #endif
     {
-        std::vector<S> lg(static_cast<std::size_t>(rb_max * n)), work(static_cast<std::size_t>(std::max(rb_max, n) * std::max<std::int64_t>(k, 1)));
+        std::vector<S> lg(static_cast<std::size_t>(rb_max * n)), work(static_cast<std::size_t>(2 * std::max(rb_max, n) * std::max<std::int64_t>(k, 1)));
         std::vector<S> qs(static_cast<std::size_t>(rb_max * d)), ks(static_cast<std::size_t>(n * d));
         std::vector<S> tqbuf(static_cast<std::size_t>(nq * n * k));
 #if defined(_OPENMP)
@@ -257,7 +259,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
 #endif
     {
         std::vector<S> lg(static_cast<std::size_t>(rb_max * n)), dp(static_cast<std::size_t>(rb_max * n));
-        std::vector<S> work(static_cast<std::size_t>(std::max(rb_max, n) * std::max<std::int64_t>(k, 1)));
+        std::vector<S> work(static_cast<std::size_t>(2 * std::max(rb_max, n) * std::max<std::int64_t>(k, 1)));
         std::vector<S> qs(static_cast<std::size_t>(rb_max * d)), dqs(static_cast<std::size_t>(rb_max * d));
         std::vector<S> ks(static_cast<std::size_t>(n * d)), tqbuf(static_cast<std::size_t>(nq * n * k));
         std::vector<S> gq(static_cast<std::size_t>(nq * n * k));  // per q contextual table: Σ of dlogits per (j, bucket)
