@@ -351,16 +351,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     }
     // Table gradients: per-(b, h) partials summed in plane order (thread-count independent).
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
-        for (auto& t : *group) {
-            if (!t.grad) continue;
-            const std::int64_t size = table_size(t);
-            std::fill(t.grad, t.grad + t.table_heads * size, S(0));
-            for (std::int64_t p = 0; p < planes; ++p) {
-                S* dst = t.grad + t.head(p % plan.h) * size;
-                const S* src = t.partial.data() + p * size;
-                for (std::int64_t e = 0; e < size; ++e) dst[e] += src[e];
-            }
-        }
+        for (auto& t : *group)
+            if (t.grad) cpu::reduce_partials(t.partial, planes, plan.h, t.table_heads, table_size(t), false, t.grad);
 }
 
 template <class S, class F>

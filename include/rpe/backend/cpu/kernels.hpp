@@ -109,6 +109,19 @@ void gather(const S* t, const Id* ids, std::int64_t n, std::int64_t k, bool tran
     }
 }
 
+/// @brief grad_table (Ht, size) (+)= Σ_p partial[p] over planes p = (b, h), each into table head
+/// h' of h = p % heads, summed in plane order (so the result does not depend on the thread count).
+template <class S>
+void reduce_partials(const std::vector<S>& partial, std::int64_t planes, std::int64_t heads, std::int64_t table_heads,
+                     std::int64_t size, bool accumulate, S* grad_table) {
+    if (!accumulate) std::fill(grad_table, grad_table + table_heads * size, S(0));
+    for (std::int64_t p = 0; p < planes; ++p) {
+        S* dst = grad_table + (table_heads == 1 ? 0 : p % heads) * size;
+        const S* src = partial.data() + p * size;
+        for (std::int64_t e = 0; e < size; ++e) dst[e] += src[e];
+    }
+}
+
 /// @brief Bias forward. table (Ht, K); out (Bo, Ho, L, L) with Ho ∈ {Ht, H}: out[b,h,i,j] (+)= table[h', id].
 template <class S, class Id>
 void bias_forward(const dims& d, const Id* ids, bool transposed, const S* table, std::int64_t out_batch,
@@ -130,7 +143,6 @@ template <class S, class Id>
 void bias_backward(const dims& d, const Id* ids, bool transposed, const S* grad, std::int64_t grad_batch,
                    std::int64_t grad_heads, bool accumulate, S* grad_table) {
     const std::int64_t n = d.length, k = d.buckets;
-    if (!accumulate) std::fill(grad_table, grad_table + d.table_heads * k, S(0));
     std::vector<S> partial(static_cast<std::size_t>(grad_batch * grad_heads * k));
     const std::int64_t planes = grad_batch * grad_heads;
 #if defined(_OPENMP)
@@ -142,11 +154,7 @@ void bias_backward(const dims& d, const Id* ids, bool transposed, const S* grad,
         for (std::int64_t i = 0; i < n; ++i)
             for (std::int64_t j = 0; j < n; ++j) acc[transposed ? ids[j * n + i] : ids[i * n + j]] += g[i * n + j];
     }
-    for (std::int64_t p = 0; p < planes; ++p) {
-        S* dst = grad_table + d.table_head(p % grad_heads) * k;
-        const S* src = partial.data() + p * k;
-        for (std::int64_t b = 0; b < k; ++b) dst[b] += src[b];
-    }
+    reduce_partials(partial, planes, grad_heads, d.table_heads, k, accumulate, grad_table);
 }
 
 /// @brief Contextual q/k forward (eqs. 15–16, SPEC §5): per (b, h) T = x·table[h'] (L, K), then
@@ -192,12 +200,7 @@ void contextual_qk_backward(const dims& d, const Id* ids, bool transposed, const
             map<S>(partial.data() + p * dd * k, dd, k).noalias() = cmap<S>(x + p * n * dd, n, dd).transpose() * cmap<S>(g, n, k);
     }
     if (grad_table) {
-        if (!accumulate) std::fill(grad_table, grad_table + d.table_heads * dd * k, S(0));
-        for (std::int64_t p = 0; p < planes; ++p) {
-            S* dst = grad_table + d.table_head(p % d.heads) * dd * k;
-            const S* src = partial.data() + p * dd * k;
-            for (std::int64_t e = 0; e < dd * k; ++e) dst[e] += src[e];
-        }
+        reduce_partials(partial, planes, d.heads, d.table_heads, dd * k, accumulate, grad_table);
     }
 }
 
@@ -247,12 +250,7 @@ void contextual_v_backward(const dims& d, const Id* ids, const S* a, const S* ta
         }
     }
     if (grad_table) {
-        if (!accumulate) std::fill(grad_table, grad_table + d.table_heads * k * dd, S(0));
-        for (std::int64_t p = 0; p < planes; ++p) {
-            S* dst = grad_table + d.table_head(p % d.heads) * k * dd;
-            const S* src = partial.data() + p * k * dd;
-            for (std::int64_t e = 0; e < k * dd; ++e) dst[e] += src[e];
-        }
+        reduce_partials(partial, planes, d.heads, d.table_heads, k * dd, accumulate, grad_table);
     }
 }
 
