@@ -139,14 +139,14 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
             const S* am = in.attn_mask.data + (i0 + i) * n;
             for (std::int64_t j = 0; j < n; ++j) row[j] += am[j];
         }
-        S m = neg_inf;
+        S m = neg_inf;  // the row maximum; a NaN logit makes it NaN, so the whole row becomes NaN
         if (mask) {
             for (std::int64_t j = 0; j < n; ++j) {
                 if (mask[j]) row[j] = neg_inf;
-                m = std::max(m, row[j]);
+                m = (row[j] > m || std::isnan(row[j])) ? row[j] : m;
             }
         } else {
-            for (std::int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+            for (std::int64_t j = 0; j < n; ++j) m = (row[j] > m || std::isnan(row[j])) ? row[j] : m;
         }
         if (m == neg_inf) {  // every key masked: zero probabilities (the reference gives NaN)
             std::fill(row, row + n, S(0));
@@ -377,7 +377,7 @@ void dispatch_ids(const attention_inputs<S>& in, F&& f) {
 /// The contextual q/k terms use per-bucket products (qs·table per row block: rows·D·K; k·s·table
 /// per head: L·D·K), the value term per-bucket sums of probabilities then one product, the bias
 /// terms a gather. Rows whose keys are all masked give zero probabilities and zero output (the
-/// reference gives NaN); NaN inputs give NaN in the rows they reach only.
+/// reference gives NaN); a NaN logit makes its row NaN.
 /// @param in   q, k, v (B, H, L, D), grid, optional terms and masks (see attention_inputs).
 /// @param out  (B, H, L, D), written.
 /// @param attn (B, H, L, L) probabilities, written only when non-empty; pass `{}` otherwise.

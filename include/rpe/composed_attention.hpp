@@ -171,7 +171,7 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
             S m = -std::numeric_limits<S>::infinity();
             for (std::int64_t j = 0; j < n; ++j) {
                 if (mask && mask[j]) row[j] = -std::numeric_limits<S>::infinity();
-                m = std::max(m, row[j]);
+                m = (row[j] > m || std::isnan(row[j])) ? row[j] : m;  // NaN propagates to the row
             }
             if (m == -std::numeric_limits<S>::infinity()) {  // every key masked: zeros, not NaN
                 std::fill(row, row + n, S(0));

@@ -83,7 +83,9 @@ public:
         detail::require(head_dim >= 1, "term", "head_dim = ", head_dim, "; expected >= 1");
         detail::require(skip >= 0, "term", "skip = ", skip, "; expected >= 0");
         detail::validate_policy(mapping_);
-        num_buckets_ = mapping_.num_buckets() + (skip > 0 ? 1 : 0);
+        const std::int64_t k = static_cast<std::int64_t>(mapping_.num_buckets()) + (skip > 0 ? 1 : 0);
+        detail::require(k >= 1 && k < 2147483647, "term", "num_buckets = ", k, " (mapping buckets + skip bucket); expected [1, 2^31 - 1)");
+        num_buckets_ = static_cast<int>(k);
     }
 
     [[nodiscard]] const M& mapping() const { return mapping_; }  ///< the mapping policy

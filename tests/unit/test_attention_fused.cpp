@@ -243,3 +243,18 @@ TEST_CASE("fused attention rejects bad arguments before writing") {
     }
     for (float x : out) REQUIRE(x == 42.0f);
 }
+
+TEST_CASE("attention: a NaN query makes its row NaN, not zeros; other rows stay finite") {
+    for (bool fused : {false, true}) {
+        CAPTURE(fused);
+        random_attention<double> c(11);
+        c.in.key_padding_mask = {};
+        c.in.attn_mask = {};
+        c.q[0] = std::numeric_limits<double>::quiet_NaN();  // batch 0, head 0, query 0
+        const auto r = run(c, fused, 2);
+        for (std::int64_t e = 0; e < c.d; ++e) CHECK(std::isnan(r.out[static_cast<std::size_t>(e)]));
+        for (std::int64_t j = 0; j < c.l; ++j) CHECK(std::isnan(r.attn[static_cast<std::size_t>(j)]));
+        for (std::size_t e = static_cast<std::size_t>(c.d); e < static_cast<std::size_t>(c.l * c.d); ++e)
+            CHECK_FALSE(std::isnan(r.out[e]));
+    }
+}
