@@ -89,6 +89,9 @@ struct single_thread {
     int saved = omp_get_max_threads();
     single_thread() { omp_set_num_threads(1); }
     ~single_thread() { omp_set_num_threads(saved); }
+#else
+    single_thread() {}   // without OpenMP the kernels are serial already; user-provided so an
+    ~single_thread() {}  // unused guard does not warn
 #endif
     single_thread(const single_thread&) = delete;
     single_thread& operator=(const single_thread&) = delete;
