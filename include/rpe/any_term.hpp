@@ -125,8 +125,18 @@ public:
     [[nodiscard]] virtual bool contextual() const = 0;                      ///< mode
     [[nodiscard]] virtual rpe::target target() const = 0;                   ///< q, k or v
     [[nodiscard]] virtual std::vector<std::int64_t> table_shape() const = 0;  ///< each table's shape
-    /// @brief The shared bucket ids of this term on a height × width grid.
-    [[nodiscard]] virtual std::shared_ptr<const rpe::bucket_ids> bucket_ids(int height, int width) const = 0;
+    /// @brief The shared bucket ids (global cache) of this term on a depth × height × width grid
+    /// (depth > 1 needs a 3D mapping), held as `storage` says. @throws as bucket_cache::get.
+    [[nodiscard]] virtual std::shared_ptr<const rpe::bucket_ids> bucket_ids(int depth, int height, int width,
+                                                                            id_storage storage) const = 0;
+    /// @brief bucket_ids(depth, height, width, id_storage::automatic).
+    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int depth, int height, int width) const {
+        return bucket_ids(depth, height, width, id_storage::automatic);
+    }
+    /// @brief The shared bucket ids of this term on a height × width grid (automatic storage).
+    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int height, int width) const {
+        return bucket_ids(1, height, width, id_storage::automatic);
+    }
     /// @brief rpe::term::forward. @throws rpe::invalid_argument when tables.size() != num_tables().
     virtual void forward(const rpe::bucket_ids& ids, std::span<const tensor_ref<const S>> tables, tensor_ref<const S> x,
                          tensor_ref<S> out, write mode = write::overwrite) const = 0;
@@ -161,8 +171,10 @@ public:
     [[nodiscard]] bool contextual() const override { return !Term::is_bias; }
     [[nodiscard]] rpe::target target() const override { return Term::target_kind; }
     [[nodiscard]] std::vector<std::int64_t> table_shape() const override { return term_.table_shape(); }
-    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int height, int width) const override {
-        return term_.bucket_ids(height, width);
+    using any_term<S>::bucket_ids;
+    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int depth, int height, int width,
+                                                                    id_storage storage) const override {
+        return term_.bucket_ids(depth, height, width, storage);
     }
     void forward(const rpe::bucket_ids& ids, std::span<const tensor_ref<const S>> tables, tensor_ref<const S> x,
                  tensor_ref<S> out, write mode) const override {

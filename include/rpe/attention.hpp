@@ -26,6 +26,10 @@ struct attention_options {
     /// per block, at least 32 rows). Results do not depend on it beyond float rounding of the
     /// matrix products.
     std::int64_t row_block = 0;
+    /// How the bucket ids are held (see rpe::id_storage): `automatic` keeps (L, L) tables up to
+    /// bucket_ids::auto_table_bytes and computes larger grids' ids on the fly. The fused
+    /// attention reads ids a row block at a time either way.
+    id_storage storage = id_storage::automatic;
 };
 
 namespace detail {
@@ -33,7 +37,8 @@ namespace detail {
 /// One lookup table of one term, prepared for the fused kernels.
 template <class S, class Id>
 struct fused_table {
-    const Id* ids = nullptr;  // (L, L): id(i, j) for k and v; id(j, i) at [i, j] for q (transposed)
+    cpu::id_rows<Id> rows;    // id(i, j) for k and v; id(j, i) at [i, j] for q (transposed)
+    int slot = 0;             // index of this table's block of ids (see load_block_ids)
     const S* table = nullptr; // bias (Ht, K); contextual q/k (Ht, D, K); v (Ht, K, D)
     S* grad = nullptr;        // same shape as table, or null
     std::int64_t table_heads = 1;
@@ -48,29 +53,11 @@ struct fused_plan {
     std::int64_t b = 0, h = 0, l = 0, d = 0, k = 0, rb = 0;
     S scale = 1;
     std::vector<fused_table<S, Id>> on_q, on_k, on_v;
-    std::vector<std::vector<Id>> owned;  // id copies (transposed or widened)
+    int tables = 0;  // tables in on_q, on_k, on_v together
 };
 
-template <class Id>
-const Id* ids_as(const bucket_ids& ids, int table, bool transposed, std::vector<std::vector<Id>>& owned) {
-    const std::int64_t n = ids.length();
-    const Id* direct = ids.visit(table, [](const auto* p) -> const Id* {
-        if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(p)>>, Id>)
-            return p;
-        else
-            return nullptr;
-    });
-    if (direct && !transposed) return direct;
-    auto& v = owned.emplace_back(static_cast<std::size_t>(n * n));
-    ids.visit(table, [&](const auto* p) {
-        for (std::int64_t i = 0; i < n; ++i)
-            for (std::int64_t j = 0; j < n; ++j) v[static_cast<std::size_t>(i * n + j)] = static_cast<Id>(transposed ? p[j * n + i] : p[i * n + j]);
-    });
-    return v.data();
-}
-
 template <class S, class Id>
-void add_tables(fused_plan<S, Id>& plan, const attention_inputs<S>& in, const attention_term<S>& slot,
+void add_tables(fused_plan<S, Id>& plan, const attention_term<S>& slot,
                 const std::shared_ptr<const bucket_ids>& ids, std::vector<fused_table<S, Id>>& out, bool want_grads) {
     if (!slot.term) return;
     const auto shape = slot.term->table_shape();
@@ -81,25 +68,31 @@ void add_tables(fused_plan<S, Id>& plan, const attention_inputs<S>& in, const at
         check_shape(slot.tables[static_cast<std::size_t>(t)], shape, "attention", "tables");
         check_nonnull(slot.tables[static_cast<std::size_t>(t)], "attention", "tables");
         ft.table = slot.tables[static_cast<std::size_t>(t)].data;
-        if (want_grads && static_cast<std::size_t>(t) < slot.grad_tables.size() && slot.grad_tables[static_cast<std::size_t>(t)].data) {
-            check_shape(slot.grad_tables[static_cast<std::size_t>(t)], shape, "attention", "grad_tables");
-            check_output_overlap(in, slot.grad_tables[static_cast<std::size_t>(t)], "grad_tables");
-            ft.grad = slot.grad_tables[static_cast<std::size_t>(t)].data;
-        }
+        if (want_grads && static_cast<std::size_t>(t) < slot.grad_tables.size())
+            ft.grad = slot.grad_tables[static_cast<std::size_t>(t)].data;  // checked by check_grad_tables
         ft.table_heads = shape[0];
         ft.k = slot.term->num_buckets();
         ft.bias = !slot.term->contextual();
-        ft.ids = ids_as<Id>(*ids, t, slot.term->target() == target::query, plan.owned);
+        ft.rows = cpu::id_rows<Id>{ids.get(), t, slot.term->target() == target::query};
+        ft.slot = plan.tables++;
         out.push_back(std::move(ft));
     }
 }
 
+// Points blk[t.slot] at the (rb, L) ids of rows [i0, i0 + rb) of every table (stored rows, or
+// rows made into buf, rb_max·L ids per table).
+template <class S, class Id>
+void load_block_ids(const fused_plan<S, Id>& plan, std::int64_t i0, std::int64_t rb, Id* buf, const Id** blk) {
+    for (const auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+        for (const auto& t : *group) blk[t.slot] = t.rows(i0, rb, buf + t.slot * plan.rb * plan.l);
+}
+
 // Logits of rows [i0, i0 + rb) of plane p into lg (rb, L), then the masked softmax in place.
-// qs_blk (rb, D) are the scaled queries of those rows; tq (per q contextual table) is the plane's
-// (L, K) product ks·table_q.
+// qs_blk (rb, D) are the scaled queries of those rows; tq holds the plane's products for the
+// contextual q tables (plane_query_products); blk the block's ids per table (load_block_ids).
 template <class S, class Id>
 void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, std::int64_t i0,
-                         std::int64_t rb, const S* qs_blk, const std::vector<const S*>& tq, S* lg, S* work) {
+                         std::int64_t rb, const S* qs_blk, const S* tq, const Id* const* blk, S* lg, S* work) {
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
@@ -112,25 +105,24 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
             offset += rb * t.k;
         }
     const std::uint8_t* mask = in.key_padding_mask.data ? in.key_padding_mask.data + (p / plan.h) * n : nullptr;
-    constexpr S neg_inf = -std::numeric_limits<S>::infinity();
     // one pass per row while it sits in L1: gathers, masks, max, exp, normalisation
     for (std::int64_t i = 0; i < rb; ++i) {
         S* row = lg + i * n;
         std::int64_t off = 0;
         for (const auto& t : plan.on_k) {
-            const Id* ids = t.ids + (i0 + i) * n;
+            const Id* ids = blk[t.slot] + i * n;
             const S* w = t.bias ? t.table + t.head(h) * t.k : work + off + i * t.k;
             if (!t.bias) off += rb * t.k;
             for (std::int64_t j = 0; j < n; ++j) row[j] += w[ids[j]];
         }
         for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
             const auto& t = plan.on_q[q];
-            const Id* ids = t.ids + (i0 + i) * n;  // transposed: [i, j] holds id(j, i)
+            const Id* ids = blk[t.slot] + i * n;  // transposed: [i, j] holds id(j, i)
             if (t.bias) {
                 const S* tab = t.table + t.head(h) * t.k;
                 for (std::int64_t j = 0; j < n; ++j) row[j] += tab[ids[j]];
             } else {
-                const S* w = tq[q];
+                const S* w = tq + static_cast<std::int64_t>(q) * n * plan.k;
                 const std::int64_t k = t.k;
                 for (std::int64_t j = 0; j < n; ++j) row[j] += w[j * k + ids[j]];
             }
@@ -139,34 +131,16 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
             const S* am = in.attn_mask.data + (i0 + i) * n;
             for (std::int64_t j = 0; j < n; ++j) row[j] += am[j];
         }
-        S m = neg_inf;  // the row maximum; a NaN logit makes it NaN, so the whole row becomes NaN
-        if (mask) {
-            for (std::int64_t j = 0; j < n; ++j) {
-                if (mask[j]) row[j] = neg_inf;
-                m = (row[j] > m || std::isnan(row[j])) ? row[j] : m;
-            }
-        } else {
-            for (std::int64_t j = 0; j < n; ++j) m = (row[j] > m || std::isnan(row[j])) ? row[j] : m;
-        }
-        if (m == neg_inf) {  // every key masked: zero probabilities (the reference gives NaN)
-            std::fill(row, row + n, S(0));
-            continue;
-        }
-        S sum = 0;
-        for (std::int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - m));
-        const S inv = S(1) / sum;
-        for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
+        cpu::softmax_row(row, n, mask);
     }
 }
 
-// Per plane: tq[q] = (k·s)·table_q[h'] (L, K) for every contextual q table, into buf.
+// Per plane: (k·s)·table_q[h'] (L, K) of every contextual q table q, at buf + q·L·K (K = plan.k).
 template <class S, class Id>
-std::vector<const S*> plane_query_products(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p,
-                                           S* ks, S* buf) {
+void plane_query_products(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, S* ks, S* buf) {
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
-    std::vector<const S*> tq(plan.on_q.size(), nullptr);
     bool have_ks = false;
     for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
         const auto& t = plan.on_q[q];
@@ -178,9 +152,7 @@ std::vector<const S*> plane_query_products(const fused_plan<S, Id>& plan, const 
         const std::int64_t k = t.k;
         S* dst = buf + static_cast<std::int64_t>(q) * n * plan.k;
         map<S>(dst, n, k).noalias() = cmap<S>(ks, n, d) * cmap<S>(t.table + t.head(h) * d * k, d, k);
-        tq[q] = dst;
     }
-    return tq;
 }
 
 template <class S, class Id>
@@ -196,9 +168,9 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     const attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
     for (const auto* slot : slots)
         if (slot->term) plan.k = std::max<std::int64_t>(plan.k, slot->term->num_buckets());
-    add_tables(plan, in, in.rpe_q, ids[0], plan.on_q, want_grads);
-    add_tables(plan, in, in.rpe_k, ids[1], plan.on_k, want_grads);
-    add_tables(plan, in, in.rpe_v, ids[2], plan.on_v, want_grads);
+    add_tables(plan, in.rpe_q, ids[0], plan.on_q, want_grads);
+    add_tables(plan, in.rpe_k, ids[1], plan.on_k, want_grads);
+    add_tables(plan, in.rpe_v, ids[2], plan.on_v, want_grads);
     require(opt.row_block >= 0, "attention", "row_block = ", opt.row_block, "; expected >= 0");
     plan.rb = opt.row_block > 0 ? opt.row_block : std::max<std::int64_t>(32, (std::int64_t{1} << 17) / std::max<std::int64_t>(s.l, 1));
     plan.rb = std::min(plan.rb, s.l);
@@ -213,30 +185,36 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
     const std::int64_t nq = static_cast<std::int64_t>(plan.on_q.size());
+    // every per-thread buffer is allocated here, before the parallel region
+    cpu::thread_scratch<S> lg_s(rb_max * n), work_s(2 * std::max(rb_max, n) * std::max<std::int64_t>(k, 1));
+    cpu::thread_scratch<S> qs_s(rb_max * d), ks_s(n * d), tq_s(nq * n * k);
+    cpu::thread_scratch<Id> ids_s(plan.tables * rb_max * n);
+    cpu::thread_scratch<const Id*> blk_s(plan.tables);
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
     {
-        std::vector<S> lg(static_cast<std::size_t>(rb_max * n)), work(static_cast<std::size_t>(2 * std::max(rb_max, n) * std::max<std::int64_t>(k, 1)));
-        std::vector<S> qs(static_cast<std::size_t>(rb_max * d)), ks(static_cast<std::size_t>(n * d));
-        std::vector<S> tqbuf(static_cast<std::size_t>(nq * n * k));
+        S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *ks = ks_s.mine(), *tqbuf = tq_s.mine();
+        Id* idbuf = ids_s.mine();
+        const Id** blk = blk_s.mine();
 #if defined(_OPENMP)
 #pragma omp for schedule(dynamic, 1)
 #endif
         for (std::int64_t p = 0; p < planes; ++p) {
             const std::int64_t h = p % plan.h;
-            const auto tq = plane_query_products(plan, in, p, ks.data(), tqbuf.data());
+            plane_query_products(plan, in, p, ks, tqbuf);
             for (std::int64_t i0 = 0; i0 < n; i0 += rb_max) {
                 const std::int64_t rb = std::min(rb_max, n - i0);
-                map<S>(qs.data(), rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
-                block_probabilities(plan, in, p, i0, rb, qs.data(), tq, lg.data(), work.data());
+                load_block_ids(plan, i0, rb, idbuf, blk);
+                map<S>(qs, rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
+                block_probabilities(plan, in, p, i0, rb, qs, tqbuf, blk, lg, work);
                 auto o = map<S>(out.data + (p * n + i0) * d, rb, d);
-                o.noalias() = cmap<S>(lg.data(), rb, n) * cmap<S>(in.v.data + p * n * d, n, d);
+                o.noalias() = cmap<S>(lg, rb, n) * cmap<S>(in.v.data + p * n * d, n, d);
                 for (const auto& t : plan.on_v) {
-                    cpu::scatter_rows(lg.data(), t.ids + i0 * n, rb, n, t.k, work.data());
-                    o.noalias() += cmap<S>(work.data(), rb, t.k) * cmap<S>(t.table + t.head(h) * t.k * d, t.k, d);
+                    cpu::scatter_rows(lg, blk[t.slot], rb, n, t.k, work);
+                    o.noalias() += cmap<S>(work, rb, t.k) * cmap<S>(t.table + t.head(h) * t.k * d, t.k, d);
                 }
-                if (attn.data) std::copy(lg.data(), lg.data() + rb * n, attn.data + (p * n + i0) * n);
+                if (attn.data) std::copy(lg, lg + rb * n, attn.data + (p * n + i0) * n);
             }
         }
     }
@@ -254,22 +232,27 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
         for (auto& t : *group)
             if (t.grad) t.partial.assign(static_cast<std::size_t>(planes * table_size(t)), S(0));
+    // every per-thread buffer is allocated here, before the parallel region
+    cpu::thread_scratch<S> lg_s(rb_max * n), dp_s(rb_max * n), work_s(2 * std::max(rb_max, n) * std::max<std::int64_t>(k, 1));
+    cpu::thread_scratch<S> qs_s(rb_max * d), dqs_s(rb_max * d), ks_s(n * d), tq_s(nq * n * k);
+    cpu::thread_scratch<S> gq_s(nq * n * k);  // per q contextual table: Σ of dlogits per (j, bucket)
+    cpu::thread_scratch<Id> ids_s(plan.tables * rb_max * n);
+    cpu::thread_scratch<const Id*> blk_s(plan.tables);
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
     {
-        std::vector<S> lg(static_cast<std::size_t>(rb_max * n)), dp(static_cast<std::size_t>(rb_max * n));
-        std::vector<S> work(static_cast<std::size_t>(2 * std::max(rb_max, n) * std::max<std::int64_t>(k, 1)));
-        std::vector<S> qs(static_cast<std::size_t>(rb_max * d)), dqs(static_cast<std::size_t>(rb_max * d));
-        std::vector<S> ks(static_cast<std::size_t>(n * d)), tqbuf(static_cast<std::size_t>(nq * n * k));
-        std::vector<S> gq(static_cast<std::size_t>(nq * n * k));  // per q contextual table: Σ of dlogits per (j, bucket)
+        S *lg = lg_s.mine(), *dp = dp_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *dqs = dqs_s.mine();
+        S *ks = ks_s.mine(), *tqbuf = tq_s.mine(), *gq = gq_s.mine();
+        Id* idbuf = ids_s.mine();
+        const Id** blk = blk_s.mine();
 #if defined(_OPENMP)
 #pragma omp for schedule(dynamic, 1)
 #endif
         for (std::int64_t p = 0; p < planes; ++p) {
             const std::int64_t h = p % plan.h;
-            const auto tq = plane_query_products(plan, in, p, ks.data(), tqbuf.data());
-            std::fill(gq.begin(), gq.end(), S(0));
+            plane_query_products(plan, in, p, ks, tqbuf);
+            std::fill(gq, gq + gq_s.per_thread, S(0));
             auto gk = map<S>(grad_k.data + p * n * d, n, d);
             auto gv = map<S>(grad_v.data + p * n * d, n, d);
             gk.setZero();
@@ -278,23 +261,24 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
             const auto kp = cmap<S>(in.k.data + p * n * d, n, d);
             for (std::int64_t i0 = 0; i0 < n; i0 += rb_max) {
                 const std::int64_t rb = std::min(rb_max, n - i0);
-                map<S>(qs.data(), rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
-                block_probabilities(plan, in, p, i0, rb, qs.data(), tq, lg.data(), work.data());
-                const auto P = cmap<S>(lg.data(), rb, n);
+                load_block_ids(plan, i0, rb, idbuf, blk);
+                map<S>(qs, rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
+                block_probabilities(plan, in, p, i0, rb, qs, tqbuf, blk, lg, work);
+                const auto P = cmap<S>(lg, rb, n);
                 const auto go = cmap<S>(grad_out.data + (p * n + i0) * d, rb, d);
-                auto dP = map<S>(dp.data(), rb, n);
+                auto dP = map<S>(dp, rb, n);
                 dP.noalias() = go * vp.transpose();
                 gv.noalias() += P.transpose() * go;
                 for (auto& t : plan.on_v) {
-                    const Id* idb = t.ids + i0 * n;
+                    const Id* idb = blk[t.slot];
                     const std::int64_t k = t.k;
                     const auto tab = cmap<S>(t.table + t.head(h) * k * d, k, d);
-                    map<S>(work.data(), rb, k).noalias() = go * tab.transpose();
+                    map<S>(work, rb, k).noalias() = go * tab.transpose();
                     for (std::int64_t i = 0; i < rb; ++i)
                         for (std::int64_t j = 0; j < n; ++j) dp[i * n + j] += work[i * k + idb[i * n + j]];
                     if (t.grad) {
-                        cpu::scatter_rows(lg.data(), idb, rb, n, k, work.data());
-                        map<S>(t.partial.data() + p * k * d, k, d).noalias() += cmap<S>(work.data(), rb, k).transpose() * go;
+                        cpu::scatter_rows(lg, idb, rb, n, k, work);
+                        map<S>(t.partial.data() + p * k * d, k, d).noalias() += cmap<S>(work, rb, k).transpose() * go;
                     }
                 }
                 // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
@@ -303,12 +287,12 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     for (std::int64_t j = 0; j < n; ++j) dot += dp[i * n + j] * lg[i * n + j];
                     for (std::int64_t j = 0; j < n; ++j) dp[i * n + j] = lg[i * n + j] * (dp[i * n + j] - dot);
                 }
-                const auto dL = cmap<S>(dp.data(), rb, n);
-                auto dq = map<S>(dqs.data(), rb, d);
+                const auto dL = cmap<S>(dp, rb, n);
+                auto dq = map<S>(dqs, rb, d);
                 dq.noalias() = dL * kp;
-                gk.noalias() += dL.transpose() * cmap<S>(qs.data(), rb, d);
+                gk.noalias() += dL.transpose() * cmap<S>(qs, rb, d);
                 for (auto& t : plan.on_k) {
-                    const Id* idb = t.ids + i0 * n;
+                    const Id* idb = blk[t.slot];
                     const std::int64_t k = t.k;
                     if (t.bias) {
                         if (!t.grad) continue;
@@ -316,18 +300,18 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         for (std::int64_t i = 0; i < rb; ++i)
                             for (std::int64_t j = 0; j < n; ++j) acc[idb[i * n + j]] += dp[i * n + j];
                     } else {
-                        cpu::scatter_rows(dp.data(), idb, rb, n, k, work.data());
+                        cpu::scatter_rows(dp, idb, rb, n, k, work);
                         const auto tab = cmap<S>(t.table + t.head(h) * d * k, d, k);
-                        dq.noalias() += cmap<S>(work.data(), rb, k) * tab.transpose();
+                        dq.noalias() += cmap<S>(work, rb, k) * tab.transpose();
                         if (t.grad)
-                            map<S>(t.partial.data() + p * d * k, d, k).noalias() += cmap<S>(qs.data(), rb, d).transpose() * cmap<S>(work.data(), rb, k);
+                            map<S>(t.partial.data() + p * d * k, d, k).noalias() += cmap<S>(qs, rb, d).transpose() * cmap<S>(work, rb, k);
                     }
                 }
                 for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
                     auto& t = plan.on_q[q];
-                    const Id* idb = t.ids + i0 * n;  // [i, j] holds id(j, i)
+                    const Id* idb = blk[t.slot];  // [i, j] holds id(j, i)
                     const std::int64_t k = t.k;
-                    S* acc = t.bias ? (t.grad ? t.partial.data() + p * k : nullptr) : gq.data() + static_cast<std::int64_t>(q) * n * plan.k;
+                    S* acc = t.bias ? (t.grad ? t.partial.data() + p * k : nullptr) : gq + static_cast<std::int64_t>(q) * n * plan.k;
                     if (!acc) continue;
                     if (t.bias)
                         for (std::int64_t i = 0; i < rb; ++i)
@@ -342,10 +326,10 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 auto& t = plan.on_q[q];
                 if (t.bias) continue;
                 const std::int64_t k = t.k;
-                const auto g = cmap<S>(gq.data() + static_cast<std::int64_t>(q) * n * plan.k, n, k);
+                const auto g = cmap<S>(gq + static_cast<std::int64_t>(q) * n * plan.k, n, k);
                 const auto tab = cmap<S>(t.table + t.head(h) * d * k, d, k);
                 gk.noalias() += plan.scale * (g * tab.transpose());
-                if (t.grad) map<S>(t.partial.data() + p * d * k, d, k).noalias() += cmap<S>(ks.data(), n, d).transpose() * g;
+                if (t.grad) map<S>(t.partial.data() + p * d * k, d, k).noalias() += cmap<S>(ks, n, d).transpose() * g;
             }
         }
     }
@@ -356,9 +340,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
 }
 
 template <class S, class F>
-void dispatch_ids(const attention_inputs<S>& in, F&& f) {
-    std::shared_ptr<const bucket_ids> ids[3] = {ids_of(in.rpe_q, in.height, in.width), ids_of(in.rpe_k, in.height, in.width),
-                                                ids_of(in.rpe_v, in.height, in.width)};
+void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
+    std::shared_ptr<const bucket_ids> ids[3] = {ids_of(in.rpe_q, in, storage), ids_of(in.rpe_k, in, storage),
+                                                ids_of(in.rpe_v, in, storage)};
     int width = 1;
     for (const auto& i : ids)
         if (i) width = std::max(width, i->id_bytes());
@@ -400,7 +384,7 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
         detail::check_output_overlap(in, attn, "attn");
         detail::check_no_overlap(out, attn, "attention", "out", "attn");
     }
-    detail::dispatch_ids(in, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
+    detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
         detail::fused_forward<S, Id>(in, ids, out, attn, opt);
     });
 }
@@ -429,7 +413,8 @@ void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_
         detail::check_no_overlap(*outs[i], grad_out, "attention", names[i], "grad_out");
         for (int j = 0; j < i; ++j) detail::check_no_overlap(*outs[i], *outs[j], "attention", names[i], names[j]);
     }
-    detail::dispatch_ids(in, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
+    detail::check_grad_tables(in, {{grad_out, "grad_out"}, {grad_q, "grad_q"}, {grad_k, "grad_k"}, {grad_v, "grad_v"}});
+    detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
         detail::fused_backward<S, Id>(in, ids, grad_out, grad_q, grad_k, grad_v, opt);
     });
 }

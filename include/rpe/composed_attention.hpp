@@ -9,10 +9,12 @@
 #include <Eigen/Core>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "any_term.hpp"
@@ -35,7 +37,8 @@ struct attention_term {
 
 /// @brief Inputs of the attention step.
 ///
-/// q, k, v: (B, H, L, D), projected and unscaled; `L = skip + height·width`. The grid size is
+/// q, k, v: (B, H, L, D), projected and unscaled; `L = skip + depth·height·width` (depth 1
+/// unless the terms use a 3D mapping). The grid size is
 /// given explicitly (the reference's default of a square ⌊√L⌋ grid is not guessed).
 /// attn_mask: optional (L, L) additive mask (DETR's float `attn_mask`), added to the logits after
 /// all RPE terms; −∞ entries mask a pair.
@@ -50,6 +53,7 @@ struct attention_inputs {
     attention_term<S> rpe_q, rpe_k, rpe_v;          ///< RPE on queries, keys, values (each optional)
     tensor_ref<const S> attn_mask;                  ///< (L, L) additive, or empty
     tensor_ref<const std::uint8_t> key_padding_mask;  ///< (B, L) or empty
+    int depth = 1;                                  ///< grid frames (3D mappings on T x H x W video grids)
 };
 
 namespace detail {
@@ -65,8 +69,11 @@ attention_shape<S> check_attention(const attention_inputs<S>& in) {
     attention_shape<S> s{in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)};
     require(s.b >= 1 && s.h >= 1 && s.l >= 1 && s.d >= 1, "attention", "q has shape ", in.q.shape_string(),
             "; expected positive extents");
-    check_shape(in.k, {s.b, s.h, s.l, s.d}, "attention", "k");
-    check_shape(in.v, {s.b, s.h, s.l, s.d}, "attention", "v");
+    // q sets (B, H, L, D); k and v must match it
+    require(in.k.has_shape({s.b, s.h, s.l, s.d}), "attention", "k has shape ", in.k.shape_string(), "; expected ",
+            in.q.shape_string(), ", the shape of q");
+    require(in.v.has_shape({s.b, s.h, s.l, s.d}), "attention", "v has shape ", in.v.shape_string(), "; expected ",
+            in.q.shape_string(), ", the shape of q");
     check_nonnull(in.q, "attention", "q");
     check_nonnull(in.k, "attention", "k");
     check_nonnull(in.v, "attention", "v");
@@ -90,8 +97,9 @@ attention_shape<S> check_attention(const attention_inputs<S>& in) {
                 "; expected H = ", s.h, " of q");
         require(slot.term->head_dim() == s.d, "attention", names[i], " has head_dim = ", slot.term->head_dim(),
                 "; expected D = ", s.d, " of q");
-        require(s.l == slot.term->skip() + static_cast<std::int64_t>(in.height) * in.width, "attention", "L = ", s.l,
-                " of q; expected skip + height*width = ", slot.term->skip(), " + ", in.height, "*", in.width);
+        require(s.l == slot.term->skip() + static_cast<std::int64_t>(in.depth) * in.height * in.width, "attention", "L = ", s.l,
+                " of q; expected skip + depth*height*width = ", slot.term->skip(), " + ", in.depth, "*", in.height, "*",
+                in.width);
         require(static_cast<int>(slot.tables.size()) == slot.term->num_tables(), "attention", names[i], " tables holds ",
                 slot.tables.size(), " tables; expected ", slot.term->num_tables());
         const auto shape = slot.term->table_shape();
@@ -111,9 +119,37 @@ void check_output_overlap(const attention_inputs<S>& in, const tensor_ref<T>& ou
         for (const auto& t : slot->tables) check_no_overlap(out, t, "attention", name, "a lookup table");
 }
 
+/// @brief Checks the attention_terms' grad_tables: each given entry (data or shape set) has its
+/// table's shape and data, and is separate from the inputs, from `others` (the call's other
+/// buffers: grad_out, attn, grad_q/k/v) and from every other grad_tables entry.
 template <class S>
-std::shared_ptr<const bucket_ids> ids_of(const attention_term<S>& slot, int height, int width) {
-    return slot.term ? slot.term->bucket_ids(height, width) : nullptr;
+void check_grad_tables(const attention_inputs<S>& in, std::initializer_list<std::pair<tensor_ref<const S>, const char*>> others) {
+    const attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    const char* names[] = {"rpe_q", "rpe_k", "rpe_v"};
+    std::vector<std::pair<tensor_ref<const S>, std::string>> seen;
+    for (int i = 0; i < 3; ++i) {
+        const auto& slot = *slots[i];
+        if (!slot.term) continue;
+        require(slot.grad_tables.size() <= static_cast<std::size_t>(slot.term->num_tables()), "attention", names[i],
+                " grad_tables holds ", slot.grad_tables.size(), " entries; expected at most ", slot.term->num_tables());
+        for (std::size_t t = 0; t < slot.grad_tables.size(); ++t) {
+            const auto& g = slot.grad_tables[t];
+            if (g.data == nullptr && g.rank == 0) continue;  // not wanted
+            const std::string name = std::string(names[i]) + " grad_tables[" + std::to_string(t) + "]";
+            check_shape(g, slot.term->table_shape(), "attention", name);
+            check_nonnull(g, "attention", name);
+            check_output_overlap(in, g, name.c_str());
+            for (const auto& [other, other_name] : others) check_no_overlap(g, other, "attention", name, other_name);
+            for (const auto& [prev, prev_name] : seen) check_no_overlap(g, prev, "attention", name, prev_name);
+            seen.emplace_back(tensor_ref<const S>(g), name);
+        }
+    }
+}
+
+template <class S>
+std::shared_ptr<const bucket_ids> ids_of(const attention_term<S>& slot, const attention_inputs<S>& in,
+                                         id_storage storage = id_storage::automatic) {
+    return slot.term ? slot.term->bucket_ids(in.depth, in.height, in.width, storage) : nullptr;
 }
 
 }  // namespace detail
@@ -136,9 +172,9 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
     detail::check_output_overlap(in, out, "out");
     detail::check_output_overlap(in, attn, "attn");
     detail::check_no_overlap(out, attn, "attention", "out", "attn");
-    const auto ids_q = detail::ids_of(in.rpe_q, in.height, in.width);
-    const auto ids_k = detail::ids_of(in.rpe_k, in.height, in.width);
-    const auto ids_v = detail::ids_of(in.rpe_v, in.height, in.width);
+    const auto ids_q = detail::ids_of(in.rpe_q, in);
+    const auto ids_k = detail::ids_of(in.rpe_k, in);
+    const auto ids_v = detail::ids_of(in.rpe_v, in);
     const S scale = static_cast<S>(1.0 / std::sqrt(static_cast<double>(s.d)));
     const std::int64_t n = s.l, planes = s.b * s.h;
     std::vector<S> qs(static_cast<std::size_t>(in.q.size())), ks;
@@ -168,19 +204,7 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
             S* row = attn.data + (p * n + i) * n;
             if (in.attn_mask.data)
                 for (std::int64_t j = 0; j < n; ++j) row[j] += in.attn_mask.data[i * n + j];
-            S m = -std::numeric_limits<S>::infinity();
-            for (std::int64_t j = 0; j < n; ++j) {
-                if (mask && mask[j]) row[j] = -std::numeric_limits<S>::infinity();
-                m = (row[j] > m || std::isnan(row[j])) ? row[j] : m;  // NaN propagates to the row
-            }
-            if (m == -std::numeric_limits<S>::infinity()) {  // every key masked: zeros, not NaN
-                std::fill(row, row + n, S(0));
-                continue;
-            }
-            S sum = 0;
-            for (std::int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - m));
-            const S inv = S(1) / sum;
-            for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
+            detail::cpu::softmax_row(row, n, mask);
         }
     }
     for (std::int64_t p = 0; p < planes; ++p)
@@ -215,16 +239,11 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
         detail::check_no_overlap(*outs[i], grad_out, "attention", out_names[i], "grad_out");
         for (int j = 0; j < i; ++j) detail::check_no_overlap(*outs[i], *outs[j], "attention", out_names[i], out_names[j]);
     }
-    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
-        if (slot->term)
-            for (const auto& g : slot->grad_tables)
-                if (g.data) {
-                    detail::check_shape(g, slot->term->table_shape(), "attention", "grad_tables");
-                    detail::check_output_overlap(in, g, "grad_tables");
-                }
-    const auto ids_q = detail::ids_of(in.rpe_q, in.height, in.width);
-    const auto ids_k = detail::ids_of(in.rpe_k, in.height, in.width);
-    const auto ids_v = detail::ids_of(in.rpe_v, in.height, in.width);
+    detail::check_grad_tables(in, {{attn, "attn"}, {grad_out, "grad_out"}, {grad_q, "grad_q"}, {grad_k, "grad_k"},
+                                   {grad_v, "grad_v"}});
+    const auto ids_q = detail::ids_of(in.rpe_q, in);
+    const auto ids_k = detail::ids_of(in.rpe_k, in);
+    const auto ids_v = detail::ids_of(in.rpe_v, in);
     const S scale = static_cast<S>(1.0 / std::sqrt(static_cast<double>(s.d)));
     const std::int64_t n = s.l, dd = s.d, planes = s.b * s.h;
     using detail::cpu::cmap;

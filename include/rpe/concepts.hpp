@@ -51,6 +51,24 @@ concept Mapping =
         { m.bucket(dr, dc) } -> std::convertible_to<int>;
     };
 
+/// @brief A 3D mapping for video tokens: offset (dt, dr, dc) = (t_i − t_j, r_i − r_j, c_i − c_j)
+/// → bucket id in [0, num_buckets()), on a depth × height × width grid (frames × rows × columns).
+/// It declares `static constexpr int dimensions = 3` (this tells it from Cross, whose
+/// `bucket(dr, dc, table)` also takes three ints). One table; optional `void validate() const`.
+template <class M>
+concept Mapping3D =
+    std::is_trivially_copyable_v<M> && std::equality_comparable<M> &&
+    requires(const M m, int dt, int dr, int dc) {
+        requires M::dimensions == 3;
+        { m.num_buckets() } -> std::convertible_to<int>;
+        { m.bucket(dt, dr, dc) } -> std::convertible_to<int>;
+    };
+
+/// @brief Any mapping a term, the bucket ids and the attention accept: a 2D Mapping (images;
+/// sequences as 1 × L grids) or a Mapping3D (video).
+template <class M>
+concept GridMapping = Mapping<M> || Mapping3D<M>;
+
 /// @brief A mode tag: rpe::mode::bias (eq. 14) or rpe::mode::contextual (eqs. 15–17).
 template <class Md>
 concept Mode = std::same_as<Md, mode::bias> || std::same_as<Md, mode::contextual>;

@@ -21,6 +21,7 @@
 #include "mapping/cross.hpp"
 #include "mapping/euclidean.hpp"
 #include "mapping/product.hpp"
+#include "mapping/product3d.hpp"
 #include "mapping/quantization.hpp"
 #include "mode.hpp"
 #include "tensor.hpp"

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -57,7 +58,7 @@ concept ModeOnTarget = Mode<Md> && detail::valid_mode_target<Md, Tg>;
 /// Thread-safety: const member functions may run concurrently on distinct outputs.
 /// Source: paper eqs. 13–17; reference `iRPE` module and `build_rpe` in microsoft/Cream
 /// `iRPE/DeiT-with-iRPE/irpe.py`.
-template <Mapping M, Mode Md, target Tg, class S = float, Backend B = backend::cpu>
+template <GridMapping M, Mode Md, target Tg, class S = float, Backend B = backend::cpu>
     requires ModeOnTarget<Md, Tg>  // bias mode on values does not exist
 class term {
     static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>, "rpe: the scalar type must be float or double");
@@ -107,7 +108,18 @@ public:
     /// @throws as bucket_cache::get.
     [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int height, int width,
                                                                     bucket_cache& cache = bucket_cache::global()) const {
-        return cache.get(mapping_, height, width, skip_);
+        return cache.get(mapping_, 1, height, width, skip_, id_storage::automatic);
+    }
+    /// @brief The shared bucket ids on a depth × height × width grid (depth > 1 needs a Mapping3D).
+    /// @throws as bucket_cache::get.
+    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int depth, int height, int width,
+                                                                    bucket_cache& cache = bucket_cache::global()) const {
+        return cache.get(mapping_, depth, height, width, skip_, id_storage::automatic);
+    }
+    /// @brief As above, held as `storage` says (on_the_fly: no (L, L) table, for large grids).
+    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int depth, int height, int width, id_storage storage,
+                                                                    bucket_cache& cache = bucket_cache::global()) const {
+        return cache.get(mapping_, depth, height, width, skip_, storage);
     }
 
     /// @brief Forward: writes (or adds) the term into `out`. See the class comment for shapes.
@@ -120,14 +132,14 @@ public:
         const bool acc = mode == write::accumulate;
         for (int t = 0; t < num_tables; ++t) {
             const bool acc_t = acc || t > 0;
-            ids.visit(t, [&](const auto* id) {
+            detail::cpu::with_id_type(ids.id_bytes(), [&]<class Id>() {
+                const detail::cpu::id_rows<Id> id{&ids, t, Tg == target::query};
                 if constexpr (is_bias)
-                    detail::cpu::bias_forward(d, id, Tg == target::query, tables[t].data, out.extent(0), out.extent(1),
-                                              acc_t, out.data);
+                    detail::cpu::bias_forward(d, id, tables[t].data, out.extent(0), out.extent(1), acc_t, out.data);
                 else if constexpr (Tg == target::value)
                     detail::cpu::contextual_v_forward(d, id, x.data, tables[t].data, acc_t, out.data);
                 else
-                    detail::cpu::contextual_qk_forward(d, id, Tg == target::query, x.data, tables[t].data, acc_t, out.data);
+                    detail::cpu::contextual_qk_forward(d, id, x.data, tables[t].data, acc_t, out.data);
             });
         }
     }
@@ -149,35 +161,50 @@ public:
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, const grad_tables_type& grad_tables,
                   write mode = write::overwrite) const {
         const auto d = check(ids, tables, x, grad_out, "grad_out");
+        // Every output (grad_x and each grad_tables[t]) must be separate from every input and
+        // from the other outputs: all checks run before anything is written.
         const auto shape = table_shape();
         for (int t = 0; t < num_tables; ++t)
             if (grad_tables[t].data != nullptr || grad_tables[t].rank != 0) {
-                detail::check_shape(grad_tables[t], shape, "term", "grad_tables[" + std::to_string(t) + "]");
-                for (int u = 0; u < num_tables; ++u)
-                    detail::check_no_overlap(grad_tables[t], tables[u], "term", "grad_tables", "tables");
-                detail::check_no_overlap(grad_tables[t], grad_out, "term", "grad_tables", "grad_out");
+                const std::string name = "grad_tables[" + std::to_string(t) + "]";
+                detail::check_shape(grad_tables[t], shape, "term", name);
+                detail::check_nonnull(grad_tables[t], "term", name);
+                for (int u = 0; u < num_tables; ++u) {
+                    detail::check_no_overlap(grad_tables[t], tables[u], "term", name, "tables[" + std::to_string(u) + "]");
+                    if (u < t) detail::check_no_overlap(grad_tables[t], grad_tables[u], "term", name, "grad_tables[" + std::to_string(u) + "]");
+                }
+                detail::check_no_overlap(grad_tables[t], grad_out, "term", name, "grad_out");
+                detail::check_no_overlap(grad_tables[t], x, "term", name, "x");
             }
+        if constexpr (is_bias)
+            detail::require(grad_x.data == nullptr && grad_x.rank == 0, "term",
+                            "grad_x must be empty ({}) in bias mode: the bias term has no input");
         const bool want_x = !is_bias && (grad_x.data != nullptr || grad_x.rank != 0);
         if (want_x) {
             detail::check_shape(grad_x, std::vector<std::int64_t>(x.shape.begin(), x.shape.begin() + x.rank), "term", "grad_x");
+            detail::check_nonnull(grad_x, "term", "grad_x");
             detail::check_no_overlap(grad_x, grad_out, "term", "grad_x", "grad_out");
             detail::check_no_overlap(grad_x, x, "term", "grad_x", "x");
+            for (int t = 0; t < num_tables; ++t) {
+                detail::check_no_overlap(grad_x, tables[t], "term", "grad_x", "tables[" + std::to_string(t) + "]");
+                detail::check_no_overlap(grad_x, grad_tables[t], "term", "grad_x", "grad_tables[" + std::to_string(t) + "]");
+            }
         }
         const bool acc = mode == write::accumulate;
         for (int t = 0; t < num_tables; ++t) {
             S* gt = grad_tables[t].data;
             S* gx = want_x ? grad_x.data : nullptr;
             const bool acc_x = acc || t > 0;
-            ids.visit(t, [&](const auto* id) {
+            detail::cpu::with_id_type(ids.id_bytes(), [&]<class Id>() {
+                const detail::cpu::id_rows<Id> id{&ids, t, Tg == target::query};
                 if constexpr (is_bias) {
-                    if (gt) detail::cpu::bias_backward(d, id, Tg == target::query, grad_out.data, grad_out.extent(0),
-                                                       grad_out.extent(1), acc, gt);
+                    if (gt) detail::cpu::bias_backward(d, id, grad_out.data, grad_out.extent(0), grad_out.extent(1), acc, gt);
                 } else if constexpr (Tg == target::value) {
                     if (gx) detail::cpu::contextual_v_backward(d, id, x.data, tables[t].data, grad_out.data, acc_x, gx, static_cast<S*>(nullptr));
                     if (gt) detail::cpu::contextual_v_backward(d, id, x.data, tables[t].data, grad_out.data, acc, static_cast<S*>(nullptr), gt);
                 } else {
-                    if (gx) detail::cpu::contextual_qk_backward(d, id, Tg == target::query, x.data, tables[t].data, grad_out.data, acc_x, gx, static_cast<S*>(nullptr));
-                    if (gt) detail::cpu::contextual_qk_backward(d, id, Tg == target::query, x.data, tables[t].data, grad_out.data, acc, static_cast<S*>(nullptr), gt);
+                    if (gx) detail::cpu::contextual_qk_backward(d, id, x.data, tables[t].data, grad_out.data, acc_x, gx, static_cast<S*>(nullptr));
+                    if (gt) detail::cpu::contextual_qk_backward(d, id, x.data, tables[t].data, grad_out.data, acc, static_cast<S*>(nullptr), gt);
                 }
             });
         }
@@ -214,23 +241,25 @@ private:
         if constexpr (is_bias) {
             detail::require(y.rank == 4 && y.extent(0) >= 1 && (y.extent(1) == d.table_heads || y.extent(1) == d.heads) &&
                                 y.extent(2) == n && y.extent(3) == n,
-                            "term", y_name, " has shape ", y.shape_string(), "; expected (B, ", d.heads, " or ", d.table_heads,
-                            ", L, L) with L = ", n, " (bucket ids: skip ", ids.skip(), " + ", ids.height(), "x", ids.width(), ")");
+                            "term", y_name, " has shape ", y.shape_string(), "; expected (B >= 1, ",
+                            (d.heads == d.table_heads ? std::to_string(d.heads)
+                                                      : std::to_string(d.heads) + " or " + std::to_string(d.table_heads)),
+                            ", L, L) with L = ", n, " (bucket ids: skip ", ids.skip(), " + ", ids.grid_string(), ")");
             detail::require(x.data == nullptr && x.rank == 0, "term", "x must be empty ({}) in bias mode: the bias term does not read an input");
             d.batch = y.extent(0);
         } else {
             detail::require(x.rank == 4 && x.extent(0) >= 1 && x.extent(1) == d.heads && x.extent(2) == n &&
                                 x.extent(3) == (Tg == target::value ? n : d.dim),
-                            "term", "x has shape ", x.shape_string(), "; expected (B, ", d.heads, ", ", n, ", ",
-                            (Tg == target::value ? n : d.dim), ") with L = ", n, " = skip ", ids.skip(), " + ", ids.height(),
-                            "x", ids.width());
+                            "term", "x has shape ", x.shape_string(), "; expected (B >= 1, ", d.heads, ", ", n, ", ",
+                            (Tg == target::value ? n : d.dim), ") with L = ", n, " = skip ", ids.skip(), " + ", ids.grid_string());
             d.batch = x.extent(0);
             const std::int64_t last = Tg == target::value ? d.dim : n;
             detail::check_shape(y, {d.batch, d.heads, n, last}, "term", y_name);
             detail::check_nonnull(x, "term", "x");
         }
         detail::check_nonnull(y, "term", y_name);
-        for (int t = 0; t < num_tables; ++t) detail::check_nonnull(tables[t], "term", "table");
+        for (int t = 0; t < num_tables; ++t)
+            detail::check_nonnull(tables[t], "term", num_tables == 1 ? std::string("table") : "tables[" + std::to_string(t) + "]");
         return d;
     }
 

@@ -1,6 +1,7 @@
 // The fused attention (rpe::attention_forward / attention_backward) equals the composition of
 // single terms (rpe::composed_attention_*) for random shapes, term combinations, masks, row
-// blocks and thread counts; and the fused results do not depend on the thread count.
+// blocks, thread counts and id storages (tables, on the fly); and the fused results do not depend
+// on the thread count.
 #include <doctest/doctest.h>
 #include <rpe/rpe.hpp>
 
@@ -115,7 +116,8 @@ struct results {
 };
 
 template <class S>
-results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block) {
+results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block,
+               rpe::id_storage storage = rpe::id_storage::automatic) {
     results<S> r;
     const auto n = static_cast<std::size_t>(c.b * c.h * c.l * c.d);
     r.out.assign(n, S(-3));
@@ -128,7 +130,7 @@ results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block) {
     auto view = [&](std::vector<S>& x) { return rpe::tensor_ref<S>(x.data(), {c.b, c.h, c.l, c.d}); };
     const rpe::tensor_ref<const S> go(c.go.data(), {c.b, c.h, c.l, c.d});
     if (fused) {
-        const rpe::attention_options opt{.row_block = row_block};
+        const rpe::attention_options opt{.row_block = row_block, .storage = storage};
         rpe::attention_forward(c.in, view(r.out), attn, opt);
         rpe::attention_backward(c.in, go, view(r.gq), view(r.gk), view(r.gv), opt);
     } else {
@@ -165,14 +167,18 @@ TEST_CASE("fused attention equals the composed attention on random configuration
         const auto composed = run(c, false, 0);
         const std::int64_t row_block = 1 + static_cast<std::int64_t>(seed % 5);
         set_threads(1 + static_cast<int>(seed % 3));
-        const auto fused = run(c, true, row_block);
-        CHECK(max_rel_diff(fused.out, composed.out) < 1e-12);
-        CHECK(max_rel_diff(fused.attn, composed.attn) < 1e-12);
-        CHECK(max_rel_diff(fused.gq, composed.gq) < 1e-12);
-        CHECK(max_rel_diff(fused.gk, composed.gk) < 1e-12);
-        CHECK(max_rel_diff(fused.gv, composed.gv) < 1e-12);
-        REQUIRE(fused.gt.size() == composed.gt.size());
-        for (std::size_t t = 0; t < fused.gt.size(); ++t) CHECK(max_rel_diff(fused.gt[t], composed.gt[t]) < 1e-12);
+        // ids as (L, L) tables and computed on the fly (rpe::id_storage) give the same results
+        for (const auto storage : {rpe::id_storage::table, rpe::id_storage::on_the_fly}) {
+            CAPTURE(static_cast<int>(storage));
+            const auto fused = run(c, true, row_block, storage);
+            CHECK(max_rel_diff(fused.out, composed.out) < 1e-12);
+            CHECK(max_rel_diff(fused.attn, composed.attn) < 1e-12);
+            CHECK(max_rel_diff(fused.gq, composed.gq) < 1e-12);
+            CHECK(max_rel_diff(fused.gk, composed.gk) < 1e-12);
+            CHECK(max_rel_diff(fused.gv, composed.gv) < 1e-12);
+            REQUIRE(fused.gt.size() == composed.gt.size());
+            for (std::size_t t = 0; t < fused.gt.size(); ++t) CHECK(max_rel_diff(fused.gt[t], composed.gt[t]) < 1e-12);
+        }
     }
     set_threads(2);
 }

@@ -2,15 +2,20 @@
 /// @brief CPU kernels of the RPE terms on raw row-major buffers (not API: use rpe::term).
 ///
 /// Shapes in CuTe-like notation. `Ht` table heads (1 when shared), `h' = Ht == 1 ? 0 : h`.
-/// `transposed` selects the query target's pair order: entry (i, j) reads id(j, i) at token j.
+/// Ids come row by row from an id_rows source (stored or made on the fly, see bucket_ids::rows);
+/// its `transposed` flag selects the query target's pair order: entry (i, j) reads id(j, i).
 /// Every kernel is parallel over (b, h) with OpenMP when enabled; table gradients are summed
 /// from per-(b, h) partials in a fixed order, so results do not depend on the thread count.
 #pragma once
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
+
+#include "../../bucket_ids.hpp"
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -57,54 +62,109 @@ inline int thread_id() {
 #endif
 }
 
+/// @brief One id set of a bucket_ids object as rows of Id, in the order a kernel reads them.
+template <class Id>
+struct id_rows {
+    const bucket_ids* ids = nullptr;
+    int table = 0;
+    bool transposed = false;  ///< query target: row i holds id(j, i) for every j
+    /// @brief Rows [i0, i0 + count) as a (count, L) block; `buf` holds count·L ids if needed.
+    const Id* operator()(std::int64_t i0, std::int64_t count, Id* buf) const {
+        return ids->template rows<Id>(table, i0, count, transposed, buf);
+    }
+};
+
+/// @brief Calls `f.template operator()<Id>()` with Id the unsigned type of `bytes` bytes (1, 2, 4).
+template <class F>
+void with_id_type(int bytes, F&& f) {
+    if (bytes == 1)
+        f.template operator()<std::uint8_t>();
+    else if (bytes == 2)
+        f.template operator()<std::uint16_t>();
+    else
+        f.template operator()<std::uint32_t>();
+}
+
+/// @brief Softmax of one row of n logits in place, keys with `mask[j] != 0` excluded (mask may be
+/// null). A NaN logit makes the whole row NaN; a row whose keys are all masked (or all −∞)
+/// becomes zeros (the reference gives NaN there). Max-subtracted, so logits up to ±FLT_MAX do not
+/// overflow.
+template <class S>
+void softmax_row(S* row, std::int64_t n, const std::uint8_t* mask) {
+    constexpr S neg_inf = -std::numeric_limits<S>::infinity();
+    S m = neg_inf;
+    for (std::int64_t j = 0; j < n; ++j) {
+        if (mask && mask[j]) row[j] = neg_inf;
+        m = (row[j] > m || std::isnan(row[j])) ? row[j] : m;
+    }
+    if (m == neg_inf) {
+        std::fill(row, row + n, S(0));
+        return;
+    }
+    S sum = 0;
+    for (std::int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - m));
+    const S inv = S(1) / sum;
+    for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
+}
+
+/// @brief Per-thread scratch of `per_thread` elements each, allocated before a parallel region
+/// (an allocation failure throws here, not inside the region).
+template <class T>
+struct thread_scratch {
+    std::vector<T> data;
+    std::int64_t per_thread;
+    explicit thread_scratch(std::int64_t n) : data(static_cast<std::size_t>(max_threads() * n)), per_thread(n) {}
+    T* mine() { return data.data() + thread_id() * per_thread; }
+};
+
 /// @brief Key target: S[i, id(i,j)] += g[i,j]; query target: S[j, id(j,i)] += g[i,j].  S: (L, K)
+/// `row` is scratch for one id row (L).
 template <class S, class Id>
-void scatter_add(const S* g, const Id* ids, std::int64_t n, std::int64_t k, bool transposed, S* out) {
+void scatter_add(const S* g, const id_rows<Id>& ids, std::int64_t n, std::int64_t k, Id* row, S* out) {
     std::fill(out, out + n * k, S(0));
-    if (!transposed) {
-        for (std::int64_t i = 0; i < n; ++i) {
-            const S* gi = g + i * n;
-            const Id* idi = ids + i * n;
+    for (std::int64_t i = 0; i < n; ++i) {
+        const S* gi = g + i * n;
+        const Id* r = ids(i, 1, row);
+        if (!ids.transposed) {
             S* oi = out + i * k;
-            for (std::int64_t j = 0; j < n; ++j) oi[idi[j]] += gi[j];
-        }
-    } else {
-        for (std::int64_t i = 0; i < n; ++i) {
-            const S* gi = g + i * n;
-            for (std::int64_t j = 0; j < n; ++j) out[j * k + ids[j * n + i]] += gi[j];
+            for (std::int64_t j = 0; j < n; ++j) oi[r[j]] += gi[j];
+        } else {
+            for (std::int64_t j = 0; j < n; ++j) out[j * k + r[j]] += gi[j];
         }
     }
 }
 
-/// @brief Row-block scatter: out[i, ids[i,j]] = Σ_j g[i,j] over `rows` rows of length n.  out: (rows, K)
+/// @brief Row-block scatter: out[i, idb[i,j]] = Σ_j g[i,j] over `rows` rows of length n, idb the
+/// block's (rows, L) ids.  out: (rows, K)
 template <class S, class Id>
-void scatter_rows(const S* g, const Id* ids, std::int64_t rows, std::int64_t n, std::int64_t k, S* out) {
+void scatter_rows(const S* g, const Id* idb, std::int64_t rows, std::int64_t n, std::int64_t k, S* out) {
     std::fill(out, out + rows * k, S(0));
     for (std::int64_t i = 0; i < rows; ++i) {
         const S* gi = g + i * n;
-        const Id* idi = ids + i * n;
+        const Id* idi = idb + i * n;
         S* oi = out + i * k;
         for (std::int64_t j = 0; j < n; ++j) oi[idi[j]] += gi[j];
     }
 }
 
-/// @brief Key target: o[i,j] (+)= T[i, id(i,j)]; query target: o[i,j] (+)= T[j, id(j,i)].  T: (L, K)
+/// @brief Key target: o[i,j] (+)= T[i, id(i,j)]; query target: o[i,j] (+)= T[j, id(j,i)].  T: (L, K),
+/// or with k = 0 one row (K) shared by all tokens (bias).
 template <class S, class Id>
-void gather(const S* t, const Id* ids, std::int64_t n, std::int64_t k, bool transposed, bool accumulate, S* o) {
+void gather(const S* t, const id_rows<Id>& ids, std::int64_t n, std::int64_t k, bool accumulate, Id* row, S* o) {
     for (std::int64_t i = 0; i < n; ++i) {
         S* oi = o + i * n;
-        if (!transposed) {
+        const Id* r = ids(i, 1, row);
+        if (!ids.transposed) {
             const S* ti = t + i * k;
-            const Id* idi = ids + i * n;
             if (accumulate)
-                for (std::int64_t j = 0; j < n; ++j) oi[j] += ti[idi[j]];
+                for (std::int64_t j = 0; j < n; ++j) oi[j] += ti[r[j]];
             else
-                for (std::int64_t j = 0; j < n; ++j) oi[j] = ti[idi[j]];
+                for (std::int64_t j = 0; j < n; ++j) oi[j] = ti[r[j]];
         } else {
             if (accumulate)
-                for (std::int64_t j = 0; j < n; ++j) oi[j] += t[j * k + ids[j * n + i]];
+                for (std::int64_t j = 0; j < n; ++j) oi[j] += t[j * k + r[j]];
             else
-                for (std::int64_t j = 0; j < n; ++j) oi[j] = t[j * k + ids[j * n + i]];
+                for (std::int64_t j = 0; j < n; ++j) oi[j] = t[j * k + r[j]];
         }
     }
 }
@@ -124,35 +184,39 @@ void reduce_partials(const std::vector<S>& partial, std::int64_t planes, std::in
 
 /// @brief Bias forward. table (Ht, K); out (Bo, Ho, L, L) with Ho ∈ {Ht, H}: out[b,h,i,j] (+)= table[h', id].
 template <class S, class Id>
-void bias_forward(const dims& d, const Id* ids, bool transposed, const S* table, std::int64_t out_batch,
+void bias_forward(const dims& d, const id_rows<Id>& ids, const S* table, std::int64_t out_batch,
                   std::int64_t out_heads, bool accumulate, S* out) {
     const std::int64_t n = d.length, planes = out_batch * out_heads;
+    thread_scratch<Id> row(n);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (planes > 1 && n * n > 4096)
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         const std::int64_t h = p % out_heads;
         const S* th = table + (d.table_heads == 1 ? 0 : h) * d.buckets;
-        gather(th, ids, n, 0, transposed, accumulate, out + p * n * n);
+        gather(th, ids, n, 0, accumulate, row.mine(), out + p * n * n);
     }
 }
 
 /// @brief Bias backward. grad (Bo, Ho, L, L) → grad_table (Ht, K) (+)= Σ over pairs, batch and
 /// (for a shared table) heads, accumulated in plane order.
 template <class S, class Id>
-void bias_backward(const dims& d, const Id* ids, bool transposed, const S* grad, std::int64_t grad_batch,
+void bias_backward(const dims& d, const id_rows<Id>& ids, const S* grad, std::int64_t grad_batch,
                    std::int64_t grad_heads, bool accumulate, S* grad_table) {
     const std::int64_t n = d.length, k = d.buckets;
     std::vector<S> partial(static_cast<std::size_t>(grad_batch * grad_heads * k));
     const std::int64_t planes = grad_batch * grad_heads;
+    thread_scratch<Id> row(n);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (planes > 1 && n * n > 4096)
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         S* acc = partial.data() + p * k;
         const S* g = grad + p * n * n;
-        for (std::int64_t i = 0; i < n; ++i)
-            for (std::int64_t j = 0; j < n; ++j) acc[transposed ? ids[j * n + i] : ids[i * n + j]] += g[i * n + j];
+        for (std::int64_t i = 0; i < n; ++i) {
+            const Id* r = ids(i, 1, row.mine());
+            for (std::int64_t j = 0; j < n; ++j) acc[r[j]] += g[i * n + j];
+        }
     }
     reduce_partials(partial, planes, grad_heads, d.table_heads, k, accumulate, grad_table);
 }
@@ -160,34 +224,35 @@ void bias_backward(const dims& d, const Id* ids, bool transposed, const S* grad,
 /// @brief Contextual q/k forward (eqs. 15–16, SPEC §5): per (b, h) T = x·table[h'] (L, K), then
 /// gather. x (B, H, L, D); table (Ht, D, K); out (B, H, L, L). O(B·H·L·D·K + B·H·L²).
 template <class S, class Id>
-void contextual_qk_forward(const dims& d, const Id* ids, bool transposed, const S* x, const S* table,
-                           bool accumulate, S* out) {
+void contextual_qk_forward(const dims& d, const id_rows<Id>& ids, const S* x, const S* table, bool accumulate, S* out) {
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
-    std::vector<S> work(static_cast<std::size_t>(max_threads() * n * k));
+    thread_scratch<S> work(n * k);
+    thread_scratch<Id> row(n);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
-        S* t = work.data() + thread_id() * n * k;
+        S* t = work.mine();
         map<S>(t, n, k).noalias() = cmap<S>(x + p * n * dd, n, dd) * cmap<S>(table + d.table_head(p % d.heads) * dd * k, dd, k);
-        gather(t, ids, n, k, transposed, accumulate, out + p * n * n);
+        gather(t, ids, n, k, accumulate, row.mine(), out + p * n * n);
     }
 }
 
 /// @brief Contextual q/k backward: G = scatter(grad) (L, K); grad_x (+)= G·table[h']ᵀ;
 /// grad_table[h'] (+)= Σ_b,(h) xᵀ·G. Either output may be null (not wanted).
 template <class S, class Id>
-void contextual_qk_backward(const dims& d, const Id* ids, bool transposed, const S* x, const S* table,
-                            const S* grad, bool accumulate, S* grad_x, S* grad_table) {
+void contextual_qk_backward(const dims& d, const id_rows<Id>& ids, const S* x, const S* table, const S* grad,
+                            bool accumulate, S* grad_x, S* grad_table) {
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
-    std::vector<S> work(static_cast<std::size_t>(max_threads() * n * k));
+    thread_scratch<S> work(n * k);
+    thread_scratch<Id> row(n);
     std::vector<S> partial(grad_table ? static_cast<std::size_t>(planes * dd * k) : 0);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
-        S* g = work.data() + thread_id() * n * k;
-        scatter_add(grad + p * n * n, ids, n, k, transposed, g);
+        S* g = work.mine();
+        scatter_add(grad + p * n * n, ids, n, k, row.mine(), g);
         const S* th = table + d.table_head(p % d.heads) * dd * k;
         if (grad_x) {
             map<S> gx(grad_x + p * n * dd, n, dd);
@@ -207,15 +272,16 @@ void contextual_qk_backward(const dims& d, const Id* ids, bool transposed, const
 /// @brief Contextual value forward (eq. 17, SPEC §5): S = scatter(a) (L, K); out (+)= S·table[h'].
 /// a (B, H, L, L); table (Ht, K, D); out (B, H, L, D). O(B·H·(L² + L·K·D)).
 template <class S, class Id>
-void contextual_v_forward(const dims& d, const Id* ids, const S* a, const S* table, bool accumulate, S* out) {
+void contextual_v_forward(const dims& d, const id_rows<Id>& ids, const S* a, const S* table, bool accumulate, S* out) {
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
-    std::vector<S> work(static_cast<std::size_t>(max_threads() * n * k));
+    thread_scratch<S> work(n * k);
+    thread_scratch<Id> row(n);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
-        S* s = work.data() + thread_id() * n * k;
-        scatter_add(a + p * n * n, ids, n, k, false, s);
+        S* s = work.mine();
+        scatter_add(a + p * n * n, ids, n, k, row.mine(), s);
         map<S> o(out + p * n * dd, n, dd);
         const auto th = cmap<S>(table + d.table_head(p % d.heads) * k * dd, k, dd);
         if (accumulate)
@@ -228,24 +294,25 @@ void contextual_v_forward(const dims& d, const Id* ids, const S* a, const S* tab
 /// @brief Contextual value backward: grad_a[i,j] (+)= (grad_out·table[h']ᵀ)[i, id(i,j)];
 /// grad_table[h'] (+)= Σ Sᵀ·grad_out. Either output may be null.
 template <class S, class Id>
-void contextual_v_backward(const dims& d, const Id* ids, const S* a, const S* table, const S* grad_out,
+void contextual_v_backward(const dims& d, const id_rows<Id>& ids, const S* a, const S* table, const S* grad_out,
                            bool accumulate, S* grad_a, S* grad_table) {
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
-    std::vector<S> work(static_cast<std::size_t>(max_threads() * n * k));
+    thread_scratch<S> work(n * k);
+    thread_scratch<Id> row(n);
     std::vector<S> partial(grad_table ? static_cast<std::size_t>(planes * k * dd) : 0);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
-        S* w = work.data() + thread_id() * n * k;
+        S* w = work.mine();
         const auto th = cmap<S>(table + d.table_head(p % d.heads) * k * dd, k, dd);
         const auto go = cmap<S>(grad_out + p * n * dd, n, dd);
         if (grad_a) {
             map<S>(w, n, k).noalias() = go * th.transpose();
-            gather(w, ids, n, k, false, accumulate, grad_a + p * n * n);
+            gather(w, ids, n, k, accumulate, row.mine(), grad_a + p * n * n);
         }
         if (grad_table) {
-            scatter_add(a + p * n * n, ids, n, k, false, w);
+            scatter_add(a + p * n * n, ids, n, k, row.mine(), w);
             map<S>(partial.data() + p * k * dd, k, dd).noalias() = cmap<S>(w, n, k).transpose() * go;
         }
     }
