@@ -113,11 +113,11 @@ private:
         }
     }
 
-    rpe::term_spec spec(char target_letter) const {
+    rpe::term_spec spec(const std::string& target) const {
         rpe::term_spec s;
         s.method = rpe::parse_method(meta_.at("method").get<std::string>());
         s.contextual = rpe::parse_contextual(meta_.value("mode", std::string("contextual")));
-        s.target = rpe::parse_target(std::string(1, target_letter));
+        s.target = rpe::parse_target(target);
         s.alpha = meta_.at("alpha").get<double>();
         s.beta = meta_.at("beta").get<double>();
         s.gamma = meta_.at("gamma").get<double>();
@@ -171,7 +171,7 @@ private:
 
     template <class S>
     void run_term() {
-        const char letter = meta_.at("target").get<std::string>().at(0);
+        const std::string letter = meta_.at("target").get<std::string>();
         const auto s = spec(letter);
         check_num_buckets(s);
         const auto term = rpe::make_term<S>(s);
@@ -232,6 +232,8 @@ private:
     template <class S>
     void run_attention(bool fused) {
         const std::string on = meta_.at("rpe_on").get<std::string>();
+        if (on.find_first_not_of("qkv") != std::string::npos)
+            throw std::runtime_error("meta.json: rpe_on = '" + on + "'; expected letters among q, k, v");
         const std::int64_t b = meta_.at("batch").get<std::int64_t>(), h = meta_.at("heads").get<std::int64_t>(),
                            l = meta_.at("L").get<std::int64_t>(), d = meta_.at("head_dim").get<std::int64_t>();
         const std::vector<std::int64_t> qshape{b, h, l, d};
@@ -257,7 +259,7 @@ private:
         rpe::attention_term<S>* slots[3] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
         for (int t = 0; t < 3; ++t) {
             if (on.find(letters[t]) == std::string::npos) continue;
-            const auto s = spec(letters[t]);
+            const auto s = spec(std::string(1, letters[t]));
             check_num_buckets(s);
             terms[t] = rpe::make_term<S>(s);
             slots[t]->term = terms[t].get();
@@ -300,7 +302,7 @@ private:
     }
 
     void run_error() {
-        auto s = spec(meta_.at("target").get<std::string>().at(0));
+        auto s = spec(meta_.at("target").get<std::string>());
         try {
             (void)rpe::make_term<float>(s);
         } catch (const rpe::invalid_argument&) {
