@@ -22,6 +22,8 @@
 #include "mapping/euclidean.hpp"
 #include "mapping/product.hpp"
 #include "mapping/quantization.hpp"
+#include "mapping/shaw.hpp"
+#include "mapping/t5.hpp"
 #include "mode.hpp"
 #include "tensor.hpp"
 #include "term.hpp"
