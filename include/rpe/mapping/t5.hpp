@@ -31,8 +31,9 @@ namespace rpe::mapping {
 /// The cap is taken in float before the conversion to integer (the same ids as T5's cap after the
 /// conversion, without an out-of-range float→int conversion for extreme parameters).
 /// Only the column offset is read: `dr` is ignored, so on an `H × W` grid with `H > 1` this is
-/// the 1D encoding of the horizontal axis. Ids lie in `[0, num_buckets)`; with an odd
-/// bidirectional `num_buckets` the last id is never used (as in T5).
+/// the 1D encoding of the horizontal axis. Ids lie in `[0, num_buckets)`. As in T5, a
+/// bidirectional mapping never uses id `nb/2` (offset 0 goes to the "before" half), nor, with an
+/// odd `num_buckets`, the last id: 32 buckets use 31.
 /// Valid parameters (checked by `validate()` on the host): `num_buckets` in `[4, 2^30)` (
 /// bidirectional) or `[2, 2^30)` (causal), so that `max_exact ≥ 1`; `max_distance > max_exact`.
 /// On CUDA the id can differ from the host's where the device's `logf` rounds differently from
