@@ -425,7 +425,7 @@ int run(int argc, char** argv) {
     buckets->add_option("--grid", bo.grid, "HxW, or L for a 1xL sequence")->capture_default_str();
     buckets->add_option("--skip", bo.skip, "extra tokens before the grid (class token)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
     buckets->add_option("--out", bo.out, "write the (L, L) ids ((2, L, L) for cross) as .npy");
-    buckets->add_option("--expect", bo.expect, "compare the ids with this .npy (exit 1 on a difference)");
+    buckets->add_option("--expect", bo.expect, "compare the ids with this .npy (exit 1 on a difference)")->check(CLI::ExistingFile);
 
     auto* show = app.add_subcommand("show", "bucket id of every key around one query: ASCII map, optional PNG");
     show_options so;
@@ -442,10 +442,12 @@ int run(int argc, char** argv) {
     term->add_option("--target", to.target, "q, k or v")->capture_default_str();
     term->add_option("--grid", to.grid, "HxW (or L): L = skip + H*W must match the input")->required();
     term->add_option("--skip", to.skip, "extra tokens before the grid")->capture_default_str()->check(CLI::Range(0, 1 << 30));
-    term->add_option("--table", to.tables, "lookup table .npy (twice for cross: rows, cols)")->required();
-    term->add_option("--input", to.input, "x .npy: (B,H,L,D) scaled q or k, or (B,H,L,L) probabilities; none for bias");
+    term->add_option("--table", to.tables, "lookup table .npy (twice for cross: rows, cols)")->required()->check(CLI::ExistingFile);
+    term->add_option("--input", to.input, "x .npy: (B,H,L,D) scaled q or k, or (B,H,L,L) probabilities; none for bias")
+        ->check(CLI::ExistingFile);
     term->add_option("--out", to.out, "output .npy (float32)");
-    term->add_option("--expect", to.expect, "compare the output with this .npy (exit 1 beyond atol + rtol*|expected|)");
+    term->add_option("--expect", to.expect, "compare the output with this .npy (exit 1 beyond atol + rtol*|expected|)")
+        ->check(CLI::ExistingFile);
     term->add_option("--atol", to.atol, "absolute tolerance of --expect")->capture_default_str();
     term->add_option("--rtol", to.rtol, "relative tolerance of --expect")->capture_default_str();
 

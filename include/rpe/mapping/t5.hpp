@@ -40,7 +40,9 @@ namespace rpe::mapping {
 /// the host's at an exact bucket boundary.
 /// Source: Raffel et al., "Exploring the Limits of Transfer Learning with a Unified Text-to-Text
 /// Transformer" (JMLR 2020), §2.1; the function `_relative_position_bucket` of the T5 code
-/// (mesh_tensorflow `transformer/attention.py`, also Hugging Face `T5Attention`).
+/// (tensorflow/mesh `mesh_tensorflow/transformer/transformer_layers.py`, and Hugging Face
+/// `T5Attention._relative_position_bucket` in `transformers/models/t5/modeling_t5.py`; equal to
+/// the latter run in PyTorch at every offset in −1000..1000 for nine configurations).
 /// Defaults are T5's: 32 buckets, max_distance 128, bidirectional.
 struct t5 {
     int buckets = 32;          ///< number of buckets (rows of the table), both directions together
