@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -119,16 +120,30 @@ int run_term(const mapping_config& m, const term_options& o) {
     }
     spec.shared_head = ts[0] == 1;
     spec.skip = o.skip;
-    const auto term = make_cli_term(m, spec);
-    const auto ids = term->bucket_ids(g.height, g.width);
+    // the term checks every shape against the grid, skip and tables; its message names the tensor
+    const char* culprits = spec.contextual ? "--table/--input/--grid/--skip" : "--table/--grid/--skip";
+    std::unique_ptr<rpe::any_term<float>> term;
+    std::shared_ptr<const rpe::bucket_ids> ids;
+    try {
+        term = make_cli_term(m, spec);
+        ids = term->bucket_ids(g.height, g.width);
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error(culprits, e.what());
+    } catch (const rpe::out_of_range& e) {
+        throw usage_error("--grid", e.what());
+    }
 
     std::int64_t count = 1;
     for (auto e : out_shape) count *= e;
     std::vector<float> out(static_cast<std::size_t>(count));
     std::vector<rpe::tensor_ref<const float>> refs;
     for (std::size_t t = 0; t < tables.size(); ++t) refs.push_back(view<const float>(table_data[t].data(), tables[t].shape));
-    term->forward(*ids, refs, spec.contextual ? view<const float>(x_data.data(), x.shape) : rpe::tensor_ref<const float>{},
-                  view<float>(out.data(), out_shape));
+    try {
+        term->forward(*ids, refs, spec.contextual ? view<const float>(x_data.data(), x.shape) : rpe::tensor_ref<const float>{},
+                      view<float>(out.data(), out_shape));
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error(culprits, e.what());
+    }
     std::cout << "term: " << m.describe() << ", " << (spec.contextual ? "contextual" : "bias") << " on "
               << (spec.target == rpe::target::query ? "q" : spec.target == rpe::target::key ? "k" : "v") << ", grid "
               << g.height << "x" << g.width << ", skip " << o.skip << ", K = " << term->num_buckets() << "\n";
