@@ -8,7 +8,7 @@
 set -euo pipefail
 
 # The standard list: compiler, build tools, and the libraries rpe's targets find.
-RPE_BUILD_PACKAGES=(g++ cmake make libeigen3-dev doctest-dev nlohmann-json3-dev libbenchmark-dev)
+RPE_BUILD_PACKAGES=(g++ cmake make libeigen3-dev doctest-dev nlohmann-json3-dev libbenchmark-dev libcli11-dev libstb-dev)
 
 # Repository root (this file lives in <root>/scripts).
 RPE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

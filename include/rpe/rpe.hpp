@@ -23,6 +23,8 @@
 #include "mapping/product.hpp"
 #include "mapping/product3d.hpp"
 #include "mapping/quantization.hpp"
+#include "mapping/shaw.hpp"
+#include "mapping/t5.hpp"
 #include "mode.hpp"
 #include "tensor.hpp"
 #include "term.hpp"

@@ -1,0 +1,95 @@
+// The `rpe` command-line tool: declarations shared by its translation units.
+//
+// main.cpp    argument parsing (CLI11), mapping names, `rpe buckets`, `rpe show` (ASCII + PNG)
+// term.cpp    run-time terms (rpe::make_term for the 2D mappings, rpe::make_any_term for the 1D
+//             ones) and `rpe term`
+// bench.cpp   `rpe bench`
+//
+// Exit status: 0 success, 1 failure (unreadable file, a result that does not match --expect),
+// 2 usage error (unknown option, bad value); the message names the option.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <rpe/any_term.hpp>
+#include <rpe/bucket_ids.hpp>
+#include <rpe/mapping/shaw.hpp>
+#include <rpe/mapping/t5.hpp>
+
+namespace rpe_cli {
+
+/// A bad command line: `option` is the option to blame (e.g. "--grid"), exit status 2.
+struct usage_error : std::runtime_error {
+    std::string option;
+    usage_error(std::string opt, const std::string& what) : std::runtime_error(what), option(std::move(opt)) {}
+};
+
+/// The mapping options as typed (shared by every subcommand).
+struct mapping_options {
+    std::string index = "piecewise";  ///< --index piecewise|clip (2D mappings)
+    double ratio = 1.9;               ///< --ratio r: α = r, β = 2r, γ = 8r (the reference's)
+    std::optional<double> alpha, beta, gamma;  ///< --alpha/--beta/--gamma override the ratio's
+    int k = 16;                       ///< --k (shaw)
+    int buckets = 32;                 ///< --buckets (t5)
+    int max_distance = 128;           ///< --max-distance (t5)
+};
+
+/// Which family a mapping name belongs to.
+enum class mapping_kind { two_d, shaw, t5 };
+
+/// A resolved, validated mapping: the 2D ones as an rpe::term_spec (method, index, α, β, γ),
+/// the 1D ones as their policy value.
+struct mapping_config {
+    std::string name;            ///< as typed, e.g. "product", "t5_causal"
+    mapping_kind kind = mapping_kind::two_d;
+    rpe::term_spec spec;         ///< method, index, α, β, γ (2D); mode/target/heads set per command
+    rpe::mapping::shaw shaw{};   ///< kind == shaw
+    rpe::mapping::t5 t5{};       ///< kind == t5
+    [[nodiscard]] std::string describe() const;  ///< one line, e.g. "product (piecewise alpha=1.9 ...)"
+    [[nodiscard]] int num_tables() const { return kind == mapping_kind::two_d && spec.method == rpe::method::cross ? 2 : 1; }
+};
+
+/// Mapping names understood by --mapping, for messages.
+inline constexpr const char* mapping_names =
+    "euclidean, quantization, cross, product, euclidean_paper, quantization_paper (2D; reference aliases euc, quant), "
+    "shaw, t5, t5_causal (1D: use a 1xL grid)";
+
+/// Resolves --mapping and its parameters. @throws usage_error naming the option at fault.
+mapping_config resolve_mapping(const std::string& name, const mapping_options& o);
+
+/// A grid `HxW` (or `L`, meaning 1xL). @throws usage_error naming `option`.
+struct grid_size {
+    int height = 0, width = 0;
+};
+grid_size parse_grid(const std::string& text, const char* option);
+
+/// Bucket ids of the mapping on a height × width grid after `skip` tokens (no cache).
+/// @throws usage_error("--grid") when the grid is too large for the id storage.
+std::shared_ptr<const rpe::bucket_ids> build_ids(const mapping_config& m, int height, int width, int skip);
+
+/// The term of mapping `m` with mode, target, heads, head_dim, shared_head and skip from `spec`.
+std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, const rpe::term_spec& spec);
+
+/// Options of `rpe term`.
+struct term_options {
+    std::string mode = "contextual", target = "k", grid;
+    int skip = 0;
+    std::vector<std::string> tables;
+    std::string input, out, expect;
+    double atol = 1e-5, rtol = 1e-4;
+};
+int run_term(const mapping_config& m, const term_options& o);
+
+/// Options of `rpe bench`.
+struct bench_options {
+    std::string grid = "14x14", mode = "contextual";
+    int skip = 1, batch = 8, heads = 6, dim = 64, repeat = 5;
+};
+int run_bench(const std::vector<mapping_config>& maps, const bench_options& o);
+
+}  // namespace rpe_cli

@@ -1,0 +1,510 @@
+// `rpe`: bucket ids, pictures, terms and benchmarks of rpe's mappings from the command line.
+//
+//   rpe buckets --mapping product --ratio 1.9 --grid 14x14 --skip 1 [--out ids.npy] [--expect ref.npy]
+//   rpe show    --mapping product --grid 14x14 --query 7,7 [--png out.png] [--all]
+//   rpe term    --mapping product --mode contextual --target k --grid 5x9 --skip 1
+//               --table t.npy --input x.npy --out y.npy [--expect ref.npy]
+//   rpe bench   --mapping product,euclidean --grid 14x14 [--batch 8 --heads 6 --dim 64]
+//
+// Exit status 0 on success, 1 on failure, 2 on a usage error (the message names the option).
+#include <CLI/CLI.hpp>
+#include <stb_easy_font.h>
+#include <stb_image_write.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <rpe/config.hpp>
+#include <rpe/index/clip.hpp>
+#include <rpe/index/piecewise.hpp>
+#include <rpe/io/npy.hpp>
+#include <rpe/mapping/cross.hpp>
+#include <rpe/mapping/euclidean.hpp>
+#include <rpe/mapping/product.hpp>
+#include <rpe/mapping/quantization.hpp>
+
+#include "cli.hpp"
+
+namespace rpe_cli {
+
+// ---------------------------------------------------------------------------------------------
+// Mapping names and parameters
+// ---------------------------------------------------------------------------------------------
+std::string mapping_config::describe() const {
+    std::ostringstream os;
+    switch (kind) {
+        case mapping_kind::shaw: os << "shaw (1D clip, k=" << shaw.k << ")"; break;
+        case mapping_kind::t5:
+            os << "t5 (1D, " << (t5.bidirectional ? "bidirectional" : "causal") << ", buckets=" << t5.buckets
+               << ", max_distance=" << t5.max_distance << ")";
+            break;
+        case mapping_kind::two_d:
+            os << name << " (";
+            if (spec.index == rpe::index_kind::clip)
+                os << "clip index, beta=" << spec.beta;
+            else
+                os << "piecewise index, alpha=" << spec.alpha << " beta=" << spec.beta << " gamma=" << spec.gamma;
+            os << ")";
+            break;
+    }
+    return os.str();
+}
+
+mapping_config resolve_mapping(const std::string& name, const mapping_options& o) {
+    mapping_config m;
+    m.name = name;
+    if (name == "shaw") {
+        m.kind = mapping_kind::shaw;
+        m.shaw = rpe::mapping::shaw{.k = o.k};
+        try {
+            m.shaw.validate();
+        } catch (const rpe::invalid_argument& e) {
+            throw usage_error("--k", e.what());
+        }
+        return m;
+    }
+    if (name == "t5" || name == "t5_causal") {
+        m.kind = mapping_kind::t5;
+        m.t5 = rpe::mapping::t5{.buckets = o.buckets, .max_distance = o.max_distance, .bidirectional = name == "t5"};
+        try {
+            m.t5.validate();
+        } catch (const rpe::invalid_argument& e) {
+            throw usage_error("--buckets/--max-distance", e.what());
+        }
+        return m;
+    }
+    try {
+        m.spec.method = rpe::parse_method(name);
+    } catch (const rpe::invalid_argument&) {
+        throw usage_error("--mapping", "'" + name + "' is not a mapping; expected one of " + mapping_names);
+    }
+    if (o.index == "piecewise")
+        m.spec.index = rpe::index_kind::piecewise;
+    else if (o.index == "clip")
+        m.spec.index = rpe::index_kind::clip;
+    else
+        throw usage_error("--index", "'" + o.index + "' is not an index function; expected piecewise or clip");
+    m.spec.ratio(o.ratio);
+    if (o.alpha) m.spec.alpha = *o.alpha;
+    if (o.beta) m.spec.beta = *o.beta;
+    if (o.gamma) m.spec.gamma = *o.gamma;
+    try {
+        (void)m.spec.num_buckets();  // validates α, β, γ (or β for clip)
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error("--ratio/--alpha/--beta/--gamma", e.what());
+    }
+    return m;
+}
+
+grid_size parse_grid(const std::string& text, const char* option) {
+    grid_size g;
+    auto number = [&](const std::string& s) {
+        if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            throw usage_error(option, "'" + text + "' is not a grid; expected HxW (e.g. 14x14) or L (a 1xL sequence), "
+                                                   "positive integers");
+        return std::stoi(s);
+    };
+    const auto x = text.find_first_of("xX");
+    if (x == std::string::npos) {
+        g.height = 1;
+        g.width = number(text);
+    } else {
+        g.height = number(text.substr(0, x));
+        g.width = number(text.substr(x + 1));
+    }
+    if (g.height < 1 || g.width < 1) throw usage_error(option, "'" + text + "' has an empty side; expected extents >= 1");
+    return g;
+}
+
+namespace {
+
+template <class I>
+std::shared_ptr<const rpe::bucket_ids> build_2d(rpe::method method, const I& g, int h, int w, int skip) {
+    using namespace rpe::mapping;
+    switch (method) {
+        case rpe::method::euclidean: return rpe::build_bucket_ids(euclidean<I>{g}, h, w, skip);
+        case rpe::method::quantization: return rpe::build_bucket_ids(quantization<I>{g}, h, w, skip);
+        case rpe::method::cross: return rpe::build_bucket_ids(cross<I>{g}, h, w, skip);
+        case rpe::method::product: return rpe::build_bucket_ids(product<I>{g}, h, w, skip);
+        case rpe::method::euclidean_paper: return rpe::build_bucket_ids(euclidean_paper<I>{g}, h, w, skip);
+        case rpe::method::quantization_paper: return rpe::build_bucket_ids(quantization_paper<I>{g}, h, w, skip);
+    }
+    throw usage_error("--mapping", "unknown method");
+}
+
+}  // namespace
+
+std::shared_ptr<const rpe::bucket_ids> build_ids(const mapping_config& m, int height, int width, int skip) {
+    try {
+        switch (m.kind) {
+            case mapping_kind::shaw: return rpe::build_bucket_ids(m.shaw, height, width, skip);
+            case mapping_kind::t5: return rpe::build_bucket_ids(m.t5, height, width, skip);
+            case mapping_kind::two_d: break;
+        }
+        if (m.spec.index == rpe::index_kind::clip) return build_2d(m.spec.method, rpe::index::clip{m.spec.beta}, height, width, skip);
+        return build_2d(m.spec.method, rpe::index::piecewise{m.spec.alpha, m.spec.beta, m.spec.gamma}, height, width, skip);
+    } catch (const rpe::out_of_range& e) {
+        throw usage_error("--grid", e.what());
+    }
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// rpe buckets
+// ---------------------------------------------------------------------------------------------
+struct buckets_options {
+    std::string grid = "14x14", out, expect;
+    int skip = 0;
+};
+
+int run_buckets(const mapping_config& m, const buckets_options& o) {
+    const auto g = parse_grid(o.grid, "--grid");
+    const auto ids = build_ids(m, g.height, g.width, o.skip);
+    const int n = ids->length(), k = ids->num_buckets(), tables = ids->num_tables();
+    std::cout << "mapping: " << m.describe() << "\n";
+    std::cout << "grid " << g.height << "x" << g.width << ", skip " << o.skip << ": L = " << n << "\n";
+    std::cout << "num_buckets = " << k;
+    if (o.skip > 0) std::cout << " (" << k - 1 << " + 1 skip bucket)";
+    std::cout << " per table, " << tables << (tables == 1 ? " table" : " tables (rows, cols)") << "\n";
+    for (int t = 0; t < tables; ++t) {
+        std::vector<char> seen(static_cast<std::size_t>(k), 0);
+        ids->visit(t, [&](const auto* p) {
+            const std::size_t total = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+            for (std::size_t e = 0; e < total; ++e) seen[p[e]] = 1;
+        });
+        const auto used = std::count(seen.begin(), seen.end(), 1);
+        std::cout << (tables > 1 ? (t == 0 ? "rows table: " : "cols table: ") : "") << "buckets used: " << used << " of " << k
+                  << " allocated\n";
+    }
+    std::cout << "ids: " << (tables > 1 ? "2x" : "") << n << "x" << n << ", " << ids->id_bytes() << " byte"
+              << (ids->id_bytes() > 1 ? "s" : "") << " each, " << ids->bytes() << " bytes\n";
+
+    std::vector<std::int64_t> shape{n, n};
+    if (tables > 1) shape.insert(shape.begin(), tables);
+    if (!o.out.empty()) {
+        ids->visit(0, [&](const auto* first) {
+            using Id = std::remove_cv_t<std::remove_pointer_t<decltype(first)>>;
+            std::vector<Id> all;
+            for (int t = 0; t < tables; ++t)
+                ids->visit(t, [&](const auto* p) {
+                    const std::size_t total = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+                    for (std::size_t e = 0; e < total; ++e) all.push_back(static_cast<Id>(p[e]));
+                });
+            rpe::io::save_npy(o.out, all.data(), shape);
+        });
+        std::cout << "wrote " << o.out << "\n";
+    }
+    if (!o.expect.empty()) {
+        const auto ref = rpe::io::load_npy(o.expect);
+        if (ref.shape != shape) {
+            std::cout << "expect: " << o.expect << " has another shape; MISMATCH\n";
+            return 1;
+        }
+        const auto want = ref.to<std::int64_t>();
+        std::int64_t differ = 0;
+        for (int t = 0; t < tables; ++t)
+            for (int i = 0; i < n; ++i)
+                for (int j = 0; j < n; ++j)
+                    differ += ids->at(t, i, j) != want[(static_cast<std::size_t>(t) * n + i) * n + j];
+        std::cout << "expect: " << differ << " of " << want.size() << " ids differ from " << o.expect << "; "
+                  << (differ == 0 ? "match" : "MISMATCH") << "\n";
+        return differ == 0 ? 0 : 1;
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// rpe show: ASCII map and PNG
+// ---------------------------------------------------------------------------------------------
+struct show_options {
+    std::string grid = "14x14", query, png;
+    bool all = false;
+};
+
+// The ids of every key around one query, one panel per table.
+struct panel {
+    std::string title;
+    int height = 0, width = 0, qr = 0, qc = 0, num_buckets = 0;
+    std::vector<int> ids;  // (height, width)
+};
+
+std::vector<panel> panels_of(const mapping_config& m, const grid_size& g, int qr, int qc) {
+    const auto ids = build_ids(m, g.height, g.width, 0);
+    std::vector<panel> out;
+    for (int t = 0; t < ids->num_tables(); ++t) {
+        panel p;
+        p.title = m.name + (ids->num_tables() > 1 ? (t == 0 ? " (rows)" : " (cols)") : "");
+        p.height = g.height;
+        p.width = g.width;
+        p.qr = qr;
+        p.qc = qc;
+        p.num_buckets = ids->num_buckets();
+        const int i = qr * g.width + qc;
+        for (int j = 0; j < ids->length(); ++j) p.ids.push_back(ids->at(t, i, j));
+        out.push_back(std::move(p));
+    }
+    return out;
+}
+
+void print_panel(const panel& p) {
+    const int lo = *std::min_element(p.ids.begin(), p.ids.end()), hi = *std::max_element(p.ids.begin(), p.ids.end());
+    const int w = static_cast<int>(std::to_string(hi).size());
+    std::cout << p.title << ": ids " << lo << ".." << hi << " of " << p.num_buckets << " (query in [ ])\n";
+    for (int r = 0; r < p.height; ++r) {
+        std::string line;
+        for (int c = 0; c < p.width; ++c) {
+            std::string id = std::to_string(p.ids[static_cast<std::size_t>(r * p.width + c)]);
+            id.insert(0, static_cast<std::size_t>(w) - id.size(), ' ');
+            const bool q = r == p.qr && c == p.qc;
+            line += q ? "[" + id + "]" : " " + id + " ";
+        }
+        while (!line.empty() && line.back() == ' ') line.pop_back();
+        std::cout << line << "\n";
+    }
+}
+
+// An RGB canvas with rectangles and stb_easy_font text.
+struct canvas {
+    int width, height;
+    std::vector<unsigned char> rgb;
+    canvas(int w, int h) : width(w), height(h), rgb(static_cast<std::size_t>(w) * h * 3, 255) {}
+    void rect(int x, int y, int w, int h, std::array<unsigned char, 3> c) {
+        for (int yy = std::max(0, y); yy < std::min(height, y + h); ++yy)
+            for (int xx = std::max(0, x); xx < std::min(width, x + w); ++xx)
+                std::copy(c.begin(), c.end(), rgb.begin() + (static_cast<std::ptrdiff_t>(yy) * width + xx) * 3);
+    }
+    // text at (x, y), each font pixel drawn as scale × scale
+    void text(int x, int y, const std::string& s, std::array<unsigned char, 3> c, int scale) {
+        std::vector<char> buf(s.size() * 300 + 1000);
+        std::string copy = s;
+        const int quads = stb_easy_font_print(0, 0, copy.data(), nullptr, buf.data(), static_cast<int>(buf.size()));
+        const float* v = reinterpret_cast<const float*>(buf.data());
+        for (int q = 0; q < quads; ++q) {
+            const float* a = v + q * 16;  // 4 vertices of (x, y, z, rgba) = 4 floats each
+            const int x0 = static_cast<int>(a[0]), y0 = static_cast<int>(a[1]);
+            const int x1 = static_cast<int>(a[8]), y1 = static_cast<int>(a[9]);
+            rect(x + x0 * scale, y + y0 * scale, (x1 - x0) * scale, (y1 - y0) * scale, c);
+        }
+    }
+    static int text_width(const std::string& s, int scale) {
+        std::string copy = s;
+        return stb_easy_font_width(copy.data()) * scale;
+    }
+};
+
+// Viridis at t ∈ [0, 1], interpolated between five of its samples.
+std::array<unsigned char, 3> viridis(double t) {
+    static constexpr double anchors[5][3] = {{68, 1, 84}, {59, 82, 139}, {33, 145, 140}, {94, 201, 98}, {253, 231, 37}};
+    t = std::clamp(t, 0.0, 1.0) * 4.0;
+    const int i = std::min(3, static_cast<int>(t));
+    const double f = t - i;
+    std::array<unsigned char, 3> c{};
+    for (int ch = 0; ch < 3; ++ch)
+        c[static_cast<std::size_t>(ch)] = static_cast<unsigned char>(anchors[i][ch] + f * (anchors[i + 1][ch] - anchors[i][ch]) + 0.5);
+    return c;
+}
+
+void write_png(const std::vector<panel>& panels, const std::string& path) {
+    constexpr int cell = 24, margin = 16, title_h = 28;
+    int total_w = margin, max_h = 0;
+    for (const auto& p : panels) {
+        total_w += std::max(p.width * cell, canvas::text_width(p.title, 2)) + margin;
+        max_h = std::max(max_h, p.height * cell);
+    }
+    canvas img(total_w, margin + title_h + max_h + margin);
+    int x0 = margin;
+    for (const auto& p : panels) {
+        img.text(x0, margin, p.title, {0, 0, 0}, 2);
+        const int y0 = margin + title_h;
+        const int lo = *std::min_element(p.ids.begin(), p.ids.end()), hi = *std::max_element(p.ids.begin(), p.ids.end());
+        for (int r = 0; r < p.height; ++r)
+            for (int c = 0; c < p.width; ++c) {
+                const int id = p.ids[static_cast<std::size_t>(r * p.width + c)];
+                const auto col = viridis(hi > lo ? static_cast<double>(id - lo) / (hi - lo) : 0.5);
+                const int x = x0 + c * cell, y = y0 + r * cell;
+                img.rect(x, y, cell - 1, cell - 1, col);
+                if (r == p.qr && c == p.qc) {  // the query: a red frame
+                    img.rect(x, y, cell - 1, 3, {220, 20, 20});
+                    img.rect(x, y + cell - 4, cell - 1, 3, {220, 20, 20});
+                    img.rect(x, y, 3, cell - 1, {220, 20, 20});
+                    img.rect(x + cell - 4, y, 3, cell - 1, {220, 20, 20});
+                }
+                const std::string label = std::to_string(id);
+                const double lum = 0.299 * col[0] + 0.587 * col[1] + 0.114 * col[2];
+                const std::array<unsigned char, 3> ink = lum < 128 ? std::array<unsigned char, 3>{255, 255, 255}
+                                                                   : std::array<unsigned char, 3>{0, 0, 0};
+                img.text(x + (cell - 1 - canvas::text_width(label, 1)) / 2, y + 8, label, ink, 1);
+            }
+        x0 += std::max(p.width * cell, canvas::text_width(p.title, 2)) + margin;
+    }
+    if (stbi_write_png(path.c_str(), img.width, img.height, 3, img.rgb.data(), img.width * 3) == 0)
+        throw rpe::runtime_error(rpe::detail::message("cli", "--png = '", path, "': cannot write the PNG file"));
+}
+
+int run_show(const mapping_config& m, const mapping_options& mo, const show_options& o) {
+    const auto g = parse_grid(o.grid, "--grid");
+    int qr = g.height / 2, qc = g.width / 2;
+    if (!o.query.empty()) {
+        const auto comma = o.query.find(',');
+        const auto bad = [&] {
+            return usage_error("--query", "'" + o.query + "' is not a query cell of the " + std::to_string(g.height) + "x" +
+                                              std::to_string(g.width) + " grid; expected r,c with 0 <= r < " +
+                                              std::to_string(g.height) + ", 0 <= c < " + std::to_string(g.width) +
+                                              " (or c alone on a 1xL grid)");
+        };
+        try {
+            std::size_t used = 0;
+            if (comma == std::string::npos) {
+                if (g.height != 1) throw bad();
+                qr = 0;
+                qc = std::stoi(o.query, &used);
+                if (used != o.query.size()) throw bad();
+            } else {
+                const std::string a = o.query.substr(0, comma), b = o.query.substr(comma + 1);
+                qr = std::stoi(a, &used);
+                if (used != a.size()) throw bad();
+                qc = std::stoi(b, &used);
+                if (used != b.size()) throw bad();
+            }
+        } catch (const std::logic_error&) {  // stoi: not a number, out of range
+            throw bad();
+        }
+        if (qr < 0 || qr >= g.height || qc < 0 || qc >= g.width) throw bad();
+    }
+    std::vector<panel> panels;
+    if (o.all) {
+        for (const char* name : {"euclidean", "quantization", "cross", "product"})
+            for (auto& p : panels_of(resolve_mapping(name, mo), g, qr, qc)) panels.push_back(std::move(p));
+        std::cout << "all 2D mappings, " << (mo.index == "clip" ? "clip" : "piecewise") << " index";
+    } else {
+        panels = panels_of(m, g, qr, qc);
+        std::cout << m.describe();
+    }
+    std::cout << ", grid " << g.height << "x" << g.width << ", query (" << qr << "," << qc << ")\n";
+    for (const auto& p : panels) print_panel(p);
+    if (!o.png.empty()) {
+        write_png(panels, o.png);
+        std::cout << "wrote " << o.png << "\n";
+    }
+    return 0;
+}
+
+void add_mapping_options(CLI::App* app, mapping_options& mo, std::string* name) {
+    if (name) app->add_option("--mapping", *name, std::string("mapping: ") + mapping_names)->capture_default_str();
+    app->add_option("--index", mo.index, "index function of the 2D mappings: piecewise or clip")->capture_default_str();
+    app->add_option("--ratio", mo.ratio, "alpha = ratio, beta = 2 ratio, gamma = 8 ratio (the reference's)")->capture_default_str();
+    app->add_option("--alpha", mo.alpha, "alpha of the piecewise index (overrides the ratio's)");
+    app->add_option("--beta", mo.beta, "beta of the index (overrides the ratio's)");
+    app->add_option("--gamma", mo.gamma, "gamma of the piecewise index (overrides the ratio's)");
+    app->add_option("--k", mo.k, "shaw: clipping distance k (2k+1 buckets)")->capture_default_str();
+    app->add_option("--buckets", mo.buckets, "t5: number of buckets")->capture_default_str();
+    app->add_option("--max-distance", mo.max_distance, "t5: distance from which the last bucket is shared")->capture_default_str();
+}
+
+int run(int argc, char** argv) {
+    CLI::App app{"rpe: bucket ids, pictures, terms and benchmarks of relative position encodings (iRPE, Shaw, T5)", "rpe"};
+    app.require_subcommand(1);
+    app.set_version_flag("--version", std::string("rpe ") + std::to_string(RPE_VERSION_MAJOR) + "." +
+                                          std::to_string(RPE_VERSION_MINOR) + "." + std::to_string(RPE_VERSION_PATCH));
+
+    mapping_options mo;
+    std::string name = "product";
+    std::vector<std::string> bench_names{"product"};
+
+    auto* buckets = app.add_subcommand("buckets", "bucket ids of a grid: num_buckets, buckets used, optional .npy");
+    buckets_options bo;
+    add_mapping_options(buckets, mo, &name);
+    buckets->add_option("--grid", bo.grid, "HxW, or L for a 1xL sequence")->capture_default_str();
+    buckets->add_option("--skip", bo.skip, "extra tokens before the grid (class token)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+    buckets->add_option("--out", bo.out, "write the (L, L) ids ((2, L, L) for cross) as .npy");
+    buckets->add_option("--expect", bo.expect, "compare the ids with this .npy (exit 1 on a difference)")->check(CLI::ExistingFile);
+
+    auto* show = app.add_subcommand("show", "bucket id of every key around one query: ASCII map, optional PNG");
+    show_options so;
+    add_mapping_options(show, mo, &name);
+    show->add_option("--grid", so.grid, "HxW, or L for a 1xL sequence")->capture_default_str();
+    show->add_option("--query", so.query, "query cell r,c (default: the centre)");
+    show->add_option("--png", so.png, "write a coloured picture (PNG)");
+    show->add_flag("--all", so.all, "the four 2D mappings side by side (cross as its rows and cols tables)");
+
+    auto* term = app.add_subcommand("term", "apply one term to an input (.npy in, .npy out)");
+    term_options to;
+    add_mapping_options(term, mo, &name);
+    term->add_option("--mode", to.mode, "bias or contextual")->capture_default_str();
+    term->add_option("--target", to.target, "q, k or v")->capture_default_str();
+    term->add_option("--grid", to.grid, "HxW (or L): L = skip + H*W must match the input")->required();
+    term->add_option("--skip", to.skip, "extra tokens before the grid")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+    term->add_option("--table", to.tables, "lookup table .npy (twice for cross: rows, cols)")->required()->check(CLI::ExistingFile);
+    term->add_option("--input", to.input, "x .npy: (B,H,L,D) scaled q or k, or (B,H,L,L) probabilities; none for bias")
+        ->check(CLI::ExistingFile);
+    term->add_option("--out", to.out, "output .npy (float32)");
+    term->add_option("--expect", to.expect, "compare the output with this .npy (exit 1 beyond atol + rtol*|expected|)")
+        ->check(CLI::ExistingFile);
+    term->add_option("--atol", to.atol, "absolute tolerance of --expect")->capture_default_str();
+    term->add_option("--rtol", to.rtol, "relative tolerance of --expect")->capture_default_str();
+
+    auto* bench = app.add_subcommand("bench", "time and memory of variants for your shapes");
+    bench_options be;
+    add_mapping_options(bench, mo, nullptr);
+    bench->add_option("--mapping", bench_names, "mappings to compare, comma-separated (all = the four 2D ones)")
+        ->delimiter(',')
+        ->capture_default_str();
+    bench->add_option("--grid", be.grid, "HxW, or L for a 1xL sequence")->capture_default_str();
+    bench->add_option("--skip", be.skip, "extra tokens")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+    bench->add_option("--mode", be.mode, "bias or contextual")->capture_default_str();
+    bench->add_option("--batch", be.batch, "B")->capture_default_str()->check(CLI::Range(1, 1 << 30));
+    bench->add_option("--heads", be.heads, "H")->capture_default_str()->check(CLI::Range(1, 1 << 30));
+    bench->add_option("--dim", be.dim, "D (head dim)")->capture_default_str()->check(CLI::Range(1, 1 << 30));
+    bench->add_option("--repeat", be.repeat, "runs per measurement (median)")->capture_default_str()->check(CLI::Range(1, 1 << 30));
+
+    const std::set<std::string> commands{"buckets", "show", "term", "bench"};
+    if (argc > 1 && argv[1][0] != '-' && commands.count(argv[1]) == 0)
+        throw usage_error("command", std::string("'") + argv[1] + "' is not a command; expected buckets, show, term or bench");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help, --version
+        // CLI11's own exit codes differ per error kind; every usage error is status 2 here
+        std::cerr << "rpe: error: " << e.what() << "\nRun 'rpe --help' (or 'rpe <command> --help') for the options.\n";
+        return 2;
+    }
+
+    if (*buckets) return run_buckets(resolve_mapping(name, mo), bo);
+    if (*show) return run_show(so.all ? resolve_mapping("product", mo) : resolve_mapping(name, mo), mo, so);
+    if (*term) return run_term(resolve_mapping(name, mo), to);
+    std::vector<mapping_config> maps;
+    for (const auto& n : bench_names) {
+        if (n == "all") {
+            for (const char* a : {"euclidean", "quantization", "cross", "product"}) maps.push_back(resolve_mapping(a, mo));
+        } else {
+            maps.push_back(resolve_mapping(n, mo));
+        }
+    }
+    return run_bench(maps, be);
+}
+
+}  // namespace
+}  // namespace rpe_cli
+
+int main(int argc, char** argv) {
+    try {
+        return rpe_cli::run(argc, argv);
+    } catch (const rpe_cli::usage_error& e) {
+        std::cerr << "rpe: error: " << e.option << ": " << e.what() << "\n";
+        return 2;
+    } catch (const rpe::invalid_argument& e) {
+        std::cerr << "rpe: error: " << e.what() << "\n";
+        return 2;
+    } catch (const std::exception& e) {
+        std::cerr << "rpe: failed: " << e.what() << "\n";
+        return 1;
+    }
+}

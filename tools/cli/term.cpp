@@ -1,0 +1,176 @@
+// `rpe term`: one term applied to an input read from .npy, and the run-time term factory the
+// tool shares with `rpe bench`.
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <rpe/any_term.hpp>
+#include <rpe/io/npy.hpp>
+#include <rpe/term.hpp>
+
+#include "cli.hpp"
+
+namespace rpe_cli {
+
+namespace {
+
+// rpe::make_term covers the 2D mappings by name; the 1D ones are wrapped here the same way.
+template <class M>
+std::unique_ptr<rpe::any_term<float>> wrap_1d(const M& m, const rpe::term_spec& s) {
+    auto make = [&]<class Md, rpe::target Tg>() -> std::unique_ptr<rpe::any_term<float>> {
+        return rpe::make_any_term(rpe::term<M, Md, Tg, float>(m, s.num_heads, s.head_dim, s.shared_head, s.skip));
+    };
+    if (s.contextual) {
+        switch (s.target) {
+            case rpe::target::query: return make.template operator()<rpe::mode::contextual, rpe::target::query>();
+            case rpe::target::key: return make.template operator()<rpe::mode::contextual, rpe::target::key>();
+            case rpe::target::value: return make.template operator()<rpe::mode::contextual, rpe::target::value>();
+        }
+    } else {
+        switch (s.target) {
+            case rpe::target::query: return make.template operator()<rpe::mode::bias, rpe::target::query>();
+            case rpe::target::key: return make.template operator()<rpe::mode::bias, rpe::target::key>();
+            case rpe::target::value: break;
+        }
+    }
+    throw usage_error("--mode/--target", "bias mode on values does not exist (paper eq. 17); use --mode contextual or --target q/k");
+}
+
+template <class T>
+rpe::tensor_ref<T> view(T* data, const std::vector<std::int64_t>& shape) {
+    rpe::tensor_ref<T> r;
+    r.data = data;
+    r.rank = static_cast<int>(shape.size());
+    for (std::size_t i = 0; i < shape.size(); ++i) r.shape[i] = shape[i];
+    return r;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& s) {
+    std::string t = "(";
+    for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + (s.size() == 1 ? ",)" : ")");
+}
+
+}  // namespace
+
+std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, const rpe::term_spec& spec) {
+    if (!spec.contextual && spec.target == rpe::target::value)
+        throw usage_error("--mode/--target", "bias mode on values does not exist (paper eq. 17); use --mode contextual or --target q/k");
+    switch (m.kind) {
+        case mapping_kind::shaw: return wrap_1d(m.shaw, spec);
+        case mapping_kind::t5: return wrap_1d(m.t5, spec);
+        case mapping_kind::two_d: break;
+    }
+    rpe::term_spec s = spec;
+    s.method = m.spec.method;
+    s.index = m.spec.index;
+    s.alpha = m.spec.alpha;
+    s.beta = m.spec.beta;
+    s.gamma = m.spec.gamma;
+    return rpe::make_term<float>(s);
+}
+
+int run_term(const mapping_config& m, const term_options& o) {
+    const auto g = parse_grid(o.grid, "--grid");
+    rpe::term_spec spec;
+    try {
+        spec.contextual = rpe::parse_contextual(o.mode);
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error("--mode", e.what());
+    }
+    try {
+        spec.target = rpe::parse_target(o.target);
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error("--target", e.what());
+    }
+    if (static_cast<int>(o.tables.size()) != m.num_tables())
+        throw usage_error("--table", "got " + std::to_string(o.tables.size()) + " table(s); " + m.name + " needs " +
+                                         std::to_string(m.num_tables()) + (m.num_tables() == 2 ? " (rows, then cols)" : ""));
+    std::vector<rpe::io::npy_array> tables;
+    for (const auto& path : o.tables) tables.push_back(rpe::io::load_npy(path));
+    std::vector<std::vector<float>> table_data;
+    for (const auto& t : tables) table_data.push_back(t.to<float>());
+    const auto& ts = tables[0].shape;
+    const std::int64_t L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
+    const std::size_t want_rank = spec.contextual ? 3 : 2;
+    if (ts.size() != want_rank)
+        throw usage_error("--table", o.tables[0] + " has shape " + shape_text(ts) + "; expected " +
+                                         (spec.contextual ? (spec.target == rpe::target::value ? "(Ht, K, D)" : "(Ht, D, K)") : "(Ht, K)"));
+
+    rpe::io::npy_array x;
+    std::vector<float> x_data;
+    std::vector<std::int64_t> out_shape;
+    if (spec.contextual) {
+        if (o.input.empty()) throw usage_error("--input", "contextual mode needs an input x");
+        x = rpe::io::load_npy(o.input);
+        if (x.shape.size() != 4)
+            throw usage_error("--input", o.input + " has shape " + shape_text(x.shape) + "; expected (B, H, L, " +
+                                             (spec.target == rpe::target::value ? "L)" : "D)"));
+        x_data = x.to<float>();
+        spec.num_heads = static_cast<int>(x.shape[1]);
+        spec.head_dim = static_cast<int>(spec.target == rpe::target::value ? ts[2] : ts[1]);
+        out_shape = {x.shape[0], x.shape[1], L, spec.target == rpe::target::value ? spec.head_dim : L};
+    } else {
+        if (!o.input.empty()) throw usage_error("--input", "bias mode reads no input; drop --input");
+        spec.num_heads = static_cast<int>(ts[0]);
+        out_shape = {1, ts[0], L, L};
+    }
+    spec.shared_head = ts[0] == 1;
+    spec.skip = o.skip;
+    // the term checks every shape against the grid, skip and tables; its message names the tensor
+    const char* culprits = spec.contextual ? "--table/--input/--grid/--skip" : "--table/--grid/--skip";
+    std::unique_ptr<rpe::any_term<float>> term;
+    std::shared_ptr<const rpe::bucket_ids> ids;
+    try {
+        term = make_cli_term(m, spec);
+        ids = term->bucket_ids(g.height, g.width);
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error(culprits, e.what());
+    } catch (const rpe::out_of_range& e) {
+        throw usage_error("--grid", e.what());
+    }
+
+    std::int64_t count = 1;
+    for (auto e : out_shape) count *= e;
+    std::vector<float> out(static_cast<std::size_t>(count));
+    std::vector<rpe::tensor_ref<const float>> refs;
+    for (std::size_t t = 0; t < tables.size(); ++t) refs.push_back(view<const float>(table_data[t].data(), tables[t].shape));
+    try {
+        term->forward(*ids, refs, spec.contextual ? view<const float>(x_data.data(), x.shape) : rpe::tensor_ref<const float>{},
+                      view<float>(out.data(), out_shape));
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error(culprits, e.what());
+    }
+    std::cout << "term: " << m.describe() << ", " << (spec.contextual ? "contextual" : "bias") << " on "
+              << (spec.target == rpe::target::query ? "q" : spec.target == rpe::target::key ? "k" : "v") << ", grid "
+              << g.height << "x" << g.width << ", skip " << o.skip << ", K = " << term->num_buckets() << "\n";
+    std::cout << "out " << shape_text(out_shape) << " float32\n";
+    if (!o.out.empty()) {
+        rpe::io::save_npy(o.out, out.data(), out_shape);
+        std::cout << "wrote " << o.out << "\n";
+    }
+    if (!o.expect.empty()) {
+        const auto ref = rpe::io::load_npy(o.expect);
+        if (ref.shape != out_shape) {
+            std::cout << "expect: " << o.expect << " has shape " << shape_text(ref.shape) << "; MISMATCH\n";
+            return 1;
+        }
+        const auto want = ref.to<double>();
+        double worst = 0;
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < want.size(); ++i) {
+            const double d = std::fabs(static_cast<double>(out[i]) - want[i]);
+            worst = std::max(worst, d);
+            bad += !(d <= o.atol + o.rtol * std::fabs(want[i]));
+        }
+        std::cout << "expect: max |out - expected| = " << worst << " over " << want.size() << " values, " << bad
+                  << " beyond atol + rtol*|expected|; " << (bad == 0 ? "match" : "MISMATCH") << "\n";
+        return bad == 0 ? 0 : 1;
+    }
+    return 0;
+}
+
+}  // namespace rpe_cli
