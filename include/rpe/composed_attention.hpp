@@ -98,8 +98,8 @@ attention_shape<S> check_attention(const attention_inputs<S>& in) {
         require(slot.term->head_dim() == s.d, "attention", names[i], " has head_dim = ", slot.term->head_dim(),
                 "; expected D = ", s.d, " of q");
         require(s.l == slot.term->skip() + static_cast<std::int64_t>(in.depth) * in.height * in.width, "attention", "L = ", s.l,
-                " of q; expected skip + depth*height*width = ", slot.term->skip(), " + ", in.depth, "*", in.height, "*",
-                in.width);
+                " of q; expected skip + ", in.depth == 1 ? "" : "depth*", "height*width = ", slot.term->skip(), " + ",
+                in.depth == 1 ? std::string() : std::to_string(in.depth) + "*", in.height, "*", in.width);
         require(static_cast<int>(slot.tables.size()) == slot.term->num_tables(), "attention", names[i], " tables holds ",
                 slot.tables.size(), " tables; expected ", slot.term->num_tables());
         const auto shape = slot.term->table_shape();

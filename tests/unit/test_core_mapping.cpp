@@ -179,15 +179,16 @@ TEST_CASE("id width: 1 byte up to 256 ids, 2 bytes up to 65536, 4 beyond") {
     SUBCASE("every reference config fits one byte") {
         const auto ids = rpe::build_bucket_ids(mapping::product<>{r19}, 14, 14, 1);
         CHECK(ids->id_bytes() == 1);
-        CHECK(ids->bytes() == 197 * 197);
-        CHECK(rpe::build_bucket_ids(mapping::cross<>{piecewise::from_ratio(20.0)}, 5, 5, 1)->bytes() == 2 * 26 * 26);
+        // bytes(): the (L, L) table plus the (2H-1)(2W-1) per-offset ids, per table
+        CHECK(ids->bytes() == 197 * 197 + 27 * 27);
+        CHECK(rpe::build_bucket_ids(mapping::cross<>{piecewise::from_ratio(20.0)}, 5, 5, 1)->bytes() == 2 * (26 * 26 + 9 * 9));
     }
     SUBCASE("product with clip beta = 8: 17^2 = 289 buckets need 2 bytes, ids above 255 survive") {
         const mapping::product<clip> m{clip{8.0}};
         CHECK(m.num_buckets() == 289);
         const auto ids = rpe::build_bucket_ids(m, 9, 9, 0);
         CHECK(ids->id_bytes() == 2);
-        CHECK(ids->bytes() == 81 * 81 * 2);
+        CHECK(ids->bytes() == (81 * 81 + 17 * 17) * 2);
         // cell (8,8) to cell (0,0): (dr, dc) = (8, 8) → (8+8)·17 + 8+8 = 288 (the largest id)
         CHECK(ids->at(0, token(8, 8, 9, 0), token(0, 0, 9, 0)) == 288);
         CHECK(ids->at(0, token(0, 0, 9, 0), token(8, 8, 9, 0)) == 0);

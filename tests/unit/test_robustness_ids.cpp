@@ -224,8 +224,9 @@ TEST_CASE("product3d: the contextual key term equals its definition; fused equal
         rpe::attention_forward(in, mview(fused, {b, h, n, d}), {}, {.row_block = 4, .storage = storage});
         CHECK(rpe_test::max_abs_diff(fused, composed) < 1e-12);
     }
-    in.depth = 1;  // L no longer matches the grid
-    CHECK(throws_with([&] { rpe::attention_forward(in, mview(composed, {b, h, n, d})); }, "expected skip + depth*height*width"));
+    in.depth = 3;  // L no longer matches the grid
+    CHECK(throws_with([&] { rpe::attention_forward(in, mview(composed, {b, h, n, d})); },
+                      "L = 25 of q; expected skip + depth*height*width = 1 + 3*3*4"));
 }
 
 TEST_CASE("a 256 x 256 grid (L = 65537) works with on-the-fly ids and no L^2 memory") {

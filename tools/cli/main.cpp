@@ -176,16 +176,19 @@ int run_buckets(const mapping_config& m, const buckets_options& o) {
     std::cout << " per table, " << tables << (tables == 1 ? " table" : " tables (rows, cols)") << "\n";
     for (int t = 0; t < tables; ++t) {
         std::vector<char> seen(static_cast<std::size_t>(k), 0);
-        ids->visit(t, [&](const auto* p) {
-            const std::size_t total = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
-            for (std::size_t e = 0; e < total; ++e) seen[p[e]] = 1;
-        });
+        std::vector<std::uint32_t> row(static_cast<std::size_t>(n));
+        for (std::int64_t i = 0; i < n; ++i) {  // row by row: works for table and on-the-fly ids
+            const std::uint32_t* r = ids->rows<std::uint32_t>(t, i, 1, false, row.data());
+            for (std::int64_t j = 0; j < n; ++j) seen[r[j]] = 1;
+        }
         const auto used = std::count(seen.begin(), seen.end(), 1);
         std::cout << (tables > 1 ? (t == 0 ? "rows table: " : "cols table: ") : "") << "buckets used: " << used << " of " << k
                   << " allocated\n";
     }
     std::cout << "ids: " << (tables > 1 ? "2x" : "") << n << "x" << n << ", " << ids->id_bytes() << " byte"
-              << (ids->id_bytes() > 1 ? "s" : "") << " each, " << ids->bytes() << " bytes\n";
+              << (ids->id_bytes() > 1 ? "s" : "") << " each, " << ids->bytes() << " bytes held ("
+              << (ids->storage_kind() == rpe::id_storage::table ? "(L, L) table + per-offset ids" : "per-offset ids only, rows computed on the fly")
+              << ")\n";
 
     std::vector<std::int64_t> shape{n, n};
     if (tables > 1) shape.insert(shape.begin(), tables);

@@ -160,7 +160,7 @@ private:
     }
 
     void run_bucket_ids() {
-        auto s = spec('k');
+        auto s = spec("k");
         check_num_buckets(s);
         const auto term = rpe::make_term<float>(s);
         const auto ids = term->bucket_ids(meta_.at("height").get<int>(), meta_.at("width").get<int>());
