@@ -159,7 +159,7 @@ __device__ inline void stage_tile(const S* x, std::int64_t p, std::int64_t r0, s
 // the value term's per-bucket probability sums are rescaled together.
 template <class S, class A>
 __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn_args args) {
-    extern __shared__ unsigned char smem_raw[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     const std::int64_t n = args.n, dd = args.d;
     A* ktile = reinterpret_cast<A*>(smem_raw);  // (32, D + 1)
     A* vtile = ktile + 32 * (dd + 1);           // (32, D + 1)
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn
 // dP_ij = grad_out_i · v_j + (grad_out_i · table_v[id(i, j)]) with the latter from `prod`.
 template <class S, class A>
 __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kernel(attn_args args) {
-    extern __shared__ unsigned char smem_raw[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     const std::int64_t n = args.n, dd = args.d;
     A* ktile = reinterpret_cast<A*>(smem_raw);
     A* vtile = ktile + 32 * (dd + 1);
@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
 // the per-key bucket sums of dS by id(j, i) (query tables).
 template <class S, class A>
 __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kernel(attn_args args) {
-    extern __shared__ unsigned char smem_raw[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     const std::int64_t n = args.n, dd = args.d;
     A* qtile = reinterpret_cast<A*>(smem_raw);  // (32, D + 1): scaled queries
     A* gtile = qtile + 32 * (dd + 1);           // (32, D + 1): grad_out rows

@@ -65,19 +65,25 @@ inline void check_launch(const char* what) { detail::cuda_check(cudaGetLastError
 //   row(i, j) = i (key target), j (query target, ids transposed); row_stride = 0 for bias.
 //   off(p) = p·plane_stride (per-plane T), or h'(p % heads)·plane_stride (bias table).
 // ---------------------------------------------------------------------------------------------
+// One warp per output row r = p·L + i (8 rows per block), lanes over j: coalesced writes and id
+// reads, one division per row.
 template <class S, class T, class Id>
 __global__ void gather_kernel(const T* __restrict__ t, std::int64_t plane_stride, bool by_head, std::int64_t heads,
                               std::int64_t table_heads, std::int64_t row_stride, bool transposed,
                               const Id* __restrict__ ids, std::int64_t n, std::int64_t planes, bool accumulate,
                               S* __restrict__ out) {
-    const std::int64_t total = planes * n * n;
-    for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
-         e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        const std::int64_t ij = e % (n * n), p = e / (n * n);
-        const std::int64_t i = ij / n, j = ij % n;
+    const std::int64_t rows = planes * n;
+    for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.y) + threadIdx.y; r < rows;
+         r += static_cast<std::int64_t>(gridDim.x) * blockDim.y) {
+        const std::int64_t p = r / n, i = r % n;
         const std::int64_t off = by_head ? (table_heads == 1 ? 0 : p % heads) * plane_stride : p * plane_stride;
-        const auto v = to_acc(t[off + (transposed ? j : i) * row_stride + ids[ij]]);
-        out[e] = accumulate ? from_acc<S>(to_acc(out[e]) + v) : from_acc<S>(v);
+        const T* tp = t + off + (transposed ? 0 : i * row_stride);
+        const Id* idr = ids + i * n;
+        S* o = out + r * n;
+        for (std::int64_t j = threadIdx.x; j < n; j += 32) {
+            const auto v = to_acc(tp[(transposed ? j * row_stride : 0) + idr[j]]);
+            o[j] = accumulate ? from_acc<S>(to_acc(o[j]) + v) : from_acc<S>(v);
+        }
     }
 }
 
@@ -85,10 +91,9 @@ template <class S, class T, class Id>
 void gather(const T* t, std::int64_t plane_stride, bool by_head, std::int64_t heads, std::int64_t table_heads,
             std::int64_t row_stride, bool transposed, const Id* ids, std::int64_t n, std::int64_t planes, bool accumulate,
             S* out, cudaStream_t stream) {
-    constexpr int threads = 256;
-    gather_kernel<<<grid_for(planes * n * n, threads), threads, 0, stream>>>(t, plane_stride, by_head, heads, table_heads,
-                                                                            row_stride, transposed, ids, n, planes,
-                                                                            accumulate, out);
+    const dim3 block(32, 8);
+    gather_kernel<<<grid_for(planes * n, 8), block, 0, stream>>>(t, plane_stride, by_head, heads, table_heads, row_stride,
+                                                                  transposed, ids, n, planes, accumulate, out);
     check_launch("gather_kernel");
 }
 
@@ -101,7 +106,7 @@ inline constexpr std::int64_t scatter_shared_bytes = 32 * 1024;
 template <class S, class A, class Id>
 __global__ void scatter_rows_kernel(const S* __restrict__ g, const Id* __restrict__ ids, std::int64_t n,
                                     std::int64_t k, std::int64_t rows, bool use_shared, A* __restrict__ out) {
-    extern __shared__ unsigned char smem_raw[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     A* hist = reinterpret_cast<A*>(smem_raw);
     for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const S* gr = g + r * n;
