@@ -180,8 +180,11 @@ void attention_suite(unsigned seed) {
     SUBCASE("larger: L = 50, D = 64, three tiles of keys") {
         compare_attention<S>({.on = "qkv", .batch = 1, .heads = 3, .dim = 64, .height = 7, .width = 7}, seed);
     }
-    SUBCASE("D = 128 and DETR's product ratio 2 without class token") {
-        compare_attention<S>({.on = "k", .skip = 0, .batch = 1, .heads = 1, .dim = 128, .height = 6, .width = 9, .padding = true, .ratio = 2.0}, seed);
+    // double at D = 128 needs about 76 KB of shared memory per block: more than sm_75 offers
+    if constexpr (!std::is_same_v<S, double>) {
+        SUBCASE("D = 128 and DETR's product ratio 2 without class token") {
+            compare_attention<S>({.on = "k", .skip = 0, .batch = 1, .heads = 1, .dim = 128, .height = 6, .width = 9, .padding = true, .ratio = 2.0}, seed);
+        }
     }
 }
 
