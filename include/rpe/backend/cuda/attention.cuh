@@ -1,0 +1,775 @@
+/// @file backend/cuda/attention.cuh
+/// @brief rpe::cuda::attention_forward: fused multi-head attention with iRPE on queries, keys
+/// and values on the GPU, flash-attention style (online softmax, no (L, L) buffer).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../../any_term.hpp"
+#include "../../detail/check.hpp"
+#include "../../error.hpp"
+#include "../../tensor.hpp"
+#include "bucket_ids.cuh"
+#include "error.cuh"
+#include "kernels.cuh"
+#include "types.cuh"
+
+namespace rpe::cuda {
+
+/// @brief One RPE term attached to the CUDA attention: its configuration (an rpe::any_term,
+/// e.g. from rpe::make_term<float>(spec); only its configuration is used, never its CPU
+/// kernels, whatever S is) and its lookup table(s) in device memory, shapes term->table_shape().
+template <class S>
+struct attention_term {
+    const any_term<float>* term = nullptr;   ///< the configured term, or null (no term)
+    std::vector<tensor_ref<const S>> tables;  ///< 1 table, or 2 for Cross (rows, cols); device memory
+    std::vector<tensor_ref<S>> grad_tables;   ///< backward: their gradients (device, overwritten), or empty
+};
+
+/// @brief Inputs of the CUDA attention, as rpe::attention_inputs but with device pointers:
+/// q, k, v (B, H, L, D) unscaled, L = skip + height·width; optional attn_mask (L, L) additive
+/// and key_padding_mask (B, L) (nonzero = padded key, −∞ after all RPE terms).
+template <class S>
+struct attention_inputs {
+    tensor_ref<const S> q, k, v;                      ///< (B, H, L, D), device
+    int height = 0;                                   ///< grid rows
+    int width = 0;                                    ///< grid columns
+    attention_term<S> rpe_q, rpe_k, rpe_v;            ///< RPE on queries, keys, values (each optional)
+    tensor_ref<const S> attn_mask;                    ///< (L, L) or empty, device
+    tensor_ref<const std::uint8_t> key_padding_mask;  ///< (B, L) or empty, device
+};
+
+}  // namespace rpe::cuda
+
+namespace rpe::detail::gpu {
+
+inline constexpr int attn_warps = 4;  // query (or key) rows per block, one warp each
+inline constexpr int attn_max_dim = 128;
+inline constexpr int attn_max_tables = 2;
+
+struct attn_table {
+    const void* ids = nullptr;      // row kernels: element [i·L + j] = id(i, j) (k, v) or id(j, i) (q)
+    const void* ids_col = nullptr;  // column kernel: element [j·L + i] = the same id of pair (i, j)
+    int id_bytes = 1;
+    const void* table = nullptr;  // bias (Ht, K); contextual q/k (Ht, D, K); v (Ht, K, D); storage type S
+    const void* prod = nullptr;   // acc-type (B·H, L, K): q: (k·s)·table; k (backward): qs·table; v (backward): grad_out·tableᵀ
+    void* rows = nullptr;         // backward, acc-type (B·H, L, K) per-row bucket sums: k: of dlogits by id(i, j);
+                                  // q: of dlogits by id(j, i), per key j; v: of probabilities
+    int k = 0;
+    int table_heads = 1;
+    bool bias = false;
+    int slot = 0;  // offset of this table's K values in the warp's shared scratch (products)
+    int hist = 0;  // offset of this table's K bucket sums in the warp's shared scratch (backward)
+};
+
+struct attn_args {
+    const void *q = nullptr, *k = nullptr, *v = nullptr, *attn_mask = nullptr;
+    const std::uint8_t* key_padding_mask = nullptr;
+    void* out = nullptr;
+    const void* grad_out = nullptr;
+    void *grad_q = nullptr, *grad_k = nullptr, *grad_v = nullptr;
+    void* stats = nullptr;  // backward, acc-type (B·H, L, 3): row max, row sum, Σ_j P·dP
+    std::int64_t n = 0, d = 0, heads = 1, planes = 0;
+    double scale = 1;
+    attn_table on_q[attn_max_tables], on_k[attn_max_tables], on_v[attn_max_tables];
+    int nq = 0, nk = 0, nv = 0;
+    int scratch = 0;  // acc-type scratch slots per warp (after its two D-vectors)
+};
+
+__device__ inline std::int64_t load_id(const void* ids, int bytes, std::int64_t e) {
+    if (bytes == 1) return static_cast<const std::uint8_t*>(ids)[e];
+    if (bytes == 2) return static_cast<const std::uint16_t*>(ids)[e];
+    return static_cast<const std::uint32_t*>(ids)[e];
+}
+
+template <class A>
+__device__ inline A warp_max(A v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+template <class A>
+__device__ inline A warp_sum(A v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <class S>
+__device__ inline const S* head_table(const attn_table& t, std::int64_t h, std::int64_t size) {
+    return static_cast<const S*>(t.table) + (t.table_heads == 1 ? 0 : h) * size;
+}
+
+// The RPE terms and the additive mask of logit (i, j), row-kernel view: contextual key products of
+// row i in the warp's scratch, contextual query products from the (B·H, L, K) temporary.
+template <class S, class A>
+__device__ inline A row_terms(const attn_args& a, std::int64_t p, std::int64_t h, std::int64_t i, std::int64_t j,
+                              const A* scratch) {
+    const std::int64_t e = i * a.n + j;
+    A s = 0;
+    for (int t = 0; t < a.nk; ++t) {
+        const attn_table& tb = a.on_k[t];
+        const std::int64_t id = load_id(tb.ids, tb.id_bytes, e);
+        s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : scratch[tb.slot + id];
+    }
+    for (int t = 0; t < a.nq; ++t) {
+        const attn_table& tb = a.on_q[t];
+        const std::int64_t id = load_id(tb.ids, tb.id_bytes, e);  // id(j, i)
+        s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * a.n + j) * tb.k + id];
+    }
+    if (a.attn_mask) s += to_acc(static_cast<const S*>(a.attn_mask)[e]);
+    return s;
+}
+
+// Per warp, for query row i: qs (D) and the contextual key products qs·table (K per table).
+template <class S, class A>
+__device__ inline void load_query_row(const attn_args& a, std::int64_t p, std::int64_t h, std::int64_t i, A* qs, A* scratch,
+                                      int lane) {
+    const std::int64_t dd = a.d;
+    for (std::int64_t c = lane; c < dd; c += 32) qs[c] = to_acc(static_cast<const S*>(a.q)[(p * a.n + i) * dd + c]) * static_cast<A>(a.scale);
+    __syncwarp();
+    for (int t = 0; t < a.nk; ++t) {
+        const attn_table& tb = a.on_k[t];
+        if (tb.bias) continue;
+        const S* tab = head_table<S>(tb, h, dd * tb.k);
+        for (int c = lane; c < tb.k; c += 32) {
+            A s = 0;
+            for (std::int64_t e = 0; e < dd; ++e) s += qs[e] * to_acc(tab[e * tb.k + c]);
+            scratch[tb.slot + c] = s;
+        }
+    }
+}
+
+// Stages rows [r0, r0 + 32) of x (B·H, L, D) of plane p into tile (32, D + 1) as A (times mul).
+template <class S, class A>
+__device__ inline void stage_tile(const S* x, std::int64_t p, std::int64_t r0, std::int64_t n, std::int64_t dd, A mul, A* tile) {
+    for (std::int64_t e = threadIdx.x; e < 32 * dd; e += blockDim.x) {
+        const std::int64_t rr = e / dd, c = e % dd, r = r0 + rr;
+        tile[rr * (dd + 1) + c] = r < n ? to_acc(x[(p * n + r) * dd + c]) * mul : A(0);
+    }
+}
+
+// Forward: one warp per query row, attn_warps rows per block, 32-key tiles of k and v staged in
+// shared memory (converted to A), online softmax (running max m, running sum l); the output and
+// the value term's per-bucket probability sums are rescaled together.
+template <class S, class A>
+__global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn_args args) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const std::int64_t n = args.n, dd = args.d;
+    A* ktile = reinterpret_cast<A*>(smem_raw);  // (32, D + 1)
+    A* vtile = ktile + 32 * (dd + 1);           // (32, D + 1)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    A* qs = vtile + 32 * (dd + 1) + warp * (2 * dd + args.scratch);  // (D): scaled query of this warp's row
+    A* scratch = qs + 2 * dd;                                        // contextual-k products, v bucket sums
+    S* out = static_cast<S*>(args.out);
+    const A neg_inf = -std::numeric_limits<A>::infinity();
+
+    for (std::int64_t p = blockIdx.y; p < args.planes; p += gridDim.y) {
+        const std::int64_t h = p % args.heads, b = p / args.heads;
+        const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * attn_warps + warp;
+        const bool active = i < n;
+        if (active) {
+            load_query_row<S, A>(args, p, h, i, qs, scratch, lane);
+            for (int t = 0; t < args.nv; ++t)
+                for (int c = lane; c < args.on_v[t].k; c += 32) scratch[args.on_v[t].hist + c] = 0;
+            __syncwarp();
+        }
+        A m = neg_inf, l = 0;
+        A o[attn_max_dim / 32];
+#pragma unroll
+        for (int r = 0; r < attn_max_dim / 32; ++r) o[r] = 0;
+        bool nan_seen = false;
+        for (std::int64_t j0 = 0; j0 < n; j0 += 32) {
+            __syncthreads();  // the previous tile is no longer read
+            stage_tile<S, A>(static_cast<const S*>(args.k), p, j0, n, dd, A(1), ktile);
+            stage_tile<S, A>(static_cast<const S*>(args.v), p, j0, n, dd, A(1), vtile);
+            __syncthreads();
+            if (!active) continue;
+            const std::int64_t j = j0 + lane;
+            A s = neg_inf;
+            if (j < n) {
+                s = 0;
+                for (std::int64_t c = 0; c < dd; ++c) s += qs[c] * ktile[lane * (dd + 1) + c];
+                s += row_terms<S, A>(args, p, h, i, j, scratch);
+                if (args.key_padding_mask && args.key_padding_mask[b * n + j]) s = neg_inf;
+                if (s != s) {  // NaN: the reference's softmax gives a NaN row
+                    nan_seen = true;
+                    s = neg_inf;
+                }
+            }
+            nan_seen = __any_sync(0xffffffffu, nan_seen);
+            const A m_new = fmax(m, warp_max(s));
+            if (m_new == neg_inf) continue;  // every key so far masked
+            const A alpha = m == neg_inf ? A(0) : exp(m - m_new);
+            const A pj = s == neg_inf ? A(0) : exp(s - m_new);
+            l = l * alpha + warp_sum(pj);
+#pragma unroll
+            for (int r = 0; r < attn_max_dim / 32; ++r) o[r] *= alpha;
+            for (int t = 0; t < args.nv; ++t)
+                for (int c = lane; c < args.on_v[t].k; c += 32) scratch[args.on_v[t].hist + c] *= alpha;
+            __syncwarp();
+            for (int jj = 0; jj < 32; ++jj) {
+                const A pb = __shfl_sync(0xffffffffu, pj, jj);
+#pragma unroll
+                for (int r = 0; r < attn_max_dim / 32; ++r) {
+                    const std::int64_t c = lane + 32 * r;
+                    if (c < dd) o[r] += pb * vtile[jj * (dd + 1) + c];
+                }
+            }
+            if (j < n && pj != A(0))
+                for (int t = 0; t < args.nv; ++t) {
+                    const attn_table& tb = args.on_v[t];
+                    atomicAdd(scratch + tb.hist + load_id(tb.ids, tb.id_bytes, i * n + j), pj);
+                }
+            __syncwarp();
+            m = m_new;
+        }
+        if (active) {
+            const A inv = l > A(0) ? A(1) / l : A(0);  // l == 0: every key masked → zeros
+#pragma unroll
+            for (int r = 0; r < attn_max_dim / 32; ++r) {
+                const std::int64_t c = lane + 32 * r;
+                if (c >= dd) continue;
+                A acc = o[r];
+                for (int t = 0; t < args.nv; ++t) {
+                    const attn_table& tb = args.on_v[t];
+                    const S* tab = head_table<S>(tb, h, tb.k * dd);
+                    for (int u = 0; u < tb.k; ++u) acc += scratch[tb.hist + u] * to_acc(tab[u * dd + c]);
+                }
+                const A val = nan_seen ? std::numeric_limits<A>::quiet_NaN() : acc * inv;
+                out[(p * n + i) * dd + c] = from_acc<S>(val);
+            }
+        }
+        __syncthreads();  // qs and scratch are rewritten for the next plane
+    }
+}
+
+// Backward, row pass (one warp per query row i): recomputes the row's max m and sum l, then
+// Σ_j P·dP, then dlogits dS = P ⊙ (dP − Σ P·dP) and writes grad_q = s·Σ_j dS_ij k_j, the per-row
+// bucket sums of dS (key tables) and of P (value tables), and the row statistics.
+// dP_ij = grad_out_i · v_j + (grad_out_i · table_v[id(i, j)]) with the latter from `prod`.
+template <class S, class A>
+__global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kernel(attn_args args) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const std::int64_t n = args.n, dd = args.d;
+    A* ktile = reinterpret_cast<A*>(smem_raw);
+    A* vtile = ktile + 32 * (dd + 1);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    A* qs = vtile + 32 * (dd + 1) + warp * (2 * dd + args.scratch);
+    A* go = qs + dd;
+    A* scratch = go + dd;
+    const A neg_inf = -std::numeric_limits<A>::infinity();
+    for (std::int64_t p = blockIdx.y; p < args.planes; p += gridDim.y) {
+        const std::int64_t h = p % args.heads, b = p / args.heads;
+        const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * attn_warps + warp;
+        const bool active = i < n;
+        if (active) {
+            load_query_row<S, A>(args, p, h, i, qs, scratch, lane);
+            for (std::int64_t c = lane; c < dd; c += 32) go[c] = to_acc(static_cast<const S*>(args.grad_out)[(p * n + i) * dd + c]);
+            for (int t = 0; t < args.nk; ++t)
+                for (int c = lane; c < args.on_k[t].k; c += 32) scratch[args.on_k[t].hist + c] = 0;
+            for (int t = 0; t < args.nv; ++t)
+                for (int c = lane; c < args.on_v[t].k; c += 32) scratch[args.on_v[t].hist + c] = 0;
+            __syncwarp();
+        }
+        A m = neg_inf, l = 0, dsum = 0;
+        A dq[attn_max_dim / 32];
+#pragma unroll
+        for (int r = 0; r < attn_max_dim / 32; ++r) dq[r] = 0;
+        for (int pass = 0; pass < 3; ++pass) {  // 0: m and l; 1: Σ P·dP; 2: dS and its sums
+            for (std::int64_t j0 = 0; j0 < n; j0 += 32) {
+                __syncthreads();
+                stage_tile<S, A>(static_cast<const S*>(args.k), p, j0, n, dd, A(1), ktile);
+                if (pass > 0) stage_tile<S, A>(static_cast<const S*>(args.v), p, j0, n, dd, A(1), vtile);
+                __syncthreads();
+                if (!active) continue;
+                const std::int64_t j = j0 + lane;
+                A s = neg_inf;
+                if (j < n) {
+                    s = 0;
+                    for (std::int64_t c = 0; c < dd; ++c) s += qs[c] * ktile[lane * (dd + 1) + c];
+                    s += row_terms<S, A>(args, p, h, i, j, scratch);
+                    if ((args.key_padding_mask && args.key_padding_mask[b * n + j]) || s != s) s = neg_inf;
+                }
+                if (pass == 0) {
+                    const A m_new = fmax(m, warp_max(s));
+                    if (m_new == neg_inf) continue;
+                    const A alpha = m == neg_inf ? A(0) : exp(m - m_new);
+                    l = l * alpha + warp_sum(s == neg_inf ? A(0) : exp(s - m_new));
+                    m = m_new;
+                    continue;
+                }
+                const A pj = (l > A(0) && s != neg_inf) ? exp(s - m) / l : A(0);
+                A dp = 0;
+                if (j < n) {
+                    for (std::int64_t c = 0; c < dd; ++c) dp += go[c] * vtile[lane * (dd + 1) + c];
+                    for (int t = 0; t < args.nv; ++t) {
+                        const attn_table& tb = args.on_v[t];
+                        dp += static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + load_id(tb.ids, tb.id_bytes, i * n + j)];
+                    }
+                }
+                if (pass == 1) {
+                    dsum += pj * dp;
+                    continue;
+                }
+                const A ds = pj * (dp - dsum);
+                for (int jj = 0; jj < 32; ++jj) {
+                    const A db = __shfl_sync(0xffffffffu, ds, jj);
+#pragma unroll
+                    for (int r = 0; r < attn_max_dim / 32; ++r) {
+                        const std::int64_t c = lane + 32 * r;
+                        if (c < dd) dq[r] += db * ktile[jj * (dd + 1) + c];
+                    }
+                }
+                if (j < n) {
+                    for (int t = 0; t < args.nk; ++t) {
+                        const attn_table& tb = args.on_k[t];
+                        if (tb.rows) atomicAdd(scratch + tb.hist + load_id(tb.ids, tb.id_bytes, i * n + j), ds);
+                    }
+                    for (int t = 0; t < args.nv; ++t) {
+                        const attn_table& tb = args.on_v[t];
+                        if (tb.rows && pj != A(0)) atomicAdd(scratch + tb.hist + load_id(tb.ids, tb.id_bytes, i * n + j), pj);
+                    }
+                }
+            }
+            if (pass == 1) dsum = warp_sum(dsum);
+        }
+        if (active) {
+            __syncwarp();
+#pragma unroll
+            for (int r = 0; r < attn_max_dim / 32; ++r) {
+                const std::int64_t c = lane + 32 * r;
+                if (c < dd) static_cast<S*>(args.grad_q)[(p * n + i) * dd + c] = from_acc<S>(dq[r] * static_cast<A>(args.scale));
+            }
+            for (int t = 0; t < args.nk; ++t)
+                if (args.on_k[t].rows)
+                    for (int c = lane; c < args.on_k[t].k; c += 32)
+                        static_cast<A*>(args.on_k[t].rows)[(p * n + i) * args.on_k[t].k + c] = scratch[args.on_k[t].hist + c];
+            for (int t = 0; t < args.nv; ++t)
+                if (args.on_v[t].rows)
+                    for (int c = lane; c < args.on_v[t].k; c += 32)
+                        static_cast<A*>(args.on_v[t].rows)[(p * n + i) * args.on_v[t].k + c] = scratch[args.on_v[t].hist + c];
+            if (lane == 0) {
+                A* st = static_cast<A*>(args.stats) + (p * n + i) * 3;
+                st[0] = m;
+                st[1] = l;
+                st[2] = dsum;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// Backward, column pass (one warp per key j, lanes over 32-query tiles): with the row statistics,
+// recomputes P_ij and dS_ij and writes grad_k = Σ_i dS_ij qs_i, grad_v = Σ_i P_ij grad_out_i and
+// the per-key bucket sums of dS by id(j, i) (query tables).
+template <class S, class A>
+__global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kernel(attn_args args) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const std::int64_t n = args.n, dd = args.d;
+    A* qtile = reinterpret_cast<A*>(smem_raw);  // (32, D + 1): scaled queries
+    A* gtile = qtile + 32 * (dd + 1);           // (32, D + 1): grad_out rows
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    A* kj = gtile + 32 * (dd + 1) + warp * (2 * dd + args.scratch);
+    A* vj = kj + dd;
+    A* scratch = vj + dd;
+    const A neg_inf = -std::numeric_limits<A>::infinity();
+    for (std::int64_t p = blockIdx.y; p < args.planes; p += gridDim.y) {
+        const std::int64_t h = p % args.heads, b = p / args.heads;
+        const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * attn_warps + warp;
+        const bool active = j < n;
+        const bool padded = active && args.key_padding_mask && args.key_padding_mask[b * n + j];
+        if (active) {
+            for (std::int64_t c = lane; c < dd; c += 32) {
+                kj[c] = to_acc(static_cast<const S*>(args.k)[(p * n + j) * dd + c]);
+                vj[c] = to_acc(static_cast<const S*>(args.v)[(p * n + j) * dd + c]);
+            }
+            for (int t = 0; t < args.nq; ++t)
+                for (int c = lane; c < args.on_q[t].k; c += 32) scratch[args.on_q[t].hist + c] = 0;
+            __syncwarp();
+        }
+        A dk[attn_max_dim / 32], dv[attn_max_dim / 32];
+#pragma unroll
+        for (int r = 0; r < attn_max_dim / 32; ++r) dk[r] = dv[r] = 0;
+        for (std::int64_t i0 = 0; i0 < n; i0 += 32) {
+            __syncthreads();
+            stage_tile<S, A>(static_cast<const S*>(args.q), p, i0, n, dd, static_cast<A>(args.scale), qtile);
+            stage_tile<S, A>(static_cast<const S*>(args.grad_out), p, i0, n, dd, A(1), gtile);
+            __syncthreads();
+            if (!active || padded) continue;  // a padded key: P = 0 for every query
+            const std::int64_t i = i0 + lane;
+            A pj = 0, ds = 0;
+            if (i < n) {
+                A s = 0;
+                for (std::int64_t c = 0; c < dd; ++c) s += qtile[lane * (dd + 1) + c] * kj[c];
+                const std::int64_t ec = j * n + i;  // column-kernel id index of pair (i, j)
+                for (int t = 0; t < args.nk; ++t) {
+                    const attn_table& tb = args.on_k[t];
+                    const std::int64_t id = load_id(tb.ids_col, tb.id_bytes, ec);  // id(i, j)
+                    s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + id];
+                }
+                for (int t = 0; t < args.nq; ++t) {
+                    const attn_table& tb = args.on_q[t];
+                    const std::int64_t id = load_id(tb.ids_col, tb.id_bytes, ec);  // id(j, i)
+                    s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * n + j) * tb.k + id];
+                }
+                if (args.attn_mask) s += to_acc(static_cast<const S*>(args.attn_mask)[i * n + j]);
+                const A* st = static_cast<const A*>(args.stats) + (p * n + i) * 3;
+                pj = (st[1] > A(0) && s == s && s != neg_inf) ? exp(s - st[0]) / st[1] : A(0);
+                A dp = 0;
+                for (std::int64_t c = 0; c < dd; ++c) dp += gtile[lane * (dd + 1) + c] * vj[c];
+                for (int t = 0; t < args.nv; ++t) {
+                    const attn_table& tb = args.on_v[t];
+                    dp += static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + load_id(tb.ids_col, tb.id_bytes, ec)];
+                }
+                ds = pj * (dp - st[2]);
+                for (int t = 0; t < args.nq; ++t) {
+                    const attn_table& tb = args.on_q[t];
+                    if (tb.rows) atomicAdd(scratch + tb.hist + load_id(tb.ids_col, tb.id_bytes, ec), ds);
+                }
+            }
+            for (int ii = 0; ii < 32; ++ii) {
+                const A pb = __shfl_sync(0xffffffffu, pj, ii), db = __shfl_sync(0xffffffffu, ds, ii);
+#pragma unroll
+                for (int r = 0; r < attn_max_dim / 32; ++r) {
+                    const std::int64_t c = lane + 32 * r;
+                    if (c < dd) {
+                        dv[r] += pb * gtile[ii * (dd + 1) + c];
+                        dk[r] += db * qtile[ii * (dd + 1) + c];
+                    }
+                }
+            }
+        }
+        if (active) {
+            __syncwarp();
+#pragma unroll
+            for (int r = 0; r < attn_max_dim / 32; ++r) {
+                const std::int64_t c = lane + 32 * r;
+                if (c < dd) {
+                    static_cast<S*>(args.grad_k)[(p * n + j) * dd + c] = from_acc<S>(dk[r]);
+                    static_cast<S*>(args.grad_v)[(p * n + j) * dd + c] = from_acc<S>(dv[r]);
+                }
+            }
+            for (int t = 0; t < args.nq; ++t)
+                if (args.on_q[t].rows)
+                    for (int c = lane; c < args.on_q[t].k; c += 32)
+                        static_cast<A*>(args.on_q[t].rows)[(p * n + j) * args.on_q[t].k + c] = scratch[args.on_q[t].hist + c];
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace rpe::detail::gpu
+
+namespace rpe::detail::gpu {
+
+// Checks the inputs and fills the kernel arguments; keeps the device ids alive in `keep`.
+template <class S>
+attn_args prepare_attention(const cuda::attention_inputs<S>& in, bool backward, cudaStream_t stream,
+                            std::vector<std::shared_ptr<const cuda::device_bucket_ids>>& keep) {
+    require(in.q.rank == 4, "attention", "q has shape ", in.q.shape_string(), "; expected (B, H, L, D)");
+    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), dd = in.q.extent(3);
+    require(b >= 1 && h >= 1 && n >= 1 && dd >= 1, "attention", "q has shape ", in.q.shape_string(), "; expected positive extents");
+    require(dd <= attn_max_dim, "attention", "head dim D = ", dd, "; expected <= 128 on the CUDA backend");
+    const std::vector<std::int64_t> qshape{b, h, n, dd};
+    check_shape(in.k, qshape, "attention", "k");
+    check_shape(in.v, qshape, "attention", "v");
+    check_nonnull(in.q, "attention", "q");
+    check_nonnull(in.k, "attention", "k");
+    check_nonnull(in.v, "attention", "v");
+    if (in.attn_mask.rank != 0 || in.attn_mask.data != nullptr) {
+        check_shape(in.attn_mask, {n, n}, "attention", "attn_mask");
+        check_nonnull(in.attn_mask, "attention", "attn_mask");
+    }
+    if (in.key_padding_mask.rank != 0 || in.key_padding_mask.data != nullptr) {
+        check_shape(in.key_padding_mask, {b, n}, "attention", "key_padding_mask");
+        check_nonnull(in.key_padding_mask, "attention", "key_padding_mask");
+    }
+    attn_args args;
+    args.q = in.q.data;
+    args.k = in.k.data;
+    args.v = in.v.data;
+    args.attn_mask = in.attn_mask.data;
+    args.key_padding_mask = in.key_padding_mask.data;
+    args.n = n;
+    args.d = dd;
+    args.heads = h;
+    args.planes = b * h;
+    args.scale = 1.0 / std::sqrt(static_cast<double>(dd));
+    const cuda::attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    const char* names[] = {"rpe_q", "rpe_k", "rpe_v"};
+    const target wanted[] = {target::query, target::key, target::value};
+    attn_table* dst[] = {args.on_q, args.on_k, args.on_v};
+    int* counts[] = {&args.nq, &args.nk, &args.nv};
+    for (int s = 0; s < 3; ++s) {
+        const auto& slot = *slots[s];
+        if (!slot.term) continue;
+        const auto& t = *slot.term;
+        require(t.target() == wanted[s], "attention", names[s], " holds a term on target ", target_letter(t.target()),
+                "; expected ", target_letter(wanted[s]));
+        require(t.num_heads() == h, "attention", names[s], " has num_heads = ", t.num_heads(), "; expected H = ", h, " of q");
+        require(t.head_dim() == dd, "attention", names[s], " has head_dim = ", t.head_dim(), "; expected D = ", dd, " of q");
+        require(n == t.skip() + static_cast<std::int64_t>(in.height) * in.width, "attention", "L = ", n,
+                " of q; expected skip + height*width = ", t.skip(), " + ", in.height, "*", in.width);
+        require(static_cast<int>(slot.tables.size()) == t.num_tables(), "attention", names[s], " tables holds ",
+                slot.tables.size(), " tables; expected ", t.num_tables());
+        const auto shape = t.table_shape();
+        for (const auto& tab : slot.tables) {
+            check_shape(tab, shape, "attention", std::string(names[s]) + " table");
+            check_nonnull(tab, "attention", std::string(names[s]) + " table");
+        }
+        if (backward)
+            for (const auto& g : slot.grad_tables)
+                if (g.data || g.rank) {
+                    check_shape(g, shape, "attention", std::string(names[s]) + " grad_tables");
+                    for (const tensor_ref<const S>* x : {&in.q, &in.k, &in.v}) check_no_overlap(g, *x, "attention", "grad_tables", "q/k/v");
+                }
+        const auto host_ids = t.bucket_ids(in.height, in.width);
+        keep.push_back(cuda::device_bucket_cache::global().get(*host_ids, stream));
+        const auto& dev = *keep.back();
+        for (int u = 0; u < t.num_tables(); ++u) {
+            attn_table& at = dst[s][(*counts[s])++];
+            at.table = slot.tables[static_cast<std::size_t>(u)].data;
+            at.k = t.num_buckets();
+            at.table_heads = static_cast<int>(shape[0]);
+            at.bias = !t.contextual();
+            at.id_bytes = dev.id_bytes();
+            // row kernels read [i·L + j]: id(i, j) for k and v (plain), id(j, i) for q (transposed);
+            // the column kernel reads [j·L + i]: the other orientation
+            const bool q_slot = wanted[s] == target::query;
+            at.ids = dev.visit(u, q_slot, [](const auto* p) { return static_cast<const void*>(p); });
+            at.ids_col = dev.visit(u, !q_slot, [](const auto* p) { return static_cast<const void*>(p); });
+        }
+    }
+    return args;
+}
+
+template <class A>
+std::int64_t attention_smem(const attn_args& a) {
+    return static_cast<std::int64_t>(sizeof(A)) * (2 * 32 * (a.d + 1) + attn_warps * (2 * a.d + a.scratch));
+}
+
+template <class Kernel, class A>
+void launch_attention(Kernel kernel, const attn_args& args, cudaStream_t stream, const char* what) {
+    const std::int64_t smem = attention_smem<A>(args);
+    int device = 0, smem_max = 0;
+    RPE_CUDA_CHECK(cudaGetDevice(&device));
+    RPE_CUDA_CHECK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    require(smem <= smem_max, "attention", "shared memory need = ", smem, " bytes (D = ", args.d, ", bucket slots per row = ",
+            args.scratch, "); expected at most ", smem_max, " on this device");
+    RPE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    const dim3 grid(static_cast<unsigned>((args.n + attn_warps - 1) / attn_warps), static_cast<unsigned>(std::min<std::int64_t>(args.planes, 65535)));
+    kernel<<<grid, attn_warps * 32, static_cast<std::size_t>(smem), stream>>>(args);
+    check_launch(what);
+}
+
+// (B·H, L, K) = alpha · x (B·H, L, D) · table[h'] (D, K) for each contextual table of `tables`, into prod.
+template <class S, class A>
+void table_products(attn_table* tables, int count, const S* x, const attn_args& a, A alpha, A* buf, bool transposed_v,
+                    cudaStream_t stream) {
+    std::int64_t off = 0;
+    for (int t = 0; t < count; ++t) {
+        auto& at = tables[t];
+        if (at.bias) continue;
+        gemm_shape g{a.n, at.k, a.d, a.planes, a.n * a.d, a.d * at.k, a.n * at.k, true, a.heads, at.table_heads};
+        if (transposed_v)  // value table (Ht, K, D): x · tableᵀ
+            gemm<false, true, A>(g, x, static_cast<const S*>(at.table), buf + off, false, alpha, stream);
+        else
+            gemm<false, false, A>(g, x, static_cast<const S*>(at.table), buf + off, false, alpha, stream);
+        at.prod = buf + off;
+        off += a.planes * a.n * at.k;
+    }
+}
+
+inline std::int64_t contextual_size(const attn_table* tables, int count, const attn_args& a, bool all = false) {
+    std::int64_t s = 0;
+    for (int t = 0; t < count; ++t)
+        if (all || !tables[t].bias) s += a.planes * a.n * tables[t].k;
+    return s;
+}
+
+}  // namespace rpe::detail::gpu
+
+namespace rpe::cuda {
+
+/// @brief Fused forward of the attention step on the GPU (SPEC §4), as rpe::attention_forward:
+/// `qs = q·s`, `s = D^−½`; `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s) + attn_mask`, key padding
+/// mask (−∞), softmax over keys, `out = a·v + rpe_v(a)`; no (B, H, L, L) buffer: one warp per
+/// query row streams 32-key tiles with an online softmax (flash-attention style) and keeps the
+/// value term's per-bucket probability sums in shared memory.
+///
+/// Contextual key terms: per row, qs·table (K values) in shared memory; contextual query terms:
+/// (k·s)·table per (b, h), a (B, H, L, K) temporary (batched GEMM) read by bucket; bias terms:
+/// table reads. Rows whose keys are all masked give zeros (the reference gives NaN); a NaN logit
+/// makes its row NaN. Probabilities are not returned (there is no (L, L) buffer).
+/// @param in     device q, k, v, masks, tables; host term configurations.
+/// @param out    (B, H, L, D), device, written.
+/// @param stream the caller's stream; nothing waits (a bucket-id cache miss waits for its upload).
+/// @pre D ≤ 128; S float, double, __half or __nv_bfloat16 (float accumulation; double for double).
+/// @throws rpe::invalid_argument `[rpe.attention] ...` for mismatched shapes, grid, heads, a term
+///   on the wrong slot, D > 128 or a shared-memory need beyond the device's; rpe::cuda_error.
+/// Source: paper eqs. 13–17 with the reference's attention order (SPEC §4).
+template <class S>
+void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, cudaStream_t stream = nullptr) {
+    using A = acc_t<S>;
+    std::vector<std::shared_ptr<const device_bucket_ids>> keep;
+    auto args = detail::gpu::prepare_attention(in, false, stream, keep);
+    detail::check_shape(out, {in.q.extent(0), in.q.extent(1), args.n, args.d}, "attention", "out");
+    detail::check_nonnull(out, "attention", "out");
+    for (const tensor_ref<const S>* x : {&in.q, &in.k, &in.v}) detail::check_no_overlap(out, *x, "attention", "out", "q/k/v");
+    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
+        for (const auto& t : slot->tables) detail::check_no_overlap(out, t, "attention", "out", "a lookup table");
+    args.out = out.data;
+    int scratch = 0;  // per warp: contextual key products, then value bucket sums
+    for (int t = 0; t < args.nk; ++t)
+        if (!args.on_k[t].bias) {
+            args.on_k[t].slot = scratch;
+            scratch += args.on_k[t].k;
+        }
+    for (int t = 0; t < args.nv; ++t) {
+        args.on_v[t].hist = scratch;
+        scratch += args.on_v[t].k;
+    }
+    args.scratch = scratch;
+    detail::gpu::device_buffer<A> tq(detail::gpu::contextual_size(args.on_q, args.nq, args), stream);  // (B·H, L, K) per q table
+    detail::gpu::table_products(args.on_q, args.nq, in.k.data, args, static_cast<A>(args.scale), tq.get(), false, stream);
+    detail::gpu::launch_attention<decltype(&detail::gpu::attention_forward_kernel<S, A>), A>(
+        detail::gpu::attention_forward_kernel<S, A>, args, stream, "attention_forward_kernel");
+}
+
+/// @brief Fused backward of attention_forward for `sum(out · grad_out)` on the GPU, as
+/// rpe::attention_backward: gradients of the unscaled q, k, v (written) and of every table given
+/// in the attention_terms' `grad_tables` (overwritten), without any (B, H, L, L) buffer.
+///
+/// Two passes flash-attention style: a row pass (one warp per query row: recomputes the row's
+/// softmax statistics, Σ_j P·dP, then dlogits dS = P ⊙ (dP − Σ P·dP); writes grad_q and the
+/// per-row bucket sums of dS (key terms) and P (value term)) and a column pass (one warp per key:
+/// recomputes P and dS from the row statistics; writes grad_k, grad_v and the per-key bucket sums
+/// of dS (query terms)); then batched GEMMs apply the tables (grad_q += s·G_k·table_kᵀ,
+/// grad_k += s·G_q·table_qᵀ) and the table gradients are per-(b, h) GEMM partials reduced in a
+/// fixed order. Temporaries: (B, H, L, K) per table and (B, H, L, 3) statistics.
+/// Padded keys get exactly zero grad_k and grad_v rows; fully masked rows zero grad_q.
+/// @param grad_out (B, H, L, D); @param grad_q, grad_k, grad_v (B, H, L, D), written; device.
+/// @throws as attention_forward, and for overlapping outputs.
+template <class S>
+void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k,
+                        tensor_ref<S> grad_v, cudaStream_t stream = nullptr) {
+    using A = acc_t<S>;
+    std::vector<std::shared_ptr<const device_bucket_ids>> keep;
+    auto args = detail::gpu::prepare_attention(in, true, stream, keep);
+    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = args.n, dd = args.d, planes = args.planes;
+    const std::vector<std::int64_t> shape{b, h, n, dd};
+    detail::check_shape(grad_out, shape, "attention", "grad_out");
+    detail::check_nonnull(grad_out, "attention", "grad_out");
+    const tensor_ref<S>* outs[] = {&grad_q, &grad_k, &grad_v};
+    const char* names[] = {"grad_q", "grad_k", "grad_v"};
+    for (int i = 0; i < 3; ++i) {
+        detail::check_shape(*outs[i], shape, "attention", names[i]);
+        detail::check_nonnull(*outs[i], "attention", names[i]);
+        const tensor_ref<const S>* inputs[] = {&in.q, &in.k, &in.v, &grad_out};
+        for (const tensor_ref<const S>* x : inputs) detail::check_no_overlap(*outs[i], *x, "attention", names[i], "an input");
+        for (int j = 0; j < i; ++j) detail::check_no_overlap(*outs[i], *outs[j], "attention", names[i], names[j]);
+    }
+    args.grad_out = grad_out.data;
+    args.grad_q = grad_q.data;
+    args.grad_k = grad_k.data;
+    args.grad_v = grad_v.data;
+    // which tables want gradients; per-row bucket sums are needed for every contextual q/k table
+    // (they feed grad_q / grad_k) and for the others only when their gradient is wanted
+    const attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    detail::gpu::attn_table* groups[] = {args.on_q, args.on_k, args.on_v};
+    const int counts[] = {args.nq, args.nk, args.nv};
+    S* grads[3][detail::gpu::attn_max_tables] = {};
+    std::int64_t rows_size = 0;
+    for (int s = 0; s < 3; ++s)
+        for (int t = 0; t < counts[s]; ++t) {
+            const auto& g = slots[s]->grad_tables;
+            grads[s][t] = static_cast<std::size_t>(t) < g.size() ? g[static_cast<std::size_t>(t)].data : nullptr;
+            if (grads[s][t] || (s < 2 && !groups[s][t].bias)) rows_size += planes * n * groups[s][t].k;
+        }
+    detail::gpu::device_buffer<A> rows(rows_size, stream);
+    {
+        std::int64_t off = 0;
+        for (int s = 0; s < 3; ++s)
+            for (int t = 0; t < counts[s]; ++t)
+                if (grads[s][t] || (s < 2 && !groups[s][t].bias)) {
+                    groups[s][t].rows = rows.get() + off;
+                    off += planes * n * groups[s][t].k;
+                }
+    }
+    // products: q tables (k·s)·table, k tables qs·table, v tables grad_out·tableᵀ
+    detail::gpu::device_buffer<A> tq(detail::gpu::contextual_size(args.on_q, args.nq, args), stream);
+    detail::gpu::device_buffer<A> tk(detail::gpu::contextual_size(args.on_k, args.nk, args), stream);
+    detail::gpu::device_buffer<A> wv(detail::gpu::contextual_size(args.on_v, args.nv, args), stream);
+    detail::gpu::table_products(args.on_q, args.nq, in.k.data, args, static_cast<A>(args.scale), tq.get(), false, stream);
+    detail::gpu::table_products(args.on_k, args.nk, in.q.data, args, static_cast<A>(args.scale), tk.get(), false, stream);
+    detail::gpu::table_products(args.on_v, args.nv, grad_out.data, args, A(1), wv.get(), true, stream);
+    detail::gpu::device_buffer<A> stats(planes * n * 3, stream);
+    args.stats = stats.get();
+
+    // row pass: scratch per warp = contextual k products, then k bucket sums, then v bucket sums
+    int scratch = 0;
+    for (int t = 0; t < args.nk; ++t)
+        if (!args.on_k[t].bias) {
+            args.on_k[t].slot = scratch;
+            scratch += args.on_k[t].k;
+        }
+    for (int t = 0; t < args.nk; ++t) {
+        args.on_k[t].hist = scratch;
+        scratch += args.on_k[t].k;
+    }
+    for (int t = 0; t < args.nv; ++t) {
+        args.on_v[t].hist = scratch;
+        scratch += args.on_v[t].k;
+    }
+    args.scratch = scratch;
+    detail::gpu::launch_attention<decltype(&detail::gpu::attention_backward_rows_kernel<S, A>), A>(
+        detail::gpu::attention_backward_rows_kernel<S, A>, args, stream, "attention_backward_rows_kernel");
+    // column pass: scratch per warp = q bucket sums (the row pass's k products now come from tk)
+    scratch = 0;
+    for (int t = 0; t < args.nq; ++t) {
+        args.on_q[t].hist = scratch;
+        scratch += args.on_q[t].k;
+    }
+    args.scratch = scratch;
+    detail::gpu::launch_attention<decltype(&detail::gpu::attention_backward_cols_kernel<S, A>), A>(
+        detail::gpu::attention_backward_cols_kernel<S, A>, args, stream, "attention_backward_cols_kernel");
+
+    // tables: input gradients through the contextual tables, then table gradients
+    const A scale = static_cast<A>(args.scale);
+    std::int64_t part_size = 0;
+    for (int s = 0; s < 3; ++s)
+        for (int t = 0; t < counts[s]; ++t)
+            if (grads[s][t] && !groups[s][t].bias) part_size = std::max<std::int64_t>(part_size, planes * dd * groups[s][t].k);
+    detail::gpu::device_buffer<A> part(part_size, stream);
+    for (int s = 0; s < 3; ++s)
+        for (int t = 0; t < counts[s]; ++t) {
+            const auto& at = groups[s][t];
+            const std::int64_t k = at.k;
+            const S* table = static_cast<const S*>(at.table);
+            const A* g = static_cast<const A*>(at.rows);
+            if (s < 2 && !at.bias) {  // grad_q (k tables) or grad_k (q tables) += s · G · tableᵀ
+                detail::gpu::gemm_shape gs{n, dd, k, planes, n * k, dd * k, n * dd, true, h, at.table_heads};
+                detail::gpu::gemm<false, true, A>(gs, g, table, s == 1 ? grad_q.data : grad_k.data, true, scale, stream);
+            }
+            if (!grads[s][t]) continue;
+            if (at.bias) {  // bucket sums per row, reduced over rows, batch and (shared) heads
+                detail::gpu::reduce_partials(g, planes, h, at.table_heads, n, k, false, grads[s][t], stream);
+            } else if (s < 2) {  // grad_table (D, K) = Σ s · xᵀ · G, x = q (k tables) or k (q tables)
+                detail::gpu::gemm_shape gs{dd, k, n, planes, n * dd, n * k, dd * k, false, h, at.table_heads};
+                detail::gpu::gemm<true, false, A>(gs, s == 1 ? in.q.data : in.k.data, g, part.get(), false, scale, stream);
+                detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, h, at.table_heads, 1, dd * k, false, grads[s][t], stream);
+            } else {  // value table (K, D) = Σ Svᵀ · grad_out
+                detail::gpu::gemm_shape gs{k, dd, n, planes, n * k, n * dd, k * dd, false, h, at.table_heads};
+                detail::gpu::gemm<true, false, A>(gs, g, grad_out.data, part.get(), false, A(1), stream);
+                detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, h, at.table_heads, 1, k * dd, false, grads[s][t], stream);
+            }
+        }
+}
+
+}  // namespace rpe::cuda

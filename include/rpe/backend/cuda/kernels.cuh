@@ -1,0 +1,259 @@
+/// @file backend/cuda/kernels.cuh
+/// @brief CUDA kernels of the RPE terms on raw row-major device buffers (not API: use
+/// rpe::term<..., backend::cuda>). Same shapes and notation as backend/cpu/kernels.hpp.
+///
+/// `Ht` table heads (1 when shared), `h' = Ht == 1 ? 0 : h`. Storage type S (float, double,
+/// __half, __nv_bfloat16), accumulation type A = acc_t<S> (double for double, else float): every
+/// product and sum runs in A, and each output element is rounded to S once.
+/// Every launch goes to the caller's stream; nothing here synchronises.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "error.cuh"
+#include "types.cuh"
+
+namespace rpe::detail::gpu {
+
+using ::rpe::cuda::acc_t;
+using ::rpe::cuda::from_acc;
+using ::rpe::cuda::to_acc;
+
+/// @brief Problem sizes shared by the kernels (as detail::cpu::dims).
+struct dims {
+    std::int64_t batch = 1;        ///< B
+    std::int64_t heads = 1;        ///< H
+    std::int64_t length = 0;       ///< L
+    std::int64_t dim = 1;          ///< D
+    std::int64_t buckets = 0;      ///< K (extra bucket included)
+    std::int64_t table_heads = 1;  ///< Ht
+};
+
+/// @brief Device memory from the stream-ordered allocator, freed (stream-ordered) at scope exit.
+template <class T>
+class device_buffer {
+public:
+    device_buffer(std::int64_t count, cudaStream_t stream) : stream_(stream) {
+        if (count > 0) RPE_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&data_), static_cast<std::size_t>(count) * sizeof(T), stream));
+    }
+    device_buffer(const device_buffer&) = delete;
+    device_buffer& operator=(const device_buffer&) = delete;
+    ~device_buffer() {
+        if (data_) (void)cudaFreeAsync(data_, stream_);
+    }
+    [[nodiscard]] T* get() const { return data_; }
+
+private:
+    T* data_ = nullptr;
+    cudaStream_t stream_;
+};
+
+/// @brief Blocks for a grid-stride loop over `total` items with `threads` per block.
+inline unsigned grid_for(std::int64_t total, int threads) {
+    const std::int64_t blocks = (total + threads - 1) / threads;
+    return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, 65535 * 16));
+}
+
+/// @brief Throws rpe::cuda_error when the last launch failed (bad configuration); does not wait.
+inline void check_launch(const char* what) { detail::cuda_check(cudaGetLastError(), what, __FILE__, __LINE__); }
+
+// ---------------------------------------------------------------------------------------------
+// Gather: out[p, i, j] (+)= t[off(p) + row(i, j)·row_stride + ids[i, j]]
+//   row(i, j) = i (key target), j (query target, ids transposed); row_stride = 0 for bias.
+//   off(p) = p·plane_stride (per-plane T), or h'(p % heads)·plane_stride (bias table).
+// ---------------------------------------------------------------------------------------------
+// One warp per output row r = p·L + i (8 rows per block), lanes over j: coalesced writes and id
+// reads, one division per row.
+template <class S, class T, class Id>
+__global__ void gather_kernel(const T* __restrict__ t, std::int64_t plane_stride, bool by_head, std::int64_t heads,
+                              std::int64_t table_heads, std::int64_t row_stride, bool transposed,
+                              const Id* __restrict__ ids, std::int64_t n, std::int64_t planes, bool accumulate,
+                              S* __restrict__ out) {
+    const std::int64_t rows = planes * n;
+    for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.y) + threadIdx.y; r < rows;
+         r += static_cast<std::int64_t>(gridDim.x) * blockDim.y) {
+        const std::int64_t p = r / n, i = r % n;
+        const std::int64_t off = by_head ? (table_heads == 1 ? 0 : p % heads) * plane_stride : p * plane_stride;
+        const T* tp = t + off + (transposed ? 0 : i * row_stride);
+        const Id* idr = ids + i * n;
+        S* o = out + r * n;
+        for (std::int64_t j = threadIdx.x; j < n; j += 32) {
+            const auto v = to_acc(tp[(transposed ? j * row_stride : 0) + idr[j]]);
+            o[j] = accumulate ? from_acc<S>(to_acc(o[j]) + v) : from_acc<S>(v);
+        }
+    }
+}
+
+template <class S, class T, class Id>
+void gather(const T* t, std::int64_t plane_stride, bool by_head, std::int64_t heads, std::int64_t table_heads,
+            std::int64_t row_stride, bool transposed, const Id* ids, std::int64_t n, std::int64_t planes, bool accumulate,
+            S* out, cudaStream_t stream) {
+    const dim3 block(32, 8);
+    gather_kernel<<<grid_for(planes * n, 8), block, 0, stream>>>(t, plane_stride, by_head, heads, table_heads, row_stride,
+                                                                  transposed, ids, n, planes, accumulate, out);
+    check_launch("gather_kernel");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row scatter: out[r, k] = Σ_{j: ids[r % n, j] = k} g[r, j] for rows r of length n (overwrites).
+// One block per row; a shared-memory histogram when K fits, else atomics on the output row.
+// ---------------------------------------------------------------------------------------------
+inline constexpr std::int64_t scatter_shared_bytes = 32 * 1024;
+
+template <class S, class A, class Id>
+__global__ void scatter_rows_kernel(const S* __restrict__ g, const Id* __restrict__ ids, std::int64_t n,
+                                    std::int64_t k, std::int64_t rows, bool use_shared, A* __restrict__ out) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    A* hist = reinterpret_cast<A*>(smem_raw);
+    for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const S* gr = g + r * n;
+        const Id* idr = ids + (r % n) * n;
+        A* dst = use_shared ? hist : out + r * k;
+        for (std::int64_t c = threadIdx.x; c < k; c += blockDim.x) dst[c] = A(0);
+        __syncthreads();
+        for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) atomicAdd(dst + idr[j], to_acc(gr[j]));
+        __syncthreads();
+        if (use_shared)
+            for (std::int64_t c = threadIdx.x; c < k; c += blockDim.x) out[r * k + c] = hist[c];
+        __syncthreads();
+    }
+}
+
+/// @brief out (rows, K) = per-row bucket sums of g (rows, L); row r reads ids row r % L.
+template <class S, class A, class Id>
+void scatter_rows(const S* g, const Id* ids, std::int64_t n, std::int64_t k, std::int64_t rows, A* out,
+                  cudaStream_t stream) {
+    const bool use_shared = k * static_cast<std::int64_t>(sizeof(A)) <= scatter_shared_bytes;
+    const int threads = n >= 256 ? 256 : (n >= 128 ? 128 : 64);
+    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(std::max<std::int64_t>(rows, 1), 1 << 20));
+    scatter_rows_kernel<<<blocks, threads, use_shared ? static_cast<std::size_t>(k) * sizeof(A) : 0, stream>>>(
+        g, ids, n, k, rows, use_shared, out);
+    check_launch("scatter_rows_kernel");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Column scatter (query target): out[p, j, k] = Σ_{i: idsT[i, j] = k} g[p, i, j], idsT[i, j] = id(j, i).
+// One thread per (p, j), a serial loop over i: coalesced reads, no atomics, deterministic.
+// ---------------------------------------------------------------------------------------------
+template <class S, class A, class Id>
+__global__ void scatter_cols_kernel(const S* __restrict__ g, const Id* __restrict__ ids_t, std::int64_t n,
+                                    std::int64_t k, std::int64_t planes, A* __restrict__ out) {
+    const std::int64_t total = planes * n;
+    for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+         e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const std::int64_t p = e / n, j = e % n;
+        A* row = out + e * k;
+        for (std::int64_t c = 0; c < k; ++c) row[c] = A(0);
+        const S* gp = g + p * n * n;
+        for (std::int64_t i = 0; i < n; ++i) row[ids_t[i * n + j]] += to_acc(gp[i * n + j]);
+    }
+}
+
+template <class S, class A, class Id>
+void scatter_cols(const S* g, const Id* ids_t, std::int64_t n, std::int64_t k, std::int64_t planes, A* out,
+                  cudaStream_t stream) {
+    constexpr int threads = 128;
+    scatter_cols_kernel<<<grid_for(planes * n, threads), threads, 0, stream>>>(g, ids_t, n, k, planes, out);
+    check_launch("scatter_cols_kernel");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batched GEMM: per plane p, C[p] (M, N) (+)= alpha · op(A[p]) (M, Kd) · op(B[b(p)]) (Kd, N).
+//   A stored (M, Kd) row-major, or (Kd, M) when TA; B stored (Kd, N), or (N, Kd) when TB.
+//   b(p) = p (per-plane B) or h'(p % heads) (a table).
+// 16×16 tiles in shared memory, one output element per thread, accumulation in A.
+// ---------------------------------------------------------------------------------------------
+struct gemm_shape {
+    std::int64_t m = 0, n = 0, kd = 0, planes = 1;
+    std::int64_t a_plane = 0, b_plane = 0, c_plane = 0;  // element strides between planes
+    bool b_by_head = false;
+    std::int64_t heads = 1, table_heads = 1;
+};
+
+inline constexpr int gemm_tile = 16;
+
+template <bool TA, bool TB, class Acc, class TAe, class TBe, class TC>
+__global__ void gemm_kernel(gemm_shape s, const TAe* __restrict__ a, const TBe* __restrict__ b, TC* __restrict__ c,
+                            bool accumulate, Acc alpha) {
+    __shared__ Acc as[gemm_tile][gemm_tile + 1];
+    __shared__ Acc bs[gemm_tile][gemm_tile + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const std::int64_t row = blockIdx.y * static_cast<std::int64_t>(gemm_tile) + ty;
+    const std::int64_t col = blockIdx.x * static_cast<std::int64_t>(gemm_tile) + tx;
+    for (std::int64_t p = blockIdx.z; p < s.planes; p += gridDim.z) {
+        const TAe* ap = a + p * s.a_plane;
+        const TBe* bp = b + (s.b_by_head ? (s.table_heads == 1 ? 0 : p % s.heads) : p) * s.b_plane;
+        Acc sum = 0;
+        for (std::int64_t k0 = 0; k0 < s.kd; k0 += gemm_tile) {
+            const std::int64_t ka = k0 + tx, kb = k0 + ty;
+            Acc va = 0, vb = 0;
+            if (row < s.m && ka < s.kd) va = to_acc(TA ? ap[ka * s.m + row] : ap[row * s.kd + ka]);
+            if (col < s.n && kb < s.kd) vb = to_acc(TB ? bp[col * s.kd + kb] : bp[kb * s.n + col]);
+            as[ty][tx] = static_cast<Acc>(va);
+            bs[ty][tx] = static_cast<Acc>(vb);
+            __syncthreads();
+#pragma unroll
+            for (int q = 0; q < gemm_tile; ++q) sum += as[ty][q] * bs[q][tx];
+            __syncthreads();
+        }
+        if (row < s.m && col < s.n) {
+            TC* dst = c + p * s.c_plane + row * s.n + col;
+            const Acc v = alpha * sum;
+            *dst = accumulate ? from_acc<TC>(static_cast<Acc>(to_acc(*dst)) + v) : from_acc<TC>(v);
+        }
+    }
+}
+
+template <bool TA, bool TB, class Acc, class TAe, class TBe, class TC>
+void gemm(const gemm_shape& s, const TAe* a, const TBe* b, TC* c, bool accumulate, Acc alpha, cudaStream_t stream) {
+    if (s.m == 0 || s.n == 0 || s.planes == 0) return;
+    const dim3 block(gemm_tile, gemm_tile);
+    const dim3 grid(static_cast<unsigned>((s.n + gemm_tile - 1) / gemm_tile), static_cast<unsigned>((s.m + gemm_tile - 1) / gemm_tile),
+                    static_cast<unsigned>(std::min<std::int64_t>(s.planes, 65535)));
+    gemm_kernel<TA, TB, Acc><<<grid, block, 0, stream>>>(s, a, b, c, accumulate, alpha);
+    check_launch("gemm_kernel");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reduction of per-plane partials into a table gradient, in a fixed order (deterministic):
+//   out[h', e] (+)= Σ_{p: h'(p) = h'} Σ_{r < rows} part[(p·rows + r)·E + e]
+// Block (32, 8): x over e, y over (p, r); a fixed-shape tree over y.
+// ---------------------------------------------------------------------------------------------
+template <class S, class A>
+__global__ void reduce_partials_kernel(const A* __restrict__ part, std::int64_t planes, std::int64_t heads,
+                                       std::int64_t table_heads, std::int64_t rows, std::int64_t size, bool accumulate,
+                                       S* __restrict__ out) {
+    __shared__ A acc[8][33];
+    const std::int64_t e = blockIdx.x * 32 + threadIdx.x;
+    const std::int64_t th = blockIdx.y;
+    const std::int64_t count = table_heads == 1 ? planes : planes / heads;  // planes feeding this table head
+    A sum = 0;
+    if (e < size)
+        for (std::int64_t q = threadIdx.y; q < count * rows; q += 8) {
+            const std::int64_t m = q / rows, r = q % rows;
+            const std::int64_t p = table_heads == 1 ? m : m * heads + th;
+            sum += part[(p * rows + r) * size + e];
+        }
+    acc[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && e < size) {
+        A total = 0;
+        for (int y = 0; y < 8; ++y) total += acc[y][threadIdx.x];
+        S* dst = out + th * size + e;
+        *dst = accumulate ? from_acc<S>(to_acc(*dst) + total) : from_acc<S>(total);
+    }
+}
+
+template <class S, class A>
+void reduce_partials(const A* part, std::int64_t planes, std::int64_t heads, std::int64_t table_heads, std::int64_t rows,
+                     std::int64_t size, bool accumulate, S* out, cudaStream_t stream) {
+    const dim3 block(32, 8);
+    const dim3 grid(static_cast<unsigned>((size + 31) / 32), static_cast<unsigned>(table_heads));
+    reduce_partials_kernel<<<grid, block, 0, stream>>>(part, planes, heads, table_heads, rows, size, accumulate, out);
+    check_launch("reduce_partials_kernel");
+}
+
+}  // namespace rpe::detail::gpu

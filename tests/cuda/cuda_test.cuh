@@ -1,0 +1,123 @@
+// Helpers of the CUDA tests: device buffers, seeded random data, storage-type conversion and the
+// one comparison rule that every CUDA-vs-CPU check uses.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <rpe/backend/cuda/error.cuh>
+#include <rpe/backend/cuda/types.cuh>
+#include <rpe/tensor.hpp>
+
+namespace rpe_cuda_test {
+
+/// Device copy of a host vector (RAII).
+template <class T>
+class device_vec {
+public:
+    explicit device_vec(std::size_t n) : n_(n) { RPE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), std::max<std::size_t>(n, 1) * sizeof(T))); }
+    explicit device_vec(const std::vector<T>& h) : device_vec(h.size()) {
+        RPE_CUDA_CHECK(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    device_vec(const device_vec&) = delete;
+    device_vec& operator=(const device_vec&) = delete;
+    ~device_vec() { (void)cudaFree(p_); }
+    [[nodiscard]] T* get() const { return p_; }
+    [[nodiscard]] std::vector<T> host() const {
+        std::vector<T> h(n_);
+        RPE_CUDA_CHECK(cudaDeviceSynchronize());  // tests only: wait for the stream's work
+        RPE_CUDA_CHECK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+        return h;
+    }
+    [[nodiscard]] rpe::tensor_ref<T> ref(const std::vector<std::int64_t>& shape) const {
+        rpe::tensor_ref<T> r;
+        r.data = p_;
+        r.rank = static_cast<int>(shape.size());
+        for (std::size_t i = 0; i < shape.size(); ++i) r.shape[i] = shape[i];
+        return r;
+    }
+    [[nodiscard]] rpe::tensor_ref<const T> cref(const std::vector<std::int64_t>& shape) const { return ref(shape); }
+
+private:
+    T* p_ = nullptr;
+    std::size_t n_ = 0;
+};
+
+/// A host tensor_ref with a run-time shape.
+template <class T>
+rpe::tensor_ref<T> view(T* data, const std::vector<std::int64_t>& shape) {
+    rpe::tensor_ref<T> r;
+    r.data = data;
+    r.rank = static_cast<int>(shape.size());
+    for (std::size_t i = 0; i < shape.size(); ++i) r.shape[i] = shape[i];
+    return r;
+}
+
+inline std::int64_t count(const std::vector<std::int64_t>& shape) {
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+}
+
+/// N(0, sigma²) floats, seeded.
+inline std::vector<float> random_floats(std::int64_t n, unsigned seed, float sigma = 1.f) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> dist(0.f, sigma);
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = dist(gen);
+    return v;
+}
+
+/// Converts floats to storage type S (round to nearest even) and back.
+template <class S>
+std::vector<S> to_storage(const std::vector<float>& v) {
+    std::vector<S> out(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) out[i] = rpe::cuda::from_acc<S>(v[i]);
+    return out;
+}
+template <class S>
+std::vector<double> to_double(const std::vector<S>& v) {
+    std::vector<double> out(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(rpe::cuda::to_acc(v[i]));
+    return out;
+}
+/// Rounds floats through S (what the GPU sees as inputs when it stores S).
+template <class S>
+std::vector<float> round_through(const std::vector<float>& v) {
+    std::vector<float> out(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(rpe::cuda::to_acc(rpe::cuda::from_acc<S>(v[i])));
+    return out;
+}
+
+/// The comparison rule of every CUDA check: |actual − expected| ≤ atol + rtol·|expected| for
+/// every element (a NaN fails). Reports the first failing element and the count.
+inline void check_close(const std::string& what, const std::vector<double>& actual, const std::vector<double>& expected,
+                        double atol, double rtol) {
+    REQUIRE(actual.size() == expected.size());
+    std::size_t bad = 0, first = 0;
+    double worst = 0;
+    for (std::size_t i = 0; i < actual.size(); ++i) {
+        const double diff = std::fabs(actual[i] - expected[i]), bound = atol + rtol * std::fabs(expected[i]);
+        if (!(diff <= bound)) {
+            if (bad++ == 0) first = i;
+        }
+        if (diff == diff) worst = std::max(worst, diff / bound);
+    }
+    std::ostringstream os;
+    if (bad)
+        os << what << ": " << bad << " of " << actual.size() << " elements differ; first at " << first << ": " << actual[first]
+           << " vs " << expected[first] << " (atol " << atol << ", rtol " << rtol << ")";
+    INFO(os.str());
+    CHECK(bad == 0);
+    MESSAGE(what << ": worst |diff| / tolerance = " << worst);
+}
+
+}  // namespace rpe_cuda_test

@@ -1,0 +1,25 @@
+// doctest main of the CUDA tests (compiled by the host compiler: no nvcc pass over doctest's
+// implementation). Without a usable CUDA device it prints "skipped: no CUDA device (...)" and
+// exits 77, which CTest reports as skipped (SKIP_RETURN_CODE).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <string>
+
+namespace rpe_cuda_test {
+// Defined in test_cuda_terms.cu: true when a CUDA device is usable; else `why` says why not.
+// `what` receives the device's name and architecture.
+bool has_device(std::string& why, std::string& what);
+}  // namespace rpe_cuda_test
+
+int main(int argc, char** argv) {
+    std::string why, what;
+    if (!rpe_cuda_test::has_device(why, what)) {
+        std::printf("skipped: no CUDA device (%s)\n", why.c_str());
+        return 77;
+    }
+    std::printf("CUDA device 0: %s\n", what.c_str());
+    doctest::Context context(argc, argv);
+    return context.run();
+}

@@ -1,0 +1,337 @@
+// CUDA terms against the CPU backend: random inputs (skip tokens, shared and per-head tables,
+// Cross, large K, accumulate mode) in float, double, fp16 and bf16; the golden term vectors in
+// float32; the device bucket-id cache; the mapping math evaluated on the device; errors.
+//
+// Tolerance of a CUDA-vs-CPU check (docs/cuda.md): |gpu − cpu| ≤ ε·(|cpu| + rms(cpu)), with
+// ε = 2·u(S)·√N for fp16/bf16 (u the unit roundoff, N the length of the longest sum feeding the
+// element; the CPU runs in float32 on the unrounded inputs) and ε = 8·u(S)·√N for float/double
+// (same inputs, another summation order).
+#include <doctest/doctest.h>
+
+#include <rpe/backend/cuda/term.cuh>
+#include <rpe/index/piecewise.hpp>
+#include <rpe/mapping/cross.hpp>
+#include <rpe/mapping/euclidean.hpp>
+#include <rpe/mapping/product.hpp>
+#include <rpe/mapping/quantization.hpp>
+#include <rpe/term.hpp>
+
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cuda_test.cuh"
+#include "golden_cases.hpp"
+
+namespace {
+
+using namespace rpe_cuda_test;
+using rpe::backend::cuda;
+using pw = rpe::index::piecewise;
+
+template <class S>
+double eps_for(double n) {
+    const double u = rpe::cuda::unit_roundoff<S>();
+    const bool low = std::is_same_v<S, __half> || std::is_same_v<S, __nv_bfloat16>;
+    return (low ? 2.0 : 8.0) * u * std::sqrt(std::max(n, 1.0));
+}
+
+inline double rms(const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x * x;
+    return v.empty() ? 0 : std::sqrt(s / static_cast<double>(v.size()));
+}
+
+template <class S>
+void check_vs_cpu(const std::string& what, const std::vector<double>& gpu, const std::vector<double>& cpu, double n) {
+    const double e = eps_for<S>(n);
+    check_close(what, gpu, cpu, e * rms(cpu), e);
+}
+
+template <class T>
+std::vector<double> as_double(const std::vector<T>& v) {
+    return std::vector<double>(v.begin(), v.end());
+}
+
+/// One random problem for term<M, Md, Tg, ·>: the CUDA term in storage type S against the CPU
+/// term in C (double for double, else float) on the same float inputs.
+template <class S, class M, class Md, rpe::target Tg>
+void compare_term(const M& m, int batch, int heads, int dim, bool shared, int skip, int height, int width, bool accumulate,
+                  unsigned seed) {
+    using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
+    const rpe::term<M, Md, Tg, C> cpu(m, heads, dim, shared, skip);
+    const rpe::term<M, Md, Tg, S, cuda> gpu(m, heads, dim, shared, skip);
+    constexpr bool bias = std::is_same_v<Md, rpe::mode::bias>;
+    constexpr int nt = rpe::detail::num_tables_of<M>();
+    const auto ids = cpu.bucket_ids(height, width);
+    const std::int64_t b = batch, h = heads, l = ids->length(), d = dim, k = cpu.num_buckets();
+    const auto tshape = cpu.table_shape();
+    std::vector<std::int64_t> xshape, oshape;
+    if (bias) {
+        oshape = {b, h, l, l};  // a batch and all heads: the broadcast form
+    } else if (Tg == rpe::target::value) {
+        xshape = {b, h, l, l};
+        oshape = {b, h, l, d};
+    } else {
+        xshape = {b, h, l, d};
+        oshape = {b, h, l, l};
+    }
+    INFO("L = " << l << ", K = " << k << ", S = " << sizeof(S) << " bytes, accumulate = " << accumulate);
+
+    std::vector<std::vector<float>> tab(nt), gtab0(nt);
+    for (int t = 0; t < nt; ++t) {
+        tab[t] = random_floats(count(tshape), seed + 10 + t, 0.5f);
+        gtab0[t] = accumulate ? random_floats(count(tshape), seed + 20 + t) : std::vector<float>(count(tshape), 0.f);
+    }
+    const auto x = xshape.empty() ? std::vector<float>{} : random_floats(count(xshape), seed + 1);
+    const auto out0 = accumulate ? random_floats(count(oshape), seed + 2) : std::vector<float>(count(oshape), 0.f);
+    const auto gout = random_floats(count(oshape), seed + 3);
+    const auto gx0 = xshape.empty() ? std::vector<float>{}
+                                    : (accumulate ? random_floats(count(xshape), seed + 4) : std::vector<float>(count(xshape), 0.f));
+
+    // CPU (C, unrounded inputs)
+    auto cv = [](const std::vector<float>& v) { return std::vector<C>(v.begin(), v.end()); };
+    std::vector<std::vector<C>> ctab(nt), cgtab(nt);
+    typename decltype(cpu)::tables_type ctrefs;
+    typename decltype(cpu)::grad_tables_type cgrefs;
+    for (int t = 0; t < nt; ++t) {
+        ctab[t] = cv(tab[t]);
+        cgtab[t] = cv(gtab0[t]);
+        ctrefs[t] = view<const C>(ctab[t].data(), tshape);
+        cgrefs[t] = view<C>(cgtab[t].data(), tshape);
+    }
+    auto cx = cv(x), cout = cv(out0), cgout = cv(gout), cgx = cv(gx0);
+    const auto cx_ref = xshape.empty() ? rpe::tensor_ref<const C>{} : view<const C>(cx.data(), xshape);
+    const auto mode = accumulate ? rpe::write::accumulate : rpe::write::overwrite;
+    cpu.forward(*ids, ctrefs, cx_ref, view<C>(cout.data(), oshape), mode);
+    cpu.backward(*ids, ctrefs, cx_ref, view<const C>(cgout.data(), oshape),
+                 xshape.empty() ? rpe::tensor_ref<C>{} : view<C>(cgx.data(), xshape), cgrefs, mode);
+
+    // GPU (S, inputs rounded to S), on a stream of its own
+    cudaStream_t stream = nullptr;
+    RPE_CUDA_CHECK(cudaStreamCreate(&stream));
+    std::vector<std::unique_ptr<device_vec<S>>> dtab, dgtab;
+    typename decltype(gpu)::tables_type gtrefs;
+    typename decltype(gpu)::grad_tables_type ggrefs;
+    for (int t = 0; t < nt; ++t) {
+        dtab.push_back(std::make_unique<device_vec<S>>(to_storage<S>(tab[t])));
+        dgtab.push_back(std::make_unique<device_vec<S>>(to_storage<S>(gtab0[t])));
+        gtrefs[t] = dtab[t]->cref(tshape);
+        ggrefs[t] = dgtab[t]->ref(tshape);
+    }
+    device_vec<S> dx(to_storage<S>(x)), dgout(to_storage<S>(gout)), dgx(to_storage<S>(gx0));
+    // overwrite mode must not read the old contents: fill them with a value that would show
+    device_vec<S> dout(to_storage<S>(accumulate ? out0 : std::vector<float>(out0.size(), 1234.f)));
+    const auto dx_ref = xshape.empty() ? rpe::tensor_ref<const S>{} : dx.cref(xshape);
+    gpu.forward(*ids, gtrefs, dx_ref, dout.ref(oshape), mode, stream);
+    gpu.backward(*ids, gtrefs, dx_ref, dgout.cref(oshape), xshape.empty() ? rpe::tensor_ref<S>{} : dgx.ref(xshape), ggrefs, mode,
+                 stream);
+    RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    RPE_CUDA_CHECK(cudaStreamDestroy(stream));
+
+    const double n_fwd = bias ? 1.0 : (Tg == rpe::target::value ? static_cast<double>(l + k * d) : static_cast<double>(d));
+    const double n_bwd = static_cast<double>(b * h * l * l);
+    check_vs_cpu<S>("out", to_double(dout.host()), as_double(cout), n_fwd + (accumulate ? 1 : 0));
+    if (!xshape.empty()) check_vs_cpu<S>("grad_x", to_double(dgx.host()), as_double(cgx), static_cast<double>(l * k + k * d));
+    for (int t = 0; t < nt; ++t)
+        check_vs_cpu<S>("grad_table[" + std::to_string(t) + "]", to_double(dgtab[t]->host()), as_double(cgtab[t]), n_bwd);
+}
+
+template <class S>
+void random_suite(bool accumulate, unsigned seed) {
+    const pw g = pw::from_ratio(1.9);
+    using P = rpe::mapping::product<pw>;
+    using X = rpe::mapping::cross<pw>;
+    using E = rpe::mapping::euclidean<pw>;
+    using Q = rpe::mapping::quantization<pw>;
+    using ctx = rpe::mode::contextual;
+    using bias = rpe::mode::bias;
+    using rpe::target;
+    SUBCASE("product, contextual key, shared, skip 1") { compare_term<S, P, ctx, target::key>(P{g}, 2, 3, 8, true, 1, 5, 6, accumulate, seed); }
+    SUBCASE("product, contextual query, per head, skip 0") { compare_term<S, P, ctx, target::query>(P{g}, 2, 3, 8, false, 0, 4, 7, accumulate, seed); }
+    SUBCASE("euclidean, contextual value, shared, skip 1") { compare_term<S, E, ctx, target::value>(E{g}, 2, 2, 16, true, 1, 5, 5, accumulate, seed); }
+    SUBCASE("cross, bias key, per head, skip 1") { compare_term<S, X, bias, target::key>(X{g}, 2, 3, 4, false, 1, 6, 5, accumulate, seed); }
+    SUBCASE("quantization, bias query, shared, skip 0") { compare_term<S, Q, bias, target::query>(Q{g}, 1, 2, 4, true, 0, 5, 4, accumulate, seed); }
+    SUBCASE("cross, contextual query, shared, skip 0") { compare_term<S, X, ctx, target::query>(X{g}, 1, 2, 8, true, 0, 5, 7, accumulate, seed); }
+    SUBCASE("cross, contextual value, per head, skip 1") { compare_term<S, X, ctx, target::value>(X{g}, 2, 2, 8, false, 1, 4, 6, accumulate, seed); }
+    SUBCASE("product, contextual key and value, K beyond the shared-memory histogram") {
+        // ratio 23: beta_int 46, K = 93^2 + 1 = 8650 buckets: the scatter falls back to global atomics
+        const P big{pw::from_ratio(23.0)};
+        compare_term<S, P, ctx, target::key>(big, 1, 2, 8, true, 1, 9, 10, accumulate, seed);
+        compare_term<S, P, ctx, target::value>(big, 1, 2, 8, false, 1, 9, 10, accumulate, seed);
+    }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda term matches the CPU term on random inputs", S, float, double, __half, __nv_bfloat16) {
+    random_suite<S>(false, 100);
+}
+
+TEST_CASE_TEMPLATE("cuda term in accumulate mode matches the CPU term", S, float, __half) { random_suite<S>(true, 200); }
+
+namespace {
+
+// Runs f(term type tag) for the golden case's compile-time term type (piecewise index).
+template <class S, class F>
+void with_golden_term(const term_case& c, F&& f) {
+    const pw g{c.alpha, c.beta, c.gamma};
+    auto by_mode = [&](auto mapping) {
+        using M = decltype(mapping);
+        using ctx = rpe::mode::contextual;
+        using bias = rpe::mode::bias;
+        if (c.contextual) {
+            if (c.target == 'k') f(rpe::term<M, ctx, rpe::target::key, S, cuda>(mapping, c.heads, c.head_dim, c.shared_head, c.skip));
+            else if (c.target == 'q') f(rpe::term<M, ctx, rpe::target::query, S, cuda>(mapping, c.heads, c.head_dim, c.shared_head, c.skip));
+            else f(rpe::term<M, ctx, rpe::target::value, S, cuda>(mapping, c.heads, c.head_dim, c.shared_head, c.skip));
+        } else {
+            if (c.target == 'k') f(rpe::term<M, bias, rpe::target::key, S, cuda>(mapping, c.heads, c.head_dim, c.shared_head, c.skip));
+            else f(rpe::term<M, bias, rpe::target::query, S, cuda>(mapping, c.heads, c.head_dim, c.shared_head, c.skip));
+        }
+    };
+    if (c.method == "product") by_mode(rpe::mapping::product<pw>{g});
+    else if (c.method == "cross") by_mode(rpe::mapping::cross<pw>{g});
+    else if (c.method == "euclidean") by_mode(rpe::mapping::euclidean<pw>{g});
+    else if (c.method == "quantization") by_mode(rpe::mapping::quantization<pw>{g});
+    else FAIL("unknown method " << c.method);
+}
+
+}  // namespace
+
+TEST_CASE("cuda term matches the golden term vectors in float32") {
+    const auto cases = load_term_cases(std::string(RPE_TEST_DATA_DIR) + "/golden");
+    REQUIRE(cases.size() >= 20);
+    for (const auto& c : cases) {
+        INFO("case " << c.name);
+        with_golden_term<float>(c, [&](const auto& t) {
+            using T = std::decay_t<decltype(t)>;
+            const auto ids = t.bucket_ids(c.height, c.width);
+            std::vector<std::unique_ptr<device_vec<float>>> dt, dg;
+            typename T::tables_type trefs;
+            typename T::grad_tables_type grefs;
+            REQUIRE(static_cast<int>(c.tables.size()) == T::num_tables);
+            for (int u = 0; u < T::num_tables; ++u) {
+                dt.push_back(std::make_unique<device_vec<float>>(c.tables[u]));
+                dg.push_back(std::make_unique<device_vec<float>>(c.tables[u].size()));
+                trefs[u] = dt[u]->cref(c.table_shape);
+                grefs[u] = dg[u]->ref(c.table_shape);
+            }
+            device_vec<float> dx(c.x), dgo(c.grad_out), dout(c.grad_out.size()), dgx(c.x.size());
+            const auto xr = c.x.empty() ? rpe::tensor_ref<const float>{} : dx.cref(c.x_shape);
+            t.forward(*ids, trefs, xr, dout.ref(c.out_shape));
+            t.backward(*ids, trefs, xr, dgo.cref(c.out_shape), c.x.empty() ? rpe::tensor_ref<float>{} : dgx.ref(c.x_shape), grefs);
+            const auto out = dout.host();
+            check_close(c.name + " output", as_double(out), c.out.values, c.out.atol, c.out.rtol);
+            if (!c.x.empty()) check_close(c.name + " grad_input", as_double(dgx.host()), c.grad_x.values, c.grad_x.atol, c.grad_x.rtol);
+            for (int u = 0; u < T::num_tables; ++u)
+                check_close(c.name + " " + c.grad_tables[u].file, as_double(dg[u]->host()), c.grad_tables[u].values,
+                            c.grad_tables[u].atol, c.grad_tables[u].rtol);
+        });
+    }
+}
+
+TEST_CASE("device bucket ids are cached per configuration and device") {
+    auto& cache = rpe::cuda::device_bucket_cache::global();
+    cache.clear();
+    using P = rpe::mapping::product<pw>;
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t1(P{pw::from_ratio(1.9)}, 2, 4, true, 1);
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t0(P{pw::from_ratio(1.9)}, 2, 4, true, 0);
+    const auto a = cache.get(*t1.bucket_ids(5, 5));
+    const auto b = cache.get(*t1.bucket_ids(5, 5));
+    CHECK(a.get() == b.get());
+    CHECK(cache.builds() == 1);
+    const auto c = cache.get(*t0.bucket_ids(5, 5));  // same mapping and grid, other skip: other ids
+    CHECK(c.get() != a.get());
+    CHECK(cache.builds() == 2);
+    CHECK(a->length() == 26);
+    CHECK(a->num_buckets() == 50);
+    CHECK(a->id_bytes() == 1);
+    CHECK(c->num_buckets() == 49);
+    // the device copy holds the host ids, and the transposed matrix
+    std::vector<std::uint8_t> host(26 * 26), host_t(26 * 26);
+    a->visit(0, false, [&](const auto* p) { RPE_CUDA_CHECK(cudaMemcpy(host.data(), p, host.size(), cudaMemcpyDeviceToHost)); });
+    a->visit(0, true, [&](const auto* p) { RPE_CUDA_CHECK(cudaMemcpy(host_t.data(), p, host_t.size(), cudaMemcpyDeviceToHost)); });
+    const auto ids = t1.bucket_ids(5, 5);
+    int wrong = 0;
+    for (int i = 0; i < 26; ++i)
+        for (int j = 0; j < 26; ++j) wrong += (host[i * 26 + j] != ids->at(0, i, j)) + (host_t[i * 26 + j] != ids->at(0, j, i));
+    CHECK(wrong == 0);
+}
+
+namespace {
+template <class M>
+__global__ void buckets_on_device(M m, int height, int width, int table, int* out) {
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    const int ow = 2 * width - 1;
+    if (e >= (2 * height - 1) * ow) return;
+    out[e] = rpe::detail::bucket_of(m, e / ow - (height - 1), e % ow - (width - 1), table);
+}
+
+template <class M>
+int device_host_bucket_mismatches(const M& m, int height, int width) {
+    const int cells = (2 * height - 1) * (2 * width - 1);
+    int wrong = 0;
+    for (int t = 0; t < rpe::detail::num_tables_of<M>(); ++t) {
+        device_vec<int> d(static_cast<std::size_t>(cells));
+        buckets_on_device<<<(cells + 127) / 128, 128>>>(m, height, width, t, d.get());
+        RPE_CUDA_CHECK(cudaGetLastError());
+        const auto got = d.host();
+        for (int e = 0; e < cells; ++e)
+            wrong += got[e] != rpe::detail::bucket_of(m, e / (2 * width - 1) - (height - 1), e % (2 * width - 1) - (width - 1), t);
+    }
+    return wrong;
+}
+}  // namespace
+
+TEST_CASE("mapping math gives the same buckets on the device as on the host") {
+    // The kernels read ids built on the host; this checks that the RPE_HOST_DEVICE policies also
+    // agree on the device (logf there is not the host's: a difference would show here).
+    for (double ratio : {1.9, 2.0, 20.0, 33.0}) {
+        const pw g = pw::from_ratio(ratio);
+        INFO("ratio " << ratio);
+        CHECK(device_host_bucket_mismatches(rpe::mapping::product<pw>{g}, 40, 40) == 0);
+        CHECK(device_host_bucket_mismatches(rpe::mapping::cross<pw>{g}, 40, 40) == 0);
+        CHECK(device_host_bucket_mismatches(rpe::mapping::euclidean<pw>{g}, 40, 40) == 0);
+        CHECK(device_host_bucket_mismatches(rpe::mapping::quantization<pw>{g}, 40, 40) == 0);
+    }
+}
+
+TEST_CASE("cuda term rejects bad arguments before any launch") {
+    using P = rpe::mapping::product<pw>;
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)}, 2, 8, true, 1);
+    const auto ids = t.bucket_ids(3, 3);  // L = 10, K = 50
+    device_vec<float> table(8 * 50), x(2 * 2 * 10 * 8), out(2 * 2 * 10 * 10);
+    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 49}), x.cref({2, 2, 10, 8}), out.ref({2, 2, 10, 10})), rpe::invalid_argument);
+    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 50}), x.cref({2, 2, 9, 8}), out.ref({2, 2, 10, 10})), rpe::invalid_argument);
+    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 50}), x.cref({2, 2, 10, 8}), x.ref({2, 2, 10, 10})), rpe::invalid_argument);
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> t0(P{pw::from_ratio(1.9)}, 2, 8, true, 0);
+    CHECK_THROWS_WITH_AS(t0.forward(*ids, table.cref({1, 8, 49}), x.cref({2, 2, 10, 8}), out.ref({2, 2, 10, 10})),
+                         doctest::Contains("[rpe.term] bucket ids have skip = 1"), rpe::invalid_argument);
+    try {
+        RPE_CUDA_CHECK(cudaSetDevice(100000));
+        FAIL("cudaSetDevice(100000) succeeded");
+    } catch (const rpe::cuda_error& e) {
+        CHECK(std::string(e.what()).find("[rpe.cuda] cudaSetDevice(100000) failed") == 0);
+        CHECK(e.code() != cudaSuccess);
+        CHECK(dynamic_cast<const rpe::runtime_error*>(&e) != nullptr);
+    }
+    RPE_CUDA_CHECK(cudaSetDevice(0));
+}
+
+namespace rpe_cuda_test {
+bool has_device(std::string& why, std::string& what) {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        why = err != cudaSuccess ? cudaGetErrorString(err) : "0 devices";
+        (void)cudaGetLastError();
+        return false;
+    }
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+        what = std::string(prop.name) + ", sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
+               std::to_string(prop.multiProcessorCount) + " SMs";
+    return true;
+}
+}  // namespace rpe_cuda_test
