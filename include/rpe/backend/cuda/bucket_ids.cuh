@@ -40,17 +40,24 @@ public:
                     RPE_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
                     buffers_.push_back(p);
                 }
-                host.visit(t, [&](const auto* ids) {
-                    using Id = std::remove_cv_t<std::remove_pointer_t<decltype(ids)>>;
-                    std::vector<Id> tr(static_cast<std::size_t>(n * n));
-                    for (std::int64_t i = 0; i < n; ++i)
-                        for (std::int64_t j = 0; j < n; ++j) tr[static_cast<std::size_t>(i * n + j)] = ids[j * n + i];
-                    RPE_CUDA_CHECK(cudaMemcpyAsync(buffers_[2 * t], ids, bytes, cudaMemcpyHostToDevice, stream));
-                    RPE_CUDA_CHECK(cudaMemcpyAsync(buffers_[2 * t + 1], tr.data(), bytes, cudaMemcpyHostToDevice, stream));
-                    // `tr` is pageable host memory that goes out of scope: wait for the copy here
-                    // (once per configuration and device; a cache hit never synchronises).
-                    RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
-                });
+                auto upload = [&](auto id_type) {
+                    using Id = decltype(id_type);
+                    // rows() gives the (L, L) ids in both orders for table and on-the-fly host ids
+                    std::vector<Id> buf(static_cast<std::size_t>(n * n));
+                    for (int transposed = 0; transposed < 2; ++transposed) {
+                        const Id* ids = host.rows<Id>(t, 0, n, transposed == 1, buf.data());
+                        RPE_CUDA_CHECK(cudaMemcpyAsync(buffers_[2 * t + transposed], ids, bytes, cudaMemcpyHostToDevice, stream));
+                        // `buf` is pageable host memory reused and then freed: wait for the copy
+                        // (once per configuration and device; a cache hit never synchronises).
+                        RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+                    }
+                };
+                if (id_bytes_ == 1)
+                    upload(std::uint8_t{});
+                else if (id_bytes_ == 2)
+                    upload(std::uint16_t{});
+                else
+                    upload(std::uint32_t{});
             }
         } catch (...) {
             release();
