@@ -13,7 +13,7 @@ into --out (default docs/img/), whichever of these the data allows:
 * ``bucket_ids.png``         cold bucket-id build time and storage vs L, ours against int64 (L, L)
 * ``reference.png``          speed-up over the reference per ``ref/`` case, with the targets
 
-Times are medians of repetitions when the JSON holds aggregates (CPU time unless --wall), else the
+With --tables it also prints the Markdown tables of docs/benchmarks.md. Times are medians of repetitions when the JSON holds aggregates (CPU time unless --wall), else the
 single run's. Needs python3-matplotlib.
 
 Usage::
@@ -41,7 +41,7 @@ def load(paths: list[Path], wall: bool) -> dict:
                 continue
             entry = {k: v for k, v in b.items() if isinstance(v, (int, float))}
             entry["s"] = (b["real_time"] if wall else b["cpu_time"]) * SCALE[b["time_unit"]]
-            name = b.get("run_name", b["name"])
+            name = b.get("run_name", b["name"]).removesuffix("/real_time")  # UseRealTime() cases carry the suffix
             if b.get("run_type") == "aggregate":
                 if b.get("aggregate_name") == "median":
                     medians[name] = entry
@@ -183,13 +183,20 @@ def plot_reference(compare: Path, out: Path, plt) -> bool:
     rows = [r for r in doc["rows"] if r.get("speedup")]
     if not rows:
         return False
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.8))
     xs = range(len(rows))
-    bars = ax.bar(xs, [r["speedup"] for r in rows], color=["tab:green" if r.get("target_met") in (True, None) else "tab:red" for r in rows])
-    for x, r, bar in zip(xs, rows, bars):
-        ax.annotate(f"{r['speedup']:.1f}×", (bar.get_x() + bar.get_width() / 2, r["speedup"]), ha="center", va="bottom", fontsize=9)
+    w = 0.38
+    for x, r in zip(xs, rows):
+        color = "tab:green" if r.get("target_met") in (True, None) else "tab:red"
+        bar = ax.bar(x - w / 2, r["speedup"], w, color=color, label="vs reference forward with autograd" if x == 0 else None)[0]
+        ax.annotate(f"{r['speedup']:.1f}×", (bar.get_x() + w / 2, r["speedup"]), ha="center", va="bottom", fontsize=8)
+        if r.get("speedup_no_grad"):
+            bar = ax.bar(x + w / 2, r["speedup_no_grad"], w, color=color, alpha=0.45, hatch="//",
+                         label="vs reference under torch.no_grad()" if x == 0 else None)[0]
+            ax.annotate(f"{r['speedup_no_grad']:.1f}×", (bar.get_x() + w / 2, r["speedup_no_grad"]), ha="center", va="bottom", fontsize=8)
         if r.get("target"):
-            ax.plot([x - 0.4, x + 0.4], [r["target"]] * 2, color="black", linestyle="--", linewidth=1)
+            ax.plot([x - 0.45, x + 0.45], [r["target"]] * 2, color="black", linestyle="--", linewidth=1)
+    ax.legend(fontsize=8, loc="upper left")
     ax.set_xticks(list(xs))
     ax.set_xticklabels([r["case"].replace("_product", "").replace("bucket_ids_", "ids ") for r in rows], rotation=15, fontsize=8)
     ax.set_yscale("log")
@@ -203,12 +210,39 @@ def plot_reference(compare: Path, out: Path, plt) -> bool:
     return True
 
 
+def markdown_tables(data: dict) -> str:
+    """The docs' tables: naive vs rpe per grid, term variants at DeiT-S, bucket-id builds."""
+    grids = ["14x14+1", "25x38", "28x28", "56x56"]
+    out = ["| grid | L | batch | scalar | rpe | naive O(L²·D) | naive / rpe |", "|---|---|---|---|---|---|---|"]
+    for g in grids:
+        for b in ("b1", "b8"):
+            for f in ("f32", "f64"):
+                naive, ours = f"naive/ctx_k/{g}/{b}/{f}", f"term/product/ctx_k/shared/{g}/{b}/{f}"
+                if naive in data and ours in data:
+                    out.append(f"| {g} | {data[ours]['L']:.0f} | {b[1:]} | {'float' if f == 'f32' else 'double'} | "
+                               f"{data[ours]['s'] * 1e3:.2f} ms | {data[naive]['s'] * 1e3:.1f} ms | {data[naive]['s'] / data[ours]['s']:.1f}× |")
+    out += ["", "| mapping | K | " + " | ".join(grids) + " |", "|---|---|" + "---|" * len(grids)]
+    for mt in ("ctx_k", "ctx_q", "ctx_v", "bias_k", "bias_q"):
+        for m in ("product", "euclidean", "quantization", "cross", "euclidean_paper", "quantization_paper"):
+            cells = [data.get(f"term/{m}/{mt}/shared/{g}/b8/f32") for g in grids]
+            if any(cells):
+                k = next(c for c in cells if c).get("K", 0)
+                out.append(f"| {m} {mt} | {k:.0f} | " + " | ".join(f"{c['s'] * 1e3:.2f} ms" if c else "—" for c in cells) + " |")
+    out += ["", "| mapping | grid | L | build (cold) | id bytes | int64 (L, L) bytes | ratio |", "|---|---|---|---|---|---|---|"]
+    for name, e in sorted(data.items(), key=lambda kv: (kv[0].split("/")[2], kv[1].get("L", 0))):
+        if name.startswith("bucket_ids/build/"):
+            out.append(f"| {name.split('/')[2]} | {name.split('/')[3]} | {e['L']:.0f} | {e['s'] * 1e3:.2f} ms | "
+                       f"{e['id_bytes'] / 1e6:.2f} MB | {e['int64_bytes'] / 1e6:.1f} MB | {e['int64_bytes'] / e['id_bytes']:.0f}× |")
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("json", nargs="*", type=Path, default=[ROOT / "build" / "bench.json"], help="Google Benchmark JSON file(s)")
     p.add_argument("--compare", type=Path, help="tools/compare_reference.py's JSON")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "img", help="output folder (default docs/img)")
     p.add_argument("--wall", action="store_true", help="plot wall time instead of CPU time")
+    p.add_argument("--tables", action="store_true", help="also print the docs' Markdown tables")
     args = p.parse_args()
     try:
         import matplotlib
@@ -225,6 +259,8 @@ def main() -> int:
     plot_bucket_ids(data, args.out, plt)
     if args.compare:
         plot_reference(args.compare, args.out, plt)
+    if args.tables:
+        print(markdown_tables(data))
     return 0
 
 
