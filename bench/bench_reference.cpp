@@ -99,6 +99,9 @@ void build_ids(benchmark::State& state, int grid_side) {
 }
 
 const bool registered = [] {
+#if defined(RPE_BENCH_MARCH)
+    benchmark::AddCustomContext("rpe_march", RPE_BENCH_MARCH);  // see bench/CMakeLists.txt
+#endif
     benchmark::RegisterBenchmark("ref/ctx_product_k_fwd", ctx_k, false)->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("ref/ctx_product_k_fwd_bwd", ctx_k, true)->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("ref/ctx_product_v_fwd", ctx_v)->Unit(benchmark::kMillisecond);
