@@ -82,7 +82,7 @@ def plot_terms(data: dict, out: Path, plt) -> None:
     for a in axes:
         a.set_xscale("log")
         a.set_yscale("log")
-        a.set_xlabel("sequence length L (grids 14x14+1, 25x38, 28x28, 56x56)")
+        a.set_xlabel("sequence length L (grids 14x14+1, 28x28, 25x38, 56x56)")
         a.set_ylabel("forward time (ms)")
         a.grid(True, which="both", alpha=0.3)
         a.legend(fontsize=8)
