@@ -2,6 +2,8 @@
 # Build the benchmarks in Release (installing what is missing), run them, and write all results
 # as one Google Benchmark JSON file to build/bench.json. Arguments go to the benchmark binary,
 # e.g.  scripts/bench.sh --benchmark_filter='attention/deit_s' --benchmark_repetitions=5
+# Families: attention*/, term/, naive/, bucket_ids/, ref/ (see docs/benchmarks.md). The whole
+# suite (about 1000 cases) takes long: pass a --benchmark_filter. Threads: OMP_NUM_THREADS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
