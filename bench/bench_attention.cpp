@@ -1,5 +1,6 @@
 // Fused attention with iRPE (Google Benchmark): DeiT-S shapes and a 56x56 grid, with no RPE,
-// contextual Product on k, and on q, k, v (ratio 1.9, class token, table shared by the heads).
+// contextual Product on k, and on q, k, v (ratio 1.9, class token, table shared by the heads);
+// and a 128x128 grid whose bucket ids are computed on the fly.
 //
 // Names (scripts read them): attention/<shape>/<rpe> is the float32 forward;
 // attention_fwd_bwd/<shape>/<rpe> forward + backward; attention_composed/<shape>/<rpe> the
@@ -108,6 +109,13 @@ const bool registered = [] {
                 benchmark::RegisterBenchmark(("attention_composed/" + tail).c_str(), run, c, what::composed)
                     ->Unit(benchmark::kMillisecond)->UseRealTime();
         }
+    // A 128 x 128 grid (L = 16385): the automatic id storage computes ids on the fly (an (L, L)
+    // table would be 268 MB), one head, forward only.
+    for (const char* on : {"none", "k"}) {
+        const attention_config c{1, 1, 128, 128, 32, std::string(on) == "none" ? "" : on};
+        benchmark::RegisterBenchmark(("attention/grid128_on_the_fly/" + std::string(on)).c_str(), run, c, what::forward)
+            ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+    }
     return true;
 }();
 

@@ -2,8 +2,10 @@
 // (rpe::build_bucket_ids, no cache), next to the bytes of the reference's int64 (L, L) table(s).
 //
 // Names (scripts read them):
-//   bucket_ids/build/<mapping>/<grid>      mapping product (ratio 1.9), euclidean (ratio 20) or
-//                                          cross (ratio 20, two id matrices, as the reference's two)
+//   bucket_ids/build/<mapping>/<grid>      (L, L) tables (id_storage::table); mapping product (ratio
+//                                          1.9), euclidean (ratio 20) or cross (ratio 20, two id
+//                                          matrices, as the reference's two)
+//   bucket_ids/on_the_fly/<mapping>/<grid> id_storage::on_the_fly: only the per-offset ids, no (L, L)
 //   bucket_ids/cache_hit/product/<grid>    rpe::bucket_cache::get of a configuration already held
 // grids: 14x14+1 (class token), 25x38, 28x28, 56x56, 64x64, 96x96, 128x128.
 // Counters: id_bytes (ours, all tables), int64_bytes (the reference: 8 bytes per pair per table),
@@ -31,11 +33,11 @@ void set_counters(benchmark::State& state, const rpe::bucket_ids& ids, bool buil
 }
 
 template <class M>
-void build(benchmark::State& state, M m, grid g) {
+void build(benchmark::State& state, M m, grid g, rpe::id_storage storage) {
     std::shared_ptr<const rpe::bucket_ids> ids;
     for (auto _ : state) {
         ids.reset();  // the previous matrix is freed outside the next build, as a fresh process would
-        ids = rpe::build_bucket_ids(m, g.height, g.width, g.skip);
+        ids = rpe::build_bucket_ids(m, g.height, g.width, g.skip, storage);
         benchmark::DoNotOptimize(ids.get());
     }
     set_counters(state, *ids, true);
@@ -57,12 +59,15 @@ const bool registered = [] {
     for (const grid& g : grids) {
         std::string tail = "/";  // appended: "/" + string trips g++ 12's false -Wrestrict
         tail += g.name();
-        benchmark::RegisterBenchmark(("bucket_ids/build/product" + tail).c_str(), build<rpe::mapping::product<>>, product, g)
-            ->Unit(benchmark::kMillisecond);
-        benchmark::RegisterBenchmark(("bucket_ids/build/euclidean" + tail).c_str(), build<rpe::mapping::euclidean<>>, euclidean, g)
-            ->Unit(benchmark::kMillisecond);
-        benchmark::RegisterBenchmark(("bucket_ids/build/cross" + tail).c_str(), build<rpe::mapping::cross<>>, cross, g)
-            ->Unit(benchmark::kMillisecond);
+        for (const auto storage : {rpe::id_storage::table, rpe::id_storage::on_the_fly}) {
+            const std::string kind = storage == rpe::id_storage::table ? "bucket_ids/build/" : "bucket_ids/on_the_fly/";
+            benchmark::RegisterBenchmark((kind + "product" + tail).c_str(), build<rpe::mapping::product<>>, product, g, storage)
+                ->Unit(benchmark::kMillisecond);
+            benchmark::RegisterBenchmark((kind + "euclidean" + tail).c_str(), build<rpe::mapping::euclidean<>>, euclidean, g, storage)
+                ->Unit(benchmark::kMillisecond);
+            benchmark::RegisterBenchmark((kind + "cross" + tail).c_str(), build<rpe::mapping::cross<>>, cross, g, storage)
+                ->Unit(benchmark::kMillisecond);
+        }
         benchmark::RegisterBenchmark(("bucket_ids/cache_hit/product" + tail).c_str(), cache_hit, g)->Unit(benchmark::kMicrosecond);
     }
     return true;

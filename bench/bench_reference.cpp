@@ -87,7 +87,8 @@ void build_ids(benchmark::State& state, int grid_side) {
     const product m = ratio_1_9();
     std::int64_t bytes = 0;
     for (auto _ : state) {
-        const auto ids = rpe::build_bucket_ids(m, grid_side, grid_side, skip);  // cold: no cache
+        // cold (no cache), as the reference: the whole (L, L) table
+        const auto ids = rpe::build_bucket_ids(m, grid_side, grid_side, skip, rpe::id_storage::table);
         bytes = ids->bytes();
         benchmark::DoNotOptimize(ids.get());
     }

@@ -203,8 +203,8 @@ public:
                     if (gx) detail::cpu::contextual_v_backward(d, id, x.data, tables[t].data, grad_out.data, acc_x, gx, static_cast<S*>(nullptr));
                     if (gt) detail::cpu::contextual_v_backward(d, id, x.data, tables[t].data, grad_out.data, acc, static_cast<S*>(nullptr), gt);
                 } else {
-                    if (gx) detail::cpu::contextual_qk_backward(d, id, x.data, tables[t].data, grad_out.data, acc_x, gx, static_cast<S*>(nullptr));
-                    if (gt) detail::cpu::contextual_qk_backward(d, id, x.data, tables[t].data, grad_out.data, acc, static_cast<S*>(nullptr), gt);
+                    // one scatter of grad_out serves both gradients
+                    if (gx || gt) detail::cpu::contextual_qk_backward(d, id, x.data, tables[t].data, grad_out.data, acc_x, acc, gx, gt);
                 }
             });
         }

@@ -238,11 +238,12 @@ void contextual_qk_forward(const dims& d, const id_rows<Id>& ids, const S* x, co
     }
 }
 
-/// @brief Contextual q/k backward: G = scatter(grad) (L, K); grad_x (+)= G·table[h']ᵀ;
-/// grad_table[h'] (+)= Σ_b,(h) xᵀ·G. Either output may be null (not wanted).
+/// @brief Contextual q/k backward: G = scatter(grad) (L, K), once for both outputs;
+/// grad_x (+)= G·table[h']ᵀ (added when `accumulate_x`); grad_table[h'] (+)= Σ_b,(h) xᵀ·G (added
+/// when `accumulate_table`). Either output may be null (not wanted).
 template <class S, class Id>
 void contextual_qk_backward(const dims& d, const id_rows<Id>& ids, const S* x, const S* table, const S* grad,
-                            bool accumulate, S* grad_x, S* grad_table) {
+                            bool accumulate_x, bool accumulate_table, S* grad_x, S* grad_table) {
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
     thread_scratch<S> work(n * k);
     thread_scratch<Id> row(n);
@@ -256,7 +257,7 @@ void contextual_qk_backward(const dims& d, const id_rows<Id>& ids, const S* x, c
         const S* th = table + d.table_head(p % d.heads) * dd * k;
         if (grad_x) {
             map<S> gx(grad_x + p * n * dd, n, dd);
-            if (accumulate)
+            if (accumulate_x)
                 gx.noalias() += cmap<S>(g, n, k) * cmap<S>(th, dd, k).transpose();
             else
                 gx.noalias() = cmap<S>(g, n, k) * cmap<S>(th, dd, k).transpose();
@@ -265,7 +266,7 @@ void contextual_qk_backward(const dims& d, const id_rows<Id>& ids, const S* x, c
             map<S>(partial.data() + p * dd * k, dd, k).noalias() = cmap<S>(x + p * n * dd, n, dd).transpose() * cmap<S>(g, n, k);
     }
     if (grad_table) {
-        reduce_partials(partial, planes, d.heads, d.table_heads, dd * k, accumulate, grad_table);
+        reduce_partials(partial, planes, d.heads, d.table_heads, dd * k, accumulate_table, grad_table);
     }
 }
 
