@@ -298,7 +298,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         if (!t.grad) continue;
                         S* acc = t.partial.data() + p * k;
                         for (std::int64_t i = 0; i < rb; ++i)
-                            for (std::int64_t j = 0; j < n; ++j) acc[idb[i * n + j]] += dp[i * n + j];
+                            cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
                     } else {
                         cpu::scatter_rows(dp, idb, rb, n, k, work);
                         const auto tab = cmap<S>(t.table + t.head(h) * d * k, d, k);
@@ -315,7 +315,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     if (!acc) continue;
                     if (t.bias)
                         for (std::int64_t i = 0; i < rb; ++i)
-                            for (std::int64_t j = 0; j < n; ++j) acc[idb[i * n + j]] += dp[i * n + j];
+                            cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
                     else
                         for (std::int64_t i = 0; i < rb; ++i)
                             for (std::int64_t j = 0; j < n; ++j) acc[j * k + idb[i * n + j]] += dp[i * n + j];

@@ -117,6 +117,26 @@ struct thread_scratch {
     T* mine() { return data.data() + thread_id() * per_thread; }
 };
 
+/// @brief o[r[j]] += g[j] for j < n, summing runs of equal ids in a register first: neighbouring
+/// keys often share a bucket (far offsets clip to the same one), and adding them one by one into
+/// the same memory word serialises on store-to-load forwarding.
+template <class S, class Id>
+inline void scatter_row(const S* g, const Id* r, std::int64_t n, S* o) {
+    if (n <= 0) return;
+    Id cur = r[0];
+    S acc = g[0];
+    for (std::int64_t j = 1; j < n; ++j) {
+        if (r[j] == cur) {
+            acc += g[j];
+        } else {
+            o[cur] += acc;
+            cur = r[j];
+            acc = g[j];
+        }
+    }
+    o[cur] += acc;
+}
+
 /// @brief Key target: S[i, id(i,j)] += g[i,j]; query target: S[j, id(j,i)] += g[i,j].  S: (L, K)
 /// `row` is scratch for one id row (L).
 template <class S, class Id>
@@ -126,8 +146,7 @@ void scatter_add(const S* g, const id_rows<Id>& ids, std::int64_t n, std::int64_
         const S* gi = g + i * n;
         const Id* r = ids(i, 1, row);
         if (!ids.transposed) {
-            S* oi = out + i * k;
-            for (std::int64_t j = 0; j < n; ++j) oi[r[j]] += gi[j];
+            scatter_row(gi, r, n, out + i * k);
         } else {
             for (std::int64_t j = 0; j < n; ++j) out[j * k + r[j]] += gi[j];
         }
@@ -139,12 +158,7 @@ void scatter_add(const S* g, const id_rows<Id>& ids, std::int64_t n, std::int64_
 template <class S, class Id>
 void scatter_rows(const S* g, const Id* idb, std::int64_t rows, std::int64_t n, std::int64_t k, S* out) {
     std::fill(out, out + rows * k, S(0));
-    for (std::int64_t i = 0; i < rows; ++i) {
-        const S* gi = g + i * n;
-        const Id* idi = idb + i * n;
-        S* oi = out + i * k;
-        for (std::int64_t j = 0; j < n; ++j) oi[idi[j]] += gi[j];
-    }
+    for (std::int64_t i = 0; i < rows; ++i) scatter_row(g + i * n, idb + i * n, n, out + i * k);
 }
 
 /// @brief Key target: o[i,j] (+)= T[i, id(i,j)]; query target: o[i,j] (+)= T[j, id(j,i)].  T: (L, K),
@@ -215,7 +229,7 @@ void bias_backward(const dims& d, const id_rows<Id>& ids, const S* grad, std::in
         const S* g = grad + p * n * n;
         for (std::int64_t i = 0; i < n; ++i) {
             const Id* r = ids(i, 1, row.mine());
-            for (std::int64_t j = 0; j < n; ++j) acc[r[j]] += g[i * n + j];
+            scatter_row(g + i * n, r, n, acc);
         }
     }
     reduce_partials(partial, planes, grad_heads, d.table_heads, k, accumulate, grad_table);
