@@ -28,10 +28,13 @@ struct clip {
         return static_cast<int>(x < -b ? -b : (x > b ? b : x));
     }
 
-    /// @brief clip at a real input: round half to even, then clip.
+    /// @brief clip at a real input: round half to even, then clip; NaN gives βi.
+    ///
+    /// The clip is done in double, where ±βi is exact (in float, βi ≥ 2^24 may round up and give
+    /// an index beyond the table: found by fuzz/fuzz_index.cpp).
     RPE_HOST_DEVICE int operator()(float x) const {
-        const float b = static_cast<float>(beta_int());
-        return static_cast<int>(std::fmax(-b, std::fmin(b, std::nearbyint(x))));
+        const double b = static_cast<double>(beta_int());
+        return static_cast<int>(std::fmax(-b, std::fmin(b, std::nearbyint(static_cast<double>(x)))));
     }
 
     /// @brief Throws rpe::invalid_argument `[rpe.index.clip] ...` for an invalid β.

@@ -21,7 +21,11 @@ namespace rpe::index {
 /// in double and then cast to float32; `v` is evaluated step by step in float32 (`logf`);
 /// `round` is half to even (the default rounding mode, as torch.round); the cap compares with
 /// `float(β)`. An all-double or all-float evaluation, or `std::round`, gives other buckets for
-/// some configurations.
+/// some configurations. The result is finally clamped to `[−βi, βi]`, which changes no index the
+/// reference keeps inside its table: it only stops the float rounding of `α` or `β` from giving
+/// one beyond it (`β = α = 3.9999999999`: `float(α) = 4`, so g(4) was 4 > βi = 3; `β =
+/// 1073741823.5`: `float(β) = 2^30`), where the reference would index out of its table (found by
+/// fuzz/fuzz_index.cpp).
 ///
 /// Fields are public (aggregate): `rpe::index::piecewise{.alpha = 1.9, .beta = 3.8, .gamma = 15.2}`.
 /// Valid parameters: finite, `α > 0`, `β ≥ α`, `γ > α`, `β < 2^30`; checked by `validate()`,
@@ -41,13 +45,13 @@ struct piecewise {
     /// @brief g at an integer offset (the reference's long input).
     RPE_HOST_DEVICE int operator()(std::int64_t x) const {
         const float xf = static_cast<float>(x);
-        if (std::fabs(xf) <= static_cast<float>(alpha)) return static_cast<int>(x);
+        if (std::fabs(xf) <= static_cast<float>(alpha)) return clamp_to_beta(x);
         return outer(xf);
     }
 
     /// @brief g at a real input (a distance): `round_half_even(x)` inside `|x| ≤ α`.
     RPE_HOST_DEVICE int operator()(float x) const {
-        if (std::fabs(x) <= static_cast<float>(alpha)) return static_cast<int>(std::nearbyint(x));
+        if (std::fabs(x) <= static_cast<float>(alpha)) return clamp_to_beta(static_cast<std::int64_t>(std::nearbyint(x)));
         return outer(x);
     }
 
@@ -70,7 +74,13 @@ private:
         const float v = alpha_f + t;
         const float r = std::fmin(std::nearbyint(v), beta_f);
         const float s = x > 0.0f ? r : -r;
-        return static_cast<int>(s);  // truncation toward zero
+        return clamp_to_beta(static_cast<std::int64_t>(s));  // truncation toward zero; |s| <= float(β) <= 2^30
+    }
+
+    // [−βi, βi]: float(α) or float(β) may round up beyond βi.
+    RPE_HOST_DEVICE constexpr int clamp_to_beta(std::int64_t v) const {
+        const std::int64_t b = beta_int();
+        return static_cast<int>(v < -b ? -b : (v > b ? b : v));
     }
 };
 

@@ -15,12 +15,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <ios>
 #include <limits>
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <vector>
 
@@ -472,18 +474,27 @@ inline npy_array parse_npy(std::span<const std::byte> bytes, const std::string& 
 }
 
 /// @brief Reads a whole `.npy` file and parses it with parse_npy().
+///
+/// The file is read in 64 KiB chunks until its end, so the buffer never exceeds the bytes that
+/// are actually there (the size a stream reports is not trusted: for a directory it is huge).
 /// Source: NumPy NEP 1 / the .npy format specification (`numpy.lib.format`).
-/// @throws rpe::runtime_error `[rpe.npy] <path>: cannot open file` (or `read failed`), and
-///   everything parse_npy() throws.
+/// @throws rpe::runtime_error `[rpe.npy] <path>: is a directory, expected a .npy file`, `cannot
+///   open file` or `read failed`, and everything parse_npy() throws.
 inline npy_array load_npy(const std::string& path) {
-    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+        throw runtime_error(rpe::detail::message("npy", path, ": is a directory, expected a .npy file"));
+    std::ifstream in(path, std::ios::binary);
     if (!in) throw runtime_error(rpe::detail::message("npy", path, ": cannot open file"));
-    const std::streamoff end = in.tellg();
-    if (end < 0) throw runtime_error(rpe::detail::message("npy", path, ": cannot determine the file size"));
-    std::vector<std::byte> buf(static_cast<std::size_t>(end));
-    in.seekg(0);
-    if (!buf.empty() && !in.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(buf.size())))
-        throw runtime_error(rpe::detail::message("npy", path, ": read failed"));
+    std::vector<std::byte> buf;
+    std::vector<char> chunk(std::size_t{1} << 16);
+    while (in) {
+        in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+        const auto got = static_cast<std::size_t>(in.gcount());
+        const auto* first = reinterpret_cast<const std::byte*>(chunk.data());
+        buf.insert(buf.end(), first, first + got);
+    }
+    if (in.bad()) throw runtime_error(rpe::detail::message("npy", path, ": read failed"));
     return parse_npy(buf, path);
 }
 

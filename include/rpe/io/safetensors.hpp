@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <initializer_list>
@@ -23,6 +24,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -130,9 +132,13 @@ public:
 
     /// @brief Reads and validates the file at `path` (the data are read straight into the
     /// aligned buffer).
-    /// @throws rpe::runtime_error `[rpe.safetensors] <path>: cannot open file` / `read failed`,
-    ///   and everything parse() throws for a malformed file.
+    /// @throws rpe::runtime_error `[rpe.safetensors] <path>: is a directory, expected a
+    ///   .safetensors file`, `cannot open file` / `read failed`, and everything parse() throws
+    ///   for a malformed file.
     static safetensors_file load(const std::string& path) {
+        std::error_code ec;
+        if (std::filesystem::is_directory(path, ec))
+            throw runtime_error(rpe::detail::message("safetensors", path, ": is a directory, expected a .safetensors file"));
         std::ifstream in(path, std::ios::binary | std::ios::ate);
         if (!in) throw runtime_error(rpe::detail::message("safetensors", path, ": cannot open file"));
         const std::streamoff end = in.tellg();
