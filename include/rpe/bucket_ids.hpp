@@ -197,7 +197,7 @@ private:
         const std::int64_t hw = static_cast<std::int64_t>(key_.height) * key_.width, w = key_.width;
         const std::int64_t gi = i - key_.skip, gj = j - key_.skip;
         const std::int64_t dt = gi / hw - gj / hw, dr = (gi % hw) / w - (gj % hw) / w, dc = gi % w - gj % w;
-        return static_cast<std::size_t>(((dt + key_.depth - 1) * (2 * key_.height - 1) + (dr + key_.height - 1)) * (2 * w - 1) +
+        return static_cast<std::size_t>(((dt + key_.depth - 1) * (2 * std::int64_t{key_.height} - 1) + (dr + key_.height - 1)) * (2 * w - 1) +
                                         (dc + w - 1));
     }
 
@@ -306,7 +306,13 @@ std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, int depth, int he
                                            " bytes; expected at most bucket_ids::max_bytes = ", bucket_ids::max_bytes,
                                            " (use id_storage::on_the_fly or automatic)"));
 
-    const std::int64_t od = 2 * depth - 1, oh = 2 * height - 1, ow = 2 * width - 1;
+    // per-offset ids: (2T−1)(2H−1)(2W−1) per table, in 64-bit (2·width overflows int near 2^30);
+    // each is evaluated into an int first, so their count is bounded by max_bytes / 4 as well
+    const std::int64_t od = 2 * std::int64_t{depth} - 1, oh = 2 * std::int64_t{height} - 1, ow = 2 * std::int64_t{width} - 1;
+    if (od * oh > bucket_ids::max_bytes / 4 / ow)
+        throw out_of_range(detail::message("bucket_ids", "the per-offset ids of a ", depth, "x", height, "x", width,
+                                           " grid number (2T-1)(2H-1)(2W-1) = ", od, "*", oh, "*", ow,
+                                           "; expected at most bucket_ids::max_bytes / 4 = ", bucket_ids::max_bytes / 4));
     std::vector<bucket_ids::storage> offsets;
     for (int t = 0; t < tables; ++t) {
         std::vector<int> ids(static_cast<std::size_t>(od * oh * ow));

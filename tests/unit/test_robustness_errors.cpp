@@ -272,3 +272,14 @@ TEST_CASE("numerics: denormal inputs give finite results equal to the double com
     }
     CHECK(worst < 1e-43);  // the float results are the denormal averages, to some 70 denormal steps (1.4e-45 each)
 }
+
+TEST_CASE("errors: grids whose per-offset ids overflow 32-bit sizes are refused, not UB") {
+    // width near INT_MAX: 2W - 1 overflows int; the per-offset ids would need 16 GiB
+    const mapping::euclidean<rpe::index::clip> m{rpe::index::clip{40000.0}};
+    CHECK(throws_with<rpe::out_of_range>([&] { (void)rpe::build_bucket_ids(m, 1, 2147483647, 0); },
+                                         {"per-offset ids", "(2T-1)(2H-1)(2W-1)"}));
+    // dr = dc = INT_MIN: the squared distance does not overflow (found by reading, confirmed with UBSan)
+    const int lo = std::numeric_limits<int>::min();
+    CHECK(mapping::euclidean<>{r19}.bucket(lo, lo) == 2 * r19.beta_int());
+    CHECK(mapping::euclidean_paper<>{r19}.bucket(lo, lo) == 2 * r19.beta_int());
+}

@@ -1,6 +1,9 @@
 /// @file detail/float.hpp
-/// @brief Float helpers that keep the reference's rounding (not API).
+/// @brief Numeric helpers: float products that keep the reference's rounding, overflow-free
+/// squared distances (not API).
 #pragma once
+
+#include <cstdint>
 
 #include "../config.hpp"
 
@@ -16,6 +19,13 @@ RPE_HOST_DEVICE float mul_no_contract(float a, float b) {
     volatile float product = a * b;
     return product;
 #endif
+}
+
+/// @brief `dr² + dc²` in uint64, without the int64 overflow of `dr = dc = INT_MIN` (2^63).
+RPE_HOST_DEVICE constexpr std::uint64_t square_sum(int dr, int dc) {
+    const std::uint64_t r = dr < 0 ? 0 - static_cast<std::uint64_t>(dr) : static_cast<std::uint64_t>(dr);
+    const std::uint64_t c = dc < 0 ? 0 - static_cast<std::uint64_t>(dc) : static_cast<std::uint64_t>(dc);
+    return r * r + c * c;
 }
 
 }  // namespace rpe::detail

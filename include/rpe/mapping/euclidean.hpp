@@ -7,6 +7,7 @@
 
 #include "../concepts.hpp"
 #include "../config.hpp"
+#include "../detail/float.hpp"
 #include "../index/piecewise.hpp"
 
 namespace rpe::mapping {
@@ -26,7 +27,7 @@ struct euclidean {
 
     /// @brief Id of offset (dr, dc).
     RPE_HOST_DEVICE int bucket(int dr, int dc) const {
-        const std::int64_t sq = static_cast<std::int64_t>(dr) * dr + static_cast<std::int64_t>(dc) * dc;
+        const std::uint64_t sq = detail::square_sum(dr, dc);  // no int64 overflow at INT_MIN
         const float distance = std::nearbyint(std::sqrt(static_cast<float>(sq)));
         return index(distance) + index.beta_int();
     }
@@ -54,7 +55,7 @@ struct euclidean_paper {
 
     /// @brief Id of offset (dr, dc).
     RPE_HOST_DEVICE int bucket(int dr, int dc) const {
-        const std::int64_t sq = static_cast<std::int64_t>(dr) * dr + static_cast<std::int64_t>(dc) * dc;
+        const std::uint64_t sq = detail::square_sum(dr, dc);  // no int64 overflow at INT_MIN
         return index(std::sqrt(static_cast<float>(sq))) + index.beta_int();
     }
 

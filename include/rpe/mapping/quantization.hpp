@@ -10,18 +10,9 @@
 
 #include "../concepts.hpp"
 #include "../config.hpp"
+#include "../detail/float.hpp"
 #include "../index/piecewise.hpp"
 
-namespace rpe::detail {
-
-/// @brief `dr² + dc²` in uint64, without the int64 overflow of `dr = dc = INT_MIN` (2^63).
-RPE_HOST_DEVICE constexpr std::uint64_t square_sum(int dr, int dc) {
-    const std::uint64_t r = dr < 0 ? 0 - static_cast<std::uint64_t>(dr) : static_cast<std::uint64_t>(dr);
-    const std::uint64_t c = dc < 0 ? 0 - static_cast<std::uint64_t>(dc) : static_cast<std::uint64_t>(dc);
-    return r * r + c * c;
-}
-
-}  // namespace rpe::detail
 
 namespace rpe::mapping {
 
