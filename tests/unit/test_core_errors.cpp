@@ -233,7 +233,7 @@ TEST_CASE("errors: forward and backward reject mismatched ids, shapes and buffer
         CHECK(untouched());
         std::vector<double> tab = p.tables[0];
         CHECK(throws_with([&] { p.term.backward(*p.ids, {cview(tab, p.tshape)}, p.x_ref(), cview(p.grad_out, p.oshape), gx_ref, {mview(tab, p.tshape)}); },
-                          "grad_tables overlaps tables"));
+                          "grad_tables[0] overlaps tables[0]"));
         CHECK(untouched());
         std::vector<double> gt_wrong(1 * 4 * 50);
         CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), gx_ref, {mview(gt_wrong, {1, 4, 50})}); },
@@ -360,7 +360,7 @@ TEST_CASE("errors: composed attention checks its inputs before writing") {
     SUBCASE("backward: grad table of the wrong shape") {
         std::vector<double> gt(4 * 49);
         a.in.rpe_k.grad_tables = {mview(gt, {1, 4, 49})};
-        CHECK(throws_with(backward, "grad_tables has shape (1, 4, 49)"));
+        CHECK(throws_with(backward, "rpe_k grad_tables[0] has shape (1, 4, 49)"));
     }
     CHECK(a.untouched());
 }
