@@ -164,6 +164,8 @@ public:
     decltype(auto) visit(int table, F&& f) const {
         detail::require(key_.storage == id_storage::table, "bucket_ids",
                         "visit() needs table storage; these ids are computed on the fly (use at() or rows())");
+        if (table < 0 || table >= num_tables())
+            throw out_of_range(detail::message("bucket_ids", "visit(table = ", table, "); expected [0, ", num_tables(), ")"));
         return std::visit([&](const auto& v) -> decltype(auto) { return f(v.data()); },
                           tables_.at(static_cast<std::size_t>(table)));
     }
@@ -307,12 +309,12 @@ std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, int depth, int he
                                            " (use id_storage::on_the_fly or automatic)"));
 
     // per-offset ids: (2T−1)(2H−1)(2W−1) per table, in 64-bit (2·width overflows int near 2^30);
-    // each is evaluated into an int first, so their count is bounded by max_bytes / 4 as well
+    // each is evaluated into an int first: their count is bounded by max_bytes / 16 (1 GiB of ints)
     const std::int64_t od = 2 * std::int64_t{depth} - 1, oh = 2 * std::int64_t{height} - 1, ow = 2 * std::int64_t{width} - 1;
-    if (od * oh > bucket_ids::max_bytes / 4 / ow)
+    if (od * oh > bucket_ids::max_bytes / 16 / ow)
         throw out_of_range(detail::message("bucket_ids", "the per-offset ids of a ", depth, "x", height, "x", width,
                                            " grid number (2T-1)(2H-1)(2W-1) = ", od, "*", oh, "*", ow,
-                                           "; expected at most bucket_ids::max_bytes / 4 = ", bucket_ids::max_bytes / 4));
+                                           "; expected at most bucket_ids::max_bytes / 16 = ", bucket_ids::max_bytes / 16));
     std::vector<bucket_ids::storage> offsets;
     for (int t = 0; t < tables; ++t) {
         std::vector<int> ids(static_cast<std::size_t>(od * oh * ow));

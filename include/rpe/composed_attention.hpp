@@ -111,10 +111,12 @@ attention_shape<S> check_attention(const attention_inputs<S>& in) {
     return s;
 }
 
-/// @brief Throws when an output view overlaps q, k, v or the terms' tables.
+/// @brief Throws when an output view overlaps q, k, v, the masks or the terms' tables.
 template <class S, class T>
 void check_output_overlap(const attention_inputs<S>& in, const tensor_ref<T>& out, const char* name) {
     for (const tensor_ref<const S>* x : {&in.q, &in.k, &in.v}) check_no_overlap(out, *x, "attention", name, "q/k/v");
+    check_no_overlap(out, in.attn_mask, "attention", name, "attn_mask");
+    check_no_overlap(out, in.key_padding_mask, "attention", name, "key_padding_mask");
     for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
         for (const auto& t : slot->tables) check_no_overlap(out, t, "attention", name, "a lookup table");
 }
@@ -230,6 +232,8 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
     detail::check_shape(grad_q, qshape, "attention", "grad_q");
     detail::check_shape(grad_k, qshape, "attention", "grad_k");
     detail::check_shape(grad_v, qshape, "attention", "grad_v");
+    detail::check_nonnull(attn, "attention", "attn");
+    detail::check_nonnull(grad_out, "attention", "grad_out");
     const tensor_ref<S>* outs[] = {&grad_q, &grad_k, &grad_v};
     const char* out_names[] = {"grad_q", "grad_k", "grad_v"};
     for (int i = 0; i < 3; ++i) {

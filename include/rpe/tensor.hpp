@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <span>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -37,7 +38,12 @@ struct tensor_ref {
     constexpr tensor_ref() = default;
 
     /// @brief View `data` with the extents of `dims` (e.g. `{B, H, L, D}`).
-    tensor_ref(T* ptr, std::initializer_list<std::int64_t> dims) : data(ptr) {
+    tensor_ref(T* ptr, std::initializer_list<std::int64_t> dims)
+        : tensor_ref(ptr, std::span<const std::int64_t>(dims.begin(), dims.size())) {}
+
+    /// @brief View `data` with a run-time list of extents (e.g. a std::vector read from a file).
+    /// @throws as the initializer-list constructor (rank > 4, negative extent, overflow).
+    tensor_ref(T* ptr, std::span<const std::int64_t> dims) : data(ptr) {
         if (dims.size() > static_cast<std::size_t>(max_rank))
             throw invalid_argument(detail::message("tensor", "rank ", dims.size(), " > ", max_rank));
         for (std::int64_t d : dims) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <random>
 #include <sstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,11 +39,7 @@ public:
         return h;
     }
     [[nodiscard]] rpe::tensor_ref<T> ref(const std::vector<std::int64_t>& shape) const {
-        rpe::tensor_ref<T> r;
-        r.data = p_;
-        r.rank = static_cast<int>(shape.size());
-        for (std::size_t i = 0; i < shape.size(); ++i) r.shape[i] = shape[i];
-        return r;
+        return rpe::tensor_ref<T>(p_, std::span<const std::int64_t>(shape));
     }
     [[nodiscard]] rpe::tensor_ref<const T> cref(const std::vector<std::int64_t>& shape) const { return ref(shape); }
 
@@ -54,11 +51,7 @@ private:
 /// A host tensor_ref with a run-time shape.
 template <class T>
 rpe::tensor_ref<T> view(T* data, const std::vector<std::int64_t>& shape) {
-    rpe::tensor_ref<T> r;
-    r.data = data;
-    r.rank = static_cast<int>(shape.size());
-    for (std::size_t i = 0; i < shape.size(); ++i) r.shape[i] = shape[i];
-    return r;
+    return rpe::tensor_ref<T>(data, std::span<const std::int64_t>(shape));  // checks rank <= 4
 }
 
 inline std::int64_t count(const std::vector<std::int64_t>& shape) {

@@ -19,6 +19,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -54,11 +55,7 @@ std::vector<T> load(const std::string& dir, const std::string& file, const std::
 /// initializer_list; meta.json gives vectors).
 template <class T>
 rpe::tensor_ref<T> view(T* data, const std::vector<std::int64_t>& shape) {
-    rpe::tensor_ref<T> r;
-    r.data = data;
-    r.rank = static_cast<int>(shape.size());
-    for (std::size_t i = 0; i < shape.size(); ++i) r.shape[i] = shape[i];
-    return r;
+    return rpe::tensor_ref<T>(data, std::span<const std::int64_t>(shape));  // checks rank <= 4
 }
 template <class T>
 rpe::tensor_ref<const T> cview(const std::vector<T>& v, const std::vector<std::int64_t>& shape) {

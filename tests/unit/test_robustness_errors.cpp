@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "golden.hpp"
@@ -282,4 +283,47 @@ TEST_CASE("errors: grids whose per-offset ids overflow 32-bit sizes are refused,
     const int lo = std::numeric_limits<int>::min();
     CHECK(mapping::euclidean<>{r19}.bucket(lo, lo) == 2 * r19.beta_int());
     CHECK(mapping::euclidean_paper<>{r19}.bucket(lo, lo) == 2 * r19.beta_int());
+}
+
+TEST_CASE("errors: outputs over the masks, null attn or grad_out, visit() and run-time shapes beyond rank 4") {
+    attention_setup<double> a;
+    const auto shape = a.shape();
+    const std::int64_t l = a.l;
+    std::vector<double> buf(static_cast<std::size_t>(a.b * a.h * l * l), 0.0);  // holds any of the views below
+    a.in.attn_mask = cview(buf, {l, l});
+    // out written over attn_mask would change the logits while they are computed
+    CHECK(throws_with([&] { rpe::attention_forward(a.in, mview(buf, shape)); }, "out overlaps attn_mask"));
+    std::vector<double> attn(static_cast<std::size_t>(a.b * a.h * l * l));
+    std::vector<double> out(a.q.size());
+    CHECK(throws_with([&] { rpe::composed_attention_forward(a.in, mview(out, shape), mview(buf, {a.b, a.h, l, l})); },
+                      "attn overlaps attn_mask"));
+    std::vector<std::uint8_t> pad(static_cast<std::size_t>(a.b * l) * sizeof(double), 0);
+    a.in.attn_mask = {};
+    a.in.key_padding_mask = rpe::tensor_ref<const std::uint8_t>(pad.data(), {a.b, l});
+    // out over the bytes of key_padding_mask
+    rpe::tensor_ref<double> out_over_pad(reinterpret_cast<double*>(pad.data()), {a.b, a.h, l, a.d});
+    std::vector<std::uint8_t> big_pad(static_cast<std::size_t>(a.b * a.h * l * a.d) * sizeof(double), 0);
+    a.in.key_padding_mask = rpe::tensor_ref<const std::uint8_t>(big_pad.data(), {a.b, l});
+    out_over_pad.data = reinterpret_cast<double*>(big_pad.data());
+    CHECK(throws_with([&] { rpe::attention_forward(a.in, out_over_pad); }, "out overlaps key_padding_mask"));
+    a.in.key_padding_mask = rpe::tensor_ref<const std::uint8_t>(pad.data(), {a.b, l});
+    std::vector<double> gq(a.q.size()), gk(a.q.size()), gv(a.q.size());
+    // null attn or grad_out in the composed backward: an error, not a crash
+    rpe::composed_attention_forward(a.in, mview(out, shape), mview(attn, {a.b, a.h, l, l}));
+    CHECK(throws_with([&] {
+              rpe::composed_attention_backward(a.in, rpe::tensor_ref<const double>(nullptr, {a.b, a.h, l, l}), cview(a.go, shape),
+                                               mview(gq, shape), mview(gk, shape), mview(gv, shape));
+          },
+                      "attn is a null buffer"));
+    CHECK(throws_with([&] {
+              rpe::composed_attention_backward(a.in, cview(attn, {a.b, a.h, l, l}), rpe::tensor_ref<const double>(nullptr, shape),
+                                               mview(gq, shape), mview(gk, shape), mview(gv, shape));
+          },
+                      "grad_out is a null buffer"));
+    // visit() of a table that does not exist
+    const auto ids = rpe::build_bucket_ids(mapping::product<>{r19}, 3, 4, 1, rpe::id_storage::table);
+    CHECK(throws_with<rpe::out_of_range>([&] { ids->visit(3, [](const auto*) { return 0; }); }, "visit(table = 3)"));
+    // a run-time shape (e.g. read from a file) of rank 5
+    const std::vector<std::int64_t> rank5{1, 1, 1, 4, 8};
+    CHECK(throws_with([&] { (void)rpe::tensor_ref<double>(buf.data(), std::span<const std::int64_t>(rank5)); }, "rank 5 > 4"));
 }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,11 +46,7 @@ std::vector<float> random_values(std::size_t n, unsigned seed, float sigma) {
 
 template <class T>
 rpe::tensor_ref<T> view(T* data, const std::vector<std::int64_t>& shape) {
-    rpe::tensor_ref<T> r;
-    r.data = data;
-    r.rank = static_cast<int>(shape.size());
-    for (std::size_t i = 0; i < shape.size(); ++i) r.shape[i] = shape[i];
-    return r;
+    return rpe::tensor_ref<T>(data, std::span<const std::int64_t>(shape));  // checks rank <= 4
 }
 
 // One term with its random tables, ready for an attention_term slot.
@@ -94,8 +91,12 @@ int run_bench(const std::vector<mapping_config>& maps, const bench_options& o) {
     const std::vector<std::int64_t> qshape{B, H, L, D};
     const double elems = static_cast<double>(B) * H * L * L;
     if (elems * sizeof(float) > 8.0 * (1ull << 30))
-        throw usage_error("--grid/--batch/--heads", "B*H*L*L = " + std::to_string(static_cast<long long>(elems)) +
+        throw usage_error("--grid/--batch/--heads", "B*H*L*L = " + std::to_string(elems) +
                                                         " logits exceed the 8 GiB this benchmark allows for (B, H, L, L)");
+    const double inputs = 4.0 * static_cast<double>(B) * H * L * D;  // q, k, v, out
+    if (inputs * sizeof(float) > 8.0 * (1ull << 30))
+        throw usage_error("--dim/--grid/--batch/--heads", "4*B*H*L*D = " + std::to_string(inputs) +
+                                                                " floats exceed the 8 GiB this benchmark allows");
     const auto q = random_values(static_cast<std::size_t>(B * H * L * D), 1, 1.0f);
     const auto k = random_values(q.size(), 2, 1.0f);
     const auto v = random_values(q.size(), 3, 1.0f);

@@ -15,6 +15,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -175,12 +176,16 @@ int run_buckets(const mapping_config& m, const buckets_options& o) {
     if (o.skip > 0) std::cout << " (" << k - 1 << " + 1 skip bucket)";
     std::cout << " per table, " << tables << (tables == 1 ? " table" : " tables (rows, cols)") << "\n";
     for (int t = 0; t < tables; ++t) {
+        // every offset (dr, dc) of the grid occurs for some pair: one pair per offset is enough
+        // (O(H·W), not O(L²)), plus the extra bucket when there are skip tokens
         std::vector<char> seen(static_cast<std::size_t>(k), 0);
-        std::vector<std::uint32_t> row(static_cast<std::size_t>(n));
-        for (std::int64_t i = 0; i < n; ++i) {  // row by row: works for table and on-the-fly ids
-            const std::uint32_t* r = ids->rows<std::uint32_t>(t, i, 1, false, row.data());
-            for (std::int64_t j = 0; j < n; ++j) seen[r[j]] = 1;
-        }
+        for (int dr = -(g.height - 1); dr < g.height; ++dr)
+            for (int dc = -(g.width - 1); dc < g.width; ++dc) {
+                const int i = o.skip + std::max(dr, 0) * g.width + std::max(dc, 0);
+                const int j = o.skip + std::max(-dr, 0) * g.width + std::max(-dc, 0);
+                seen[static_cast<std::size_t>(ids->at(t, i, j))] = 1;
+            }
+        if (o.skip > 0) seen[static_cast<std::size_t>(ids->at(t, 0, 0))] = 1;
         const auto used = std::count(seen.begin(), seen.end(), 1);
         std::cout << (tables > 1 ? (t == 0 ? "rows table: " : "cols table: ") : "") << "buckets used: " << used << " of " << k
                   << " allocated\n";
@@ -193,16 +198,26 @@ int run_buckets(const mapping_config& m, const buckets_options& o) {
     std::vector<std::int64_t> shape{n, n};
     if (tables > 1) shape.insert(shape.begin(), tables);
     if (!o.out.empty()) {
-        ids->visit(0, [&](const auto* first) {
-            using Id = std::remove_cv_t<std::remove_pointer_t<decltype(first)>>;
-            std::vector<Id> all;
-            for (int t = 0; t < tables; ++t)
-                ids->visit(t, [&](const auto* p) {
-                    const std::size_t total = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
-                    for (std::size_t e = 0; e < total; ++e) all.push_back(static_cast<Id>(p[e]));
-                });
+        const std::size_t total = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+        if (static_cast<double>(total) * tables * ids->id_bytes() > static_cast<double>(rpe::bucket_ids::max_bytes))
+            throw usage_error("--out", "the (L, L) ids of L = " + std::to_string(n) + " would take more than 4 GiB; "
+                                       "use a smaller --grid");
+        auto write = [&](auto id_type) {  // rows(): table and on-the-fly ids alike
+            using Id = decltype(id_type);
+            std::vector<Id> all(total * static_cast<std::size_t>(tables));
+            for (int t = 0; t < tables; ++t) {
+                Id* dst = all.data() + static_cast<std::size_t>(t) * total;
+                const Id* p = ids->rows<Id>(t, 0, n, false, dst);
+                if (p != dst) std::copy(p, p + total, dst);
+            }
             rpe::io::save_npy(o.out, all.data(), shape);
-        });
+        };
+        if (ids->id_bytes() == 1)
+            write(std::uint8_t{});
+        else if (ids->id_bytes() == 2)
+            write(std::uint16_t{});
+        else
+            write(std::uint32_t{});
         std::cout << "wrote " << o.out << "\n";
     }
     if (!o.expect.empty()) {
@@ -348,7 +363,12 @@ void write_png(const std::vector<panel>& panels, const std::string& path) {
             }
         x0 += std::max(p.width * cell, canvas::text_width(p.title, 2)) + margin;
     }
-    if (stbi_write_png(path.c_str(), img.width, img.height, 3, img.rgb.data(), img.width * 3) == 0)
+    // encode in memory, then write and check the stream (stbi_write_png ignores fwrite errors)
+    std::string png;
+    const auto append = [](void* ctx, void* data, int size) { static_cast<std::string*>(ctx)->append(static_cast<const char*>(data), static_cast<std::size_t>(size)); };
+    std::ofstream file(path, std::ios::binary);
+    if (stbi_write_png_to_func(append, &png, img.width, img.height, 3, img.rgb.data(), img.width * 3) == 0 || !file ||
+        !file.write(png.data(), static_cast<std::streamsize>(png.size())) || !file.flush())
         throw rpe::runtime_error(rpe::detail::message("cli", "--png = '", path, "': cannot write the PNG file"));
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <iostream>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,11 +42,7 @@ std::unique_ptr<rpe::any_term<float>> wrap_1d(const M& m, const rpe::term_spec& 
 
 template <class T>
 rpe::tensor_ref<T> view(T* data, const std::vector<std::int64_t>& shape) {
-    rpe::tensor_ref<T> r;
-    r.data = data;
-    r.rank = static_cast<int>(shape.size());
-    for (std::size_t i = 0; i < shape.size(); ++i) r.shape[i] = shape[i];
-    return r;
+    return rpe::tensor_ref<T>(data, std::span<const std::int64_t>(shape));  // checks rank <= 4
 }
 
 std::string shape_text(const std::vector<std::int64_t>& s) {
@@ -96,9 +93,10 @@ int run_term(const mapping_config& m, const term_options& o) {
     const auto& ts = tables[0].shape;
     const std::int64_t L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
     const std::size_t want_rank = spec.contextual ? 3 : 2;
-    if (ts.size() != want_rank)
-        throw usage_error("--table", o.tables[0] + " has shape " + shape_text(ts) + "; expected " +
-                                         (spec.contextual ? (spec.target == rpe::target::value ? "(Ht, K, D)" : "(Ht, D, K)") : "(Ht, K)"));
+    for (std::size_t t = 0; t < tables.size(); ++t)  // every table (Cross has two), before any view is made
+        if (tables[t].shape.size() != want_rank)
+            throw usage_error("--table", o.tables[t] + " has shape " + shape_text(tables[t].shape) + "; expected " +
+                                             (spec.contextual ? (spec.target == rpe::target::value ? "(Ht, K, D)" : "(Ht, D, K)") : "(Ht, K)"));
 
     rpe::io::npy_array x;
     std::vector<float> x_data;

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -190,11 +191,7 @@ private:
         std::vector<rpe::tensor_ref<S>> grad_refs;
         auto view = [](auto* p, const std::vector<std::int64_t>& sh) {
             using T = std::remove_pointer_t<decltype(p)>;
-            rpe::tensor_ref<T> r;
-            r.data = p;
-            r.rank = static_cast<int>(sh.size());
-            for (int i = 0; i < r.rank; ++i) r.shape[static_cast<std::size_t>(i)] = sh[static_cast<std::size_t>(i)];
-            return r;
+            return rpe::tensor_ref<T>(p, std::span<const std::int64_t>(sh));
         };
         for (std::size_t t = 0; t < tab.size(); ++t) {
             tab_refs.push_back(view(static_cast<const S*>(tab[t].data()), tshape));

@@ -488,11 +488,17 @@ inline npy_array load_npy(const std::string& path) {
     if (!in) throw runtime_error(rpe::detail::message("npy", path, ": cannot open file"));
     std::vector<std::byte> buf;
     std::vector<char> chunk(std::size_t{1} << 16);
+    bool checked_magic = false;
     while (in) {
         in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
         const auto got = static_cast<std::size_t>(in.gcount());
         const auto* first = reinterpret_cast<const std::byte*>(chunk.data());
         buf.insert(buf.end(), first, first + got);
+        if (!checked_magic && buf.size() >= 6) {
+            // not a .npy file (e.g. /dev/zero or a large unrelated file): fail before reading it all
+            checked_magic = true;
+            if (std::memcmp(buf.data(), "\x93NUMPY", 6) != 0) return parse_npy(buf, path);  // throws: bad magic
+        }
     }
     if (in.bad()) throw runtime_error(rpe::detail::message("npy", path, ": read failed"));
     return parse_npy(buf, path);
