@@ -27,6 +27,18 @@ namespace rpe_fuzz {
     std::abort();
 }
 
+/// @brief Runs `f`, swallowing rpe's own exceptions (the expected reaction to bad bytes); any
+/// other exception escapes and libFuzzer reports it.
+template <class F>
+void ours_only(F&& f) {
+    try {
+        f();
+    } catch (const rpe::invalid_argument&) {
+    } catch (const rpe::out_of_range&) {
+    } catch (const rpe::runtime_error&) {
+    }
+}
+
 /// @brief A policy parameter: raw double bits (NaN, ±inf, denormals, huge values), a small
 /// decimal in [0, 40], a wide real, or one of the boundary values of rpe's validation.
 inline double consume_param(FuzzedDataProvider& in) {

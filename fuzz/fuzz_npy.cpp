@@ -14,16 +14,6 @@
 
 namespace {
 
-template <class F>
-void ours_only(F&& f) {
-    try {
-        f();
-    } catch (const rpe::invalid_argument&) {
-    } catch (const rpe::out_of_range&) {
-    } catch (const rpe::runtime_error&) {
-    }
-}
-
 template <class T>
 void round_trip(const rpe::io::npy_array& a) {
     if (a.dtype != rpe::io::detail::npy_descr_of<T>()) return;
@@ -47,16 +37,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (a.itemsize() == 0 || a.bytes.size() != a.size() * a.itemsize())
         rpe_fuzz::fail("accepted array of dtype " + a.dtype + " holds " + std::to_string(a.bytes.size()) +
                        " bytes for " + std::to_string(a.size()) + " elements");
-    ours_only([&] { (void)a.to<float>(); });
-    ours_only([&] { (void)a.to<double>(); });
-    ours_only([&] { (void)a.to<std::int64_t>(); });
-    ours_only([&] { (void)a.to<std::int32_t>(); });
-    ours_only([&] { (void)a.to<std::uint8_t>(); });
-    ours_only([&] { (void)a.to<std::uint64_t>(); });
-    ours_only([&] { (void)a.to<bool>(); });
-    ours_only([&] { (void)a.as<float>(); });
-    ours_only([&] { (void)a.as<bool>(); });
-    ours_only([&] { (void)a.as<std::int64_t>(); });
+    rpe_fuzz::ours_only([&] { (void)a.to<float>(); });
+    rpe_fuzz::ours_only([&] { (void)a.to<double>(); });
+    rpe_fuzz::ours_only([&] { (void)a.to<std::int64_t>(); });
+    rpe_fuzz::ours_only([&] { (void)a.to<std::int32_t>(); });
+    rpe_fuzz::ours_only([&] { (void)a.to<std::uint8_t>(); });
+    rpe_fuzz::ours_only([&] { (void)a.to<std::uint64_t>(); });
+    rpe_fuzz::ours_only([&] { (void)a.to<bool>(); });
+    rpe_fuzz::ours_only([&] { (void)a.as<float>(); });
+    rpe_fuzz::ours_only([&] { (void)a.as<bool>(); });
+    rpe_fuzz::ours_only([&] { (void)a.as<std::int64_t>(); });
     round_trip<float>(a);
     round_trip<double>(a);
     round_trip<std::int64_t>(a);
