@@ -2,6 +2,7 @@
 // shape, messages that name the right parameter, and the numerical edge cases (huge logits,
 // NaN inputs, denormals) with their documented behaviour.
 #include <doctest/doctest.h>
+#include <rpe/io/npy.hpp>
 #include <rpe/rpe.hpp>
 
 #include <cmath>
@@ -326,4 +327,8 @@ TEST_CASE("errors: outputs over the masks, null attn or grad_out, visit() and ru
     // a run-time shape (e.g. read from a file) of rank 5
     const std::vector<std::int64_t> rank5{1, 1, 1, 4, 8};
     CHECK(throws_with([&] { (void)rpe::tensor_ref<double>(buf.data(), std::span<const std::int64_t>(rank5)); }, "rank 5 > 4"));
+}
+
+TEST_CASE("errors: load_npy rejects a stream that is not .npy after its first chunk (/dev/zero never ends)") {
+    CHECK(throws_with<rpe::runtime_error>([] { (void)rpe::io::load_npy("/dev/zero"); }, "/dev/zero"));
 }
