@@ -13,6 +13,7 @@
 
 #include "any_term.hpp"
 #include "backend/cpu/kernels.hpp"
+#include "backend/cpu/simd.hpp"
 #include "composed_attention.hpp"
 #include "detail/check.hpp"
 #include "error.hpp"
@@ -39,12 +40,13 @@ template <class S, class Id>
 struct fused_table {
     cpu::id_rows<Id> rows;    // id(i, j) for k and v; id(j, i) at [i, j] for q (transposed)
     int slot = 0;             // index of this table's block of ids (see load_block_ids)
+    const Id* full = nullptr; // (L, L) ids made once per call (see materialise_ids), or null
     const S* table = nullptr; // bias (Ht, K); contextual q/k (Ht, D, K); v (Ht, K, D)
     S* grad = nullptr;        // same shape as table, or null
     std::int64_t table_heads = 1;
     std::int64_t k = 0;       // buckets of this table (extra bucket included)
     bool bias = false;
-    std::vector<S> partial;   // (planes, table size): per-(b, h) gradient partials
+    S* partial = nullptr;     // (items, table size): per-(plane, chunk) gradient partials (backward)
     [[nodiscard]] std::int64_t head(std::int64_t h) const { return table_heads == 1 ? 0 : h; }
 };
 
@@ -79,12 +81,55 @@ void add_tables(fused_plan<S, Id>& plan, const attention_term<S>& slot,
     }
 }
 
-// Points blk[t.slot] at the (rb, L) ids of rows [i0, i0 + rb) of every table (stored rows, or
-// rows made into buf, rb_max·L ids per table).
+// Points blk[t.slot] at the (rb, L) ids of rows [i0, i0 + rb) of every table (stored rows, rows
+// made once per call, or rows made into buf, rb_max·L ids per table).
 template <class S, class Id>
 void load_block_ids(const fused_plan<S, Id>& plan, std::int64_t i0, std::int64_t rb, Id* buf, const Id** blk) {
     for (const auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
-        for (const auto& t : *group) blk[t.slot] = t.rows(i0, rb, buf + t.slot * plan.rb * plan.l);
+        for (const auto& t : *group)
+            blk[t.slot] = t.full ? t.full + i0 * plan.l : t.rows(i0, rb, buf + t.slot * plan.rb * plan.l);
+}
+
+// Ids that every (batch, head) plane would otherwise make again row by row (the query target's
+// transposed order, a narrower stored type, on-the-fly storage) are made once per call into an
+// (L, L) buffer when it takes at most this many bytes per table.
+inline constexpr std::int64_t materialise_ids_bytes = std::int64_t{16} << 20;
+
+template <class S, class Id>
+bool needs_materialising(const fused_table<S, Id>& t, std::int64_t n, std::int64_t planes) {
+    const bool direct = !t.rows.transposed && t.rows.ids->storage_kind() == id_storage::table &&
+                        t.rows.ids->id_bytes() == static_cast<int>(sizeof(Id));
+    return !direct && planes > 1 && n * n * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
+}
+
+// Declares the (L, L) buffers of the tables that need them (needs_materialising).
+template <class S, class Id>
+std::vector<cpu::shared_scratch<Id>> declare_full_ids(const fused_plan<S, Id>& plan, cpu::workspace& ws) {
+    std::vector<cpu::shared_scratch<Id>> out;
+    for (const auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+        for (const auto& t : *group) out.emplace_back(ws, needs_materialising(t, plan.l, plan.b * plan.h) ? plan.l * plan.l : 0);
+    return out;
+}
+
+// Fills the buffers declared by declare_full_ids (after ws.allocate()) and points the tables at them.
+template <class S, class Id>
+void materialise_ids(fused_plan<S, Id>& plan, const std::vector<cpu::shared_scratch<Id>>& full) {
+    const std::int64_t n = plan.l;
+    std::size_t next = 0;
+    for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+        for (auto& t : *group) {
+            const auto& f = full[next++];
+            if (f.empty()) continue;
+            Id* dst = f.data();
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (n > 64)
+#endif
+            for (std::int64_t i = 0; i < n; ++i) {
+                const Id* r = t.rows(i, 1, dst + i * n);
+                if (r != dst + i * n) std::copy(r, r + n, dst + i * n);
+            }
+            t.full = dst;
+        }
 }
 
 // Logits of rows [i0, i0 + rb) of plane p into lg (rb, L), then the masked softmax in place.
@@ -110,27 +155,20 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
         S* row = lg + i * n;
         std::int64_t off = 0;
         for (const auto& t : plan.on_k) {
-            const Id* ids = blk[t.slot] + i * n;
             const S* w = t.bias ? t.table + t.head(h) * t.k : work + off + i * t.k;
             if (!t.bias) off += rb * t.k;
-            for (std::int64_t j = 0; j < n; ++j) row[j] += w[ids[j]];
+            cpu::gather_add(row, w, t.k, blk[t.slot] + i * n, n);
         }
         for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
             const auto& t = plan.on_q[q];
             const Id* ids = blk[t.slot] + i * n;  // transposed: [i, j] holds id(j, i)
-            if (t.bias) {
-                const S* tab = t.table + t.head(h) * t.k;
-                for (std::int64_t j = 0; j < n; ++j) row[j] += tab[ids[j]];
-            } else {
-                const S* w = tq + static_cast<std::int64_t>(q) * n * plan.k;
-                const std::int64_t k = t.k;
-                for (std::int64_t j = 0; j < n; ++j) row[j] += w[j * k + ids[j]];
-            }
+            if (t.bias)
+                cpu::gather_add(row, t.table + t.head(h) * t.k, t.k, ids, n);
+            else
+                cpu::gather_add_strided(row, tq + static_cast<std::int64_t>(q) * n * plan.k, t.k, ids, n);
         }
-        if (in.attn_mask.data) {
-            const S* am = in.attn_mask.data + (i0 + i) * n;
-            for (std::int64_t j = 0; j < n; ++j) row[j] += am[j];
-        }
+        if (in.attn_mask.data)
+            map<S>(row, 1, n).array() += cmap<S>(in.attn_mask.data + (i0 + i) * n, 1, n).array();
         cpu::softmax_row(row, n, mask);
     }
 }
@@ -153,6 +191,24 @@ void plane_query_products(const fused_plan<S, Id>& plan, const attention_inputs<
         S* dst = buf + static_cast<std::int64_t>(q) * n * plan.k;
         map<S>(dst, n, k).noalias() = cmap<S>(ks, n, d) * cmap<S>(t.table + t.head(h) * d * k, d, k);
     }
+}
+
+template <class S, class Id>
+bool has_contextual_query(const fused_plan<S, Id>& plan) {
+    return std::any_of(plan.on_q.begin(), plan.on_q.end(), [](const auto& t) { return !t.bias; });
+}
+
+// The contextual q products of every plane, (planes, nq, L, K), into tq, computed once before
+// the row blocks (which may run on different threads); ks_s: (L, D) per thread.
+template <class S, class Id>
+void all_query_products(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, const cpu::thread_scratch<S>& ks_s,
+                        S* tq) {
+    const std::int64_t n = plan.l, planes = plan.b * plan.h;
+    const std::int64_t per_plane = static_cast<std::int64_t>(plan.on_q.size()) * n * plan.k;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+    for (std::int64_t p = 0; p < planes; ++p) plane_query_products(plan, in, p, ks_s.mine(), tq + p * per_plane);
 }
 
 template <class S, class Id>
@@ -184,40 +240,56 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
-    const std::int64_t nq = static_cast<std::int64_t>(plan.on_q.size());
-    // every per-thread buffer is allocated here, before the parallel region
-    cpu::thread_scratch<S> lg_s(rb_max * n), work_s(2 * std::max(rb_max, n) * std::max<std::int64_t>(k, 1));
-    cpu::thread_scratch<S> qs_s(rb_max * d), ks_s(n * d), tq_s(nq * n * k);
-    cpu::thread_scratch<Id> ids_s(plan.tables * rb_max * n);
-    cpu::thread_scratch<const Id*> blk_s(plan.tables);
+    const std::int64_t blocks = (n + rb_max - 1) / rb_max, items = planes * blocks;
+    const bool ctx_q = has_contextual_query(plan);
+    const std::int64_t tq_per_plane = ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * n * k : 0;
+    // every buffer is laid out here, in the calling thread's workspace, before the parallel region
+    cpu::workspace ws;
+    cpu::shared_scratch<S> tq_s(ws, planes * tq_per_plane);
+    cpu::thread_scratch<S> ks_s(ws, ctx_q ? n * d : 0);
+    cpu::thread_scratch<S> lg_s(ws, rb_max * n), work_s(ws, 2 * std::max(rb_max, n) * std::max<std::int64_t>(k, 1));
+    cpu::thread_scratch<S> qs_s(ws, rb_max * d);
+    cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
+    cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
+    const auto full_ids = declare_full_ids(plan, ws);
+    ws.allocate();
+    materialise_ids(plan, full_ids);
+    const S* tq = tq_s.data();
+    if (ctx_q) all_query_products(plan, in, ks_s, tq_s.data());
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
     {
-        S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *ks = ks_s.mine(), *tqbuf = tq_s.mine();
+        S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine();
         Id* idbuf = ids_s.mine();
         const Id** blk = blk_s.mine();
+        // (plane, row block) items: a few planes on many threads still use every thread; each
+        // block writes its own rows of out, so the thread count does not change any result
 #if defined(_OPENMP)
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (std::int64_t p = 0; p < planes; ++p) {
-            const std::int64_t h = p % plan.h;
-            plane_query_products(plan, in, p, ks, tqbuf);
-            for (std::int64_t i0 = 0; i0 < n; i0 += rb_max) {
-                const std::int64_t rb = std::min(rb_max, n - i0);
-                load_block_ids(plan, i0, rb, idbuf, blk);
-                map<S>(qs, rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
-                block_probabilities(plan, in, p, i0, rb, qs, tqbuf, blk, lg, work);
-                auto o = map<S>(out.data + (p * n + i0) * d, rb, d);
-                o.noalias() = cmap<S>(lg, rb, n) * cmap<S>(in.v.data + p * n * d, n, d);
-                for (const auto& t : plan.on_v) {
-                    cpu::scatter_rows(lg, blk[t.slot], rb, n, t.k, work);
-                    o.noalias() += cmap<S>(work, rb, t.k) * cmap<S>(t.table + t.head(h) * t.k * d, t.k, d);
-                }
-                if (attn.data) std::copy(lg, lg + rb * n, attn.data + (p * n + i0) * n);
+        for (std::int64_t item = 0; item < items; ++item) {
+            const std::int64_t p = item / blocks, i0 = (item % blocks) * rb_max, h = p % plan.h;
+            const std::int64_t rb = std::min(rb_max, n - i0);
+            load_block_ids(plan, i0, rb, idbuf, blk);
+            map<S>(qs, rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
+            block_probabilities(plan, in, p, i0, rb, qs, tq + p * tq_per_plane, blk, lg, work);
+            auto o = map<S>(out.data + (p * n + i0) * d, rb, d);
+            o.noalias() = cmap<S>(lg, rb, n) * cmap<S>(in.v.data + p * n * d, n, d);
+            for (const auto& t : plan.on_v) {
+                cpu::scatter_rows(lg, blk[t.slot], rb, n, t.k, work);
+                o.noalias() += cmap<S>(work, rb, t.k) * cmap<S>(t.table + t.head(h) * t.k * d, t.k, d);
             }
+            if (attn.data) std::copy(lg, lg + rb * n, attn.data + (p * n + i0) * n);
         }
     }
+}
+
+// Chunks of row blocks per plane in the backward: enough (plane, chunk) items for about 32
+// threads, each with its own gradient accumulators summed in chunk order afterwards. Depends on
+// the problem's shape only, never on the thread count.
+inline std::int64_t backward_chunks(std::int64_t planes, std::int64_t blocks) {
+    return std::clamp<std::int64_t>((32 + planes - 1) / planes, 1, blocks);
 }
 
 template <class S, class Id>
@@ -228,42 +300,66 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
     const std::int64_t nq = static_cast<std::int64_t>(plan.on_q.size());
+    const std::int64_t blocks = (n + rb_max - 1) / rb_max, chunks = backward_chunks(planes, blocks);
+    const std::int64_t blocks_per_chunk = (blocks + chunks - 1) / chunks, items = planes * chunks;
+    const std::int64_t tq_per_plane = nq * n * k;
     auto table_size = [&](const fused_table<S, Id>& t) { return t.bias ? t.k : d * t.k; };
+    // Per-item accumulators: table gradient partials (items, size) and, with several chunks per
+    // plane, grad_k / grad_v partials (items, L, D); one chunk writes grad_k / grad_v in place.
+    const bool ctx_q = has_contextual_query(plan);
+    // every buffer is laid out here, in the calling thread's workspace, before the parallel region
+    cpu::workspace ws;
+    std::vector<cpu::shared_scratch<S>> partial_s;
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
-        for (auto& t : *group)
-            if (t.grad) t.partial.assign(static_cast<std::size_t>(planes * table_size(t)), S(0));
-    // every per-thread buffer is allocated here, before the parallel region
-    cpu::thread_scratch<S> lg_s(rb_max * n), dp_s(rb_max * n), work_s(2 * std::max(rb_max, n) * std::max<std::int64_t>(k, 1));
-    cpu::thread_scratch<S> qs_s(rb_max * d), dqs_s(rb_max * d), ks_s(n * d), tq_s(nq * n * k);
-    cpu::thread_scratch<S> gq_s(nq * n * k);  // per q contextual table: Σ of dlogits per (j, bucket)
-    cpu::thread_scratch<Id> ids_s(plan.tables * rb_max * n);
-    cpu::thread_scratch<const Id*> blk_s(plan.tables);
+        for (auto& t : *group) partial_s.emplace_back(ws, t.grad ? items * table_size(t) : 0);
+    cpu::shared_scratch<S> gk_part(ws, chunks > 1 ? items * n * d : 0), gv_part(ws, chunks > 1 ? items * n * d : 0);
+    cpu::shared_scratch<S> gq_part(ws, ctx_q ? items * tq_per_plane : 0), tq_s(ws, ctx_q ? planes * tq_per_plane : 0);
+    cpu::thread_scratch<S> ks_s(ws, ctx_q ? n * d : 0);
+    cpu::thread_scratch<S> lg_s(ws, rb_max * n), dp_s(ws, rb_max * n), work_s(ws, 2 * std::max(rb_max, n) * std::max<std::int64_t>(k, 1));
+    cpu::thread_scratch<S> qs_s(ws, rb_max * d), dqs_s(ws, rb_max * d);
+    cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
+    cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
+    const auto full_ids = declare_full_ids(plan, ws);
+    ws.allocate();
+    materialise_ids(plan, full_ids);
+    std::size_t next = 0;
+    for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+        for (auto& t : *group) {
+            const auto& ps = partial_s[next++];
+            t.partial = t.grad ? ps.data() : nullptr;
+            if (t.grad) std::fill(ps.data(), ps.data() + ps.count, S(0));
+        }
+    if (ctx_q) {
+        std::fill(gq_part.data(), gq_part.data() + gq_part.count, S(0));
+        all_query_products(plan, in, ks_s, tq_s.data());
+    }
+    const S* tq = tq_s.data();
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
     {
         S *lg = lg_s.mine(), *dp = dp_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *dqs = dqs_s.mine();
-        S *ks = ks_s.mine(), *tqbuf = tq_s.mine(), *gq = gq_s.mine();
         Id* idbuf = ids_s.mine();
         const Id** blk = blk_s.mine();
 #if defined(_OPENMP)
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (std::int64_t p = 0; p < planes; ++p) {
-            const std::int64_t h = p % plan.h;
-            plane_query_products(plan, in, p, ks, tqbuf);
-            std::fill(gq, gq + gq_s.per_thread, S(0));
-            auto gk = map<S>(grad_k.data + p * n * d, n, d);
-            auto gv = map<S>(grad_v.data + p * n * d, n, d);
+        for (std::int64_t item = 0; item < items; ++item) {
+            const std::int64_t p = item / chunks, c = item % chunks, h = p % plan.h;
+            const S* tqp = tq + p * tq_per_plane;
+            S* gq = gq_part.data() + item * tq_per_plane;  // Σ dlogits per (j, bucket), contextual q tables
+            auto gk = map<S>(chunks > 1 ? gk_part.data() + item * n * d : grad_k.data + p * n * d, n, d);
+            auto gv = map<S>(chunks > 1 ? gv_part.data() + item * n * d : grad_v.data + p * n * d, n, d);
             gk.setZero();
             gv.setZero();
             const auto vp = cmap<S>(in.v.data + p * n * d, n, d);
             const auto kp = cmap<S>(in.k.data + p * n * d, n, d);
-            for (std::int64_t i0 = 0; i0 < n; i0 += rb_max) {
+            const std::int64_t i_end = std::min(n, (c + 1) * blocks_per_chunk * rb_max);
+            for (std::int64_t i0 = c * blocks_per_chunk * rb_max; i0 < i_end; i0 += rb_max) {
                 const std::int64_t rb = std::min(rb_max, n - i0);
                 load_block_ids(plan, i0, rb, idbuf, blk);
                 map<S>(qs, rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
-                block_probabilities(plan, in, p, i0, rb, qs, tqbuf, blk, lg, work);
+                block_probabilities(plan, in, p, i0, rb, qs, tqp, blk, lg, work);
                 const auto P = cmap<S>(lg, rb, n);
                 const auto go = cmap<S>(grad_out.data + (p * n + i0) * d, rb, d);
                 auto dP = map<S>(dp, rb, n);
@@ -271,72 +367,92 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 gv.noalias() += P.transpose() * go;
                 for (auto& t : plan.on_v) {
                     const Id* idb = blk[t.slot];
-                    const std::int64_t k = t.k;
-                    const auto tab = cmap<S>(t.table + t.head(h) * k * d, k, d);
-                    map<S>(work, rb, k).noalias() = go * tab.transpose();
-                    for (std::int64_t i = 0; i < rb; ++i)
-                        for (std::int64_t j = 0; j < n; ++j) dp[i * n + j] += work[i * k + idb[i * n + j]];
+                    const std::int64_t tk = t.k;
+                    const auto tab = cmap<S>(t.table + t.head(h) * tk * d, tk, d);
+                    map<S>(work, rb, tk).noalias() = go * tab.transpose();
+                    for (std::int64_t i = 0; i < rb; ++i) cpu::gather_add(dp + i * n, work + i * tk, tk, idb + i * n, n);
                     if (t.grad) {
-                        cpu::scatter_rows(lg, idb, rb, n, k, work);
-                        map<S>(t.partial.data() + p * k * d, k, d).noalias() += cmap<S>(work, rb, k).transpose() * go;
+                        cpu::scatter_rows(lg, idb, rb, n, tk, work);
+                        map<S>(t.partial + item * tk * d, tk, d).noalias() += cmap<S>(work, rb, tk).transpose() * go;
                     }
                 }
                 // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
-                for (std::int64_t i = 0; i < rb; ++i) {
-                    S dot = 0;
-                    for (std::int64_t j = 0; j < n; ++j) dot += dp[i * n + j] * lg[i * n + j];
-                    for (std::int64_t j = 0; j < n; ++j) dp[i * n + j] = lg[i * n + j] * (dp[i * n + j] - dot);
-                }
+                for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(lg + i * n, dp + i * n, n);
                 const auto dL = cmap<S>(dp, rb, n);
                 auto dq = map<S>(dqs, rb, d);
                 dq.noalias() = dL * kp;
                 gk.noalias() += dL.transpose() * cmap<S>(qs, rb, d);
                 for (auto& t : plan.on_k) {
                     const Id* idb = blk[t.slot];
-                    const std::int64_t k = t.k;
+                    const std::int64_t tk = t.k;
                     if (t.bias) {
                         if (!t.grad) continue;
-                        S* acc = t.partial.data() + p * k;
-                        for (std::int64_t i = 0; i < rb; ++i)
-                            cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
+                        S* acc = t.partial + item * tk;
+                        for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
                     } else {
-                        cpu::scatter_rows(dp, idb, rb, n, k, work);
-                        const auto tab = cmap<S>(t.table + t.head(h) * d * k, d, k);
-                        dq.noalias() += cmap<S>(work, rb, k) * tab.transpose();
+                        cpu::scatter_rows(dp, idb, rb, n, tk, work);
+                        const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
+                        dq.noalias() += cmap<S>(work, rb, tk) * tab.transpose();
                         if (t.grad)
-                            map<S>(t.partial.data() + p * d * k, d, k).noalias() += cmap<S>(qs, rb, d).transpose() * cmap<S>(work, rb, k);
+                            map<S>(t.partial + item * d * tk, d, tk).noalias() += cmap<S>(qs, rb, d).transpose() * cmap<S>(work, rb, tk);
                     }
                 }
                 for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
                     auto& t = plan.on_q[q];
                     const Id* idb = blk[t.slot];  // [i, j] holds id(j, i)
-                    const std::int64_t k = t.k;
-                    S* acc = t.bias ? (t.grad ? t.partial.data() + p * k : nullptr) : gq + static_cast<std::int64_t>(q) * n * plan.k;
+                    const std::int64_t tk = t.k;
+                    S* acc = t.bias ? (t.grad ? t.partial + item * tk : nullptr) : gq + static_cast<std::int64_t>(q) * n * k;
                     if (!acc) continue;
                     if (t.bias)
-                        for (std::int64_t i = 0; i < rb; ++i)
-                            cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
+                        for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
                     else
                         for (std::int64_t i = 0; i < rb; ++i)
-                            for (std::int64_t j = 0; j < n; ++j) acc[j * k + idb[i * n + j]] += dp[i * n + j];
+                            for (std::int64_t j = 0; j < n; ++j) acc[j * tk + idb[i * n + j]] += dp[i * n + j];
                 }
                 map<S>(grad_q.data + (p * n + i0) * d, rb, d) = dq * plan.scale;
+            }
+        }
+        // Per plane: chunk partials summed in chunk order, then the contextual q terms' key
+        // gradients and table partials from the summed per-(key, bucket) sums.
+#if defined(_OPENMP)
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (std::int64_t p = 0; p < planes; ++p) {
+            const std::int64_t h = p % plan.h;
+            auto gk = map<S>(grad_k.data + p * n * d, n, d);
+            if (chunks > 1) {
+                auto gv = map<S>(grad_v.data + p * n * d, n, d);
+                gk = map<S>(gk_part.data() + p * chunks * n * d, n, d);
+                gv = map<S>(gv_part.data() + p * chunks * n * d, n, d);
+                for (std::int64_t c = 1; c < chunks; ++c) {
+                    gk += map<S>(gk_part.data() + (p * chunks + c) * n * d, n, d);
+                    gv += map<S>(gv_part.data() + (p * chunks + c) * n * d, n, d);
+                }
+            }
+            if (gq_part.empty()) continue;
+            S* gq = gq_part.data() + p * chunks * tq_per_plane;
+            for (std::int64_t c = 1; c < chunks; ++c) {
+                const S* src = gq_part.data() + (p * chunks + c) * tq_per_plane;
+                for (std::int64_t e = 0; e < tq_per_plane; ++e) gq[e] += src[e];
             }
             for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
                 auto& t = plan.on_q[q];
                 if (t.bias) continue;
-                const std::int64_t k = t.k;
-                const auto g = cmap<S>(gq + static_cast<std::int64_t>(q) * n * plan.k, n, k);
-                const auto tab = cmap<S>(t.table + t.head(h) * d * k, d, k);
+                const std::int64_t tk = t.k;
+                const auto g = cmap<S>(gq + static_cast<std::int64_t>(q) * n * k, n, tk);
+                const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
                 gk.noalias() += plan.scale * (g * tab.transpose());
-                if (t.grad) map<S>(t.partial.data() + p * d * k, d, k).noalias() += cmap<S>(ks, n, d).transpose() * g;
+                // table partial of plane p lives in its chunk-0 item: Σ (k·s)ᵀ·g = s·kᵀ·g
+                if (t.grad)
+                    map<S>(t.partial + p * chunks * d * tk, d, tk).noalias() +=
+                        plan.scale * (cmap<S>(in.k.data + p * n * d, n, d).transpose() * g);
             }
         }
     }
-    // Table gradients: per-(b, h) partials summed in plane order (thread-count independent).
+    // Table gradients: per-item partials summed in item order (thread-count independent).
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
         for (auto& t : *group)
-            if (t.grad) cpu::reduce_partials(t.partial, planes, plan.h, t.table_heads, table_size(t), false, t.grad);
+            if (t.grad) cpu::reduce_partials(t.partial, planes, plan.h, t.table_heads, table_size(t), false, t.grad, chunks);
 }
 
 template <class S, class F>

@@ -16,10 +16,8 @@
 #include <vector>
 
 #include "../../bucket_ids.hpp"
-
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
+#include "simd.hpp"
+#include "workspace.hpp"
 
 namespace rpe::detail::cpu {
 
@@ -47,21 +45,6 @@ inline bool worth_threads(std::int64_t planes, std::int64_t n, std::int64_t k, s
     return planes > 1 && planes * n * (n + k * d) > (std::int64_t{1} << 16);
 }
 
-inline int max_threads() {
-#if defined(_OPENMP)
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-inline int thread_id() {
-#if defined(_OPENMP)
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
 /// @brief One id set of a bucket_ids object as rows of Id, in the order a kernel reads them.
 template <class Id>
 struct id_rows {
@@ -84,38 +67,6 @@ void with_id_type(int bytes, F&& f) {
     else
         f.template operator()<std::uint32_t>();
 }
-
-/// @brief Softmax of one row of n logits in place, keys with `mask[j] != 0` excluded (mask may be
-/// null). A NaN logit makes the whole row NaN; a row whose keys are all masked (or all −∞)
-/// becomes zeros (the reference gives NaN there). Max-subtracted, so logits up to ±FLT_MAX do not
-/// overflow.
-template <class S>
-void softmax_row(S* row, std::int64_t n, const std::uint8_t* mask) {
-    constexpr S neg_inf = -std::numeric_limits<S>::infinity();
-    S m = neg_inf;
-    for (std::int64_t j = 0; j < n; ++j) {
-        if (mask && mask[j]) row[j] = neg_inf;
-        m = (row[j] > m || std::isnan(row[j])) ? row[j] : m;
-    }
-    if (m == neg_inf) {
-        std::fill(row, row + n, S(0));
-        return;
-    }
-    S sum = 0;
-    for (std::int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - m));
-    const S inv = S(1) / sum;
-    for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
-}
-
-/// @brief Per-thread scratch of `per_thread` elements each, allocated before a parallel region
-/// (an allocation failure throws here, not inside the region).
-template <class T>
-struct thread_scratch {
-    std::vector<T> data;
-    std::int64_t per_thread;
-    explicit thread_scratch(std::int64_t n) : data(static_cast<std::size_t>(max_threads() * n)), per_thread(n) {}
-    T* mine() { return data.data() + thread_id() * per_thread; }
-};
 
 /// @brief o[r[j]] += g[j] for j < n, summing runs of equal ids in a register first: neighbouring
 /// keys often share a bucket (far offsets clip to the same one), and adding them one by one into
@@ -162,37 +113,44 @@ void scatter_rows(const S* g, const Id* idb, std::int64_t rows, std::int64_t n, 
 }
 
 /// @brief Key target: o[i,j] (+)= T[i, id(i,j)]; query target: o[i,j] (+)= T[j, id(j,i)].  T: (L, K),
-/// or with k = 0 one row (K) shared by all tokens (bias).
+/// or with `per_token` false one row (K) shared by all tokens (bias). Vectorised (gather_row), one
+/// pass over the output (written, or added to when `accumulate`).
 template <class S, class Id>
-void gather(const S* t, const id_rows<Id>& ids, std::int64_t n, std::int64_t k, bool accumulate, Id* row, S* o) {
+void gather(const S* t, const id_rows<Id>& ids, std::int64_t n, std::int64_t k, bool per_token, bool accumulate, Id* row,
+            S* o) {
     for (std::int64_t i = 0; i < n; ++i) {
         S* oi = o + i * n;
         const Id* r = ids(i, 1, row);
-        if (!ids.transposed) {
-            const S* ti = t + i * k;
-            if (accumulate)
-                for (std::int64_t j = 0; j < n; ++j) oi[j] += ti[r[j]];
+        if (accumulate) {
+            if (!per_token)
+                gather_row<true>(oi, t, k, r, n);
+            else if (!ids.transposed)
+                gather_row<true>(oi, t + i * k, k, r, n);
             else
-                for (std::int64_t j = 0; j < n; ++j) oi[j] = ti[r[j]];
+                gather_row_strided<true>(oi, t, k, r, n);
         } else {
-            if (accumulate)
-                for (std::int64_t j = 0; j < n; ++j) oi[j] += t[j * k + r[j]];
+            if (!per_token)
+                gather_row<false>(oi, t, k, r, n);
+            else if (!ids.transposed)
+                gather_row<false>(oi, t + i * k, k, r, n);
             else
-                for (std::int64_t j = 0; j < n; ++j) oi[j] = t[j * k + r[j]];
+                gather_row_strided<false>(oi, t, k, r, n);
         }
     }
 }
 
 /// @brief grad_table (Ht, size) (+)= Σ_p partial[p] over planes p = (b, h), each into table head
 /// h' of h = p % heads, summed in plane order (so the result does not depend on the thread count).
+/// With `chunks` > 1, partial holds planes·chunks entries, plane p's at [p·chunks, (p+1)·chunks),
+/// summed in that order.
 template <class S>
-void reduce_partials(const std::vector<S>& partial, std::int64_t planes, std::int64_t heads, std::int64_t table_heads,
-                     std::int64_t size, bool accumulate, S* grad_table) {
+void reduce_partials(const S* partial, std::int64_t planes, std::int64_t heads, std::int64_t table_heads,
+                     std::int64_t size, bool accumulate, S* grad_table, std::int64_t chunks = 1) {
     if (!accumulate) std::fill(grad_table, grad_table + table_heads * size, S(0));
-    for (std::int64_t p = 0; p < planes; ++p) {
-        S* dst = grad_table + (table_heads == 1 ? 0 : p % heads) * size;
-        const S* src = partial.data() + p * size;
-        for (std::int64_t e = 0; e < size; ++e) dst[e] += src[e];
+    for (std::int64_t e = 0; e < planes * chunks; ++e) {
+        S* dst = grad_table + (table_heads == 1 ? 0 : (e / chunks) % heads) * size;
+        const S* src = partial + e * size;
+        for (std::int64_t x = 0; x < size; ++x) dst[x] += src[x];
     }
 }
 
@@ -201,14 +159,16 @@ template <class S, class Id>
 void bias_forward(const dims& d, const id_rows<Id>& ids, const S* table, std::int64_t out_batch,
                   std::int64_t out_heads, bool accumulate, S* out) {
     const std::int64_t n = d.length, planes = out_batch * out_heads;
-    thread_scratch<Id> row(n);
+    workspace ws;
+    thread_scratch<Id> row(ws, n);
+    ws.allocate();
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (planes > 1 && n * n > 4096)
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         const std::int64_t h = p % out_heads;
         const S* th = table + (d.table_heads == 1 ? 0 : h) * d.buckets;
-        gather(th, ids, n, 0, accumulate, row.mine(), out + p * n * n);
+        gather(th, ids, n, d.buckets, false, accumulate, row.mine(), out + p * n * n);
     }
 }
 
@@ -218,14 +178,18 @@ template <class S, class Id>
 void bias_backward(const dims& d, const id_rows<Id>& ids, const S* grad, std::int64_t grad_batch,
                    std::int64_t grad_heads, bool accumulate, S* grad_table) {
     const std::int64_t n = d.length, k = d.buckets;
-    std::vector<S> partial(static_cast<std::size_t>(grad_batch * grad_heads * k));
     const std::int64_t planes = grad_batch * grad_heads;
-    thread_scratch<Id> row(n);
+    workspace ws;
+    shared_scratch<S> partial_s(ws, planes * k);
+    thread_scratch<Id> row(ws, n);
+    ws.allocate();
+    S* partial = partial_s.data();
+    std::fill(partial, partial + planes * k, S(0));
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (planes > 1 && n * n > 4096)
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
-        S* acc = partial.data() + p * k;
+        S* acc = partial + p * k;
         const S* g = grad + p * n * n;
         for (std::int64_t i = 0; i < n; ++i) {
             const Id* r = ids(i, 1, row.mine());
@@ -240,15 +204,17 @@ void bias_backward(const dims& d, const id_rows<Id>& ids, const S* grad, std::in
 template <class S, class Id>
 void contextual_qk_forward(const dims& d, const id_rows<Id>& ids, const S* x, const S* table, bool accumulate, S* out) {
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
-    thread_scratch<S> work(n * k);
-    thread_scratch<Id> row(n);
+    workspace ws;
+    thread_scratch<S> work(ws, n * k);
+    thread_scratch<Id> row(ws, n);
+    ws.allocate();
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         S* t = work.mine();
         map<S>(t, n, k).noalias() = cmap<S>(x + p * n * dd, n, dd) * cmap<S>(table + d.table_head(p % d.heads) * dd * k, dd, k);
-        gather(t, ids, n, k, accumulate, row.mine(), out + p * n * n);
+        gather(t, ids, n, k, true, accumulate, row.mine(), out + p * n * n);
     }
 }
 
@@ -259,9 +225,12 @@ template <class S, class Id>
 void contextual_qk_backward(const dims& d, const id_rows<Id>& ids, const S* x, const S* table, const S* grad,
                             bool accumulate_x, bool accumulate_table, S* grad_x, S* grad_table) {
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
-    thread_scratch<S> work(n * k);
-    thread_scratch<Id> row(n);
-    std::vector<S> partial(grad_table ? static_cast<std::size_t>(planes * dd * k) : 0);
+    workspace ws;
+    thread_scratch<S> work(ws, n * k);
+    thread_scratch<Id> row(ws, n);
+    shared_scratch<S> partial_s(ws, grad_table ? planes * dd * k : 0);
+    ws.allocate();
+    S* partial = partial_s.data();
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
 #endif
@@ -277,7 +246,7 @@ void contextual_qk_backward(const dims& d, const id_rows<Id>& ids, const S* x, c
                 gx.noalias() = cmap<S>(g, n, k) * cmap<S>(th, dd, k).transpose();
         }
         if (grad_table)
-            map<S>(partial.data() + p * dd * k, dd, k).noalias() = cmap<S>(x + p * n * dd, n, dd).transpose() * cmap<S>(g, n, k);
+            map<S>(partial + p * dd * k, dd, k).noalias() = cmap<S>(x + p * n * dd, n, dd).transpose() * cmap<S>(g, n, k);
     }
     if (grad_table) {
         reduce_partials(partial, planes, d.heads, d.table_heads, dd * k, accumulate_table, grad_table);
@@ -289,8 +258,10 @@ void contextual_qk_backward(const dims& d, const id_rows<Id>& ids, const S* x, c
 template <class S, class Id>
 void contextual_v_forward(const dims& d, const id_rows<Id>& ids, const S* a, const S* table, bool accumulate, S* out) {
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
-    thread_scratch<S> work(n * k);
-    thread_scratch<Id> row(n);
+    workspace ws;
+    thread_scratch<S> work(ws, n * k);
+    thread_scratch<Id> row(ws, n);
+    ws.allocate();
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
 #endif
@@ -312,9 +283,12 @@ template <class S, class Id>
 void contextual_v_backward(const dims& d, const id_rows<Id>& ids, const S* a, const S* table, const S* grad_out,
                            bool accumulate, S* grad_a, S* grad_table) {
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
-    thread_scratch<S> work(n * k);
-    thread_scratch<Id> row(n);
-    std::vector<S> partial(grad_table ? static_cast<std::size_t>(planes * k * dd) : 0);
+    workspace ws;
+    thread_scratch<S> work(ws, n * k);
+    thread_scratch<Id> row(ws, n);
+    shared_scratch<S> partial_s(ws, grad_table ? planes * k * dd : 0);
+    ws.allocate();
+    S* partial = partial_s.data();
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
 #endif
@@ -324,11 +298,11 @@ void contextual_v_backward(const dims& d, const id_rows<Id>& ids, const S* a, co
         const auto go = cmap<S>(grad_out + p * n * dd, n, dd);
         if (grad_a) {
             map<S>(w, n, k).noalias() = go * th.transpose();
-            gather(w, ids, n, k, accumulate, row.mine(), grad_a + p * n * n);
+            gather(w, ids, n, k, true, accumulate, row.mine(), grad_a + p * n * n);
         }
         if (grad_table) {
             scatter_add(a + p * n * n, ids, n, k, row.mine(), w);
-            map<S>(partial.data() + p * k * dd, k, dd).noalias() = cmap<S>(w, n, k).transpose() * go;
+            map<S>(partial + p * k * dd, k, dd).noalias() = cmap<S>(w, n, k).transpose() * go;
         }
     }
     if (grad_table) {

@@ -1,0 +1,261 @@
+/// @file backend/cpu/simd.hpp
+/// @brief Vectorised row kernels of the CPU backend (not API): gathers of per-bucket values by
+/// bucket id, the masked softmax of a logits row and its backward.
+///
+/// The instruction set is the one the including translation unit is compiled for: AVX-512F
+/// (`__AVX512F__`) or AVX2 (`__AVX2__`) code paths where the compiler enables them, portable
+/// loops otherwise. rpe never adds ISA flags to a consumer's target; compile with `-march=native`
+/// (or the flags of your deployment machine) to get the wide paths. Every path computes the same
+/// sums in the same order per element, so the results do not depend on the ISA beyond the
+/// rounding of `exp` (Eigen's vectorised `exp` vs the C library's).
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+// Eigen's packet types are vector types with attributes (__m128, __m512); naming them as template
+// arguments (unpacket_traits<Packet>) makes g++ warn that the attributes are ignored, as Eigen's
+// own headers do internally.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"
+#endif
+
+namespace rpe::detail::cpu {
+
+/// @brief Name of the instruction set the CPU kernels of this translation unit use.
+inline constexpr const char* simd_isa() {
+#if defined(__AVX512F__)
+    return "AVX-512F";
+#elif defined(__AVX2__)
+    return "AVX2";
+#elif defined(__SSE2__)
+    return "SSE2";
+#elif defined(__ARM_NEON)
+    return "NEON";
+#else
+    return "scalar";
+#endif
+}
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+namespace simd {
+#if defined(__AVX512F__)
+/// 16 ids as int32 lanes (zero-extended).
+template <class Id>
+inline __m512i load_ids16(const Id* ids) {
+    if constexpr (sizeof(Id) == 1)
+        return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ids)));
+    else if constexpr (sizeof(Id) == 2)
+        return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ids)));
+    else
+        return _mm512_loadu_si512(ids);
+}
+#endif
+#if defined(__AVX2__)
+/// 8 ids as int32 lanes (zero-extended).
+template <class Id>
+inline __m256i load_ids8(const Id* ids) {
+    if constexpr (sizeof(Id) == 1) {
+        std::int64_t v;
+        std::memcpy(&v, ids, 8);
+        return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v));
+    } else if constexpr (sizeof(Id) == 2) {
+        return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ids)));
+    } else {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ids));
+    }
+}
+#endif
+}  // namespace simd
+#endif
+
+/// @brief row[j] += w[ids[j]] (Add) or row[j] = w[ids[j]] for j < n: one lookup table `w` of `k` values for the whole row
+/// (a bias table, or one row of per-bucket products), ids < k.
+///
+/// float with AVX-512: for k ≤ 64 the table sits in four registers and each 16 ids are looked up
+/// with two two-source permutes and a blend (no memory gather); larger k and AVX2 use hardware
+/// gathers; otherwise a scalar loop.
+template <bool Add = true, class S, class Id>
+inline void gather_row(S* row, const S* w, std::int64_t k, const Id* ids, std::int64_t n) {
+    std::int64_t j = 0;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<S, float>) {
+        if (k <= 64) {
+            alignas(64) float t[64] = {};
+            std::memcpy(t, w, static_cast<std::size_t>(k) * sizeof(float));
+            const __m512 t0 = _mm512_load_ps(t), t1 = _mm512_load_ps(t + 16), t2 = _mm512_load_ps(t + 32),
+                         t3 = _mm512_load_ps(t + 48);
+            const __m512i bit5 = _mm512_set1_epi32(32);
+            for (; j + 16 <= n; j += 16) {
+                const __m512i idx = simd::load_ids16(ids + j);
+                const __m512 lo = _mm512_permutex2var_ps(t0, idx, t1);
+                const __m512 hi = _mm512_permutex2var_ps(t2, idx, t3);
+                const __m512 v = _mm512_mask_blend_ps(_mm512_test_epi32_mask(idx, bit5), lo, hi);
+                _mm512_storeu_ps(row + j, Add ? _mm512_add_ps(_mm512_loadu_ps(row + j), v) : v);
+            }
+        } else {
+            for (; j + 16 <= n; j += 16) {
+                const __m512 v = _mm512_i32gather_ps(simd::load_ids16(ids + j), w, 4);
+                _mm512_storeu_ps(row + j, Add ? _mm512_add_ps(_mm512_loadu_ps(row + j), v) : v);
+            }
+        }
+    }
+#elif defined(__AVX2__)
+    if constexpr (std::is_same_v<S, float>) {
+        for (; j + 8 <= n; j += 8) {
+            const __m256 v = _mm256_i32gather_ps(w, simd::load_ids8(ids + j), 4);
+            _mm256_storeu_ps(row + j, Add ? _mm256_add_ps(_mm256_loadu_ps(row + j), v) : v);
+        }
+    }
+#endif
+    (void)k;
+    for (; j < n; ++j) {
+        if constexpr (Add)
+            row[j] += w[ids[j]];
+        else
+            row[j] = w[ids[j]];
+    }
+}
+
+/// @brief row[j] += w[ids[j]] (see gather_row).
+template <class S, class Id>
+inline void gather_add(S* row, const S* w, std::int64_t k, const Id* ids, std::int64_t n) {
+    gather_row<true>(row, w, k, ids, n);
+}
+
+/// @brief row[j] (+)= w[j·k + ids[j]] for j < n: a different table of k values per key j (the query
+/// target's per-bucket products, (n, k) row-major), ids < k.
+template <bool Add = true, class S, class Id>
+inline void gather_row_strided(S* row, const S* w, std::int64_t k, const Id* ids, std::int64_t n) {
+    std::int64_t j = 0;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<S, float>) {
+        if (16 * k < (std::int64_t{1} << 30)) {
+            const __m512i lane_k = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                      _mm512_set1_epi32(static_cast<int>(k)));
+            for (; j + 16 <= n; j += 16) {
+                const __m512i idx = _mm512_add_epi32(lane_k, simd::load_ids16(ids + j));
+                const __m512 v = _mm512_i32gather_ps(idx, w + j * k, 4);
+                _mm512_storeu_ps(row + j, Add ? _mm512_add_ps(_mm512_loadu_ps(row + j), v) : v);
+            }
+        }
+    }
+#elif defined(__AVX2__)
+    if constexpr (std::is_same_v<S, float>) {
+        if (8 * k < (std::int64_t{1} << 30)) {
+            const __m256i lane_k = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(k)));
+            for (; j + 8 <= n; j += 8) {
+                const __m256i idx = _mm256_add_epi32(lane_k, simd::load_ids8(ids + j));
+                const __m256 v = _mm256_i32gather_ps(w + j * k, idx, 4);
+                _mm256_storeu_ps(row + j, Add ? _mm256_add_ps(_mm256_loadu_ps(row + j), v) : v);
+            }
+        }
+    }
+#endif
+    for (; j < n; ++j) {
+        if constexpr (Add)
+            row[j] += w[j * k + ids[j]];
+        else
+            row[j] = w[j * k + ids[j]];
+    }
+}
+
+/// @brief row[j] += w[j·k + ids[j]] (see gather_row_strided).
+template <class S, class Id>
+inline void gather_add_strided(S* row, const S* w, std::int64_t k, const Id* ids, std::int64_t n) {
+    gather_row_strided<true>(row, w, k, ids, n);
+}
+
+/// @brief Softmax of one row of n logits in place, keys with `mask[j] != 0` excluded (mask may be
+/// null). A NaN or +∞ logit makes the whole row NaN; a row whose keys are all masked (or all
+/// −∞) becomes zeros (the reference gives NaN there); a −∞ logit gets exactly 0 (and so do the
+/// values exp(x − max) below the smallest normal number, which the C library gives as
+/// denormals). Max-subtracted, so logits up to ±FLT_MAX do not overflow. Vectorised with Eigen's
+/// packet functions (any ISA Eigen supports): three passes over the row while it sits in L1
+/// (max; exp and sum; scale).
+template <class S>
+void softmax_row(S* row, std::int64_t n, const std::uint8_t* mask) {
+    constexpr S neg_inf = -std::numeric_limits<S>::infinity();
+    if (mask)
+        for (std::int64_t j = 0; j < n; ++j)
+            if (mask[j]) row[j] = neg_inf;
+    using namespace Eigen::internal;
+    using P = typename packet_traits<S>::type;
+    constexpr std::int64_t w = unpacket_traits<P>::size;
+    // pass 1: the maximum, NaN-propagating
+    S m = neg_inf;
+    bool nan = false;
+    std::int64_t j = 0;
+    if (n >= w) {
+        P pm = pset1<P>(neg_inf);
+        for (; j + w <= n; j += w) pm = pmax<Eigen::PropagateNaN>(pm, ploadu<P>(row + j));
+        m = predux_max<Eigen::PropagateNaN>(pm);
+    }
+    for (; j < n; ++j) {
+        nan = nan || std::isnan(row[j]);
+        m = row[j] > m ? row[j] : m;
+    }
+    if (nan || std::isnan(m) || m == std::numeric_limits<S>::infinity()) {  // NaN, as exp(∞ − ∞) would give
+        std::fill(row, row + n, std::numeric_limits<S>::quiet_NaN());
+        return;
+    }
+    if (m == neg_inf) {
+        std::fill(row, row + n, S(0));
+        return;
+    }
+    // pass 2: exp(x − max) and the sum. Eigen's vectorised exp clamps its input (exp(−∞) would be
+    // ~1e-39): subtracting the smallest normal number and clamping at 0 makes every such value an
+    // exact 0 (masked keys get exactly zero probability) and leaves every value ≥ 2^-100 as it is.
+    const S tiny = std::numeric_limits<S>::min();
+    S sum = 0;
+    j = 0;
+    if (n >= w) {
+        const P pm = pset1<P>(m), pt = pset1<P>(tiny), zero = pzero(pm);
+        P acc = zero;
+        for (; j + w <= n; j += w) {
+            const P e = pmax(psub(pexp(psub(ploadu<P>(row + j), pm)), pt), zero);
+            pstoreu(row + j, e);
+            acc = padd(acc, e);
+        }
+        sum = predux(acc);
+    }
+    for (; j < n; ++j) {
+        const S e = row[j] == neg_inf ? S(0) : std::exp(row[j] - m);
+        row[j] = e;
+        sum += e;
+    }
+    // pass 3: normalise
+    const S inv = S(1) / sum;
+    j = 0;
+    if (n >= w) {
+        const P pi = pset1<P>(inv);
+        for (; j + w <= n; j += w) pstoreu(row + j, pmul(ploadu<P>(row + j), pi));
+    }
+    for (; j < n; ++j) row[j] *= inv;
+}
+
+/// @brief Softmax backward of one row in place: `dp[j] = p[j]·(dp[j] − Σ_l dp[l]·p[l])` (the
+/// gradient of the logits from that of the probabilities). Vectorised.
+template <class S>
+void softmax_backward_row(const S* p, S* dp, std::int64_t n) {
+    Eigen::Map<const Eigen::Array<S, 1, Eigen::Dynamic>> pr(p, n);
+    Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>> dr(dp, n);
+    const S dot = (pr * dr).sum();
+    dr = pr * (dr - dot);
+}
+
+}  // namespace rpe::detail::cpu
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
