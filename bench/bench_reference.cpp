@@ -100,9 +100,10 @@ void build_ids(benchmark::State& state, int grid_side) {
 }
 
 const bool registered = [] {
-#if defined(RPE_BENCH_MARCH)
-    benchmark::AddCustomContext("rpe_march", RPE_BENCH_MARCH);  // see bench/CMakeLists.txt
+#if defined(RPE_BUILD_MARCH)
+    benchmark::AddCustomContext("rpe_march", RPE_BUILD_MARCH);  // see cmake/rpeWarnings.cmake (RPE_NATIVE)
 #endif
+    benchmark::AddCustomContext("rpe_isa", rpe::detail::cpu::simd_isa());  // the CPU kernels' vector paths
     benchmark::RegisterBenchmark("ref/ctx_product_k_fwd", ctx_k, false)->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("ref/ctx_product_k_fwd_bwd", ctx_k, true)->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("ref/ctx_product_v_fwd", ctx_v)->Unit(benchmark::kMillisecond);
