@@ -8,6 +8,8 @@
 #include <benchmark/benchmark.h>
 #include <rpe/rpe.hpp>
 
+#include <Eigen/Core>
+
 #include <memory>
 #include <random>
 #include <string>
@@ -93,12 +95,51 @@ void run(benchmark::State& state, const attention_config& config, what w) {
     state.counters["L"] = static_cast<double>(l);
 }
 
+// The floor: the work no attention can avoid, per (b, h) plane one Eigen product S = Q·Kᵀ, the
+// vectorised exp of the (L, L) block and one product O = S·V (fp32; no scale, max, sum or
+// normalisation); fwd_bwd adds the four backward products dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K,
+// dK = dSᵀ·Q and one elementwise pass dS = P ⊙ dP. Every attention benchmark is reported as a
+// ratio to these (docs/benchmarks.md).
+void floor_attention(benchmark::State& state, int b, int h, int height, int width, int d, bool backward) {
+    using mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const Eigen::Index l = 1 + static_cast<Eigen::Index>(height) * width;
+    const int planes = b * h;
+    std::vector<mat> q(planes), k(planes), v(planes), go(planes), o(planes), dq(planes), dk(planes), dv(planes);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int p = 0; p < planes; ++p)
+        for (auto* x : {&q[p], &k[p], &v[p], &go[p]}) x->resize(l, d), *x = x->unaryExpr([&](float) { return 0.125f * normal(rng); });
+    mat s(l, l), dp(l, l);
+    for (auto _ : state) {
+        for (int p = 0; p < planes; ++p) {
+            s.noalias() = q[p] * k[p].transpose();
+            s = s.array().exp();
+            o[p].noalias() = s * v[p];
+            if (backward) {
+                dv[p].noalias() = s.transpose() * go[p];
+                dp.noalias() = go[p] * v[p].transpose();
+                dp.array() *= s.array();
+                dq[p].noalias() = dp * k[p];
+                dk[p].noalias() = dp.transpose() * q[p];
+            }
+        }
+        benchmark::DoNotOptimize(o.data());
+        benchmark::ClobberMemory();
+    }
+    state.SetItemsProcessed(state.iterations() * planes * l * l);
+    state.counters["L"] = static_cast<double>(l);
+}
+
 const bool registered = [] {
+    benchmark::RegisterBenchmark("floor/attention/deit_s", floor_attention, 8, 6, 14, 14, 64, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark("floor/attention_fwd_bwd/deit_s", floor_attention, 8, 6, 14, 14, 64, true)
+        ->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark("floor/attention/grid64", floor_attention, 1, 1, 64, 64, 64, false)->Unit(benchmark::kMillisecond)->UseRealTime();
     struct shape {
         const char* name;
         int b, h, height, width, d;
     };
-    for (const shape s : {shape{"deit_s", 8, 6, 14, 14, 64}, shape{"grid56", 1, 6, 56, 56, 64}})
+    for (const shape s : {shape{"deit_s", 8, 6, 14, 14, 64}, shape{"grid56", 1, 6, 56, 56, 64}, shape{"grid64", 1, 1, 64, 64, 64}})
         for (const char* on : {"none", "k", "qkv"}) {
             const attention_config c{s.b, s.h, s.height, s.width, s.d, std::string(on) == "none" ? "" : on};
             const std::string tail = std::string(s.name) + "/" + on;
