@@ -11,7 +11,9 @@ into --out (default docs/img/), whichever of these the data allows:
                              O(L·K·D) claim as a measured ratio), batch 1 and 8, float and double
 * ``attention_overhead.png`` fused attention time without RPE, with iRPE on k and on q, k, v
 * ``bucket_ids.png``         cold bucket-id build time and storage vs L, ours against int64 (L, L)
-* ``reference.png``          speed-up over the reference per ``ref/`` case, with the targets
+* ``reference.png``          speed-up over the reference per case of tools/compare_reference.py
+                             (``ref/`` terms and bucket ids, the DeiT-S attention step forward and
+                             forward + backward, the digits job), with the targets
 
 With --tables it also prints the Markdown tables of docs/benchmarks.md. Times are medians of repetitions when the JSON holds aggregates (CPU time unless --wall), else the
 single run's. Needs python3-matplotlib.
@@ -178,12 +180,25 @@ def plot_bucket_ids(data: dict, out: Path, plt) -> bool:
     return True
 
 
+def short_case(case: str) -> str:
+    """A compare_reference.py case name as an axis label: ref/ctx_product_k_fwd → ctx_k_fwd,
+    attention_fwd_bwd/deit_s/qkv → attn fwd+bwd qkv, digits/a → digits a."""
+    case = case.removeprefix("ref/").replace("_product", "").replace("bucket_ids_", "ids ")
+    for long, short in (("attention_fwd_bwd/", "attn fwd+bwd "), ("attention/", "attn "), ("digits/", "digits ")):
+        case = case.replace(long, short)
+    return case.replace("deit_s/", "")
+
+
 def plot_reference(compare: Path, out: Path, plt) -> bool:
     doc = json.loads(compare.read_text())
-    rows = [r for r in doc["rows"] if r.get("speedup")]
+    if "rows" not in doc:
+        sys.exit(f"plot_benchmarks: {compare} holds no 'rows'; pass the JSON of one tools/compare_reference.py run "
+                 "(with several --threads values: one of its .t<N>.json files)")
+    # attention_composed/ (rpe's unfused baseline, no target) stays in the table, out of the plot
+    rows = [r for r in doc["rows"] if r.get("speedup") and not r["case"].startswith("attention_composed/")]
     if not rows:
         return False
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig, ax = plt.subplots(figsize=(max(9.0, 0.75 * len(rows)), 4.8))
     xs = range(len(rows))
     w = 0.38
     for x, r in zip(xs, rows):
@@ -198,12 +213,12 @@ def plot_reference(compare: Path, out: Path, plt) -> bool:
             ax.plot([x - 0.45, x + 0.45], [r["target"]] * 2, color="black", linestyle="--", linewidth=1)
     ax.legend(fontsize=8, loc="upper left")
     ax.set_xticks(list(xs))
-    ax.set_xticklabels([r["case"].replace("_product", "").replace("bucket_ids_", "ids ") for r in rows], rotation=15, fontsize=8)
+    ax.set_xticklabels([short_case(r["case"]) for r in rows], rotation=30, ha="right", fontsize=8)
     ax.set_yscale("log")
-    ax.set_ylabel("reference time / rpe time")
+    ax.set_ylabel("reference time / rpe time\n(digits: rpe images/s / reference images/s)")
     meta = doc["meta"]
     ax.set_title(f"rpe vs reference (PyTorch, {meta['threads']} thread(s), {meta['clock']}); dashed: target\n"
-                 "B=8, H=6, L=197, D=64, Product 1.9, float32")
+                 "B=8, H=6, L=197, D=64, Product 1.9, float32; digits: images/s, 450 test images")
     ax.grid(True, axis="y", which="both", alpha=0.3)
     savefig(fig, out, "reference.png")
     plt.close(fig)
