@@ -523,7 +523,15 @@ private:
     /// first (a residual Linear's pending bias), so the residual stream gets its bias in the same pass.
     /// x rows are `x_stride` apart (C for a packed matrix, L·C for the class tokens), y rows packed.
     void layer_norm(S* x, std::int64_t rows, std::int64_t x_stride, const S* add, const S* w, const S* b, S* y) const {
-        using row_array = Eigen::Array<S, 1, Eigen::Dynamic>;
+        // C = 64 (both digits models) gets fixed-size rows: the reductions unroll (3x faster here).
+        if (cfg_.embed_dim == 64)
+            layer_norm_rows<64>(x, rows, x_stride, add, w, b, y);
+        else
+            layer_norm_rows<Eigen::Dynamic>(x, rows, x_stride, add, w, b, y);
+    }
+    template <int N>
+    void layer_norm_rows(S* x, std::int64_t rows, std::int64_t x_stride, const S* add, const S* w, const S* b, S* y) const {
+        using row_array = Eigen::Array<S, 1, N>;
         const std::int64_t c = cfg_.embed_dim;
         const S eps = static_cast<S>(cfg_.layer_norm_eps), inv_c = S(1) / static_cast<S>(c);
         const Eigen::Map<const row_array> wa(w, c), ba(b, c);
