@@ -138,7 +138,8 @@ TEST_CASE("vit_digits: model a debug tensors (tokens, block 0 output and attenti
 
 TEST_CASE("vit_digits: logits do not depend on the chunk size, the thread count or tracing") {
     // The untraced forward runs the last block's MLP on the class tokens only and the chunks in
-    // parallel; the traced one runs every row, serially. All must agree to float rounding.
+    // parallel; the traced one runs every row, serially. All must agree to float rounding (a
+    // chunk size changes which Eigen kernel a row gets: 5e-7 seen; the reference tolerance is 1e-4).
     for (const std::string tag : {"a", "b"}) {
         CAPTURE(tag);
         auto model = rpe::examples::vit_digits<float>::load(digits_dir + "/deit_irpe_digits_" + tag + ".safetensors");
@@ -153,10 +154,10 @@ TEST_CASE("vit_digits: logits do not depend on the chunk size, the thread count 
             return logits;
         };
         const auto base = run(16, nullptr);
-        CHECK(digits_max_abs_diff(run(5, nullptr), base) <= 1e-6);
-        CHECK(digits_max_abs_diff(run(64, nullptr), base) <= 1e-6);
+        CHECK(digits_max_abs_diff(run(5, nullptr), base) <= 1e-5);
+        CHECK(digits_max_abs_diff(run(64, nullptr), base) <= 1e-5);
         rpe::examples::vit_digits_trace<float> trace;
-        CHECK(digits_max_abs_diff(run(16, &trace), base) <= 1e-6);
+        CHECK(digits_max_abs_diff(run(16, &trace), base) <= 1e-5);
         CHECK(trace.blocks.at(static_cast<std::size_t>(c.depth - 1)).size() == static_cast<std::size_t>(n * c.tokens * c.embed_dim));
 #if defined(_OPENMP)
         const int threads = omp_get_max_threads();
