@@ -163,8 +163,9 @@ template <class S>
 ///   model.forward(rpe::tensor_ref<const float>(images, {n, 1, 16, 16}),
 ///                 rpe::tensor_ref<float>(logits, {n, 10}));
 /// @endcode
-/// Memory: the batch is processed in chunks of chunk_size() images (default 16); the workspace
-/// is O(chunk · (L·(3C + F) + H·L²)), independent of N.
+/// Memory: the batch is processed in chunks of chunk_size() images (default 16); a workspace is
+/// O(chunk · L·(3C + F)), plus chunk · H·L² when traced, independent of N, and is kept for the
+/// next call (one per thread that ran a chunk) until the model is destroyed.
 /// Threads: with OpenMP, forward() runs the chunks in parallel (one workspace per thread).
 /// Thread-safety: forward() is const and may run concurrently (each call takes its own workspaces
 /// from a mutex-guarded pool that keeps them between calls).
