@@ -1,7 +1,10 @@
 // vit_digits: end-to-end check of rpe on two small DeiT + iRPE models really trained on the UCI
 // handwritten digits (examples/data/digits, see its README.md).
 //
-//   vit_digits [DATA_DIR]     (default: the folder baked in at build time, RPE_DIGITS_DATA_DIR)
+//   vit_digits [--stages] [DATA_DIR]   (default: the folder baked in at build time, RPE_DIGITS_DATA_DIR)
+//
+// --stages adds one line per model with the float forward's time per stage (patch embedding,
+// LayerNorm, qkv GEMM, repacking, attention, projection, MLP GEMMs, GELU, head).
 //
 // For each model (a: product / contextual / qkv, b: euc / bias / k) it loads the weights and the
 // configuration from the .safetensors file, runs the 450 test images in float, and compares with
@@ -34,6 +37,34 @@ constexpr double logits_tolerance = 1e-4;  // README: about 20x the float32-vs-f
 constexpr double debug_tolerance = 1e-5;
 constexpr double f64_tolerance = 1e-9;     // README: a float64 implementation meets ~1e-10
 
+/// The instruction sets the compiler was allowed to use for this build, from its predefined
+/// macros: e.g. "AVX-512F AVX2 FMA (-march=native or -m flags)",
+/// "x86-64 baseline (SSE2)", "AArch64 NEON"; "unknown ISA" for anything else.
+std::string build_isa() {
+    std::string isa;
+    auto add = [&isa](const char* name) { isa += (isa.empty() ? "" : " ") + std::string(name); };
+#if defined(__AVX512F__)
+    add("AVX-512F");
+#endif
+#if defined(__AVX2__)
+    add("AVX2");
+#elif defined(__AVX__)
+    add("AVX");
+#endif
+#if defined(__FMA__)
+    add("FMA");
+#endif
+#if defined(__x86_64__) || defined(_M_X64)
+    return isa.empty() ? "x86-64 baseline (SSE2)" : isa + " (-march=native or -m flags)";
+#elif defined(__ARM_NEON)
+    return isa.empty() ? "AArch64 NEON" : isa;
+#elif defined(__SSE2__)
+    return isa.empty() ? "SSE2" : isa;
+#else
+    return isa.empty() ? "unknown ISA" : isa;
+#endif
+}
+
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     double m = 0;
     for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
@@ -59,7 +90,8 @@ int count_equal(const std::vector<int>& a, const std::vector<int>& b) {
 }
 
 /// Runs one model; returns true when every check passes.
-bool run_model(const std::string& dir, char name, const std::vector<float>& images, const std::vector<std::int64_t>& labels) {
+bool run_model(const std::string& dir, char name, const std::vector<float>& images, const std::vector<std::int64_t>& labels,
+               bool stages) {
     using rpe::examples::vit_digits;
     const std::string tag(1, name);
     const auto model = vit_digits<float>::load(dir + "/deit_irpe_digits_" + tag + ".safetensors");
@@ -99,6 +131,18 @@ bool run_model(const std::string& dir, char name, const std::vector<float>& imag
     std::printf("model %c: %.0f images/s (float, %lld images in %.2f ms, best of 3, chunks of %d)\n", name,
                 static_cast<double>(n) / best, static_cast<long long>(n), best * 1e3, model.chunk_size());
     bool ok = agree == n && diff <= logits_tolerance && correct == ref_correct;
+    if (stages) {  // 5 more runs timed stage by stage (CPU ms, summed over threads); each stage's best
+        rpe::examples::vit_digits_stage_times t;
+        for (int run = 0; run < 5; ++run) {
+            rpe::examples::vit_digits_stage_times r;
+            model.forward(in, rpe::tensor_ref<float>(logits.data(), {n, c.num_classes}), nullptr, &r);
+            t = run == 0 ? r : t.min(r);
+        }
+        std::printf("model %c: stages (ms per %lld images, each stage's best of 5): patch_embed %.2f, layer_norm %.2f, qkv %.2f, repack %.2f, "
+                    "attention %.2f, proj %.2f, mlp %.2f, gelu %.2f, head %.2f, total %.2f\n",
+                    name, static_cast<long long>(n), t.patch_embed * 1e3, t.layer_norm * 1e3, t.qkv * 1e3, t.repack * 1e3,
+                    t.attention * 1e3, t.proj * 1e3, t.mlp * 1e3, t.gelu * 1e3, t.head * 1e3, t.total() * 1e3);
+    }
 
     if (name == 'a') {  // debug tensors: first 4 images
         const std::string tokens_path = dir + "/debug_a_tokens.npy";
@@ -153,8 +197,20 @@ bool run_model(const std::string& dir, char name, const std::vector<float>& imag
 }  // namespace
 
 int main(int argc, char** argv) {
-    const std::string dir = argc > 1 ? argv[1] : RPE_DIGITS_DATA_DIR;
+    std::string dir = RPE_DIGITS_DATA_DIR;
+    bool stages = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--stages")
+            stages = true;
+        else if (arg.rfind("--", 0) == 0) {
+            std::fprintf(stderr, "vit_digits: error: unknown option %s; usage: vit_digits [--stages] [DATA_DIR]\n", arg.c_str());
+            return 2;
+        } else
+            dir = arg;
+    }
     try {
+        std::printf("vit_digits: built for %s\n", build_isa().c_str());
         std::printf("vit_digits: data %s\n", dir.c_str());
         const auto images_npy = rpe::io::load_npy(dir + "/test_images.npy");
         const auto images = images_npy.as<float>();
@@ -177,7 +233,7 @@ int main(int argc, char** argv) {
                         redone == images ? "bit-identical" : "DIFFERENT");
         }
         bool ok = true;
-        for (const char name : {'a', 'b'}) ok = run_model(dir, name, images, labels) && ok;
+        for (const char name : {'a', 'b'}) ok = run_model(dir, name, images, labels, stages) && ok;
         return ok ? 0 : 1;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "vit_digits: error: %s\n", e.what());

@@ -20,12 +20,14 @@
 #include <unsupported/Eigen/SpecialFunctions>
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -71,6 +73,39 @@ struct vit_digits_trace {
     std::vector<S> tokens;               ///< (N, L, C): after patch embedding, class token, pos_embed
     std::vector<std::vector<S>> blocks;  ///< [depth] of (N, L, C): residual stream after each block
     std::vector<std::vector<S>> attn;    ///< [depth] of (N, H, L, L): attention probabilities (after softmax)
+};
+
+/// @brief Seconds spent in each stage of vit_digits::forward, accumulated over its chunks (and
+/// over its threads: with several threads these are CPU seconds, summing to more than the wall time).
+struct vit_digits_stage_times {
+    double patch_embed = 0;  ///< workspace sizing, patch gather, patch GEMM onto class token and pos_embed
+    double layer_norm = 0;   ///< LN1 and LN2 of every block (with the residual biases they add)
+    double qkv = 0;          ///< qkv Linear (GEMM, bias)
+    double repack = 0;       ///< qkv → (B, H, L, D) q, k, v and (B, H, L, D) → (B·L, C) attention output
+    double attention = 0;    ///< rpe::attention_forward (iRPE, softmax, a·v)
+    double proj = 0;         ///< attention projection GEMM, accumulated into the residual stream
+    double mlp = 0;          ///< fc1 and fc2 GEMMs
+    double gelu = 0;         ///< exact-erf GELU over the fc1 output
+    double head = 0;         ///< final LN of the class tokens and the head Linear
+    /// @brief Sum of the stages.
+    [[nodiscard]] double total() const {
+        return patch_embed + layer_norm + qkv + repack + attention + proj + mlp + gelu + head;
+    }
+    /// @brief Stage by stage minimum of two measurements (for a best-of-n under load).
+    [[nodiscard]] vit_digits_stage_times min(const vit_digits_stage_times& o) const {
+        vit_digits_stage_times m;
+        m.patch_embed = std::min(patch_embed, o.patch_embed), m.layer_norm = std::min(layer_norm, o.layer_norm);
+        m.qkv = std::min(qkv, o.qkv), m.repack = std::min(repack, o.repack), m.attention = std::min(attention, o.attention);
+        m.proj = std::min(proj, o.proj), m.mlp = std::min(mlp, o.mlp), m.gelu = std::min(gelu, o.gelu);
+        m.head = std::min(head, o.head);
+        return m;
+    }
+    /// @brief Adds another measurement stage by stage.
+    vit_digits_stage_times& operator+=(const vit_digits_stage_times& o) {
+        patch_embed += o.patch_embed, layer_norm += o.layer_norm, qkv += o.qkv, repack += o.repack;
+        attention += o.attention, proj += o.proj, mlp += o.mlp, gelu += o.gelu, head += o.head;
+        return *this;
+    }
 };
 
 /// @brief Index of the largest of `n` values (the first one on ties, as torch.argmax).
@@ -128,10 +163,12 @@ template <class S>
 ///   model.forward(rpe::tensor_ref<const float>(images, {n, 1, 16, 16}),
 ///                 rpe::tensor_ref<float>(logits, {n, 10}));
 /// @endcode
-/// Memory: the batch is processed in chunks of chunk_size() images (default 64); the workspace
-/// is O(chunk · (L·(3C + F) + H·L²)), independent of N.
+/// Memory: the batch is processed in chunks of chunk_size() images (default 16); a workspace is
+/// O(chunk · L·(3C + F)), plus chunk · H·L² when traced, independent of N, and is kept for the
+/// next call (one per thread that ran a chunk) until the model is destroyed.
 /// Threads: with OpenMP, forward() runs the chunks in parallel (one workspace per thread).
-/// Thread-safety: forward() is const and may run concurrently (each call has its own workspace).
+/// Thread-safety: forward() is const and may run concurrently (each call takes its own workspaces
+/// from a mutex-guarded pool that keeps them between calls).
 /// Move-only (it owns its rpe terms).
 template <class S = float>
 class vit_digits {
@@ -185,9 +222,12 @@ public:
     /// @param logits (N, num_classes), written.
     /// @param trace  optional: filled with the intermediate tensors (see vit_digits_trace),
     ///   replacing what it held.
+    /// @param times  optional: the seconds of each stage are added to it (see vit_digits_stage_times);
+    ///   null (the default) takes no timings.
     /// @throws rpe::invalid_argument `[rpe.vit_digits] ...` for a shape that does not match the
     ///   config or a null buffer; checked before anything is written.
-    void forward(rpe::tensor_ref<const S> images, rpe::tensor_ref<S> logits, vit_digits_trace<S>* trace = nullptr) const {
+    void forward(rpe::tensor_ref<const S> images, rpe::tensor_ref<S> logits, vit_digits_trace<S>* trace = nullptr,
+                 vit_digits_stage_times* times = nullptr) const {
         const int s = cfg_.img_size;
         rpe::detail::require(images.rank == 4 && images.extent(1) == cfg_.in_chans && images.extent(2) == s &&
                                  images.extent(3) == s,
@@ -205,10 +245,10 @@ public:
         }
         const std::int64_t image_size = static_cast<std::int64_t>(cfg_.in_chans) * s * s;
         const std::int64_t chunks = (n + chunk_ - 1) / chunk_;
-        auto run = [&](std::int64_t ch, workspace& ws) {
+        auto run = [&](std::int64_t ch, workspace& ws, vit_digits_stage_times* t) {
             const std::int64_t first = ch * chunk_;
             const int b = static_cast<int>(std::min<std::int64_t>(chunk_, n - first));
-            forward_chunk(images.data + first * image_size, b, logits.data + first * cfg_.num_classes, ws, trace);
+            forward_chunk(images.data + first * image_size, b, logits.data + first * cfg_.num_classes, ws, trace, t);
         };
 #if defined(_OPENMP)
         // Chunks run in parallel, one workspace per thread (the rpe kernels and Eigen inside then
@@ -218,26 +258,35 @@ public:
             std::exception_ptr error;
 #pragma omp parallel
             {
-                workspace ws;
+                auto ws_ptr = take_workspace();
+                workspace& ws = *ws_ptr;
+                vit_digits_stage_times mine;
 #pragma omp for schedule(dynamic, 1)
                 for (std::int64_t ch = 0; ch < chunks; ++ch) {
                     try {
-                        run(ch, ws);
+                        run(ch, ws, times ? &mine : nullptr);
                     } catch (...) {
 #pragma omp critical(rpe_vit_digits_error)
                         if (!error) error = std::current_exception();
                     }
                 }
+                if (times) {
+#pragma omp critical(rpe_vit_digits_times)
+                    *times += mine;
+                }
+                give_back(std::move(ws_ptr));
             }
             if (error) std::rethrow_exception(error);
             return;
         }
 #endif
-        workspace ws;
-        for (std::int64_t ch = 0; ch < chunks; ++ch) run(ch, ws);
+        auto ws = take_workspace();
+        for (std::int64_t ch = 0; ch < chunks; ++ch) run(ch, *ws, times);
+        give_back(std::move(ws));
     }
 
 private:
+    using clock = std::chrono::steady_clock;
     enum class slot : int { q = 0, k = 1, v = 2 };
     static slot slot_of(rpe::target t) {
         return t == rpe::target::query ? slot::q : (t == rpe::target::key ? slot::k : slot::v);
@@ -254,19 +303,37 @@ private:
 
     /// Scratch buffers of one chunk of B images.
     struct workspace {
-        std::vector<S> patches, z, h, qkv, q, k, v, out, attn, o, y, f, cls;
-        void resize(const vit_digits_config& c, int b) {
+        std::vector<S> patches, z, h, qkv, q, k, v, out, attn, o, f, cls;
+        /// Sizes the buffers for b images; the (b, H, L, L) probabilities only when traced.
+        void resize(const vit_digits_config& c, int b, bool traced) {
             const auto rows = static_cast<std::size_t>(b) * c.tokens;
             const auto ll = static_cast<std::size_t>(c.tokens) * c.tokens;
-            for (auto* buf : {&z, &h, &o, &y}) buf->resize(rows * c.embed_dim);
+            for (auto* buf : {&z, &h, &o}) buf->resize(rows * c.embed_dim);
             qkv.resize(rows * 3 * c.embed_dim);
             for (auto* buf : {&q, &k, &v, &out}) buf->resize(rows * c.embed_dim);
-            attn.resize(static_cast<std::size_t>(b) * c.num_heads * ll);
+            if (traced) attn.resize(static_cast<std::size_t>(b) * c.num_heads * ll);
             f.resize(rows * c.mlp_hidden_dim);
             patches.resize(static_cast<std::size_t>(b) * c.grid * c.grid * c.in_chans * c.patch_size * c.patch_size);
             cls.resize(static_cast<std::size_t>(b) * c.embed_dim);
         }
     };
+
+    /// A workspace from the pool, or a new one. Workspaces are kept between forward() calls (one
+    /// per concurrent user), so that a call does not allocate and page in megabytes of buffers
+    /// again; one lost to an exception is simply not reused.
+    std::unique_ptr<workspace> take_workspace() const {
+        const std::lock_guard lock(pool_->mutex);
+        if (pool_->free.empty()) return std::make_unique<workspace>();
+        auto ws = std::move(pool_->free.back());
+        pool_->free.pop_back();
+        return ws;
+    }
+    /// Returns a workspace to the pool.
+    void give_back(std::unique_ptr<workspace> ws) const {
+        const std::lock_guard lock(pool_->mutex);
+        pool_->free.push_back(std::move(ws));
+    }
+
 
     // ---------------------------------------------------------------------------------------
     // Loading
@@ -391,6 +458,12 @@ private:
         patch_b_ = param("patch_embed.proj.bias", {C});
         cls_token_ = param("cls_token", {1, 1, C});
         pos_embed_ = param("pos_embed", {1, L, C});
+        // (L, C): what every image's tokens start from: class token + pos_embed[0], then
+        // pos_embed[p] + the patch conv's bias (the patch GEMM is accumulated onto it).
+        token_init_.assign(pos_embed_, pos_embed_ + L * C);
+        map init(token_init_.data(), L, C);
+        init.row(0) += crow_map(cls_token_, C);
+        init.bottomRows(L - 1).rowwise() += crow_map(patch_b_, C);
         blocks_.resize(static_cast<std::size_t>(c.depth));
         for (int i = 0; i < c.depth; ++i) {
             const std::string p = "blocks." + std::to_string(i) + ".";
@@ -426,40 +499,74 @@ private:
     // Forward
     // ---------------------------------------------------------------------------------------
 
-    /// y (rows, out) = x (rows, in) · Wᵀ + b, W (out, in) row-major as nn.Linear.
+    /// y (rows, out) = x (rows, in) · Wᵀ + b, W (out, in) row-major as nn.Linear. The bias is written first and the product accumulated onto it by the GEMM (Eigen's
+    /// `noalias() =` would clear y first instead), so the bias costs no extra pass.
     static void linear(const S* x, std::int64_t rows, std::int64_t in, const S* w, const S* b, std::int64_t out, S* y) {
         map ym(y, rows, out);
-        ym.noalias() = cmap(x, rows, in) * cmap(w, out, in).transpose();
-        if (b) ym.rowwise() += crow_map(b, out);
+        if (b)
+            ym.rowwise() = crow_map(b, out);
+        else
+            ym.setZero();
+        ym.noalias() += cmap(x, rows, in) * cmap(w, out, in).transpose();
     }
 
-    /// LayerNorm over the last dimension (biased variance), rows of length c.
-    void layer_norm(const S* x, std::int64_t rows, const S* w, const S* b, S* y) const {
+    /// z (rows, out) += x (rows, in) · Wᵀ, W (out, in) row-major, z rows `z_stride` apart: the
+    /// residual add done by the GEMM itself (no temporary); the Linear's bias is left to the caller
+    /// (see layer_norm's `add`).
+    static void linear_accumulate(const S* x, std::int64_t rows, std::int64_t in, const S* w, std::int64_t out, S* z,
+                                  std::int64_t z_stride) {
+        Eigen::Map<matrix, 0, Eigen::OuterStride<>>(z, rows, out, Eigen::OuterStride<>(z_stride)).noalias() +=
+            cmap(x, rows, in) * cmap(w, out, in).transpose();
+    }
+
+    /// LayerNorm over rows of length C (biased variance, two passes over a row held in L1):
+    /// y_r = (x_r − mean) / sqrt(var + ε) · w + b. When `add` is not null, x_r += add is written back
+    /// first (a residual Linear's pending bias), so the residual stream gets its bias in the same pass.
+    /// x rows are `x_stride` apart (C for a packed matrix, L·C for the class tokens), y rows packed.
+    void layer_norm(S* x, std::int64_t rows, std::int64_t x_stride, const S* add, const S* w, const S* b, S* y) const {
+        // C = 64 (both digits models) gets fixed-size rows: the reductions unroll (3x faster here).
+        if (cfg_.embed_dim == 64)
+            layer_norm_rows<64>(x, rows, x_stride, add, w, b, y);
+        else
+            layer_norm_rows<Eigen::Dynamic>(x, rows, x_stride, add, w, b, y);
+    }
+    template <int N>
+    void layer_norm_rows(S* x, std::int64_t rows, std::int64_t x_stride, const S* add, const S* w, const S* b, S* y) const {
+        using row_array = Eigen::Array<S, 1, N>;
         const std::int64_t c = cfg_.embed_dim;
-        const S eps = static_cast<S>(cfg_.layer_norm_eps);
+        const S eps = static_cast<S>(cfg_.layer_norm_eps), inv_c = S(1) / static_cast<S>(c);
+        const Eigen::Map<const row_array> wa(w, c), ba(b, c);
         for (std::int64_t r = 0; r < rows; ++r) {
-            const S* xr = x + r * c;
-            S* yr = y + r * c;
-            S mean = 0;
-            for (std::int64_t e = 0; e < c; ++e) mean += xr[e];
-            mean /= static_cast<S>(c);
-            S var = 0;
-            for (std::int64_t e = 0; e < c; ++e) var += (xr[e] - mean) * (xr[e] - mean);
-            var /= static_cast<S>(c);
+            Eigen::Map<row_array> xr(x + r * x_stride, c);
+            if (add) xr += Eigen::Map<const row_array>(add, c);
+            const S mean = xr.sum() * inv_c;
+            const S var = (xr - mean).square().sum() * inv_c;
             const S inv = S(1) / std::sqrt(var + eps);
-            for (std::int64_t e = 0; e < c; ++e) yr[e] = (xr[e] - mean) * inv * w[e] + b[e];
+            Eigen::Map<row_array>(y + r * c, c) = (xr - mean) * inv * wa + ba;
         }
     }
 
-    void forward_chunk(const S* images, int b, S* logits, workspace& ws, vit_digits_trace<S>* trace) const {
+    /// Accumulates the seconds since `t0` into `slot` when timing, and restarts the clock.
+    static void lap(double* slot, clock::time_point& t0) {
+        if (!slot) return;
+        const auto t1 = clock::now();
+        *slot += std::chrono::duration<double>(t1 - t0).count();
+        t0 = t1;
+    }
+
+    void forward_chunk(const S* images, int b, S* logits, workspace& ws, vit_digits_trace<S>* trace,
+                       vit_digits_stage_times* times) const {
         const auto& c = cfg_;
         const std::int64_t C = c.embed_dim, H = c.num_heads, D = c.head_dim, L = c.tokens, F = c.mlp_hidden_dim;
         const std::int64_t G = c.grid, P = c.patch_size, Cin = c.in_chans, S_img = c.img_size;
         const std::int64_t rows = b * L, patch_len = Cin * P * P;
-        ws.resize(c, b);
+        auto t0 = clock::now();
+        ws.resize(c, b, trace != nullptr);
+        auto at = [times](double vit_digits_stage_times::*m) { return times ? &(times->*m) : nullptr; };
 
-        // 1. Patch embedding as one GEMM: gather each patch (Cin, P, P) into a row, then
-        //    (b·G², Cin·P²) · W_peᵀ (W_pe viewed as (C, Cin·P²)) + bias.
+        // 1. Patch embedding as a GEMM per image: gather each patch (Cin, P, P) into a row, then
+        //    z_i = token_init (class token + pos_embed, and pos_embed + conv bias on the patch rows);
+        //    z_i[1:] += (G², Cin·P²) · W_peᵀ (W_pe viewed as (C, Cin·P²)).
         for (std::int64_t img = 0; img < b; ++img)
             for (std::int64_t r = 0; r < G; ++r)
                 for (std::int64_t col = 0; col < G; ++col) {
@@ -470,34 +577,38 @@ private:
                                 row[(ch * P + ky) * P + kx] =
                                     images[((img * Cin + ch) * S_img + P * r + ky) * S_img + P * col + kx];
                 }
-        linear(ws.patches.data(), b * G * G, patch_len, patch_w_, patch_b_, C, ws.y.data());
-        // 2. Tokens: z_0 = cls, z_{1+p} = t_p; z += pos_embed.
+        const cmap token_init(token_init_.data(), L, C), patch_w(patch_w_, C, patch_len);
         for (std::int64_t img = 0; img < b; ++img) {
-            S* zi = ws.z.data() + img * L * C;
-            std::copy(cls_token_, cls_token_ + C, zi);
-            std::copy(ws.y.data() + img * G * G * C, ws.y.data() + (img + 1) * G * G * C, zi + C);
-            for (std::int64_t e = 0; e < L * C; ++e) zi[e] += pos_embed_[e];
+            map zi(ws.z.data() + img * L * C, L, C);
+            zi = token_init;
+            zi.bottomRows(G * G).noalias() += cmap(ws.patches.data() + img * G * G * patch_len, G * G, patch_len) * patch_w.transpose();
         }
         if (trace) trace->tokens.insert(trace->tokens.end(), ws.z.begin(), ws.z.begin() + rows * C);
+        lap(at(&vit_digits_stage_times::patch_embed), t0);
 
         // 3. Blocks.
         const rpe::tensor_ref<const S> q_ref(ws.q.data(), {b, H, L, D}), k_ref(ws.k.data(), {b, H, L, D}),
             v_ref(ws.v.data(), {b, H, L, D});
         const rpe::tensor_ref<S> out_ref(ws.out.data(), {b, H, L, D}), attn_ref(ws.attn.data(), {b, H, L, L});
+        const S* pending = nullptr;  // fc2 bias of the previous block, not yet added to z (C)
         for (int i = 0; i < c.depth; ++i) {
             const auto& w = blocks_[static_cast<std::size_t>(i)];
-            // h = LN1(z); qkv = h·W_qkvᵀ + b: (b·L, 3C), column t·C + n·D + d.
-            layer_norm(ws.z.data(), rows, w.norm1_w, w.norm1_b, ws.h.data());
+            // h = LN1(z + pending); qkv = h·W_qkvᵀ + b: (b·L, 3C), column t·C + n·D + d.
+            layer_norm(ws.z.data(), rows, C, pending, w.norm1_w, w.norm1_b, ws.h.data());
+            lap(at(&vit_digits_stage_times::layer_norm), t0);
             linear(ws.h.data(), rows, C, w.qkv_w, w.qkv_b, 3 * C, ws.qkv.data());
-            // (b, L, 3, H, D) → three (b, H, L, D)
+            lap(at(&vit_digits_stage_times::qkv), t0);
+            // (b, L, 3, H, D) → three (b, H, L, D): one pass, reading qkv in order (the library
+            // takes contiguous (B, H, L, D) tensors).
             S* dst[3] = {ws.q.data(), ws.k.data(), ws.v.data()};
             for (std::int64_t img = 0; img < b; ++img)
                 for (std::int64_t l = 0; l < L; ++l) {
                     const S* src = ws.qkv.data() + (img * L + l) * 3 * C;
                     for (int t = 0; t < 3; ++t)
                         for (std::int64_t n = 0; n < H; ++n)
-                            std::copy(src + t * C + n * D, src + t * C + (n + 1) * D, dst[t] + ((img * H + n) * L + l) * D);
+                            std::copy_n(src + t * C + n * D, D, dst[t] + ((img * H + n) * L + l) * D);
                 }
+            lap(at(&vit_digits_stage_times::repack), t0);
             // attention with iRPE (the library scales q by D^-1/2 itself)
             rpe::attention_inputs<S> in;
             in.q = q_ref;
@@ -517,34 +628,48 @@ private:
             rpe::attention_forward(in, out_ref, trace ? attn_ref : rpe::tensor_ref<S>{});
             if (trace) trace->attn[static_cast<std::size_t>(i)].insert(trace->attn[static_cast<std::size_t>(i)].end(),
                                                                        ws.attn.begin(), ws.attn.begin() + b * H * L * L);
-            // (b, H, L, D) → (b·L, C), heads concatenated
+            lap(at(&vit_digits_stage_times::attention), t0);
+            // The head reads only the class tokens, so unless traced the last block's projection, LN2
+            // and MLP run on those b rows alone (z rows L·C apart); otherwise on all b·L rows.
+            const bool cls_only = !trace && i == c.depth - 1;
+            const std::int64_t m = cls_only ? b : rows, zs = cls_only ? L * C : C, lm = cls_only ? 1 : L;
+            // (b, H, L, D) → (m, C), heads concatenated: one pass, writing o in order
             for (std::int64_t img = 0; img < b; ++img)
-                for (std::int64_t n = 0; n < H; ++n)
-                    for (std::int64_t l = 0; l < L; ++l) {
-                        const S* src = ws.out.data() + ((img * H + n) * L + l) * D;
-                        std::copy(src, src + D, ws.o.data() + (img * L + l) * C + n * D);
-                    }
-            // z += proj(o)
-            linear(ws.o.data(), rows, C, w.proj_w, w.proj_b, C, ws.y.data());
-            map(ws.z.data(), rows, C) += cmap(ws.y.data(), rows, C);
-            // z += fc2(GELU(fc1(LN2(z))))
-            layer_norm(ws.z.data(), rows, w.norm2_w, w.norm2_b, ws.h.data());
-            linear(ws.h.data(), rows, C, w.fc1_w, w.fc1_b, F, ws.f.data());
-            // exact GELU 0.5·x·(1 + erf(x/√2)); Eigen's erf is vectorised for float (within a few
-            // ulp of std::erf) and std::erf for double
-            auto f = Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>(ws.f.data(), rows * F);
+                for (std::int64_t l = 0; l < lm; ++l) {
+                    S* row = ws.o.data() + (img * lm + l) * C;
+                    for (std::int64_t n = 0; n < H; ++n) std::copy_n(ws.out.data() + ((img * H + n) * L + l) * D, D, row + n * D);
+                }
+            lap(at(&vit_digits_stage_times::repack), t0);
+            // z += o·W_projᵀ; the bias b_proj is added by LN2's pass
+            linear_accumulate(ws.o.data(), m, C, w.proj_w, C, ws.z.data(), zs);
+            lap(at(&vit_digits_stage_times::proj), t0);
+            // h = LN2(z += b_proj)
+            layer_norm(ws.z.data(), m, zs, w.proj_b, w.norm2_w, w.norm2_b, ws.h.data());
+            lap(at(&vit_digits_stage_times::layer_norm), t0);
+            // f = GELU(h·W_fc1ᵀ + b_fc1)
+            linear(ws.h.data(), m, C, w.fc1_w, w.fc1_b, F, ws.f.data());
+            lap(at(&vit_digits_stage_times::mlp), t0);
+            // exact GELU 0.5·x·(1 + erf(x/√2)); Eigen's erf is vectorised for float (a rational
+            // approximation within a few ulp of std::erf) and std::erf for double
+            auto f = Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>(ws.f.data(), m * F);
             f = S(0.5) * f * (S(1) + (f * static_cast<S>(0.70710678118654752440084436210484903928483593768847)).erf());
-            linear(ws.f.data(), rows, F, w.fc2_w, w.fc2_b, C, ws.y.data());
-            map(ws.z.data(), rows, C) += cmap(ws.y.data(), rows, C);
-            if (trace) trace->blocks[static_cast<std::size_t>(i)].insert(trace->blocks[static_cast<std::size_t>(i)].end(),
-                                                                         ws.z.begin(), ws.z.begin() + rows * C);
+            lap(at(&vit_digits_stage_times::gelu), t0);
+            // z += f·W_fc2ᵀ; b_fc2 is added by the next LayerNorm's pass (or here when traced)
+            linear_accumulate(ws.f.data(), m, F, w.fc2_w, C, ws.z.data(), zs);
+            pending = w.fc2_b;
+            lap(at(&vit_digits_stage_times::mlp), t0);
+            if (trace) {
+                map(ws.z.data(), rows, C).rowwise() += crow_map(pending, C);
+                pending = nullptr;
+                trace->blocks[static_cast<std::size_t>(i)].insert(trace->blocks[static_cast<std::size_t>(i)].end(),
+                                                                  ws.z.begin(), ws.z.begin() + rows * C);
+            }
         }
 
-        // 4. logits = head(LN(z_0)) for the class token of each image.
-        for (std::int64_t img = 0; img < b; ++img)
-            std::copy(ws.z.data() + img * L * C, ws.z.data() + img * L * C + C, ws.o.data() + img * C);
-        layer_norm(ws.o.data(), b, norm_w_, norm_b_, ws.cls.data());
+        // 4. logits = head(LN(z_0 + pending)) for the class token of each image (rows L·C apart).
+        layer_norm(ws.z.data(), b, L * C, pending, norm_w_, norm_b_, ws.cls.data());
         linear(ws.cls.data(), b, C, head_w_, head_b_, c.num_classes, logits);
+        lap(at(&vit_digits_stage_times::head), t0);
     }
 
     rpe::io::safetensors_file file_;            // keeps the float views alive
@@ -554,7 +679,13 @@ private:
     const S *patch_w_ = nullptr, *patch_b_ = nullptr, *cls_token_ = nullptr, *pos_embed_ = nullptr;
     const S *norm_w_ = nullptr, *norm_b_ = nullptr, *head_w_ = nullptr, *head_b_ = nullptr;
     std::vector<block_weights> blocks_;
-    int chunk_ = 64;
+    std::vector<S> token_init_;  // (L, C): class token and patch biases folded into pos_embed
+    struct workspace_pool {
+        std::mutex mutex;  // behind a pointer, so the model stays movable
+        std::vector<std::unique_ptr<workspace>> free;
+    };
+    std::unique_ptr<workspace_pool> pool_ = std::make_unique<workspace_pool>();
+    int chunk_ = 16;
 };
 
 }  // namespace rpe::examples

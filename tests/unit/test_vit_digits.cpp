@@ -23,6 +23,10 @@
 
 #include "../../examples/vit_digits/vit_digits.hpp"
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #ifndef RPE_TEST_DATA_DIR
 #error "RPE_TEST_DATA_DIR must be defined (path of tests/data)"
 #endif
@@ -130,6 +134,39 @@ TEST_CASE("vit_digits: model a debug tensors (tokens, block 0 output and attenti
     REQUIRE(trace.blocks.size() == 4);
     CHECK(digits_max_abs_diff(trace.blocks[0], block0) <= 1e-5);
     CHECK(digits_max_abs_diff(trace.attn[0], attn0) <= 1e-5);
+}
+
+TEST_CASE("vit_digits: logits do not depend on the chunk size, the thread count or tracing") {
+    // The untraced forward runs the last block's MLP on the class tokens only and the chunks in
+    // parallel; the traced one runs every row, serially. All must agree to float rounding (a
+    // chunk size changes which Eigen kernel a row gets: 5e-7 seen; the reference tolerance is 1e-4).
+    for (const std::string tag : {"a", "b"}) {
+        CAPTURE(tag);
+        auto model = rpe::examples::vit_digits<float>::load(digits_dir + "/deit_irpe_digits_" + tag + ".safetensors");
+        const auto& c = model.config();
+        const auto images = rpe::io::load_npy(digits_dir + "/test_images.npy").as<float>();
+        const std::int64_t n = 37;  // not a multiple of any chunk size below
+        const rpe::tensor_ref<const float> in(images.data(), {n, c.in_chans, c.img_size, c.img_size});
+        auto run = [&](int chunk, rpe::examples::vit_digits_trace<float>* trace) {
+            model.set_chunk_size(chunk);
+            std::vector<float> logits(static_cast<std::size_t>(n * c.num_classes));
+            model.forward(in, rpe::tensor_ref<float>(logits.data(), {n, c.num_classes}), trace);
+            return logits;
+        };
+        const auto base = run(16, nullptr);
+        CHECK(digits_max_abs_diff(run(5, nullptr), base) <= 1e-5);
+        CHECK(digits_max_abs_diff(run(64, nullptr), base) <= 1e-5);
+        rpe::examples::vit_digits_trace<float> trace;
+        CHECK(digits_max_abs_diff(run(16, &trace), base) <= 1e-5);
+        CHECK(trace.blocks.at(static_cast<std::size_t>(c.depth - 1)).size() == static_cast<std::size_t>(n * c.tokens * c.embed_dim));
+#if defined(_OPENMP)
+        const int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        const auto serial = run(16, nullptr);
+        omp_set_num_threads(threads);
+        CHECK(serial == base);  // the same chunks computed the same way: bit for bit
+#endif
+    }
 }
 
 TEST_CASE("vit_digits: the models' bucket ids equal bucket_ids_{a,b}.npy") {
