@@ -38,8 +38,9 @@ constexpr double debug_tolerance = 1e-5;
 constexpr double f64_tolerance = 1e-9;     // README: a float64 implementation meets ~1e-10
 
 /// The instruction sets the compiler was allowed to use for this build, from its predefined
-/// macros: e.g. "AVX-512F AVX2 FMA (-march=native or -m flags)",
-/// "x86-64 baseline (SSE2)", "AArch64 NEON"; "unknown ISA" for anything else.
+/// macros, the vector paths of rpe's CPU kernels, and how they were chosen: e.g. "AVX-512F AVX2
+/// FMA, rpe kernels AVX-512F (-march=native, CMake option RPE_NATIVE)", "x86-64 baseline (SSE2),
+/// rpe kernels SSE2".
 std::string build_isa() {
     std::string isa;
     auto add = [&isa](const char* name) { isa += (isa.empty() ? "" : " ") + std::string(name); };
@@ -54,15 +55,20 @@ std::string build_isa() {
 #if defined(__FMA__)
     add("FMA");
 #endif
+    if (isa.empty()) {
 #if defined(__x86_64__) || defined(_M_X64)
-    return isa.empty() ? "x86-64 baseline (SSE2)" : isa + " (-march=native or -m flags)";
+        isa = "x86-64 baseline (SSE2)";
 #elif defined(__ARM_NEON)
-    return isa.empty() ? "AArch64 NEON" : isa;
-#elif defined(__SSE2__)
-    return isa.empty() ? "SSE2" : isa;
+        isa = "AArch64 NEON";
 #else
-    return isa.empty() ? "unknown ISA" : isa;
+        isa = "the compiler's default ISA";
 #endif
+    }
+    isa += std::string(", rpe kernels ") + rpe::detail::cpu::simd_isa();
+#if defined(RPE_BUILD_MARCH)
+    if (std::string(RPE_BUILD_MARCH) == "native") isa += " (-march=native, CMake option RPE_NATIVE)";
+#endif
+    return isa;
 }
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -245,13 +245,27 @@ void softmax_row(S* row, std::int64_t n, const std::uint8_t* mask) {
 }
 
 /// @brief Softmax backward of one row in place: `dp[j] = p[j]·(dp[j] − Σ_l dp[l]·p[l])` (the
-/// gradient of the logits from that of the probabilities). Vectorised.
+/// gradient of the logits from that of the probabilities). Vectorised; the sum's order does not
+/// depend on the rows' alignment (so neither does the result).
 template <class S>
 void softmax_backward_row(const S* p, S* dp, std::int64_t n) {
-    Eigen::Map<const Eigen::Array<S, 1, Eigen::Dynamic>> pr(p, n);
-    Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>> dr(dp, n);
-    const S dot = (pr * dr).sum();
-    dr = pr * (dr - dot);
+    using namespace Eigen::internal;
+    using P = typename packet_traits<S>::type;
+    constexpr std::int64_t w = unpacket_traits<P>::size;
+    S dot = 0;
+    std::int64_t j = 0;
+    if (n >= w) {
+        P acc = pset1<P>(S(0));
+        for (; j + w <= n; j += w) acc = pmadd(ploadu<P>(p + j), ploadu<P>(dp + j), acc);
+        dot = predux(acc);
+    }
+    for (; j < n; ++j) dot += p[j] * dp[j];
+    j = 0;
+    if (n >= w) {
+        const P pd = pset1<P>(dot);
+        for (; j + w <= n; j += w) pstoreu(dp + j, pmul(ploadu<P>(p + j), psub(ploadu<P>(dp + j), pd)));
+    }
+    for (; j < n; ++j) dp[j] = p[j] * (dp[j] - dot);
 }
 
 }  // namespace rpe::detail::cpu

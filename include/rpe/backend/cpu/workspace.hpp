@@ -87,15 +87,19 @@ private:
     int threads_ = 1;
 };
 
-/// @brief `per_thread` elements of T for each thread of the team, in a workspace.
+/// @brief At least `n` elements of T for each thread of the team, in a workspace. Every thread's
+/// slice starts 64-byte aligned, so vectorised reductions (whose order follows the alignment)
+/// give the same bits on every thread.
 template <class T>
 struct thread_scratch {
     static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>);
+    static constexpr std::int64_t per_line = 64 / static_cast<std::int64_t>(sizeof(T)) > 0 ? 64 / static_cast<std::int64_t>(sizeof(T)) : 1;
     const workspace* ws;
+    std::int64_t per_thread;  ///< elements per thread: n rounded up to whole 64-byte lines
     std::size_t offset;
-    std::int64_t per_thread;
     thread_scratch(workspace& w, std::int64_t n)
-        : ws(&w), offset(w.add(static_cast<std::size_t>(w.threads()) * static_cast<std::size_t>(n), sizeof(T))), per_thread(n) {}
+        : ws(&w), per_thread((n + per_line - 1) / per_line * per_line),
+          offset(w.add(static_cast<std::size_t>(w.threads()) * static_cast<std::size_t>(per_thread), sizeof(T))) {}
     T* mine() const { return reinterpret_cast<T*>(ws->base() + offset) + thread_id() * per_thread; }
 };
 
