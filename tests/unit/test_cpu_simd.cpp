@@ -1,0 +1,150 @@
+// The vectorised row kernels of the CPU backend (backend/cpu/simd.hpp) against plain loops:
+// gathers by bucket id (K up to 64 in registers, larger K, per-key tables; 1-, 2- and 4-byte ids;
+// row lengths that are not a multiple of the vector width), the softmax's edge cases, and the
+// scratch workspace.
+#include <doctest/doctest.h>
+#include <rpe/rpe.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+using rpe::detail::cpu::gather_row;
+using rpe::detail::cpu::gather_row_strided;
+
+template <class S, class Id>
+void check_gathers(std::int64_t k, std::int64_t n, std::uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<double> normal;
+    std::vector<S> w(static_cast<std::size_t>(n * k)), base(static_cast<std::size_t>(n));
+    std::vector<Id> ids(static_cast<std::size_t>(n));
+    for (auto& e : w) e = static_cast<S>(normal(rng));
+    for (auto& e : base) e = static_cast<S>(normal(rng));
+    for (auto& e : ids) e = static_cast<Id>(std::uniform_int_distribution<std::int64_t>(0, k - 1)(rng));
+    ids[0] = static_cast<Id>(k - 1);  // the last bucket (the skip bucket of a term)
+    std::vector<S> add = base, set = base, add_s = base, set_s = base;
+    gather_row<true>(add.data(), w.data(), k, ids.data(), n);
+    gather_row<false>(set.data(), w.data(), k, ids.data(), n);
+    gather_row_strided<true>(add_s.data(), w.data(), k, ids.data(), n);
+    gather_row_strided<false>(set_s.data(), w.data(), k, ids.data(), n);
+    for (std::int64_t j = 0; j < n; ++j) {
+        const auto jj = static_cast<std::size_t>(j);
+        // one addition per element in every path: exact equality with the plain loop
+        CHECK(add[jj] == base[jj] + w[ids[jj]]);
+        CHECK(set[jj] == w[ids[jj]]);
+        CHECK(add_s[jj] == base[jj] + w[static_cast<std::size_t>(j * k) + ids[jj]]);
+        CHECK(set_s[jj] == w[static_cast<std::size_t>(j * k) + ids[jj]]);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("cpu gathers equal plain loops for every K, row length and id width") {
+    for (const std::int64_t k : {1, 2, 15, 16, 17, 32, 33, 50, 63, 64, 65, 200, 300})
+        for (const std::int64_t n : {1, 7, 16, 17, 65, 197}) {
+            CAPTURE(k);
+            CAPTURE(n);
+            check_gathers<float, std::uint16_t>(k, n, 1);
+            check_gathers<float, std::uint32_t>(k, n, 2);
+            check_gathers<double, std::uint32_t>(k, n, 3);
+            if (k <= 256) {
+                check_gathers<float, std::uint8_t>(k, n, 4);
+                check_gathers<double, std::uint8_t>(k, n, 5);
+            }
+        }
+}
+
+TEST_CASE("cpu softmax row: values, masks, -inf, NaN, +inf, all masked, lengths around the vector width") {
+    using rpe::detail::cpu::softmax_row;
+    const float inf = std::numeric_limits<float>::infinity();
+    for (const std::int64_t n : {1, 3, 15, 16, 17, 33, 197}) {
+        CAPTURE(n);
+        std::vector<float> row(static_cast<std::size_t>(n)), ref(row.size());
+        std::vector<std::uint8_t> mask(row.size(), 0);
+        for (std::int64_t j = 0; j < n; ++j) row[static_cast<std::size_t>(j)] = static_cast<float>(std::sin(0.7 * j) * 5);
+        if (n > 2) {
+            mask[1] = 1;                          // a padded key
+            row[2] = -inf;                        // an attn_mask −∞
+            row[static_cast<std::size_t>(n - 1)] = -1000.0f;  // exp underflows to 0 after the max
+        }
+        double m = -1e300, sum = 0;
+        for (std::int64_t j = 0; j < n; ++j)
+            if (!mask[static_cast<std::size_t>(j)]) m = std::max(m, static_cast<double>(row[static_cast<std::size_t>(j)]));
+        for (std::int64_t j = 0; j < n; ++j) {
+            const auto jj = static_cast<std::size_t>(j);
+            ref[jj] = mask[jj] ? 0.0f : static_cast<float>(std::exp(static_cast<double>(row[jj]) - m));
+            sum += ref[jj];
+        }
+        for (auto& e : ref) e = static_cast<float>(e / sum);
+        softmax_row(row.data(), n, mask.data());
+        for (std::size_t j = 0; j < row.size(); ++j) CHECK(row[j] == doctest::Approx(ref[j]).epsilon(1e-6));
+        if (n > 2) {
+            CHECK(row[1] == 0.0f);  // exactly zero, not a denormal
+            CHECK(row[2] == 0.0f);
+            CHECK(row[static_cast<std::size_t>(n - 1)] == 0.0f);
+        }
+    }
+    std::vector<float> nan_row{1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f,
+                               8.0f, 9.0f, 10.0f, 11.0f, 12.0f, 13.0f, 14.0f, 15.0f, 16.0f, 17.0f};
+    softmax_row(nan_row.data(), static_cast<std::int64_t>(nan_row.size()), nullptr);
+    for (float x : nan_row) CHECK(std::isnan(x));
+    std::vector<float> inf_row(20, 1.0f);
+    inf_row[19] = inf;
+    softmax_row(inf_row.data(), 20, nullptr);
+    for (float x : inf_row) CHECK(std::isnan(x));
+    std::vector<float> masked(20, 1.0f);
+    std::vector<std::uint8_t> all(20, 1);
+    softmax_row(masked.data(), 20, all.data());
+    for (float x : masked) CHECK(x == 0.0f);
+}
+
+TEST_CASE("cpu softmax backward row equals the formula and does not depend on the row's alignment") {
+    using rpe::detail::cpu::softmax_backward_row;
+    std::mt19937 rng(9);
+    std::normal_distribution<float> normal;
+    std::vector<float> p(64), dp(64);
+    for (auto& e : p) e = std::abs(normal(rng));
+    for (auto& e : dp) e = normal(rng);
+    const std::int64_t n = 37;
+    double dot = 0;
+    for (std::int64_t j = 0; j < n; ++j) dot += static_cast<double>(p[static_cast<std::size_t>(j)]) * dp[static_cast<std::size_t>(j)];
+    std::vector<float> a(dp.begin(), dp.begin() + n);
+    softmax_backward_row(p.data(), a.data(), n);
+    for (std::int64_t j = 0; j < n; ++j) {
+        const auto jj = static_cast<std::size_t>(j);
+        CHECK(a[jj] == doctest::Approx(p[jj] * (dp[jj] - dot)).epsilon(1e-5));
+    }
+    // the same row at another offset in memory gives the same bits
+    std::vector<float> p2(p.size() + 3), dp2(dp.size() + 3);
+    std::copy(p.begin(), p.end(), p2.begin() + 3);
+    std::copy(dp.begin(), dp.begin() + n, dp2.begin() + 3);
+    softmax_backward_row(p2.data() + 3, dp2.data() + 3, n);
+    for (std::int64_t j = 0; j < n; ++j) CHECK(dp2[static_cast<std::size_t>(j) + 3] == a[static_cast<std::size_t>(j)]);
+}
+
+TEST_CASE("cpu workspace: reused across calls, released on request, results unchanged") {
+    namespace cpu = rpe::detail::cpu;
+    rpe::release_cpu_workspace();
+    CHECK(cpu::arena::of_this_thread().capacity() == 0);
+    const rpe::mapping::product<> m{rpe::index::piecewise::from_ratio(1.9)};
+    const rpe::term<rpe::mapping::product<>, rpe::mode::contextual, rpe::target::key> t(m, 2, 4, true, 1);
+    const auto ids = t.bucket_ids(3, 3);
+    const int l = ids->length(), k = t.num_buckets();
+    std::vector<float> x(static_cast<std::size_t>(2 * l * 4), 0.25f), table(static_cast<std::size_t>(4 * k), 0.5f);
+    std::vector<float> a(static_cast<std::size_t>(2 * l * l)), b(a.size());
+    t.forward(*ids, {table.data(), {1, 4, k}}, {x.data(), {1, 2, l, 4}}, {a.data(), {1, 2, l, l}}, rpe::write::overwrite);
+    const auto held = cpu::arena::of_this_thread().capacity();
+    CHECK(held > 0);
+    t.forward(*ids, {table.data(), {1, 4, k}}, {x.data(), {1, 2, l, 4}}, {b.data(), {1, 2, l, l}}, rpe::write::overwrite);
+    CHECK(cpu::arena::of_this_thread().capacity() == held);  // no new allocation
+    CHECK(a == b);
+    CHECK(a[0] == doctest::Approx(4 * 0.25 * 0.5));
+    rpe::release_cpu_workspace();
+    CHECK(cpu::arena::of_this_thread().capacity() == 0);
+    t.forward(*ids, {table.data(), {1, 4, k}}, {x.data(), {1, 2, l, 4}}, {b.data(), {1, 2, l, l}}, rpe::write::overwrite);
+    CHECK(a == b);
+}
