@@ -229,6 +229,19 @@ void softmax_row(S* row, std::int64_t n, const std::uint8_t* mask) {
         }
         sum = predux(acc);
     }
+    if (n - j >= 3) {  // a longer tail as one padded packet (−∞ lanes give 0), not scalar exp calls
+        alignas(64) S tail[64 / sizeof(S) > w ? 64 / sizeof(S) : w];
+        const std::int64_t r = n - j;
+        std::fill(tail, tail + w, neg_inf);
+        std::copy(row + j, row + n, tail);
+        const P e = pmax(psub(pexp(psub(pload<P>(tail), pset1<P>(m))), pset1<P>(tiny)), pzero(pset1<P>(m)));
+        pstore(tail, e);
+        for (std::int64_t l = 0; l < r; ++l) {
+            row[j + l] = tail[l];
+            sum += tail[l];
+        }
+        j = n;
+    }
     for (; j < n; ++j) {
         const S e = row[j] == neg_inf ? S(0) : std::exp(row[j] - m);
         row[j] = e;
