@@ -483,8 +483,9 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
 /// @param attn (B, H, L, L) probabilities, written only when non-empty; pass `{}` otherwise.
 /// @throws rpe::invalid_argument `[rpe.attention] ...` / `[rpe.term] ...` for mismatched shapes,
 ///   grid, heads, or a term on the wrong slot, before anything is written.
-/// Threads: OpenMP over (batch, head) when enabled; each (batch, head) is computed by one thread
-/// in a fixed order, so results do not depend on the thread count.
+/// Threads: OpenMP over (batch, head, row block) items when enabled; each item is computed by
+/// one thread in a fixed order, so results do not depend on the thread count (when called from
+/// outside any OpenMP parallel region; see docs/attention.md).
 template <class S>
 void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {
@@ -511,8 +512,10 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 /// (overwritten). Padded keys get exactly zero grad_k and grad_v rows.
 /// @param grad_out (B, H, L, D); @param grad_q, grad_k, grad_v (B, H, L, D), written.
 /// @throws as attention_forward.
-/// Threads: as attention_forward; table gradients are summed from per-(batch, head) partials in
-/// a fixed order, so results do not depend on the thread count.
+/// Threads: OpenMP over (batch, head, chunk of row blocks) items, about 32 in all (a count that
+/// depends on B·H and L only); grad_k, grad_v and the table gradients are summed from per-item
+/// partials in a fixed order, so results do not depend on the thread count. Memory: those
+/// partials take items·(2·L·D + L·K per contextual query table) values (see docs/attention.md).
 template <class S>
 void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
                         tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt = {}) {

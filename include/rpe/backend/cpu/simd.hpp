@@ -5,9 +5,11 @@
 /// The instruction set is the one the including translation unit is compiled for: AVX-512F
 /// (`__AVX512F__`) or AVX2 (`__AVX2__`) code paths where the compiler enables them, portable
 /// loops otherwise. rpe never adds ISA flags to a consumer's target; compile with `-march=native`
-/// (or the flags of your deployment machine) to get the wide paths. Every path computes the same
-/// sums in the same order per element, so the results do not depend on the ISA beyond the
-/// rounding of `exp` (Eigen's vectorised `exp` vs the C library's).
+/// (or the flags of your deployment machine) to get the wide paths. The gathers add one value per
+/// element on every path (the same bits on every ISA); the softmax's sums follow the packet
+/// width, so its results differ between ISAs by float rounding (and Eigen's vectorised `exp` vs
+/// the C library's). Every translation unit of a program that includes rpe must be compiled for
+/// the same ISA: these are inline functions, and the linker keeps one copy of each.
 #pragma once
 
 #include <Eigen/Core>
