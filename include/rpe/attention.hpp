@@ -247,7 +247,8 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
     cpu::workspace ws;
     cpu::shared_scratch<S> tq_s(ws, planes * tq_per_plane);
     cpu::thread_scratch<S> ks_s(ws, ctx_q ? n * d : 0);
-    cpu::thread_scratch<S> lg_s(ws, rb_max * n), work_s(ws, 2 * std::max(rb_max, n) * std::max<std::int64_t>(k, 1));
+    // work: (rb, K) per-bucket values, two side by side for Cross's two key tables
+    cpu::thread_scratch<S> lg_s(ws, rb_max * n), work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
     cpu::thread_scratch<S> qs_s(ws, rb_max * d);
     cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
     cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
@@ -315,7 +316,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     cpu::shared_scratch<S> gk_part(ws, chunks > 1 ? items * n * d : 0), gv_part(ws, chunks > 1 ? items * n * d : 0);
     cpu::shared_scratch<S> gq_part(ws, ctx_q ? items * tq_per_plane : 0), tq_s(ws, ctx_q ? planes * tq_per_plane : 0);
     cpu::thread_scratch<S> ks_s(ws, ctx_q ? n * d : 0);
-    cpu::thread_scratch<S> lg_s(ws, rb_max * n), dp_s(ws, rb_max * n), work_s(ws, 2 * std::max(rb_max, n) * std::max<std::int64_t>(k, 1));
+    cpu::thread_scratch<S> lg_s(ws, rb_max * n), dp_s(ws, rb_max * n), work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
     cpu::thread_scratch<S> qs_s(ws, rb_max * d), dqs_s(ws, rb_max * d);
     cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
     cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
