@@ -13,7 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "../../bucket_ids.hpp"
+#include "../../bucket_id_set.hpp"
+#include "../../detail/single_flight.hpp"
 #include "error.cuh"
 
 namespace rpe::cuda {
@@ -21,7 +22,7 @@ namespace rpe::cuda {
 /// @brief Device copy of an rpe::bucket_ids: per table the (L, L) ids `id(i, j)` at [i, j] and
 /// the transposed (L, L) ids `id(j, i)` at [i, j] (query target, coalesced reads), in the host
 /// object's compact type (1, 2 or 4 bytes). Immutable; owns its device memory (freed when the
-/// last shared owner goes away). Source: reference `get_bucket_ids_2d` (SPEC §3), via the host ids.
+/// last shared owner goes away). Source: reference `get_bucket_ids_2d`, via the host ids.
 class device_bucket_ids {
 public:
     /// @brief Uploads `host` to the current device on `stream` and waits for that copy (the
@@ -103,7 +104,8 @@ private:
 /// call that uses one configuration on one device shares one upload.
 ///
 /// A miss uploads the host ids and waits for that copy on the caller's stream (once per
-/// configuration and device); a hit does no CUDA call at all.
+/// configuration and device; concurrent misses of one key upload once, through the same
+/// single-flight cache as the host ids); a hit does no CUDA call beyond cudaGetDevice.
 class device_bucket_cache {
 public:
     /// @brief The device ids of `host` on the current device, uploaded on first use.
@@ -112,30 +114,14 @@ public:
         int device = 0;
         RPE_CUDA_CHECK(cudaGetDevice(&device));
         const entry_key key{host.key(), device};
-        std::lock_guard<std::mutex> lock(mutex_);  // uploads are rare and short: one lock keeps it simple
-        auto it = entries_.find(key);
-        if (it != entries_.end()) return it->second;
-        auto ids = std::make_shared<const device_bucket_ids>(host, stream);
-        entries_.emplace(key, ids);
-        ++builds_;
-        return ids;
+        return entries_.get_or_build(key, [&] { return std::make_shared<const device_bucket_ids>(host, stream); });
     }
     /// @brief Number of (configuration, device) entries held.
-    [[nodiscard]] std::size_t size() const {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return entries_.size();
-    }
+    [[nodiscard]] std::size_t size() const { return entries_.size(); }
     /// @brief Uploads since construction (or the last clear).
-    [[nodiscard]] std::size_t builds() const {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return builds_;
-    }
+    [[nodiscard]] std::size_t builds() const { return entries_.builds(); }
     /// @brief Drops every entry (objects already handed out stay valid).
-    void clear() {
-        std::lock_guard<std::mutex> lock(mutex_);
-        entries_.clear();
-        builds_ = 0;
-    }
+    void clear() { entries_.clear(); }
     /// @brief The process-wide cache that CUDA terms and the fused attention use.
     static device_bucket_cache& global() {
         static device_bucket_cache cache;
@@ -153,9 +139,7 @@ private:
             return bucket_key_hash{}(k.key) * 31u ^ std::hash<int>{}(k.device);
         }
     };
-    mutable std::mutex mutex_;
-    std::unordered_map<entry_key, std::shared_ptr<const device_bucket_ids>, entry_hash> entries_;
-    std::size_t builds_ = 0;
+    detail::single_flight_cache<entry_key, std::shared_ptr<const device_bucket_ids>, entry_hash> entries_;
 };
 
 }  // namespace rpe::cuda

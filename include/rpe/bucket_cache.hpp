@@ -1,0 +1,66 @@
+/// @file bucket_cache.hpp
+/// @brief rpe::bucket_cache: the thread-safe single-flight cache of bucket ids that every term
+/// and layer shares.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "bucket_id_set.hpp"
+#include "bucket_key.hpp"
+#include "build_bucket_ids.hpp"
+#include "concepts.hpp"
+#include "detail/single_flight.hpp"
+
+namespace rpe {
+
+/// @brief Thread-safe cache of bucket ids keyed by the whole configuration (mapping type and
+/// value, height, width, skip). Every term and layer that asks for the same configuration gets
+/// the same shared object; a new resolution at inference time simply adds an entry.
+///
+/// Concurrent `get`s of one missing key build it once (the others wait); different keys build
+/// in parallel. A failed build throws to every waiter and leaves no entry.
+class bucket_cache {
+public:
+    /// @brief The ids of (m, depth, height, width, skip, storage), built on first use.
+    /// `id_storage::automatic` is resolved first (table up to bucket_ids::auto_table_bytes), so it
+    /// shares the entry of the storage it picks.
+    /// @throws as build_bucket_ids.
+    template <GridMapping M>
+    std::shared_ptr<const bucket_ids> get(const M& m, int depth, int height, int width, int skip, id_storage storage) {
+        detail::validate_policy(m);
+        if (storage == id_storage::automatic && depth >= 1 && height >= 1 && width >= 1 && skip >= 0) {
+            const std::int64_t n = skip + static_cast<std::int64_t>(depth) * height * width;
+            const std::int64_t k = static_cast<std::int64_t>(m.num_buckets()) + (skip > 0 ? 1 : 0);
+            storage = detail::automatic_storage(n, k, detail::num_tables_of<M>());
+        }
+        bucket_key key{std::make_shared<detail::mapping_key<M>>(m), height, width, skip, depth, storage};
+        return entries_.get_or_build(key, [&] { return build_bucket_ids(m, depth, height, width, skip, storage); });
+    }
+
+    /// @brief 2D form: `get(m, 1, height, width, skip, storage)`.
+    template <GridMapping M>
+    std::shared_ptr<const bucket_ids> get(const M& m, int height, int width, int skip,
+                                          id_storage storage = id_storage::automatic) {
+        return get(m, 1, height, width, skip, storage);
+    }
+
+    /// @brief Number of configurations held.
+    [[nodiscard]] std::size_t size() const { return entries_.size(); }
+    /// @brief Number of builds started since construction (or the last clear): a hit builds nothing.
+    [[nodiscard]] std::size_t builds() const { return entries_.builds(); }
+    /// @brief Drops every entry (objects already handed out stay valid: they are shared).
+    void clear() { entries_.clear(); }
+
+    /// @brief The process-wide cache that terms use by default.
+    static bucket_cache& global() {
+        static bucket_cache cache;
+        return cache;
+    }
+
+private:
+    detail::single_flight_cache<bucket_key, std::shared_ptr<const bucket_ids>, bucket_key_hash> entries_;
+};
+
+}  // namespace rpe

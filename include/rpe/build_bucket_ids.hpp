@@ -1,0 +1,187 @@
+/// @file build_bucket_ids.hpp
+/// @brief rpe::build_bucket_ids: evaluates a mapping once per offset of a grid and assembles the
+/// bucket ids (prefer rpe::bucket_cache, which builds each configuration once).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "bucket_id_set.hpp"
+#include "bucket_key.hpp"
+#include "concepts.hpp"
+#include "error.hpp"
+
+namespace rpe {
+
+namespace detail {
+
+/// @brief Id of offset (dt, dr, dc) in table `table` of a 2D (dt must be 0) or 3D mapping.
+template <GridMapping M>
+int grid_bucket_of(const M& m, int dt, int dr, int dc, int table) {
+    if constexpr (Mapping3D<M>)
+        return static_cast<int>(m.bucket(dt, dr, dc));
+    else
+        return bucket_of(m, dr, dc, table);
+}
+
+/// @brief Bytes per id for K buckets (extra bucket included): 1, 2 or 4.
+constexpr int id_bytes_for(std::int64_t k) { return k <= 256 ? 1 : (k <= 65536 ? 2 : 4); }
+
+/// @brief What id_storage::automatic means for L tokens, K buckets and `tables` id sets.
+inline id_storage automatic_storage(std::int64_t n, std::int64_t k, int tables) {
+    const std::int64_t per_pair = id_bytes_for(k) * static_cast<std::int64_t>(tables);
+    return n <= bucket_ids::auto_table_bytes / per_pair / std::max<std::int64_t>(n, 1) ? id_storage::table
+                                                                                       : id_storage::on_the_fly;
+}
+
+template <class Id>
+bucket_ids::storage narrow_ids(const std::vector<int>& ids) {
+    std::vector<Id> v(ids.size());
+    std::transform(ids.begin(), ids.end(), v.begin(), [](int x) { return static_cast<Id>(x); });
+    return v;
+}
+
+/// @brief The sizes of an id build, checked before any mapping call or allocation.
+struct id_plan {
+    std::int64_t length = 0;   ///< L
+    std::int64_t buckets = 0;  ///< K, the extra bucket included
+    int id_bytes = 1;          ///< 1, 2 or 4
+    id_storage storage = id_storage::table;  ///< resolved (never automatic)
+    std::int64_t offsets = 0;  ///< per-offset ids per table, (2T−1)(2H−1)(2W−1)
+};
+
+/// @brief Checks the grid of an id build. @throws as build_bucket_ids.
+inline void check_id_grid(int depth, int height, int width, int skip, bool mapping_3d) {
+    require(depth >= 1, "bucket_ids", "depth = ", depth, "; expected >= 1");
+    require(height >= 1, "bucket_ids", "height = ", height, "; expected >= 1");
+    require(width >= 1, "bucket_ids", "width = ", width, "; expected >= 1");
+    require(skip >= 0, "bucket_ids", "skip = ", skip, "; expected >= 0");
+    require(mapping_3d || depth == 1, "bucket_ids", "depth = ", depth,
+            " with a 2D mapping; expected depth = 1 (use a 3D mapping for T x H x W grids)");
+}
+
+/// @brief Checks the sizes of an id build on a checked grid (the mapping-independent part of
+/// build_bucket_ids) and resolves `automatic` storage. @throws as build_bucket_ids.
+inline id_plan plan_bucket_ids(int depth, int height, int width, int skip, std::int64_t mapping_buckets, int tables,
+                               id_storage storage) {
+    id_plan p;
+    p.length = skip + static_cast<std::int64_t>(depth) * height * width;
+    const std::int64_t n = p.length;
+    if (n > std::numeric_limits<int>::max())
+        throw out_of_range(message("bucket_ids", "L = skip + height*width = ", n, " for depth = ", depth, ", height = ", height,
+                                   ", width = ", width, ", skip = ", skip, "; expected L < 2^31"));
+    const std::int64_t k = mapping_buckets;
+    require(k >= 1, "bucket_ids", "mapping num_buckets() = ", k, "; expected >= 1");
+    p.buckets = k + (skip > 0 ? 1 : 0);
+    if (p.buckets - 1 > std::numeric_limits<std::uint32_t>::max() || p.buckets > std::numeric_limits<int>::max())
+        throw out_of_range(message("bucket_ids", "num_buckets = ", p.buckets, " does not fit the id type"));
+    p.id_bytes = id_bytes_for(p.buckets);
+    // (L, L) bytes, saturated so that L near 2^31 does not overflow int64
+    const std::int64_t per_pair = static_cast<std::int64_t>(p.id_bytes) * tables;
+    const std::int64_t table_bytes =
+        n > std::numeric_limits<std::int64_t>::max() / per_pair / n ? std::numeric_limits<std::int64_t>::max() : n * n * per_pair;
+    if (storage == id_storage::automatic) storage = automatic_storage(n, p.buckets, tables);
+    if (storage == id_storage::table && table_bytes > bucket_ids::max_bytes)
+        throw out_of_range(message("bucket_ids", "an (L, L) id table for L = ", n, " needs ", table_bytes,
+                                   " bytes; expected at most bucket_ids::max_bytes = ", bucket_ids::max_bytes,
+                                   " (use id_storage::on_the_fly or automatic)"));
+    p.storage = storage;
+    // per-offset ids: (2T−1)(2H−1)(2W−1) per table, in 64-bit (2·width overflows int near 2^30);
+    // each is evaluated into an int first: their count is bounded by max_bytes / 16 (1 GiB of ints)
+    const std::int64_t od = 2 * std::int64_t{depth} - 1, oh = 2 * std::int64_t{height} - 1, ow = 2 * std::int64_t{width} - 1;
+    if (od * oh > bucket_ids::max_bytes / 16 / ow)
+        throw out_of_range(message("bucket_ids", "the per-offset ids of a ", depth, "x", height, "x", width,
+                                   " grid number (2T-1)(2H-1)(2W-1) = ", od, "*", oh, "*", ow,
+                                   "; expected at most bucket_ids::max_bytes / 16 = ", bucket_ids::max_bytes / 16));
+    p.offsets = od * oh * ow;
+    return p;
+}
+
+/// @brief Assembles bucket ids from each table's per-offset ids (ints in [0, K − 1)): narrows
+/// them to the id type and, for table storage, makes every (L, L) row once.
+inline std::shared_ptr<const bucket_ids> assemble_bucket_ids(bucket_key key, const id_plan& p,
+                                                             const std::vector<std::vector<int>>& per_offset) {
+    std::vector<bucket_ids::storage> offsets;
+    for (const auto& ids : per_offset)
+        offsets.push_back(p.id_bytes == 1   ? narrow_ids<std::uint8_t>(ids)
+                          : p.id_bytes == 2 ? narrow_ids<std::uint16_t>(ids)
+                                            : narrow_ids<std::uint32_t>(ids));
+    key.storage = p.storage;
+    const int total = static_cast<int>(p.buckets);
+    if (p.storage == id_storage::on_the_fly)
+        return std::make_shared<const bucket_ids>(std::move(key), total, std::move(offsets), std::vector<bucket_ids::storage>{});
+    // Table storage: every row made once from the per-offset ids.
+    const std::int64_t n = p.length;
+    bucket_key row_key = key;
+    row_key.storage = id_storage::on_the_fly;
+    const bucket_ids rows_of(std::move(row_key), total, offsets, {});
+    std::vector<bucket_ids::storage> matrices;
+    for (int t = 0; t < static_cast<int>(offsets.size()); ++t)
+        matrices.push_back(std::visit([&](const auto& off) -> bucket_ids::storage {
+            using Id = std::remove_cvref_t<decltype(off[0])>;
+            std::vector<Id> v(static_cast<std::size_t>(n * n));
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (n > 256)
+#endif
+            for (std::int64_t i = 0; i < n; ++i) (void)rows_of.rows<Id>(t, i, 1, false, v.data() + i * n);
+            return v;
+        }, offsets[static_cast<std::size_t>(t)]));
+    return std::make_shared<const bucket_ids>(std::move(key), total, std::move(offsets), std::move(matrices));
+}
+
+}  // namespace detail
+
+/// @brief Builds the bucket ids of mapping `m` on a `depth × height × width` grid after `skip`
+/// extra tokens, without any cache. Prefer bucket_cache::get, which builds each configuration once.
+///
+/// The mapping is evaluated once per offset (dt, dr, dc) ∈ [−(T−1), T−1] × [−(H−1), H−1] ×
+/// [−(W−1), W−1]; table storage then gathers the (L, L) matrices from those: O(offsets) mapping
+/// calls + O(L²) (table) or O(1) (on the fly). A 2D mapping needs depth 1.
+/// @throws rpe::invalid_argument `[rpe.bucket_ids] height = ...` for depth, height or width < 1,
+///   skip < 0, a 2D mapping with depth > 1, or invalid mapping parameters (its `validate()`);
+///   rpe::out_of_range when L overflows int, table storage would exceed bucket_ids::max_bytes,
+///   or the mapping returns an id outside [0, num_buckets()) (a faulty custom mapping).
+/// Thread-safety: reentrant. Source: reference `get_bucket_ids_2d`, extended to 3D.
+template <GridMapping M>
+std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, int depth, int height, int width, int skip,
+                                                   id_storage storage) {
+    detail::check_id_grid(depth, height, width, skip, Mapping3D<M>);
+    detail::validate_policy(m);
+    constexpr int tables = detail::num_tables_of<M>();
+    const detail::id_plan p = detail::plan_bucket_ids(depth, height, width, skip,
+                                                      static_cast<std::int64_t>(m.num_buckets()), tables, storage);
+    const std::int64_t k = p.buckets - (skip > 0 ? 1 : 0);
+    const std::int64_t oh = 2 * std::int64_t{height} - 1, ow = 2 * std::int64_t{width} - 1;
+    std::vector<std::vector<int>> per_offset;
+    for (int t = 0; t < tables; ++t) {
+        std::vector<int> ids(static_cast<std::size_t>(p.offsets));
+        for (int dt = -(depth - 1); dt <= depth - 1; ++dt)
+            for (int dr = -(height - 1); dr <= height - 1; ++dr)
+                for (int dc = -(width - 1); dc <= width - 1; ++dc) {
+                    const int id = detail::grid_bucket_of(m, dt, dr, dc, t);
+                    if (id < 0 || id >= k)
+                        throw out_of_range(detail::message("bucket_ids", "mapping returned bucket id ", id, " for offset (dt = ",
+                                                           dt, ", dr = ", dr, ", dc = ", dc, ") in table ", t,
+                                                           "; expected [0, ", k, ")"));
+                    ids[static_cast<std::size_t>(((dt + depth - 1) * oh + (dr + height - 1)) * ow + (dc + width - 1))] = id;
+                }
+        per_offset.push_back(std::move(ids));
+    }
+    return detail::assemble_bucket_ids(bucket_key{std::make_shared<detail::mapping_key<M>>(m), height, width, skip, depth, p.storage},
+                                       p, per_offset);
+}
+
+/// @brief 2D form: `build_bucket_ids(m, 1, height, width, skip, storage)`.
+template <GridMapping M>
+std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, int height, int width, int skip,
+                                                   id_storage storage = id_storage::automatic) {
+    return build_bucket_ids(m, 1, height, width, skip, storage);
+}
+
+}  // namespace rpe

@@ -1,0 +1,68 @@
+/// @file detail/offset_math.hpp
+/// @brief Offset → bucket id index math shared by the host and the device: where the id of a
+/// token pair sits among the per-offset ids, and one row of ids made from them (not API: use
+/// rpe::bucket_ids). Pure RPE_HOST_DEVICE functions: no allocation, no exception.
+///
+/// Tokens: `skip` extra tokens, then a T × H × W grid in row-major order (token
+/// `skip + (t·H + r)·W + c`). Per-offset ids: (2T−1)(2H−1)(2W−1) entries, offset (dt, dr, dc) at
+/// `((dt + T − 1)(2H − 1) + (dr + H − 1))(2W − 1) + (dc + W − 1)`.
+#pragma once
+
+#include <cstdint>
+
+#include "../config.hpp"
+
+namespace rpe::detail {
+
+/// @brief The grid of a bucket id set: frames, rows, columns, extra tokens, and the extra id.
+struct id_grid {
+    std::int64_t depth = 1;   ///< T
+    std::int64_t height = 1;  ///< H
+    std::int64_t width = 1;   ///< W
+    std::int64_t skip = 0;    ///< extra tokens before the grid
+    std::int64_t extra = 0;   ///< the id of every pair that touches an extra token (K − 1)
+
+    /// @brief L = skip + T·H·W.
+    RPE_HOST_DEVICE constexpr std::int64_t length() const { return skip + depth * height * width; }
+    /// @brief Index into the per-offset ids of grid tokens i, j (both ≥ skip): the offset of
+    /// query i relative to key j, (t_i − t_j, r_i − r_j, c_i − c_j).
+    RPE_HOST_DEVICE constexpr std::int64_t offset_index(std::int64_t i, std::int64_t j) const {
+        const std::int64_t hw = height * width, w = width;
+        const std::int64_t gi = i - skip, gj = j - skip;
+        const std::int64_t dt = gi / hw - gj / hw, dr = (gi % hw) / w - (gj % hw) / w, dc = gi % w - gj % w;
+        return ((dt + depth - 1) * (2 * height - 1) + (dr + height - 1)) * (2 * w - 1) + (dc + w - 1);
+    }
+    /// @brief Id of pair (i, j) from the per-offset ids `off` (any L × L position, extra tokens included).
+    template <class Src>
+    RPE_HOST_DEVICE constexpr std::int64_t id(const Src* off, std::int64_t i, std::int64_t j) const {
+        return (i < skip || j < skip) ? extra : static_cast<std::int64_t>(off[offset_index(i, j)]);
+    }
+};
+
+/// @brief Row i of the ids (id(i, j) for every key j; with `transposed` id(j, i), the query
+/// target's order) from the per-offset ids `off` into `dst` (L entries).
+template <class Id, class Src>
+RPE_HOST_DEVICE void fill_id_row(const id_grid& g, const Src* off, std::int64_t i, bool transposed, Id* dst) {
+    const std::int64_t n = g.length(), skip = g.skip, t = g.depth, h = g.height, w = g.width;
+    const Id extra = static_cast<Id>(g.extra);
+    if (i < skip) {
+        for (std::int64_t j = 0; j < n; ++j) dst[j] = extra;
+        return;
+    }
+    for (std::int64_t j = 0; j < skip; ++j) dst[j] = extra;
+    const std::int64_t gi = i - skip, ti = gi / (h * w), ri = (gi / w) % h, ci = gi % w;
+    const std::int64_t oh = 2 * h - 1, ow = 2 * w - 1;
+    Id* out = dst + skip;
+    for (std::int64_t tj = 0; tj < t; ++tj)
+        for (std::int64_t rj = 0; rj < h; ++rj, out += w) {
+            if (!transposed) {  // offsets (.., ci − cj) for cj = 0..W−1 run backwards through one offset row
+                const Src* src = off + ((ti - tj + t - 1) * oh + (ri - rj + h - 1)) * ow + (ci + w - 1);
+                for (std::int64_t cj = 0; cj < w; ++cj) out[cj] = static_cast<Id>(src[-cj]);
+            } else {            // offsets (.., cj − ci) run forwards
+                const Src* src = off + ((tj - ti + t - 1) * oh + (rj - ri + h - 1)) * ow + (w - 1 - ci);
+                for (std::int64_t cj = 0; cj < w; ++cj) out[cj] = static_cast<Id>(src[cj]);
+            }
+        }
+}
+
+}  // namespace rpe::detail
