@@ -17,6 +17,7 @@
 #include <benchmark/benchmark.h>
 #include <rpe/any_term.hpp>
 #include <rpe/rpe.hpp>
+#include <rpe/make_term.hpp>
 
 #include <memory>
 #include <string>

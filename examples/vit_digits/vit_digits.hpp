@@ -39,6 +39,7 @@
 #endif
 
 #include <rpe/io/safetensors.hpp>
+#include <rpe/make_term.hpp>
 #include <rpe/rpe.hpp>
 
 namespace rpe::examples {

@@ -1,118 +1,29 @@
 /// @file any_term.hpp
-/// @brief Run-time configured terms: rpe::term_spec (the reference's rpe config), rpe::any_term
-/// (a type-erased term) and rpe::make_term, for configurations read from files or command lines.
+/// @brief rpe::any_term: a term behind one run-time interface, as the attention inputs take it,
+/// and rpe::make_any_term, which wraps a compile-time term (any mapping, custom ones included).
+/// Terms configured by name at run time (rpe::make_term, rpe::term_spec) are in <rpe/make_term.hpp>.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <span>
-#include <string>
-#include <string_view>
 #include <vector>
 
+#include "backend/cpu/term.hpp"
+#include "bucket_cache.hpp"
+#include "bucket_id_set.hpp"
+#include "concepts.hpp"
+#include "detail/term_checks.hpp"
 #include "error.hpp"
-#include "index/clip.hpp"
-#include "index/piecewise.hpp"
-#include "mapping/cross.hpp"
-#include "mapping/euclidean.hpp"
-#include "mapping/product.hpp"
-#include "mapping/quantization.hpp"
 #include "mode.hpp"
+#include "tensor.hpp"
 #include "term.hpp"
 
 namespace rpe {
 
-/// @brief The 2D mappings known by name at run time.
-enum class method {
-    euclidean,           ///< mapping::euclidean (reference code, rounded distance; reference id 0)
-    quantization,        ///< mapping::quantization (reference code, squared distance; id 1)
-    cross,               ///< mapping::cross (two tables; ids 41, 42)
-    product,             ///< mapping::product (id 3)
-    euclidean_paper,     ///< mapping::euclidean_paper (unrounded distance)
-    quantization_paper,  ///< mapping::quantization_paper (eq. 21 rank)
-};
-
-/// @brief The index functions known by name at run time.
-enum class index_kind {
-    piecewise,  ///< index::piecewise (eq. 18), the reference's
-    clip,       ///< index::clip (Shaw et al.), uses beta only
-};
-
-/// @brief Parses a method name: "euclidean" (or the reference's "euc"), "quantization" ("quant"),
-/// "cross", "product", "euclidean_paper", "quantization_paper".
-/// @throws rpe::invalid_argument `[rpe.term_spec] method = '...'; expected one of ...`.
-inline method parse_method(std::string_view name) {
-    if (name == "euclidean" || name == "euc") return method::euclidean;
-    if (name == "quantization" || name == "quant") return method::quantization;
-    if (name == "cross") return method::cross;
-    if (name == "product") return method::product;
-    if (name == "euclidean_paper") return method::euclidean_paper;
-    if (name == "quantization_paper") return method::quantization_paper;
-    throw invalid_argument(detail::message("term_spec", "method = '", name,
-                                           "'; expected euclidean, quantization, cross, product, euclidean_paper or quantization_paper"));
-}
-
-/// @brief Parses a mode name: "bias" or "contextual" (or the reference's "ctx"); returns true for contextual.
-/// @throws rpe::invalid_argument `[rpe.term_spec] mode = '...'`.
-inline bool parse_contextual(std::string_view name) {
-    if (name == "contextual" || name == "ctx") return true;
-    if (name == "bias") return false;
-    throw invalid_argument(detail::message("term_spec", "mode = '", name, "'; expected bias or contextual"));
-}
-
-/// @brief Parses a target letter or word: q/query, k/key, v/value.
-/// @throws rpe::invalid_argument `[rpe.term_spec] target = '...'`.
-inline target parse_target(std::string_view name) {
-    if (name == "q" || name == "query") return target::query;
-    if (name == "k" || name == "key") return target::key;
-    if (name == "v" || name == "value") return target::value;
-    throw invalid_argument(detail::message("term_spec", "target = '", name, "'; expected q, k or v"));
-}
-
-/// @brief A term's whole configuration as run-time values, as the reference's
-/// `get_single_rpe_config` + `build_rpe` take them.
-///
-/// `num_buckets()` reports K exactly as the reference: `(2βi+1)²` for Product, `2βi+1` otherwise,
-/// plus one extra bucket when `skip > 0`.
-struct term_spec {
-    rpe::method method = rpe::method::product;  ///< the mapping
-    index_kind index = index_kind::piecewise;   ///< the index function
-    bool contextual = true;                     ///< contextual (true) or bias (false) mode
-    rpe::target target = rpe::target::key;      ///< q, k or v
-    double alpha = 1.9;                         ///< α (piecewise)
-    double beta = 3.8;                          ///< β (piecewise cap; clip range)
-    double gamma = 15.2;                        ///< γ (piecewise)
-    bool shared_head = true;                    ///< one table for all heads
-    int skip = 1;                               ///< extra tokens (class token) before the grid
-    int num_heads = 1;                          ///< H
-    int head_dim = 1;                           ///< D
-
-    /// @brief Sets α = r, β = 2r, γ = 8r as the reference's `ratio`.
-    term_spec& ratio(double r) {
-        alpha = r;
-        beta = 2.0 * r;
-        gamma = 8.0 * r;
-        return *this;
-    }
-
-    /// @brief K, the extra bucket included, as the reference's `get_num_buckets` (+1 with skip).
-    /// @throws rpe::invalid_argument for invalid α, β, γ.
-    [[nodiscard]] int num_buckets() const {
-        if (index == index_kind::piecewise)
-            detail::validate_alpha_beta_gamma("term_spec", alpha, beta, gamma);
-        else
-            detail::validate_clip_beta("term_spec", beta);
-        const std::int64_t span = 2 * static_cast<std::int64_t>(beta) + 1;
-        const std::int64_t k = (method == rpe::method::product ? span * span : span) + (skip > 0 ? 1 : 0);
-        detail::require(k < 2147483647, "term_spec", "num_buckets = ", k, " for beta = ", beta, "; expected < 2^31 - 1");
-        return static_cast<int>(k);
-    }
-};
-
-/// @brief A term of any compile-time type behind one run-time interface (virtual calls per
-/// forward/backward, nothing per element). Tables are passed as spans of 1 (or 2 for Cross) views.
-/// Shapes, errors and guarantees are those of rpe::term.
+/// @brief A term behind one run-time interface (virtual calls per forward/backward, nothing per
+/// element). Tables are passed as spans of 1 (or 2 for Cross) views. Shapes, errors and
+/// guarantees are those of rpe::term (the same shared checks run).
 template <class S>
 class any_term {
 public:
@@ -148,102 +59,108 @@ public:
 
 namespace detail {
 
-template <class Term>
-class any_term_impl final : public any_term<typename Term::scalar_type> {
-    using S = typename Term::scalar_type;
-    static constexpr int n = Term::num_tables;
+/// @brief Where a run-time term's bucket ids come from: one mapping value, type-erased. The only
+/// part of a run-time term that depends on the mapping type.
+class id_source {
+public:
+    virtual ~id_source() = default;
+    /// @brief The mapping's key (ids handed to forward/backward must hold it).
+    [[nodiscard]] virtual const mapping_key_base& key() const = 0;
+    /// @brief The mapping's num_buckets(), without the skip bucket.
+    [[nodiscard]] virtual std::int64_t mapping_buckets() const = 0;
+    /// @brief The shared ids on a depth × height × width grid. @throws as bucket_cache::get.
+    [[nodiscard]] virtual std::shared_ptr<const bucket_ids> get(int depth, int height, int width, int skip,
+                                                                id_storage storage) const = 0;
+};
 
-    template <class T>
-    static std::array<tensor_ref<T>, n> to_array(std::span<const tensor_ref<T>> s, const char* name) {
-        require(static_cast<int>(s.size()) == n, "term", name, " holds ", s.size(), " tables; expected ", n);
-        std::array<tensor_ref<T>, n> a;
-        for (int i = 0; i < n; ++i) a[static_cast<std::size_t>(i)] = s[static_cast<std::size_t>(i)];
-        return a;
+template <GridMapping M>
+class id_source_for final : public id_source {
+public:
+    explicit id_source_for(const M& m) : key_(m) { validate_policy(m); }
+    [[nodiscard]] const mapping_key_base& key() const override { return key_; }
+    [[nodiscard]] std::int64_t mapping_buckets() const override { return key_.mapping.num_buckets(); }
+    [[nodiscard]] std::shared_ptr<const bucket_ids> get(int depth, int height, int width, int skip,
+                                                        id_storage storage) const override {
+        return bucket_cache::global().get(key_.mapping, depth, height, width, skip, storage);
     }
 
+private:
+    mapping_key<M> key_;
+};
+
+/// @brief The run-time term: an id source plus the CPU drivers of one (scalar, mode, target);
+/// every mapping shares these instantiations.
+template <class S, bool Bias, target Tg>
+class runtime_term final : public any_term<S> {
 public:
-    explicit any_term_impl(Term t) : term_(std::move(t)) {}
-    [[nodiscard]] int num_tables() const override { return n; }
-    [[nodiscard]] int num_buckets() const override { return term_.num_buckets(); }
-    [[nodiscard]] int num_heads() const override { return term_.num_heads(); }
-    [[nodiscard]] int head_dim() const override { return term_.head_dim(); }
-    [[nodiscard]] int skip() const override { return term_.skip(); }
-    [[nodiscard]] bool contextual() const override { return !Term::is_bias; }
-    [[nodiscard]] rpe::target target() const override { return Term::target_kind; }
-    [[nodiscard]] std::vector<std::int64_t> table_shape() const override { return term_.table_shape(); }
+    runtime_term(std::shared_ptr<const id_source> ids, int num_tables, int num_heads, int head_dim, bool shared_head, int skip)
+        : ids_(std::move(ids)),
+          layout_(make_term_layout([this] { return ids_->mapping_buckets(); }, num_tables, num_heads, head_dim,
+                                   shared_head, skip, Bias, Tg)) {}
+    [[nodiscard]] int num_tables() const override { return layout_.num_tables; }
+    [[nodiscard]] int num_buckets() const override { return layout_.num_buckets; }
+    [[nodiscard]] int num_heads() const override { return layout_.num_heads; }
+    [[nodiscard]] int head_dim() const override { return layout_.head_dim; }
+    [[nodiscard]] int skip() const override { return layout_.skip; }
+    [[nodiscard]] bool contextual() const override { return !Bias; }
+    [[nodiscard]] rpe::target target() const override { return Tg; }
+    [[nodiscard]] std::vector<std::int64_t> table_shape() const override {
+        const auto e = layout_.table_extents();
+        return std::vector<std::int64_t>(e.begin(), e.begin() + layout_.table_rank());
+    }
     using any_term<S>::bucket_ids;
     [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int depth, int height, int width,
                                                                     id_storage storage) const override {
-        return term_.bucket_ids(depth, height, width, storage);
+        return ids_->get(depth, height, width, layout_.skip, storage);
     }
     void forward(const rpe::bucket_ids& ids, std::span<const tensor_ref<const S>> tables, tensor_ref<const S> x,
                  tensor_ref<S> out, write mode) const override {
-        term_.forward(ids, to_array(tables, "tables"), x, out, mode);
+        const auto d = check_term_forward<S>(layout_, ids_->key(), ids, tables, x, out);
+        cpu::term_forward<S, Bias, Tg>(d, ids, tables, x.data, out, mode == write::accumulate);
     }
     void backward(const rpe::bucket_ids& ids, std::span<const tensor_ref<const S>> tables, tensor_ref<const S> x,
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, std::span<const tensor_ref<S>> grad_tables,
                   write mode) const override {
-        term_.backward(ids, to_array(tables, "tables"), x, grad_out, grad_x, to_array(grad_tables, "grad_tables"), mode);
+        const auto d = check_term_backward<S>(layout_, ids_->key(), ids, tables, x, grad_out, grad_x, grad_tables);
+        cpu::term_backward<S, Bias, Tg>(d, ids, tables, x.data, grad_out, Bias ? nullptr : grad_x.data, grad_tables,
+                                        mode == write::accumulate);
     }
 
 private:
-    Term term_;
+    std::shared_ptr<const id_source> ids_;
+    term_layout layout_;
 };
 
-template <class S, class M>
-std::unique_ptr<any_term<S>> make_term_for(const M& m, const term_spec& spec) {
-    auto wrap = [&]<class Md, target Tg>() -> std::unique_ptr<any_term<S>> {
-        using T = term<M, Md, Tg, S>;
-        return std::make_unique<any_term_impl<T>>(T(m, spec.num_heads, spec.head_dim, spec.shared_head, spec.skip));
+/// @brief The run-time term of (ids, mode, target): five instantiations per scalar in all.
+template <class S>
+std::unique_ptr<any_term<S>> make_runtime_term(std::shared_ptr<const id_source> ids, int num_tables, bool contextual,
+                                               rpe::target tg, int num_heads, int head_dim, bool shared_head, int skip) {
+    auto make = [&]<bool Bias, target Tg>() -> std::unique_ptr<any_term<S>> {
+        return std::make_unique<runtime_term<S, Bias, Tg>>(std::move(ids), num_tables, num_heads, head_dim, shared_head, skip);
     };
-    if (spec.contextual) {
-        switch (spec.target) {
-            case target::query: return wrap.template operator()<mode::contextual, target::query>();
-            case target::key: return wrap.template operator()<mode::contextual, target::key>();
-            case target::value: return wrap.template operator()<mode::contextual, target::value>();
-        }
-    } else {
-        switch (spec.target) {
-            case target::query: return wrap.template operator()<mode::bias, target::query>();
-            case target::key: return wrap.template operator()<mode::bias, target::key>();
-            case target::value:
-                throw invalid_argument(message("term_spec", "mode = bias with target = v: bias mode on values does not exist "
-                                                            "(paper eq. 17; the reference raises NotImplementedError)"));
-        }
+    switch (tg) {
+        case target::query: return contextual ? make.template operator()<false, target::query>() : make.template operator()<true, target::query>();
+        case target::key: return contextual ? make.template operator()<false, target::key>() : make.template operator()<true, target::key>();
+        case target::value:
+            if (contextual) return make.template operator()<false, target::value>();
+            throw invalid_argument(message("term_spec", "mode = bias with target = v: bias mode on values does not exist "
+                                                        "(paper eq. 17; the reference raises NotImplementedError)"));
     }
-    throw invalid_argument(message("term_spec", "target = ", static_cast<int>(spec.target), " is not a target"));
-}
-
-template <class S, class I>
-std::unique_ptr<any_term<S>> make_term_with_index(const I& g, const term_spec& spec) {
-    switch (spec.method) {
-        case method::euclidean: return make_term_for<S>(mapping::euclidean<I>{g}, spec);
-        case method::quantization: return make_term_for<S>(mapping::quantization<I>{g}, spec);
-        case method::cross: return make_term_for<S>(mapping::cross<I>{g}, spec);
-        case method::product: return make_term_for<S>(mapping::product<I>{g}, spec);
-        case method::euclidean_paper: return make_term_for<S>(mapping::euclidean_paper<I>{g}, spec);
-        case method::quantization_paper: return make_term_for<S>(mapping::quantization_paper<I>{g}, spec);
-    }
-    throw invalid_argument(message("term_spec", "method = ", static_cast<int>(spec.method), " is not a method"));
+    throw invalid_argument(message("term_spec", "target = ", static_cast<int>(tg), "; expected query, key or value"));
 }
 
 }  // namespace detail
 
-/// @brief Wraps a compile-time term (any mapping, custom ones included) as an any_term.
+/// @brief Wraps a compile-time term (any mapping, custom ones included) as an any_term: the same
+/// configuration, the same checks and kernels, the bucket ids from the global cache.
+/// @throws as rpe::term's constructor (never, for a term that was constructed).
 template <class Term>
-std::unique_ptr<any_term<typename Term::scalar_type>> make_any_term(Term t) {
-    return std::make_unique<detail::any_term_impl<Term>>(std::move(t));
-}
-
-/// @brief Builds the term that `spec` describes, in scalar type S (float or double).
-/// @throws rpe::invalid_argument `[rpe.term_spec] ...` for bias mode on values, and as
-///   rpe::term's constructor (invalid α, β, γ, heads, head_dim, skip).
-/// Source: reference `get_single_rpe_config` + `build_rpe` in microsoft/Cream `iRPE/.../irpe.py`.
-template <class S = float>
-std::unique_ptr<any_term<S>> make_term(const term_spec& spec) {
-    (void)spec.num_buckets();  // validates α, β, γ with the term_spec prefix
-    if (spec.index == index_kind::clip) return detail::make_term_with_index<S>(index::clip{spec.beta}, spec);
-    return detail::make_term_with_index<S>(index::piecewise{spec.alpha, spec.beta, spec.gamma}, spec);
+std::unique_ptr<any_term<typename Term::scalar_type>> make_any_term(const Term& t) {
+    using S = typename Term::scalar_type;
+    using M = typename Term::mapping_type;
+    return detail::make_runtime_term<S>(std::make_shared<detail::id_source_for<M>>(t.mapping()), Term::num_tables,
+                                        !Term::is_bias, Term::target_kind, t.num_heads(), t.head_dim(), t.shared_head(),
+                                        t.skip());
 }
 
 }  // namespace rpe

@@ -5,13 +5,18 @@
 /// Compose an index function, a mapping and a mode into an rpe::term; bucket ids come from the
 /// shared rpe::bucket_cache; rpe::composed_attention_forward / _backward run the attention step.
 /// The file readers (.npy, safetensors) live in <rpe/io/npy.hpp> and <rpe/io/safetensors.hpp>
-/// (they need nlohmann-json; CMake target rpe::io).
+/// (they need nlohmann-json; CMake target rpe::io). Terms configured by name at run time
+/// (rpe::make_term, rpe::term_spec) live in <rpe/make_term.hpp>, outside the umbrella for its build cost.
 #pragma once
 
 #include "any_term.hpp"
 #include "attention.hpp"
 #include "backend/tags.hpp"
+#include "bucket_cache.hpp"
+#include "bucket_id_set.hpp"
 #include "bucket_ids.hpp"
+#include "bucket_key.hpp"
+#include "build_bucket_ids.hpp"
 #include "composed_attention.hpp"
 #include "concepts.hpp"
 #include "config.hpp"

@@ -1,6 +1,7 @@
 // doctest main of the CUDA tests (compiled by the host compiler: no nvcc pass over doctest's
 // implementation). Without a usable CUDA device it prints "skipped: no CUDA device (...)" and
-// exits 77, which CTest reports as skipped (SKIP_RETURN_CODE).
+// exits 77, which CTest reports as skipped (SKIP_RETURN_CODE). With --host-only it runs the
+// host-side suite "host" whether or not a device exists.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -14,6 +15,14 @@ bool has_device(std::string& why, std::string& what);
 }  // namespace rpe_cuda_test
 
 int main(int argc, char** argv) {
+    // --host-only: the host-side test suite "host" (argument checks that fail before any CUDA
+    // call), with or without a device.
+    if (argc > 1 && std::string(argv[1]) == "--host-only") {
+        doctest::Context context;
+        context.applyCommandLine(argc - 1, argv + 1);
+        context.addFilter("test-suite", "host");
+        return context.run();
+    }
     std::string why, what;
     if (!rpe_cuda_test::has_device(why, what)) {
         std::printf("skipped: no CUDA device (%s)\n", why.c_str());

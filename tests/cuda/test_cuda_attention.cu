@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <rpe/cuda.cuh>
+#include <rpe/make_term.hpp>
 
 #include <cmath>
 #include <limits>

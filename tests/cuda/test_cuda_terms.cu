@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cuda_test.cuh"
+#include "../common/bad_term_calls.hpp"
 #include "golden_cases.hpp"
 
 namespace {
@@ -317,6 +318,18 @@ TEST_CASE("cuda term rejects bad arguments before any launch") {
         CHECK(dynamic_cast<const rpe::runtime_error*>(&e) != nullptr);
     }
     RPE_CUDA_CHECK(cudaSetDevice(0));
+}
+
+// The shared list of bad calls, host-side: every check fails before any CUDA call, so this runs
+// without a device too (CTest cuda.host_checks runs `rpe_cuda_tests --host-only`).
+TEST_SUITE("host") {
+TEST_CASE("cuda term rejects the shared list of bad calls with the CPU term's messages") {
+    using P = rpe::mapping::product<pw>;
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> key(P{pw::from_ratio(1.9)}, 2, 8, true, 1);
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> bias(P{pw::from_ratio(1.9)}, 2, 8, true, 1);
+    const rpe::term<P, rpe::mode::contextual, rpe::target::value, float, cuda> value(P{pw::from_ratio(1.9)}, 2, 8, true, 1);
+    rpe_test::check_bad_term_calls<float>(key, bias, value);
+}
 }
 
 namespace rpe_cuda_test {

@@ -4,6 +4,7 @@
 // on the thread count.
 #include <doctest/doctest.h>
 #include <rpe/rpe.hpp>
+#include <rpe/make_term.hpp>
 
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-// rpe::composed_attention_forward / _backward (SPEC §4): every golden attention case in float and
+// rpe::composed_attention_forward / _backward (reference `RPEAttention.forward`): every golden attention case in float and
 // double (output, probabilities, grad_q/k/v, every table gradient; masked cases with their key
 // padding mask), the documented zeros for a fully masked row, exact zeros at padded keys, and
 // plain attention without RPE against a naive loop.
@@ -22,6 +22,7 @@
 #include <rpe/mapping/euclidean.hpp>
 #include <rpe/mapping/product.hpp>
 #include <rpe/term.hpp>
+#include <rpe/make_term.hpp>
 
 #include "golden.hpp"
 

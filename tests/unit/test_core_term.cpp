@@ -1,4 +1,4 @@
-// rpe::make_term and rpe::term_spec (SPEC §4, §6): every golden term case in float and double
+// rpe::make_term and rpe::term_spec (reference `build_rpe`, `get_num_buckets`): every golden term case in float and double
 // through the run-time API, the term_spec (parsing, K as the reference), and the run-time
 // errors of make_term (bias on values, invalid alpha/beta/gamma).
 // Properties of rpe::term on random data are in test_core_term_props.cpp.
@@ -17,6 +17,7 @@
 
 #include <rpe/any_term.hpp>
 #include <rpe/bucket_ids.hpp>
+#include <rpe/make_term.hpp>
 
 #include "golden.hpp"
 
@@ -154,7 +155,7 @@ TEST_CASE("term_spec: parsing, K as the reference, and the terms make_term build
     CHECK(rpe_test::throws_with([] { (void)rpe::parse_contextual("ctxt"); }, "mode = 'ctxt'"));
     CHECK(rpe_test::throws_with([] { (void)rpe::parse_target("x"); }, "target = 'x'"));
 
-    // K per SPEC §6 (reference get_num_buckets): Product ratio 1.9 with a class token 50, Euclidean
+    // K per the reference's get_num_buckets: Product ratio 1.9 with a class token 50, Euclidean
     // ratio 20 → 81 + 1, Quantization ratio 33 → 133 + 1, Cross ratio 20 → 81 per table, DETR 81.
     rpe::term_spec s;
     s.ratio(1.9);

@@ -1,4 +1,4 @@
-// rpe::term properties (SPEC §4, §5) on random data: write::accumulate, bias broadcasting, the
+// rpe::term properties (paper eqs. 13–17) on random data: write::accumulate, bias broadcasting, the
 // naive O(L²·D) definitions of the contextual terms, and shared-table gradient collection.
 // (The golden term cases and rpe::make_term are in test_core_term.cpp.)
 #include <doctest/doctest.h>
@@ -13,6 +13,7 @@
 #include <rpe/mapping/cross.hpp>
 #include <rpe/mapping/product.hpp>
 #include <rpe/term.hpp>
+#include <rpe/make_term.hpp>
 
 #include "golden.hpp"
 
@@ -137,7 +138,7 @@ TEST_CASE_TEMPLATE("bias output broadcast to (B, H, L, L) equals the (1, Ht, L, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Contextual terms against the naive O(L²·D) definition (SPEC §4) on a random case: 2 heads with
+// Contextual terms against the naive O(L²·D) definition (paper eqs. 15–17) on a random case: 2 heads with
 // per-head tables, skip 2, a 3x4 grid; Product (one table) and Cross (sum of two).
 // ---------------------------------------------------------------------------------------------
 TEST_CASE_TEMPLATE("contextual terms equal the naive loops", M, mapping::product<>, mapping::cross<>) {

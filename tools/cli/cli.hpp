@@ -20,6 +20,7 @@
 #include <rpe/bucket_ids.hpp>
 #include <rpe/mapping/shaw.hpp>
 #include <rpe/mapping/t5.hpp>
+#include <rpe/make_term.hpp>
 
 namespace rpe_cli {
 

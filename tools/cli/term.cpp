@@ -11,6 +11,7 @@
 #include <rpe/any_term.hpp>
 #include <rpe/io/npy.hpp>
 #include <rpe/term.hpp>
+#include <rpe/make_term.hpp>
 
 #include "cli.hpp"
 

@@ -8,6 +8,7 @@
 // The format is documented in tests/data/golden/README.md.
 #include <rpe/io/npy.hpp>
 #include <rpe/rpe.hpp>
+#include <rpe/make_term.hpp>
 
 #include <nlohmann/json.hpp>
 

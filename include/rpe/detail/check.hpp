@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../error.hpp"
@@ -22,32 +23,35 @@ inline std::string shape_text(const std::vector<std::int64_t>& dims) {
     return os.str();
 }
 
-/// @brief Throws rpe::invalid_argument `[rpe.<component>] <name> has shape (...); expected (...)`.
+/// @brief Throws rpe::invalid_argument `[rpe.<component>] <name> has shape (...); expected (...)`
+/// (compares first; formats the message only on failure).
 template <class T>
 void check_shape(const tensor_ref<T>& t, const std::vector<std::int64_t>& expected, const char* component,
-                 const std::string& name) {
+                 std::string_view name) {
     bool ok = t.rank == static_cast<int>(expected.size());
     for (int i = 0; ok && i < t.rank; ++i) ok = t.extent(i) == expected[static_cast<std::size_t>(i)];
-    require(ok, component, name, " has shape ", t.shape_string(), "; expected ", shape_text(expected));
+    if (!ok) throw invalid_argument(message(component, name, " has shape ", t.shape_string(), "; expected ", shape_text(expected)));
 }
 
 /// @brief Throws rpe::invalid_argument when a non-empty view has a null data pointer.
 template <class T>
-void check_nonnull(const tensor_ref<T>& t, const char* component, const std::string& name) {
-    require(t.data != nullptr || t.size() == 0, component, name, " is a null buffer of shape ", t.shape_string());
+void check_nonnull(const tensor_ref<T>& t, const char* component, std::string_view name) {
+    if (t.data == nullptr && t.size() != 0)
+        throw invalid_argument(message(component, name, " is a null buffer of shape ", t.shape_string()));
 }
 
 /// @brief Throws rpe::invalid_argument when two views share memory (an output aliasing another
 /// argument would be overwritten while it is read).
 template <class T, class U>
-void check_no_overlap(const tensor_ref<T>& a, const tensor_ref<U>& b, const char* component, const std::string& a_name,
-                      const std::string& b_name) {
+void check_no_overlap(const tensor_ref<T>& a, const tensor_ref<U>& b, const char* component, std::string_view a_name,
+                      std::string_view b_name) {
     if (a.data == nullptr || b.data == nullptr || a.size() == 0 || b.size() == 0) return;
     const auto a0 = reinterpret_cast<std::uintptr_t>(a.data);
     const auto b0 = reinterpret_cast<std::uintptr_t>(b.data);
     const auto a1 = a0 + static_cast<std::uintptr_t>(a.size()) * sizeof(T);
     const auto b1 = b0 + static_cast<std::uintptr_t>(b.size()) * sizeof(U);
-    require(a1 <= b0 || b1 <= a0, component, a_name, " overlaps ", b_name, " in memory; expected separate buffers");
+    if (!(a1 <= b0 || b1 <= a0))
+        throw invalid_argument(message(component, a_name, " overlaps ", b_name, " in memory; expected separate buffers"));
 }
 
 }  // namespace rpe::detail

@@ -15,7 +15,8 @@
 #include <limits>
 #include <vector>
 
-#include "../../bucket_ids.hpp"
+#include "../../bucket_id_set.hpp"
+#include "../../detail/term_checks.hpp"
 #include "simd.hpp"
 #include "workspace.hpp"
 
@@ -28,16 +29,8 @@ using cmap = Eigen::Map<const row_matrix<S>>;
 template <class S>
 using map = Eigen::Map<row_matrix<S>>;
 
-/// @brief Problem sizes shared by the kernels.
-struct dims {
-    std::int64_t batch = 1;  ///< B
-    std::int64_t heads = 1;  ///< H
-    std::int64_t length = 0; ///< L
-    std::int64_t dim = 1;    ///< D (head dim)
-    std::int64_t buckets = 0;///< K (extra bucket included)
-    std::int64_t table_heads = 1;  ///< Ht
-    [[nodiscard]] std::int64_t table_head(std::int64_t h) const { return table_heads == 1 ? 0 : h; }
-};
+/// @brief Problem sizes shared by the kernels (the front's term_dims).
+using dims = term_dims;
 
 /// @brief Start a thread team only when the work (about planes·L·(L + K·D) operations) is large
 /// enough to pay for it.
@@ -199,7 +192,7 @@ void bias_backward(const dims& d, const id_rows<Id>& ids, const S* grad, std::in
     reduce_partials(partial, planes, grad_heads, d.table_heads, k, accumulate, grad_table);
 }
 
-/// @brief Contextual q/k forward (eqs. 15–16, SPEC §5): per (b, h) T = x·table[h'] (L, K), then
+/// @brief Contextual q/k forward (paper eqs. 15–16): per (b, h) T = x·table[h'] (L, K), then
 /// gather. x (B, H, L, D); table (Ht, D, K); out (B, H, L, L). O(B·H·L·D·K + B·H·L²).
 template <class S, class Id>
 void contextual_qk_forward(const dims& d, const id_rows<Id>& ids, const S* x, const S* table, bool accumulate, S* out) {
@@ -253,7 +246,7 @@ void contextual_qk_backward(const dims& d, const id_rows<Id>& ids, const S* x, c
     }
 }
 
-/// @brief Contextual value forward (eq. 17, SPEC §5): S = scatter(a) (L, K); out (+)= S·table[h'].
+/// @brief Contextual value forward (paper eq. 17): S = scatter(a) (L, K); out (+)= S·table[h'].
 /// a (B, H, L, L); table (Ht, K, D); out (B, H, L, D). O(B·H·(L² + L·K·D)).
 template <class S, class Id>
 void contextual_v_forward(const dims& d, const id_rows<Id>& ids, const S* a, const S* table, bool accumulate, S* out) {

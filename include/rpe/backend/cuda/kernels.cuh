@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "../../detail/term_checks.hpp"
 #include "error.cuh"
 #include "types.cuh"
 
@@ -22,15 +23,8 @@ using ::rpe::cuda::acc_t;
 using ::rpe::cuda::from_acc;
 using ::rpe::cuda::to_acc;
 
-/// @brief Problem sizes shared by the kernels (as detail::cpu::dims).
-struct dims {
-    std::int64_t batch = 1;        ///< B
-    std::int64_t heads = 1;        ///< H
-    std::int64_t length = 0;       ///< L
-    std::int64_t dim = 1;          ///< D
-    std::int64_t buckets = 0;      ///< K (extra bucket included)
-    std::int64_t table_heads = 1;  ///< Ht
-};
+/// @brief Problem sizes shared by the kernels: the front's term_dims, as on the CPU.
+using dims = term_dims;
 
 /// @brief Device memory from the stream-ordered allocator, freed (stream-ordered) at scope exit.
 template <class T>

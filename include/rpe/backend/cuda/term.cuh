@@ -8,13 +8,15 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
-#include "../../bucket_ids.hpp"
+#include "../../bucket_id_set.hpp"
 #include "../../concepts.hpp"
 #include "../../detail/check.hpp"
+#include "../../detail/term_checks.hpp"
 #include "../../error.hpp"
 #include "../../mode.hpp"
 #include "../../tensor.hpp"
@@ -38,7 +40,7 @@ namespace rpe {
 /// configuration on a device), which uploads the ids and waits for that copy. Temporary
 /// buffers come from the stream-ordered allocator (cudaMallocAsync).
 ///
-/// Algorithms (SPEC §5): contextual q/k: T = x·table per bucket (batched GEMM, (B, H, L, K) in
+/// Algorithms (paper eqs. 15–17): contextual q/k: T = x·table per bucket (batched GEMM, (B, H, L, K) in
 /// acc_t), then a gather; backward: per-(b, h, i) bucket sums of grad (scatter), then
 /// grad_x = G·tableᵀ and per-(b, h) partials xᵀ·G reduced in a fixed order. Value: scatter of
 /// the probabilities into buckets, then S·table; backward: gather of grad_out·tableᵀ, and Sᵀ·grad_out.
@@ -47,7 +49,8 @@ namespace rpe {
 /// scatters add with shared-memory atomics, so those bucket sums (and what is computed from
 /// them) may differ in the last bits between runs.
 ///
-/// Errors: as the CPU term (`[rpe.term] ...` rpe::invalid_argument, checked before any launch);
+/// Errors: the CPU term's, from the same shared checks (detail/term_checks.hpp: `[rpe.term] ...`
+/// rpe::invalid_argument, checked before any launch);
 /// rpe::cuda_error `[rpe.cuda] ...` when a CUDA call fails (a launch error may also surface at a
 /// later call on the stream, as always with CUDA). Thread-safety: const calls may run
 /// concurrently on distinct outputs.
@@ -95,9 +98,8 @@ public:
     ///   rpe::cuda_error when a CUDA call fails.
     void forward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<S> out,
                  write mode = write::overwrite, cudaStream_t stream = nullptr) const {
-        const auto d = check(ids, tables, x, out, "out");
-        detail::check_no_overlap(out, x, "term", "out", "x");
-        for (int t = 0; t < num_tables; ++t) detail::check_no_overlap(out, tables[t], "term", "out", "table");
+        const detail::mapping_key<M> key(mapping());
+        const auto d = detail::check_term_forward<S>(config_.layout(), key, ids, std::span<const tensor_ref<const S>>(tables), x, out);
         const auto dev = cuda::device_bucket_cache::global().get(ids, stream);
         using A = accumulator_type;
         const bool acc = mode == write::accumulate;
@@ -142,21 +144,10 @@ public:
     void backward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x,
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, const grad_tables_type& grad_tables,
                   write mode = write::overwrite, cudaStream_t stream = nullptr) const {
-        const auto d = check(ids, tables, x, grad_out, "grad_out");
-        const auto shape = table_shape();
-        for (int t = 0; t < num_tables; ++t)
-            if (grad_tables[t].data != nullptr || grad_tables[t].rank != 0) {
-                detail::check_shape(grad_tables[t], shape, "term", "grad_tables[" + std::to_string(t) + "]");
-                for (int u = 0; u < num_tables; ++u)
-                    detail::check_no_overlap(grad_tables[t], tables[u], "term", "grad_tables", "tables");
-                detail::check_no_overlap(grad_tables[t], grad_out, "term", "grad_tables", "grad_out");
-            }
-        const bool want_x = !is_bias && (grad_x.data != nullptr || grad_x.rank != 0);
-        if (want_x) {
-            detail::check_shape(grad_x, std::vector<std::int64_t>(x.shape.begin(), x.shape.begin() + x.rank), "term", "grad_x");
-            detail::check_no_overlap(grad_x, grad_out, "term", "grad_x", "grad_out");
-            detail::check_no_overlap(grad_x, x, "term", "grad_x", "x");
-        }
+        const detail::mapping_key<M> key(mapping());
+        const auto d = detail::check_term_backward<S>(config_.layout(), key, ids, std::span<const tensor_ref<const S>>(tables),
+                                                      x, grad_out, grad_x, std::span<const tensor_ref<S>>(grad_tables));
+        const bool want_x = !is_bias && !detail::is_empty_view(grad_x);
         const auto dev = cuda::device_bucket_cache::global().get(ids, stream);
         using A = accumulator_type;
         const bool acc = mode == write::accumulate;
@@ -233,43 +224,6 @@ public:
     }
 
 private:
-    // Same validation as the CPU term (messages `[rpe.term] ...`), on the views' shapes only.
-    detail::gpu::dims check(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x,
-                            tensor_ref<const S> y, const char* y_name) const {
-        detail::require(ids.key().holds(mapping()), "term",
-                        "bucket ids were built for another mapping (type or alpha/beta/gamma); expected this term's mapping");
-        detail::require(ids.skip() == skip(), "term", "bucket ids have skip = ", ids.skip(), "; expected this term's skip = ", skip());
-        detail::require(ids.num_tables() == num_tables, "term", "bucket ids hold ", ids.num_tables(), " tables; expected ", num_tables);
-        const std::int64_t n = ids.length();
-        detail::gpu::dims d;
-        d.length = n;
-        d.buckets = num_buckets();
-        d.dim = head_dim();
-        d.heads = num_heads();
-        d.table_heads = table_heads();
-        const auto shape = table_shape();
-        for (int t = 0; t < num_tables; ++t)
-            detail::check_shape(tables[t], shape, "term", num_tables == 1 ? std::string("table") : "tables[" + std::to_string(t) + "]");
-        if constexpr (is_bias) {
-            detail::require(y.rank == 4 && y.extent(0) >= 1 && (y.extent(1) == d.table_heads || y.extent(1) == d.heads) &&
-                                y.extent(2) == n && y.extent(3) == n,
-                            "term", y_name, " has shape ", y.shape_string(), "; expected (B, ", d.heads, " or ", d.table_heads,
-                            ", L, L) with L = ", n);
-            detail::require(x.data == nullptr && x.rank == 0, "term", "x must be empty ({}) in bias mode: the bias term does not read an input");
-            d.batch = y.extent(0);
-        } else {
-            const std::int64_t last_x = Tg == target::value ? n : d.dim;
-            detail::require(x.rank == 4 && x.extent(0) >= 1 && x.extent(1) == d.heads && x.extent(2) == n && x.extent(3) == last_x,
-                            "term", "x has shape ", x.shape_string(), "; expected (B, ", d.heads, ", ", n, ", ", last_x, ")");
-            d.batch = x.extent(0);
-            detail::check_shape(y, {d.batch, d.heads, n, Tg == target::value ? d.dim : n}, "term", y_name);
-            detail::check_nonnull(x, "term", "x");
-        }
-        detail::check_nonnull(y, "term", y_name);
-        for (int t = 0; t < num_tables; ++t) detail::check_nonnull(tables[t], "term", "table");
-        return d;
-    }
-
     // The configuration (constructor checks, ids, shapes) is the CPU term's: one source of truth.
     term<M, Md, Tg, float, backend::cpu> config_;
 };
