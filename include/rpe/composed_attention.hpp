@@ -1,5 +1,5 @@
 /// @file composed_attention.hpp
-/// @brief The reference's attention step with iRPE (SPEC §4), composed from single terms:
+/// @brief The reference's attention step with iRPE (`RPEAttention.forward`), composed from single terms:
 /// logits buffer, RPE terms, key padding mask, softmax, value term — forward and backward.
 ///
 /// This is the plain, obviously-correct baseline (it materialises (B, H, L, L) logits); a fused
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "any_term.hpp"
+#include "attention_inputs.hpp"
 #include "backend/cpu/kernels.hpp"
 #include "detail/check.hpp"
 #include "error.hpp"
@@ -25,138 +26,7 @@
 
 namespace rpe {
 
-/// @brief One RPE term attached to the attention step: the term (null = none), its lookup
-/// table(s) (1, or 2 for Cross: rows, cols) and, for backward, where their gradients go
-/// (empty = not wanted).
-template <class S>
-struct attention_term {
-    const any_term<S>* term = nullptr;                ///< the configured term, or null
-    std::vector<tensor_ref<const S>> tables;          ///< its table(s), shapes term->table_shape()
-    std::vector<tensor_ref<S>> grad_tables;           ///< gradients of the tables (backward), or empty
-};
-
-/// @brief Inputs of the attention step.
-///
-/// q, k, v: (B, H, L, D), projected and unscaled; `L = skip + depth·height·width` (depth 1
-/// unless the terms use a 3D mapping). The grid size is
-/// given explicitly (the reference's default of a square ⌊√L⌋ grid is not guessed).
-/// attn_mask: optional (L, L) additive mask (DETR's float `attn_mask`), added to the logits after
-/// all RPE terms; −∞ entries mask a pair.
-/// key_padding_mask: optional (B, L), nonzero = padded key (DETR): those logits become −∞ after
-/// all RPE terms are added. Rows whose keys are all masked give zero probabilities and zero
-/// output (the reference gives NaN there).
-template <class S>
-struct attention_inputs {
-    tensor_ref<const S> q, k, v;                    ///< (B, H, L, D)
-    int height = 0;                                 ///< grid rows
-    int width = 0;                                  ///< grid columns
-    attention_term<S> rpe_q, rpe_k, rpe_v;          ///< RPE on queries, keys, values (each optional)
-    tensor_ref<const S> attn_mask;                  ///< (L, L) additive, or empty
-    tensor_ref<const std::uint8_t> key_padding_mask;  ///< (B, L) or empty
-    int depth = 1;                                  ///< grid frames (3D mappings on T x H x W video grids)
-};
-
-namespace detail {
-
-template <class S>
-struct attention_shape {
-    std::int64_t b, h, l, d;
-};
-
-template <class S>
-attention_shape<S> check_attention(const attention_inputs<S>& in) {
-    require(in.q.rank == 4, "attention", "q has shape ", in.q.shape_string(), "; expected (B, H, L, D)");
-    attention_shape<S> s{in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)};
-    require(s.b >= 1 && s.h >= 1 && s.l >= 1 && s.d >= 1, "attention", "q has shape ", in.q.shape_string(),
-            "; expected positive extents");
-    // q sets (B, H, L, D); k and v must match it
-    require(in.k.has_shape({s.b, s.h, s.l, s.d}), "attention", "k has shape ", in.k.shape_string(), "; expected ",
-            in.q.shape_string(), ", the shape of q");
-    require(in.v.has_shape({s.b, s.h, s.l, s.d}), "attention", "v has shape ", in.v.shape_string(), "; expected ",
-            in.q.shape_string(), ", the shape of q");
-    check_nonnull(in.q, "attention", "q");
-    check_nonnull(in.k, "attention", "k");
-    check_nonnull(in.v, "attention", "v");
-    if (in.attn_mask.rank != 0 || in.attn_mask.data != nullptr) {
-        check_shape(in.attn_mask, {s.l, s.l}, "attention", "attn_mask");
-        check_nonnull(in.attn_mask, "attention", "attn_mask");
-    }
-    if (in.key_padding_mask.rank != 0 || in.key_padding_mask.data != nullptr) {
-        check_shape(in.key_padding_mask, {s.b, s.l}, "attention", "key_padding_mask");
-        check_nonnull(in.key_padding_mask, "attention", "key_padding_mask");
-    }
-    const attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
-    const char* names[] = {"rpe_q", "rpe_k", "rpe_v"};
-    const target wanted[] = {target::query, target::key, target::value};
-    for (int i = 0; i < 3; ++i) {
-        const auto& slot = *slots[i];
-        if (!slot.term) continue;
-        require(slot.term->target() == wanted[i], "attention", names[i], " holds a term on target ",
-                target_letter(slot.term->target()), "; expected ", target_letter(wanted[i]));
-        require(slot.term->num_heads() == s.h, "attention", names[i], " has num_heads = ", slot.term->num_heads(),
-                "; expected H = ", s.h, " of q");
-        require(slot.term->head_dim() == s.d, "attention", names[i], " has head_dim = ", slot.term->head_dim(),
-                "; expected D = ", s.d, " of q");
-        require(s.l == slot.term->skip() + static_cast<std::int64_t>(in.depth) * in.height * in.width, "attention", "L = ", s.l,
-                " of q; expected skip + ", in.depth == 1 ? "" : "depth*", "height*width = ", slot.term->skip(), " + ",
-                in.depth == 1 ? std::string() : std::to_string(in.depth) + "*", in.height, "*", in.width);
-        require(static_cast<int>(slot.tables.size()) == slot.term->num_tables(), "attention", names[i], " tables holds ",
-                slot.tables.size(), " tables; expected ", slot.term->num_tables());
-        const auto shape = slot.term->table_shape();
-        for (const auto& t : slot.tables) {
-            check_shape(t, shape, "attention", std::string(names[i]) + " table");
-            check_nonnull(t, "attention", std::string(names[i]) + " table");
-        }
-    }
-    return s;
-}
-
-/// @brief Throws when an output view overlaps q, k, v, the masks or the terms' tables.
-template <class S, class T>
-void check_output_overlap(const attention_inputs<S>& in, const tensor_ref<T>& out, const char* name) {
-    for (const tensor_ref<const S>* x : {&in.q, &in.k, &in.v}) check_no_overlap(out, *x, "attention", name, "q/k/v");
-    check_no_overlap(out, in.attn_mask, "attention", name, "attn_mask");
-    check_no_overlap(out, in.key_padding_mask, "attention", name, "key_padding_mask");
-    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
-        for (const auto& t : slot->tables) check_no_overlap(out, t, "attention", name, "a lookup table");
-}
-
-/// @brief Checks the attention_terms' grad_tables: each given entry (data or shape set) has its
-/// table's shape and data, and is separate from the inputs, from `others` (the call's other
-/// buffers: grad_out, attn, grad_q/k/v) and from every other grad_tables entry.
-template <class S>
-void check_grad_tables(const attention_inputs<S>& in, std::initializer_list<std::pair<tensor_ref<const S>, const char*>> others) {
-    const attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
-    const char* names[] = {"rpe_q", "rpe_k", "rpe_v"};
-    std::vector<std::pair<tensor_ref<const S>, std::string>> seen;
-    for (int i = 0; i < 3; ++i) {
-        const auto& slot = *slots[i];
-        if (!slot.term) continue;
-        require(slot.grad_tables.size() <= static_cast<std::size_t>(slot.term->num_tables()), "attention", names[i],
-                " grad_tables holds ", slot.grad_tables.size(), " entries; expected at most ", slot.term->num_tables());
-        for (std::size_t t = 0; t < slot.grad_tables.size(); ++t) {
-            const auto& g = slot.grad_tables[t];
-            if (g.data == nullptr && g.rank == 0) continue;  // not wanted
-            const std::string name = std::string(names[i]) + " grad_tables[" + std::to_string(t) + "]";
-            check_shape(g, slot.term->table_shape(), "attention", name);
-            check_nonnull(g, "attention", name);
-            check_output_overlap(in, g, name.c_str());
-            for (const auto& [other, other_name] : others) check_no_overlap(g, other, "attention", name, other_name);
-            for (const auto& [prev, prev_name] : seen) check_no_overlap(g, prev, "attention", name, prev_name);
-            seen.emplace_back(tensor_ref<const S>(g), name);
-        }
-    }
-}
-
-template <class S>
-std::shared_ptr<const bucket_ids> ids_of(const attention_term<S>& slot, const attention_inputs<S>& in,
-                                         id_storage storage = id_storage::automatic) {
-    return slot.term ? slot.term->bucket_ids(in.depth, in.height, in.width, storage) : nullptr;
-}
-
-}  // namespace detail
-
-/// @brief Forward of the attention step (SPEC §4, reference `RPEAttention.forward` without the
+/// @brief Forward of the attention step (reference `RPEAttention.forward` without the
 /// projections and dropout): `qs = q·s`, `s = D^−½`; `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s)`;
 /// mask; `attn = softmax_j(logits)`; `out = attn·v + rpe_v(attn)`.
 /// @param out  (B, H, L, D), written.
@@ -167,13 +37,7 @@ std::shared_ptr<const bucket_ids> ids_of(const attention_term<S>& slot, const at
 template <class S>
 void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn) {
     const auto s = detail::check_attention(in);
-    detail::check_shape(out, {s.b, s.h, s.l, s.d}, "attention", "out");
-    detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
-    detail::check_nonnull(out, "attention", "out");
-    detail::check_nonnull(attn, "attention", "attn");
-    detail::check_output_overlap(in, out, "out");
-    detail::check_output_overlap(in, attn, "attn");
-    detail::check_no_overlap(out, attn, "attention", "out", "attn");
+    detail::check_attention_outputs(in, s, out, attn, true);
     const auto ids_q = detail::ids_of(in.rpe_q, in);
     const auto ids_k = detail::ids_of(in.rpe_k, in);
     const auto ids_v = detail::ids_of(in.rpe_v, in);
@@ -226,25 +90,9 @@ template <class S>
 void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const S> attn, tensor_ref<const S> grad_out,
                                  tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v) {
     const auto s = detail::check_attention(in);
-    const std::vector<std::int64_t> qshape{s.b, s.h, s.l, s.d};
     detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
-    detail::check_shape(grad_out, qshape, "attention", "grad_out");
-    detail::check_shape(grad_q, qshape, "attention", "grad_q");
-    detail::check_shape(grad_k, qshape, "attention", "grad_k");
-    detail::check_shape(grad_v, qshape, "attention", "grad_v");
     detail::check_nonnull(attn, "attention", "attn");
-    detail::check_nonnull(grad_out, "attention", "grad_out");
-    const tensor_ref<S>* outs[] = {&grad_q, &grad_k, &grad_v};
-    const char* out_names[] = {"grad_q", "grad_k", "grad_v"};
-    for (int i = 0; i < 3; ++i) {
-        detail::check_nonnull(*outs[i], "attention", out_names[i]);
-        detail::check_output_overlap(in, *outs[i], out_names[i]);
-        detail::check_no_overlap(*outs[i], attn, "attention", out_names[i], "attn");
-        detail::check_no_overlap(*outs[i], grad_out, "attention", out_names[i], "grad_out");
-        for (int j = 0; j < i; ++j) detail::check_no_overlap(*outs[i], *outs[j], "attention", out_names[i], out_names[j]);
-    }
-    detail::check_grad_tables(in, {{attn, "attn"}, {grad_out, "grad_out"}, {grad_q, "grad_q"}, {grad_k, "grad_k"},
-                                   {grad_v, "grad_v"}});
+    detail::check_attention_gradients(in, s, attn, grad_out, grad_q, grad_k, grad_v);
     const auto ids_q = detail::ids_of(in.rpe_q, in);
     const auto ids_k = detail::ids_of(in.rpe_k, in);
     const auto ids_v = detail::ids_of(in.rpe_v, in);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../../any_term.hpp"
+#include "../../attention_inputs.hpp"
 #include "../../detail/check.hpp"
 #include "../../error.hpp"
 #include "../../tensor.hpp"
@@ -38,12 +39,14 @@ struct attention_term {
 /// and key_padding_mask (B, L) (nonzero = padded key, −∞ after all RPE terms).
 template <class S>
 struct attention_inputs {
+    using scalar_type = S;                            ///< storage type of q, k, v, tables, mask
     tensor_ref<const S> q, k, v;                      ///< (B, H, L, D), device
     int height = 0;                                   ///< grid rows
     int width = 0;                                    ///< grid columns
     attention_term<S> rpe_q, rpe_k, rpe_v;            ///< RPE on queries, keys, values (each optional)
     tensor_ref<const S> attn_mask;                    ///< (L, L) or empty, device
     tensor_ref<const std::uint8_t> key_padding_mask;  ///< (B, L) or empty, device
+    int depth = 1;                                    ///< grid frames (3D mappings on T x H x W video grids)
 };
 
 }  // namespace rpe::cuda
@@ -468,28 +471,14 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
 
 namespace rpe::detail::gpu {
 
-// Checks the inputs and fills the kernel arguments; keeps the device ids alive in `keep`.
+// Checks the inputs (the front's check_attention, then the CUDA limits) and fills the kernel
+// arguments; keeps the device ids alive in `keep`.
 template <class S>
-attn_args prepare_attention(const cuda::attention_inputs<S>& in, bool backward, cudaStream_t stream,
+attn_args prepare_attention(const cuda::attention_inputs<S>& in, cudaStream_t stream,
                             std::vector<std::shared_ptr<const cuda::device_bucket_ids>>& keep) {
-    require(in.q.rank == 4, "attention", "q has shape ", in.q.shape_string(), "; expected (B, H, L, D)");
-    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), dd = in.q.extent(3);
-    require(b >= 1 && h >= 1 && n >= 1 && dd >= 1, "attention", "q has shape ", in.q.shape_string(), "; expected positive extents");
+    const auto shape = check_attention(in);  // the front's checks, as on the CPU
+    const std::int64_t b = shape.b, h = shape.h, n = shape.l, dd = shape.d;
     require(dd <= attn_max_dim, "attention", "head dim D = ", dd, "; expected <= 128 on the CUDA backend");
-    const std::vector<std::int64_t> qshape{b, h, n, dd};
-    check_shape(in.k, qshape, "attention", "k");
-    check_shape(in.v, qshape, "attention", "v");
-    check_nonnull(in.q, "attention", "q");
-    check_nonnull(in.k, "attention", "k");
-    check_nonnull(in.v, "attention", "v");
-    if (in.attn_mask.rank != 0 || in.attn_mask.data != nullptr) {
-        check_shape(in.attn_mask, {n, n}, "attention", "attn_mask");
-        check_nonnull(in.attn_mask, "attention", "attn_mask");
-    }
-    if (in.key_padding_mask.rank != 0 || in.key_padding_mask.data != nullptr) {
-        check_shape(in.key_padding_mask, {b, n}, "attention", "key_padding_mask");
-        check_nonnull(in.key_padding_mask, "attention", "key_padding_mask");
-    }
     attn_args args;
     args.q = in.q.data;
     args.k = in.k.data;
@@ -502,7 +491,6 @@ attn_args prepare_attention(const cuda::attention_inputs<S>& in, bool backward, 
     args.planes = b * h;
     args.scale = 1.0 / std::sqrt(static_cast<double>(dd));
     const cuda::attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
-    const char* names[] = {"rpe_q", "rpe_k", "rpe_v"};
     const target wanted[] = {target::query, target::key, target::value};
     attn_table* dst[] = {args.on_q, args.on_k, args.on_v};
     int* counts[] = {&args.nq, &args.nk, &args.nv};
@@ -510,26 +498,8 @@ attn_args prepare_attention(const cuda::attention_inputs<S>& in, bool backward, 
         const auto& slot = *slots[s];
         if (!slot.term) continue;
         const auto& t = *slot.term;
-        require(t.target() == wanted[s], "attention", names[s], " holds a term on target ", target_letter(t.target()),
-                "; expected ", target_letter(wanted[s]));
-        require(t.num_heads() == h, "attention", names[s], " has num_heads = ", t.num_heads(), "; expected H = ", h, " of q");
-        require(t.head_dim() == dd, "attention", names[s], " has head_dim = ", t.head_dim(), "; expected D = ", dd, " of q");
-        require(n == t.skip() + static_cast<std::int64_t>(in.height) * in.width, "attention", "L = ", n,
-                " of q; expected skip + height*width = ", t.skip(), " + ", in.height, "*", in.width);
-        require(static_cast<int>(slot.tables.size()) == t.num_tables(), "attention", names[s], " tables holds ",
-                slot.tables.size(), " tables; expected ", t.num_tables());
         const auto shape = t.table_shape();
-        for (const auto& tab : slot.tables) {
-            check_shape(tab, shape, "attention", std::string(names[s]) + " table");
-            check_nonnull(tab, "attention", std::string(names[s]) + " table");
-        }
-        if (backward)
-            for (const auto& g : slot.grad_tables)
-                if (g.data || g.rank) {
-                    check_shape(g, shape, "attention", std::string(names[s]) + " grad_tables");
-                    for (const tensor_ref<const S>* x : {&in.q, &in.k, &in.v}) check_no_overlap(g, *x, "attention", "grad_tables", "q/k/v");
-                }
-        const auto host_ids = t.bucket_ids(in.height, in.width);
+        const auto host_ids = t.bucket_ids(in.depth, in.height, in.width);
         keep.push_back(cuda::device_bucket_cache::global().get(*host_ids, stream));
         const auto& dev = *keep.back();
         for (int u = 0; u < t.num_tables(); ++u) {
@@ -597,7 +567,7 @@ inline std::int64_t contextual_size(const attn_table* tables, int count, const a
 
 namespace rpe::cuda {
 
-/// @brief Fused forward of the attention step on the GPU (SPEC §4), as rpe::attention_forward:
+/// @brief Fused forward of the attention step on the GPU (the reference's `RPEAttention.forward` order), as rpe::attention_forward:
 /// `qs = q·s`, `s = D^−½`; `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s) + attn_mask`, key padding
 /// mask (−∞), softmax over keys, `out = a·v + rpe_v(a)`; no (B, H, L, L) buffer: one warp per
 /// query row streams 32-key tiles with an online softmax (flash-attention style) and keeps the
@@ -613,17 +583,13 @@ namespace rpe::cuda {
 /// @pre D ≤ 128; S float, double, __half or __nv_bfloat16 (float accumulation; double for double).
 /// @throws rpe::invalid_argument `[rpe.attention] ...` for mismatched shapes, grid, heads, a term
 ///   on the wrong slot, D > 128 or a shared-memory need beyond the device's; rpe::cuda_error.
-/// Source: paper eqs. 13–17 with the reference's attention order (SPEC §4).
+/// Source: paper eqs. 13–17 with the reference's attention order (`RPEAttention.forward`).
 template <class S>
 void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, cudaStream_t stream = nullptr) {
     using A = acc_t<S>;
     std::vector<std::shared_ptr<const device_bucket_ids>> keep;
-    auto args = detail::gpu::prepare_attention(in, false, stream, keep);
-    detail::check_shape(out, {in.q.extent(0), in.q.extent(1), args.n, args.d}, "attention", "out");
-    detail::check_nonnull(out, "attention", "out");
-    for (const tensor_ref<const S>* x : {&in.q, &in.k, &in.v}) detail::check_no_overlap(out, *x, "attention", "out", "q/k/v");
-    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
-        for (const auto& t : slot->tables) detail::check_no_overlap(out, t, "attention", "out", "a lookup table");
+    detail::check_attention_outputs(in, detail::check_attention(in), out, tensor_ref<S>{}, false);
+    auto args = detail::gpu::prepare_attention(in, stream, keep);
     args.out = out.data;
     int scratch = 0;  // per warp: contextual key products, then value bucket sums
     for (int t = 0; t < args.nk; ++t)
@@ -661,20 +627,9 @@ void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_
                         tensor_ref<S> grad_v, cudaStream_t stream = nullptr) {
     using A = acc_t<S>;
     std::vector<std::shared_ptr<const device_bucket_ids>> keep;
-    auto args = detail::gpu::prepare_attention(in, true, stream, keep);
-    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = args.n, dd = args.d, planes = args.planes;
-    const std::vector<std::int64_t> shape{b, h, n, dd};
-    detail::check_shape(grad_out, shape, "attention", "grad_out");
-    detail::check_nonnull(grad_out, "attention", "grad_out");
-    const tensor_ref<S>* outs[] = {&grad_q, &grad_k, &grad_v};
-    const char* names[] = {"grad_q", "grad_k", "grad_v"};
-    for (int i = 0; i < 3; ++i) {
-        detail::check_shape(*outs[i], shape, "attention", names[i]);
-        detail::check_nonnull(*outs[i], "attention", names[i]);
-        const tensor_ref<const S>* inputs[] = {&in.q, &in.k, &in.v, &grad_out};
-        for (const tensor_ref<const S>* x : inputs) detail::check_no_overlap(*outs[i], *x, "attention", names[i], "an input");
-        for (int j = 0; j < i; ++j) detail::check_no_overlap(*outs[i], *outs[j], "attention", names[i], names[j]);
-    }
+    detail::check_attention_gradients(in, detail::check_attention(in), tensor_ref<const S>{}, grad_out, grad_q, grad_k, grad_v);
+    auto args = detail::gpu::prepare_attention(in, stream, keep);
+    const std::int64_t h = args.heads, n = args.n, dd = args.d, planes = args.planes;
     args.grad_out = grad_out.data;
     args.grad_q = grad_q.data;
     args.grad_k = grad_k.data;

@@ -1,0 +1,520 @@
+/// @file backend/cpu/attention.hpp
+/// @brief Fused multi-head attention with iRPE on queries, keys and values (CPU): forward and
+/// backward of the whole attention step, row block by row block, with no (B, H, L, L) buffer.
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "../../any_term.hpp"
+#include "../../attention_inputs.hpp"
+#include "../../detail/check.hpp"
+#include "../../error.hpp"
+#include "../../tensor.hpp"
+#include "kernels.hpp"
+#include "simd.hpp"
+
+namespace rpe {
+
+/// @brief Options of the fused attention.
+struct attention_options {
+    /// Rows of the logits computed at once per (batch, head); 0 = automatic (about 128K logits
+    /// per block, at least 32 rows). Results do not depend on it beyond float rounding of the
+    /// matrix products.
+    std::int64_t row_block = 0;
+    /// How the bucket ids are held (see rpe::id_storage): `automatic` keeps (L, L) tables up to
+    /// bucket_ids::auto_table_bytes and computes larger grids' ids on the fly. The fused
+    /// attention reads ids a row block at a time either way.
+    id_storage storage = id_storage::automatic;
+};
+
+namespace detail {
+
+/// One lookup table of one term, prepared for the fused kernels.
+template <class S, class Id>
+struct fused_table {
+    cpu::id_rows<Id> rows;    // id(i, j) for k and v; id(j, i) at [i, j] for q (transposed)
+    int slot = 0;             // index of this table's block of ids (see load_block_ids)
+    const Id* full = nullptr; // (L, L) ids made once per call (see materialise_ids), or null
+    const S* table = nullptr; // bias (Ht, K); contextual q/k (Ht, D, K); v (Ht, K, D)
+    S* grad = nullptr;        // same shape as table, or null
+    std::int64_t table_heads = 1;
+    std::int64_t k = 0;       // buckets of this table (extra bucket included)
+    bool bias = false;
+    S* partial = nullptr;     // (items, table size): per-(plane, chunk) gradient partials (backward)
+    [[nodiscard]] std::int64_t head(std::int64_t h) const { return table_heads == 1 ? 0 : h; }
+};
+
+template <class S, class Id>
+struct fused_plan {
+    std::int64_t b = 0, h = 0, l = 0, d = 0, k = 0, rb = 0;
+    S scale = 1;
+    std::vector<fused_table<S, Id>> on_q, on_k, on_v;
+    int tables = 0;  // tables in on_q, on_k, on_v together
+};
+
+template <class S, class Id>
+void add_tables(fused_plan<S, Id>& plan, const attention_term<S>& slot,
+                const std::shared_ptr<const bucket_ids>& ids, std::vector<fused_table<S, Id>>& out, bool want_grads) {
+    if (!slot.term) return;
+    const auto shape = slot.term->table_shape();
+    const int n = slot.term->num_tables();
+    require(static_cast<int>(slot.tables.size()) == n, "attention", "a term holds ", slot.tables.size(), " tables; expected ", n);
+    for (int t = 0; t < n; ++t) {
+        fused_table<S, Id> ft;
+        check_shape(slot.tables[static_cast<std::size_t>(t)], shape, "attention", "tables");
+        check_nonnull(slot.tables[static_cast<std::size_t>(t)], "attention", "tables");
+        ft.table = slot.tables[static_cast<std::size_t>(t)].data;
+        if (want_grads && static_cast<std::size_t>(t) < slot.grad_tables.size())
+            ft.grad = slot.grad_tables[static_cast<std::size_t>(t)].data;  // checked by check_grad_tables
+        ft.table_heads = shape[0];
+        ft.k = slot.term->num_buckets();
+        ft.bias = !slot.term->contextual();
+        ft.rows = cpu::id_rows<Id>{ids.get(), t, slot.term->target() == target::query};
+        ft.slot = plan.tables++;
+        out.push_back(std::move(ft));
+    }
+}
+
+// Points blk[t.slot] at the (rb, L) ids of rows [i0, i0 + rb) of every table (stored rows, rows
+// made once per call, or rows made into buf, rb_max·L ids per table).
+template <class S, class Id>
+void load_block_ids(const fused_plan<S, Id>& plan, std::int64_t i0, std::int64_t rb, Id* buf, const Id** blk) {
+    for (const auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+        for (const auto& t : *group)
+            blk[t.slot] = t.full ? t.full + i0 * plan.l : t.rows(i0, rb, buf + t.slot * plan.rb * plan.l);
+}
+
+// Ids that every (batch, head) plane would otherwise make again row by row (the query target's
+// transposed order, a narrower stored type, on-the-fly storage) are made once per call into an
+// (L, L) buffer when it takes at most this many bytes per table.
+inline constexpr std::int64_t materialise_ids_bytes = std::int64_t{16} << 20;
+
+template <class S, class Id>
+bool needs_materialising(const fused_table<S, Id>& t, std::int64_t n, std::int64_t planes) {
+    const bool direct = !t.rows.transposed && t.rows.ids->storage_kind() == id_storage::table &&
+                        t.rows.ids->id_bytes() == static_cast<int>(sizeof(Id));
+    return !direct && planes > 1 && n * n * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
+}
+
+// Declares the (L, L) buffers of the tables that need them (needs_materialising).
+template <class S, class Id>
+std::vector<cpu::shared_scratch<Id>> declare_full_ids(const fused_plan<S, Id>& plan, cpu::workspace& ws) {
+    std::vector<cpu::shared_scratch<Id>> out;
+    for (const auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+        for (const auto& t : *group) out.emplace_back(ws, needs_materialising(t, plan.l, plan.b * plan.h) ? plan.l * plan.l : 0);
+    return out;
+}
+
+// Fills the buffers declared by declare_full_ids (after ws.allocate()) and points the tables at them.
+template <class S, class Id>
+void materialise_ids(fused_plan<S, Id>& plan, const std::vector<cpu::shared_scratch<Id>>& full) {
+    const std::int64_t n = plan.l;
+    std::size_t next = 0;
+    for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+        for (auto& t : *group) {
+            const auto& f = full[next++];
+            if (f.empty()) continue;
+            Id* dst = f.data();
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (n > 64)
+#endif
+            for (std::int64_t i = 0; i < n; ++i) {
+                const Id* r = t.rows(i, 1, dst + i * n);
+                if (r != dst + i * n) std::copy(r, r + n, dst + i * n);
+            }
+            t.full = dst;
+        }
+}
+
+// Logits of rows [i0, i0 + rb) of plane p into lg (rb, L), then the masked softmax in place.
+// qs_blk (rb, D) are the scaled queries of those rows; tq holds the plane's products for the
+// contextual q tables (plane_query_products); blk the block's ids per table (load_block_ids).
+template <class S, class Id>
+void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, std::int64_t i0,
+                         std::int64_t rb, const S* qs_blk, const S* tq, const Id* const* blk, S* lg, S* work) {
+    using cpu::cmap;
+    using cpu::map;
+    const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
+    map<S>(lg, rb, n).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(in.k.data + p * n * d, n, d).transpose();
+    // contextual key terms: per-bucket products of the block, (rb, K) each, side by side in work
+    std::int64_t offset = 0;
+    for (const auto& t : plan.on_k)
+        if (!t.bias) {
+            map<S>(work + offset, rb, t.k).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(t.table + t.head(h) * d * t.k, d, t.k);
+            offset += rb * t.k;
+        }
+    const std::uint8_t* mask = in.key_padding_mask.data ? in.key_padding_mask.data + (p / plan.h) * n : nullptr;
+    // one pass per row while it sits in L1: gathers, masks, max, exp, normalisation
+    for (std::int64_t i = 0; i < rb; ++i) {
+        S* row = lg + i * n;
+        std::int64_t off = 0;
+        for (const auto& t : plan.on_k) {
+            const S* w = t.bias ? t.table + t.head(h) * t.k : work + off + i * t.k;
+            if (!t.bias) off += rb * t.k;
+            cpu::gather_add(row, w, t.k, blk[t.slot] + i * n, n);
+        }
+        for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
+            const auto& t = plan.on_q[q];
+            const Id* ids = blk[t.slot] + i * n;  // transposed: [i, j] holds id(j, i)
+            if (t.bias)
+                cpu::gather_add(row, t.table + t.head(h) * t.k, t.k, ids, n);
+            else
+                cpu::gather_add_strided(row, tq + static_cast<std::int64_t>(q) * n * plan.k, t.k, ids, n);
+        }
+        if (in.attn_mask.data)
+            map<S>(row, 1, n).array() += cmap<S>(in.attn_mask.data + (i0 + i) * n, 1, n).array();
+        cpu::softmax_row(row, n, mask);
+    }
+}
+
+// Per plane: (k·s)·table_q[h'] (L, K) of every contextual q table q, at buf + q·L·K (K = plan.k).
+template <class S, class Id>
+void plane_query_products(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, S* ks, S* buf) {
+    using cpu::cmap;
+    using cpu::map;
+    const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
+    bool have_ks = false;
+    for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
+        const auto& t = plan.on_q[q];
+        if (t.bias) continue;
+        if (!have_ks) {
+            map<S>(ks, n, d) = cmap<S>(in.k.data + p * n * d, n, d) * plan.scale;
+            have_ks = true;
+        }
+        const std::int64_t k = t.k;
+        S* dst = buf + static_cast<std::int64_t>(q) * n * plan.k;
+        map<S>(dst, n, k).noalias() = cmap<S>(ks, n, d) * cmap<S>(t.table + t.head(h) * d * k, d, k);
+    }
+}
+
+template <class S, class Id>
+bool has_contextual_query(const fused_plan<S, Id>& plan) {
+    return std::any_of(plan.on_q.begin(), plan.on_q.end(), [](const auto& t) { return !t.bias; });
+}
+
+// The contextual q products of every plane, (planes, nq, L, K), into tq, computed once before
+// the row blocks (which may run on different threads); ks_s: (L, D) per thread.
+template <class S, class Id>
+void all_query_products(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, const cpu::thread_scratch<S>& ks_s,
+                        S* tq) {
+    const std::int64_t n = plan.l, planes = plan.b * plan.h;
+    const std::int64_t per_plane = static_cast<std::int64_t>(plan.on_q.size()) * n * plan.k;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+    for (std::int64_t p = 0; p < planes; ++p) plane_query_products(plan, in, p, ks_s.mine(), tq + p * per_plane);
+}
+
+template <class S, class Id>
+fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, bool want_grads,
+                            const attention_options& opt) {
+    const attention_shape s{in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)};  // checked by the caller
+    fused_plan<S, Id> plan;
+    plan.b = s.b;
+    plan.h = s.h;
+    plan.l = s.l;
+    plan.d = s.d;
+    plan.scale = static_cast<S>(1.0 / std::sqrt(static_cast<double>(s.d)));
+    const attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    for (const auto* slot : slots)
+        if (slot->term) plan.k = std::max<std::int64_t>(plan.k, slot->term->num_buckets());
+    add_tables(plan, in.rpe_q, ids[0], plan.on_q, want_grads);
+    add_tables(plan, in.rpe_k, ids[1], plan.on_k, want_grads);
+    add_tables(plan, in.rpe_v, ids[2], plan.on_v, want_grads);
+    require(opt.row_block >= 0, "attention", "row_block = ", opt.row_block, "; expected >= 0");
+    plan.rb = opt.row_block > 0 ? opt.row_block : std::max<std::int64_t>(32, (std::int64_t{1} << 17) / std::max<std::int64_t>(s.l, 1));
+    plan.rb = std::min(plan.rb, s.l);
+    return plan;
+}
+
+template <class S, class Id>
+void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<S> out,
+                   tensor_ref<S> attn, const attention_options& opt) {
+    auto plan = make_plan<S, Id>(in, ids, false, opt);
+    using cpu::cmap;
+    using cpu::map;
+    const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
+    const std::int64_t blocks = (n + rb_max - 1) / rb_max, items = planes * blocks;
+    const bool ctx_q = has_contextual_query(plan);
+    const std::int64_t tq_per_plane = ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * n * k : 0;
+    // every buffer is laid out here, in the calling thread's workspace, before the parallel region
+    cpu::workspace ws;
+    cpu::shared_scratch<S> tq_s(ws, planes * tq_per_plane);
+    cpu::thread_scratch<S> ks_s(ws, ctx_q ? n * d : 0);
+    // work: (rb, K) per-bucket values, two side by side for Cross's two key tables
+    cpu::thread_scratch<S> lg_s(ws, rb_max * n), work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
+    cpu::thread_scratch<S> qs_s(ws, rb_max * d);
+    cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
+    cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
+    const auto full_ids = declare_full_ids(plan, ws);
+    ws.allocate();
+    materialise_ids(plan, full_ids);
+    const S* tq = tq_s.data();
+    if (ctx_q) all_query_products(plan, in, ks_s, tq_s.data());
+#if defined(_OPENMP)
+#pragma omp parallel
+#endif
+    {
+        S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine();
+        Id* idbuf = ids_s.mine();
+        const Id** blk = blk_s.mine();
+        // (plane, row block) items: a few planes on many threads still use every thread; each
+        // block writes its own rows of out, so the thread count does not change any result
+#if defined(_OPENMP)
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (std::int64_t item = 0; item < items; ++item) {
+            const std::int64_t p = item / blocks, i0 = (item % blocks) * rb_max, h = p % plan.h;
+            const std::int64_t rb = std::min(rb_max, n - i0);
+            load_block_ids(plan, i0, rb, idbuf, blk);
+            map<S>(qs, rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
+            block_probabilities(plan, in, p, i0, rb, qs, tq + p * tq_per_plane, blk, lg, work);
+            auto o = map<S>(out.data + (p * n + i0) * d, rb, d);
+            o.noalias() = cmap<S>(lg, rb, n) * cmap<S>(in.v.data + p * n * d, n, d);
+            for (const auto& t : plan.on_v) {
+                cpu::scatter_rows(lg, blk[t.slot], rb, n, t.k, work);
+                o.noalias() += cmap<S>(work, rb, t.k) * cmap<S>(t.table + t.head(h) * t.k * d, t.k, d);
+            }
+            if (attn.data) std::copy(lg, lg + rb * n, attn.data + (p * n + i0) * n);
+        }
+    }
+}
+
+// Chunks of row blocks per plane in the backward: enough (plane, chunk) items for about 32
+// threads, each with its own gradient accumulators summed in chunk order afterwards. Depends on
+// the problem's shape only, never on the thread count.
+inline std::int64_t backward_chunks(std::int64_t planes, std::int64_t blocks) {
+    return std::clamp<std::int64_t>((32 + planes - 1) / planes, 1, blocks);
+}
+
+template <class S, class Id>
+void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<const S> grad_out,
+                    tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt) {
+    auto plan = make_plan<S, Id>(in, ids, true, opt);
+    using cpu::cmap;
+    using cpu::map;
+    const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
+    const std::int64_t nq = static_cast<std::int64_t>(plan.on_q.size());
+    const std::int64_t blocks = (n + rb_max - 1) / rb_max, chunks = backward_chunks(planes, blocks);
+    const std::int64_t blocks_per_chunk = (blocks + chunks - 1) / chunks, items = planes * chunks;
+    const std::int64_t tq_per_plane = nq * n * k;
+    auto table_size = [&](const fused_table<S, Id>& t) { return t.bias ? t.k : d * t.k; };
+    // Per-item accumulators: table gradient partials (items, size) and, with several chunks per
+    // plane, grad_k / grad_v partials (items, L, D); one chunk writes grad_k / grad_v in place.
+    const bool ctx_q = has_contextual_query(plan);
+    // every buffer is laid out here, in the calling thread's workspace, before the parallel region
+    cpu::workspace ws;
+    std::vector<cpu::shared_scratch<S>> partial_s;
+    for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+        for (auto& t : *group) partial_s.emplace_back(ws, t.grad ? items * table_size(t) : 0);
+    cpu::shared_scratch<S> gk_part(ws, chunks > 1 ? items * n * d : 0), gv_part(ws, chunks > 1 ? items * n * d : 0);
+    cpu::shared_scratch<S> gq_part(ws, ctx_q ? items * tq_per_plane : 0), tq_s(ws, ctx_q ? planes * tq_per_plane : 0);
+    cpu::thread_scratch<S> ks_s(ws, ctx_q ? n * d : 0);
+    cpu::thread_scratch<S> lg_s(ws, rb_max * n), dp_s(ws, rb_max * n), work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
+    cpu::thread_scratch<S> qs_s(ws, rb_max * d), dqs_s(ws, rb_max * d);
+    cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
+    cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
+    const auto full_ids = declare_full_ids(plan, ws);
+    ws.allocate();
+    materialise_ids(plan, full_ids);
+    std::size_t next = 0;
+    for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+        for (auto& t : *group) {
+            const auto& ps = partial_s[next++];
+            t.partial = t.grad ? ps.data() : nullptr;
+            if (t.grad) std::fill(ps.data(), ps.data() + ps.count, S(0));
+        }
+    if (ctx_q) {
+        std::fill(gq_part.data(), gq_part.data() + gq_part.count, S(0));
+        all_query_products(plan, in, ks_s, tq_s.data());
+    }
+    const S* tq = tq_s.data();
+#if defined(_OPENMP)
+#pragma omp parallel
+#endif
+    {
+        S *lg = lg_s.mine(), *dp = dp_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *dqs = dqs_s.mine();
+        Id* idbuf = ids_s.mine();
+        const Id** blk = blk_s.mine();
+#if defined(_OPENMP)
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (std::int64_t item = 0; item < items; ++item) {
+            const std::int64_t p = item / chunks, c = item % chunks, h = p % plan.h;
+            const S* tqp = tq + p * tq_per_plane;
+            S* gq = gq_part.data() + item * tq_per_plane;  // Σ dlogits per (j, bucket), contextual q tables
+            auto gk = map<S>(chunks > 1 ? gk_part.data() + item * n * d : grad_k.data + p * n * d, n, d);
+            auto gv = map<S>(chunks > 1 ? gv_part.data() + item * n * d : grad_v.data + p * n * d, n, d);
+            gk.setZero();
+            gv.setZero();
+            const auto vp = cmap<S>(in.v.data + p * n * d, n, d);
+            const auto kp = cmap<S>(in.k.data + p * n * d, n, d);
+            const std::int64_t i_end = std::min(n, (c + 1) * blocks_per_chunk * rb_max);
+            for (std::int64_t i0 = c * blocks_per_chunk * rb_max; i0 < i_end; i0 += rb_max) {
+                const std::int64_t rb = std::min(rb_max, n - i0);
+                load_block_ids(plan, i0, rb, idbuf, blk);
+                map<S>(qs, rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
+                block_probabilities(plan, in, p, i0, rb, qs, tqp, blk, lg, work);
+                const auto P = cmap<S>(lg, rb, n);
+                const auto go = cmap<S>(grad_out.data + (p * n + i0) * d, rb, d);
+                auto dP = map<S>(dp, rb, n);
+                dP.noalias() = go * vp.transpose();
+                gv.noalias() += P.transpose() * go;
+                for (auto& t : plan.on_v) {
+                    const Id* idb = blk[t.slot];
+                    const std::int64_t tk = t.k;
+                    const auto tab = cmap<S>(t.table + t.head(h) * tk * d, tk, d);
+                    map<S>(work, rb, tk).noalias() = go * tab.transpose();
+                    for (std::int64_t i = 0; i < rb; ++i) cpu::gather_add(dp + i * n, work + i * tk, tk, idb + i * n, n);
+                    if (t.grad) {
+                        cpu::scatter_rows(lg, idb, rb, n, tk, work);
+                        map<S>(t.partial + item * tk * d, tk, d).noalias() += cmap<S>(work, rb, tk).transpose() * go;
+                    }
+                }
+                // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
+                for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(lg + i * n, dp + i * n, n);
+                const auto dL = cmap<S>(dp, rb, n);
+                auto dq = map<S>(dqs, rb, d);
+                dq.noalias() = dL * kp;
+                gk.noalias() += dL.transpose() * cmap<S>(qs, rb, d);
+                for (auto& t : plan.on_k) {
+                    const Id* idb = blk[t.slot];
+                    const std::int64_t tk = t.k;
+                    if (t.bias) {
+                        if (!t.grad) continue;
+                        S* acc = t.partial + item * tk;
+                        for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
+                    } else {
+                        cpu::scatter_rows(dp, idb, rb, n, tk, work);
+                        const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
+                        dq.noalias() += cmap<S>(work, rb, tk) * tab.transpose();
+                        if (t.grad)
+                            map<S>(t.partial + item * d * tk, d, tk).noalias() += cmap<S>(qs, rb, d).transpose() * cmap<S>(work, rb, tk);
+                    }
+                }
+                for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
+                    auto& t = plan.on_q[q];
+                    const Id* idb = blk[t.slot];  // [i, j] holds id(j, i)
+                    const std::int64_t tk = t.k;
+                    S* acc = t.bias ? (t.grad ? t.partial + item * tk : nullptr) : gq + static_cast<std::int64_t>(q) * n * k;
+                    if (!acc) continue;
+                    if (t.bias)
+                        for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
+                    else
+                        for (std::int64_t i = 0; i < rb; ++i)
+                            for (std::int64_t j = 0; j < n; ++j) acc[j * tk + idb[i * n + j]] += dp[i * n + j];
+                }
+                map<S>(grad_q.data + (p * n + i0) * d, rb, d) = dq * plan.scale;
+            }
+        }
+        // Per plane: chunk partials summed in chunk order, then the contextual q terms' key
+        // gradients and table partials from the summed per-(key, bucket) sums.
+#if defined(_OPENMP)
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (std::int64_t p = 0; p < planes; ++p) {
+            const std::int64_t h = p % plan.h;
+            auto gk = map<S>(grad_k.data + p * n * d, n, d);
+            if (chunks > 1) {
+                auto gv = map<S>(grad_v.data + p * n * d, n, d);
+                gk = map<S>(gk_part.data() + p * chunks * n * d, n, d);
+                gv = map<S>(gv_part.data() + p * chunks * n * d, n, d);
+                for (std::int64_t c = 1; c < chunks; ++c) {
+                    gk += map<S>(gk_part.data() + (p * chunks + c) * n * d, n, d);
+                    gv += map<S>(gv_part.data() + (p * chunks + c) * n * d, n, d);
+                }
+            }
+            if (gq_part.empty()) continue;
+            S* gq = gq_part.data() + p * chunks * tq_per_plane;
+            for (std::int64_t c = 1; c < chunks; ++c) {
+                const S* src = gq_part.data() + (p * chunks + c) * tq_per_plane;
+                for (std::int64_t e = 0; e < tq_per_plane; ++e) gq[e] += src[e];
+            }
+            for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
+                auto& t = plan.on_q[q];
+                if (t.bias) continue;
+                const std::int64_t tk = t.k;
+                const auto g = cmap<S>(gq + static_cast<std::int64_t>(q) * n * k, n, tk);
+                const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
+                gk.noalias() += plan.scale * (g * tab.transpose());
+                // table partial of plane p lives in its chunk-0 item: Σ (k·s)ᵀ·g = s·kᵀ·g
+                if (t.grad)
+                    map<S>(t.partial + p * chunks * d * tk, d, tk).noalias() +=
+                        plan.scale * (cmap<S>(in.k.data + p * n * d, n, d).transpose() * g);
+            }
+        }
+    }
+    // Table gradients: per-item partials summed in item order (thread-count independent).
+    for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+        for (auto& t : *group)
+            if (t.grad) cpu::reduce_partials(t.partial, planes, plan.h, t.table_heads, table_size(t), false, t.grad, chunks);
+}
+
+template <class S, class F>
+void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
+    std::shared_ptr<const bucket_ids> ids[3] = {ids_of(in.rpe_q, in, storage), ids_of(in.rpe_k, in, storage),
+                                                ids_of(in.rpe_v, in, storage)};
+    int width = 1;
+    for (const auto& i : ids)
+        if (i) width = std::max(width, i->id_bytes());
+    if (width == 1) f.template operator()<std::uint8_t>(ids);
+    else if (width == 2) f.template operator()<std::uint16_t>(ids);
+    else f.template operator()<std::uint32_t>(ids);
+}
+
+}  // namespace detail
+
+/// @brief Fused forward of the attention step (reference `RPEAttention.forward`): `qs = q·s`, `s = D^−½`;
+/// `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s) + attn_mask`, key padding mask (−∞), softmax over
+/// keys, `out = a·v + rpe_v(a)` — equal to composed_attention_forward, computed per (batch, head)
+/// and row block so that no (B, H, L, L) buffer exists unless `attn` is requested.
+///
+/// The contextual q/k terms use per-bucket products (qs·table per row block: rows·D·K; k·s·table
+/// per head: L·D·K), the value term per-bucket sums of probabilities then one product, the bias
+/// terms a gather. Rows whose keys are all masked give zero probabilities and zero output (the
+/// reference gives NaN); a NaN logit makes its row NaN.
+/// @param in   q, k, v (B, H, L, D), grid, optional terms and masks (see attention_inputs).
+/// @param out  (B, H, L, D), written.
+/// @param attn (B, H, L, L) probabilities, written only when non-empty; pass `{}` otherwise.
+/// @throws rpe::invalid_argument `[rpe.attention] ...` / `[rpe.term] ...` for mismatched shapes,
+///   grid, heads, or a term on the wrong slot, before anything is written.
+/// Threads: OpenMP over (batch, head, row block) items when enabled; each item is computed by
+/// one thread in a fixed order, so results do not depend on the thread count (when called from
+/// outside any OpenMP parallel region; see docs/attention.md).
+template <class S>
+void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
+                       const attention_options& opt = {}) {
+    const auto s = detail::check_attention(in);
+    detail::check_attention_outputs(in, s, out, attn, false);
+    detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
+        detail::fused_forward<S, Id>(in, ids, out, attn, opt);
+    });
+}
+
+/// @brief Fused backward of attention_forward for `sum(out · grad_out)`: recomputes the
+/// probabilities row block by row block (no saved (B, H, L, L) state) and writes the gradients
+/// of the unscaled q, k, v and of every table given in the attention_terms' `grad_tables`
+/// (overwritten). Padded keys get exactly zero grad_k and grad_v rows.
+/// @param grad_out (B, H, L, D); @param grad_q, grad_k, grad_v (B, H, L, D), written.
+/// @throws as attention_forward.
+/// Threads: OpenMP over (batch, head, chunk of row blocks) items, about 32 in all (a count that
+/// depends on B·H and L only); grad_k, grad_v and the table gradients are summed from per-item
+/// partials in a fixed order, so results do not depend on the thread count. Memory: those
+/// partials take items·(2·L·D + L·K per contextual query table) values (see docs/attention.md).
+template <class S>
+void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
+                        tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt = {}) {
+    const auto s = detail::check_attention(in);
+    detail::check_attention_gradients(in, s, tensor_ref<const S>{}, grad_out, grad_q, grad_k, grad_v);
+    detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
+        detail::fused_backward<S, Id>(in, ids, grad_out, grad_q, grad_k, grad_v, opt);
+    });
+}
+
+}  // namespace rpe
