@@ -1,7 +1,7 @@
 /// @file error.hpp
 /// @brief The rpe exception hierarchy and the helper that formats messages.
 ///
-/// Each exception of ours derives from exactly one standard exception, so
+/// Each exception of ours derives from rpe::error and from exactly one standard exception, so
 /// `catch (const std::exception&)` sees it and `catch (const std::invalid_argument&)` sees the
 /// argument errors. Messages start with a stable prefix `[rpe.<component>]`, then name the
 /// parameter, its value and what was expected.
@@ -10,27 +10,55 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace rpe {
 
+/// @brief Base of every exception rpe throws: `catch (const rpe::error& e)` catches them all
+/// (each also derives from exactly one standard exception, see below).
+/// Every message starts with a stable id in brackets, `[rpe.<component>]` (e.g. `[rpe.term]`,
+/// `[rpe.attention]`, `[rpe.bucket_ids]`, `[rpe.npy]`, `[rpe.cuda]`), then names the parameter,
+/// its value and what was expected; docs/errors.md lists the ids.
+class error {
+public:
+    virtual ~error() = default;
+    /// @brief The whole message, `[rpe.<component>] ...`.
+    [[nodiscard]] virtual const char* what() const noexcept = 0;
+    /// @brief The stable id of the message: `rpe.<component>` (empty if the message has none).
+    [[nodiscard]] std::string_view id() const noexcept {
+        const std::string_view m = what();
+        if (m.size() < 2 || m[0] != '[') return {};
+        const auto end = m.find(']');
+        return end == std::string_view::npos ? std::string_view{} : m.substr(1, end - 1);
+    }
+
+protected:
+    error() = default;
+    error(const error&) = default;
+    error& operator=(const error&) = default;
+};
+
 /// @brief Bad argument at the host API (shape, size, parameter value, policy combination).
-class invalid_argument : public std::invalid_argument {
+class invalid_argument : public std::invalid_argument, public error {
 public:
     using std::invalid_argument::invalid_argument;
+    [[nodiscard]] const char* what() const noexcept override { return std::invalid_argument::what(); }
 };
 
 /// @brief A value outside the range a type or a table can hold (ids beyond the id type,
 /// sizes beyond 64-bit offsets, a bucket id a mapping produced outside [0, num_buckets)).
-class out_of_range : public std::out_of_range {
+class out_of_range : public std::out_of_range, public error {
 public:
     using std::out_of_range::out_of_range;
+    [[nodiscard]] const char* what() const noexcept override { return std::out_of_range::what(); }
 };
 
 /// @brief Failure that is not the caller's argument: unreadable or malformed file, I/O error.
-class runtime_error : public std::runtime_error {
+class runtime_error : public std::runtime_error, public error {
 public:
     using std::runtime_error::runtime_error;
+    [[nodiscard]] const char* what() const noexcept override { return std::runtime_error::what(); }
 };
 
 namespace detail {
