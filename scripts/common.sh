@@ -59,6 +59,9 @@ rpe_jobs() {
 }
 
 # Configure (Release, tests + benchmarks + examples) and build the tree in $1 (default build/).
+# The CUDA sources (when nvcc is found) are compiled for RPE_CUDA_ARCHITECTURES (default 90, the
+# GPUs this project is checked on; CMake's default in CMakeLists.txt is "90 75"): one nvcc pass
+# per translation unit keeps the test build short.
 # The generator is not forced, so an existing build tree keeps the one it was made with.
 rpe_configure_and_build() {
     local build_dir="${1:-$RPE_ROOT/build}"
@@ -66,6 +69,7 @@ rpe_configure_and_build() {
         -DCMAKE_BUILD_TYPE=Release \
         -DRPE_BUILD_TESTS=ON \
         -DRPE_BUILD_BENCHMARKS=ON \
-        -DRPE_BUILD_EXAMPLES=ON
+        -DRPE_BUILD_EXAMPLES=ON \
+        -DCMAKE_CUDA_ARCHITECTURES="${RPE_CUDA_ARCHITECTURES:-90}"
     cmake --build "$build_dir" -j"$(rpe_jobs)"
 }

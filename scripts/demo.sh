@@ -12,7 +12,7 @@ DEMO_TARGET="${RPE_DEMO_TARGET:-vit_digits}"
 rpe_require_build_packages
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DRPE_BUILD_TESTS=ON -DRPE_BUILD_BENCHMARKS=ON \
       -DRPE_BUILD_EXAMPLES=ON >/dev/null
-cmake --build build --target "$DEMO_TARGET" -j"$(rpe_jobs)"
+cmake --build build --target "$DEMO_TARGET" rpe_cli -j"$(rpe_jobs)"  # and the `rpe` tool the README uses next
 bin="$(find build/examples -type f -name "$DEMO_TARGET" -perm -u+x | head -n 1)"
 rpe_log "demo: running $bin $*"
 exec "$bin" "$@"
