@@ -1,4 +1,4 @@
-// rpe::bucket_cache (SPEC §3 "The cache key is the whole configuration"): hits share one object,
+// rpe::bucket_cache (the cache key is the whole configuration): hits share one object,
 // every part of the key separates entries, the reference's stale-id bug does not happen,
 // concurrent use gives the single-threaded ids, and a failing build leaves nothing behind.
 #include <doctest/doctest.h>
@@ -106,7 +106,7 @@ TEST_CASE("bucket_cache: each part of the key separates entries") {
 
 TEST_CASE("bucket_cache: the reference's stale-id scenario (L = 50 with skip 1, then L = 49 with skip 0)") {
     // The reference caches per (height, width) and ignores skip, so a module that saw a 7x7 grid
-    // with a class token (L = 50) returned those ids for L = 49 without one (SPEC §3).
+    // with a class token (L = 50) returned those ids for L = 49 without one.
     rpe::bucket_cache cache;
     using key_term = rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::key, double>;
     const key_term with_cls(prod, 1, 2, true, 1), without_cls(prod, 1, 2, true, 0);

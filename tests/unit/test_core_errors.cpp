@@ -1,4 +1,4 @@
-// Errors (STYLE.md "Errors", SPEC §2–§4): every bad input at the host API throws one of rpe's
+// Errors (docs/errors.md): every bad input at the host API throws one of rpe's
 // exceptions, whose message names the parameter and its value, and a call that throws writes
 // nothing. (Bias mode on values: run time in test_core_term.cpp, compile time in
 // tests/static/test_concepts.cpp.)

@@ -1,4 +1,4 @@
-// Index functions (SPEC §2): the golden index cases exactly, hand-checked values of the
+// Index functions (the reference's piecewise_index): the golden index cases exactly, hand-checked values of the
 // piecewise index g (paper eq. 18) at the points where a careless port differs, and clip.
 #include <doctest/doctest.h>
 
@@ -56,7 +56,7 @@ TEST_CASE("index::piecewise matches every golden index case exactly (integer off
 TEST_CASE("index::piecewise hand-checked values") {
     SUBCASE("ratio 1.9 per axis, x = -7..7") {
         // Source: examples/data/digits/README.md, "iRPE buckets B[i, j]" ("product, per axis
-        // x = -7..7 -> g"), and SPEC §3's example: the 7 indices cover {0}, {±1}, {±2,±3}, {±4…}.
+        // x = -7..7 -> g"), and the paper's example: the 7 indices cover {0}, {±1}, {±2,±3}, {±4…}.
         const piecewise g = piecewise::from_ratio(1.9);
         const int expected[15] = {-3, -3, -3, -3, -2, -2, -1, 0, 1, 2, 2, 3, 3, 3, 3};
         for (int x = -7; x <= 7; ++x) {
@@ -66,14 +66,14 @@ TEST_CASE("index::piecewise hand-checked values") {
         }
     }
     SUBCASE("from_ratio gives the reference's alpha = r, beta = 2r, gamma = 8r") {
-        // Source: SPEC §2; meta.json of index/r1.9 gives alpha_hex 0x1.e666666666666p+0,
+        // Source: the reference's float32 recipe; meta.json of index/r1.9 gives alpha_hex 0x1.e666666666666p+0,
         // beta_hex 0x1.e666666666666p+1, gamma_hex 0x1.e666666666666p+3, i.e. the literals below.
         CHECK(piecewise::from_ratio(1.9) == piecewise{1.9, 3.8, 15.2});
         CHECK(piecewise::from_ratio(20.0) == piecewise{20.0, 40.0, 160.0});
         CHECK(piecewise{} == piecewise::from_ratio(1.9));  // the defaults are the DeiT config
     }
     SUBCASE("round half to even at an exact tie: alpha=2, beta=3, gamma=8 at x = +-4") {
-        // Source: SPEC §2 / golden README "Rounding edge cases": v = 2 + ln(4/2)/ln(8/2)·(3−2)
+        // Source: golden README "Rounding edge cases": v = 2 + ln(4/2)/ln(8/2)·(3−2)
         // = 2.5 exactly; the reference (torch.round, half to even) gives 2, std::round gives 3.
         const piecewise g{2.0, 3.0, 8.0};
         CHECK(g(std::int64_t{4}) == 2);
@@ -83,14 +83,14 @@ TEST_CASE("index::piecewise hand-checked values") {
         CHECK(g(std::int64_t{5}) == 3);  // v = 2 + ln(2.5)/ln(4) = 2.66 → 3: the tie is only at 4
     }
     SUBCASE("the reference's mixed double/float32 recipe: alpha=9, beta=42, gamma=49 at x=21") {
-        // Source: SPEC §2: the reference gives 26 here, an all-float32 evaluation 25.
+        // Source: the reference gives 26 here, an all-float32 evaluation 25.
         const piecewise g{9.0, 42.0, 49.0};
         CHECK(g(std::int64_t{21}) == 26);
         CHECK(g(std::int64_t{-21}) == -26);
         CHECK(g(21.0f) == 26);
     }
     SUBCASE("a non-integer beta caps at int(beta): beta = 3.8 gives 3") {
-        // Source: SPEC §2 (min(β_f, round(v)) = 3.8 then truncation toward zero → 3).
+        // Source: the reference's piecewise_index (min(β_f, round(v)) = 3.8 then truncation toward zero → 3).
         const piecewise g = piecewise::from_ratio(1.9);
         CHECK(g.beta_int() == 3);
         CHECK(g(std::int64_t{1000000}) == 3);
@@ -99,7 +99,7 @@ TEST_CASE("index::piecewise hand-checked values") {
         CHECK(g(std::int64_t{15}) == 3);  // near gamma = 15.2: v ≈ 3.79 → round 4 → min 3.8 → 3
     }
     SUBCASE("inside alpha the float path rounds half to even") {
-        // Source: SPEC §2 (|x| ≤ α → round(x), torch.round semantics).
+        // Source: the reference's piecewise_index (|x| ≤ α → round(x), torch.round semantics).
         const piecewise g = piecewise::from_ratio(1.9);
         CHECK(g(0.5f) == 0);
         CHECK(g(1.5f) == 2);
@@ -129,7 +129,7 @@ TEST_CASE("index::piecewise hand-checked values") {
 }
 
 TEST_CASE("index::clip values and range") {
-    // Source: SPEC §2: clip(x) = max(−βi, min(βi, x)), βi = int(β).
+    // Source: Shaw et al.: clip(x) = max(−βi, min(βi, x)), βi = int(β).
     SUBCASE("integer offsets, beta = 3") {
         const clip g{3.0};
         CHECK(g.beta_int() == 3);

@@ -1,4 +1,4 @@
-// 2D mappings and bucket ids (SPEC §3, §5, §6): every golden bucket_ids case exactly, the table
+// 2D mappings and bucket ids (reference `get_bucket_ids_2d`, `get_num_buckets`): every golden bucket_ids case exactly, the table
 // sizes K of the reference configs, undirected ranges, direction, the crop property, the id width,
 // the extra (skip) bucket, and the paper variants against hand-computed ids.
 #include <doctest/doctest.h>
@@ -73,8 +73,8 @@ TEST_CASE_TEMPLATE("bucket ids match every golden bucket_ids case exactly", M, m
     CHECK(cases == 4);
 }
 
-TEST_CASE("table sizes K of the reference configs (SPEC §6)") {
-    // Product ratio 1.9: (2·3+1)² = 49 buckets, 50 with the class token (SPEC §3 example).
+TEST_CASE("table sizes K of the reference configs (get_num_buckets)") {
+    // Product ratio 1.9: (2·3+1)² = 49 buckets, 50 with the class token (the paper's example).
     const mapping::product<> deit{piecewise::from_ratio(1.9)};
     CHECK(deit.num_buckets() == 49);
     CHECK(rpe::build_bucket_ids(deit, 14, 14, 1)->num_buckets() == 50);
@@ -153,7 +153,7 @@ TEST_CASE("directed mappings: Product and Cross distinguish (dr, dc) from (-dr, 
 TEST_CASE_TEMPLATE("crop property: a smaller grid's ids are the top-left crop of a larger grid's", M, mapping::euclidean<>,
                    mapping::quantization<>, mapping::cross<>, mapping::product<>, mapping::euclidean_paper<>,
                    mapping::quantization_paper<>) {
-    // SPEC §5: ids depend only on offsets; token (r, c) of an h×w grid is token (r, c) of the
+    // Ids depend only on offsets; token (r, c) of an h×w grid is token (r, c) of the
     // H×W grid (grid coordinates, not flat indices), extra tokens map to themselves.
     const M m{r19};
     for (int skip : {0, 1, 3}) {

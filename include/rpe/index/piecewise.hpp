@@ -17,7 +17,7 @@ namespace rpe::index {
 /// `v = α + ln(|x|/α) / ln(γ/α) · (β − α)`. Output in `[−beta_int(), beta_int()]` with
 /// `beta_int() = int(β)` (truncation: β = 3.8 caps at 3).
 ///
-/// Numerics follow the reference recipe exactly (SPEC §2): `α`, `ln(γ/α)` and `β − α` are computed
+/// Numerics follow the reference recipe exactly (its `piecewise_index`): `α`, `ln(γ/α)` and `β − α` are computed
 /// in double and then cast to float32; `v` is evaluated step by step in float32 (`logf`);
 /// `round` is half to even (the default rounding mode, as torch.round); the cap compares with
 /// `float(β)`. An all-double or all-float evaluation, or `std::round`, gives other buckets for

@@ -3,7 +3,7 @@
 /// 1 × L grid.
 ///
 /// Sign conventions side by side: the 2D mappings take the offset *query − key*,
-/// `(dr, dc) = (r_i − r_j, c_i − c_j)` (SPEC §1, the reference's). The 1D sources (Shaw et al.
+/// `(dr, dc) = (r_i − r_j, c_i − c_j)` (the reference's convention). The 1D sources (Shaw et al.
 /// 2018, T5) use *key − query*, `j − i`. A sequence is a one-row grid (height 1, width L), token
 /// i at column i, so `dc = i − j` and the 1D offset is `j − i = −dc`.
 #pragma once

@@ -3,7 +3,7 @@
 /// causal (decoder), as a Mapping on a 1 × L grid.
 ///
 /// Sign conventions side by side: the 2D mappings take the offset *query − key*,
-/// `(dr, dc) = (r_i − r_j, c_i − c_j)` (SPEC §1). T5 takes `relative_position = memory_position −
+/// `(dr, dc) = (r_i − r_j, c_i − c_j)` (the reference's convention). T5 takes `relative_position = memory_position −
 /// query_position = j − i` (*key − query*). On a one-row grid (height 1, width L, token i at
 /// column i) `dc = i − j`, so T5's relative position is `−dc`.
 #pragma once
