@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -252,7 +253,10 @@ attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
     TORCH_CHECK_VALUE(a.params.size() == 12, "[rpe.torch] params holds ", a.params.size(), " values; expected 12");
     TORCH_CHECK_VALUE(std::isfinite(a.scale) && a.scale > 0, "[rpe.torch] scale = ", a.scale, "; expected a positive finite number");
     attention_setup<S> s;
-    s.ratio = a.scale * std::sqrt(static_cast<double>(D));
+    // The library scales by 1/sqrt(D); another scale multiplies q and the contextual q tables by
+    // the ratio. Python's D**-0.5 may differ from 1/sqrt(D) in the last bit: that is the default.
+    s.ratio = a.scale / (1.0 / std::sqrt(static_cast<double>(D)));
+    if (std::abs(s.ratio - 1.0) <= 4 * std::numeric_limits<double>::epsilon()) s.ratio = 1.0;
     static const char* slot_names[] = {"tables_q", "tables_k", "tables_v"};
     const rpe::target targets[] = {rpe::target::query, rpe::target::key, rpe::target::value};
     rpe::attention_term<S>* slots[] = {&s.in.rpe_q, &s.in.rpe_k, &s.in.rpe_v};
