@@ -202,6 +202,7 @@ class _Term(torch.autograd.Function):
         return _ops.term_forward(x, list(tables), *spec)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         saved = ctx.saved_tensors
         x, tables = (saved[0], saved[1:]) if ctx.has_x else (None, saved)
@@ -372,6 +373,7 @@ class _Attention(torch.autograd.Function):
         return _ops.attention_forward(q, k, v, tq, tk, tv, *spec[:9], key_padding_mask, attn_mask, spec[9])
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, *tables = ctx.saved_tensors
         tq, tk, tv = _split(tables, ctx.counts)
@@ -398,7 +400,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     None); key_padding_mask: (B, L) bool/uint8, true = padded key; attn_mask: (L, L) additive float
     (or bool, true = masked), not differentiated; scale: default D^-1/2. Rows whose keys are all
     masked give zeros (the reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and
-    every table. Raises ValueError / TypeError naming the parameter for bad input.
+    every table (first derivatives only: a second backward raises). Raises ValueError / TypeError
+    naming the parameter for bad input.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_cpu(name, t)
@@ -435,5 +438,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         _check_cpu("key_padding_mask", key_padding_mask)
     if attn_mask is not None:
         _check_cpu("attn_mask", attn_mask)
+        if attn_mask.requires_grad and torch.is_grad_enabled():
+            raise ValueError("[rpe.torch] attn_mask requires grad; rpe_torch.attention does not differentiate the "
+                             "additive mask (pass attn_mask.detach())")
     spec = (methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0], grid[1], float(scale))
     return _Attention.apply(q, k, v, key_padding_mask, attn_mask, spec, tuple(counts), *tables)

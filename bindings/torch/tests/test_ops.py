@@ -176,6 +176,19 @@ def test_errors_name_the_parameter():
         irpe.get_num_buckets(7, 1.9, 3.8, 15.2)
 
 
+def test_no_silent_wrong_gradients():
+    mods, q, k, v, L = attention_setup("product", "contextual", "qkv", True, 1)
+    out = irpe.attention(q, k, v, *mods, height=2, width=3)
+    (gq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        gq.sum().backward()
+    mask = torch.zeros(L, L, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(ValueError, match=r"attn_mask requires grad"):
+        irpe.attention(q, k, v, *mods, height=2, width=3, attn_mask=mask)
+    masked = irpe.attention(q, k, v, *mods, height=2, width=3, attn_mask=mask.detach())
+    assert torch.equal(masked, out)
+
+
 def test_non_contiguous_inputs_give_the_contiguous_result():
     mods, q, k, v, L = attention_setup("product", "contextual", "qkv", True, 1)
     base = irpe.attention(q, k, v, *mods, height=2, width=3)
