@@ -246,3 +246,40 @@ def test_square_grid_is_inferred():
     x = torch.randn(2, 2, 1 + 16, 4)
     assert torch.equal(rk(x), rk(x, 4, 4))
     assert not torch.equal(rk(x, 2, 8), rk(x, 4, 4))
+
+
+def test_cross_sub_modules_sum_to_the_cross_module():
+    c = irpe.get_rpe_config(ratio=RATIO, method="cross", mode="ctx", shared_head=False, skip=1, rpe_on="k")
+    rk = irpe.build_rpe(c, 3, 2)[1]
+    assert isinstance(rk, irpe.iRPE_Cross) and rk.rp_rows.method == irpe.METHOD.CROSS_ROWS
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in rk.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    x = torch.randn(2, 2, 1 + 2 * 3, 3, generator=g, requires_grad=True)
+    whole = rk(x, 2, 3)
+    parts = rk.rp_rows(x, 2, 3) + rk.rp_cols(x, 2, 3)
+    assert torch.allclose(whole, parts, atol=1e-6)
+    assert not torch.allclose(rk.rp_rows(x, 2, 3), whole, atol=1e-3)  # each part alone is not the whole
+    rk.rp_rows(x, 2, 3).sum().backward()
+    assert rk.rp_rows.lookup_table_weight.grad.abs().sum() > 0 and rk.rp_cols.lookup_table_weight.grad is None
+
+
+@pytest.mark.parametrize("mode", ["bias", "contextual"])
+def test_query_target_operator_is_the_transposed_key_term(mode):
+    """torch.ops.rpe.term_forward with target q is the library's query term: the key term of the
+    transposed pair, as the attention adds rpe_q(k·s)ᵀ; its backward matches autograd of that."""
+    ts = tables("product", mode, "q", 2, 3, 1, seed=11)
+    x = torch.randn(2, 2, 7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    xin = x if mode == "contextual" else None
+    args = ("product", mode, RATIO, 2 * RATIO, 8 * RATIO, 1, 2, 3)
+    spec = lambda target: (args[0], args[1], target) + args[2:]  # noqa: E731
+    out_q = torch.ops.rpe.term_forward(xin, ts, *spec("q"))
+    out_k = irpe.term(xin, ts, "product", mode, "k", RATIO, 2 * RATIO, 8 * RATIO, 1, 2, 3)
+    assert torch.allclose(out_q, out_k.transpose(2, 3), atol=1e-12)
+    grad = torch.randn(out_q.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    grads = torch.ops.rpe.term_backward(xin, ts, grad, *spec("q"))
+    (out_k.transpose(2, 3) * grad).sum().backward()
+    if mode == "contextual":
+        assert torch.allclose(grads[0], x.grad, atol=1e-12)
+    assert torch.allclose(grads[1], ts[0].grad, atol=1e-12)
