@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """DeiT-S attention step (B=8, H=6, L=197, D=64, Product ratio 1.9, class token), forward +
 backward: rpe_torch.attention against the reference's modules composed as its RPEAttention does
-(and rpe_torch's own modules composed the same way). Medians of --repeat runs, same threads.
+(and rpe_torch's own modules composed the same way). Medians of --repeat rounds (each round runs
+every implementation once), same threads.
 
     PYTHONPATH=bindings/torch /usr/bin/python3 bindings/torch/bench/bench_attention.py \
         --reference /path/to/Cream/iRPE/DeiT-with-iRPE [--threads 1] [--repeat 7]
@@ -37,14 +38,18 @@ def composed(irpe_mods, q, k, v, scale):
     return out
 
 
-def median_ms(fn, repeat):
-    fn()
-    times = []
+def interleaved_medians(fns, repeat):
+    """Median ms of each closure, timed in rounds (one run of each per round) so that a noisy
+    machine's slow spells hit every implementation alike."""
+    for fn in fns.values():
+        fn()  # warm-up: allocations, id caches
+    times = {name: [] for name in fns}
     for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
 
 
 def main():
@@ -68,7 +73,7 @@ def main():
     g = torch.Generator().manual_seed(0)
     for rpe_on in ("k", "qkv"):
         q, k, v = (torch.randn(B, H, L, D, generator=g).requires_grad_() for _ in range(3))
-        results = {}
+        fns = {}
         for name, pkg in impls.items():
             cfg = pkg.get_rpe_config(ratio=1.9, method=pkg.METHOD.PRODUCT, mode="contextual", shared_head=True, skip=1,
                                      rpe_on=rpe_on)
@@ -81,12 +86,13 @@ def main():
             def step(mods=mods):
                 composed(mods, q, k, v, scale).sum().backward()
 
-            results[name] = median_ms(step, args.repeat)
+            fns[name] = step
             if pkg is rpe_torch:
                 def fused(mods=mods):
                     rpe_torch.attention(q, k, v, *mods, height=14, width=14).sum().backward()
 
-                results["rpe_torch.attention (fused)"] = median_ms(fused, args.repeat)
+                fns["rpe_torch.attention (fused)"] = fused
+        results = interleaved_medians(fns, args.repeat)
         for name, ms in results.items():
             print(f"bench_attention: rpe_on {rpe_on} {name}: {ms:.1f} ms (B={B} H={H} L={L} D={D}, "
                   f"threads {args.threads}, fwd+bwd, median of {args.repeat})")
