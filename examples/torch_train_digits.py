@@ -7,7 +7,11 @@ steps/s with the same model on plain PyTorch modules (bindings/torch/tests/pure_
 Data: the 450 shipped digits (examples/data/digits/test_images.npy), first 350 for training, last
 100 held out (the repository ships no other images). Prints one line per implementation:
 
-    torch_train_digits: impl fused procs 1 threads 1 batch 64 steps 60 steps/s 9.1 loss 0.81 accuracy 0.87
+    torch_train_digits: impl fused procs 1 threads 1 batch 64 steps 60 steps/s 3.36 loss 2.2689 accuracy 0.0500
+
+(the implementations are trained one step each in turn, from the same initial weights and batches,
+so their losses agree and their steps/s see the same machine load; accuracy needs a few hundred
+steps to rise above chance).
 
 Run (after building the operators, see docs/torch.md):
 
@@ -72,45 +76,60 @@ def data():
     return (x[:350], y[:350]), (x[350:], y[350:])
 
 
-def run(impl, args, rank=0, world=1):
-    """Trains and returns (steps/s, last loss, held-out accuracy)."""
-    torch.set_num_threads(args.threads)
-    model = make_model(impl, args.reference, args.seed)
-    net = model
-    if world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(model)
-    (x, y), (xt, yt) = data()
-    opt = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.05)
-    g = torch.Generator().manual_seed(args.seed + 1)
-    model.train()
-    loss = torch.zeros(())
-    start = None
-    for step in range(args.steps + 1):
-        if step == 1:
-            start = time.perf_counter()  # the first step (allocations, id caches) is not timed
-        idx = torch.randint(0, x.shape[0], (args.batch,), generator=g).chunk(world)[rank]
-        # random shift by up to one pixel, background -1 (the digits training's augmentation)
-        dy, dx = (int(v) for v in torch.randint(-1, 2, (2,), generator=g))
-        xb = torch.roll(x[idx], shifts=(dy, dx), dims=(2, 3))
-        loss = torch.nn.functional.cross_entropy(net(xb), y[idx], label_smoothing=0.1)
-        opt.zero_grad()
+class Trainer:
+    """One implementation's model, optimizer and batch stream; step() runs one timed step."""
+
+    def __init__(self, impl, args, rank=0, world=1):
+        self.model = make_model(impl, args.reference, args.seed)
+        self.net = self.model if world == 1 else torch.nn.parallel.DistributedDataParallel(self.model)
+        self.opt = torch.optim.AdamW(self.net.parameters(), lr=3e-3, weight_decay=0.05)
+        self.g = torch.Generator().manual_seed(args.seed + 1)  # the same batches for every impl
+        self.args, self.rank, self.world = args, rank, world
+        (self.x, self.y), (self.xt, self.yt) = data()
+        self.seconds, self.loss = 0.0, float("nan")
+        self.model.train()
+
+    def step(self, timed=True):
+        idx = torch.randint(0, self.x.shape[0], (self.args.batch,), generator=self.g).chunk(self.world)[self.rank]
+        # random shift by up to one pixel (the digits training's augmentation)
+        dy, dx = (int(v) for v in torch.randint(-1, 2, (2,), generator=self.g))
+        start = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(self.net(torch.roll(self.x[idx], (dy, dx), (2, 3))), self.y[idx],
+                                                 label_smoothing=0.1)
+        self.opt.zero_grad()
         loss.backward()
-        opt.step()
-    rate = args.steps / (time.perf_counter() - start)
-    model.eval()
-    with torch.no_grad():
-        accuracy = (model(xt).argmax(1) == yt).double().mean().item()
-    return rate, loss.item(), accuracy
+        self.opt.step()
+        if timed:
+            self.seconds += time.perf_counter() - start
+        self.loss = loss.item()
+
+    def result(self):
+        """(steps/s over the timed steps, last loss, held-out accuracy)."""
+        self.model.eval()
+        with torch.no_grad():
+            accuracy = (self.model(self.xt).argmax(1) == self.yt).double().mean().item()
+        return self.args.steps / self.seconds, self.loss, accuracy
 
 
-def ddp_worker(rank, world, port, impl, args, out):
+def run(impls, args, rank=0, world=1):
+    """Trains every impl, one step of each in turn (so a noisy machine's slow spells hit all
+    alike); the first step (allocations, id caches) is not timed. Returns {impl: result}."""
+    torch.set_num_threads(args.threads)
+    trainers = {impl: Trainer(impl, args, rank, world) for impl in impls}
+    for step in range(args.steps + 1):
+        for t in trainers.values():
+            t.step(timed=step > 0)
+    return {impl: t.result() for impl, t in trainers.items()}
+
+
+def ddp_worker(rank, world, port, impls, args, out):
     import torch.distributed as dist
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        result = run(impl, args, rank, world)
+        results = run(impls, args, rank, world)
         if rank == 0:
-            torch.save(result, out)
+            torch.save(results, out)
     finally:
         dist.destroy_process_group()
 
@@ -127,28 +146,30 @@ def main():
     args = p.parse_args()
     if args.steps < 1 or args.batch < args.ddp or args.threads < 1 or args.ddp < 1:
         raise SystemExit("torch_train_digits: expected --steps >= 1, --threads >= 1, 1 <= --ddp <= --batch")
-    rates = {}
-    for impl in args.impl.split(","):
+    impls = args.impl.split(",")
+    for impl in impls:
+        if impl not in ("fused", "modules", "pure", "reference"):
+            raise SystemExit(f"torch_train_digits: --impl {impl!r}; expected fused, modules, pure or reference")
         if impl == "reference" and not args.reference:
             raise SystemExit("torch_train_digits: --impl reference needs --reference DIR (the folder of irpe.py)")
-        if args.ddp > 1:
-            import tempfile
-            import torch.multiprocessing as mp
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            with tempfile.TemporaryDirectory() as tmp:
-                out = os.path.join(tmp, "result.pt")
-                mp.spawn(ddp_worker, args=(args.ddp, port, impl, args, out), nprocs=args.ddp, join=True)
-                rate, loss, accuracy = torch.load(out)
-        else:
-            rate, loss, accuracy = run(impl, args)
-        rates[impl] = rate
+    if args.ddp > 1:
+        import tempfile
+        import torch.multiprocessing as mp
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "results.pt")
+            mp.spawn(ddp_worker, args=(args.ddp, port, impls, args, out), nprocs=args.ddp, join=True)
+            results = torch.load(out)
+    else:
+        results = run(impls, args)
+    for impl, (rate, loss, accuracy) in results.items():
         print(f"torch_train_digits: impl {impl} procs {args.ddp} threads {args.threads} batch {args.batch} "
               f"steps {args.steps} steps/s {rate:.2f} loss {loss:.4f} accuracy {accuracy:.4f}", flush=True)
     for other in ("pure", "reference", "modules"):
-        if "fused" in rates and other in rates:
-            print(f"torch_train_digits: fused / {other} steps/s = {rates['fused'] / rates[other]:.2f}x")
+        if "fused" in results and other in results:
+            print(f"torch_train_digits: fused / {other} steps/s = {results['fused'][0] / results[other][0]:.2f}x")
 
 
 if __name__ == "__main__":

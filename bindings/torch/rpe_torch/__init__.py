@@ -197,6 +197,7 @@ class _Term(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, spec, *tables):
         ctx.spec = spec
+        x = x.contiguous() if x is not None else None  # once, for the forward and the backward
         ctx.save_for_backward(x, *tables) if x is not None else ctx.save_for_backward(*tables)
         ctx.has_x = x is not None
         return _ops.term_forward(x, list(tables), *spec)
@@ -367,6 +368,9 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, key_padding_mask, attn_mask, spec, counts, *tables):
         ctx.spec, ctx.counts = spec, counts
+        # q, k, v are often strided views of a qkv projection: made contiguous once, here, so the
+        # backward reads the same copies instead of making them again
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         ctx.save_for_backward(q, k, v, *tables)
         ctx.key_padding_mask, ctx.attn_mask = key_padding_mask, attn_mask
         tq, tk, tv = _split(tables, counts)
