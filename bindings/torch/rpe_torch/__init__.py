@@ -221,6 +221,10 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
     bias, [(Ht, D, K)] q/k, [(Ht, K, D)] v, two for cross. Returns (1, Ht, L, L), (B, H, L, L)
     or (B, H, L, D). Raises ValueError / TypeError naming the parameter for bad input.
     """
+    for i, t in enumerate(tables):
+        _check_cpu(f"tables[{i}]", t)
+    if x is not None:
+        _check_cpu("x", x)
     if target == "q":
         target = "k"  # the reference module does not know its slot; attention() transposes
     spec = (method, mode, target, float(alpha), float(beta), float(gamma), int(skip), int(height), int(width))

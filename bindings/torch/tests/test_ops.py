@@ -158,6 +158,11 @@ def test_errors_name_the_parameter():
         rk(q[0], 2, 3)
     with pytest.raises(ValueError, match=r"device meta"):
         irpe.attention(q.to("meta"), k, v, rq, rk, rv, height=2, width=3)
+    with pytest.raises(ValueError, match=r"tables\[0\] is on device meta"):
+        irpe.term(q, [rk.lookup_table_weight.to("meta")], "product", "contextual", "k", RATIO, 2 * RATIO, 8 * RATIO,
+                  1, 2, 3)
+    with pytest.raises(TypeError, match=r"tables\[0\] is a list"):
+        irpe.term(q, [[1.0]], "product", "contextual", "k", RATIO, 2 * RATIO, 8 * RATIO, 1, 2, 3)
     with pytest.raises(TypeError, match=r"rpe_k is a Linear"):
         irpe.attention(q, k, v, None, torch.nn.Linear(2, 2), None, height=2, width=3)
     with pytest.raises(ValueError, match=r"scale = -1"):
