@@ -6,6 +6,7 @@ every implementation once), same threads.
 
     PYTHONPATH=bindings/torch /usr/bin/python3 bindings/torch/bench/bench_attention.py \
         --reference /path/to/Cream/iRPE/DeiT-with-iRPE [--threads 1] [--repeat 7]
+        [--batch 64 --heads 4 --dim 16 --grid 8]      # the digits model's attention instead
 
 Prints one line per (rpe_on, implementation) and the ratio reference / fused.
 """
@@ -58,6 +59,9 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--grid", type=int, default=14)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     impls = {"rpe_torch modules": rpe_torch}
@@ -68,7 +72,7 @@ def main():
             ref = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(ref)
         impls["reference modules"] = ref
-    B, H, L, D = args.batch, 6, 197, 64
+    B, H, L, D = args.batch, args.heads, (args.grid ** 2) + 1, args.dim
     scale = D ** -0.5
     g = torch.Generator().manual_seed(0)
     for rpe_on in ("k", "qkv"):
@@ -89,7 +93,7 @@ def main():
             fns[name] = step
             if pkg is rpe_torch:
                 def fused(mods=mods):
-                    rpe_torch.attention(q, k, v, *mods, height=14, width=14).sum().backward()
+                    rpe_torch.attention(q, k, v, *mods, height=args.grid, width=args.grid).sum().backward()
 
                 fns["rpe_torch.attention (fused)"] = fused
         results = interleaved_medians(fns, args.repeat)
