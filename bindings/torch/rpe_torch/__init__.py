@@ -197,9 +197,12 @@ class _Term(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, spec, *tables):
         ctx.spec = spec
-        x = x.contiguous() if x is not None else None  # once, for the forward and the backward
-        ctx.save_for_backward(x, *tables) if x is not None else ctx.save_for_backward(*tables)
         ctx.has_x = x is not None
+        if ctx.has_x:
+            x = x.contiguous()  # once, for the forward and the backward
+            ctx.save_for_backward(x, *tables)
+        else:
+            ctx.save_for_backward(*tables)
         return _ops.term_forward(x, list(tables), *spec)
 
     @staticmethod

@@ -204,6 +204,19 @@ def test_non_contiguous_inputs_give_the_contiguous_result():
     assert torch.equal(out, base)
     x = q.detach().transpose(1, 2).contiguous().transpose(1, 2)
     assert torch.equal(mods[1](x, 2, 3), mods[1](x.contiguous(), 2, 3))
+    # gradients too: strided views of one (B, L, 3, H, D) buffer, as a qkv projection gives
+    qkv = torch.stack([t.detach().transpose(1, 2) for t in (q, k, v)], 2).requires_grad_()
+    qs, ks, vs = qkv.permute(2, 0, 3, 1, 4)
+    irpe.attention(qs, ks, vs, *mods, height=2, width=3).sum().backward()
+    irpe.attention(q, k, v, *mods, height=2, width=3).sum().backward()
+    assert torch.allclose(qkv.grad[:, :, 0].transpose(1, 2), q.grad, atol=1e-12)
+    assert torch.allclose(qkv.grad[:, :, 2].transpose(1, 2), v.grad, atol=1e-12)
+    xs = qs.detach().clone().requires_grad_()
+    xt = xs.detach().transpose(2, 3).contiguous().transpose(2, 3).requires_grad_()
+    assert not xt.is_contiguous()
+    mods[1](xs, 2, 3).sum().backward()
+    mods[1](xt, 2, 3).sum().backward()
+    assert torch.allclose(xs.grad, xt.grad, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
