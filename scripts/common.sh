@@ -51,6 +51,11 @@ rpe_require_packages() {
 
 rpe_require_build_packages() {
     rpe_require_packages "${RPE_BUILD_PACKAGES[@]}"
+    # PyTorch operators (bindings/torch, CTest label torch): where python3-torch is installed,
+    # also what they build and test with.
+    if command -v dpkg >/dev/null 2>&1 && rpe_package_installed python3-torch; then
+        rpe_require_packages libtorch-dev python3-pytest python3-numpy
+    fi
 }
 
 # Number of parallel jobs for builds and tests.

@@ -1,0 +1,456 @@
+"""rpe_torch: rpe's iRPE (Wu et al., ICCV 2021) for PyTorch, a drop-in for the reference's irpe.py.
+
+Code written for the reference module (microsoft/Cream ``iRPE/DeiT-with-iRPE/irpe.py``) runs
+unchanged with ``import rpe_torch as irpe``: ``METHOD``, ``get_rpe_config``,
+``get_single_rpe_config``, ``build_rpe`` and the modules ``iRPE`` / ``iRPE_Cross`` have the
+reference's signatures, defaults, parameter names and shapes, so reference checkpoints load with
+``load_state_dict(strict=True)``. The work is done by rpe's C++ kernels (operators
+``torch.ops.rpe.*``, CPU), with bucket ids from rpe's shared cache (no (L, L) int64 tensor).
+
+``rpe_torch.attention`` runs the whole attention step of the reference (iRPE on q, k, v, key
+padding and additive masks) through rpe's fused kernels, differentiable in q, k, v and every table.
+
+The operator library is found at ``$RPE_TORCH_OPS``, else next to this package, else in
+``<repo>/build/bindings/torch/`` (the default CMake build folder). See docs/torch.md.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = [
+    "METHOD", "get_num_buckets", "get_single_rpe_config", "get_rpe_config", "build_rpe", "iRPE", "iRPE_Cross",
+    "attention", "term", "bucket_ids", "library_path",
+]
+
+
+def _find_library() -> str:
+    names = ["librpe_torch_ops.so", "librpe_torch_ops.dylib", "rpe_torch_ops.dll"]
+    env = os.environ.get("RPE_TORCH_OPS")
+    if env:
+        if not os.path.isfile(env):
+            raise ImportError(f"rpe_torch: RPE_TORCH_OPS = '{env}' is not a file; expected the path of librpe_torch_ops.so")
+        return env
+    here = Path(__file__).resolve().parent
+    for folder in (here, here.parents[2] / "build" / "bindings" / "torch"):
+        for name in names:
+            if (folder / name).is_file():
+                return str(folder / name)
+    raise ImportError("rpe_torch: librpe_torch_ops.so not found; build it with "
+                      "`cmake -S . -B build && cmake --build build --target rpe_torch_ops` "
+                      "or set RPE_TORCH_OPS to its path")
+
+
+library_path = _find_library()
+torch.ops.load_library(library_path)
+_ops = torch.ops.rpe
+
+
+class METHOD:
+    """The reference's method ids (``irpe.METHOD``): EUCLIDEAN 0, QUANT 1, PRODUCT 3, CROSS 4, and
+    the ids of Cross's two sub-modules, CROSS_ROWS 41 and CROSS_COLS 42."""
+    EUCLIDEAN = 0
+    QUANT = 1
+    PRODUCT = 3
+    CROSS = 4
+    CROSS_ROWS = 41
+    CROSS_COLS = 42
+
+
+# method id -> rpe's mapping name (Cross's rows / cols sub-modules are Cross with one table)
+_METHOD_NAMES = {METHOD.EUCLIDEAN: "euclidean", METHOD.QUANT: "quantization", METHOD.PRODUCT: "product",
+                 METHOD.CROSS: "cross", METHOD.CROSS_ROWS: "cross", METHOD.CROSS_COLS: "cross"}
+_METHOD_ALIASES = {"euc": METHOD.EUCLIDEAN, "quant": METHOD.QUANT, "cross": METHOD.CROSS, "product": METHOD.PRODUCT}
+
+
+class RPEConfig(dict):
+    """A dict whose keys are also attributes (what the reference's ``easydict.EasyDict`` gives)."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        self[name] = value
+
+
+def _method_name(method) -> str:
+    if method not in _METHOD_NAMES:
+        raise ValueError(f"[rpe.torch] method = {method!r}; expected a METHOD id: "
+                         "0 (EUCLIDEAN), 1 (QUANT), 3 (PRODUCT), 4 (CROSS), 41 or 42 (Cross rows / cols)")
+    return _METHOD_NAMES[method]
+
+
+def get_num_buckets(method, alpha, beta, gamma):
+    """Buckets per table without the extra skip bucket, as the reference's ``get_num_buckets``:
+    (2·int(beta)+1)² for Product, 2·int(beta)+1 otherwise.
+
+    Raises ValueError (``[rpe.term_spec] ...``) for an unknown method or invalid alpha, beta, gamma.
+    """
+    return int(_ops.num_buckets(_method_name(method), float(alpha), float(beta), float(gamma), 0))
+
+
+def get_single_rpe_config(ratio=1.9, method=METHOD.PRODUCT, mode="contextual", shared_head=True, skip=0):
+    """The config of one iRPE term, as the reference's ``get_single_rpe_config``: fields
+    shared_head, mode, method, alpha = ratio, beta = 2·ratio, gamma = 8·ratio, num_buckets (+1 when
+    skip > 0); rpe_torch adds ``skip`` (used to infer square grids; the reference does not store it).
+
+    Raises ValueError for a bad ratio, method, mode or skip.
+    """
+    if mode not in (None, "bias", "contextual"):
+        raise ValueError(f"[rpe.torch] mode = {mode!r}; expected None, 'bias' or 'contextual' (or 'ctx' in get_rpe_config)")
+    if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
+        raise ValueError(f"[rpe.torch] skip = {skip!r}; expected an int >= 0")
+    config = RPEConfig()
+    config.shared_head = shared_head
+    config.mode = mode
+    config.method = method
+    config.alpha = 1 * ratio
+    config.beta = 2 * ratio
+    config.gamma = 8 * ratio
+    config.num_buckets = get_num_buckets(method, config.alpha, config.beta, config.gamma)
+    if skip > 0:
+        config.num_buckets += 1
+    config.skip = skip
+    return config
+
+
+def get_rpe_config(ratio=1.9, method=METHOD.PRODUCT, mode="contextual", shared_head=True, skip=0, rpe_on="k"):
+    """The configs of iRPE on queries, keys and values, as the reference's ``get_rpe_config``.
+
+    ``method``: a METHOD id or a name ("euc", "quant", "cross", "product"); ``mode``: "bias",
+    "contextual" or "ctx"; ``rpe_on``: letters of "qkv". Returns a config with ``rpe_q``, ``rpe_k``,
+    ``rpe_v`` (each a get_single_rpe_config result, or None).
+    Raises ValueError for an unknown method name or mode, or a bad rpe_on.
+    """
+    if isinstance(method, str):
+        if method.lower() not in _METHOD_ALIASES:
+            raise ValueError(f"[rpe.torch] method = {method!r}; expected 'euc', 'quant', 'cross', 'product' or a METHOD id")
+        method = _METHOD_ALIASES[method.lower()]
+    if mode == "ctx":
+        mode = "contextual"
+    if not isinstance(rpe_on, str) or not set(rpe_on) <= set("qkv"):
+        raise ValueError(f"[rpe.torch] rpe_on = {rpe_on!r}; expected letters of 'qkv' such as 'k' or 'qkv'")
+    kwargs = dict(ratio=ratio, method=method, mode=mode, shared_head=shared_head, skip=skip)
+    config = RPEConfig()
+    config.rpe_q = get_single_rpe_config(**kwargs) if "q" in rpe_on else None
+    config.rpe_k = get_single_rpe_config(**kwargs) if "k" in rpe_on else None
+    config.rpe_v = get_single_rpe_config(**kwargs) if "v" in rpe_on else None
+    return config
+
+
+def build_rpe(config, head_dim, num_heads):
+    """The iRPE modules [on queries, on keys, on values] (None where unused), as the reference's
+    ``build_rpe``; ``config`` from get_rpe_config (this package's or the reference's)."""
+    if config is None:
+        return None, None, None
+    rpes = [config.rpe_q, config.rpe_k, config.rpe_v]
+    transposeds = [True, True, False]
+
+    def single(rpe, transposed):
+        if rpe is None:
+            return None
+        cls = iRPE if rpe.method != METHOD.CROSS else iRPE_Cross
+        return cls(head_dim=head_dim, num_heads=1 if rpe.shared_head else num_heads, mode=rpe.mode, method=rpe.method,
+                   transposed=transposed, num_buckets=rpe.num_buckets, rpe_config=rpe)
+
+    return [single(rpe, transposed) for rpe, transposed in zip(rpes, transposeds)]
+
+
+def _grid(L, config, num_buckets, height, width, method):
+    """(skip, height, width) for a sequence of L tokens; infers a square grid when both are None."""
+    if (height is None) != (width is None):
+        raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither (a square grid)")
+    base = get_num_buckets(method, config.alpha, config.beta, config.gamma)
+    has_extra = num_buckets == base + 1
+    known_skip = config.get("skip") if isinstance(config, dict) else None
+    if height is None:
+        if known_skip is not None:
+            side = math.isqrt(max(L - known_skip, 0))
+            if L - known_skip < 1 or side * side != L - known_skip:
+                raise ValueError(f"[rpe.torch] L = {L} is not skip + a square (skip = {known_skip}); "
+                                 "pass height and width for a rectangular grid")
+        else:
+            side = math.isqrt(L)
+        height = width = side
+    if not (isinstance(height, int) and isinstance(width, int)) or height < 1 or width < 1:
+        raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; expected ints >= 1")
+    skip = L - height * width
+    if skip < 0:
+        raise ValueError(f"[rpe.torch] L = {L} < height*width = {height}*{width}; expected L = skip + height*width")
+    if (skip > 0) != has_extra:
+        raise ValueError(f"[rpe.torch] L = {L} = skip {skip} + {height}*{width}, but the table has {num_buckets} buckets, "
+                         f"{'with' if has_extra else 'without'} the extra bucket of skip tokens; "
+                         "pass the grid's height and width")
+    return skip, height, width
+
+
+class _Term(torch.autograd.Function):
+    """One term through torch.ops.rpe.term_forward / term_backward (gradients of x and tables)."""
+
+    @staticmethod
+    def forward(ctx, x, spec, *tables):
+        ctx.spec = spec
+        ctx.has_x = x is not None
+        if ctx.has_x:
+            x = x.contiguous()  # once, for the forward and the backward
+            ctx.save_for_backward(x, *tables)
+        else:
+            ctx.save_for_backward(*tables)
+        return _ops.term_forward(x, list(tables), *spec)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        saved = ctx.saved_tensors
+        x, tables = (saved[0], saved[1:]) if ctx.has_x else (None, saved)
+        grads = _ops.term_backward(x, list(tables), grad_out.contiguous(), *ctx.spec)
+        return (grads[0] if ctx.has_x else None, None, *grads[1:])
+
+
+def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width):
+    """One iRPE term, differentiable in ``x`` and ``tables``: the reference module's output.
+
+    ``method``: "euclidean", "quantization", "cross", "product" (or "euc", "quant", paper variants);
+    ``mode``: "bias" / "contextual"; ``target``: "k" or "q" (both compute the reference module's
+    untransposed output ``out[b,h,i,j] = Σ_d x[b,h,i,d]·table[h',d,id(i,j)]``) or "v".
+    Shapes: x (B, H, L, D) for q/k, (B, H, L, L) for v, unused (None) for bias; tables [(Ht, K)]
+    bias, [(Ht, D, K)] q/k, [(Ht, K, D)] v, two for cross. Returns (1, Ht, L, L), (B, H, L, L)
+    or (B, H, L, D). Raises ValueError / TypeError naming the parameter for bad input.
+    """
+    for i, t in enumerate(tables):
+        _check_cpu(f"tables[{i}]", t)
+    if x is not None:
+        _check_cpu("x", x)
+    if target == "q":
+        target = "k"  # the reference module does not know its slot; attention() transposes
+    spec = (method, mode, target, float(alpha), float(beta), float(gamma), int(skip), int(height), int(width))
+    return _Term.apply(x if mode != "bias" else None, spec, *tables)
+
+
+def bucket_ids(method, alpha, beta, gamma, skip, height, width):
+    """The (T, L, L) int32 bucket ids (T = 2 for "cross": rows, cols) from rpe's cache, for
+    inspection and tests (the operators never need them as a tensor)."""
+    return _ops.bucket_ids(method, float(alpha), float(beta), float(gamma), int(skip), int(height), int(width))
+
+
+def _check_cpu(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"[rpe.torch] {name} is a {type(t).__name__}; expected a torch.Tensor")
+    if t.device.type != "cpu":
+        raise ValueError(f"[rpe.torch] {name} is on device {t.device}; expected cpu (CPU kernels only)")
+
+
+class iRPE(nn.Module):
+    """Image relative position encoding on queries, keys (transposed=True) or values
+    (transposed=False), the reference's ``irpe.iRPE`` with rpe's kernels.
+
+    Parameters (reference names and shapes): ``lookup_table_bias`` (num_heads, num_buckets) for
+    bias mode; ``lookup_table_weight`` (num_heads, head_dim, num_buckets) for contextual q/k,
+    (num_heads, num_buckets, head_dim) for v; zero-initialised unless ``initializer`` is given.
+    num_heads is 1 for tables shared by the heads. Raises NotImplementedError for bias mode on
+    values, as the reference.
+    """
+
+    def __init__(self, head_dim, num_heads=8, mode=None, method=None, transposed=True, num_buckets=None,
+                 initializer=None, rpe_config=None):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        if mode not in (None, "bias", "contextual"):
+            raise ValueError(f"[rpe.torch] mode = {mode!r}; expected None, 'bias' or 'contextual'")
+        self.mode = mode
+        if method is None:
+            raise ValueError("[rpe.torch] method = None; expected a METHOD id")
+        _method_name(method)
+        self.method = method
+        self.transposed = transposed
+        self.num_buckets = num_buckets
+        if initializer is None:
+            def initializer(x):
+                return None
+        self.initializer = initializer
+        self.reset_parameters()
+        self.rpe_config = rpe_config
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        """Creates the lookup table (zeros) and applies the initializer, as the reference."""
+        if self.transposed:
+            if self.mode == "bias":
+                self.lookup_table_bias = nn.Parameter(torch.zeros(self.num_heads, self.num_buckets))
+                self.initializer(self.lookup_table_bias)
+            elif self.mode == "contextual":
+                self.lookup_table_weight = nn.Parameter(torch.zeros(self.num_heads, self.head_dim, self.num_buckets))
+                self.initializer(self.lookup_table_weight)
+        else:
+            if self.mode == "bias":
+                raise NotImplementedError("[Error] Bias non-transposed RPE does not exist.")
+            elif self.mode == "contextual":
+                self.lookup_table_weight = nn.Parameter(torch.zeros(self.num_heads, self.num_buckets, self.head_dim))
+                self.initializer(self.lookup_table_weight)
+
+    def _table(self):
+        return self.lookup_table_bias if self.mode == "bias" else self.lookup_table_weight
+
+    def _spec(self, L, height, width):
+        """(method name, mode, tables, skip, height, width) of this module for L tokens."""
+        skip, height, width = _grid(L, self.rpe_config, self.num_buckets, height, width, self.method)
+        table = self._table()
+        if self.method == METHOD.CROSS_ROWS:
+            tables = [table, torch.zeros_like(table)]
+        elif self.method == METHOD.CROSS_COLS:
+            tables = [torch.zeros_like(table), table]
+        else:
+            tables = [table]
+        return _method_name(self.method), self.mode, tables, skip, height, width
+
+    def forward(self, x, height=None, width=None):
+        """The encoding for input x (B, H, L, head_dim) — for values, x is the (B, H, L, L)
+        attention — on a height × width grid preceded by skip tokens (L = skip + height·width;
+        a square grid when both are None). Returns (1, num_heads, L, L) in bias mode,
+        (B, H, L, L) contextual on q/k, (B, H, L, head_dim) on v; None when mode is None.
+        Raises ValueError for a length that is not skip + height·width or mismatched shapes,
+        TypeError for a dtype other than the table's.
+        """
+        if self.mode is None:
+            return None
+        _check_cpu("x", x)
+        if x.dim() != 4:
+            raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D) or (B, H, L, L)")
+        method, mode, tables, skip, height, width = self._spec(x.shape[2], height, width)
+        c = self.rpe_config
+        return term(x, tables, method, mode, "k" if self.transposed else "v", c.alpha, c.beta, c.gamma, skip, height,
+                    width)
+
+    def __repr__(self):
+        return ('iRPE(head_dim={rpe.head_dim}, num_heads={rpe.num_heads}, mode="{rpe.mode}", method={rpe.method}, '
+                'transposed={rpe.transposed}, num_buckets={rpe.num_buckets}, initializer={rpe.initializer}, '
+                'rpe_config={rpe.rpe_config})'.format(rpe=self))
+
+
+class iRPE_Cross(nn.Module):
+    """Cross iRPE, the reference's ``irpe.iRPE_Cross``: sub-modules ``rp_rows`` and ``rp_cols``
+    (their own tables, method ids 41 and 42); the encoding is their sum, computed in one call."""
+
+    def __init__(self, method, **kwargs):
+        super().__init__()
+        if method != METHOD.CROSS:
+            raise ValueError(f"[rpe.torch] method = {method!r}; iRPE_Cross expects METHOD.CROSS (4)")
+        self.rp_rows = iRPE(**kwargs, method=METHOD.CROSS_ROWS)
+        self.rp_cols = iRPE(**kwargs, method=METHOD.CROSS_COLS)
+
+    def _spec(self, L, height, width):
+        r = self.rp_rows
+        skip, height, width = _grid(L, r.rpe_config, r.num_buckets, height, width, METHOD.CROSS)
+        return "cross", r.mode, [r._table(), self.rp_cols._table()], skip, height, width
+
+    def forward(self, x, height=None, width=None):
+        """rows + cols encodings of x; shapes as iRPE.forward."""
+        r = self.rp_rows
+        if r.mode is None:
+            return None
+        _check_cpu("x", x)
+        if x.dim() != 4:
+            raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D) or (B, H, L, L)")
+        method, mode, tables, skip, height, width = self._spec(x.shape[2], height, width)
+        c = r.rpe_config
+        return term(x, tables, method, mode, "k" if r.transposed else "v", c.alpha, c.beta, c.gamma, skip, height, width)
+
+    def __repr__(self):
+        return ('iRPE_Cross(head_dim={rpe.head_dim}, num_heads={rpe.num_heads}, mode="{rpe.mode}", '
+                'method={rpe.method}, transposed={rpe.transposed}, num_buckets={rpe.num_buckets}, '
+                'initializer={rpe.initializer}, rpe_config={rpe.rpe_config})'.format(rpe=self.rp_rows))
+
+
+class _Attention(torch.autograd.Function):
+    """The fused attention through torch.ops.rpe.attention_forward / attention_backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_padding_mask, attn_mask, spec, counts, *tables):
+        ctx.spec, ctx.counts = spec, counts
+        # q, k, v are often strided views of a qkv projection: made contiguous once, here, so the
+        # backward reads the same copies instead of making them again
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        ctx.save_for_backward(q, k, v, *tables)
+        ctx.key_padding_mask, ctx.attn_mask = key_padding_mask, attn_mask
+        tq, tk, tv = _split(tables, counts)
+        return _ops.attention_forward(q, k, v, tq, tk, tv, *spec[:9], key_padding_mask, attn_mask, spec[9])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, *tables = ctx.saved_tensors
+        tq, tk, tv = _split(tables, ctx.counts)
+        s = ctx.spec
+        grads = _ops.attention_backward(q, k, v, tq, tk, tv, *s[:9], ctx.key_padding_mask, ctx.attn_mask, s[9],
+                                        grad_out.contiguous())
+        return (grads[0], grads[1], grads[2], None, None, None, None, *grads[3:])
+
+
+def _split(tables, counts):
+    a, b = counts[0], counts[0] + counts[1]
+    return list(tables[:a]), list(tables[a:b]), list(tables[b:])
+
+
+def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=None, key_padding_mask=None,
+              attn_mask=None, scale=None):
+    """The attention step of the reference's RPEAttention (after the qkv projection, before the
+    output projection) through rpe's fused kernels:
+    ``qs = q·scale; logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·scale)ᵀ (+ attn_mask)``, padded keys
+    −∞, ``a = softmax(logits)``, ``out = a·v + rpe_v(a)``.
+
+    q, k, v: (B, H, L, D), float32 or float64, CPU; rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
+    modules from build_rpe (or None); height, width: the grid (L = skip + height·width; square when
+    None); key_padding_mask: (B, L) bool/uint8, true = padded key; attn_mask: (L, L) additive float
+    (or bool, true = masked), not differentiated; scale: default D^-1/2. Rows whose keys are all
+    masked give zeros (the reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and
+    every table (first derivatives only: a second backward raises). Raises ValueError / TypeError
+    naming the parameter for bad input.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_cpu(name, t)
+    if q.dim() != 4:
+        raise ValueError(f"[rpe.torch] q has shape {tuple(q.shape)}; expected (B, H, L, D)")
+    L, D = q.shape[2], q.shape[3]
+    if scale is None:
+        scale = D ** -0.5
+    methods, modes, params, counts, tables = [], [], [], [], []
+    grid = None
+    for name, m in (("rpe_q", rpe_q), ("rpe_k", rpe_k), ("rpe_v", rpe_v)):
+        if m is not None and not isinstance(m, (iRPE, iRPE_Cross)):
+            raise TypeError(f"[rpe.torch] {name} is a {type(m).__name__}; expected an rpe_torch iRPE or iRPE_Cross module")
+        mode = m.rp_rows.mode if isinstance(m, iRPE_Cross) else (m.mode if m is not None else None)
+        if m is None or mode is None:
+            methods.append("")
+            modes.append("")
+            params.extend([0.0, 0.0, 0.0, 0.0])
+            counts.append(0)
+            continue
+        method, mode, ts, skip, h, w = m._spec(L, height, width)
+        if grid is not None and grid != (h, w):
+            raise ValueError(f"[rpe.torch] {name} infers a {h}x{w} grid, another term {grid[0]}x{grid[1]}; pass height and width")
+        grid = (h, w)
+        c = m.rp_rows.rpe_config if isinstance(m, iRPE_Cross) else m.rpe_config
+        methods.append(method)
+        modes.append(mode)
+        params.extend([float(c.alpha), float(c.beta), float(c.gamma), float(skip)])
+        counts.append(len(ts))
+        tables.extend(ts)
+    if grid is None:
+        grid = (height or 1, width or 1) if height is not None else (1, 1)
+    if key_padding_mask is not None:
+        _check_cpu("key_padding_mask", key_padding_mask)
+    if attn_mask is not None:
+        _check_cpu("attn_mask", attn_mask)
+        if attn_mask.requires_grad and torch.is_grad_enabled():
+            raise ValueError("[rpe.torch] attn_mask requires grad; rpe_torch.attention does not differentiate the "
+                             "additive mask (pass attn_mask.detach())")
+    spec = (methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0], grid[1], float(scale))
+    return _Attention.apply(q, k, v, key_padding_mask, attn_mask, spec, tuple(counts), *tables)

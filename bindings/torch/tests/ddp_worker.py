@@ -1,0 +1,49 @@
+"""Worker of test_ddp.py (and of examples/torch_train_digits.py's checks): trains the digits model A
+through rpe_torch's fused attention under DistributedDataParallel (gloo, CPU), each rank on its
+contiguous share of the same global batches, and saves rank 0's final parameters."""
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import rpe_torch
+from digits_model import build, images
+
+
+def batches(steps, batch, seed=0):
+    """The global batches (index tensors) of a run: the same in every process."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 450, (batch,), generator=g) for _ in range(steps)]
+
+
+def step_all(model, params, steps, batch, rank=0, world=1):
+    """AdamW steps (float64) on this rank's share of every global batch; returns the losses."""
+    x, y = images()
+    x = x.double()
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05)
+    losses = []
+    for idx in batches(steps, batch):
+        local = idx.chunk(world)[rank]
+        loss = torch.nn.functional.cross_entropy(model(x[local]), y[local], label_smoothing=0.1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def worker(rank, world, port, steps, batch, out):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model, _ = build(rpe_torch, "a", fused=True)
+        model.double().train()
+        ddp = DistributedDataParallel(model)
+        step_all(ddp, ddp.parameters(), steps, batch, rank, world)
+        if rank == 0:
+            torch.save(model.state_dict(), out)
+    finally:
+        dist.destroy_process_group()
