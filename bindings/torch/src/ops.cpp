@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 
 #include <rpe/any_term.hpp>
+#include <rpe/make_term.hpp>
 #include <rpe/attention.hpp>
 
 #include <cmath>
