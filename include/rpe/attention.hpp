@@ -490,6 +490,7 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
 template <class S>
 void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {
+    detail::require_enum(opt.storage, 3, "attention", "options.storage", "automatic, table or on_the_fly");
     const auto s = detail::check_attention(in);
     detail::check_shape(out, {s.b, s.h, s.l, s.d}, "attention", "out");
     detail::check_nonnull(out, "attention", "out");
@@ -520,6 +521,7 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 template <class S>
 void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
                         tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt = {}) {
+    detail::require_enum(opt.storage, 3, "attention", "options.storage", "automatic, table or on_the_fly");
     const auto s = detail::check_attention(in);
     const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
     detail::check_shape(grad_out, shape, "attention", "grad_out");

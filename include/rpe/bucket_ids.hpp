@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "concepts.hpp"
+#include "detail/validate.hpp"
 #include "error.hpp"
 
 namespace rpe {
@@ -271,13 +272,14 @@ bucket_ids::storage narrow_ids(const std::vector<int>& ids) {
 /// [−(W−1), W−1]; table storage then gathers the (L, L) matrices from those: O(offsets) mapping
 /// calls + O(L²) (table) or O(1) (on the fly). A 2D mapping needs depth 1.
 /// @throws rpe::invalid_argument `[rpe.bucket_ids] height = ...` for depth, height or width < 1,
-///   skip < 0, a 2D mapping with depth > 1, or invalid mapping parameters (its `validate()`);
+///   skip < 0, a `storage` that is not an id_storage enumerator (`storage = 7; expected ...`), a 2D mapping with depth > 1, or invalid mapping parameters (its `validate()`);
 ///   rpe::out_of_range when L overflows int, table storage would exceed bucket_ids::max_bytes,
 ///   or the mapping returns an id outside [0, num_buckets()) (a faulty custom mapping).
 /// Thread-safety: reentrant. Source: reference `get_bucket_ids_2d` (SPEC §3), extended to 3D.
 template <GridMapping M>
 std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, int depth, int height, int width, int skip,
                                                    id_storage storage) {
+    detail::require_enum(storage, 3, "bucket_ids", "storage", "automatic, table or on_the_fly");
     detail::require(depth >= 1, "bucket_ids", "depth = ", depth, "; expected >= 1");
     detail::require(height >= 1, "bucket_ids", "height = ", height, "; expected >= 1");
     detail::require(width >= 1, "bucket_ids", "width = ", width, "; expected >= 1");
@@ -375,6 +377,7 @@ public:
     /// @throws as build_bucket_ids.
     template <GridMapping M>
     std::shared_ptr<const bucket_ids> get(const M& m, int depth, int height, int width, int skip, id_storage storage) {
+        detail::require_enum(storage, 3, "bucket_ids", "storage", "automatic, table or on_the_fly");  // before the key
         detail::validate_policy(m);
         if (storage == id_storage::automatic && depth >= 1 && height >= 1 && width >= 1 && skip >= 0) {
             const std::int64_t n = skip + static_cast<std::int64_t>(depth) * height * width;

@@ -126,6 +126,7 @@ public:
     /// @throws rpe::invalid_argument `[rpe.term] ...` for mismatched ids, shapes or buffers.
     void forward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<S> out,
                  write mode = write::overwrite) const {
+        detail::require_enum(mode, 2, "term", "mode", "write::overwrite or write::accumulate");
         const auto d = check(ids, tables, x, out, "out");
         detail::check_no_overlap(out, x, "term", "out", "x");
         for (int t = 0; t < num_tables; ++t) detail::check_no_overlap(out, tables[t], "term", "out", "table");
@@ -160,6 +161,7 @@ public:
     void backward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x,
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, const grad_tables_type& grad_tables,
                   write mode = write::overwrite) const {
+        detail::require_enum(mode, 2, "term", "mode", "write::overwrite or write::accumulate");
         const auto d = check(ids, tables, x, grad_out, "grad_out");
         // Every output (grad_x and each grad_tables[t]) must be separate from every input and
         // from the other outputs: all checks run before anything is written.
