@@ -136,7 +136,7 @@ int run_term(const mapping_config& m, const term_options& o) {
         if (o.input.empty()) throw usage_error("--input", "contextual mode needs an input x");
         x = rpe::io::load_npy(o.input);
         if (x.shape.size() != 4)
-            throw usage_error("--input/--grid/--skip", o.input + " has shape " + shape_text(x.shape) + "; expected (B, H, L, " +
+            throw usage_error("--input", o.input + " has shape " + shape_text(x.shape) + "; expected (B, H, L, " +
                                              (spec.target == rpe::target::value ? "L)" : "D)"));
         check_int_extents(x.shape, "--input", o.input, 1);  // H, L, D (or L); B stays int64
         x_data = x.to<float>();
