@@ -95,6 +95,7 @@ public:
     ///   rpe::cuda_error when a CUDA call fails.
     void forward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<S> out,
                  write mode = write::overwrite, cudaStream_t stream = nullptr) const {
+        detail::require_enum(mode, 2, "term", "mode", "write::overwrite or write::accumulate");
         const auto d = check(ids, tables, x, out, "out");
         detail::check_no_overlap(out, x, "term", "out", "x");
         for (int t = 0; t < num_tables; ++t) detail::check_no_overlap(out, tables[t], "term", "out", "table");
@@ -142,6 +143,7 @@ public:
     void backward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x,
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, const grad_tables_type& grad_tables,
                   write mode = write::overwrite, cudaStream_t stream = nullptr) const {
+        detail::require_enum(mode, 2, "term", "mode", "write::overwrite or write::accumulate");
         const auto d = check(ids, tables, x, grad_out, "grad_out");
         const auto shape = table_shape();
         for (int t = 0; t < num_tables; ++t)
