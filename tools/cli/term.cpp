@@ -168,7 +168,7 @@ int run_term(const mapping_config& m, const term_options& o) {
     for (std::size_t t = 0; t < tables.size(); ++t)
         if (tables[t].shape != term->table_shape())
             throw usage_error("--table", o.tables[t] + " has shape " + shape_text(tables[t].shape) + "; expected " +
-                                             shape_text(term->table_shape()) + " for this mapping, mode, grid and skip");
+                                             shape_text(term->table_shape()) + " for this mapping, mode, target and skip");
     if (spec.contextual && (x.shape[2] != L || x.shape[3] != (spec.target == rpe::target::value ? L : spec.head_dim)))
         throw usage_error("--input/--grid/--skip", o.input + " has shape " + shape_text(x.shape) + "; expected (B, H, L = " + std::to_string(L) +
                                          ", " + (spec.target == rpe::target::value ? "L" : "D") + " = " +
