@@ -211,6 +211,32 @@ TEST_CASE("atomic writes: a missing folder, a read-only folder or a directory in
     }
 }
 
+TEST_CASE("atomic writes: a symbolic link is followed, a device is written in place (never replaced)") {
+    const scratch_dir dir;
+    const float x[2] = {1.0f, 2.0f};
+    const std::vector<std::int64_t> s{2};
+    SUBCASE("a link to a file: the file is replaced, the link stays a link") {
+        write_text(dir.file("real.npy"), "old");
+        fs::create_symlink("real.npy", dir.path / "link.npy");
+        rpe::io::save_npy(dir.file("link.npy"), x, s);
+        CHECK(fs::is_symlink(dir.path / "link.npy"));
+        CHECK(rpe::io::load_npy(dir.file("real.npy")).as<float>() == std::vector<float>{1.0f, 2.0f});
+        CHECK(dir.names() == std::set<std::string>{"link.npy", "real.npy"});
+    }
+    SUBCASE("/dev/null stays the null device") {
+        rpe::io::save_npy("/dev/null", x, s);
+        CHECK(fs::is_character_file("/dev/null"));
+        CHECK(!fs::exists("/dev/null.tmp-" + std::to_string(::getpid()) + "-0"));
+    }
+    SUBCASE("/dev/full: the error of the device, and the device stays") {
+        if (fs::is_character_file("/dev/full")) {
+            CHECK(error_of<rpe::runtime_error>([&] { rpe::io::save_npy("/dev/full", x, s); }) ==
+                  "[rpe.npy] /dev/full: flush failed (No space left on device)");
+            CHECK(fs::is_character_file("/dev/full"));
+        }
+    }
+}
+
 TEST_CASE("atomic writes: atomic_file removes its temporary file unless committed") {
     const scratch_dir dir;
     const std::string path = dir.file("out.txt");

@@ -9,6 +9,9 @@
 /// `rpe` tool's .npy and PNG outputs) goes through this helper.
 /// Not covered: a crash or SIGKILL between open() and commit() leaves the temporary file
 /// (`<target>.tmp-<pid>-<n>`, next to the target) behind; the target itself is still intact.
+/// Targets that are not files: a symbolic link is followed (the file it names is replaced, the
+/// link stays); an existing device, FIFO or socket (`/dev/null`, `/dev/stdout`, a pipe) is
+/// written in place, as there is no file to replace (and replacing `/dev/null` would be wrong).
 /// Source: POSIX rename(2) (atomic replacement within one file system).
 #pragma once
 
@@ -38,8 +41,9 @@ namespace rpe::io {
 ///
 /// Usage: `atomic_file f(path, "npy"); f.write(bytes); f.commit();`.
 /// The temporary file is created exclusively (never an existing file) in the target's folder, so
-/// the final rename stays within one file system and is atomic. A target that is a symbolic link
-/// is replaced by a regular file (the link is not followed).
+/// the final rename stays within one file system and is atomic. A symbolic link is followed:
+/// the file it points to is replaced and the link kept. An existing device, FIFO or socket is
+/// opened and written in place (no temporary file; nothing to remove on failure).
 /// Errors are rpe::runtime_error `[rpe.<component>] <target>: <what> (<errno text>); <target> is
 /// unchanged`, where what is `cannot create a temporary file in its folder`, `write failed`,
 /// `flush failed`, `sync failed`, `close failed` or `cannot rename the temporary file over it`.
@@ -52,13 +56,27 @@ public:
     /// @throws rpe::runtime_error `[rpe.<component>] <target>: cannot create a temporary file in
     ///   its folder (No such file or directory); <target> is unchanged` (missing or read-only folder).
     atomic_file(std::string target, const char* component = "io") : target_(std::move(target)), component_(component) {
+        std::error_code ec;
+        const auto st = std::filesystem::status(target_, ec);  // follows symbolic links
+        if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st) && !std::filesystem::is_directory(st)) {
+            file_ = std::fopen(target_.c_str(), "wb");  // a device, FIFO or socket: written in place
+            if (file_ == nullptr) fail("cannot open it for writing", errno);
+            in_place_ = true;
+            return;
+        }
+        std::string real = target_;  // the file a symbolic link names is replaced, the link stays
+        if (std::filesystem::is_symlink(std::filesystem::symlink_status(target_, ec))) {
+            const auto resolved = std::filesystem::weakly_canonical(target_, ec);
+            if (!ec) real = resolved.string();
+        }
         static std::atomic<unsigned long> counter{0};
         for (int attempt = 0; attempt < 100 && file_ == nullptr; ++attempt) {
-            temp_ = target_ + ".tmp-" + std::to_string(process_id()) + "-" + std::to_string(counter++);
+            temp_ = real + ".tmp-" + std::to_string(process_id()) + "-" + std::to_string(counter++);
             file_ = std::fopen(temp_.c_str(), "wbx");  // C11 exclusive mode: fails if the name exists
             if (file_ == nullptr && errno != EEXIST) break;
         }
         if (file_ == nullptr) fail("cannot create a temporary file in its folder", errno);
+        real_ = std::move(real);
     }
 
     atomic_file(const atomic_file&) = delete;
@@ -95,6 +113,11 @@ public:
             discard();
             fail("flush failed", err);
         }
+        if (in_place_) {
+            const bool closed = std::fclose(std::exchange(file_, nullptr)) == 0;
+            if (!closed) fail("close failed", errno);
+            return;
+        }
 #if defined(__unix__) || defined(__APPLE__)
         if (::fsync(::fileno(file_)) != 0 && errno != EINVAL && errno != EROFS) {  // EINVAL: a pipe or special file
             const int err = errno;
@@ -109,7 +132,7 @@ public:
             fail("close failed", err);
         }
         std::error_code ec;
-        std::filesystem::rename(temp_, target_, ec);
+        std::filesystem::rename(temp_, real_, ec);
         if (ec) {
             discard();
             fail("cannot rename the temporary file over it", ec.value());
@@ -130,8 +153,10 @@ public:
 private:
     std::string target_;
     const char* component_;
-    std::string temp_;
+    std::string real_;       // target_, or the file a symbolic link target_ names
+    std::string temp_;       // empty when written in place or once committed / discarded
     std::FILE* file_ = nullptr;
+    bool in_place_ = false;  // a device, FIFO or socket
 
     static long process_id() {
 #if defined(__unix__) || defined(__APPLE__)
@@ -147,6 +172,8 @@ private:
     }
 
     [[noreturn]] void fail(const char* what, int err) const {
+        if (in_place_)  // a device or FIFO: what was written is gone, there is no old content to keep
+            throw runtime_error(rpe::detail::message(component_, target_, ": ", what, " (", std::generic_category().message(err), ")"));
         throw runtime_error(rpe::detail::message(component_, target_, ": ", what, " (", std::generic_category().message(err),
                                                  "); ", target_, " is unchanged"));
     }
