@@ -12,5 +12,11 @@ rpe_require_build_packages
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DRPE_BUILD_BENCHMARKS=ON >/dev/null
 cmake --build build --target rpe_bench -j"$(rpe_jobs)"
 bench="$(find build -type f -name rpe_bench -perm -u+x | head -n 1)"
-"$bench" --benchmark_out=build/bench.json --benchmark_out_format=json "$@"
+# all or nothing: the JSON goes to a temporary file next to build/bench.json, renamed over it only
+# when the run succeeded (a failed or interrupted run leaves the old results, no partial file)
+tmp="$(mktemp build/.bench.json.tmp-XXXXXX)"
+trap 'rm -f "$tmp"' EXIT
+"$bench" --benchmark_out="$tmp" --benchmark_out_format=json "$@"
+chmod 644 "$tmp"
+mv -f "$tmp" build/bench.json
 rpe_log "results written to build/bench.json"

@@ -82,6 +82,8 @@ import sys
 import time
 from pathlib import Path
 
+import atomic_write  # tools/atomic_write.py: every output written to a temporary file, then renamed
+
 ROOT = Path(__file__).resolve().parent.parent
 
 B, H, SIDE, SKIP, D, RATIO = 8, 6, 14, 1, 64, 1.9
@@ -368,12 +370,15 @@ def run_rpe_bench(bench: Path, args: argparse.Namespace, threads: int, out: Path
     """Runs rpe_bench's ref/, floor/ and DeiT-S attention cases; returns (name → per-repetition
     seconds, the JSON's context)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    cmd = [str(bench), f"--benchmark_filter={BENCH_FILTER}", f"--benchmark_repetitions={args.repetitions}",
-           f"--benchmark_min_time={args.min_time}", f"--benchmark_out={out}", "--benchmark_out_format=json"]
-    print("compare_reference: running", " ".join(cmd), file=sys.stderr)
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"compare_reference: {bench} exited with status {proc.returncode}:\n{proc.stderr[-2000:]}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write.replacing(out) as tmp:  # a failed or interrupted run leaves no partial JSON at `out`
+        cmd = [str(bench), f"--benchmark_filter={BENCH_FILTER}", f"--benchmark_repetitions={args.repetitions}",
+               f"--benchmark_min_time={args.min_time}", f"--benchmark_out={tmp}", "--benchmark_out_format=json"]
+        print("compare_reference: running", " ".join(cmd), file=sys.stderr)
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"compare_reference: {bench} exited with status {proc.returncode}:\n{proc.stderr[-2000:]}")
+        json.loads(tmp.read_text())  # complete JSON, or an exception (and no file at `out`)
     data = json.loads(out.read_text())
     scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
     reps = {}
@@ -475,7 +480,7 @@ def run_each_thread_count(args: argparse.Namespace) -> int:
         texts.append(f"## {n} thread(s)\n\n" + suffixed(args.markdown, n).read_text())
     text = "\n".join(texts)
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(text)
+    atomic_write.write_text(args.markdown, text)
     print(text)
     print(f"compare_reference: wrote {args.markdown} and "
           + ", ".join(str(suffixed(args.json, n)) for n in args.threads), file=sys.stderr)
@@ -573,7 +578,7 @@ def main() -> int:
         "vit_digits": str(digits_exe) if digits_exe else None, "digits_data": str(args.digits_data) if digits_exe else None,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"meta": meta, "rows": rows, "reference": theirs, "rpe": ours,
+    atomic_write.write_text(args.json, json.dumps({"meta": meta, "rows": rows, "reference": theirs, "rpe": ours,
                                      "reference_digits": theirs_digits, "rpe_digits": ours_digits,
                                      "rpe_floor_ms": floors}, indent=2) + "\n")
 
@@ -621,7 +626,7 @@ def main() -> int:
                   ", ".join(f"`{name}` {ms:.3f} ms" for name, ms in floors.items()) + "."]
     text = "\n".join(lines) + "\n"
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(text)
+    atomic_write.write_text(args.markdown, text)
     print(text)
     print(f"compare_reference: wrote {args.json} and {args.markdown}", file=sys.stderr)
     return 0

@@ -30,6 +30,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import atomic_write  # tools/atomic_write.py: every output written to a temporary file, then renamed
+
 ROOT = Path(__file__).resolve().parent.parent
 SCALE = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
@@ -55,7 +57,8 @@ def load(paths: list[Path], wall: bool) -> dict:
 
 def savefig(fig, out: Path, name: str) -> None:
     fig.tight_layout()
-    fig.savefig(out / name, dpi=110)
+    with atomic_write.replacing(out / name) as tmp:  # a failed savefig leaves the old PNG
+        fig.savefig(tmp, dpi=110)
     print(f"plot_benchmarks: wrote {out / name}", file=sys.stderr)
 
 

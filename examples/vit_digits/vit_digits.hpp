@@ -188,7 +188,8 @@ public:
     /// @throws rpe::runtime_error for an unreadable or malformed file (rpe::io::safetensors_file);
     ///   rpe::invalid_argument `[rpe.vit_digits] ...` for a missing or unparsable metadata key, an
     ///   unsupported setting (class_token false, activation other than gelu_erf, img_size not a
-    ///   multiple of patch_size, embed_dim not a multiple of num_heads, a Cross method),
+    ///   multiple of patch_size, img_size / patch_size beyond 46340 (tokens beyond int), embed_dim
+    ///   not a multiple of num_heads, a Cross method),
     ///   `rpe_num_buckets` differing from the library's K, a missing tensor or one of another
     ///   shape or dtype; and what rpe::make_term throws for an invalid iRPE configuration.
     [[nodiscard]] static vit_digits load(const std::string& path) {
@@ -417,6 +418,8 @@ private:
                              " is not a multiple of num_heads = ", c.num_heads);
         c.head_dim = c.embed_dim / c.num_heads;
         c.grid = c.img_size / c.patch_size;
+        rpe::detail::require(c.grid <= 46340, "vit_digits", file_.file_name(), ": img_size / patch_size = ", c.grid,
+                             "; expected at most 46340 (the 1 + grid^2 tokens must fit int)");
         c.tokens = 1 + c.grid * c.grid;
 
         // iRPE: one term per target in rpe_on, shared by the blocks (each block has its own tables).

@@ -115,12 +115,14 @@ public:
     }
     void forward(const rpe::bucket_ids& ids, std::span<const tensor_ref<const S>> tables, tensor_ref<const S> x,
                  tensor_ref<S> out, write mode) const override {
+        check_write_mode(mode);
         const auto d = check_term_forward<S>(layout_, ids_->key(), ids, tables, x, out);
         cpu::term_forward<S, Bias, Tg>(d, ids, tables, x.data, out, mode == write::accumulate);
     }
     void backward(const rpe::bucket_ids& ids, std::span<const tensor_ref<const S>> tables, tensor_ref<const S> x,
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, std::span<const tensor_ref<S>> grad_tables,
                   write mode) const override {
+        check_write_mode(mode);
         const auto d = check_term_backward<S>(layout_, ids_->key(), ids, tables, x, grad_out, grad_x, grad_tables);
         cpu::term_backward<S, Bias, Tg>(d, ids, tables, x.data, grad_out, Bias ? nullptr : grad_x.data, grad_tables,
                                         mode == write::accumulate);

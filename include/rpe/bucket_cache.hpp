@@ -12,6 +12,7 @@
 #include "build_bucket_ids.hpp"
 #include "concepts.hpp"
 #include "detail/single_flight.hpp"
+#include "detail/validate.hpp"
 
 namespace rpe {
 
@@ -29,6 +30,7 @@ public:
     /// @throws as build_bucket_ids.
     template <GridMapping M>
     std::shared_ptr<const bucket_ids> get(const M& m, int depth, int height, int width, int skip, id_storage storage) {
+        detail::require_enum(storage, 3, "bucket_ids", "storage", "automatic, table or on_the_fly");  // before the key
         detail::validate_policy(m);
         if (storage == id_storage::automatic && depth >= 1 && height >= 1 && width >= 1 && skip >= 0) {
             const std::int64_t n = skip + static_cast<std::int64_t>(depth) * height * width;

@@ -15,6 +15,7 @@
 #include "bucket_id_set.hpp"
 #include "bucket_key.hpp"
 #include "concepts.hpp"
+#include "detail/validate.hpp"
 #include "error.hpp"
 
 namespace rpe {
@@ -144,13 +145,15 @@ inline std::shared_ptr<const bucket_ids> assemble_bucket_ids(bucket_key key, con
 /// [−(W−1), W−1]; table storage then gathers the (L, L) matrices from those: O(offsets) mapping
 /// calls + O(L²) (table) or O(1) (on the fly). A 2D mapping needs depth 1.
 /// @throws rpe::invalid_argument `[rpe.bucket_ids] height = ...` for depth, height or width < 1,
-///   skip < 0, a 2D mapping with depth > 1, or invalid mapping parameters (its `validate()`);
+///   skip < 0, a `storage` that is not an id_storage enumerator (`storage = 7; expected ...`),
+///   a 2D mapping with depth > 1, or invalid mapping parameters (its `validate()`);
 ///   rpe::out_of_range when L overflows int, table storage would exceed bucket_ids::max_bytes,
 ///   or the mapping returns an id outside [0, num_buckets()) (a faulty custom mapping).
 /// Thread-safety: reentrant. Source: reference `get_bucket_ids_2d`, extended to 3D.
 template <GridMapping M>
 std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, int depth, int height, int width, int skip,
                                                    id_storage storage) {
+    detail::require_enum(storage, 3, "bucket_ids", "storage", "automatic, table or on_the_fly");
     detail::check_id_grid(depth, height, width, skip, Mapping3D<M>);
     detail::validate_policy(m);
     constexpr int tables = detail::num_tables_of<M>();

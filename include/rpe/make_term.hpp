@@ -102,8 +102,12 @@ struct term_spec {
     }
 
     /// @brief K, the extra bucket included, as the reference's `get_num_buckets` (+1 with skip).
-    /// @throws rpe::invalid_argument for invalid α, β, γ.
+    /// @throws rpe::invalid_argument for invalid α, β, γ, or a method, index or target that is not
+    ///   one of its enumerators (`[rpe.term_spec] index = 7; expected piecewise or clip`).
     [[nodiscard]] int num_buckets() const {
+        detail::require_enum(method, 6, "term_spec", "method", "euclidean, quantization, cross, product, euclidean_paper or quantization_paper");
+        detail::require_enum(index, 2, "term_spec", "index", "piecewise or clip");
+        detail::require_enum(target, 3, "term_spec", "target", "query, key or value");
         if (index == index_kind::piecewise)
             detail::validate_alpha_beta_gamma("term_spec", alpha, beta, gamma);
         else

@@ -27,6 +27,9 @@ struct contextual {};
 /// - `value`: out[b,h,i,:] += Σ_j a[b,h,i,j]·table[id(i,j), :]  (eq. 17)
 enum class target { query, key, value };
 
+/// @brief How an output buffer is written: replaced, or added to (to sum terms into logits).
+enum class write { overwrite, accumulate };
+
 /// @brief The letter of a target: 'q', 'k' or 'v'.
 constexpr char target_letter(target t) { return t == target::query ? 'q' : (t == target::key ? 'k' : 'v'); }
 

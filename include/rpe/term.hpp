@@ -23,9 +23,6 @@
 
 namespace rpe {
 
-/// @brief How an output buffer is written: replaced, or added to (to sum terms into logits).
-enum class write { overwrite, accumulate };
-
 namespace detail {
 template <class Md, target Tg>
 inline constexpr bool valid_mode_target = !(std::is_same_v<Md, mode::bias> && Tg == target::value);
@@ -123,6 +120,7 @@ public:
     void forward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<S> out,
                  write mode = write::overwrite) const {
         const std::span<const tensor_ref<const S>> ts(tables);
+        detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping_);
         const auto d = detail::check_term_forward<S>(layout_, key, ids, ts, x, out);
         detail::cpu::term_forward<S, is_bias, Tg>(d, ids, ts, x.data, out, mode == write::accumulate);
@@ -146,6 +144,7 @@ public:
                   write mode = write::overwrite) const {
         const std::span<const tensor_ref<const S>> ts(tables);
         const std::span<const tensor_ref<S>> gts(grad_tables);
+        detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping_);
         const auto d = detail::check_term_backward<S>(layout_, key, ids, ts, x, grad_out, grad_x, gts);
         detail::cpu::term_backward<S, is_bias, Tg>(d, ids, ts, x.data, grad_out, is_bias ? nullptr : grad_x.data, gts,

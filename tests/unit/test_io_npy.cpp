@@ -480,8 +480,12 @@ TEST_CASE("npy: errors name the file and the problem") {
                        "shape product overflows"));
         CHECK(contains(dict_err("{'descr': '<f8', 'fortran_order': False, 'shape': (2305843009213693952,), }"),
                        "shape product overflows"));
-        // a zero extent makes any product 0 (no overflow): here a 0-element array with trailing data
+        // a zero extent makes the element count 0, but the non-zero extents must still fit
+        // (numpy's rule; issue 16: sizes computed from such a shape overflowed)
         CHECK(contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 9223372036854775807), }"),
+                       "shape product overflows: 1 * 9223372036854775807"));
+        // a 0-element array whose non-zero extents fit: here with trailing data
+        CHECK(contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 2147483648), }"),
                        "trailing bytes"));
     }
 }
@@ -495,7 +499,8 @@ TEST_CASE("npy: encode_npy argument errors") {
     const std::int64_t s[] = {1};
     const std::string e = npy_error_of<rpe::runtime_error>(
         [&] { rpe::io::save_npy("/nonexistent/dir/out.npy", &x, s); });
-    CHECK(e == "[rpe.npy] /nonexistent/dir/out.npy: cannot open file for writing");
+    CHECK(e == "[rpe.npy] /nonexistent/dir/out.npy: cannot create a temporary file in its folder (No such file or "
+               "directory); /nonexistent/dir/out.npy is unchanged");
 }
 
 TEST_CASE("npy: hand-built npy_array inconsistencies are reported, not read out of bounds") {

@@ -405,9 +405,11 @@ TEST_CASE("safetensors: malformed files are runtime_error with the file name") {
         CHECK(has(with("x", {{"dtype", "F64"}, {"shape", {std::numeric_limits<std::int64_t>::max()}},
                              {"data_offsets", {92, 92}}}),
                   "shape product overflows"));
-        // a zero extent keeps the product 0
-        CHECK(accepts("x", {{"dtype", "F64"}, {"shape", {0, std::numeric_limits<std::int64_t>::max()}},
-                            {"data_offsets", {92, 92}}}));
+        // a zero extent keeps the element count 0, but the non-zero extents must still fit (issue 16)
+        CHECK(has(with("x", {{"dtype", "F64"}, {"shape", {0, std::numeric_limits<std::int64_t>::max()}},
+                             {"data_offsets", {92, 92}}}),
+                  "entry 'x': shape product overflows: 1 * 9223372036854775807"));
+        CHECK(accepts("x", {{"dtype", "F64"}, {"shape", {0, 2147483648LL}}, {"data_offsets", {92, 92}}}));
     }
     SUBCASE("data_offsets out of the buffer, reversed or negative") {
         CHECK(with("x", {{"dtype", "U8"}, {"shape", {4}}, {"data_offsets", {92, 96}}}) ==

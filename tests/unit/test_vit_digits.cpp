@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <rpe/io/npy.hpp>
 #include <rpe/io/safetensors.hpp>
 
@@ -236,7 +238,42 @@ std::string digits_error_of(const std::string& from, const std::string& to) {
     return "did not throw";
 }
 
+/// Model A's file with metadata `key` set to `value` (the header re-encoded), parsed in memory.
+std::string digits_error_with_metadata(const std::string& key, const std::string& value) {
+    std::ifstream in(digits_dir + "/deit_irpe_digits_a.safetensors", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    REQUIRE(text.size() >= 8);
+    std::uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(static_cast<unsigned char>(text[static_cast<std::size_t>(i)])) << (8 * i);
+    auto header = nlohmann::json::parse(text.substr(8, static_cast<std::size_t>(n)));
+    header["__metadata__"][key] = value;
+    std::string h = header.dump();
+    h.append((8 - h.size() % 8) % 8, ' ');  // keep the data 8-byte aligned
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+    out += h;
+    out += text.substr(8 + static_cast<std::size_t>(n));
+    std::vector<std::byte> bytes(out.size());
+    std::memcpy(bytes.data(), out.data(), out.size());
+    try {
+        rpe::examples::vit_digits<float> model(rpe::io::safetensors_file::parse(std::move(bytes), "edited_a.safetensors"));
+    } catch (const rpe::invalid_argument& e) {
+        return e.what();
+    }
+    return "did not throw";
+}
+
 }  // namespace
+
+TEST_CASE("vit_digits: metadata sizes are checked before they size anything") {
+    // grid = 2000000000 / 2: 1 + grid^2 tokens would overflow int
+    CHECK(digits_error_with_metadata("img_size", "2000000000") ==
+          "[rpe.vit_digits] edited_a.safetensors: img_size / patch_size = 1000000000; expected at most 46340 (the 1 + "
+          "grid^2 tokens must fit int)");
+    // 2^31 does not fit the int it is read into
+    CHECK(digits_error_with_metadata("depth", "2147483648") ==
+          "[rpe.vit_digits] edited_a.safetensors: metadata depth = '2147483648' is not a valid integer");
+}
 
 TEST_CASE("vit_digits: a file whose metadata disagrees with the library is rejected with a clear message") {
     // K = 50 for product with beta 3.8 and skip 1; a file claiming 51 must not load.

@@ -13,9 +13,9 @@
 
 #include <algorithm>
 #include <array>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -25,6 +25,7 @@
 #include <rpe/config.hpp>
 #include <rpe/index/clip.hpp>
 #include <rpe/index/piecewise.hpp>
+#include <rpe/io/atomic_file.hpp>
 #include <rpe/io/npy.hpp>
 #include <rpe/mapping/cross.hpp>
 #include <rpe/mapping/euclidean.hpp>
@@ -363,17 +364,23 @@ void write_png(const std::vector<panel>& panels, const std::string& path) {
             }
         x0 += std::max(p.width * cell, canvas::text_width(p.title, 2)) + margin;
     }
-    // encode in memory, then write and check the stream (stbi_write_png ignores fwrite errors)
+    // encode in memory (stbi_write_png ignores fwrite errors), then write all or nothing
     std::string png;
     const auto append = [](void* ctx, void* data, int size) { static_cast<std::string*>(ctx)->append(static_cast<const char*>(data), static_cast<std::size_t>(size)); };
-    std::ofstream file(path, std::ios::binary);
-    if (stbi_write_png_to_func(append, &png, img.width, img.height, 3, img.rgb.data(), img.width * 3) == 0 || !file ||
-        !file.write(png.data(), static_cast<std::streamsize>(png.size())) || !file.flush())
-        throw rpe::runtime_error(rpe::detail::message("cli", "--png = '", path, "': cannot write the PNG file"));
+    if (stbi_write_png_to_func(append, &png, img.width, img.height, 3, img.rgb.data(), img.width * 3) == 0)
+        throw rpe::runtime_error(rpe::detail::message("cli", "--png = '", path, "': cannot encode the PNG image"));
+    rpe::io::write_file_atomically(path, png, "cli");
 }
+
+// Largest side `rpe show` draws: 256 cells per row of text; the PNG of --all is then at most
+// 5 panels of 6144 x 6144 pixels (0.6 GB of RGB), far below stb's int sizes.
+constexpr int max_show_side = 256;
 
 int run_show(const mapping_config& m, const mapping_options& mo, const show_options& o) {
     const auto g = parse_grid(o.grid, "--grid");
+    if (g.height > max_show_side || g.width > max_show_side)
+        throw usage_error("--grid", "'" + o.grid + "' is too large to show; expected at most " + std::to_string(max_show_side) +
+                                        " cells per side (use rpe buckets for larger grids)");
     int qr = g.height / 2, qc = g.width / 2;
     if (!o.query.empty()) {
         const auto comma = o.query.find(',');
@@ -518,6 +525,11 @@ int run(int argc, char** argv) {
 }  // namespace rpe_cli
 
 int main(int argc, char** argv) {
+#if defined(SIGXFSZ)
+    // A file-size limit (ulimit -f) then fails the write with EFBIG, which the atomic writer
+    // reports and cleans up after, instead of killing the tool midway with a partial file.
+    std::signal(SIGXFSZ, SIG_IGN);
+#endif
     try {
         return rpe_cli::run(argc, argv);
     } catch (const rpe_cli::usage_error& e) {

@@ -1,8 +1,10 @@
 // `rpe term`: one term applied to an input read from .npy, and the run-time term factory the
 // tool shares with `rpe bench`.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -52,6 +54,33 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
     return t + (s.size() == 1 ? ",)" : ")");
 }
 
+// The extents of a file's shape from `first` on, which become ints (heads, head_dim, buckets,
+// L), checked before any cast: an extent above 2^31 - 1 would otherwise be cut.
+void check_int_extents(const std::vector<std::int64_t>& shape, const char* option, const std::string& file,
+                       std::size_t first = 0) {
+    for (std::size_t i = first; i < shape.size(); ++i)
+        if (shape[i] > std::numeric_limits<int>::max())
+            throw usage_error(option, file + " has shape " + shape_text(shape) + "; extent " + std::to_string(i) + " = " +
+                                          std::to_string(shape[i]) + " exceeds the int range (2147483647) of heads, "
+                                          "head_dim, buckets and tokens");
+}
+
+// Elements of `shape` (0 when an extent is 0) with the product checked against overflow and
+// against what one float buffer can hold, before anything is allocated.
+std::size_t checked_elements(const std::vector<std::int64_t>& shape, const char* option, const std::string& what) {
+    const auto limit = static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()) / sizeof(float);
+    std::uint64_t n = 1;
+    bool empty = false;
+    for (const std::int64_t e : shape) {
+        if (e == 0) empty = true;
+        else if (static_cast<std::uint64_t>(e) > limit / n)
+            throw usage_error(option, what + " " + shape_text(shape) + " has more than " + std::to_string(limit) +
+                                          " float32 elements; expected a buffer this machine can address");
+        else n *= static_cast<std::uint64_t>(e);
+    }
+    return empty ? 0 : static_cast<std::size_t>(n);
+}
+
 }  // namespace
 
 std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, const rpe::term_spec& spec) {
@@ -94,10 +123,12 @@ int run_term(const mapping_config& m, const term_options& o) {
     const auto& ts = tables[0].shape;
     const std::int64_t L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
     const std::size_t want_rank = spec.contextual ? 3 : 2;
-    for (std::size_t t = 0; t < tables.size(); ++t)  // every table (Cross has two), before any view is made
+    for (std::size_t t = 0; t < tables.size(); ++t) {  // every table (Cross has two), before any view is made
         if (tables[t].shape.size() != want_rank)
             throw usage_error("--table", o.tables[t] + " has shape " + shape_text(tables[t].shape) + "; expected " +
                                              (spec.contextual ? (spec.target == rpe::target::value ? "(Ht, K, D)" : "(Ht, D, K)") : "(Ht, K)"));
+        check_int_extents(tables[t].shape, "--table", o.tables[t]);
+    }
 
     rpe::io::npy_array x;
     std::vector<float> x_data;
@@ -108,6 +139,7 @@ int run_term(const mapping_config& m, const term_options& o) {
         if (x.shape.size() != 4)
             throw usage_error("--input", o.input + " has shape " + shape_text(x.shape) + "; expected (B, H, L, " +
                                              (spec.target == rpe::target::value ? "L)" : "D)"));
+        check_int_extents(x.shape, "--input", o.input, 1);  // H, L, D (or L); B stays int64
         x_data = x.to<float>();
         spec.num_heads = static_cast<int>(x.shape[1]);
         spec.head_dim = static_cast<int>(spec.target == rpe::target::value ? ts[2] : ts[1]);
@@ -132,9 +164,17 @@ int run_term(const mapping_config& m, const term_options& o) {
         throw usage_error("--grid", e.what());
     }
 
-    std::int64_t count = 1;
-    for (auto e : out_shape) count *= e;
-    std::vector<float> out(static_cast<std::size_t>(count));
+    // The term checks every shape in forward(); the shapes that size the output are checked
+    // here first, so that no output is sized from an extent the term would refuse.
+    for (std::size_t t = 0; t < tables.size(); ++t)
+        if (tables[t].shape != term->table_shape())
+            throw usage_error("--table", o.tables[t] + " has shape " + shape_text(tables[t].shape) + "; expected " +
+                                             shape_text(term->table_shape()) + " for this mapping, mode, target and skip");
+    if (spec.contextual && (x.shape[2] != L || x.shape[3] != (spec.target == rpe::target::value ? L : spec.head_dim)))
+        throw usage_error("--input/--grid/--skip", o.input + " has shape " + shape_text(x.shape) + "; expected (B, H, L = " + std::to_string(L) +
+                                         ", " + (spec.target == rpe::target::value ? "L" : "D") + " = " +
+                                         std::to_string(spec.target == rpe::target::value ? L : spec.head_dim) + ")");
+    std::vector<float> out(checked_elements(out_shape, "--grid", "the output"));
     std::vector<rpe::tensor_ref<const float>> refs;
     for (std::size_t t = 0; t < tables.size(); ++t) refs.push_back(view<const float>(table_data[t].data(), tables[t].shape));
     try {

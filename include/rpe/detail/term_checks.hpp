@@ -17,6 +17,7 @@
 #include "../mode.hpp"
 #include "../tensor.hpp"
 #include "check.hpp"
+#include "validate.hpp"
 
 namespace rpe::detail {
 
@@ -71,6 +72,12 @@ term_layout make_term_layout(BucketsFn&& mapping_buckets, int num_tables, int nu
     const std::int64_t k = static_cast<std::int64_t>(mapping_buckets()) + (skip > 0 ? 1 : 0);
     require(k >= 1 && k < 2147483647, "term", "num_buckets = ", k, " (mapping buckets + skip bucket); expected [1, 2^31 - 1)");
     return term_layout{num_heads, head_dim, shared_head, skip, static_cast<int>(k), num_tables, bias, target};
+}
+
+/// @brief Checks that `mode` is write::overwrite or write::accumulate (not a value cast from an int).
+/// @throws rpe::invalid_argument `[rpe.term] mode = 7; expected write::overwrite or write::accumulate`.
+inline void check_write_mode(write mode) {
+    require_enum(mode, 2, "term", "mode", "write::overwrite or write::accumulate");
 }
 
 /// @brief Name of table argument `t` in messages: "table" for single-table terms, else "tables[t]".

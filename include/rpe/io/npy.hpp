@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "atomic_file.hpp"
 
 namespace rpe::io {
 
@@ -136,6 +137,27 @@ T npy_float_to_float(S v) {
             return v < 0 ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
     }
     return static_cast<T>(v);
+}
+
+/// @brief Element count of `shape` (0 when an extent is 0), after checking numpy's rule that the
+/// product of the non-zero extents times `itemsize` fits int64 (numpy refuses a shape such as
+/// (2^39, 2^21, 2^10, 0): "array is too big"). Extents must be >= 0.
+/// @param on_overflow called as `on_overflow(product so far, extent)`; must throw.
+template <class Shape, class F>
+std::uint64_t npy_checked_count(const Shape& shape, std::size_t itemsize, F&& on_overflow) {
+    constexpr auto max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+    std::uint64_t nonzero = 1;
+    bool empty = false;
+    for (std::int64_t e : shape) {
+        if (e == 0) {
+            empty = true;
+            continue;
+        }
+        const auto ue = static_cast<std::uint64_t>(e);
+        if (nonzero > max / itemsize / ue) on_overflow(nonzero, e);
+        nonzero *= ue;
+    }
+    return empty ? 0 : nonzero;
 }
 
 /// @brief Cursor over the header text with the small Python-literal grammar numpy writes.
@@ -376,13 +398,11 @@ private:
         detail::npy_dtype d;
         if (!detail::npy_decode_dtype(dtype, d))
             throw runtime_error(rpe::detail::message("npy", source, ": unsupported dtype '", dtype, "'"));
-        std::size_t n = 1;
-        for (std::int64_t e : shape) {
+        for (std::int64_t e : shape)
             if (e < 0) throw runtime_error(rpe::detail::message("npy", source, ": negative extent ", e));
-            if (e != 0 && n > std::numeric_limits<std::size_t>::max() / d.size / static_cast<std::size_t>(e))
-                throw runtime_error(rpe::detail::message("npy", source, ": shape product overflows"));
-            n *= static_cast<std::size_t>(e);
-        }
+        const auto n = static_cast<std::size_t>(detail::npy_checked_count(shape, d.size, [&](std::uint64_t, std::int64_t) {
+            throw runtime_error(rpe::detail::message("npy", source, ": shape product overflows"));
+        }));
         if (n * d.size != bytes.size())
             throw runtime_error(rpe::detail::message("npy", source, ": holds ", bytes.size(), " bytes, shape needs ",
                                                      n * d.size));
@@ -457,13 +477,10 @@ inline npy_array parse_npy(std::span<const std::byte> bytes, const std::string& 
     if (!a.dtype.empty() && a.dtype[0] == '>') fail("big-endian dtype '", a.dtype, "' is not supported");
     if (!detail::npy_decode_dtype(a.dtype, d)) fail("unsupported dtype '", a.dtype, "'");
 
-    std::uint64_t count = 1;
-    for (std::int64_t e : a.shape) {
-        const auto ue = static_cast<std::uint64_t>(e);
-        if (ue != 0 && count > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / d.size / ue)
-            fail("shape product overflows");
-        count *= ue;
-    }
+    const std::uint64_t count = detail::npy_checked_count(a.shape, d.size, [&](std::uint64_t nonzero, std::int64_t e) {
+        fail("shape product overflows: ", nonzero, " * ", e, " elements of ", d.size, " bytes exceed int64 (",
+             "the product of the non-zero extents must fit, as numpy requires, even when an extent is 0)");
+    });
     const std::uint64_t need = count * d.size;
     const std::size_t have = bytes.size() - prefix - static_cast<std::size_t>(header_len);
     if (have < need) fail("data truncated: shape needs ", need, " bytes, file holds ", have);
@@ -516,18 +533,17 @@ template <class T>
 std::vector<std::byte> encode_npy(const T* data, std::span<const std::int64_t> shape) {
     constexpr std::string_view descr = detail::npy_descr_of<T>();
     static_assert(!descr.empty(), "encode_npy<T>: T has no numpy descr");
-    std::uint64_t count = 1;
     std::string dims;  // Python tuple syntax: "", "3,", "2, 3"
     for (std::size_t i = 0; i < shape.size(); ++i) {
         const std::int64_t e = shape[i];
         if (e < 0) throw invalid_argument(rpe::detail::message("npy", "extent ", e, " is negative"));
-        const auto ue = static_cast<std::uint64_t>(e);
-        if (ue != 0 && count > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / sizeof(T) / ue)
-            throw invalid_argument(rpe::detail::message("npy", "element count overflows int64"));
-        count *= ue;
         if (i != 0) dims += ", ";
         dims += std::to_string(e);
     }
+    // the reader's rule: the non-zero extents' product must fit, so every file written reads back
+    const std::uint64_t count = detail::npy_checked_count(shape, sizeof(T), [](std::uint64_t, std::int64_t) {
+        throw invalid_argument(rpe::detail::message("npy", "element count overflows int64"));
+    });
     if (shape.size() == 1) dims += ',';
     std::string header = "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': (" + dims + "), }";
     const std::size_t unpadded = 10 + header.size() + 1;  // prefix + dict + '\n'
@@ -546,19 +562,18 @@ std::vector<std::byte> encode_npy(const T* data, std::span<const std::int64_t> s
     return out;
 }
 
-/// @brief Writes `data` with `shape` to `path` as a format-1.0 `.npy` file (see encode_npy()).
-/// @throws rpe::invalid_argument as encode_npy().
-/// @throws rpe::runtime_error `[rpe.npy] <path>: cannot open file for writing` or
-///   `write failed`.
+/// @brief Writes `data` with `shape` to `path` as a format-1.0 `.npy` file (see encode_npy()),
+/// all or nothing: through a temporary file in the same folder renamed over `path` once complete
+/// (write_file_atomically), so a failed write leaves no partial file and an existing `path`
+/// unchanged.
+/// @throws rpe::invalid_argument as encode_npy() (before any file is touched).
+/// @throws rpe::runtime_error `[rpe.npy] <path>: cannot create a temporary file in its folder
+///   (...)`, `write failed (File too large)`, ... `; <path> is unchanged` (see atomic_file).
 /// Source: NumPy NEP 1 / the .npy format specification (`numpy.lib.format`).
 template <class T>
 void save_npy(const std::string& path, const T* data, std::span<const std::int64_t> shape) {
     const std::vector<std::byte> bytes = encode_npy(data, shape);
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    if (!out) throw runtime_error(rpe::detail::message("npy", path, ": cannot open file for writing"));
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) throw runtime_error(rpe::detail::message("npy", path, ": write failed"));
+    write_file_atomically(path, std::span<const std::byte>(bytes), "npy");
 }
 
 }  // namespace rpe::io

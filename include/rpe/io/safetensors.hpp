@@ -389,8 +389,13 @@ private:
         const std::size_t item = detail::safetensors_dtype_size(ti.dtype);
         if (item == 0) fail("entry '", key, "': unknown dtype '", ti.dtype, "'");
 
-        std::uint64_t count = 1;
+        // The product of the non-zero extents (times the item size) must fit int64 even when an
+        // extent is 0: a (2^62, 2^62, 0) tensor holds nothing but would overflow every size
+        // computed from its shape (numpy refuses such shapes too).
+        std::uint64_t nonzero = 1;
+        bool empty = false;
         constexpr auto int64_max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+        if (sh->size() > 64) fail("entry '", key, "': 'shape' has ", sh->size(), " extents; expected at most 64");
         for (const auto& e : *sh) {
             if (!e.is_number_integer()) fail("entry '", key, "': 'shape' holds a non-integer");
             if (e.is_number_unsigned()) {
@@ -400,10 +405,14 @@ private:
                 fail("entry '", key, "': negative extent ", e.get<std::int64_t>());
             }
             const auto d = static_cast<std::uint64_t>(e.get<std::int64_t>());
-            if (d != 0 && count > int64_max / item / d) fail("entry '", key, "': shape product overflows");
-            count *= d;
+            if (d != 0 && nonzero > int64_max / item / d)
+                fail("entry '", key, "': shape product overflows: ", nonzero, " * ", d, " elements of ", item,
+                     " bytes exceed int64 (the product of the non-zero extents must fit, even when an extent is 0)");
+            if (d == 0) empty = true;
+            else nonzero *= d;
             ti.shape.push_back(static_cast<std::int64_t>(d));
         }
+        const std::uint64_t count = empty ? 0 : nonzero;
 
         if (off->size() != 2) fail("entry '", key, "': 'data_offsets' does not hold 2 values");
         std::uint64_t be[2];

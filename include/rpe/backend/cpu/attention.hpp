@@ -14,6 +14,7 @@
 #include "../../any_term.hpp"
 #include "../../attention_inputs.hpp"
 #include "../../detail/check.hpp"
+#include "../../detail/validate.hpp"
 #include "../../error.hpp"
 #include "../../tensor.hpp"
 #include "kernels.hpp"
@@ -490,6 +491,7 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
 template <class S>
 void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {
+    detail::require_enum(opt.storage, 3, "attention", "options.storage", "automatic, table or on_the_fly");
     const auto s = detail::check_attention(in);
     detail::check_attention_outputs(in, s, out, attn, false);
     detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
@@ -510,6 +512,7 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 template <class S>
 void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
                         tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt = {}) {
+    detail::require_enum(opt.storage, 3, "attention", "options.storage", "automatic, table or on_the_fly");
     const auto s = detail::check_attention(in);
     detail::check_attention_gradients(in, s, tensor_ref<const S>{}, grad_out, grad_q, grad_k, grad_v);
     detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {

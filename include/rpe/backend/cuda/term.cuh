@@ -98,6 +98,7 @@ public:
     ///   rpe::cuda_error when a CUDA call fails.
     void forward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<S> out,
                  write mode = write::overwrite, cudaStream_t stream = nullptr) const {
+        detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping());
         const auto d = detail::check_term_forward<S>(config_.layout(), key, ids, std::span<const tensor_ref<const S>>(tables), x, out);
         const auto dev = cuda::device_bucket_cache::global().get(ids, stream);
@@ -144,6 +145,7 @@ public:
     void backward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x,
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, const grad_tables_type& grad_tables,
                   write mode = write::overwrite, cudaStream_t stream = nullptr) const {
+        detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping());
         const auto d = detail::check_term_backward<S>(config_.layout(), key, ids, std::span<const tensor_ref<const S>>(tables),
                                                       x, grad_out, grad_x, std::span<const tensor_ref<S>>(grad_tables));

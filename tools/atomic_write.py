@@ -1,0 +1,52 @@
+"""Writing files all or nothing, for rpe's Python tools (the counterpart of
+include/rpe/io/atomic_file.hpp).
+
+A file is written under a temporary name in the target's folder and renamed over the target
+(``os.replace``, atomic within one file system) only once it is complete, flushed and synced; on
+any failure (full disk, file-size limit, an exception while writing) the temporary file is
+removed and an existing target keeps its old content. Nothing else is needed: ``import
+atomic_write`` works from every script in tools/ (their folder is on ``sys.path``).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def replacing(target: Path | str) -> Iterator[Path]:
+    """Yields a fresh temporary path next to ``target`` (same suffix, so tools that infer the
+    format from it, such as matplotlib's savefig, still do); when the block ends without an
+    exception, the file written there is synced and renamed over ``target``; otherwise it is
+    removed and ``target`` is untouched."""
+    target = Path(target)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", suffix=target.suffix, dir=target.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:  # the writer closed it; sync what it wrote
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the permissions open() would
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def write_text(target: Path | str, text: str) -> None:
+    """Writes ``text`` (UTF-8) to ``target`` all or nothing (see replacing)."""
+    with replacing(target) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
