@@ -58,6 +58,13 @@ rpe_require_build_packages() {
     fi
 }
 
+# What the PyTorch operators and their tests need (Debian's PyTorch 1.13): scripts/test.sh
+# installs them so that the tests of bindings/torch run; the demo does not need them.
+RPE_TORCH_PACKAGES=(python3-torch libtorch-dev python3-pytest python3-numpy)
+rpe_require_torch_packages() {
+    rpe_require_packages "${RPE_TORCH_PACKAGES[@]}"
+}
+
 # Number of parallel jobs for builds and tests.
 rpe_jobs() {
     nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2

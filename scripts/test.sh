@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: install what is missing, configure and build build/ (Release, tests +
-# benchmarks + examples, the CUDA sources compiled when nvcc is there) and run every CTest test
+# benchmarks + examples + the PyTorch operators, the CUDA sources compiled when nvcc is there) and
+# run every CTest test
 # (CUDA tests skip without a device). Safe to run again. The sanitizer and fuzz passes are
 # scripts/test_sanitizers.sh; CI (.ci/run) runs both.
 #
@@ -17,5 +18,6 @@ for arg in "$@"; do
 done
 
 rpe_require_build_packages
+rpe_require_torch_packages  # the bindings/torch tests (CTest label torch)
 rpe_configure_and_build build
 ctest --test-dir build --output-on-failure -j"$(rpe_jobs)"

@@ -30,6 +30,7 @@
 #include <rpe/io/atomic_file.hpp>
 #include <rpe/io/npy.hpp>
 #include <rpe/io/safetensors.hpp>
+#include <rpe/make_term.hpp>
 #include <rpe/rpe.hpp>
 
 namespace {
