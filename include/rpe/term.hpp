@@ -33,6 +33,17 @@ inline constexpr bool valid_mode_target = !(std::is_same_v<Md, mode::bias> && Tg
 template <class Md, target Tg>
 concept ModeOnTarget = Mode<Md> && detail::valid_mode_target<Md, Tg>;
 
+/// @brief A term's configuration by name, for designated initializers:
+/// `rpe::term_config{.num_heads = 6, .head_dim = 64, .shared_head = true, .skip = 1}`.
+/// num_heads and head_dim have no usable default (0 is rejected), so a forgotten field is an
+/// error, not a silent 1; shared_head defaults to the reference's `shared_head=True`, skip to 0.
+struct term_config {
+    int num_heads = 0;        ///< H ≥ 1
+    int head_dim = 0;         ///< D ≥ 1 (ignored by bias terms' kernels, still checked)
+    bool shared_head = true;  ///< one table for all heads (Ht = 1); false: one table per head
+    int skip = 0;             ///< extra tokens (class, distillation) before the grid, with their own bucket
+};
+
 /// @brief One iRPE term: a mapping M (with its index function), a mode, a target, a scalar type
 /// and a backend, composed at compile time.
 ///
@@ -76,10 +87,21 @@ public:
     using tables_type = std::array<tensor_ref<const S>, num_tables>;  ///< the lookup table(s)
     using grad_tables_type = std::array<tensor_ref<S>, num_tables>;   ///< their gradients
 
-    /// @brief Configures the term. `shared_head`: one table for all heads (Ht = 1), else one per head.
+    /// @brief Configures the term by name:
+    /// `term(mapping, {.num_heads = 6, .head_dim = 64, .shared_head = true, .skip = 1})`.
     /// @throws rpe::invalid_argument `[rpe.term] num_heads = ...` (see the class comment).
+    term(M mapping, const term_config& config)
+        : mapping_(mapping),
+          layout_(make_layout(mapping_, config.num_heads, config.head_dim, config.shared_head, config.skip)) {}
+    /// @brief Positional form `(mapping, num_heads, head_dim, shared_head, skip)`; prefer the
+    /// term_config form, where swapped arguments cannot compile silently.
+    /// @throws as above.
     term(M mapping, int num_heads, int head_dim, bool shared_head, int skip)
         : mapping_(mapping), layout_(make_layout(mapping_, num_heads, head_dim, shared_head, skip)) {}
+    /// @brief The configuration (heads, head dim, shared tables, skip) as a term_config.
+    [[nodiscard]] term_config config() const {
+        return term_config{layout_.num_heads, layout_.head_dim, layout_.shared_head, layout_.skip};
+    }
 
     [[nodiscard]] const M& mapping() const { return mapping_; }  ///< the mapping policy
     [[nodiscard]] int num_heads() const { return layout_.num_heads; }   ///< H

@@ -93,3 +93,22 @@ TEST_CASE("every rpe exception is an rpe::error whose id() is its message's pref
     CHECK_THROWS_AS((void)ids->at(0, 10, 0), std::out_of_range);
     CHECK_THROWS_AS((void)rpe::build_bucket_ids(P{pw::from_ratio(1.9)}, 0, 3, 1), std::invalid_argument);
 }
+
+TEST_CASE("term_config: the named configuration equals the positional one, and a missing field is an error") {
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key> named(
+        P{pw::from_ratio(1.9)}, {.num_heads = 6, .head_dim = 64, .shared_head = false, .skip = 1});
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key> positional(P{pw::from_ratio(1.9)}, 6, 64, false, 1);
+    CHECK(named.num_heads() == 6);
+    CHECK(named.head_dim() == 64);
+    CHECK_FALSE(named.shared_head());
+    CHECK(named.skip() == 1);
+    CHECK(named.table_shape() == positional.table_shape());
+    CHECK(named.table_shape() == std::vector<std::int64_t>{6, 64, 50});
+    const rpe::term_config c = named.config();
+    CHECK((c.num_heads == 6 && c.head_dim == 64 && !c.shared_head && c.skip == 1));
+    using T = rpe::term<P, rpe::mode::bias, rpe::target::query>;
+    CHECK_THROWS_WITH_AS(T(P{pw::from_ratio(1.9)}, {.head_dim = 8}), doctest::Contains("[rpe.term] num_heads = 0; expected >= 1"),
+                         rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS(T(P{pw::from_ratio(1.9)}, {.num_heads = 2}), doctest::Contains("[rpe.term] head_dim = 0; expected >= 1"),
+                         rpe::invalid_argument);
+}

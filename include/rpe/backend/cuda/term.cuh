@@ -75,6 +75,8 @@ public:
     /// @brief Configures the term, as the CPU term. @throws rpe::invalid_argument `[rpe.term] ...`.
     term(M mapping, int num_heads, int head_dim, bool shared_head, int skip)
         : config_(mapping, num_heads, head_dim, shared_head, skip) {}
+    /// @brief Configures the term by name, as the CPU term. @throws as the CPU term.
+    term(M mapping, const term_config& config) : config_(mapping, config) {}
 
     [[nodiscard]] const M& mapping() const { return config_.mapping(); }  ///< the mapping policy
     [[nodiscard]] int num_heads() const { return config_.num_heads(); }   ///< H
