@@ -17,6 +17,13 @@ bench="$(find build -type f -name rpe_bench -perm -u+x | head -n 1)"
 tmp="$(mktemp build/.bench.json.tmp-XXXXXX)"
 trap 'rm -f "$tmp"' EXIT
 "$bench" --benchmark_out="$tmp" --benchmark_out_format=json "$@"
+# Google Benchmark exits 0 even when it could not write --benchmark_out (a full disk): keep the old
+# results unless the new file is complete JSON.
+if ! python3 -m json.tool "$tmp" >/dev/null 2>&1; then
+    rm -f "$tmp"
+    rpe_log "bench: the results file is not complete JSON (full disk?); build/bench.json is unchanged"
+    exit 1
+fi
 chmod 644 "$tmp"
 mv -f "$tmp" build/bench.json
 rpe_log "results written to build/bench.json"

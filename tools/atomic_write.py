@@ -21,8 +21,15 @@ def replacing(target: Path | str) -> Iterator[Path]:
     """Yields a fresh temporary path next to ``target`` (same suffix, so tools that infer the
     format from it, such as matplotlib's savefig, still do); when the block ends without an
     exception, the file written there is synced and renamed over ``target``; otherwise it is
-    removed and ``target`` is untouched."""
-    target = Path(target)
+    removed and ``target`` is untouched.
+
+    As the C++ writer: a symbolic link is followed (the file it names is replaced or created, the
+    link stays), and an existing target that is not a regular file (a device such as /dev/null,
+    a FIFO) is written in place, never replaced by a regular file."""
+    target = Path(os.path.realpath(target))
+    if target.exists() and not target.is_file():
+        yield target  # a device or FIFO: written in place (there is nothing to keep whole)
+        return
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", suffix=target.suffix, dir=target.parent)
     os.close(fd)
     tmp = Path(name)

@@ -73,5 +73,19 @@ with tempfile.TemporaryDirectory() as d:
     check(oct((folder / "plot.png").stat().st_mode & 0o777) == oct(0o666 & ~mask),
           "the file gets the permissions open() would give")
 
+    # a symbolic link: the file it names is replaced, the link stays; a dangling link's file is created
+    real = folder / "real.txt"
+    real.write_text("old")
+    (folder / "link.txt").symlink_to("real.txt")
+    atomic_write.write_text(folder / "link.txt", "new")
+    check((folder / "link.txt").is_symlink() and real.read_text() == "new", "a symlink is followed, the link stays")
+    (folder / "dangling.txt").symlink_to("made.txt")
+    atomic_write.write_text(folder / "dangling.txt", "made")
+    check((folder / "dangling.txt").is_symlink() and (folder / "made.txt").read_text() == "made",
+          "a dangling symlink's file is created, the link stays")
+    # a device is written in place, never replaced by a regular file
+    atomic_write.write_text("/dev/null", "discarded")
+    check(Path("/dev/null").is_char_device(), "/dev/null stays a device")
+
 print("atomic_write: all checks passed" if not failures else f"atomic_write: {len(failures)} check(s) failed")
 sys.exit(1 if failures else 0)
