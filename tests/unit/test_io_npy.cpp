@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <rpe/io/npy.hpp>
 
 #ifndef RPE_TEST_DATA_DIR
@@ -552,4 +554,16 @@ TEST_CASE("npy: malformed variants of a valid file never crash") {
     }
     CHECK(parsed > 0);    // e.g. padding spaces replaced by other whitespace-free-but-harmless bytes
     CHECK(rejected > 0);
+}
+
+TEST_CASE("npy: save_npy refuses more extents than load_npy reads back (64), before touching the file") {
+    const std::vector<std::int64_t> ok(64, 1), too_many(65, 1);
+    const float one = 1.0f;
+    CHECK_NOTHROW((void)rpe::io::encode_npy(&one, std::span<const std::int64_t>(ok)));
+    CHECK_THROWS_WITH_AS((void)rpe::io::encode_npy(&one, std::span<const std::int64_t>(too_many)),
+                         doctest::Contains("[rpe.npy] shape has 65 extents; expected at most 64"), rpe::invalid_argument);
+    const auto path = std::filesystem::temp_directory_path() / ("rpe_npy_rank65_" + std::to_string(::getpid()) + ".npy");
+    std::filesystem::remove(path);
+    CHECK_THROWS_AS(rpe::io::save_npy(path.string(), &one, std::span<const std::int64_t>(too_many)), rpe::invalid_argument);
+    CHECK_FALSE(std::filesystem::exists(path));
 }

@@ -70,6 +70,15 @@ bench_term make_bench_term(const mapping_config& m, rpe::term_spec spec, rpe::ta
     spec.target = tg;
     bench_term b;
     b.term = make_cli_term(m, spec);
+    // the lookup tables' size follows from --ratio/--alpha/--beta/--gamma (K) and --heads/--dim:
+    // checked (in double: no overflow) before anything is allocated
+    double elems = 1.0;
+    for (auto e : b.term->table_shape()) elems *= static_cast<double>(e);
+    if (elems * b.term->num_tables() * sizeof(float) > 8.0 * (1ull << 30))
+        throw usage_error("--ratio/--beta/--heads/--dim", "the lookup tables of " + m.describe() + " hold " +
+                                                              std::to_string(elems * b.term->num_tables()) + " floats (K = " +
+                                                              std::to_string(b.term->num_buckets()) +
+                                                              "), more than the 8 GiB this benchmark allows");
     std::int64_t n = 1;
     for (auto e : b.term->table_shape()) n *= e;
     for (int t = 0; t < b.term->num_tables(); ++t)

@@ -526,13 +526,15 @@ inline npy_array load_npy(const std::string& path) {
 /// @tparam T an arithmetic type with a numpy descr (`float`, `double`, `bool`, 8/16/32/64-bit
 ///   signed or unsigned integers).
 /// @param data `prod(shape)` elements, row-major (may be null when that product is 0).
-/// @throws rpe::invalid_argument `[rpe.npy] ...` for a negative extent, an element count that
+/// @throws rpe::invalid_argument `[rpe.npy] ...` for more than 64 extents (what load_npy reads), a negative extent, an element count that
 ///   overflows int64, or a header longer than format 1.0 allows.
 /// Source: NumPy NEP 1 / the .npy format specification (`numpy.lib.format`).
 template <class T>
 std::vector<std::byte> encode_npy(const T* data, std::span<const std::int64_t> shape) {
     constexpr std::string_view descr = detail::npy_descr_of<T>();
     static_assert(!descr.empty(), "encode_npy<T>: T has no numpy descr");
+    if (shape.size() > 64)  // what load_npy reads back
+        throw invalid_argument(rpe::detail::message("npy", "shape has ", shape.size(), " extents; expected at most 64"));
     std::string dims;  // Python tuple syntax: "", "3,", "2, 3"
     for (std::size_t i = 0; i < shape.size(); ++i) {
         const std::int64_t e = shape[i];
