@@ -33,24 +33,13 @@
 #include <rpe/make_term.hpp>
 #include <rpe/rpe.hpp>
 
+#include "golden.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-/// Runs `f`, expecting it to throw E; returns what() ("" and a failed check otherwise).
-template <class E, class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const E& e) {
-        return e.what();
-    } catch (const std::exception& e) {
-        FAIL_CHECK("threw another exception type: " << e.what());
-        return "";
-    }
-    FAIL_CHECK("did not throw");
-    return "";
-}
+using rpe_test::error_of;  // tests/unit/golden.hpp
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
