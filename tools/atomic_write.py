@@ -25,7 +25,8 @@ def replacing(target: Path | str) -> Iterator[Path]:
 
     As the C++ writer: a symbolic link is followed (the file it names is replaced or created, the
     link stays), and an existing target that is not a regular file (a device such as /dev/null,
-    a FIFO) is written in place, never replaced by a regular file."""
+    a FIFO) is written in place, never replaced by a regular file; a replaced file keeps its
+    permission bits."""
     target = Path(os.path.realpath(target))
     if target.exists() and not target.is_file():
         yield target  # a device or FIFO: written in place (there is nothing to keep whole)
@@ -37,7 +38,8 @@ def replacing(target: Path | str) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb") as f:  # the writer closed it; sync what it wrote
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the permissions open() would
+        # mkstemp makes 0600: keep the replaced file's permissions, else give those open() would
+        os.chmod(tmp, (target.stat().st_mode & 0o7777) if target.is_file() else (0o666 & ~_umask()))
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

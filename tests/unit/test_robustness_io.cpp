@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -201,7 +202,7 @@ TEST_CASE("atomic writes: a missing folder, a read-only folder or a directory in
     }
 }
 
-TEST_CASE("atomic writes: a symbolic link is followed, a device is written in place (never replaced)") {
+TEST_CASE("atomic writes: links are followed, descriptors and devices are written in place (never replaced)") {
     const scratch_dir dir;
     const float x[2] = {1.0f, 2.0f};
     const std::vector<std::int64_t> s{2};
@@ -212,6 +213,78 @@ TEST_CASE("atomic writes: a symbolic link is followed, a device is written in pl
         CHECK(fs::is_symlink(dir.path / "link.npy"));
         CHECK(rpe::io::load_npy(dir.file("real.npy")).as<float>() == std::vector<float>{1.0f, 2.0f});
         CHECK(dir.names() == std::set<std::string>{"link.npy", "real.npy"});
+    }
+    SUBCASE("a dangling link: the file it names is created, the link stays") {
+        fs::create_symlink("made.npy", dir.path / "dangling.npy");
+        rpe::io::save_npy(dir.file("dangling.npy"), x, s);
+        CHECK(fs::is_symlink(dir.path / "dangling.npy"));
+        CHECK(rpe::io::load_npy(dir.file("made.npy")).as<float>() == std::vector<float>{1.0f, 2.0f});
+        CHECK(dir.names() == std::set<std::string>{"dangling.npy", "made.npy"});
+    }
+    SUBCASE("a chain of relative links through another folder") {
+        fs::create_directory(dir.path / "sub");
+        write_text(dir.file("sub/real.npy"), "old");
+        fs::create_symlink("real.npy", dir.path / "sub" / "inner.npy");
+        fs::create_symlink("sub/inner.npy", dir.path / "outer.npy");
+        rpe::io::save_npy(dir.file("outer.npy"), x, s);
+        CHECK(fs::is_symlink(dir.path / "outer.npy"));
+        CHECK(fs::is_symlink(dir.path / "sub" / "inner.npy"));
+        CHECK(rpe::io::load_npy(dir.file("sub/real.npy")).as<float>() == std::vector<float>{1.0f, 2.0f});
+    }
+    SUBCASE("a cycle of links: an error, nothing created, the links stay") {
+        fs::create_symlink("b.npy", dir.path / "a.npy");
+        fs::create_symlink("a.npy", dir.path / "b.npy");
+        const std::string path = dir.file("a.npy");
+        CHECK(error_of<rpe::runtime_error>([&] { rpe::io::save_npy(path, x, s); }) ==
+              "[rpe.npy] " + path + ": cannot follow its symbolic links (Too many levels of symbolic links); " + path +
+                  " is unchanged");
+        CHECK(fs::is_symlink(dir.path / "a.npy"));
+        CHECK(fs::is_symlink(dir.path / "b.npy"));
+        CHECK(dir.names() == std::set<std::string>{"a.npy", "b.npy"});
+    }
+    SUBCASE("/dev/fd/N and /proc/self/fd/N of a redirected file: written through the descriptor, after what it holds") {
+        for (const std::string prefix : {"/dev/fd/", "/proc/self/fd/"}) {
+            if (!fs::exists(prefix)) continue;
+            CAPTURE(prefix);
+            const std::string path = dir.file("redirected.bin");
+            std::FILE* f = std::fopen(path.c_str(), "wb");
+            REQUIRE(f != nullptr);
+            std::fputs("head:", f);
+            std::fflush(f);
+            struct ::stat before {};
+            REQUIRE(::stat(path.c_str(), &before) == 0);
+            rpe::io::save_npy(prefix + std::to_string(::fileno(f)), x, s);
+            std::fputs(":tail", f);
+            std::fclose(f);
+            const std::string all = read_text(path);
+            CHECK(all.substr(0, 5) == "head:");
+            CHECK(all.substr(5, 6) == "\x93NUMPY");
+            CHECK(all.substr(all.size() - 5) == ":tail");
+            struct ::stat after {};
+            REQUIRE(::stat(path.c_str(), &after) == 0);
+            CHECK(after.st_ino == before.st_ino);  // the same file, not a replacement
+            CHECK(dir.names() == std::set<std::string>{"redirected.bin"});  // no temporary file, not replaced
+            fs::remove(path);
+        }
+    }
+    SUBCASE("a closed descriptor: a clear error") {
+        CHECK(error_of<rpe::runtime_error>([&] { rpe::io::save_npy("/dev/fd/987654", x, s); }) ==
+              "[rpe.npy] /dev/fd/987654: cannot open it for writing (Bad file descriptor)");
+    }
+    SUBCASE("a replaced file keeps its permission bits") {
+        const std::string path = dir.file("mode.npy");
+        write_text(path, "old");
+        fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+        rpe::io::save_npy(path, x, s);
+        CHECK(fs::status(path).permissions() == (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read));
+        CHECK(rpe::io::load_npy(path).as<float>() == std::vector<float>{1.0f, 2.0f});
+    }
+    SUBCASE("a 255-byte file name: the temporary name is shortened to fit") {
+        const std::string path = dir.file(std::string(251, 'n') + ".npy");
+        write_text(path, "old");
+        rpe::io::save_npy(path, x, s);
+        CHECK(rpe::io::load_npy(path).as<float>() == std::vector<float>{1.0f, 2.0f});
+        CHECK(dir.names().size() == 1);
     }
     SUBCASE("/dev/null stays the null device") {
         rpe::io::save_npy("/dev/null", x, s);

@@ -531,7 +531,14 @@ int main(int argc, char** argv) {
     std::signal(SIGXFSZ, SIG_IGN);
 #endif
     try {
-        return rpe_cli::run(argc, argv);
+        const int status = rpe_cli::run(argc, argv);
+        // a report that never arrived is a failure too (stdout on a full disk or /dev/full)
+        std::cout.flush();
+        if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+            std::cerr << "rpe: failed: cannot write the report to standard output\n";
+            return 1;
+        }
+        return status;
     } catch (const rpe_cli::usage_error& e) {
         std::cerr << "rpe: error: " << e.option << ": " << e.what() << "\n";
         return 2;

@@ -1,5 +1,6 @@
 // `rpe term`: one term applied to an input read from .npy, and the run-time term factory the
 // tool shares with `rpe bench`.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -7,7 +8,9 @@
 #include <limits>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <rpe/any_term.hpp>
@@ -81,6 +84,22 @@ std::size_t checked_elements(const std::vector<std::int64_t>& shape, const char*
     return empty ? 0 : static_cast<std::size_t>(n);
 }
 
+// The elements as float32; a finite float64 value beyond float32's range is refused instead of
+// becoming ±infinity.
+std::vector<float> to_float32(const rpe::io::npy_array& a, const char* option, const std::string& file) {
+    std::vector<float> out = a.to<float>();
+    if (a.dtype == "<f4" || std::none_of(out.begin(), out.end(), [](float v) { return std::isinf(v); })) return out;
+    const std::vector<double> wide = a.to<double>();
+    for (std::size_t i = 0; i < out.size(); ++i)
+        if (std::isinf(out[i]) && std::isfinite(wide[i])) {
+            std::ostringstream text;
+            text << file << ": element " << i << " = " << wide[i] << " is beyond float32's range (|x| <= 3.4028235e+38); "
+                 << "the term computes in float32";
+            throw usage_error(option, text.str());
+        }
+    return out;
+}
+
 }  // namespace
 
 std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, const rpe::term_spec& spec) {
@@ -102,6 +121,12 @@ std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, con
 
 int run_term(const mapping_config& m, const term_options& o) {
     const auto g = parse_grid(o.grid, "--grid");
+    for (const auto& [option, value] : {std::pair<const char*, double>{"--atol", o.atol}, {"--rtol", o.rtol}})
+        if (!(value >= 0) || !std::isfinite(value)) {
+            std::ostringstream text;
+            text << value << " is not a tolerance; expected a finite number >= 0";
+            throw usage_error(option, text.str());
+        }
     rpe::term_spec spec;
     try {
         spec.contextual = rpe::parse_contextual(o.mode);
@@ -119,7 +144,7 @@ int run_term(const mapping_config& m, const term_options& o) {
     std::vector<rpe::io::npy_array> tables;
     for (const auto& path : o.tables) tables.push_back(rpe::io::load_npy(path));
     std::vector<std::vector<float>> table_data;
-    for (const auto& t : tables) table_data.push_back(t.to<float>());
+    for (std::size_t t = 0; t < tables.size(); ++t) table_data.push_back(to_float32(tables[t], "--table", o.tables[t]));
     const auto& ts = tables[0].shape;
     const std::int64_t L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
     const std::size_t want_rank = spec.contextual ? 3 : 2;
@@ -140,7 +165,7 @@ int run_term(const mapping_config& m, const term_options& o) {
             throw usage_error("--input", o.input + " has shape " + shape_text(x.shape) + "; expected (B, H, L, " +
                                              (spec.target == rpe::target::value ? "L)" : "D)"));
         check_int_extents(x.shape, "--input", o.input, 1);  // H, L, D (or L); B stays int64
-        x_data = x.to<float>();
+        x_data = to_float32(x, "--input", o.input);
         spec.num_heads = static_cast<int>(x.shape[1]);
         spec.head_dim = static_cast<int>(spec.target == rpe::target::value ? ts[2] : ts[1]);
         out_shape = {x.shape[0], x.shape[1], L, spec.target == rpe::target::value ? spec.head_dim : L};
@@ -199,14 +224,22 @@ int run_term(const mapping_config& m, const term_options& o) {
         }
         const auto want = ref.to<double>();
         double worst = 0;
-        std::size_t bad = 0;
+        std::size_t bad = 0, nan_mismatch = 0;
         for (std::size_t i = 0; i < want.size(); ++i) {
-            const double d = std::fabs(static_cast<double>(out[i]) - want[i]);
+            const double got = out[i];
+            if (std::isnan(got) || std::isnan(want[i])) {  // NaN matches NaN only
+                nan_mismatch += std::isnan(got) != std::isnan(want[i]);
+                continue;
+            }
+            const double d = got == want[i] ? 0.0 : std::fabs(got - want[i]);  // inf == inf: no difference
             worst = std::max(worst, d);
             bad += !(d <= o.atol + o.rtol * std::fabs(want[i]));
         }
+        bad += nan_mismatch;
         std::cout << "expect: max |out - expected| = " << worst << " over " << want.size() << " values, " << bad
-                  << " beyond atol + rtol*|expected|; " << (bad == 0 ? "match" : "MISMATCH") << "\n";
+                  << " beyond atol + rtol*|expected|";
+        if (nan_mismatch != 0) std::cout << " (" << nan_mismatch << " NaN in one and not the other)";
+        std::cout << "; " << (bad == 0 ? "match" : "MISMATCH") << "\n";
         return bad == 0 ? 0 : 1;
     }
     return 0;

@@ -9,9 +9,13 @@
 /// `rpe` tool's .npy and PNG outputs) goes through this helper.
 /// Not covered: a crash or SIGKILL between open() and commit() leaves the temporary file
 /// (`<target>.tmp-<pid>-<n>`, next to the target) behind; the target itself is still intact.
-/// Targets that are not files: a symbolic link is followed (the file it names is replaced, the
-/// link stays); an existing device, FIFO or socket (`/dev/null`, `/dev/stdout`, a pipe) is
-/// written in place, as there is no file to replace (and replacing `/dev/null` would be wrong).
+/// Targets that are not plain files: a symbolic link is followed link by link (the file it names
+/// is replaced or, for a dangling link, created; the link stays; a cycle is an error); a path
+/// naming an open descriptor of the process (`/dev/stdout`, `/dev/stderr`, `/dev/fd/N`,
+/// `/proc/self/fd/N`) is written through that descriptor, at its current offset, whatever it is
+/// (a terminal, a pipe, a file the shell redirected it to); an existing device, FIFO or socket
+/// (`/dev/null`, a named pipe) is written in place, as there is no file to replace. A replaced
+/// file keeps its permission bits (and its owner and group where the process may set them).
 /// Source: POSIX rename(2) (atomic replacement within one file system).
 #pragma once
 
@@ -28,7 +32,8 @@
 #include <utility>
 
 #if defined(__unix__) || defined(__APPLE__)
-#include <unistd.h>  // fsync, getpid
+#include <sys/stat.h>  // fchmod, stat
+#include <unistd.h>    // dup, fchown, fsync, getpid
 #endif
 
 #include "../error.hpp"
@@ -41,12 +46,15 @@ namespace rpe::io {
 ///
 /// Usage: `atomic_file f(path, "npy"); f.write(bytes); f.commit();`.
 /// The temporary file is created exclusively (never an existing file) in the target's folder, so
-/// the final rename stays within one file system and is atomic. A symbolic link is followed:
-/// the file it points to is replaced and the link kept. An existing device, FIFO or socket is
-/// opened and written in place (no temporary file; nothing to remove on failure).
+/// the final rename stays within one file system and is atomic; its name is shortened when the
+/// target's is within 30 bytes of the 255-byte limit. A symbolic link is followed: the file it
+/// points to is replaced (created when missing) and the link kept. A descriptor path, device,
+/// FIFO or socket is written in place (no temporary file; nothing to remove on failure).
 /// Errors are rpe::runtime_error `[rpe.<component>] <target>: <what> (<errno text>); <target> is
-/// unchanged`, where what is `cannot create a temporary file in its folder`, `write failed`,
-/// `flush failed`, `sync failed`, `close failed` or `cannot rename the temporary file over it`.
+/// unchanged`, where what is `cannot follow its symbolic links`, `cannot create a temporary file
+/// in its folder`, `write failed`, `flush failed`, `sync failed`, `close failed` or `cannot
+/// rename the temporary file over it` (in place: `cannot open it for writing`, `write failed`,
+/// `flush failed`, `close failed`, without "is unchanged").
 /// Thread-safety: one object per thread; distinct objects (even for one target) are independent
 /// and the last commit wins.
 class atomic_file {
@@ -56,27 +64,36 @@ public:
     /// @throws rpe::runtime_error `[rpe.<component>] <target>: cannot create a temporary file in
     ///   its folder (No such file or directory); <target> is unchanged` (missing or read-only folder).
     atomic_file(std::string target, const char* component = "io") : target_(std::move(target)), component_(component) {
-        std::error_code ec;
-        const auto st = std::filesystem::status(target_, ec);  // follows symbolic links
-        if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st) && !std::filesystem::is_directory(st)) {
-            file_ = std::fopen(target_.c_str(), "wb");  // a device, FIFO or socket: written in place
-            if (file_ == nullptr) fail("cannot open it for writing", errno);
+        const resolved r = resolve(target_);
+        if (r.loop) fail("cannot follow its symbolic links", ELOOP);
+        if (r.descriptor >= 0) {  // /dev/stdout, /dev/fd/N, /proc/self/fd/N: the open descriptor, in place
             in_place_ = true;
+            if (r.descriptor <= 2) std::fflush(nullptr);  // what the program printed before comes first
+            open_descriptor(r.descriptor);
             return;
         }
-        std::string real = target_;  // the file a symbolic link names is replaced, the link stays
-        if (std::filesystem::is_symlink(std::filesystem::symlink_status(target_, ec))) {
-            const auto resolved = std::filesystem::weakly_canonical(target_, ec);
-            if (!ec) real = resolved.string();
+        std::error_code ec;
+        const auto st = std::filesystem::status(r.path, ec);
+        if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st) && !std::filesystem::is_directory(st)) {
+            in_place_ = true;
+            file_ = std::fopen(r.path.c_str(), "wb");  // a device, FIFO or socket: written in place
+            if (file_ == nullptr) fail("cannot open it for writing", errno);
+            return;
         }
         static std::atomic<unsigned long> counter{0};
+        const std::filesystem::path real(r.path);
         for (int attempt = 0; attempt < 100 && file_ == nullptr; ++attempt) {
-            temp_ = real + ".tmp-" + std::to_string(process_id()) + "-" + std::to_string(counter++);
+            temp_ = temporary_name(real, process_id(), counter++);
             file_ = std::fopen(temp_.c_str(), "wbx");  // C11 exclusive mode: fails if the name exists
             if (file_ == nullptr && errno != EEXIST) break;
         }
-        if (file_ == nullptr) fail("cannot create a temporary file in its folder", errno);
-        real_ = std::move(real);
+        if (file_ == nullptr) {
+            const int err = errno;
+            temp_.clear();
+            fail("cannot create a temporary file in its folder", err);
+        }
+        keep_mode_and_owner(r.path);
+        real_ = r.path;
     }
 
     atomic_file(const atomic_file&) = delete;
@@ -157,6 +174,91 @@ private:
     std::string temp_;       // empty when written in place or once committed / discarded
     std::FILE* file_ = nullptr;
     bool in_place_ = false;  // a device, FIFO or socket
+
+    struct resolved {
+        std::string path;     // the file to replace (may not exist yet: a dangling link names it)
+        int descriptor = -1;  // >= 0: the path names this open descriptor of the process
+        bool loop = false;    // more than 40 links (a cycle)
+    };
+
+    // The descriptor a path names: /dev/stdin|stdout|stderr, /dev/fd/N, /proc/self/fd/N,
+    // /proc/thread-self/fd/N or /proc/<this pid>/fd/N; -1 for any other path.
+    static int descriptor_of(const std::filesystem::path& p) {
+        const std::string s = p.lexically_normal().generic_string();
+        if (s == "/dev/stdin") return 0;
+        if (s == "/dev/stdout") return 1;
+        if (s == "/dev/stderr") return 2;
+        const std::string pid = "/proc/" + std::to_string(process_id()) + "/fd/";
+        for (const std::string_view prefix : {std::string_view("/dev/fd/"), std::string_view("/proc/self/fd/"),
+                                              std::string_view("/proc/thread-self/fd/"), std::string_view(pid)}) {
+            if (s.size() <= prefix.size() || s.compare(0, prefix.size(), prefix) != 0 || s.size() - prefix.size() > 9) continue;
+            int fd = 0;
+            for (std::size_t i = prefix.size(); i < s.size(); ++i) {
+                if (s[i] < '0' || s[i] > '9') return -1;
+                fd = fd * 10 + (s[i] - '0');
+            }
+            return fd;
+        }
+        return -1;
+    }
+
+    // Follows `target`'s chain of symbolic links one link at a time (relative links against their
+    // folder), stopping at a path that names an open descriptor.
+    static resolved resolve(const std::string& target) {
+        std::filesystem::path p(target);
+        for (int links = 0; links <= 40; ++links) {
+            if (const int fd = descriptor_of(p); fd >= 0) return {p.string(), fd, false};
+            std::error_code ec;
+            if (!std::filesystem::is_symlink(std::filesystem::symlink_status(p, ec))) return {p.string(), -1, false};
+            const std::filesystem::path next = std::filesystem::read_symlink(p, ec);
+            if (ec) return {p.string(), -1, false};
+            p = next.is_absolute() ? next : p.parent_path() / next;
+        }
+        return {target, -1, true};
+    }
+
+    // `<name>.tmp-<pid>-<n>` next to `real`, the name shortened so that it stays within the
+    // usual 255-byte limit of a file name.
+    static std::string temporary_name(const std::filesystem::path& real, long pid, unsigned long n) {
+        const std::string suffix = ".tmp-" + std::to_string(pid) + "-" + std::to_string(n);
+        std::string name = real.filename().string();
+        if (name.size() + suffix.size() > 255) name.resize(255 - suffix.size());
+        return (real.parent_path() / (name + suffix)).string();
+    }
+
+    void open_descriptor(int fd) {
+#if defined(__unix__) || defined(__APPLE__)
+        const int copy = ::dup(fd);
+        if (copy < 0) fail("cannot open it for writing", errno);
+        file_ = ::fdopen(copy, "wb");
+        if (file_ == nullptr) {
+            const int err = errno;
+            ::close(copy);
+            fail("cannot open it for writing", err);
+        }
+#else
+        (void)fd;
+        fail("cannot open it for writing", ENOTSUP);
+#endif
+    }
+
+    // The replacement keeps the permission bits (and, where allowed, the owner) of the file it
+    // replaces; a new file gets the default mode (0666 less the umask).
+    void keep_mode_and_owner(const std::string& real) const {
+#if defined(__unix__) || defined(__APPLE__)
+        struct ::stat old {};
+        if (::stat(real.c_str(), &old) != 0 || !S_ISREG(old.st_mode)) return;
+        const int fd = ::fileno(file_);
+        if (::fchown(fd, old.st_uid, old.st_gid) != 0) {
+            // not allowed (another owner): keep ours; the mode below is still copied
+        }
+        if (::fchmod(fd, old.st_mode & 07777) != 0) {
+            // a file system without modes: the default mode stays
+        }
+#else
+        (void)real;
+#endif
+    }
 
     static long process_id() {
 #if defined(__unix__) || defined(__APPLE__)
