@@ -73,6 +73,11 @@ with tempfile.TemporaryDirectory() as d:
     check(oct((folder / "plot.png").stat().st_mode & 0o777) == oct(0o666 & ~mask),
           "the file gets the permissions open() would give")
 
+    # a replaced file keeps its permission bits
+    (folder / "plot.png").chmod(0o640)
+    atomic_write.write_text(folder / "plot.png", "again")
+    check(oct((folder / "plot.png").stat().st_mode & 0o777) == oct(0o640), "a replaced file keeps its permissions")
+
     # a symbolic link: the file it names is replaced, the link stays; a dangling link's file is created
     real = folder / "real.txt"
     real.write_text("old")
