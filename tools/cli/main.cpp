@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <iostream>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -203,15 +204,19 @@ int run_buckets(const mapping_config& m, const buckets_options& o) {
         if (static_cast<double>(total) * tables * ids->id_bytes() > static_cast<double>(rpe::bucket_ids::max_bytes))
             throw usage_error("--out", "the (L, L) ids of L = " + std::to_string(n) + " would take more than 4 GiB; "
                                        "use a smaller --grid");
-        auto write = [&](auto id_type) {  // rows(): table and on-the-fly ids alike
+        auto write = [&](auto id_type) {  // rows(): table and on-the-fly ids alike, streamed in blocks
             using Id = decltype(id_type);
-            std::vector<Id> all(total * static_cast<std::size_t>(tables));
-            for (int t = 0; t < tables; ++t) {
-                Id* dst = all.data() + static_cast<std::size_t>(t) * total;
-                const Id* p = ids->rows<Id>(t, 0, n, false, dst);
-                if (p != dst) std::copy(p, p + total, dst);
-            }
-            rpe::io::save_npy(o.out, all.data(), shape);
+            rpe::io::atomic_file f(o.out, "cli");
+            f.write(std::span<const std::byte>(rpe::io::encode_npy_header<Id>(shape)));
+            const std::int64_t block = std::max<std::int64_t>(1, (std::int64_t{1} << 22) / n);  // ~4 M ids per block
+            std::vector<Id> buf(static_cast<std::size_t>(std::min<std::int64_t>(block, n)) * static_cast<std::size_t>(n));
+            for (int t = 0; t < tables; ++t)
+                for (std::int64_t i0 = 0; i0 < n; i0 += block) {
+                    const std::int64_t count = std::min<std::int64_t>(block, n - i0);
+                    const Id* p = ids->rows<Id>(t, i0, count, false, buf.data());  // table storage: no copy
+                    f.write(std::as_bytes(std::span<const Id>(p, static_cast<std::size_t>(count) * static_cast<std::size_t>(n))));
+                }
+            f.commit();
         };
         if (ids->id_bytes() == 1)
             write(std::uint8_t{});

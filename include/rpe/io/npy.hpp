@@ -521,18 +521,19 @@ inline npy_array load_npy(const std::string& path) {
     return parse_npy(buf, path);
 }
 
-/// @brief Encodes `data` with `shape` as the bytes of a format-1.0 `.npy` file (C order; the
-/// header padded with spaces so that the data starts at a multiple of 64 bytes).
+/// @brief The bytes of a format-1.0 `.npy` file before its data, for `shape` and element type T
+/// (magic, version, header length, the header dict padded with spaces so that the data starts at
+/// a multiple of 64 bytes); the data, `prod(shape)` elements of T in C order, follows.
 /// @tparam T an arithmetic type with a numpy descr (`float`, `double`, `bool`, 8/16/32/64-bit
 ///   signed or unsigned integers).
-/// @param data `prod(shape)` elements, row-major (may be null when that product is 0).
-/// @throws rpe::invalid_argument `[rpe.npy] ...` for more than 64 extents (what load_npy reads), a negative extent, an element count that
-///   overflows int64, or a header longer than format 1.0 allows.
+/// @throws rpe::invalid_argument `[rpe.npy] ...` for more than 64 extents (what load_npy reads), a
+///   negative extent, an element count that overflows int64, or a header longer than format 1.0
+///   allows.
 /// Source: NumPy NEP 1 / the .npy format specification (`numpy.lib.format`).
 template <class T>
-std::vector<std::byte> encode_npy(const T* data, std::span<const std::int64_t> shape) {
+std::vector<std::byte> encode_npy_header(std::span<const std::int64_t> shape) {
     constexpr std::string_view descr = detail::npy_descr_of<T>();
-    static_assert(!descr.empty(), "encode_npy<T>: T has no numpy descr");
+    static_assert(!descr.empty(), "encode_npy_header<T>: T has no numpy descr");
     if (shape.size() > 64)  // what load_npy reads back
         throw invalid_argument(rpe::detail::message("npy", "shape has ", shape.size(), " extents; expected at most 64"));
     std::string dims;  // Python tuple syntax: "", "3,", "2, 3"
@@ -543,7 +544,7 @@ std::vector<std::byte> encode_npy(const T* data, std::span<const std::int64_t> s
         dims += std::to_string(e);
     }
     // the reader's rule: the non-zero extents' product must fit, so every file written reads back
-    const std::uint64_t count = detail::npy_checked_count(shape, sizeof(T), [](std::uint64_t, std::int64_t) {
+    (void)detail::npy_checked_count(shape, sizeof(T), [](std::uint64_t, std::int64_t) {
         throw invalid_argument(rpe::detail::message("npy", "element count overflows int64"));
     });
     if (shape.size() == 1) dims += ',';
@@ -554,13 +555,29 @@ std::vector<std::byte> encode_npy(const T* data, std::span<const std::int64_t> s
     if (header.size() > 65535)
         throw invalid_argument(rpe::detail::message("npy", "header of ", header.size(),
                                                     " bytes does not fit format 1.0"));
-    std::vector<std::byte> out(10 + header.size() + count * sizeof(T));
+    std::vector<std::byte> out(10 + header.size());
     static constexpr unsigned char prefix[8] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
     std::memcpy(out.data(), prefix, 8);
     out[8] = static_cast<std::byte>(header.size() & 0xff);
     out[9] = static_cast<std::byte>(header.size() >> 8);
     std::memcpy(out.data() + 10, header.data(), header.size());
-    if (count != 0) std::memcpy(out.data() + 10 + header.size(), data, count * sizeof(T));
+    return out;
+}
+
+/// @brief Encodes `data` with `shape` as the bytes of a format-1.0 `.npy` file (C order; the
+/// header of encode_npy_header(), then the data).
+/// @tparam T an arithmetic type with a numpy descr (`float`, `double`, `bool`, 8/16/32/64-bit
+///   signed or unsigned integers).
+/// @param data `prod(shape)` elements, row-major (may be null when that product is 0).
+/// @throws rpe::invalid_argument as encode_npy_header().
+/// Source: NumPy NEP 1 / the .npy format specification (`numpy.lib.format`).
+template <class T>
+std::vector<std::byte> encode_npy(const T* data, std::span<const std::int64_t> shape) {
+    std::vector<std::byte> out = encode_npy_header<T>(shape);
+    const std::size_t header = out.size();
+    const std::uint64_t count = detail::npy_checked_count(shape, sizeof(T), [](std::uint64_t, std::int64_t) {});
+    out.resize(header + count * sizeof(T));
+    if (count != 0) std::memcpy(out.data() + header, data, count * sizeof(T));
     return out;
 }
 
@@ -574,8 +591,12 @@ std::vector<std::byte> encode_npy(const T* data, std::span<const std::int64_t> s
 /// Source: NumPy NEP 1 / the .npy format specification (`numpy.lib.format`).
 template <class T>
 void save_npy(const std::string& path, const T* data, std::span<const std::int64_t> shape) {
-    const std::vector<std::byte> bytes = encode_npy(data, shape);
-    write_file_atomically(path, std::span<const std::byte>(bytes), "npy");
+    const std::vector<std::byte> header = encode_npy_header<T>(shape);  // no copy of the data
+    const std::uint64_t count = detail::npy_checked_count(shape, sizeof(T), [](std::uint64_t, std::int64_t) {});
+    atomic_file f(path, "npy");
+    f.write(std::span<const std::byte>(header));
+    if (count != 0) f.write(std::as_bytes(std::span<const T>(data, static_cast<std::size_t>(count))));
+    f.commit();
 }
 
 }  // namespace rpe::io
