@@ -267,6 +267,9 @@ TEST_CASE("atomic writes: links are followed, descriptors and devices are writte
             fs::remove(path);
         }
     }
+    SUBCASE("an empty path: a clear error, nothing written") {
+        CHECK(error_of<rpe::invalid_argument>([&] { rpe::io::save_npy("", x, s); }) == "[rpe.npy] path = ''; expected a file name");
+    }
     SUBCASE("a closed descriptor: a clear error") {
         CHECK(error_of<rpe::runtime_error>([&] { rpe::io::save_npy("/dev/fd/987654", x, s); }) ==
               "[rpe.npy] /dev/fd/987654: cannot open it for writing (Bad file descriptor)");

@@ -101,7 +101,13 @@ mapping_config resolve_mapping(const std::string& name, const mapping_options& o
     try {
         (void)m.spec.num_buckets();  // validates α, β, γ (or β for clip)
     } catch (const rpe::invalid_argument& e) {
-        throw usage_error("--ratio/--alpha/--beta/--gamma", e.what());
+        std::string why = e.what();
+        if (!o.beta || !o.gamma) {  // some of α, β, γ came from the ratio: say how
+            std::ostringstream r;
+            r << "; --ratio " << o.ratio << " sets alpha = ratio, beta = 2*ratio, gamma = 8*ratio";
+            why += r.str();
+        }
+        throw usage_error("--ratio/--alpha/--beta/--gamma", why);
     }
     return m;
 }
@@ -109,9 +115,11 @@ mapping_config resolve_mapping(const std::string& name, const mapping_options& o
 grid_size parse_grid(const std::string& text, const char* option) {
     grid_size g;
     auto number = [&](const std::string& s) {
-        if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        if (s.empty() || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
             throw usage_error(option, "'" + text + "' is not a grid; expected HxW (e.g. 14x14) or L (a 1xL sequence), "
                                                    "positive integers");
+        if (s.size() > 9)  // beyond any grid the ids could hold; keeps stoi in range
+            throw usage_error(option, "'" + text + "': side " + s + " is too large; expected at most 999999999 per side");
         return std::stoi(s);
     };
     const auto x = text.find_first_of("xX");

@@ -61,9 +61,12 @@ class atomic_file {
 public:
     /// @brief Creates the temporary file `<target>.tmp-<pid>-<n>` in the target's folder.
     /// @param component the message prefix, e.g. `"npy"` → `[rpe.npy]`.
+    /// @throws rpe::invalid_argument `[rpe.<component>] path = ''; expected a file name` for an
+    ///   empty target.
     /// @throws rpe::runtime_error `[rpe.<component>] <target>: cannot create a temporary file in
     ///   its folder (No such file or directory); <target> is unchanged` (missing or read-only folder).
     atomic_file(std::string target, const char* component = "io") : target_(std::move(target)), component_(component) {
+        if (target_.empty()) throw invalid_argument(rpe::detail::message(component_, "path = ''; expected a file name"));
         const resolved r = resolve(target_);
         if (r.loop) fail("cannot follow its symbolic links", ELOOP);
         if (r.descriptor >= 0) {  // /dev/stdout, /dev/fd/N, /proc/self/fd/N: the open descriptor, in place

@@ -585,7 +585,8 @@ std::vector<std::byte> encode_npy(const T* data, std::span<const std::int64_t> s
 /// all or nothing: through a temporary file in the same folder renamed over `path` once complete
 /// (write_file_atomically), so a failed write leaves no partial file and an existing `path`
 /// unchanged.
-/// @throws rpe::invalid_argument as encode_npy() (before any file is touched).
+/// @throws rpe::invalid_argument as encode_npy_header(), or `[rpe.npy] path = ''; expected a file
+///   name` for an empty path (before any file is touched).
 /// @throws rpe::runtime_error `[rpe.npy] <path>: cannot create a temporary file in its folder
 ///   (...)`, `write failed (File too large)`, ... `; <path> is unchanged` (see atomic_file).
 /// Source: NumPy NEP 1 / the .npy format specification (`numpy.lib.format`).
