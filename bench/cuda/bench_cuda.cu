@@ -98,12 +98,12 @@ void bench_gather(int b, int h, int grid, int warm, int runs, double peak) {
     const auto dev = rpe::cuda::device_bucket_cache::global().get(*ids);
     const double ms_gather = time_ms(
         [&] {
-            dev->visit(0, false, [&](const auto* id) {
+            dev->visit(0, false, [&](const auto& id) {
                 rpe::detail::gpu::gather(static_cast<const A*>(tk.p), l * k, false, h, 1, k, false, id, l, planes, false, out.p, nullptr);
             });
         },
         warm, runs);
-    const double bytes = static_cast<double>(planes * l * l * sizeof(S) + planes * l * k * sizeof(A) + l * l * dev->id_bytes());
+    const double bytes = static_cast<double>(planes * l * l * sizeof(S) + planes * l * k * sizeof(A) + dev->bytes());
     std::printf("BM_CudaContextualGather/%s/B=%d/H=%d/L=%lld ms=%.4f GB/s=%.1f pct_hbm_peak=%.1f\n", type_name<S>(), b, h,
                 static_cast<long long>(l), ms_gather, bytes / ms_gather / 1e6, 100.0 * bytes / ms_gather / 1e6 / peak);
     const double ms_fwd = time_ms(

@@ -232,6 +232,34 @@ TEST_CASE("cuda term matches the golden term vectors in float32") {
     }
 }
 
+namespace {
+template <class View>
+__global__ void eval_ids_kernel(View v, std::int64_t n, std::int32_t* out) {
+    const std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e < n * n) out[e] = static_cast<std::int32_t>(v(e / n, e % n));
+}
+
+template <class View>
+__global__ void eval_row_kernel(View v, std::int64_t i, std::int64_t n, std::int32_t* out) {
+    const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (j < n) out[j] = static_cast<std::int32_t>(v(i, j));
+}
+
+// The ids of table t as the kernels see them, evaluated on the device: out[i·L + j] = id(i, j),
+// out[L² + i·L + j] = id(j, i) (the transposed view).
+void device_ids(const rpe::cuda::device_bucket_ids& d, int t, std::vector<std::int32_t>& out) {
+    const std::int64_t n = d.length();
+    rpe_cuda_test::device_vec<std::int32_t> buf(static_cast<std::size_t>(2 * n * n));
+    for (int transposed = 0; transposed < 2; ++transposed)
+        d.visit(t, transposed == 1, [&](const auto& view) {
+            const auto blocks = static_cast<unsigned>((n * n + 127) / 128);
+            eval_ids_kernel<<<blocks, 128>>>(view, n, buf.get() + transposed * n * n);
+            RPE_CUDA_CHECK(cudaGetLastError());
+        });
+    out = buf.host();
+}
+}  // namespace
+
 TEST_CASE("device bucket ids are cached per configuration and device") {
     auto& cache = rpe::cuda::device_bucket_cache::global();
     cache.clear();
@@ -249,15 +277,42 @@ TEST_CASE("device bucket ids are cached per configuration and device") {
     CHECK(a->num_buckets() == 50);
     CHECK(a->id_bytes() == 1);
     CHECK(c->num_buckets() == 49);
-    // the device copy holds the host ids, and the transposed matrix
-    std::vector<std::uint8_t> host(26 * 26), host_t(26 * 26);
-    a->visit(0, false, [&](const auto* p) { RPE_CUDA_CHECK(cudaMemcpy(host.data(), p, host.size(), cudaMemcpyDeviceToHost)); });
-    a->visit(0, true, [&](const auto* p) { RPE_CUDA_CHECK(cudaMemcpy(host_t.data(), p, host_t.size(), cudaMemcpyDeviceToHost)); });
+    // the device holds the per-offset ids only ((2H-1)(2W-1) bytes), and its id views give the
+    // host's ids in both orientations
+    CHECK(a->bytes() == 9 * 9);
     const auto ids = t1.bucket_ids(5, 5);
+    std::vector<std::int32_t> got(2 * 26 * 26, -1);
+    device_ids(*a, 0, got);
     int wrong = 0;
     for (int i = 0; i < 26; ++i)
-        for (int j = 0; j < 26; ++j) wrong += (host[i * 26 + j] != ids->at(0, i, j)) + (host_t[i * 26 + j] != ids->at(0, j, i));
+        for (int j = 0; j < 26; ++j) wrong += (got[i * 26 + j] != ids->at(0, i, j)) + (got[676 + i * 26 + j] != ids->at(0, j, i));
     CHECK(wrong == 0);
+}
+
+TEST_CASE("device ids of a 256 x 256 grid: per-offset ids only, the host's ids through the views") {
+    using P = rpe::mapping::product<pw>;
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)}, 2, 4, true, 1);
+    const auto ids = t.bucket_ids(256, 256);  // L = 65537: on-the-fly on the host
+    CHECK(ids->storage_kind() == rpe::id_storage::on_the_fly);
+    const auto dev = rpe::cuda::device_bucket_cache::global().get(*ids);
+    CHECK(dev->bytes() == 511 * 511 * ids->id_bytes());  // 261 kB, not 2 x 4.3 GB of (L, L) ids
+    // rows of both views against the host (all of L^2 would be 4.3 G comparisons)
+    const std::int64_t n = ids->length();
+    rpe_cuda_test::device_vec<std::int32_t> buf(static_cast<std::size_t>(n));
+    for (const std::int64_t i : {std::int64_t{0}, std::int64_t{1}, std::int64_t{300}, std::int64_t{40000}, n - 1})
+        for (const bool transposed : {false, true}) {
+            CAPTURE(i);
+            CAPTURE(transposed);
+            dev->visit(0, transposed, [&](const auto& view) {
+                eval_row_kernel<<<static_cast<unsigned>((n + 127) / 128), 128>>>(view, i, n, buf.get());
+                RPE_CUDA_CHECK(cudaGetLastError());
+            });
+            const auto got = buf.host();
+            int wrong = 0;
+            for (std::int64_t j = 0; j < n; ++j)
+                wrong += got[static_cast<std::size_t>(j)] != (transposed ? ids->at(0, j, i) : ids->at(0, i, j));
+            CHECK(wrong == 0);
+        }
 }
 
 namespace {

@@ -57,10 +57,17 @@ inline constexpr int attn_warps = 4;  // query (or key) rows per block, one warp
 inline constexpr int attn_max_dim = 128;
 inline constexpr int attn_max_tables = 2;
 
+// The ids of pair (i, j) for one table, computed from the per-offset ids (device memory, 1, 2
+// or 4 bytes each) by the host's offset math: id(i, j) for k and v, id(j, i) for q (transposed).
+struct attn_ids {
+    const void* offsets = nullptr;
+    int bytes = 1;
+    bool transposed = false;
+    id_grid grid{};
+};
+
 struct attn_table {
-    const void* ids = nullptr;      // row kernels: element [i·L + j] = id(i, j) (k, v) or id(j, i) (q)
-    const void* ids_col = nullptr;  // column kernel: element [j·L + i] = the same id of pair (i, j)
-    int id_bytes = 1;
+    attn_ids ids;                 // row and column kernels alike: ids(i, j) of pair (i, j)
     const void* table = nullptr;  // bias (Ht, K); contextual q/k (Ht, D, K); v (Ht, K, D); storage type S
     const void* prod = nullptr;   // acc-type (B·H, L, K): q: (k·s)·table; k (backward): qs·table; v (backward): grad_out·tableᵀ
     void* rows = nullptr;         // backward, acc-type (B·H, L, K) per-row bucket sums: k: of dlogits by id(i, j);
@@ -86,10 +93,11 @@ struct attn_args {
     int scratch = 0;  // acc-type scratch slots per warp (after its two D-vectors)
 };
 
-__device__ inline std::int64_t load_id(const void* ids, int bytes, std::int64_t e) {
-    if (bytes == 1) return static_cast<const std::uint8_t*>(ids)[e];
-    if (bytes == 2) return static_cast<const std::uint16_t*>(ids)[e];
-    return static_cast<const std::uint32_t*>(ids)[e];
+__device__ inline std::int64_t load_id(const attn_ids& v, std::int64_t i, std::int64_t j) {
+    const std::int64_t a = v.transposed ? j : i, b = v.transposed ? i : j;
+    if (v.bytes == 1) return v.grid.id(static_cast<const std::uint8_t*>(v.offsets), a, b);
+    if (v.bytes == 2) return v.grid.id(static_cast<const std::uint16_t*>(v.offsets), a, b);
+    return v.grid.id(static_cast<const std::uint32_t*>(v.offsets), a, b);
 }
 
 template <class A>
@@ -117,12 +125,12 @@ __device__ inline A row_terms(const attn_args& a, std::int64_t p, std::int64_t h
     A s = 0;
     for (int t = 0; t < a.nk; ++t) {
         const attn_table& tb = a.on_k[t];
-        const std::int64_t id = load_id(tb.ids, tb.id_bytes, e);
+        const std::int64_t id = load_id(tb.ids, i, j);
         s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : scratch[tb.slot + id];
     }
     for (int t = 0; t < a.nq; ++t) {
         const attn_table& tb = a.on_q[t];
-        const std::int64_t id = load_id(tb.ids, tb.id_bytes, e);  // id(j, i)
+        const std::int64_t id = load_id(tb.ids, i, j);  // id(j, i)
         s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * a.n + j) * tb.k + id];
     }
     if (a.attn_mask) s += to_acc(static_cast<const S*>(a.attn_mask)[e]);
@@ -227,7 +235,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn
             if (j < n && pj != A(0))
                 for (int t = 0; t < args.nv; ++t) {
                     const attn_table& tb = args.on_v[t];
-                    atomicAdd(scratch + tb.hist + load_id(tb.ids, tb.id_bytes, i * n + j), pj);
+                    atomicAdd(scratch + tb.hist + load_id(tb.ids, i, j), pj);
                 }
             __syncwarp();
             m = m_new;
@@ -313,7 +321,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
                     for (std::int64_t c = 0; c < dd; ++c) dp += go[c] * vtile[lane * (dd + 1) + c];
                     for (int t = 0; t < args.nv; ++t) {
                         const attn_table& tb = args.on_v[t];
-                        dp += static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + load_id(tb.ids, tb.id_bytes, i * n + j)];
+                        dp += static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + load_id(tb.ids, i, j)];
                     }
                 }
                 if (pass == 1) {
@@ -332,11 +340,11 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
                 if (j < n) {
                     for (int t = 0; t < args.nk; ++t) {
                         const attn_table& tb = args.on_k[t];
-                        if (tb.rows) atomicAdd(scratch + tb.hist + load_id(tb.ids, tb.id_bytes, i * n + j), ds);
+                        if (tb.rows) atomicAdd(scratch + tb.hist + load_id(tb.ids, i, j), ds);
                     }
                     for (int t = 0; t < args.nv; ++t) {
                         const attn_table& tb = args.on_v[t];
-                        if (tb.rows && pj != A(0)) atomicAdd(scratch + tb.hist + load_id(tb.ids, tb.id_bytes, i * n + j), pj);
+                        if (tb.rows && pj != A(0)) atomicAdd(scratch + tb.hist + load_id(tb.ids, i, j), pj);
                     }
                 }
             }
@@ -410,15 +418,14 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
             if (i < n) {
                 A s = 0;
                 for (std::int64_t c = 0; c < dd; ++c) s += qtile[lane * (dd + 1) + c] * kj[c];
-                const std::int64_t ec = j * n + i;  // column-kernel id index of pair (i, j)
                 for (int t = 0; t < args.nk; ++t) {
                     const attn_table& tb = args.on_k[t];
-                    const std::int64_t id = load_id(tb.ids_col, tb.id_bytes, ec);  // id(i, j)
+                    const std::int64_t id = load_id(tb.ids, i, j);  // id(i, j)
                     s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + id];
                 }
                 for (int t = 0; t < args.nq; ++t) {
                     const attn_table& tb = args.on_q[t];
-                    const std::int64_t id = load_id(tb.ids_col, tb.id_bytes, ec);  // id(j, i)
+                    const std::int64_t id = load_id(tb.ids, i, j);  // id(j, i)
                     s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * n + j) * tb.k + id];
                 }
                 if (args.attn_mask) s += to_acc(static_cast<const S*>(args.attn_mask)[i * n + j]);
@@ -428,12 +435,12 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
                 for (std::int64_t c = 0; c < dd; ++c) dp += gtile[lane * (dd + 1) + c] * vj[c];
                 for (int t = 0; t < args.nv; ++t) {
                     const attn_table& tb = args.on_v[t];
-                    dp += static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + load_id(tb.ids_col, tb.id_bytes, ec)];
+                    dp += static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + load_id(tb.ids, i, j)];
                 }
                 ds = pj * (dp - st[2]);
                 for (int t = 0; t < args.nq; ++t) {
                     const attn_table& tb = args.on_q[t];
-                    if (tb.rows) atomicAdd(scratch + tb.hist + load_id(tb.ids_col, tb.id_bytes, ec), ds);
+                    if (tb.rows) atomicAdd(scratch + tb.hist + load_id(tb.ids, i, j), ds);
                 }
             }
             for (int ii = 0; ii < 32; ++ii) {
@@ -508,12 +515,8 @@ attn_args prepare_attention(const cuda::attention_inputs<S>& in, cudaStream_t st
             at.k = t.num_buckets();
             at.table_heads = static_cast<int>(shape[0]);
             at.bias = !t.contextual();
-            at.id_bytes = dev.id_bytes();
-            // row kernels read [i·L + j]: id(i, j) for k and v (plain), id(j, i) for q (transposed);
-            // the column kernel reads [j·L + i]: the other orientation
-            const bool q_slot = wanted[s] == target::query;
-            at.ids = dev.visit(u, q_slot, [](const auto* p) { return static_cast<const void*>(p); });
-            at.ids_col = dev.visit(u, !q_slot, [](const auto* p) { return static_cast<const void*>(p); });
+            // ids(i, j) of pair (i, j): id(i, j) for k and v, id(j, i) for q
+            at.ids = attn_ids{dev.offsets(u), dev.id_bytes(), wanted[s] == target::query, dev.grid()};
         }
     }
     return args;

@@ -1,6 +1,8 @@
 /// @file backend/cuda/bucket_ids.cuh
-/// @brief Bucket ids on the device: a device copy of rpe::bucket_ids (compact ids, plus the
-/// transposed matrix that the query target reads), cached per (configuration, device).
+/// @brief Bucket ids on the device: the per-offset ids of an rpe::bucket_ids uploaded once per
+/// (configuration, device); kernels compute the id of pair (i, j) from them with the offset math
+/// the host uses (detail/offset_math.hpp). No (L, L) id buffer exists on the device, whatever
+/// the host storage.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,51 +16,55 @@
 #include <vector>
 
 #include "../../bucket_id_set.hpp"
+#include "../../detail/offset_math.hpp"
 #include "../../detail/single_flight.hpp"
 #include "error.cuh"
 
 namespace rpe::cuda {
 
-/// @brief Device copy of an rpe::bucket_ids: per table the (L, L) ids `id(i, j)` at [i, j] and
-/// the transposed (L, L) ids `id(j, i)` at [i, j] (query target, coalesced reads), in the host
-/// object's compact type (1, 2 or 4 bytes). Immutable; owns its device memory (freed when the
-/// last shared owner goes away). Source: reference `get_bucket_ids_2d`, via the host ids.
+/// @brief The ids of one table on the device as a function of the token pair: `ids(i, j)` is
+/// id(i, j), or with `transposed` id(j, i) (the query target's order), computed from the
+/// per-offset ids `offsets` (device memory, compact type Id) and the grid. Trivially copyable:
+/// passed to kernels by value.
+template <class Id>
+struct device_id_view {
+    const Id* offsets = nullptr;  ///< (2T−1)(2H−1)(2W−1) per-offset ids, device memory
+    detail::id_grid grid{};       ///< frames, rows, columns, skip, extra id
+    bool transposed = false;      ///< true: ids(i, j) = id(j, i)
+
+    /// @brief Id of pair (i, j) in this view's orientation, in [0, K).
+    RPE_HOST_DEVICE std::int64_t operator()(std::int64_t i, std::int64_t j) const {
+        return transposed ? grid.id(offsets, j, i) : grid.id(offsets, i, j);
+    }
+};
+
+/// @brief Device copy of an rpe::bucket_ids: per table its per-offset ids ((2T−1)(2H−1)(2W−1)
+/// entries in the host object's compact type, 1, 2 or 4 bytes) and the grid; kernels read ids
+/// through device_id_view. Immutable; owns its device memory (freed when the last shared owner
+/// goes away). Device bytes: O(T·H·W) per table, also for grids whose (L, L) ids the host
+/// computes on the fly. Source: reference `get_bucket_ids_2d`, via the host ids.
 class device_bucket_ids {
 public:
-    /// @brief Uploads `host` to the current device on `stream` and waits for that copy (the
-    /// object is then usable from any stream).
+    /// @brief Uploads the per-offset ids of `host` to the current device on `stream` and waits
+    /// for that copy (the object is then usable from any stream).
     /// @throws rpe::cuda_error when an allocation or copy fails.
     device_bucket_ids(const rpe::bucket_ids& host, cudaStream_t stream)
         : length_(host.length()), num_buckets_(host.num_buckets()), num_tables_(host.num_tables()),
-          id_bytes_(host.id_bytes()) {
+          id_bytes_(host.id_bytes()), grid_(host.grid()) {
         RPE_CUDA_CHECK(cudaGetDevice(&device_));
-        const std::int64_t n = length_;
-        const std::size_t bytes = static_cast<std::size_t>(n * n) * static_cast<std::size_t>(id_bytes_);
         try {
             for (int t = 0; t < num_tables_; ++t) {
-                for (int transposed = 0; transposed < 2; ++transposed) {
+                host.visit_offsets(t, [&](const auto* off, std::size_t count) {
+                    const std::size_t bytes = count * sizeof(*off);
                     void* p = nullptr;
                     RPE_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
                     buffers_.push_back(p);
-                }
-                auto upload = [&](auto id_type) {
-                    using Id = decltype(id_type);
-                    // rows() gives the (L, L) ids in both orders for table and on-the-fly host ids
-                    std::vector<Id> buf(static_cast<std::size_t>(n * n));
-                    for (int transposed = 0; transposed < 2; ++transposed) {
-                        const Id* ids = host.rows<Id>(t, 0, n, transposed == 1, buf.data());
-                        RPE_CUDA_CHECK(cudaMemcpyAsync(buffers_[2 * t + transposed], ids, bytes, cudaMemcpyHostToDevice, stream));
-                        // `buf` is pageable host memory reused and then freed: wait for the copy
-                        // (once per configuration and device; a cache hit never synchronises).
-                        RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
-                    }
-                };
-                if (id_bytes_ == 1)
-                    upload(std::uint8_t{});
-                else if (id_bytes_ == 2)
-                    upload(std::uint16_t{});
-                else
-                    upload(std::uint32_t{});
+                    offset_bytes_ += static_cast<std::int64_t>(bytes);
+                    // the host ids stay alive in the caller, but they are pageable memory: wait for
+                    // the copy (once per configuration and device; a cache hit never synchronises)
+                    RPE_CUDA_CHECK(cudaMemcpyAsync(p, off, bytes, cudaMemcpyHostToDevice, stream));
+                    RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+                });
             }
         } catch (...) {
             release();
@@ -74,20 +80,21 @@ public:
     [[nodiscard]] int num_tables() const { return num_tables_; }    ///< 1, or 2 for Cross
     [[nodiscard]] int id_bytes() const { return id_bytes_; }        ///< 1, 2 or 4
     [[nodiscard]] int device() const { return device_; }            ///< the CUDA device holding the ids
-    /// @brief Device bytes held (both orientations, all tables).
-    [[nodiscard]] std::int64_t bytes() const {
-        return std::int64_t{2} * num_tables_ * length_ * static_cast<std::int64_t>(length_) * id_bytes_;
-    }
+    [[nodiscard]] const detail::id_grid& grid() const { return grid_; }  ///< grid and extra id
+    /// @brief Device bytes held: the per-offset ids of every table.
+    [[nodiscard]] std::int64_t bytes() const { return offset_bytes_; }
 
-    /// @brief Calls `f(const Id*)` with the device pointer of table `table`'s (L, L) ids —
-    /// `id(i, j)` at [i, j], or `id(j, i)` when `transposed` — Id the compact unsigned type.
+    /// @brief Calls `f(device_id_view<Id>)` with the view of table `table`'s ids — `id(i, j)`,
+    /// or `id(j, i)` when `transposed` — Id the compact unsigned type; returns what f returns.
     template <class F>
     decltype(auto) visit(int table, bool transposed, F&& f) const {
-        const void* p = buffers_.at(static_cast<std::size_t>(2 * table + (transposed ? 1 : 0)));
-        if (id_bytes_ == 1) return f(static_cast<const std::uint8_t*>(p));
-        if (id_bytes_ == 2) return f(static_cast<const std::uint16_t*>(p));
-        return f(static_cast<const std::uint32_t*>(p));
+        const void* p = buffers_.at(static_cast<std::size_t>(table));
+        if (id_bytes_ == 1) return f(device_id_view<std::uint8_t>{static_cast<const std::uint8_t*>(p), grid_, transposed});
+        if (id_bytes_ == 2) return f(device_id_view<std::uint16_t>{static_cast<const std::uint16_t*>(p), grid_, transposed});
+        return f(device_id_view<std::uint32_t>{static_cast<const std::uint32_t*>(p), grid_, transposed});
     }
+    /// @brief Table `table`'s per-offset ids (device memory; type by id_bytes()).
+    [[nodiscard]] const void* offsets(int table) const { return buffers_.at(static_cast<std::size_t>(table)); }
 
 private:
     void release() noexcept {
@@ -96,7 +103,9 @@ private:
     }
 
     int length_, num_buckets_, num_tables_, id_bytes_;
+    detail::id_grid grid_;
     int device_ = 0;
+    std::int64_t offset_bytes_ = 0;
     std::vector<void*> buffers_;
 };
 

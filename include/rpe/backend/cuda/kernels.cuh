@@ -55,16 +55,17 @@ inline unsigned grid_for(std::int64_t total, int threads) {
 inline void check_launch(const char* what) { detail::cuda_check(cudaGetLastError(), what, __FILE__, __LINE__); }
 
 // ---------------------------------------------------------------------------------------------
-// Gather: out[p, i, j] (+)= t[off(p) + row(i, j)·row_stride + ids[i, j]]
+// Gather: out[p, i, j] (+)= t[off(p) + row(i, j)·row_stride + ids(i, j)]
+//   ids: a device_id_view (ids computed from the per-offset ids, never an (L, L) buffer);
 //   row(i, j) = i (key target), j (query target, ids transposed); row_stride = 0 for bias.
 //   off(p) = p·plane_stride (per-plane T), or h'(p % heads)·plane_stride (bias table).
 // ---------------------------------------------------------------------------------------------
-// One warp per output row r = p·L + i (8 rows per block), lanes over j: coalesced writes and id
-// reads, one division per row.
-template <class S, class T, class Id>
+// One warp per output row r = p·L + i (8 rows per block), lanes over j: coalesced writes, one
+// division per row.
+template <class S, class T, class Ids>
 __global__ void gather_kernel(const T* __restrict__ t, std::int64_t plane_stride, bool by_head, std::int64_t heads,
                               std::int64_t table_heads, std::int64_t row_stride, bool transposed,
-                              const Id* __restrict__ ids, std::int64_t n, std::int64_t planes, bool accumulate,
+                              Ids ids, std::int64_t n, std::int64_t planes, bool accumulate,
                               S* __restrict__ out) {
     const std::int64_t rows = planes * n;
     for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.y) + threadIdx.y; r < rows;
@@ -72,18 +73,17 @@ __global__ void gather_kernel(const T* __restrict__ t, std::int64_t plane_stride
         const std::int64_t p = r / n, i = r % n;
         const std::int64_t off = by_head ? (table_heads == 1 ? 0 : p % heads) * plane_stride : p * plane_stride;
         const T* tp = t + off + (transposed ? 0 : i * row_stride);
-        const Id* idr = ids + i * n;
         S* o = out + r * n;
         for (std::int64_t j = threadIdx.x; j < n; j += 32) {
-            const auto v = to_acc(tp[(transposed ? j * row_stride : 0) + idr[j]]);
+            const auto v = to_acc(tp[(transposed ? j * row_stride : 0) + ids(i, j)]);
             o[j] = accumulate ? from_acc<S>(to_acc(o[j]) + v) : from_acc<S>(v);
         }
     }
 }
 
-template <class S, class T, class Id>
+template <class S, class T, class Ids>
 void gather(const T* t, std::int64_t plane_stride, bool by_head, std::int64_t heads, std::int64_t table_heads,
-            std::int64_t row_stride, bool transposed, const Id* ids, std::int64_t n, std::int64_t planes, bool accumulate,
+            std::int64_t row_stride, bool transposed, const Ids& ids, std::int64_t n, std::int64_t planes, bool accumulate,
             S* out, cudaStream_t stream) {
     const dim3 block(32, 8);
     gather_kernel<<<grid_for(planes * n, 8), block, 0, stream>>>(t, plane_stride, by_head, heads, table_heads, row_stride,
@@ -92,23 +92,23 @@ void gather(const T* t, std::int64_t plane_stride, bool by_head, std::int64_t he
 }
 
 // ---------------------------------------------------------------------------------------------
-// Row scatter: out[r, k] = Σ_{j: ids[r % n, j] = k} g[r, j] for rows r of length n (overwrites).
+// Row scatter: out[r, k] = Σ_{j: ids(r % n, j) = k} g[r, j] for rows r of length n (overwrites).
 // One block per row; a shared-memory histogram when K fits, else atomics on the output row.
 // ---------------------------------------------------------------------------------------------
 inline constexpr std::int64_t scatter_shared_bytes = 32 * 1024;
 
-template <class S, class A, class Id>
-__global__ void scatter_rows_kernel(const S* __restrict__ g, const Id* __restrict__ ids, std::int64_t n,
+template <class S, class A, class Ids>
+__global__ void scatter_rows_kernel(const S* __restrict__ g, Ids ids, std::int64_t n,
                                     std::int64_t k, std::int64_t rows, bool use_shared, A* __restrict__ out) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     A* hist = reinterpret_cast<A*>(smem_raw);
     for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const S* gr = g + r * n;
-        const Id* idr = ids + (r % n) * n;
+        const std::int64_t i = r % n;
         A* dst = use_shared ? hist : out + r * k;
         for (std::int64_t c = threadIdx.x; c < k; c += blockDim.x) dst[c] = A(0);
         __syncthreads();
-        for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) atomicAdd(dst + idr[j], to_acc(gr[j]));
+        for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) atomicAdd(dst + ids(i, j), to_acc(gr[j]));
         __syncthreads();
         if (use_shared)
             for (std::int64_t c = threadIdx.x; c < k; c += blockDim.x) out[r * k + c] = hist[c];
@@ -117,8 +117,8 @@ __global__ void scatter_rows_kernel(const S* __restrict__ g, const Id* __restric
 }
 
 /// @brief out (rows, K) = per-row bucket sums of g (rows, L); row r reads ids row r % L.
-template <class S, class A, class Id>
-void scatter_rows(const S* g, const Id* ids, std::int64_t n, std::int64_t k, std::int64_t rows, A* out,
+template <class S, class A, class Ids>
+void scatter_rows(const S* g, const Ids& ids, std::int64_t n, std::int64_t k, std::int64_t rows, A* out,
                   cudaStream_t stream) {
     const bool use_shared = k * static_cast<std::int64_t>(sizeof(A)) <= scatter_shared_bytes;
     const int threads = n >= 256 ? 256 : (n >= 128 ? 128 : 64);
@@ -129,11 +129,12 @@ void scatter_rows(const S* g, const Id* ids, std::int64_t n, std::int64_t k, std
 }
 
 // ---------------------------------------------------------------------------------------------
-// Column scatter (query target): out[p, j, k] = Σ_{i: idsT[i, j] = k} g[p, i, j], idsT[i, j] = id(j, i).
+// Column scatter (query target): out[p, j, k] = Σ_{i: ids_t(i, j) = k} g[p, i, j], ids_t(i, j) = id(j, i)
+// (a transposed device_id_view).
 // One thread per (p, j), a serial loop over i: coalesced reads, no atomics, deterministic.
 // ---------------------------------------------------------------------------------------------
-template <class S, class A, class Id>
-__global__ void scatter_cols_kernel(const S* __restrict__ g, const Id* __restrict__ ids_t, std::int64_t n,
+template <class S, class A, class Ids>
+__global__ void scatter_cols_kernel(const S* __restrict__ g, Ids ids_t, std::int64_t n,
                                     std::int64_t k, std::int64_t planes, A* __restrict__ out) {
     const std::int64_t total = planes * n;
     for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
@@ -142,12 +143,12 @@ __global__ void scatter_cols_kernel(const S* __restrict__ g, const Id* __restric
         A* row = out + e * k;
         for (std::int64_t c = 0; c < k; ++c) row[c] = A(0);
         const S* gp = g + p * n * n;
-        for (std::int64_t i = 0; i < n; ++i) row[ids_t[i * n + j]] += to_acc(gp[i * n + j]);
+        for (std::int64_t i = 0; i < n; ++i) row[ids_t(i, j)] += to_acc(gp[i * n + j]);
     }
 }
 
-template <class S, class A, class Id>
-void scatter_cols(const S* g, const Id* ids_t, std::int64_t n, std::int64_t k, std::int64_t planes, A* out,
+template <class S, class A, class Ids>
+void scatter_cols(const S* g, const Ids& ids_t, std::int64_t n, std::int64_t k, std::int64_t planes, A* out,
                   cudaStream_t stream) {
     constexpr int threads = 128;
     scatter_cols_kernel<<<grid_for(planes * n, threads), threads, 0, stream>>>(g, ids_t, n, k, planes, out);

@@ -109,14 +109,14 @@ public:
         const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
         if constexpr (is_bias) {
             for (int t = 0; t < num_tables; ++t)
-                dev->visit(t, Tg == target::query, [&](const auto* id) {
+                dev->visit(t, Tg == target::query, [&](const auto& id) {
                     detail::gpu::gather(tables[t].data, k, true, out.extent(1), d.table_heads, 0, false, id, n,
                                         out.extent(0) * out.extent(1), acc || t > 0, out.data, stream);
                 });
         } else if constexpr (Tg == target::value) {
             detail::gpu::device_buffer<A> s(planes * n * k, stream);  // (B,H,L,K) bucket sums of a
             for (int t = 0; t < num_tables; ++t) {
-                dev->visit(t, false, [&](const auto* id) { detail::gpu::scatter_rows(x.data, id, n, k, planes * n, s.get(), stream); });
+                dev->visit(t, false, [&](const auto& id) { detail::gpu::scatter_rows(x.data, id, n, k, planes * n, s.get(), stream); });
                 detail::gpu::gemm_shape g{n, dd, k, planes, n * k, k * dd, n * dd, true, d.heads, d.table_heads};
                 detail::gpu::gemm<false, false, A>(g, s.get(), tables[t].data, out.data, acc || t > 0, A(1), stream);
             }
@@ -125,7 +125,7 @@ public:
             for (int t = 0; t < num_tables; ++t) {
                 detail::gpu::gemm_shape g{n, k, dd, planes, n * dd, dd * k, n * k, true, d.heads, d.table_heads};
                 detail::gpu::gemm<false, false, A>(g, x.data, tables[t].data, tk.get(), false, A(1), stream);
-                dev->visit(t, Tg == target::query, [&](const auto* id) {
+                dev->visit(t, Tg == target::query, [&](const auto& id) {
                     detail::gpu::gather(static_cast<const A*>(tk.get()), n * k, false, d.heads, d.table_heads, k,
                                         Tg == target::query, id, n, planes, acc || t > 0, out.data, stream);
                 });
@@ -162,7 +162,7 @@ public:
             for (int t = 0; t < num_tables; ++t) {
                 if (!grad_tables[t].data) continue;
                 // the sum runs over every (i, j): each row of grad with its row of (possibly transposed) ids
-                dev->visit(t, Tg == target::query, [&](const auto* id) {
+                dev->visit(t, Tg == target::query, [&](const auto& id) {
                     detail::gpu::scatter_rows(grad_out.data, id, n, k, gplanes * n, g.get(), stream);
                 });
                 detail::gpu::reduce_partials(static_cast<const A*>(g.get()), gplanes, grad_out.extent(1), d.table_heads, n, k,
@@ -180,13 +180,13 @@ public:
                 if (want_x) {  // grad_a[i, j] (+)= (grad_out·table[h']ᵀ)[i, id(i, j)]
                     detail::gpu::gemm_shape g{n, k, dd, planes, n * dd, k * dd, n * k, true, d.heads, d.table_heads};
                     detail::gpu::gemm<false, true, A>(g, grad_out.data, tables[t].data, w.get(), false, A(1), stream);
-                    dev->visit(t, false, [&](const auto* id) {
+                    dev->visit(t, false, [&](const auto& id) {
                         detail::gpu::gather(static_cast<const A*>(w.get()), n * k, false, d.heads, d.table_heads, k, false, id, n,
                                             planes, acc || t > 0, grad_x.data, stream);
                     });
                 }
                 if (grad_tables[t].data) {  // grad_table[h'] (+)= Σ Sᵀ·grad_out
-                    dev->visit(t, false, [&](const auto* id) { detail::gpu::scatter_rows(x.data, id, n, k, planes * n, w.get(), stream); });
+                    dev->visit(t, false, [&](const auto& id) { detail::gpu::scatter_rows(x.data, id, n, k, planes * n, w.get(), stream); });
                     detail::gpu::gemm_shape g{k, dd, n, planes, n * k, n * dd, k * dd, false, d.heads, d.table_heads};
                     detail::gpu::gemm<true, false, A>(g, w.get(), grad_out.data, part.get(), false, A(1), stream);
                     detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, d.heads, d.table_heads, 1, k * dd,
@@ -198,7 +198,7 @@ public:
             detail::gpu::device_buffer<A> part(planes * dd * k, stream);  // (B·H, D, K)
             for (int t = 0; t < num_tables; ++t) {
                 if (!want_x && !grad_tables[t].data) continue;
-                dev->visit(t, Tg == target::query, [&](const auto* id) {
+                dev->visit(t, Tg == target::query, [&](const auto& id) {
                     if constexpr (Tg == target::query)
                         detail::gpu::scatter_cols(grad_out.data, id, n, k, planes, g.get(), stream);
                     else
