@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """tools/atomic_write.py: a failed write leaves no partial file and an old target unchanged
 (CTest python.atomic_write, label unit). Exit status 0 when every check passes."""
+import errno
 import os
 import resource
 import signal
@@ -88,6 +89,32 @@ with tempfile.TemporaryDirectory() as d:
     atomic_write.write_text(folder / "dangling.txt", "made")
     check((folder / "dangling.txt").is_symlink() and (folder / "made.txt").read_text() == "made",
           "a dangling symlink's file is created, the link stays")
+    # a cycle of links is refused (OSError ELOOP); the links stay links
+    (folder / "a").symlink_to("b")
+    (folder / "b").symlink_to("a")
+    try:
+        atomic_write.write_text(folder / "a", "x")
+        check(False, "a cycle of links is refused")
+    except OSError as e:
+        check(e.errno == errno.ELOOP, f"a cycle of links raises ELOOP, not {e!r}")
+    check((folder / "a").is_symlink() and (folder / "b").is_symlink(), "a cycle of links stays links")
+    # a 250-byte name: the temporary name is shortened to fit
+    long_name = folder / ("n" * 246 + ".txt")
+    atomic_write.write_text(long_name, "long")
+    check(long_name.read_text() == "long", "a 250-byte name is written")
+    # /dev/stdout redirected to a file (appending): written through the descriptor, after what it holds
+    out = folder / "redirected.txt"
+    out.write_text("PRE\n")
+    inode = out.stat().st_ino
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import atomic_write; print('before', flush=True); "
+              "atomic_write.write_text('/dev/stdout', 'NEW\\n'); print('after')")
+    with open(out, "a") as f:
+        subprocess.run([sys.executable, "-c", script, str(Path(atomic_write.__file__).parent)], stdout=f, check=True)
+    check(out.read_text() == "PRE\nbefore\nNEW\nafter\n", f"/dev/stdout > file appends in order, got {out.read_text()!r}")
+    check(out.stat().st_ino == inode, "/dev/stdout > file: the same file, not a replacement")
+    # ... and through a pipe
+    r = subprocess.run([sys.executable, "-c", script, str(Path(atomic_write.__file__).parent)], capture_output=True, text=True)
+    check(r.returncode == 0 and r.stdout == "before\nNEW\nafter\n", f"/dev/stdout | pipe, got {r.stdout!r} {r.stderr!r}")
     # a device is written in place, never replaced by a regular file
     atomic_write.write_text("/dev/null", "discarded")
     check(Path("/dev/null").is_char_device(), "/dev/null stays a device")

@@ -417,7 +417,7 @@ TEST_CASE("npy: errors name the file and the problem") {
         big[9] = std::byte{0xff};
         big[10] = std::byte{0xff};
         big[11] = std::byte{0xff};
-        CHECK(contains(err(big), "truncated header"));
+        CHECK(contains(err(big), "bad.npy: header length 4294967295 exceeds the 1048576 bytes this reader accepts"));
     }
     SUBCASE("header not a valid dict literal") {
         CHECK(contains(dict_err("'descr': '<f4', 'fortran_order': False, 'shape': (4,)"), "not a valid dict literal"));
@@ -490,6 +490,20 @@ TEST_CASE("npy: errors name the file and the problem") {
         CHECK(contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 2147483648), }"),
                        "trailing bytes"));
     }
+}
+
+TEST_CASE("npy: float64 to float32 narrows as IEEE does, also beyond float32's max") {
+    constexpr float max = std::numeric_limits<float>::max();
+    const double m = max;
+    const double half_ulp = std::ldexp(1.0, 103);  // ulp(max) = 2^104
+    using rpe::io::detail::npy_float_to_float;
+    CHECK(npy_float_to_float<float>(m * (1 + std::ldexp(1.0, -30))) == max);  // numpy: float32(max) too
+    CHECK(npy_float_to_float<float>(-m * (1 + std::ldexp(1.0, -30))) == -max);
+    CHECK(npy_float_to_float<float>(m + half_ulp) == std::numeric_limits<float>::infinity());  // the tie: to even
+    CHECK(npy_float_to_float<float>(std::nextafter(m + half_ulp, 0.0)) == max);
+    CHECK(npy_float_to_float<float>(1e300) == std::numeric_limits<float>::infinity());
+    CHECK(npy_float_to_float<float>(-1e300) == -std::numeric_limits<float>::infinity());
+    CHECK(npy_float_to_float<float>(1.5) == 1.5f);
 }
 
 TEST_CASE("npy: encode_npy argument errors") {

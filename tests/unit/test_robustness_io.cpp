@@ -303,6 +303,34 @@ TEST_CASE("atomic writes: links are followed, descriptors and devices are writte
     }
 }
 
+TEST_CASE("npy: load_npy reads no further than the data its header announces (+1 byte)") {
+    const scratch_dir dir;
+    const std::string path = dir.file("sparse.npy");
+    const float x[3] = {1.0f, 2.0f, 3.0f};
+    const std::vector<std::int64_t> s{3};
+    rpe::io::save_npy(path, x, s);
+    const auto size = fs::file_size(path);
+    SUBCASE("20 GB of trailing zeros (a sparse file): refused after reading one byte past the data") {
+        fs::resize_file(path, std::uintmax_t{20} << 30);
+        CHECK(error_of<rpe::runtime_error>([&] { (void)rpe::io::load_npy(path); }) ==
+              "[rpe.npy] " + path + ": trailing bytes: shape needs 12 bytes, the file holds more");
+    }
+    SUBCASE("one trailing byte") {
+        fs::resize_file(path, size + 1);
+        CHECK(error_of<rpe::runtime_error>([&] { (void)rpe::io::load_npy(path); }) ==
+              "[rpe.npy] " + path + ": trailing bytes: shape needs 12 bytes, the file holds more");
+    }
+    SUBCASE("the exact file still reads") {
+        CHECK(rpe::io::load_npy(path).as<float>() == std::vector<float>{1.0f, 2.0f, 3.0f});
+    }
+    SUBCASE("a header announcing more than 1 MiB of header text") {
+        std::string bytes("\x93NUMPY\x02\x00\xff\xff\xff\x7f", 12);
+        write_text(path, bytes + std::string(100, ' '));
+        CHECK(error_of<rpe::runtime_error>([&] { (void)rpe::io::load_npy(path); }) ==
+              "[rpe.npy] " + path + ": header length 2147483647 exceeds the 1048576 bytes this reader accepts");
+    }
+}
+
 TEST_CASE("atomic writes: atomic_file removes its temporary file unless committed") {
     const scratch_dir dir;
     const std::string path = dir.file("out.txt");

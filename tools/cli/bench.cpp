@@ -66,24 +66,36 @@ struct bench_term {
     }
 };
 
+// The benchmark's memory budget: inputs, output and every lookup table of a variant together.
+constexpr double bench_budget_bytes = 8.0 * (1ull << 30);
+
+// A term on target tg with random tables (their size checked by check_bench_budget first).
 bench_term make_bench_term(const mapping_config& m, rpe::term_spec spec, rpe::target tg, unsigned seed) {
     spec.target = tg;
     bench_term b;
     b.term = make_cli_term(m, spec);
-    // the lookup tables' size follows from --ratio/--alpha/--beta/--gamma (K) and --heads/--dim:
-    // checked (in double: no overflow) before anything is allocated
-    double elems = 1.0;
-    for (auto e : b.term->table_shape()) elems *= static_cast<double>(e);
-    if (elems * b.term->num_tables() * sizeof(float) > 8.0 * (1ull << 30))
-        throw usage_error("--ratio/--beta/--heads/--dim", "the lookup tables of " + m.describe() + " hold " +
-                                                              std::to_string(elems * b.term->num_tables()) + " floats (K = " +
-                                                              std::to_string(b.term->num_buckets()) +
-                                                              "), more than the 8 GiB this benchmark allows");
     std::int64_t n = 1;
     for (auto e : b.term->table_shape()) n *= e;
     for (int t = 0; t < b.term->num_tables(); ++t)
         b.tables.push_back(random_values(static_cast<std::size_t>(n), seed + static_cast<unsigned>(t), 0.02f));
     return b;
+}
+
+// The lookup tables of one variant (`targets` terms whose tables all have the key term's element
+// count) plus `used` bytes of inputs must fit the budget; their size follows from
+// --ratio/--alpha/--beta/--gamma (K) and --heads/--dim and is checked in double (no overflow)
+// before anything is allocated.
+void check_bench_budget(const mapping_config& m, rpe::term_spec spec, int targets, double used) {
+    spec.target = rpe::target::key;
+    const auto term = make_cli_term(m, spec);
+    double elems = 1.0;
+    for (auto e : term->table_shape()) elems *= static_cast<double>(e);
+    used += elems * term->num_tables() * targets * sizeof(float);
+    if (used > bench_budget_bytes)
+        throw usage_error("--ratio/--beta/--heads/--dim", "the " + std::to_string(targets) + " lookup tables of " + m.describe() +
+                                                              " (K = " + std::to_string(term->num_buckets()) +
+                                                              ") with the inputs take " + std::to_string(used / (1ull << 30)) +
+                                                              " GiB, more than the 8 GiB this benchmark allows");
 }
 
 }  // namespace
@@ -99,11 +111,11 @@ int run_bench(const std::vector<mapping_config>& maps, const bench_options& o) {
     const std::int64_t B = o.batch, H = o.heads, D = o.dim, L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
     const std::vector<std::int64_t> qshape{B, H, L, D};
     const double elems = static_cast<double>(B) * H * L * L;
-    if (elems * sizeof(float) > 8.0 * (1ull << 30))
+    if (elems * sizeof(float) > bench_budget_bytes)
         throw usage_error("--grid/--batch/--heads", "B*H*L*L = " + std::to_string(elems) +
                                                         " logits exceed the 8 GiB this benchmark allows for (B, H, L, L)");
     const double inputs = 4.0 * static_cast<double>(B) * H * L * D;  // q, k, v, out
-    if (inputs * sizeof(float) > 8.0 * (1ull << 30))
+    if (inputs * sizeof(float) > bench_budget_bytes)
         throw usage_error("--dim/--grid/--batch/--heads", "4*B*H*L*D = " + std::to_string(inputs) +
                                                                 " floats exceed the 8 GiB this benchmark allows");
     const auto q = random_values(static_cast<std::size_t>(B * H * L * D), 1, 1.0f);
@@ -138,6 +150,7 @@ int run_bench(const std::vector<mapping_config>& maps, const bench_options& o) {
         spec.head_dim = static_cast<int>(D);
         spec.shared_head = true;
         spec.skip = o.skip;
+        check_bench_budget(m, spec, contextual ? 3 : 2, inputs * sizeof(float));  // q, k, v, out and the tables
         const auto tk = make_bench_term(m, spec, rpe::target::key, 10);
         const auto tq = make_bench_term(m, spec, rpe::target::query, 20);
         bench_term tv;

@@ -69,6 +69,9 @@ struct grid_size {
 };
 grid_size parse_grid(const std::string& text, const char* option);
 
+/// Whether two paths name the same existing file (a link and its target included).
+bool same_file(const std::string& a, const std::string& b);
+
 /// Bucket ids of the mapping on a height × width grid after `skip` tokens (no cache).
 /// @throws usage_error("--grid") when the grid is too large for the id storage.
 std::shared_ptr<const rpe::bucket_ids> build_ids(const mapping_config& m, int height, int width, int skip);

@@ -16,6 +16,8 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <functional>
 #include <iostream>
 #include <set>
 #include <span>
@@ -112,6 +114,11 @@ mapping_config resolve_mapping(const std::string& name, const mapping_options& o
     return m;
 }
 
+bool same_file(const std::string& a, const std::string& b) {
+    std::error_code ec;
+    return std::filesystem::equivalent(a, b, ec) && !ec;
+}
+
 grid_size parse_grid(const std::string& text, const char* option) {
     grid_size g;
     auto number = [&](const std::string& s) {
@@ -178,6 +185,14 @@ struct buckets_options {
 
 int run_buckets(const mapping_config& m, const buckets_options& o) {
     const auto g = parse_grid(o.grid, "--grid");
+    if (!o.out.empty()) {  // (L, L) ids of at least 1 byte each: refused before the ids are built
+        const double l = static_cast<double>(o.skip) + static_cast<double>(g.height) * g.width;
+        if (l * l > static_cast<double>(rpe::bucket_ids::max_bytes))
+            throw usage_error("--out", "the (L, L) ids of L = " + std::to_string(static_cast<long long>(l)) +
+                                           " would take more than 4 GiB; use a smaller --grid");
+    }
+    if (!o.expect.empty() && !o.out.empty() && same_file(o.out, o.expect))
+        throw usage_error("--out/--expect", "'" + o.out + "' and '" + o.expect + "' are the same file; the comparison would read what was just written");
     const auto ids = build_ids(m, g.height, g.width, o.skip);
     const int n = ids->length(), k = ids->num_buckets(), tables = ids->num_tables();
     std::cout << "mapping: " << m.describe() << "\n";
@@ -452,6 +467,11 @@ void add_mapping_options(CLI::App* app, mapping_options& mo, std::string* name) 
     app->add_option("--max-distance", mo.max_distance, "t5: distance from which the last bucket is shared")->capture_default_str();
 }
 
+// An output path given as "" would silently write nothing.
+const std::function<std::string(const std::string&)> non_empty_path = [](const std::string& path) {
+    return path.empty() ? std::string("an empty path; expected a file name") : std::string();
+};
+
 int run(int argc, char** argv) {
     CLI::App app{"rpe: bucket ids, pictures, terms and benchmarks of relative position encodings (iRPE, Shaw, T5)", "rpe"};
     app.require_subcommand(1);
@@ -467,7 +487,7 @@ int run(int argc, char** argv) {
     add_mapping_options(buckets, mo, &name);
     buckets->add_option("--grid", bo.grid, "HxW, or L for a 1xL sequence")->capture_default_str();
     buckets->add_option("--skip", bo.skip, "extra tokens before the grid (class token)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
-    buckets->add_option("--out", bo.out, "write the (L, L) ids ((2, L, L) for cross) as .npy");
+    buckets->add_option("--out", bo.out, "write the (L, L) ids ((2, L, L) for cross) as .npy")->check(non_empty_path);
     buckets->add_option("--expect", bo.expect, "compare the ids with this .npy (exit 1 on a difference)")->check(CLI::ExistingFile);
 
     auto* show = app.add_subcommand("show", "bucket id of every key around one query: ASCII map, optional PNG");
@@ -475,7 +495,7 @@ int run(int argc, char** argv) {
     add_mapping_options(show, mo, &name);
     show->add_option("--grid", so.grid, "HxW, or L for a 1xL sequence")->capture_default_str();
     show->add_option("--query", so.query, "query cell r,c (default: the centre)");
-    show->add_option("--png", so.png, "write a coloured picture (PNG)");
+    show->add_option("--png", so.png, "write a coloured picture (PNG)")->check(non_empty_path);
     show->add_flag("--all", so.all, "the four 2D mappings side by side (cross as its rows and cols tables)");
 
     auto* term = app.add_subcommand("term", "apply one term to an input (.npy in, .npy out)");
@@ -488,7 +508,7 @@ int run(int argc, char** argv) {
     term->add_option("--table", to.tables, "lookup table .npy (twice for cross: rows, cols)")->required()->check(CLI::ExistingFile);
     term->add_option("--input", to.input, "x .npy: (B,H,L,D) scaled q or k, or (B,H,L,L) probabilities; none for bias")
         ->check(CLI::ExistingFile);
-    term->add_option("--out", to.out, "output .npy (float32)");
+    term->add_option("--out", to.out, "output .npy (float32)")->check(non_empty_path);
     term->add_option("--expect", to.expect, "compare the output with this .npy (exit 1 beyond atol + rtol*|expected|)")
         ->check(CLI::ExistingFile);
     term->add_option("--atol", to.atol, "absolute tolerance of --expect")->capture_default_str();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <iomanip>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -84,6 +85,9 @@ std::size_t checked_elements(const std::vector<std::int64_t>& shape, const char*
     return empty ? 0 : static_cast<std::size_t>(n);
 }
 
+// The most `rpe term` writes: a 4 GiB output (as `rpe buckets --out`).
+constexpr std::uint64_t max_output_bytes = std::uint64_t{4} << 30;
+
 // The elements as float32; a finite float64 value beyond float32's range is refused instead of
 // becoming ±infinity.
 std::vector<float> to_float32(const rpe::io::npy_array& a, const char* option, const std::string& file) {
@@ -93,7 +97,8 @@ std::vector<float> to_float32(const rpe::io::npy_array& a, const char* option, c
     for (std::size_t i = 0; i < out.size(); ++i)
         if (std::isinf(out[i]) && std::isfinite(wide[i])) {
             std::ostringstream text;
-            text << file << ": element " << i << " = " << wide[i] << " is beyond float32's range (|x| <= 3.4028235e+38); "
+            text << file << ": element " << i << " = " << std::setprecision(17) << wide[i]
+                 << " is beyond float32's range (|x| <= 3.4028234663852886e+38); "
                  << "the term computes in float32";
             throw usage_error(option, text.str());
         }
@@ -176,6 +181,8 @@ int run_term(const mapping_config& m, const term_options& o) {
     }
     spec.shared_head = ts[0] == 1;
     spec.skip = o.skip;
+    if (!o.expect.empty() && !o.out.empty() && same_file(o.out, o.expect))
+        throw usage_error("--out/--expect", "'" + o.out + "' and '" + o.expect + "' are the same file; the comparison would read what was just written");
     // the term checks every shape against the grid, skip and tables; its message names the tensor
     const char* culprits = spec.contextual ? "--table/--input/--grid/--skip" : "--table/--grid/--skip";
     std::unique_ptr<rpe::any_term<float>> term;
@@ -199,6 +206,12 @@ int run_term(const mapping_config& m, const term_options& o) {
         throw usage_error("--input/--grid/--skip", o.input + " has shape " + shape_text(x.shape) + "; expected (B, H, L = " + std::to_string(L) +
                                          ", " + (spec.target == rpe::target::value ? "L" : "D") + " = " +
                                          std::to_string(spec.target == rpe::target::value ? L : spec.head_dim) + ")");
+    // the output is sized from --grid/--skip (and the input): capped before it is allocated
+    double out_elems = 1.0;
+    for (const auto e : out_shape) out_elems *= static_cast<double>(e);
+    if (out_elems * sizeof(float) > static_cast<double>(max_output_bytes))
+        throw usage_error(spec.contextual ? "--input/--grid/--skip" : "--grid/--skip",
+                          "the output " + shape_text(out_shape) + " would take more than 4 GiB; expected a smaller grid or input");
     std::vector<float> out(checked_elements(out_shape, "--grid", "the output"));
     std::vector<rpe::tensor_ref<const float>> refs;
     for (std::size_t t = 0; t < tables.size(); ++t) refs.push_back(view<const float>(table_data[t].data(), tables[t].shape));

@@ -187,7 +187,9 @@ private:
     // The descriptor a path names: /dev/stdin|stdout|stderr, /dev/fd/N, /proc/self/fd/N,
     // /proc/thread-self/fd/N or /proc/<this pid>/fd/N; -1 for any other path.
     static int descriptor_of(const std::filesystem::path& p) {
-        const std::string s = p.lexically_normal().generic_string();
+        std::error_code ec;
+        const std::filesystem::path abs = std::filesystem::absolute(p, ec);  // `fd/1` from /dev too
+        const std::string s = (ec ? p : abs).lexically_normal().generic_string();
         if (s == "/dev/stdin") return 0;
         if (s == "/dev/stdout") return 1;
         if (s == "/dev/stderr") return 2;

@@ -128,13 +128,20 @@ constexpr bool npy_int_fits(S v) {
     }
 }
 
-/// @brief Converts a floating value to the floating type T; finite values beyond T's range
-/// become ±infinity (as IEEE narrowing does) instead of undefined behaviour.
+/// @brief Converts a floating value to the floating type T as IEEE narrowing does (round to
+/// nearest even), without undefined behaviour for finite values beyond T's range: within half an
+/// ulp of T's max they become ±max, further out ±infinity.
 template <class T, class S>
 T npy_float_to_float(S v) {
     if constexpr (sizeof(T) < sizeof(S)) {
-        if (std::isfinite(v) && std::fabs(v) > static_cast<S>(std::numeric_limits<T>::max()))
+        // IEEE round to nearest: beyond max but below max + ulp(max)/2 is max; from there on ±inf
+        // (the tie rounds to even, which is infinity: max's last significand bit is 1)
+        constexpr T max = std::numeric_limits<T>::max();
+        const S half_ulp = (static_cast<S>(max) - static_cast<S>(std::nextafter(max, T(0)))) / 2;
+        if (std::isfinite(v) && std::fabs(v) > static_cast<S>(max)) {
+            if (std::fabs(v) < static_cast<S>(max) + half_ulp) return v < 0 ? -max : max;
             return v < 0 ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
+        }
     }
     return static_cast<T>(v);
 }
@@ -328,7 +335,7 @@ struct npy_array {
     /// @brief Copies the elements converted to the arithmetic type T.
     ///
     /// Integer (and bool) sources convert exactly to any integral T; floating sources convert to
-    /// floating T (finite values beyond T's range become ±infinity); integers convert to
+    /// floating T (as IEEE narrowing: finite values beyond T's range become ±max within half an ulp, else ±infinity); integers convert to
     /// floating T with the usual rounding. `bool` as T accepts only the values 0 and 1.
     /// @throws rpe::invalid_argument `[rpe.npy] <file>: dtype <f4 cannot be read as an integer
     ///   type ...` when a floating array is read as an integral T.
@@ -443,8 +450,37 @@ private:
 ///   version; truncated header; header is not a valid dict literal (or misses 'descr',
 ///   'fortran_order' or 'shape'); fortran_order True; big-endian or unsupported dtype; shape
 ///   product overflow; data truncated; trailing bytes after the data.
-inline npy_array parse_npy(std::span<const std::byte> bytes, const std::string& name_for_errors) {
-    const std::string& name = name_for_errors;
+namespace detail {
+
+/// @brief What a .npy header says: the array without its data bytes, where the data starts and
+/// how many bytes it takes. `bytes` must hold at least the header (the data may be missing).
+struct npy_layout {
+    npy_array array;             ///< source, dtype, shape; bytes empty
+    std::uint64_t data_offset = 0;  ///< prefix + header length
+    std::uint64_t data_bytes = 0;   ///< elements × item size
+};
+
+/// @brief The longest header text read (numpy's own reader refuses headers beyond 10 000 bytes
+/// unless told otherwise; this allows the 65 535 of format 1.0 and more).
+inline constexpr std::uint64_t npy_max_header_bytes = std::uint64_t{1} << 20;
+
+/// @brief Whether `bytes` holds a whole .npy header (magic, version, length and the header text;
+/// false while the prefix is too short to tell).
+inline bool npy_header_complete(std::span<const std::byte> bytes) {
+    if (bytes.size() < 8) return false;
+    const unsigned major = std::to_integer<unsigned>(bytes[6]);
+    if ((major != 1 && major != 2 && major != 3) || std::to_integer<unsigned>(bytes[7]) != 0) return true;  // refused at once
+    const std::size_t len_bytes = major == 1 ? 2 : 4;
+    if (bytes.size() < 8 + len_bytes) return false;
+    std::uint64_t header_len = 0;
+    for (std::size_t i = 0; i < len_bytes; ++i)
+        header_len |= static_cast<std::uint64_t>(std::to_integer<unsigned>(bytes[8 + i])) << (8 * i);
+    return header_len > npy_max_header_bytes || bytes.size() - 8 - len_bytes >= header_len;  // too long: refused at once
+}
+
+/// @brief Parses the magic, version and header of a .npy file (see parse_npy()).
+/// @throws rpe::runtime_error as parse_npy() for everything before the data.
+inline npy_layout parse_npy_layout(std::span<const std::byte> bytes, const std::string& name) {
     auto fail = [&](const auto&... parts) -> void {
         throw runtime_error(rpe::detail::message("npy", name, ": ", parts...));
     };
@@ -463,37 +499,54 @@ inline npy_array parse_npy(std::span<const std::byte> bytes, const std::string& 
     for (std::size_t i = 0; i < len_bytes; ++i)
         header_len |= static_cast<std::uint64_t>(std::to_integer<unsigned>(bytes[8 + i])) << (8 * i);
     const std::size_t prefix = 8 + len_bytes;
+    if (header_len > npy_max_header_bytes)
+        fail("header length ", header_len, " exceeds the ", npy_max_header_bytes, " bytes this reader accepts");
     if (header_len > bytes.size() - prefix)
         fail("truncated header (header length ", header_len, ", only ", bytes.size() - prefix, " bytes follow)");
 
     const std::string_view text(reinterpret_cast<const char*>(bytes.data() + prefix),
                                 static_cast<std::size_t>(header_len));
-    npy_array a;
+    npy_layout out;
+    npy_array& a = out.array;
     a.source = name;
     bool fortran = false;
-    detail::npy_header_parser(text, name).parse(a.dtype, fortran, a.shape);
+    npy_header_parser(text, name).parse(a.dtype, fortran, a.shape);
     if (fortran) fail("fortran_order True is not supported (C order only)");
-    detail::npy_dtype d;
+    npy_dtype d;
     if (!a.dtype.empty() && a.dtype[0] == '>') fail("big-endian dtype '", a.dtype, "' is not supported");
-    if (!detail::npy_decode_dtype(a.dtype, d)) fail("unsupported dtype '", a.dtype, "'");
+    if (!npy_decode_dtype(a.dtype, d)) fail("unsupported dtype '", a.dtype, "'");
 
-    const std::uint64_t count = detail::npy_checked_count(a.shape, d.size, [&](std::uint64_t nonzero, std::int64_t e) {
+    const std::uint64_t count = npy_checked_count(a.shape, d.size, [&](std::uint64_t nonzero, std::int64_t e) {
         fail("shape product overflows: ", nonzero, " * ", e, " elements of ", d.size, " bytes exceed int64 (",
              "the product of the non-zero extents must fit, as numpy requires, even when an extent is 0)");
     });
-    const std::uint64_t need = count * d.size;
-    const std::size_t have = bytes.size() - prefix - static_cast<std::size_t>(header_len);
-    if (have < need) fail("data truncated: shape needs ", need, " bytes, file holds ", have);
-    if (have > need) fail("trailing bytes: shape needs ", need, " bytes, file holds ", have);
-    const std::byte* data = bytes.data() + prefix + header_len;
-    a.bytes.assign(data, data + need);
-    return a;
+    out.data_offset = prefix + header_len;
+    out.data_bytes = count * d.size;
+    return out;
+}
+
+}  // namespace detail
+
+inline npy_array parse_npy(std::span<const std::byte> bytes, const std::string& name_for_errors) {
+    const std::string& name = name_for_errors;
+    detail::npy_layout l = detail::parse_npy_layout(bytes, name);
+    const std::uint64_t need = l.data_bytes;
+    const std::size_t have = bytes.size() - static_cast<std::size_t>(l.data_offset);
+    if (have < need)
+        throw runtime_error(rpe::detail::message("npy", name, ": data truncated: shape needs ", need, " bytes, file holds ", have));
+    if (have > need)
+        throw runtime_error(rpe::detail::message("npy", name, ": trailing bytes: shape needs ", need, " bytes, file holds ", have));
+    const std::byte* data = bytes.data() + l.data_offset;
+    l.array.bytes.assign(data, data + need);
+    return std::move(l.array);
 }
 
 /// @brief Reads a whole `.npy` file and parses it with parse_npy().
 ///
-/// The file is read in 64 KiB chunks until its end, so the buffer never exceeds the bytes that
-/// are actually there (the size a stream reports is not trusted: for a directory it is huge).
+/// The file is read in 64 KiB chunks, so the buffer never exceeds the bytes that are actually
+/// there (the size a stream reports is not trusted: for a directory it is huge), and once the
+/// header is in, no further than one byte past the data it announces (a 20 GB file or an endless
+/// FIFO behind a small header is refused as "trailing bytes" after reading that much).
 /// Source: NumPy NEP 1 / the .npy format specification (`numpy.lib.format`).
 /// @throws rpe::runtime_error `[rpe.npy] <path>: is a directory, expected a .npy file`, `cannot
 ///   open file` or `read failed`, and everything parse_npy() throws.
@@ -506,8 +559,13 @@ inline npy_array load_npy(const std::string& path) {
     std::vector<std::byte> buf;
     std::vector<char> chunk(std::size_t{1} << 16);
     bool checked_magic = false;
-    while (in) {
-        in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    // once the header is in, the file's size is known: read no further than one byte past it
+    // (a 20 GB file or an endless FIFO behind a small header is not buffered)
+    constexpr std::uint64_t unknown = std::numeric_limits<std::uint64_t>::max();
+    std::uint64_t limit = unknown, data_bytes = 0;
+    while (in && (limit == unknown || buf.size() <= limit)) {
+        const std::uint64_t want = limit == unknown ? chunk.size() : std::min<std::uint64_t>(chunk.size(), limit - buf.size() + 1);
+        in.read(chunk.data(), static_cast<std::streamsize>(want));
         const auto got = static_cast<std::size_t>(in.gcount());
         const auto* first = reinterpret_cast<const std::byte*>(chunk.data());
         buf.insert(buf.end(), first, first + got);
@@ -516,8 +574,16 @@ inline npy_array load_npy(const std::string& path) {
             checked_magic = true;
             if (std::memcmp(buf.data(), "\x93NUMPY", 6) != 0) return parse_npy(buf, path);  // throws: bad magic
         }
+        if (limit == unknown && detail::npy_header_complete(buf)) {
+            const detail::npy_layout l = detail::parse_npy_layout(buf, path);  // throws for a bad header
+            data_bytes = l.data_bytes;
+            limit = l.data_offset + l.data_bytes;
+        }
     }
     if (in.bad()) throw runtime_error(rpe::detail::message("npy", path, ": read failed"));
+    if (limit != unknown && buf.size() > limit)
+        throw runtime_error(rpe::detail::message("npy", path, ": trailing bytes: shape needs ", data_bytes,
+                                                 " bytes, the file holds more"));
     return parse_npy(buf, path);
 }
 
