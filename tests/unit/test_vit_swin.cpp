@@ -140,7 +140,7 @@ TEST_CASE("swin: bias term with timm's table equals timm's relative position bia
     CHECK(t.num_buckets() == 45);
     std::vector<float> out(static_cast<std::size_t>(h * n * n));
     t.forward(*t.bucket_ids(3, 5), cview(table, {h, k}), {}, mview(out, {1, h, n, n}));
-    rpe_test::check_exact(out, rpe_test::load<float>(d, "bias_3x5.npy", {h, n, n}), "swin bias");  // a gather: bit-exact
+    rpe_test::check_exact(out, rpe_test::load<float>(d, "bias_3x5.npy", {1, h, n, n}), "swin bias");  // a gather: bit-exact
 
     CHECK(rpe_test::throws_with([&] { rpe::table_from_timm<float>(cview(timm_table, {k, h}), mview(table, {k, h})); },
                                 {"[rpe.swin_bias]", "table has shape (45, 2); expected (2, 45)"}));
@@ -210,7 +210,7 @@ TEST_CASE("beit: bias term (class token, per-head tables) equals timm's relative
     t.forward(*t.bucket_ids(3, 4), cview(table, {h, k}), {}, mview(out, {1, h, n, n}));
     const std::vector<rpe::tensor_ref<const float>> tabs{cview(table, {h, k})};
     any->forward(*any->bucket_ids(3, 4), tabs, {}, mview(out_any, {1, h, n, n}));
-    const auto expected = rpe_test::load<float>(d, "bias_3x4.npy", {h, n, n});
+    const auto expected = rpe_test::load<float>(d, "bias_3x4.npy", {1, h, n, n});
     rpe_test::check_exact(out, expected, "beit bias");
     rpe_test::check_exact(out_any, expected, "beit bias (any_term)");
     // the query target reads id(j, i): class → token and token → class swap
@@ -319,14 +319,14 @@ TEST_CASE("swinv2: CPB bias from the MLP equals timm's, and its gradient w.r.t. 
     const auto ids = cpb.bucket_ids();
     std::vector<float> out(static_cast<std::size_t>(h * n * n));
     cpb.forward(*ids, cview(raw, {k, h}), mview(out, {1, h, n, n}));
-    const auto expected = to_double(rpe_test::load<float>(d, "cpb_bias.npy", {h, n, n}));
+    const auto expected = to_double(rpe_test::load<float>(d, "cpb_bias.npy", {1, h, n, n}));
     rpe_test::check_close(out, expected, 1e-5, 1e-5, "cpb bias");
     // the same through the term with make_table's table
     std::vector<float> out_t(out.size());
     cpb.term().forward(*ids, cview(table, {h, k}), {}, mview(out_t, {1, h, n, n}));
     CHECK(out_t == out);
     // gradient: timm's autograd of sum(bias * g) w.r.t. the MLP output
-    const auto g = rpe_test::load<float>(d, "cpb_grad_out.npy", {h, n, n});
+    const auto g = rpe_test::load<float>(d, "cpb_grad_out.npy", {1, h, n, n});
     std::vector<float> grad_raw(raw.size(), 7.0f);
     cpb.backward(*ids, cview(raw, {k, h}), cview(g, {1, h, n, n}), mview(grad_raw, {k, h}));
     rpe_test::check_close(grad_raw, to_double(rpe_test::load<float>(d, "cpb_grad_raw.npy", {k, h})), 1e-5, 1e-4,

@@ -91,7 +91,7 @@ def main():
     attn = swin.WindowAttention(dim=8, num_heads=2, window_size=(3, 5))
     with torch.no_grad():
         attn.relative_position_bias_table.copy_(torch.randn_like(attn.relative_position_bias_table))
-        bias = attn._get_rel_pos_bias()[0]  # (H, N, N)
+        bias = attn._get_rel_pos_bias()  # (1, H, N, N)
     save(d, "table_kh_3x5.npy", attn.relative_position_bias_table.detach().numpy())  # (K, H), timm layout
     save(d, "bias_3x5.npy", bias.numpy())
 
@@ -102,7 +102,7 @@ def main():
     attn = beit.Attention(dim=8, num_heads=2, window_size=(3, 4))
     with torch.no_grad():
         attn.relative_position_bias_table.copy_(torch.randn_like(attn.relative_position_bias_table))
-        bias = attn._get_rel_pos_bias()[0]  # (H, N+1, N+1)
+        bias = attn._get_rel_pos_bias()[None]  # (1, H, N+1, N+1)
     save(d, "table_kh_3x4.npy", attn.relative_position_bias_table.detach().numpy())
     save(d, "bias_3x4.npy", bias.numpy())
 
@@ -134,7 +134,7 @@ def main():
     raw.retain_grad()
     n = attn.window_size[0] * attn.window_size[1]
     bias = raw[attn.relative_position_index.view(-1)].view(n, n, -1).permute(2, 0, 1).contiguous()
-    bias = 16 * torch.sigmoid(bias)  # (H, N, N)
+    bias = 16 * torch.sigmoid(bias).unsqueeze(0)  # (1, H, N, N), as added to the logits
     g = torch.randn_like(bias)
     (bias * g).sum().backward()
     save(d, "cpb_coords_3x5_pre4x4.npy", attn.relative_coords_table[0].reshape(-1, 2).numpy())
@@ -142,8 +142,8 @@ def main():
     save(d, "cpb_b1.npy", b1.detach().numpy())  # (512,)
     save(d, "cpb_w2.npy", w2.detach().numpy())  # (H, 512)
     save(d, "cpb_raw.npy", raw.detach().numpy())  # (K, H): the MLP's output
-    save(d, "cpb_bias.npy", bias.detach().numpy())  # (H, N, N) = 16 sigmoid(raw[index])
-    save(d, "cpb_grad_out.npy", g.numpy())  # (H, N, N)
+    save(d, "cpb_bias.npy", bias.detach().numpy())  # (1, H, N, N) = 16 sigmoid(raw[index])
+    save(d, "cpb_grad_out.npy", g.numpy())  # (1, H, N, N)
     save(d, "cpb_grad_raw.npy", raw.grad.numpy())  # (K, H): d sum(bias * g) / d raw
     print("wrote", out)
 
