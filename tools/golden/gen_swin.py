@@ -102,7 +102,7 @@ def main():
     attn = beit.Attention(dim=8, num_heads=2, window_size=(3, 4))
     with torch.no_grad():
         attn.relative_position_bias_table.copy_(torch.randn_like(attn.relative_position_bias_table))
-        bias = attn._get_rel_pos_bias()[None]  # (1, H, N+1, N+1)
+        bias = attn._get_rel_pos_bias()  # (1, H, N+1, N+1)
     save(d, "table_kh_3x4.npy", attn.relative_position_bias_table.detach().numpy())
     save(d, "bias_3x4.npy", bias.numpy())
 
