@@ -68,6 +68,8 @@ public:
     [[nodiscard]] virtual const mapping_key_base& key() const = 0;
     /// @brief The mapping's num_buckets(), without the skip bucket.
     [[nodiscard]] virtual std::int64_t mapping_buckets() const = 0;
+    /// @brief The mapping's extra buckets with skip tokens (detail::skip_buckets_of: 1 or 3).
+    [[nodiscard]] virtual int skip_buckets() const = 0;
     /// @brief The shared ids on a depth × height × width grid. @throws as bucket_cache::get.
     [[nodiscard]] virtual std::shared_ptr<const bucket_ids> get(int depth, int height, int width, int skip,
                                                                 id_storage storage) const = 0;
@@ -79,6 +81,7 @@ public:
     explicit id_source_for(const M& m) : key_(m) { validate_policy(m); }
     [[nodiscard]] const mapping_key_base& key() const override { return key_; }
     [[nodiscard]] std::int64_t mapping_buckets() const override { return key_.mapping.num_buckets(); }
+    [[nodiscard]] int skip_buckets() const override { return skip_buckets_of<M>(); }
     [[nodiscard]] std::shared_ptr<const bucket_ids> get(int depth, int height, int width, int skip,
                                                         id_storage storage) const override {
         return bucket_cache::global().get(key_.mapping, depth, height, width, skip, storage);
@@ -96,7 +99,7 @@ public:
     runtime_term(std::shared_ptr<const id_source> ids, int num_tables, int num_heads, int head_dim, bool shared_head, int skip)
         : ids_(std::move(ids)),
           layout_(make_term_layout([this] { return ids_->mapping_buckets(); }, num_tables, num_heads, head_dim,
-                                   shared_head, skip, Bias, Tg)) {}
+                                   shared_head, skip, Bias, Tg, ids_->skip_buckets())) {}
     [[nodiscard]] int num_tables() const override { return layout_.num_tables; }
     [[nodiscard]] int num_buckets() const override { return layout_.num_buckets; }
     [[nodiscard]] int num_heads() const override { return layout_.num_heads; }

@@ -34,7 +34,7 @@ public:
         detail::validate_policy(m);
         if (storage == id_storage::automatic && depth >= 1 && height >= 1 && width >= 1 && skip >= 0) {
             const std::int64_t n = skip + static_cast<std::int64_t>(depth) * height * width;
-            const std::int64_t k = static_cast<std::int64_t>(m.num_buckets()) + (skip > 0 ? 1 : 0);
+            const std::int64_t k = static_cast<std::int64_t>(m.num_buckets()) + (skip > 0 ? detail::skip_buckets_of<M>() : 0);
             storage = detail::automatic_storage(n, k, detail::num_tables_of<M>());
         }
         bucket_key key{std::make_shared<detail::mapping_key<M>>(m), height, width, skip, depth, storage};

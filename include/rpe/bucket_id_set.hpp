@@ -25,7 +25,8 @@ namespace rpe {
 /// Tokens: `skip` extra tokens, then the grid in row-major order (frame t, row r, column c:
 /// token `skip + (t·H + r)·W + c`); `L = skip + T·H·W`. Id (i, j) of query token i and key token
 /// j is the mapping's id of the offset (t_i − t_j, r_i − r_j, c_i − c_j); with `skip > 0` every pair
-/// that touches an extra token (i < skip or j < skip) has the extra id `num_buckets()−1`.
+/// that touches an extra token (i < skip or j < skip) has the extra id `num_buckets()−1`, or with
+/// `skip_buckets() == 3` (BEiT) `K−3` (only i extra), `K−2` (only j extra), `K−1` (both).
 /// Id width: 1 byte when `num_buckets() ≤ 256`, 2 when ≤ 65536, else 4.
 ///
 /// Storage: every object holds the per-offset ids ((2T−1)(2H−1)(2W−1) per table); `table`
@@ -45,8 +46,14 @@ public:
 
     /// @brief Assembles ids (use build_bucket_ids or bucket_cache::get instead). `offsets`: one
     /// per-offset id array per table; `tables`: the (L, L) matrices, empty for on-the-fly storage.
-    bucket_ids(bucket_key key, int num_buckets, std::vector<storage> offsets, std::vector<storage> tables)
-        : key_(std::move(key)), num_buckets_(num_buckets), offsets_(std::move(offsets)), tables_(std::move(tables)) {}
+    /// `skip_buckets`: 1 (every pair touching an extra token has id K−1) or 3 (BEiT: K−3, K−2, K−1).
+    bucket_ids(bucket_key key, int num_buckets, std::vector<storage> offsets, std::vector<storage> tables,
+               int skip_buckets = 1)
+        : key_(std::move(key)),
+          num_buckets_(num_buckets),
+          skip_buckets_(skip_buckets),
+          offsets_(std::move(offsets)),
+          tables_(std::move(tables)) {}
 
     /// @brief The configuration these ids were built for.
     [[nodiscard]] const bucket_key& key() const { return key_; }
@@ -61,8 +68,11 @@ public:
     }
     /// @brief Sequence length `L = skip + depth·height·width`.
     [[nodiscard]] int length() const { return key_.skip + key_.depth * key_.height * key_.width; }
-    /// @brief Buckets per table, the extra skip bucket included (the table's K).
+    /// @brief Buckets per table, the extra skip bucket(s) included (the table's K).
     [[nodiscard]] int num_buckets() const { return num_buckets_; }
+    /// @brief Extra buckets for pairs touching a skip token: 1, or 3 for BEiT-style mappings
+    /// (see rpe::detail::skip_buckets_of); they are the last ids, used only when skip > 0.
+    [[nodiscard]] int skip_buckets() const { return skip_buckets_; }
     /// @brief Number of id sets (1, or 2 for Cross).
     [[nodiscard]] int num_tables() const { return static_cast<int>(offsets_.size()); }
     /// @brief `id_storage::table` or `id_storage::on_the_fly`.
@@ -85,7 +95,7 @@ public:
         if (table < 0 || table >= num_tables() || i < 0 || i >= n || j < 0 || j >= n)
             throw out_of_range(detail::message("bucket_ids", "at(table = ", table, ", i = ", i, ", j = ", j,
                                                ") outside tables [0, ", num_tables(), ") x L = ", n));
-        if (i < skip() || j < skip()) return num_buckets_ - 1;
+        if (i < skip() || j < skip()) return static_cast<int>(grid().extra_id(i, j));
         return std::visit([&](const auto& v) { return static_cast<int>(v[static_cast<std::size_t>(grid().offset_index(i, j))]); },
                           offsets_[static_cast<std::size_t>(table)]);
     }
@@ -128,7 +138,9 @@ public:
 
     /// @brief The grid and extra id of these ids, for the offset math (detail/offset_math.hpp).
     [[nodiscard]] detail::id_grid grid() const {
-        return detail::id_grid{key_.depth, key_.height, key_.width, key_.skip, num_buckets_ - 1};
+        const bool three = skip_buckets_ == 3;
+        return detail::id_grid{key_.depth, key_.height, key_.width, key_.skip, num_buckets_ - 1,
+                               num_buckets_ - (three ? 3 : 1), num_buckets_ - (three ? 2 : 1)};
     }
     /// @brief Table `table`'s per-offset ids ((2T−1)(2H−1)(2W−1) entries, see detail/offset_math.hpp)
     /// as `f(const Id*, std::size_t count)`; returns what f returns. Any storage.
@@ -143,6 +155,7 @@ public:
 private:
     bucket_key key_;
     int num_buckets_;
+    int skip_buckets_ = 1;
     std::vector<storage> offsets_;
     std::vector<storage> tables_;
 };

@@ -55,6 +55,7 @@ struct id_plan {
     int id_bytes = 1;          ///< 1, 2 or 4
     id_storage storage = id_storage::table;  ///< resolved (never automatic)
     std::int64_t offsets = 0;  ///< per-offset ids per table, (2T−1)(2H−1)(2W−1)
+    int skip_buckets = 1;      ///< extra buckets for pairs touching a skip token (1, or 3 for BEiT)
 };
 
 /// @brief Checks the grid of an id build. @throws as build_bucket_ids.
@@ -68,10 +69,12 @@ inline void check_id_grid(int depth, int height, int width, int skip, bool mappi
 }
 
 /// @brief Checks the sizes of an id build on a checked grid (the mapping-independent part of
-/// build_bucket_ids) and resolves `automatic` storage. @throws as build_bucket_ids.
+/// build_bucket_ids) and resolves `automatic` storage. `skip_buckets`: the mapping's
+/// detail::skip_buckets_of (1 or 3). @throws as build_bucket_ids.
 inline id_plan plan_bucket_ids(int depth, int height, int width, int skip, std::int64_t mapping_buckets, int tables,
-                               id_storage storage) {
+                               id_storage storage, int skip_buckets = 1) {
     id_plan p;
+    p.skip_buckets = skip_buckets;
     p.length = skip + static_cast<std::int64_t>(depth) * height * width;
     const std::int64_t n = p.length;
     if (n > std::numeric_limits<int>::max())
@@ -79,7 +82,7 @@ inline id_plan plan_bucket_ids(int depth, int height, int width, int skip, std::
                                    ", width = ", width, ", skip = ", skip, "; expected L < 2^31"));
     const std::int64_t k = mapping_buckets;
     require(k >= 1, "bucket_ids", "mapping num_buckets() = ", k, "; expected >= 1");
-    p.buckets = k + (skip > 0 ? 1 : 0);
+    p.buckets = k + (skip > 0 ? skip_buckets : 0);
     if (p.buckets - 1 > std::numeric_limits<std::uint32_t>::max() || p.buckets > std::numeric_limits<int>::max())
         throw out_of_range(message("bucket_ids", "num_buckets = ", p.buckets, " does not fit the id type"));
     p.id_bytes = id_bytes_for(p.buckets);
@@ -104,7 +107,7 @@ inline id_plan plan_bucket_ids(int depth, int height, int width, int skip, std::
     return p;
 }
 
-/// @brief Assembles bucket ids from each table's per-offset ids (ints in [0, K − 1)): narrows
+/// @brief Assembles bucket ids from each table's per-offset ids (ints below the extra ids): narrows
 /// them to the id type and, for table storage, makes every (L, L) row once.
 inline std::shared_ptr<const bucket_ids> assemble_bucket_ids(bucket_key key, const id_plan& p,
                                                              const std::vector<std::vector<int>>& per_offset) {
@@ -116,12 +119,13 @@ inline std::shared_ptr<const bucket_ids> assemble_bucket_ids(bucket_key key, con
     key.storage = p.storage;
     const int total = static_cast<int>(p.buckets);
     if (p.storage == id_storage::on_the_fly)
-        return std::make_shared<const bucket_ids>(std::move(key), total, std::move(offsets), std::vector<bucket_ids::storage>{});
+        return std::make_shared<const bucket_ids>(std::move(key), total, std::move(offsets), std::vector<bucket_ids::storage>{},
+                                                  p.skip_buckets);
     // Table storage: every row made once from the per-offset ids.
     const std::int64_t n = p.length;
     bucket_key row_key = key;
     row_key.storage = id_storage::on_the_fly;
-    const bucket_ids rows_of(std::move(row_key), total, offsets, {});
+    const bucket_ids rows_of(std::move(row_key), total, offsets, {}, p.skip_buckets);
     std::vector<bucket_ids::storage> matrices;
     for (int t = 0; t < static_cast<int>(offsets.size()); ++t)
         matrices.push_back(std::visit([&](const auto& off) -> bucket_ids::storage {
@@ -133,7 +137,7 @@ inline std::shared_ptr<const bucket_ids> assemble_bucket_ids(bucket_key key, con
             for (std::int64_t i = 0; i < n; ++i) (void)rows_of.rows<Id>(t, i, 1, false, v.data() + i * n);
             return v;
         }, offsets[static_cast<std::size_t>(t)]));
-    return std::make_shared<const bucket_ids>(std::move(key), total, std::move(offsets), std::move(matrices));
+    return std::make_shared<const bucket_ids>(std::move(key), total, std::move(offsets), std::move(matrices), p.skip_buckets);
 }
 
 }  // namespace detail
@@ -146,7 +150,8 @@ inline std::shared_ptr<const bucket_ids> assemble_bucket_ids(bucket_key key, con
 /// calls + O(L²) (table) or O(1) (on the fly). A 2D mapping needs depth 1.
 /// @throws rpe::invalid_argument `[rpe.bucket_ids] height = ...` for depth, height or width < 1,
 ///   skip < 0, a `storage` that is not an id_storage enumerator (`storage = 7; expected ...`),
-///   a 2D mapping with depth > 1, or invalid mapping parameters (its `validate()`);
+///   a 2D mapping with depth > 1, invalid mapping parameters (its `validate()`) or a grid the
+///   mapping rejects (its optional `validate_grid(height, width)`, e.g. a grid larger than a Swin window);
 ///   rpe::out_of_range when L overflows int, table storage would exceed bucket_ids::max_bytes,
 ///   or the mapping returns an id outside [0, num_buckets()) (a faulty custom mapping).
 /// Thread-safety: reentrant. Source: reference `get_bucket_ids_2d`, extended to 3D.
@@ -156,10 +161,12 @@ std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, int depth, int he
     detail::require_enum(storage, 3, "bucket_ids", "storage", "automatic, table or on_the_fly");
     detail::check_id_grid(depth, height, width, skip, Mapping3D<M>);
     detail::validate_policy(m);
+    if constexpr (!Mapping3D<M>) detail::validate_grid_of(m, height, width);
     constexpr int tables = detail::num_tables_of<M>();
-    const detail::id_plan p = detail::plan_bucket_ids(depth, height, width, skip,
-                                                      static_cast<std::int64_t>(m.num_buckets()), tables, storage);
-    const std::int64_t k = p.buckets - (skip > 0 ? 1 : 0);
+    constexpr int skip_buckets = detail::skip_buckets_of<M>();
+    const detail::id_plan p = detail::plan_bucket_ids(depth, height, width, skip, static_cast<std::int64_t>(m.num_buckets()),
+                                                      tables, storage, skip_buckets);
+    const std::int64_t k = p.buckets - (skip > 0 ? skip_buckets : 0);
     const std::int64_t oh = 2 * std::int64_t{height} - 1, ow = 2 * std::int64_t{width} - 1;
     std::vector<std::vector<int>> per_offset;
     for (int t = 0; t < tables; ++t) {

@@ -38,8 +38,12 @@ concept IndexFunction =
 /// @brief A 2D mapping: offset (dr, dc) = (r_i − r_j, c_i − c_j) → bucket id in [0, num_buckets()).
 ///
 /// Optional members: `static constexpr int num_tables` (default 1; Cross has 2, one id per table:
-/// then `bucket(dr, dc, table)` gives the id in table `table`), and `void validate() const`
-/// (host-side parameter check that throws; called once when a term or bucket ids are built).
+/// then `bucket(dr, dc, table)` gives the id in table `table`), `void validate() const`
+/// (host-side parameter check that throws; called once when a term or bucket ids are built),
+/// `void validate_grid(int height, int width) const` (host-side check of the grid the ids are
+/// built on, e.g. a window that bounds the offsets), and `static constexpr int skip_buckets`
+/// (1, the default: every pair touching a skip token shares one extra bucket; or 3, BEiT's
+/// class→token, token→class and class→class buckets, see detail::skip_buckets_of).
 template <class M>
 concept Mapping =
     // a policy is a plain value: copied into kernels, compared as part of the cache key
@@ -95,6 +99,26 @@ constexpr int bucket_of(const M& m, int dr, int dc, int table) {
         return static_cast<int>(m.bucket(dr, dc, table));
     else
         return static_cast<int>(m.bucket(dr, dc));
+}
+
+/// @brief Extra buckets of mapping M for pairs that touch a skip token: `M::skip_buckets`, else 1.
+/// With 1, every such pair has id K−1. With 3 (BEiT), K−3 when only the query is a skip token
+/// (class → token), K−2 when only the key is (token → class), K−1 when both are.
+template <class M>
+constexpr int skip_buckets_of() {
+    if constexpr (requires { M::skip_buckets; }) {
+        static_assert(M::skip_buckets == 1 || M::skip_buckets == 3,
+                      "rpe: a mapping's skip_buckets must be 1 (one shared extra bucket) or 3 (BEiT's three)");
+        return static_cast<int>(M::skip_buckets);
+    } else {
+        return 1;
+    }
+}
+
+/// @brief Calls `m.validate_grid(height, width)` when the mapping has one (host side).
+template <class M>
+void validate_grid_of(const M& m, int height, int width) {
+    if constexpr (requires { m.validate_grid(height, width); }) m.validate_grid(height, width);
 }
 
 /// @brief Calls `p.validate()` when the policy has one.

@@ -189,7 +189,7 @@ private:
             return static_cast<std::int64_t>(m.num_buckets());
         };
         return detail::make_term_layout(buckets, num_tables, num_heads, head_dim,
-                                        shared_head, skip, is_bias, Tg);
+                                        shared_head, skip, is_bias, Tg, detail::skip_buckets_of<M>());
     }
 
     M mapping_;

@@ -13,7 +13,9 @@
 #include <rpe/mapping/cross.hpp>
 #include <rpe/mapping/euclidean.hpp>
 #include <rpe/mapping/product.hpp>
+#include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/quantization.hpp>
+#include <rpe/mapping/swin.hpp>
 #include <rpe/term.hpp>
 
 #include <cmath>
@@ -403,3 +405,16 @@ bool has_device(std::string& why, std::string& what) {
     return true;
 }
 }  // namespace rpe_cuda_test
+
+TEST_CASE("cuda Swin and BEiT bias terms match the CPU term (BEiT's three class-token buckets included)") {
+    using rpe::target;
+    using bias = rpe::mode::bias;
+    const rpe::mapping::swin sw{.window_h = 4, .window_w = 5};
+    const rpe::mapping::beit be{.window_h = 3, .window_w = 4};
+    compare_term<float, rpe::mapping::swin, bias, target::key>(sw, 2, 3, 8, false, 0, 4, 5, false, 300);
+    compare_term<float, rpe::mapping::swin, bias, target::key>(sw, 1, 2, 8, false, 0, 3, 5, true, 310);  // a grid below the window
+    compare_term<float, rpe::mapping::beit, bias, target::key>(be, 2, 3, 8, false, 1, 3, 4, false, 320);
+    compare_term<float, rpe::mapping::beit, bias, target::query>(be, 2, 2, 8, true, 1, 3, 4, false, 330);
+    CHECK(device_host_bucket_mismatches(rpe::mapping::swin{.window_h = 7, .window_w = 7}, 7, 7) == 0);
+    CHECK(device_host_bucket_mismatches(rpe::mapping::beit{.window_h = 14, .window_w = 12}, 14, 12) == 0);
+}

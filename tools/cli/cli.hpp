@@ -18,7 +18,9 @@
 
 #include <rpe/any_term.hpp>
 #include <rpe/bucket_ids.hpp>
+#include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/shaw.hpp>
+#include <rpe/mapping/swin.hpp>
 #include <rpe/mapping/t5.hpp>
 #include <rpe/make_term.hpp>
 
@@ -38,10 +40,19 @@ struct mapping_options {
     int k = 16;                       ///< --k (shaw)
     int buckets = 32;                 ///< --buckets (t5)
     int max_distance = 128;           ///< --max-distance (t5)
+    std::string window;               ///< --window HxW (swin, beit, swinv2; default: the grid)
+    std::string pretrained;           ///< --pretrained HxW (swinv2's pre-training window; default: none)
+    bool no_sigmoid = false;          ///< --no-sigmoid (swinv2: the table is the MLP output itself)
 };
 
+/// A grid `HxW` (or `L`, meaning 1xL). @throws usage_error naming `option`.
+struct grid_size {
+    int height = 0, width = 0;
+};
+grid_size parse_grid(const std::string& text, const char* option);
+
 /// Which family a mapping name belongs to.
-enum class mapping_kind { two_d, shaw, t5 };
+enum class mapping_kind { two_d, shaw, t5, swin, beit, swinv2 };
 
 /// A resolved, validated mapping: the 2D ones as an rpe::term_spec (method, index, α, β, γ),
 /// the 1D ones as their policy value.
@@ -51,6 +62,17 @@ struct mapping_config {
     rpe::term_spec spec;         ///< method, index, α, β, γ (2D); mode/target/heads set per command
     rpe::mapping::shaw shaw{};   ///< kind == shaw
     rpe::mapping::t5 t5{};       ///< kind == t5
+    grid_size window{};          ///< swin, beit, swinv2: the window; 0x0 = the grid of the command (for_grid)
+    grid_size pretrained{};      ///< swinv2: pre-training window, 0x0 = none
+    bool sigmoid16 = true;       ///< swinv2: table = 16*sigmoid(MLP output)
+    /// The same mapping with an unset window taken from the grid `g`.
+    [[nodiscard]] mapping_config for_grid(const grid_size& g) const {
+        mapping_config c = *this;
+        if (c.window.height == 0) c.window = g;
+        return c;
+    }
+    /// The Swin window (kinds swin, swinv2; beit's grid index).
+    [[nodiscard]] rpe::mapping::swin swin() const { return {window.height, window.width}; }
     [[nodiscard]] std::string describe() const;  ///< one line, e.g. "product (piecewise alpha=1.9 ...)"
     [[nodiscard]] int num_tables() const { return kind == mapping_kind::two_d && spec.method == rpe::method::cross ? 2 : 1; }
 };
@@ -58,16 +80,11 @@ struct mapping_config {
 /// Mapping names understood by --mapping, for messages.
 inline constexpr const char* mapping_names =
     "euclidean, quantization, cross, product, euclidean_paper, quantization_paper (2D; reference aliases euc, quant), "
-    "shaw, t5, t5_causal (1D: use a 1xL grid)";
+    "shaw, t5, t5_causal (1D: use a 1xL grid), swin, beit (with the class token: --skip 1), swinv2 (--window, default the "
+    "grid)";
 
 /// Resolves --mapping and its parameters. @throws usage_error naming the option at fault.
 mapping_config resolve_mapping(const std::string& name, const mapping_options& o);
-
-/// A grid `HxW` (or `L`, meaning 1xL). @throws usage_error naming `option`.
-struct grid_size {
-    int height = 0, width = 0;
-};
-grid_size parse_grid(const std::string& text, const char* option);
 
 /// Whether two paths name the same existing file (a link and its target included).
 bool same_file(const std::string& a, const std::string& b);
@@ -86,6 +103,7 @@ struct term_options {
     std::vector<std::string> tables;
     std::string input, out, expect;
     double atol = 1e-5, rtol = 1e-4;
+    bool timm_table = false;  ///< --timm-table: the bias table is timm's (K, H) layout
 };
 int run_term(const mapping_config& m, const term_options& o);
 

@@ -5,6 +5,8 @@
 //   rpe term    --mapping product --mode contextual --target k --grid 5x9 --skip 1
 //               --table t.npy --input x.npy --out y.npy [--expect ref.npy]
 //   rpe bench   --mapping product,euclidean --grid 14x14 [--batch 8 --heads 6 --dim 64]
+//   (swin, beit, swinv2: --window HxW, default the grid; swinv2: --pretrained HxW, --no-sigmoid;
+//    rpe buckets --coords c.npy writes the SwinV2 log coordinates; rpe term --timm-table reads (K, H))
 //
 // Exit status 0 on success, 1 on failure, 2 on a usage error (the message names the option).
 #include <CLI/CLI.hpp>
@@ -23,6 +25,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <rpe/config.hpp>
@@ -34,6 +37,7 @@
 #include <rpe/mapping/euclidean.hpp>
 #include <rpe/mapping/product.hpp>
 #include <rpe/mapping/quantization.hpp>
+#include <rpe/swin_bias.hpp>
 
 #include "cli.hpp"
 
@@ -49,6 +53,22 @@ std::string mapping_config::describe() const {
         case mapping_kind::t5:
             os << "t5 (1D, " << (t5.bidirectional ? "bidirectional" : "causal") << ", buckets=" << t5.buckets
                << ", max_distance=" << t5.max_distance << ")";
+            break;
+        case mapping_kind::swin:
+        case mapping_kind::beit:
+        case mapping_kind::swinv2:
+            os << name << " (window ";
+            if (window.height > 0)
+                os << window.height << "x" << window.width;
+            else
+                os << "= grid";
+            if (kind == mapping_kind::beit) os << ", 3 class-token buckets";
+            if (kind == mapping_kind::swinv2) {
+                os << ", log coords";
+                if (pretrained.height > 0) os << " pretrained " << pretrained.height << "x" << pretrained.width;
+                os << (sigmoid16 ? ", 16*sigmoid" : ", linear");
+            }
+            os << ")";
             break;
         case mapping_kind::two_d:
             os << name << " (";
@@ -83,6 +103,23 @@ mapping_config resolve_mapping(const std::string& name, const mapping_options& o
         } catch (const rpe::invalid_argument& e) {
             throw usage_error("--buckets/--max-distance", e.what());
         }
+        return m;
+    }
+    if (name == "swin" || name == "beit" || name == "swinv2") {
+        m.kind = name == "swin" ? mapping_kind::swin : (name == "beit" ? mapping_kind::beit : mapping_kind::swinv2);
+        if (!o.window.empty()) {
+            m.window = parse_grid(o.window, "--window");
+            try {
+                m.swin().validate();
+            } catch (const rpe::invalid_argument& e) {
+                throw usage_error("--window", e.what());
+            }
+        }
+        if (!o.pretrained.empty()) {
+            if (m.kind != mapping_kind::swinv2) throw usage_error("--pretrained", "only swinv2 has a pre-training window");
+            m.pretrained = parse_grid(o.pretrained, "--pretrained");
+        }
+        m.sigmoid16 = !o.no_sigmoid;
         return m;
     }
     try {
@@ -159,11 +196,22 @@ std::shared_ptr<const rpe::bucket_ids> build_2d(rpe::method method, const I& g, 
 
 }  // namespace
 
-std::shared_ptr<const rpe::bucket_ids> build_ids(const mapping_config& m, int height, int width, int skip) {
+std::shared_ptr<const rpe::bucket_ids> build_ids(const mapping_config& mc, int height, int width, int skip) {
+    const mapping_config m = mc.for_grid({height, width});
     try {
         switch (m.kind) {
             case mapping_kind::shaw: return rpe::build_bucket_ids(m.shaw, height, width, skip);
             case mapping_kind::t5: return rpe::build_bucket_ids(m.t5, height, width, skip);
+            case mapping_kind::swin:
+            case mapping_kind::swinv2:
+            case mapping_kind::beit:
+                try {
+                    if (m.kind == mapping_kind::beit)
+                        return rpe::build_bucket_ids(rpe::mapping::beit{m.window.height, m.window.width}, height, width, skip);
+                    return rpe::build_bucket_ids(m.swin(), height, width, skip);
+                } catch (const rpe::invalid_argument& e) {  // a grid larger than the window
+                    throw usage_error("--grid/--window", e.what());
+                }
             case mapping_kind::two_d: break;
         }
         if (m.spec.index == rpe::index_kind::clip) return build_2d(m.spec.method, rpe::index::clip{m.spec.beta}, height, width, skip);
@@ -179,11 +227,11 @@ namespace {
 // rpe buckets
 // ---------------------------------------------------------------------------------------------
 struct buckets_options {
-    std::string grid = "14x14", out, expect;
+    std::string grid = "14x14", out, expect, coords;
     int skip = 0;
 };
 
-int run_buckets(const mapping_config& m, const buckets_options& o) {
+int run_buckets(const mapping_config& mc, const buckets_options& o) {
     const auto g = parse_grid(o.grid, "--grid");
     if (!o.out.empty()) {  // (L, L) ids of at least 1 byte each: refused before the ids are built
         const double l = static_cast<double>(o.skip) + static_cast<double>(g.height) * g.width;
@@ -193,12 +241,14 @@ int run_buckets(const mapping_config& m, const buckets_options& o) {
     }
     if (!o.expect.empty() && !o.out.empty() && same_file(o.out, o.expect))
         throw usage_error("--out/--expect", "'" + o.out + "' and '" + o.expect + "' are the same file; the comparison would read what was just written");
+    const mapping_config m = mc.for_grid(g);  // swin, beit, swinv2: the window defaults to the grid
     const auto ids = build_ids(m, g.height, g.width, o.skip);
     const int n = ids->length(), k = ids->num_buckets(), tables = ids->num_tables();
     std::cout << "mapping: " << m.describe() << "\n";
     std::cout << "grid " << g.height << "x" << g.width << ", skip " << o.skip << ": L = " << n << "\n";
     std::cout << "num_buckets = " << k;
-    if (o.skip > 0) std::cout << " (" << k - 1 << " + 1 skip bucket)";
+    const int sb = ids->skip_buckets();
+    if (o.skip > 0) std::cout << " (" << k - sb << " + " << sb << " skip bucket" << (sb > 1 ? "s" : "") << ")";
     std::cout << " per table, " << tables << (tables == 1 ? " table" : " tables (rows, cols)") << "\n";
     for (int t = 0; t < tables; ++t) {
         // every offset (dr, dc) of the grid occurs for some pair: one pair per offset is enough
@@ -210,7 +260,9 @@ int run_buckets(const mapping_config& m, const buckets_options& o) {
                 const int j = o.skip + std::max(-dr, 0) * g.width + std::max(-dc, 0);
                 seen[static_cast<std::size_t>(ids->at(t, i, j))] = 1;
             }
-        if (o.skip > 0) seen[static_cast<std::size_t>(ids->at(t, 0, 0))] = 1;
+        if (o.skip > 0)  // the extra bucket(s): both tokens extra, only the query, only the key
+            for (auto [i, j] : {std::pair{0, 0}, std::pair{0, o.skip}, std::pair{o.skip, 0}})
+                seen[static_cast<std::size_t>(ids->at(t, i, j))] = 1;
         const auto used = std::count(seen.begin(), seen.end(), 1);
         std::cout << (tables > 1 ? (t == 0 ? "rows table: " : "cols table: ") : "") << "buckets used: " << used << " of " << k
                   << " allocated\n";
@@ -248,6 +300,19 @@ int run_buckets(const mapping_config& m, const buckets_options& o) {
         else
             write(std::uint32_t{});
         std::cout << "wrote " << o.out << "\n";
+    }
+    if (!o.coords.empty()) {
+        if (m.kind != mapping_kind::swinv2 && m.kind != mapping_kind::swin)
+            throw usage_error("--coords", "only swin and swinv2 have log-spaced coordinates");
+        const mapping_config w = m.for_grid(g);
+        std::vector<float> c;
+        try {
+            c = rpe::relative_log_coords(w.swin(), {.pretrained_h = w.pretrained.height, .pretrained_w = w.pretrained.width});
+        } catch (const rpe::invalid_argument& e) {
+            throw usage_error("--window/--pretrained", e.what());
+        }
+        rpe::io::save_npy(o.coords, c.data(), std::vector<std::int64_t>{static_cast<std::int64_t>(c.size() / 2), 2});
+        std::cout << "wrote " << o.coords << " (" << c.size() / 2 << ", 2) float32 log-spaced coordinates (the CPB MLP's input)\n";
     }
     if (!o.expect.empty()) {
         const auto ref = rpe::io::load_npy(o.expect);
@@ -444,7 +509,7 @@ int run_show(const mapping_config& m, const mapping_options& mo, const show_opti
         std::cout << "all 2D mappings, " << (mo.index == "clip" ? "clip" : "piecewise") << " index";
     } else {
         panels = panels_of(m, g, qr, qc);
-        std::cout << m.describe();
+        std::cout << m.for_grid(g).describe();
     }
     std::cout << ", grid " << g.height << "x" << g.width << ", query (" << qr << "," << qc << ")\n";
     for (const auto& p : panels) print_panel(p);
@@ -465,6 +530,9 @@ void add_mapping_options(CLI::App* app, mapping_options& mo, std::string* name) 
     app->add_option("--k", mo.k, "shaw: clipping distance k (2k+1 buckets)")->capture_default_str();
     app->add_option("--buckets", mo.buckets, "t5: number of buckets")->capture_default_str();
     app->add_option("--max-distance", mo.max_distance, "t5: distance from which the last bucket is shared")->capture_default_str();
+    app->add_option("--window", mo.window, "swin, beit, swinv2: the attention window HxW (default: the grid)");
+    app->add_option("--pretrained", mo.pretrained, "swinv2: pre-training window HxW of the log coordinates (default: none)");
+    app->add_flag("--no-sigmoid", mo.no_sigmoid, "swinv2: the bias table is the MLP output itself (no 16*sigmoid)");
 }
 
 // An output path given as "" would silently write nothing.
@@ -473,7 +541,7 @@ const std::function<std::string(const std::string&)> non_empty_path = [](const s
 };
 
 int run(int argc, char** argv) {
-    CLI::App app{"rpe: bucket ids, pictures, terms and benchmarks of relative position encodings (iRPE, Shaw, T5)", "rpe"};
+    CLI::App app{"rpe: bucket ids, pictures, terms and benchmarks of relative position encodings (iRPE, Shaw, T5, Swin, BEiT, SwinV2)", "rpe"};
     app.require_subcommand(1);
     app.set_version_flag("--version", std::string("rpe ") + std::to_string(RPE_VERSION_MAJOR) + "." +
                                           std::to_string(RPE_VERSION_MINOR) + "." + std::to_string(RPE_VERSION_PATCH));
@@ -489,6 +557,8 @@ int run(int argc, char** argv) {
     buckets->add_option("--skip", bo.skip, "extra tokens before the grid (class token)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
     buckets->add_option("--out", bo.out, "write the (L, L) ids ((2, L, L) for cross) as .npy")->check(non_empty_path);
     buckets->add_option("--expect", bo.expect, "compare the ids with this .npy (exit 1 on a difference)")->check(CLI::ExistingFile);
+    buckets->add_option("--coords", bo.coords, "swin/swinv2: write the (K, 2) log-spaced coordinates (SwinV2 CPB MLP input) as .npy")
+        ->check(non_empty_path);
 
     auto* show = app.add_subcommand("show", "bucket id of every key around one query: ASCII map, optional PNG");
     show_options so;
@@ -513,6 +583,8 @@ int run(int argc, char** argv) {
         ->check(CLI::ExistingFile);
     term->add_option("--atol", to.atol, "absolute tolerance of --expect")->capture_default_str();
     term->add_option("--rtol", to.rtol, "relative tolerance of --expect")->capture_default_str();
+    term->add_flag("--timm-table", to.timm_table, "bias: the table is in timm's (K, H) layout (swin, beit); swinv2's is always "
+                                                  "the CPB MLP's (K, H) output");
 
     auto* bench = app.add_subcommand("bench", "time and memory of variants for your shapes");
     bench_options be;

@@ -18,6 +18,7 @@
 #include <rpe/io/npy.hpp>
 #include <rpe/term.hpp>
 #include <rpe/make_term.hpp>
+#include <rpe/swin_bias.hpp>
 
 #include "cli.hpp"
 
@@ -25,7 +26,8 @@ namespace rpe_cli {
 
 namespace {
 
-// rpe::make_term covers the 2D mappings by name; the 1D ones are wrapped here the same way.
+// rpe::make_term covers the 2D iRPE mappings by name; the others (1D, Swin, BEiT) are wrapped
+// here the same way.
 template <class M>
 std::unique_ptr<rpe::any_term<float>> wrap_1d(const M& m, const rpe::term_spec& s) {
     auto make = [&]<class Md, rpe::target Tg>() -> std::unique_ptr<rpe::any_term<float>> {
@@ -113,6 +115,9 @@ std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, con
     switch (m.kind) {
         case mapping_kind::shaw: return wrap_1d(m.shaw, spec);
         case mapping_kind::t5: return wrap_1d(m.t5, spec);
+        case mapping_kind::swin:
+        case mapping_kind::swinv2: return wrap_1d(m.swin(), spec);
+        case mapping_kind::beit: return wrap_1d(rpe::mapping::beit{m.window.height, m.window.width}, spec);
         case mapping_kind::two_d: break;
     }
     rpe::term_spec s = spec;
@@ -124,8 +129,9 @@ std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, con
     return rpe::make_term<float>(s);
 }
 
-int run_term(const mapping_config& m, const term_options& o) {
+int run_term(const mapping_config& mc, const term_options& o) {
     const auto g = parse_grid(o.grid, "--grid");
+    const mapping_config m = mc.for_grid(g);
     for (const auto& [option, value] : {std::pair<const char*, double>{"--atol", o.atol}, {"--rtol", o.rtol}})
         if (!(value >= 0) || !std::isfinite(value)) {
             std::ostringstream text;
@@ -150,6 +156,31 @@ int run_term(const mapping_config& m, const term_options& o) {
     for (const auto& path : o.tables) tables.push_back(rpe::io::load_npy(path));
     std::vector<std::vector<float>> table_data;
     for (std::size_t t = 0; t < tables.size(); ++t) table_data.push_back(to_float32(tables[t], "--table", o.tables[t]));
+    // a (K, H) table (timm's layout; swinv2: the CPB MLP's output) becomes the term's (H, K)
+    const bool swinv2 = m.kind == mapping_kind::swinv2;
+    if (swinv2 || o.timm_table) {
+        if (spec.contextual || spec.target != rpe::target::key)
+            throw usage_error("--mode/--target", std::string(swinv2 ? "swinv2" : "--timm-table") +
+                                                     " is a bias on keys; use --mode bias --target k");
+        if (tables[0].shape.size() != 2)
+            throw usage_error("--table", o.tables[0] + " has shape " + shape_text(tables[0].shape) + "; expected (K, H)");
+        check_int_extents(tables[0].shape, "--table", o.tables[0]);
+        const std::vector<std::int64_t> kh = tables[0].shape, hk{kh[1], kh[0]};
+        std::vector<float> t(table_data[0].size());
+        try {
+            if (swinv2) {
+                const rpe::cpb_bias<float> cpb(m.swin(), {.num_heads = static_cast<int>(kh[1]), .sigmoid16 = m.sigmoid16,
+                                                          .pretrained_h = m.pretrained.height, .pretrained_w = m.pretrained.width});
+                cpb.make_table(view<const float>(table_data[0].data(), kh), view<float>(t.data(), hk));
+            } else {
+                rpe::table_from_timm(view<const float>(table_data[0].data(), kh), view<float>(t.data(), hk));
+            }
+        } catch (const rpe::invalid_argument& e) {
+            throw usage_error("--table/--window/--pretrained", e.what());
+        }
+        table_data[0] = std::move(t);
+        tables[0].shape = hk;
+    }
     const auto& ts = tables[0].shape;
     const std::int64_t L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
     const std::size_t want_rank = spec.contextual ? 3 : 2;

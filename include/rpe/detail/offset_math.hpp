@@ -14,13 +14,15 @@
 
 namespace rpe::detail {
 
-/// @brief The grid of a bucket id set: frames, rows, columns, extra tokens, and the extra id.
+/// @brief The grid of a bucket id set: frames, rows, columns, extra tokens, and the extra ids.
 struct id_grid {
     std::int64_t depth = 1;   ///< T
     std::int64_t height = 1;  ///< H
     std::int64_t width = 1;   ///< W
     std::int64_t skip = 0;    ///< extra tokens before the grid
-    std::int64_t extra = 0;   ///< the id of every pair that touches an extra token (K − 1)
+    std::int64_t extra = 0;   ///< id of a pair whose query and key are both extra tokens (K − 1)
+    std::int64_t extra_query = 0;  ///< id when only the query is an extra token (K − 1; BEiT: K − 3)
+    std::int64_t extra_key = 0;    ///< id when only the key is an extra token (K − 1; BEiT: K − 2)
 
     /// @brief L = skip + T·H·W.
     RPE_HOST_DEVICE constexpr std::int64_t length() const { return skip + depth * height * width; }
@@ -32,10 +34,14 @@ struct id_grid {
         const std::int64_t dt = gi / hw - gj / hw, dr = (gi % hw) / w - (gj % hw) / w, dc = gi % w - gj % w;
         return ((dt + depth - 1) * (2 * height - 1) + (dr + height - 1)) * (2 * w - 1) + (dc + w - 1);
     }
+    /// @brief Id of a pair of query i and key j of which at least one is an extra token.
+    RPE_HOST_DEVICE constexpr std::int64_t extra_id(std::int64_t i, std::int64_t j) const {
+        return i < skip ? (j < skip ? extra : extra_query) : extra_key;
+    }
     /// @brief Id of pair (i, j) from the per-offset ids `off` (any L × L position, extra tokens included).
     template <class Src>
     RPE_HOST_DEVICE constexpr std::int64_t id(const Src* off, std::int64_t i, std::int64_t j) const {
-        return (i < skip || j < skip) ? extra : static_cast<std::int64_t>(off[offset_index(i, j)]);
+        return (i < skip || j < skip) ? extra_id(i, j) : static_cast<std::int64_t>(off[offset_index(i, j)]);
     }
 };
 
@@ -44,12 +50,16 @@ struct id_grid {
 template <class Id, class Src>
 RPE_HOST_DEVICE void fill_id_row(const id_grid& g, const Src* off, std::int64_t i, bool transposed, Id* dst) {
     const std::int64_t n = g.length(), skip = g.skip, t = g.depth, h = g.height, w = g.width;
+    // entry j is id(i, j), or id(j, i) when transposed: the extra ids swap their roles
     const Id extra = static_cast<Id>(g.extra);
+    const Id row_extra = static_cast<Id>(transposed ? g.extra_key : g.extra_query);  // i extra, j on the grid
+    const Id col_extra = static_cast<Id>(transposed ? g.extra_query : g.extra_key);  // i on the grid, j extra
     if (i < skip) {
-        for (std::int64_t j = 0; j < n; ++j) dst[j] = extra;
+        for (std::int64_t j = 0; j < skip; ++j) dst[j] = extra;
+        for (std::int64_t j = skip; j < n; ++j) dst[j] = row_extra;
         return;
     }
-    for (std::int64_t j = 0; j < skip; ++j) dst[j] = extra;
+    for (std::int64_t j = 0; j < skip; ++j) dst[j] = col_extra;
     const std::int64_t gi = i - skip, ti = gi / (h * w), ri = (gi / w) % h, ci = gi % w;
     const std::int64_t oh = 2 * h - 1, ow = 2 * w - 1;
     Id* out = dst + skip;

@@ -55,12 +55,13 @@ struct term_layout {
 
 /// @brief Validates a term's configuration and returns its layout. `mapping_buckets()` is called
 /// after the checks of heads, head_dim and skip: it validates the mapping and returns its
-/// num_buckets() (without the skip bucket).
+/// num_buckets() (without the skip bucket). `skip_buckets`: the extra buckets with skip tokens
+/// (the mapping's detail::skip_buckets_of: 1, or 3 for BEiT).
 /// @throws rpe::invalid_argument `[rpe.term] num_heads = ...; expected >= 1` (also head_dim,
 ///   skip, bias mode on values, K outside [1, 2^31 − 1)), and what `mapping_buckets` throws.
 template <class BucketsFn>
 term_layout make_term_layout(BucketsFn&& mapping_buckets, int num_tables, int num_heads, int head_dim, bool shared_head,
-                             int skip, bool bias, rpe::target target) {
+                             int skip, bool bias, rpe::target target, int skip_buckets = 1) {
     require(num_heads >= 1, "term", "num_heads = ", num_heads, "; expected >= 1");
     require(head_dim >= 1, "term", "head_dim = ", head_dim, "; expected >= 1");
     require(skip >= 0, "term", "skip = ", skip, "; expected >= 0");
@@ -69,7 +70,7 @@ term_layout make_term_layout(BucketsFn&& mapping_buckets, int num_tables, int nu
     require(!(bias && target == rpe::target::value), "term",
             "mode = bias with target = v: bias mode on values does not exist (paper eq. 17; the reference raises "
             "NotImplementedError)");
-    const std::int64_t k = static_cast<std::int64_t>(mapping_buckets()) + (skip > 0 ? 1 : 0);
+    const std::int64_t k = static_cast<std::int64_t>(mapping_buckets()) + (skip > 0 ? skip_buckets : 0);
     require(k >= 1 && k < 2147483647, "term", "num_buckets = ", k, " (mapping buckets + skip bucket); expected [1, 2^31 - 1)");
     return term_layout{num_heads, head_dim, shared_head, skip, static_cast<int>(k), num_tables, bias, target};
 }
