@@ -33,3 +33,5 @@
 #include "mode.hpp"
 #include "tensor.hpp"
 #include "term.hpp"
+#include "vit/alibi_2d.hpp"
+#include "vit/decomposed_rel_pos.hpp"
