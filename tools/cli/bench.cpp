@@ -129,7 +129,8 @@ int run_bench(const std::vector<mapping_config>& maps, const bench_options& o) {
     std::printf("attention without RPE: %.3f ms\n", t_plain);
     std::printf("%-62s %6s %9s %11s %12s %10s %10s %10s\n", "variant", "K", "ids ms", "ids bytes", "table bytes", "+k ms",
                 contextual ? "+qkv ms" : "+qk ms", "qkv/none");
-    for (const auto& m : maps) {
+    for (const auto& m0 : maps) {
+        const mapping_config m = for_grid(m0, g.height, g.width);  // decomposed / alibi2d: beta from the grid
         std::shared_ptr<const rpe::bucket_ids> ids;
         const double t_ids = median_ms(o.repeat, [&] { ids = build_ids(m, g.height, g.width, o.skip); });  // cold: no cache
         rpe::term_spec spec;

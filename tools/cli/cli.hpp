@@ -43,6 +43,11 @@ struct mapping_options {
 /// Which family a mapping name belongs to.
 enum class mapping_kind { two_d, shaw, t5 };
 
+/// A vision-transformer encoding on a built-in 2D mapping whose β follows the grid
+/// (β = max(H, W) − 1): SAM's decomposed relative position (cross, clip index) or CROMA's 2D
+/// ALiBi (product, clip index, fixed table).
+enum class vit_kind { none, decomposed, alibi2d };
+
 /// A resolved, validated mapping: the 2D ones as an rpe::term_spec (method, index, α, β, γ),
 /// the 1D ones as their policy value.
 struct mapping_config {
@@ -51,6 +56,7 @@ struct mapping_config {
     rpe::term_spec spec;         ///< method, index, α, β, γ (2D); mode/target/heads set per command
     rpe::mapping::shaw shaw{};   ///< kind == shaw
     rpe::mapping::t5 t5{};       ///< kind == t5
+    vit_kind vit = vit_kind::none;  ///< decomposed / alibi2d: spec.beta is set per grid (for_grid)
     [[nodiscard]] std::string describe() const;  ///< one line, e.g. "product (piecewise alpha=1.9 ...)"
     [[nodiscard]] int num_tables() const { return kind == mapping_kind::two_d && spec.method == rpe::method::cross ? 2 : 1; }
 };
@@ -58,10 +64,14 @@ struct mapping_config {
 /// Mapping names understood by --mapping, for messages.
 inline constexpr const char* mapping_names =
     "euclidean, quantization, cross, product, euclidean_paper, quantization_paper (2D; reference aliases euc, quant), "
-    "shaw, t5, t5_causal (1D: use a 1xL grid)";
+    "shaw, t5, t5_causal (1D: use a 1xL grid), "
+    "decomposed (alias sam: SAM/MViTv2 decomposed rel pos), alibi2d (alias alibi: CROMA's 2D ALiBi)";
 
 /// Resolves --mapping and its parameters. @throws usage_error naming the option at fault.
 mapping_config resolve_mapping(const std::string& name, const mapping_options& o);
+
+/// `m` with β = max(height, width) − 1 when it is a vit_kind mapping (else `m` unchanged).
+mapping_config for_grid(const mapping_config& m, int height, int width);
 
 /// A grid `HxW` (or `L`, meaning 1xL). @throws usage_error naming `option`.
 struct grid_size {
@@ -83,6 +93,9 @@ struct term_options {
     std::vector<std::string> tables;
     std::string input, out, expect;
     double atol = 1e-5, rtol = 1e-4;
+    int heads = 0;            ///< --heads (alibi2d: one slope per head; its table is generated)
+    bool mode_given = false;  ///< --mode was typed (alibi2d accepts only bias)
+    bool target_given = false;  ///< --target was typed
 };
 int run_term(const mapping_config& m, const term_options& o);
 

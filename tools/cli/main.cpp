@@ -31,6 +31,8 @@
 #include <rpe/mapping/euclidean.hpp>
 #include <rpe/mapping/product.hpp>
 #include <rpe/mapping/quantization.hpp>
+#include <rpe/vit/alibi_2d.hpp>
+#include <rpe/vit/decomposed_rel_pos.hpp>
 
 #include "cli.hpp"
 
@@ -48,6 +50,18 @@ std::string mapping_config::describe() const {
                << ", max_distance=" << t5.max_distance << ")";
             break;
         case mapping_kind::two_d:
+            if (vit == vit_kind::decomposed) {
+                os << name << " (SAM/MViTv2 decomposed rel pos: cross, clip index, beta = max(H, W) - 1";
+                if (spec.beta > 0) os << " = " << spec.beta;
+                os << ")";
+                break;
+            }
+            if (vit == vit_kind::alibi2d) {
+                os << name << " (CROMA 2D ALiBi: product, clip index, beta = max(H, W) - 1";
+                if (spec.beta > 0) os << " = " << spec.beta;
+                os << ", fixed table -slope_h * distance)";
+                break;
+            }
             os << name << " (";
             if (spec.index == rpe::index_kind::clip)
                 os << "clip index, beta=" << spec.beta;
@@ -82,6 +96,14 @@ mapping_config resolve_mapping(const std::string& name, const mapping_options& o
         }
         return m;
     }
+    if (name == "decomposed" || name == "sam" || name == "alibi2d" || name == "alibi") {
+        const bool alibi = name == "alibi2d" || name == "alibi";
+        m.vit = alibi ? vit_kind::alibi2d : vit_kind::decomposed;
+        m.spec.method = alibi ? rpe::method::product : rpe::method::cross;
+        m.spec.index = rpe::index_kind::clip;
+        m.spec.beta = 0;  // set from the grid (for_grid)
+        return m;
+    }
     try {
         m.spec.method = rpe::parse_method(name);
     } catch (const rpe::invalid_argument&) {
@@ -103,6 +125,18 @@ mapping_config resolve_mapping(const std::string& name, const mapping_options& o
         throw usage_error("--ratio/--alpha/--beta/--gamma", e.what());
     }
     return m;
+}
+
+mapping_config for_grid(const mapping_config& m, int height, int width) {
+    if (m.vit == vit_kind::none) return m;
+    mapping_config g = m;
+    try {
+        g.spec.beta = m.vit == vit_kind::decomposed ? rpe::vit::decomposed_rel_pos_mapping(height, width).index.beta
+                                                    : rpe::vit::alibi_2d_mapping(height, width).index.beta;
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error("--grid", e.what());
+    }
+    return g;
 }
 
 grid_size parse_grid(const std::string& text, const char* option) {
@@ -143,7 +177,8 @@ std::shared_ptr<const rpe::bucket_ids> build_2d(rpe::method method, const I& g, 
 
 }  // namespace
 
-std::shared_ptr<const rpe::bucket_ids> build_ids(const mapping_config& m, int height, int width, int skip) {
+std::shared_ptr<const rpe::bucket_ids> build_ids(const mapping_config& m0, int height, int width, int skip) {
+    const mapping_config m = for_grid(m0, height, width);
     try {
         switch (m.kind) {
             case mapping_kind::shaw: return rpe::build_bucket_ids(m.shaw, height, width, skip);
@@ -171,7 +206,7 @@ int run_buckets(const mapping_config& m, const buckets_options& o) {
     const auto g = parse_grid(o.grid, "--grid");
     const auto ids = build_ids(m, g.height, g.width, o.skip);
     const int n = ids->length(), k = ids->num_buckets(), tables = ids->num_tables();
-    std::cout << "mapping: " << m.describe() << "\n";
+    std::cout << "mapping: " << for_grid(m, g.height, g.width).describe() << "\n";
     std::cout << "grid " << g.height << "x" << g.width << ", skip " << o.skip << ": L = " << n << "\n";
     std::cout << "num_buckets = " << k;
     if (o.skip > 0) std::cout << " (" << k - 1 << " + 1 skip bucket)";
@@ -416,7 +451,7 @@ int run_show(const mapping_config& m, const mapping_options& mo, const show_opti
         std::cout << "all 2D mappings, " << (mo.index == "clip" ? "clip" : "piecewise") << " index";
     } else {
         panels = panels_of(m, g, qr, qc);
-        std::cout << m.describe();
+        std::cout << for_grid(m, g.height, g.width).describe();
     }
     std::cout << ", grid " << g.height << "x" << g.width << ", query (" << qr << "," << qc << ")\n";
     for (const auto& p : panels) print_panel(p);
@@ -472,7 +507,9 @@ int run(int argc, char** argv) {
     term->add_option("--target", to.target, "q, k or v")->capture_default_str();
     term->add_option("--grid", to.grid, "HxW (or L): L = skip + H*W must match the input")->required();
     term->add_option("--skip", to.skip, "extra tokens before the grid")->capture_default_str()->check(CLI::Range(0, 1 << 30));
-    term->add_option("--table", to.tables, "lookup table .npy (twice for cross: rows, cols)")->required()->check(CLI::ExistingFile);
+    term->add_option("--table", to.tables, "lookup table .npy (twice for cross: rows, cols; decomposed: SAM's rel_pos_h, "
+                                           "rel_pos_w; none for alibi2d)")->check(CLI::ExistingFile);
+    term->add_option("--heads", to.heads, "alibi2d: number of heads (its table is generated)")->check(CLI::Range(1, 1 << 20));
     term->add_option("--input", to.input, "x .npy: (B,H,L,D) scaled q or k, or (B,H,L,L) probabilities; none for bias")
         ->check(CLI::ExistingFile);
     term->add_option("--out", to.out, "output .npy (float32)");
@@ -509,7 +546,11 @@ int run(int argc, char** argv) {
 
     if (*buckets) return run_buckets(resolve_mapping(name, mo), bo);
     if (*show) return run_show(so.all ? resolve_mapping("product", mo) : resolve_mapping(name, mo), mo, so);
-    if (*term) return run_term(resolve_mapping(name, mo), to);
+    if (*term) {
+        to.mode_given = term->get_option("--mode")->count() > 0;
+        to.target_given = term->get_option("--target")->count() > 0;
+        return run_term(resolve_mapping(name, mo), to);
+    }
     std::vector<mapping_config> maps;
     for (const auto& n : bench_names) {
         if (n == "all") {

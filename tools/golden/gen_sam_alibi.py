@@ -127,10 +127,23 @@ def gen_sam(root, out):
             save(dd, f"grad_{key}.npy", t.grad.numpy(), np.float64)
         att_cases.append({"dir": name, "batch": b, "heads": nh, "height": hh, "width": ww, "head_dim": d,
                           "rel_pos_h_length": lh or 2 * hh - 1, "rel_pos_w_length": lw or 2 * ww - 1})
+    # the term alone, as `rpe term --mapping decomposed` computes it: add_decomposed_rel_pos on a
+    # zero attention map, x = q * scale (the input of rpe's contextual key term), float32
+    b, nh, hh, ww, d = 2, 2, 4, 6, 8
+    q = torch.randn(b * nh, hh * ww, d)
+    rh, rw = torch.randn(2 * hh - 1, d), torch.randn(9, d)  # rel_pos_w of length 9: resized to 11
+    rel = enc.add_decomposed_rel_pos(torch.zeros(b * nh, hh * ww, hh * ww), q, rh, rw, (hh, ww), (hh, ww))
+    dd = os.path.join(out, "sam", "term_4x6")
+    save(dd, "x.npy", (q * d ** -0.5).reshape(b, nh, hh * ww, d).numpy(), np.float32)
+    save(dd, "rel_pos_h.npy", rh.numpy(), np.float32)
+    save(dd, "rel_pos_w.npy", rw.numpy(), np.float32)
+    save(dd, "output.npy", rel.reshape(b, nh, hh * ww, hh * ww).numpy(), np.float32)
     meta = {"source": "facebookresearch/segment-anything segment_anything/modeling/image_encoder.py "
                       "(get_rel_pos, add_decomposed_rel_pos, Attention with use_rel_pos=True, proj removed)",
             "dtype": "float64 (the float tests compare with atol 2e-5, rtol 1e-4)",
-            "index": [1, 4, 6, 14], "resize": resize, "attention": att_cases}
+            "index": [1, 4, 6, 14], "resize": resize, "attention": att_cases,
+            "term_4x6": "x = q * D^-1/2 (B 2, nH 2, L 24, D 8), rel_pos_h (7, 8), rel_pos_w (9, 8) resized to 11; "
+                        "output = add_decomposed_rel_pos(zeros, q, ...) as (B, nH, L, L); float32"}
     with open(os.path.join(out, "sam", "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
 
@@ -165,6 +178,8 @@ def gen_alibi(root, out):
         bias = croma.get_2dalibi(num_heads=heads, num_patches=side * side)  # (1, H, N, N) float32
         save(os.path.join(out, "alibi", "bias"), f"h{heads}_s{side}.npy", bias[0].numpy(), np.float32)
         bias_cases.append({"file": f"bias/h{heads}_s{side}.npy", "heads": heads, "side": side})
+        if heads == 8:  # as returned, (1, H, N, N): `rpe term --mapping alibi2d` output's shape
+            save(os.path.join(out, "alibi"), f"term_h{heads}_s{side}.npy", bias.numpy(), np.float32)
     att_cases = []
     for name, (b, heads, side, d) in {"attn_h4_s3": (2, 4, 3, 8), "attn_h6_s4": (1, 6, 4, 4)}.items():
         dim = heads * d
