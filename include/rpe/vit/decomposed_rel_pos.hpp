@@ -173,7 +173,8 @@ std::int64_t check_decomposed_load(const decomposed_rel_pos_config& c, const ten
         rpe::detail::check_no_overlap(tables[static_cast<std::size_t>(t)], h, "vit.decomposed", name, h_name);
         rpe::detail::check_no_overlap(tables[static_cast<std::size_t>(t)], w, "vit.decomposed", name, w_name);
     }
-    rpe::detail::check_no_overlap(tables[0], tables[1], "vit.decomposed", "tables[0]", "tables[1]");
+    rpe::detail::check_no_overlap(tables[0], tables[1], "vit.decomposed", std::string(tables_name) + "[0]",
+                                  std::string(tables_name) + "[1]");
     return k;
 }
 
