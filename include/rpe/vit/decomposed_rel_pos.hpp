@@ -18,7 +18,7 @@
 /// a term covers one H × W grid for both. A term built for H × W must not be used on a larger grid
 /// (the clip index would merge the far offsets): build it for the grid it runs on.
 /// Source: facebookresearch/segment-anything `segment_anything/modeling/image_encoder.py`
-/// (`get_rel_pos`, `add_decomposed_rel_pos`, `Attention`); Li et al., MViTv2 (CVPR 2022), sec. 4.1.
+/// (`get_rel_pos`, `add_decomposed_rel_pos`, `Attention`); Li et al., MViTv2 (CVPR 2022).
 #pragma once
 
 #include <algorithm>
