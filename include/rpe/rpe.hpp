@@ -36,3 +36,5 @@
 #include "swin_bias.hpp"
 #include "tensor.hpp"
 #include "term.hpp"
+#include "vit/alibi_2d.hpp"
+#include "vit/decomposed_rel_pos.hpp"

@@ -17,6 +17,8 @@
 #include <rpe/mapping/quantization.hpp>
 #include <rpe/mapping/swin.hpp>
 #include <rpe/term.hpp>
+#include <rpe/vit/alibi_2d.hpp>
+#include <rpe/vit/decomposed_rel_pos.hpp>
 
 #include <cmath>
 #include <string>
@@ -158,6 +160,14 @@ void random_suite(bool accumulate, unsigned seed) {
     SUBCASE("quantization, bias query, shared, skip 0") { compare_term<S, Q, bias, target::query>(Q{g}, 1, 2, 4, true, 0, 5, 4, accumulate, seed); }
     SUBCASE("cross, contextual query, shared, skip 0") { compare_term<S, X, ctx, target::query>(X{g}, 1, 2, 8, true, 0, 5, 7, accumulate, seed); }
     SUBCASE("cross, contextual value, per head, skip 1") { compare_term<S, X, ctx, target::value>(X{g}, 2, 2, 8, false, 1, 4, 6, accumulate, seed); }
+    SUBCASE("SAM decomposed rel pos: cross, clip index, contextual key, shared, 4 x 6 grid") {
+        const auto m = rpe::vit::decomposed_rel_pos_mapping(4, 6);
+        compare_term<S, decltype(m), ctx, target::key>(m, 2, 3, 8, true, 0, 4, 6, accumulate, seed);
+    }
+    SUBCASE("2D ALiBi: product, clip index, bias key, per head, 5 x 5 grid") {
+        const auto m = rpe::vit::alibi_2d_mapping(5, 5);
+        compare_term<S, decltype(m), bias, target::key>(m, 1, 4, 4, false, 0, 5, 5, accumulate, seed);
+    }
     SUBCASE("product, contextual key and value, K beyond the shared-memory histogram") {
         // ratio 23: beta_int 46, K = 93^2 + 1 = 8650 buckets: the scatter falls back to global atomics
         const P big{pw::from_ratio(23.0)};
@@ -353,6 +363,9 @@ TEST_CASE("mapping math gives the same buckets on the device as on the host") {
         CHECK(device_host_bucket_mismatches(rpe::mapping::euclidean<pw>{g}, 40, 40) == 0);
         CHECK(device_host_bucket_mismatches(rpe::mapping::quantization<pw>{g}, 40, 40) == 0);
     }
+    // the ViT encodings' mappings (issue 15): clip index with beta from the grid
+    CHECK(device_host_bucket_mismatches(rpe::vit::decomposed_rel_pos_mapping(40, 33), 40, 33) == 0);
+    CHECK(device_host_bucket_mismatches(rpe::vit::alibi_2d_mapping(33, 40), 33, 40) == 0);
 }
 
 TEST_CASE("cuda term rejects bad arguments before any launch") {

@@ -16,6 +16,8 @@
 #include <rpe/mapping/quantization.hpp>
 #include <rpe/mode.hpp>
 #include <rpe/term.hpp>
+#include <rpe/vit/alibi_2d.hpp>
+#include <rpe/vit/decomposed_rel_pos.hpp>
 
 namespace {
 
@@ -78,6 +80,14 @@ static_assert(rpe::Mapping<rpe::mapping::product<rpe::index::clip>>);
 static_assert(rpe::Mapping<rpe::mapping::euclidean<index_ok>>);
 static_assert(rpe::detail::num_tables_of<rpe::mapping::cross<>>() == 2);
 static_assert(rpe::detail::num_tables_of<rpe::mapping::product<>>() == 1);
+// the ViT encodings (issue 15) are built-in mappings with a clip index: Cross (2 tables), Product
+static_assert(std::is_same_v<decltype(rpe::vit::decomposed_rel_pos_mapping(1, 1)), rpe::mapping::cross<rpe::index::clip>>);
+static_assert(rpe::Mapping<decltype(rpe::vit::decomposed_rel_pos_mapping(1, 1))>);
+static_assert(rpe::detail::num_tables_of<decltype(rpe::vit::decomposed_rel_pos_mapping(1, 1))>() == 2);
+static_assert(rpe::Mapping<decltype(rpe::vit::alibi_2d_mapping(1, 1))>);
+static_assert(rpe::vit::decomposed_rel_pos_term<float>::num_tables == 2 && !rpe::vit::decomposed_rel_pos_term<float>::is_bias &&
+              rpe::vit::decomposed_rel_pos_term<float>::target_kind == rpe::target::key);
+static_assert(rpe::vit::alibi_2d_term<double>::is_bias && rpe::vit::alibi_2d_term<double>::target_kind == rpe::target::key);
 
 struct mapping_ok {
     int num_buckets() const { return 3; }

@@ -54,6 +54,11 @@ grid_size parse_grid(const std::string& text, const char* option);
 /// Which family a mapping name belongs to.
 enum class mapping_kind { two_d, shaw, t5, swin, beit, swinv2 };
 
+/// A vision-transformer encoding on a built-in 2D mapping whose β follows the grid
+/// (β = max(H, W) − 1): SAM's decomposed relative position (cross, clip index) or CROMA's 2D
+/// ALiBi (product, clip index, fixed table).
+enum class vit_kind { none, decomposed, alibi2d };
+
 /// A resolved, validated mapping: the 2D ones as an rpe::term_spec (method, index, α, β, γ),
 /// the 1D ones as their policy value.
 struct mapping_config {
@@ -65,14 +70,12 @@ struct mapping_config {
     grid_size window{};          ///< swin, beit, swinv2: the window; 0x0 = the grid of the command (for_grid)
     grid_size pretrained{};      ///< swinv2: pre-training window, 0x0 = none
     bool sigmoid16 = true;       ///< swinv2: table = 16*sigmoid(MLP output)
-    /// The same mapping with an unset window taken from the grid `g`.
-    [[nodiscard]] mapping_config for_grid(const grid_size& g) const {
-        mapping_config c = *this;
-        if (c.window.height == 0) c.window = g;
-        return c;
-    }
+    /// The same mapping for the grid `g`: an unset window taken from it (swin, beit, swinv2), β =
+    /// max(H, W) − 1 (decomposed, alibi2d). @throws usage_error("--grid") for a grid they refuse.
+    [[nodiscard]] mapping_config for_grid(const grid_size& g) const;
     /// The Swin window (kinds swin, swinv2; beit's grid index).
     [[nodiscard]] rpe::mapping::swin swin() const { return {window.height, window.width}; }
+    vit_kind vit = vit_kind::none;  ///< decomposed / alibi2d: spec.beta is set per grid (for_grid)
     [[nodiscard]] std::string describe() const;  ///< one line, e.g. "product (piecewise alpha=1.9 ...)"
     [[nodiscard]] int num_tables() const { return kind == mapping_kind::two_d && spec.method == rpe::method::cross ? 2 : 1; }
 };
@@ -81,7 +84,7 @@ struct mapping_config {
 inline constexpr const char* mapping_names =
     "euclidean, quantization, cross, product, euclidean_paper, quantization_paper (2D; reference aliases euc, quant), "
     "shaw, t5, t5_causal (1D: use a 1xL grid), swin, beit (with the class token: --skip 1), swinv2 (--window, default the "
-    "grid)";
+    "grid), decomposed (alias sam: SAM/MViTv2 decomposed rel pos), alibi2d (alias alibi: CROMA's 2D ALiBi)";
 
 /// Resolves --mapping and its parameters. @throws usage_error naming the option at fault.
 mapping_config resolve_mapping(const std::string& name, const mapping_options& o);
@@ -104,6 +107,9 @@ struct term_options {
     std::string input, out, expect;
     double atol = 1e-5, rtol = 1e-4;
     bool timm_table = false;  ///< --timm-table: the bias table is timm's (K, H) layout
+    int heads = 0;            ///< --heads (alibi2d: one slope per head; its table is generated)
+    bool mode_given = false;  ///< --mode was typed (alibi2d accepts only bias)
+    bool target_given = false;  ///< --target was typed
 };
 int run_term(const mapping_config& m, const term_options& o);
 

@@ -38,6 +38,8 @@
 #include <rpe/mapping/product.hpp>
 #include <rpe/mapping/quantization.hpp>
 #include <rpe/swin_bias.hpp>
+#include <rpe/vit/alibi_2d.hpp>
+#include <rpe/vit/decomposed_rel_pos.hpp>
 
 #include "cli.hpp"
 
@@ -71,6 +73,18 @@ std::string mapping_config::describe() const {
             os << ")";
             break;
         case mapping_kind::two_d:
+            if (vit == vit_kind::decomposed) {
+                os << name << " (SAM/MViTv2 decomposed rel pos: cross, clip index, beta = max(H, W) - 1";
+                if (spec.beta > 0) os << " = " << spec.beta;
+                os << ")";
+                break;
+            }
+            if (vit == vit_kind::alibi2d) {
+                os << name << " (CROMA 2D ALiBi: product, clip index, beta = max(H, W) - 1";
+                if (spec.beta > 0) os << " = " << spec.beta;
+                os << ", fixed table -slope_h * distance)";
+                break;
+            }
             os << name << " (";
             if (spec.index == rpe::index_kind::clip)
                 os << "clip index, beta=" << spec.beta;
@@ -122,6 +136,14 @@ mapping_config resolve_mapping(const std::string& name, const mapping_options& o
         m.sigmoid16 = !o.no_sigmoid;
         return m;
     }
+    if (name == "decomposed" || name == "sam" || name == "alibi2d" || name == "alibi") {
+        const bool alibi = name == "alibi2d" || name == "alibi";
+        m.vit = alibi ? vit_kind::alibi2d : vit_kind::decomposed;
+        m.spec.method = alibi ? rpe::method::product : rpe::method::cross;
+        m.spec.index = rpe::index_kind::clip;
+        m.spec.beta = 0;  // set from the grid (for_grid)
+        return m;
+    }
     try {
         m.spec.method = rpe::parse_method(name);
     } catch (const rpe::invalid_argument&) {
@@ -154,6 +176,19 @@ mapping_config resolve_mapping(const std::string& name, const mapping_options& o
 bool same_file(const std::string& a, const std::string& b) {
     std::error_code ec;
     return std::filesystem::equivalent(a, b, ec) && !ec;
+}
+
+mapping_config mapping_config::for_grid(const grid_size& g) const {
+    mapping_config c = *this;
+    if (c.window.height == 0) c.window = g;  // swin, beit, swinv2: the window defaults to the grid
+    if (c.vit == vit_kind::none) return c;
+    try {  // decomposed, alibi2d: one bucket per offset of this grid
+        c.spec.beta = c.vit == vit_kind::decomposed ? rpe::vit::decomposed_rel_pos_mapping(g.height, g.width).index.beta
+                                                    : rpe::vit::alibi_2d_mapping(g.height, g.width).index.beta;
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error("--grid", e.what());
+    }
+    return c;
 }
 
 grid_size parse_grid(const std::string& text, const char* option) {
@@ -575,7 +610,9 @@ int run(int argc, char** argv) {
     term->add_option("--target", to.target, "q, k or v")->capture_default_str();
     term->add_option("--grid", to.grid, "HxW (or L): L = skip + H*W must match the input")->required();
     term->add_option("--skip", to.skip, "extra tokens before the grid")->capture_default_str()->check(CLI::Range(0, 1 << 30));
-    term->add_option("--table", to.tables, "lookup table .npy (twice for cross: rows, cols)")->required()->check(CLI::ExistingFile);
+    term->add_option("--table", to.tables, "lookup table .npy (twice for cross: rows, cols; decomposed: SAM's rel_pos_h, "
+                                           "rel_pos_w; none for alibi2d)")->check(CLI::ExistingFile);
+    term->add_option("--heads", to.heads, "alibi2d: number of heads (its table is generated)")->check(CLI::Range(1, 1 << 20));
     term->add_option("--input", to.input, "x .npy: (B,H,L,D) scaled q or k, or (B,H,L,L) probabilities; none for bias")
         ->check(CLI::ExistingFile);
     term->add_option("--out", to.out, "output .npy (float32)")->check(non_empty_path);
@@ -614,7 +651,11 @@ int run(int argc, char** argv) {
 
     if (*buckets) return run_buckets(resolve_mapping(name, mo), bo);
     if (*show) return run_show(so.all ? resolve_mapping("product", mo) : resolve_mapping(name, mo), mo, so);
-    if (*term) return run_term(resolve_mapping(name, mo), to);
+    if (*term) {
+        to.mode_given = term->get_option("--mode")->count() > 0;
+        to.target_given = term->get_option("--target")->count() > 0;
+        return run_term(resolve_mapping(name, mo), to);
+    }
     std::vector<mapping_config> maps;
     for (const auto& n : bench_names) {
         if (n == "all") {

@@ -19,6 +19,8 @@
 #include <rpe/term.hpp>
 #include <rpe/make_term.hpp>
 #include <rpe/swin_bias.hpp>
+#include <rpe/vit/alibi_2d.hpp>
+#include <rpe/vit/decomposed_rel_pos.hpp>
 
 #include "cli.hpp"
 
@@ -71,8 +73,12 @@ void check_int_extents(const std::vector<std::int64_t>& shape, const char* optio
                                           "head_dim, buckets and tokens");
 }
 
-// Elements of `shape` (0 when an extent is 0) with the product checked against overflow and
-// against what one float buffer can hold, before anything is allocated.
+// The most `rpe term` writes: a 4 GiB output (as `rpe buckets --out`).
+constexpr std::uint64_t max_output_bytes = std::uint64_t{4} << 30;
+
+// Elements of the output `shape` (0 when an extent is 0) with the product checked against
+// overflow, against what one float buffer can hold and against the 4 GiB output cap, before
+// anything is allocated.
 std::size_t checked_elements(const std::vector<std::int64_t>& shape, const char* option, const std::string& what) {
     const auto limit = static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()) / sizeof(float);
     std::uint64_t n = 1;
@@ -84,11 +90,10 @@ std::size_t checked_elements(const std::vector<std::int64_t>& shape, const char*
                                           " float32 elements; expected a buffer this machine can address");
         else n *= static_cast<std::uint64_t>(e);
     }
+    if (!empty && n * sizeof(float) > max_output_bytes)
+        throw usage_error(option, what + " " + shape_text(shape) + " would take more than 4 GiB; expected a smaller grid or input");
     return empty ? 0 : static_cast<std::size_t>(n);
 }
-
-// The most `rpe term` writes: a 4 GiB output (as `rpe buckets --out`).
-constexpr std::uint64_t max_output_bytes = std::uint64_t{4} << 30;
 
 // The elements as float32; a finite float64 value beyond float32's range is refused instead of
 // becoming ±infinity.
@@ -105,6 +110,129 @@ std::vector<float> to_float32(const rpe::io::npy_array& a, const char* option, c
             throw usage_error(option, text.str());
         }
     return out;
+}
+
+// Prints the output's shape, writes --out, compares with --expect; the exit status.
+int finish(const std::vector<float>& out, const std::vector<std::int64_t>& out_shape, const term_options& o) {
+    std::cout << "out " << shape_text(out_shape) << " float32\n";
+    if (!o.out.empty()) {
+        rpe::io::save_npy(o.out, out.data(), out_shape);
+        std::cout << "wrote " << o.out << "\n";
+    }
+    if (!o.expect.empty()) {
+        const auto ref = rpe::io::load_npy(o.expect);
+        if (ref.shape != out_shape) {
+            std::cout << "expect: " << o.expect << " has shape " << shape_text(ref.shape) << "; MISMATCH\n";
+            return 1;
+        }
+        const auto want = ref.to<double>();
+        double worst = 0;
+        std::size_t bad = 0, nan_mismatch = 0;
+        for (std::size_t i = 0; i < want.size(); ++i) {
+            const double got = out[i];
+            if (std::isnan(got) || std::isnan(want[i])) {  // NaN matches NaN only
+                nan_mismatch += std::isnan(got) != std::isnan(want[i]);
+                continue;
+            }
+            const double d = got == want[i] ? 0.0 : std::fabs(got - want[i]);  // inf == inf: no difference
+            worst = std::max(worst, d);
+            bad += !(d <= o.atol + o.rtol * std::fabs(want[i]));
+        }
+        bad += nan_mismatch;
+        std::cout << "expect: max |out - expected| = " << worst << " over " << want.size() << " values, " << bad
+                  << " beyond atol + rtol*|expected|";
+        if (nan_mismatch != 0) std::cout << " (" << nan_mismatch << " NaN in one and not the other)";
+        std::cout << "; " << (bad == 0 ? "match" : "MISMATCH") << "\n";
+        return bad == 0 ? 0 : 1;
+    }
+    return 0;
+}
+
+// `rpe term --mapping alibi2d --heads H --grid HxW`: CROMA's fixed bias, (1, H, L, L), from the
+// generated table; no --table, no --input.
+int run_alibi_term(const mapping_config& m, const grid_size& g, const term_options& o) {
+    if ((o.mode_given && o.mode != "bias") || (o.target_given && o.target != "k" && o.target != "key"))
+        throw usage_error("--mode/--target", "alibi2d is a bias term on keys; drop --mode/--target or pass --mode bias --target k");
+    if (!o.tables.empty()) throw usage_error("--table", "alibi2d has a fixed, generated table; drop --table");
+    if (!o.input.empty()) throw usage_error("--input", "bias mode reads no input; drop --input");
+    if (o.heads < 1) throw usage_error("--heads", "alibi2d needs --heads >= 1 (one slope per head)");
+    const rpe::vit::alibi_2d_config c{.height = g.height, .width = g.width, .num_heads = o.heads, .head_dim = 1, .skip = o.skip};
+    std::unique_ptr<rpe::any_term<float>> term;
+    std::shared_ptr<const rpe::bucket_ids> ids;
+    std::vector<float> table;
+    try {
+        term = rpe::make_any_term(rpe::vit::make_alibi_2d_term<float>(c));
+        table = rpe::vit::alibi_2d_table<float>(c);
+        ids = term->bucket_ids(g.height, g.width);
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error("--heads/--grid/--skip", e.what());
+    } catch (const rpe::out_of_range& e) {
+        throw usage_error("--grid", e.what());
+    }
+    const std::int64_t L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
+    const std::vector<std::int64_t> out_shape{1, o.heads, L, L};
+    std::vector<float> out(checked_elements(out_shape, "--grid", "the output"));
+    const std::vector<rpe::tensor_ref<const float>> refs{view<const float>(table.data(), term->table_shape())};
+    term->forward(*ids, refs, {}, view<float>(out.data(), out_shape));
+    const auto slopes = rpe::vit::alibi_slopes(o.heads);
+    std::cout << "term: " << m.describe() << ", bias on k, grid " << g.height << "x" << g.width << ", skip " << o.skip
+              << ", K = " << term->num_buckets() << "\nslopes:";
+    for (const double sl : slopes) std::cout << " " << sl;
+    std::cout << "\n";
+    return finish(out, out_shape, o);
+}
+
+// `rpe term --mapping decomposed --table rel_pos_h.npy --table rel_pos_w.npy --input qs.npy`:
+// SAM's two tables (Lh, C), (Lw, C) loaded into the Cross term (resized when their length is
+// not 2H - 1 / 2W - 1, times D^1/2 for SAM's unscaled q); x = q*s (B, H, L, D) as every
+// contextual key term takes it, so out = SAM's rel_h + rel_w added to the logits.
+int run_decomposed_term(const mapping_config& m, const grid_size& g, const term_options& o) {
+    if ((o.mode_given && o.mode != "contextual" && o.mode != "ctx") || (o.target_given && o.target != "k" && o.target != "key"))
+        throw usage_error("--mode/--target", "decomposed is a contextual term on keys; drop --mode/--target");
+    if (o.tables.size() != 2)
+        throw usage_error("--table", "got " + std::to_string(o.tables.size()) + " table(s); decomposed needs 2 (SAM's rel_pos_h, then rel_pos_w)");
+    if (o.input.empty()) throw usage_error("--input", "decomposed needs an input x = q*s (B, H, L, D)");
+    const auto th = rpe::io::load_npy(o.tables[0]), tw = rpe::io::load_npy(o.tables[1]);
+    for (const auto* t : {&th, &tw}) {
+        const auto& f = o.tables[t == &th ? 0 : 1];
+        if (t->shape.size() != 2) throw usage_error("--table", f + " has shape " + shape_text(t->shape) + "; expected (length, C)");
+        check_int_extents(t->shape, "--table", f);
+    }
+    const auto x = rpe::io::load_npy(o.input);
+    if (x.shape.size() != 4) throw usage_error("--input", o.input + " has shape " + shape_text(x.shape) + "; expected (B, H, L, D)");
+    check_int_extents(x.shape, "--input", o.input, 1);
+    const std::int64_t L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
+    if (x.shape[2] != L)
+        throw usage_error("--input/--grid/--skip", o.input + " has shape " + shape_text(x.shape) + "; expected L = " + std::to_string(L));
+    const rpe::vit::decomposed_rel_pos_config c{.height = g.height, .width = g.width, .num_heads = static_cast<int>(x.shape[1]),
+                                                .head_dim = static_cast<int>(x.shape[3]), .skip = o.skip};
+    const auto h = to_float32(th, "--table", o.tables[0]), w = to_float32(tw, "--table", o.tables[1]),
+               xd = to_float32(x, "--input", o.input);
+    std::unique_ptr<rpe::any_term<float>> term;
+    std::shared_ptr<const rpe::bucket_ids> ids;
+    std::vector<float> t0, t1;
+    try {
+        const auto t = rpe::vit::make_decomposed_rel_pos_term<float>(c);
+        term = rpe::make_any_term(t);
+        const auto shape = t.table_shape();
+        t0.resize(static_cast<std::size_t>(shape[1] * shape[2]));
+        t1.resize(t0.size());
+        rpe::vit::load_decomposed_rel_pos<float>(c, view<const float>(h.data(), th.shape), view<const float>(w.data(), tw.shape),
+                                                 {view<float>(t0.data(), shape), view<float>(t1.data(), shape)});
+        ids = term->bucket_ids(g.height, g.width);
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error("--table/--input/--grid/--skip", e.what());
+    } catch (const rpe::out_of_range& e) {
+        throw usage_error("--grid", e.what());
+    }
+    const std::vector<std::int64_t> out_shape{x.shape[0], x.shape[1], L, L};
+    std::vector<float> out(checked_elements(out_shape, "--grid", "the output"));
+    const auto shape = term->table_shape();
+    const std::vector<rpe::tensor_ref<const float>> refs{view<const float>(t0.data(), shape), view<const float>(t1.data(), shape)};
+    term->forward(*ids, refs, view<const float>(xd.data(), x.shape), view<float>(out.data(), out_shape));
+    std::cout << "term: " << m.describe() << ", contextual on k, grid " << g.height << "x" << g.width << ", skip " << o.skip
+              << ", K = " << term->num_buckets() << " per table, tables x D^1/2 (SAM's unscaled q)\n";
+    return finish(out, out_shape, o);
 }
 
 }  // namespace
@@ -138,6 +266,10 @@ int run_term(const mapping_config& mc, const term_options& o) {
             text << value << " is not a tolerance; expected a finite number >= 0";
             throw usage_error(option, text.str());
         }
+    if (!o.expect.empty() && !o.out.empty() && same_file(o.out, o.expect))
+        throw usage_error("--out/--expect", "'" + o.out + "' and '" + o.expect + "' are the same file; the comparison would read what was just written");
+    if (m.vit == vit_kind::alibi2d) return run_alibi_term(m, g, o);
+    if (m.vit == vit_kind::decomposed) return run_decomposed_term(m, g, o);
     rpe::term_spec spec;
     try {
         spec.contextual = rpe::parse_contextual(o.mode);
@@ -212,8 +344,6 @@ int run_term(const mapping_config& mc, const term_options& o) {
     }
     spec.shared_head = ts[0] == 1;
     spec.skip = o.skip;
-    if (!o.expect.empty() && !o.out.empty() && same_file(o.out, o.expect))
-        throw usage_error("--out/--expect", "'" + o.out + "' and '" + o.expect + "' are the same file; the comparison would read what was just written");
     // the term checks every shape against the grid, skip and tables; its message names the tensor
     const char* culprits = spec.contextual ? "--table/--input/--grid/--skip" : "--table/--grid/--skip";
     std::unique_ptr<rpe::any_term<float>> term;
@@ -255,38 +385,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
     std::cout << "term: " << m.describe() << ", " << (spec.contextual ? "contextual" : "bias") << " on "
               << (spec.target == rpe::target::query ? "q" : spec.target == rpe::target::key ? "k" : "v") << ", grid "
               << g.height << "x" << g.width << ", skip " << o.skip << ", K = " << term->num_buckets() << "\n";
-    std::cout << "out " << shape_text(out_shape) << " float32\n";
-    if (!o.out.empty()) {
-        rpe::io::save_npy(o.out, out.data(), out_shape);
-        std::cout << "wrote " << o.out << "\n";
-    }
-    if (!o.expect.empty()) {
-        const auto ref = rpe::io::load_npy(o.expect);
-        if (ref.shape != out_shape) {
-            std::cout << "expect: " << o.expect << " has shape " << shape_text(ref.shape) << "; MISMATCH\n";
-            return 1;
-        }
-        const auto want = ref.to<double>();
-        double worst = 0;
-        std::size_t bad = 0, nan_mismatch = 0;
-        for (std::size_t i = 0; i < want.size(); ++i) {
-            const double got = out[i];
-            if (std::isnan(got) || std::isnan(want[i])) {  // NaN matches NaN only
-                nan_mismatch += std::isnan(got) != std::isnan(want[i]);
-                continue;
-            }
-            const double d = got == want[i] ? 0.0 : std::fabs(got - want[i]);  // inf == inf: no difference
-            worst = std::max(worst, d);
-            bad += !(d <= o.atol + o.rtol * std::fabs(want[i]));
-        }
-        bad += nan_mismatch;
-        std::cout << "expect: max |out - expected| = " << worst << " over " << want.size() << " values, " << bad
-                  << " beyond atol + rtol*|expected|";
-        if (nan_mismatch != 0) std::cout << " (" << nan_mismatch << " NaN in one and not the other)";
-        std::cout << "; " << (bad == 0 ? "match" : "MISMATCH") << "\n";
-        return bad == 0 ? 0 : 1;
-    }
-    return 0;
+    return finish(out, out_shape, o);
 }
 
 }  // namespace rpe_cli
