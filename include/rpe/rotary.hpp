@@ -84,7 +84,7 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
     require(depth == 1, component, "rope needs a 2D grid; depth = ", depth, "; expected 1");
     require(height >= 1 && width >= 1, component, "rope grid height, width = ", height, ", ", width, "; expected >= 1");
     if (l != r.skip + static_cast<std::int64_t>(height) * width)
-        throw invalid_argument(message(component, "L = ", l, " of q; expected rope skip + height*width = ", r.skip, " + ",
+        throw invalid_argument(message(component, "L = ", l, "; expected rope skip + height*width = ", r.skip, " + ",
                                        height, "*", width));
     if (r.is_mixed()) {
         check_shape(r.freqs, {2, h, d / 2}, component, "rope freqs");
