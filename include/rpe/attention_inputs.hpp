@@ -58,7 +58,7 @@ struct attention_inputs {
     tensor_ref<const S> attn_mask;                  ///< (L, L) additive, or empty
     tensor_ref<const std::uint8_t> key_padding_mask;  ///< (B, L) or empty
     int depth = 1;                                  ///< grid frames (3D mappings on T x H x W video grids)
-    rotary_embedding<S> rope;                       ///< RoPE on q and k (form std::monostate = none)
+    rotary_embedding<S> rope = {};                  ///< RoPE on q and k (form std::monostate = none)
 };
 
 namespace detail {
