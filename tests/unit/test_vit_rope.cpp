@@ -17,6 +17,10 @@
 #include <string>
 #include <vector>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #include "golden.hpp"
 
 namespace {
@@ -429,4 +433,23 @@ TEST_CASE("rope: errors name the parameter and its value") {
     in.rope.form = rpe::rope::axial{.theta = std::nanf("")};
     CHECK_THROWS_AS(rpe::attention_forward(in, mview(y, shape)), rpe::invalid_argument);
     CHECK(y[0] == 3.0f);
+}
+
+TEST_CASE("rope: fused results (mixed frequency gradient included) do not depend on the thread count") {
+#if defined(_OPENMP)
+    rope_problem<float> p(1, true, 31);
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const auto one = run_rope(p, true, 3);
+    omp_set_num_threads(3);
+    const auto three = run_rope(p, true, 3);
+    omp_set_num_threads(before);
+    CHECK(one.out == three.out);
+    CHECK(one.gq == three.gq);
+    CHECK(one.gk == three.gk);
+    CHECK(one.gf == three.gf);
+    CHECK(one.gt == three.gt);
+#else
+    MESSAGE("built without OpenMP: one thread only");
+#endif
 }
