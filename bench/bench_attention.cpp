@@ -1,6 +1,8 @@
 // Fused attention with iRPE (Google Benchmark): DeiT-S shapes and a 56x56 grid, with no RPE,
 // contextual Product on k, and on q, k, v (ratio 1.9, class token, table shared by the heads);
-// and a 128x128 grid whose bucket ids are computed on the fly.
+// and a 128x128 grid whose bucket ids are computed on the fly; on DeiT-S also 2D RoPE on q and k
+// (rope: rope-vit's RoPE-Axial θ = 100; rope_k: with contextual Product on k; rope_mixed:
+// RoPE-Mixed with its frequency gradient in the backward).
 //
 // Names (scripts read them): attention/<shape>/<rpe> is the float32 forward;
 // attention_fwd_bwd/<shape>/<rpe> forward + backward; attention_composed/<shape>/<rpe> the
@@ -10,6 +12,7 @@
 
 #include <Eigen/Core>
 
+#include <array>
 #include <memory>
 #include <random>
 #include <string>
@@ -24,6 +27,7 @@ using ctx_term = rpe::term<product, rpe::mode::contextual, T, float>;
 struct attention_config {
     int b, h, height, width, d;
     std::string rpe_on;  // "", "k", "qkv"
+    std::string rope;    // "", "axial", "mixed"
 };
 
 struct attention_case : attention_config {
@@ -31,7 +35,7 @@ struct attention_case : attention_config {
     std::int64_t l() const { return 1 + static_cast<std::int64_t>(height) * width; }
 
     std::vector<float> q, k, v, grad_out, out, gq, gk, gv, attn;
-    std::vector<float> tables[3], grads[3];
+    std::vector<float> tables[3], grads[3], freqs, grad_freqs;
     std::unique_ptr<rpe::any_term<float>> terms[3];
     rpe::attention_inputs<float> in;
 
@@ -68,6 +72,18 @@ struct attention_case : attention_config {
             slots[t]->tables = {rpe::tensor_ref<const float>(tables[t].data(), {shape[0], shape[1], shape[2]})};
             slots[t]->grad_tables = {rpe::tensor_ref<float>(grads[t].data(), {shape[0], shape[1], shape[2]})};
             (void)terms[t]->bucket_ids(height, width);  // warm cache: ids are built once per grid
+        }
+        if (rope == "axial") {
+            in.rope = {.form = rpe::rope::axial{.theta = 100.0f}, .skip = 1};
+            (void)rpe::rope_table_of(in.rope, d, height, width);  // warm cache: cos/sin are built once per grid
+        } else if (rope == "mixed") {
+            freqs.resize(static_cast<std::size_t>(2 * h * d / 2));
+            grad_freqs.resize(freqs.size());
+            std::vector<float> angles(static_cast<std::size_t>(h));
+            for (int i = 0; i < h; ++i) angles[static_cast<std::size_t>(i)] = 0.7f * static_cast<float>(i);
+            rpe::rope::init_mixed_frequencies(10.0f, d, angles, freqs);
+            in.rope = {.form = rpe::rope::mixed{}, .skip = 1, .freqs = rpe::tensor_ref<const float>(freqs.data(), {2, h, d / 2}),
+                       .grad_freqs = rpe::tensor_ref<float>(grad_freqs.data(), {2, h, d / 2})};
         }
     }
     rpe::tensor_ref<float> view(std::vector<float>& x) { return {x.data(), {b, h, l(), d}}; }
@@ -141,7 +157,7 @@ const bool registered = [] {
     };
     for (const shape s : {shape{"deit_s", 8, 6, 14, 14, 64}, shape{"grid56", 1, 6, 56, 56, 64}, shape{"grid64", 1, 1, 64, 64, 64}})
         for (const char* on : {"none", "k", "qkv"}) {
-            const attention_config c{s.b, s.h, s.height, s.width, s.d, std::string(on) == "none" ? "" : on};
+            const attention_config c{s.b, s.h, s.height, s.width, s.d, std::string(on) == "none" ? "" : on, ""};
             const std::string tail = std::string(s.name) + "/" + on;
             benchmark::RegisterBenchmark(("attention/" + tail).c_str(), run, c, what::forward)->Unit(benchmark::kMillisecond)->UseRealTime();
             benchmark::RegisterBenchmark(("attention_fwd_bwd/" + tail).c_str(), run, c, what::forward_backward)
@@ -150,10 +166,20 @@ const bool registered = [] {
                 benchmark::RegisterBenchmark(("attention_composed/" + tail).c_str(), run, c, what::composed)
                     ->Unit(benchmark::kMillisecond)->UseRealTime();
         }
+    // 2D RoPE on q and k, DeiT-S shapes (targets, one thread: rope ≤ 1.15x and rope_k ≤ 1.25x of
+    // attention/deit_s/none; docs/rope.md)
+    for (const auto& [name, on, form] : {std::array<const char*, 3>{"rope", "", "axial"}, std::array<const char*, 3>{"rope_k", "k", "axial"},
+                                         std::array<const char*, 3>{"rope_mixed", "", "mixed"}}) {
+        const attention_config c{8, 6, 14, 14, 64, on, form};
+        benchmark::RegisterBenchmark((std::string("attention/deit_s/") + name).c_str(), run, c, what::forward)
+            ->Unit(benchmark::kMillisecond)->UseRealTime();
+        benchmark::RegisterBenchmark((std::string("attention_fwd_bwd/deit_s/") + name).c_str(), run, c, what::forward_backward)
+            ->Unit(benchmark::kMillisecond)->UseRealTime();
+    }
     // A 128 x 128 grid (L = 16385): the automatic id storage computes ids on the fly (an (L, L)
     // table would be 268 MB), one head, forward only.
     for (const char* on : {"none", "k"}) {
-        const attention_config c{1, 1, 128, 128, 32, std::string(on) == "none" ? "" : on};
+        const attention_config c{1, 1, 128, 128, 32, std::string(on) == "none" ? "" : on, ""};
         benchmark::RegisterBenchmark(("attention/grid128_on_the_fly/" + std::string(on)).c_str(), run, c, what::forward)
             ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
     }

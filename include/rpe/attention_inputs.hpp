@@ -19,6 +19,7 @@
 #include "detail/check.hpp"
 #include "error.hpp"
 #include "mode.hpp"
+#include "rotary.hpp"
 #include "tensor.hpp"
 
 namespace rpe {
@@ -43,6 +44,10 @@ struct attention_term {
 /// key_padding_mask: optional (B, L), nonzero = padded key (DETR): those logits become −∞ after
 /// all RPE terms are added. Rows whose keys are all masked give zero probabilities and zero
 /// output (the reference gives NaN there).
+/// rope: optional 2D rotary position embedding of q and k (rpe::rotary_embedding; 2D grids only,
+/// `L = rope.skip + height*width`): q and k are rotated first, and everything after (q·kᵀ and
+/// the iRPE terms, contextual ones included) sees the rotated q and k, as if rpe::rope_forward
+/// had been applied to both before the attention.
 template <class S>
 struct attention_inputs {
     using scalar_type = S;                          ///< element type of q, k, v, tables, masks
@@ -53,6 +58,7 @@ struct attention_inputs {
     tensor_ref<const S> attn_mask;                  ///< (L, L) additive, or empty
     tensor_ref<const std::uint8_t> key_padding_mask;  ///< (B, L) or empty
     int depth = 1;                                  ///< grid frames (3D mappings on T x H x W video grids)
+    rotary_embedding<S> rope = {};                  ///< RoPE on q and k (form std::monostate = none)
 };
 
 namespace detail {
@@ -116,6 +122,8 @@ attention_shape check_attention(const In& in) {
             check_nonnull(tab, "attention", table_names[i]);
         }
     }
+    // RoPE (the CPU attention's field; the CUDA inputs have none, so a CUDA call cannot ask for it)
+    if constexpr (requires { in.rope; }) check_rope(in.rope, s.h, s.l, s.d, in.depth, in.height, in.width, "attention");
     return s;
 }
 
@@ -127,6 +135,7 @@ void check_output_overlap(const In& in, const tensor_ref<T>& out, std::string_vi
     check_no_overlap(out, in.key_padding_mask, "attention", name, "key_padding_mask");
     for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
         for (const auto& t : slot->tables) check_no_overlap(out, t, "attention", name, "a lookup table");
+    if constexpr (requires { in.rope; }) check_no_overlap(out, in.rope.freqs, "attention", name, "rope freqs");
 }
 
 /// @brief Checks the attention_terms' grad_tables: each given entry (data or shape set) has its
@@ -200,6 +209,17 @@ void check_attention_gradients(const In& in, const attention_shape& s, const ten
         for (int j = 0; j < i; ++j) check_no_overlap(*outs[i], *outs[j], "attention", names[i], names[j]);
     }
     check_grad_tables(in, {{attn, "attn"}, {grad_out, "grad_out"}, {grad_q, "grad_q"}, {grad_k, "grad_k"}, {grad_v, "grad_v"}});
+    if constexpr (requires { in.rope; }) {
+        if (check_rope_gradient(in.rope, s.h, s.d, "attention")) {
+            const auto& g = in.rope.grad_freqs;
+            check_output_overlap(in, g, "rope grad_freqs");
+            check_no_overlap(g, attn, "attention", "rope grad_freqs", "attn");
+            check_no_overlap(g, grad_out, "attention", "rope grad_freqs", "grad_out");
+            for (int i = 0; i < 3; ++i) check_no_overlap(g, *outs[i], "attention", "rope grad_freqs", names[i]);
+            for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
+                for (const auto& t : slot->grad_tables) check_no_overlap(g, t, "attention", "rope grad_freqs", "a grad_tables entry");
+        }
+    }
 }
 
 /// @brief The host bucket ids of an attached term on the inputs' grid (null without a term).

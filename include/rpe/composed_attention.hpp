@@ -20,6 +20,7 @@
 #include "any_term.hpp"
 #include "attention_inputs.hpp"
 #include "backend/cpu/kernels.hpp"
+#include "backend/cpu/rope.hpp"
 #include "detail/check.hpp"
 #include "error.hpp"
 #include "tensor.hpp"
@@ -28,7 +29,8 @@ namespace rpe {
 
 /// @brief Forward of the attention step (reference `RPEAttention.forward` without the
 /// projections and dropout): `qs = q·s`, `s = D^−½`; `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s)`;
-/// mask; `attn = softmax_j(logits)`; `out = attn·v + rpe_v(attn)`.
+/// mask; `attn = softmax_j(logits)`; `out = attn·v + rpe_v(attn)`. With `in.rope`, q and k are
+/// first rotated by rpe::rope_forward into copies and the step runs on those.
 /// @param out  (B, H, L, D), written.
 /// @param attn (B, H, L, L), written: the probabilities, needed by the backward.
 /// @throws rpe::invalid_argument `[rpe.attention] ...` / `[rpe.term] ...` for mismatched shapes,
@@ -38,6 +40,18 @@ template <class S>
 void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn) {
     const auto s = detail::check_attention(in);
     detail::check_attention_outputs(in, s, out, attn, true);
+    if (in.rope.enabled()) {  // RoPE: rotate q and k (rpe::rope_forward), then the same step without it
+        std::vector<S> qr(static_cast<std::size_t>(in.q.size())), kr(qr.size());
+        const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
+        rope_forward(in.rope, in.height, in.width, in.q, tensor_ref<S>(qr.data(), shape));
+        rope_forward(in.rope, in.height, in.width, in.k, tensor_ref<S>(kr.data(), shape));
+        attention_inputs<S> rotated = in;
+        rotated.rope = {};
+        rotated.q = tensor_ref<const S>(qr.data(), shape);
+        rotated.k = tensor_ref<const S>(kr.data(), shape);
+        composed_attention_forward(rotated, out, attn);
+        return;
+    }
     const auto ids_q = detail::ids_of(in.rpe_q, in);
     const auto ids_k = detail::ids_of(in.rpe_k, in);
     const auto ids_v = detail::ids_of(in.rpe_v, in);
@@ -93,6 +107,30 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
     detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
     detail::check_nonnull(attn, "attention", "attn");
     detail::check_attention_gradients(in, s, attn, grad_out, grad_q, grad_k, grad_v);
+    if (in.rope.enabled()) {  // RoPE: the step on rotated q, k, then rpe::rope_backward of both
+        const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
+        std::vector<S> qr(static_cast<std::size_t>(in.q.size())), kr(qr.size()), gq(qr.size()), gk(qr.size());
+        rope_forward(in.rope, in.height, in.width, in.q, tensor_ref<S>(qr.data(), shape));
+        rope_forward(in.rope, in.height, in.width, in.k, tensor_ref<S>(kr.data(), shape));
+        attention_inputs<S> rotated = in;
+        rotated.rope = {};
+        rotated.q = tensor_ref<const S>(qr.data(), shape);
+        rotated.k = tensor_ref<const S>(kr.data(), shape);
+        composed_attention_backward(rotated, attn, grad_out, tensor_ref<S>(gq.data(), shape), tensor_ref<S>(gk.data(), shape),
+                                    grad_v);
+        auto r = in.rope;
+        std::vector<S> fq, fk;
+        if (r.grad_freqs.data) {
+            fq.resize(static_cast<std::size_t>(r.grad_freqs.size()));
+            fk.resize(fq.size());
+            r.grad_freqs.data = fq.data();
+        }
+        rope_backward(r, in.height, in.width, in.q, tensor_ref<const S>(gq.data(), shape), grad_q);
+        if (r.grad_freqs.data) r.grad_freqs.data = fk.data();
+        rope_backward(r, in.height, in.width, in.k, tensor_ref<const S>(gk.data(), shape), grad_k);
+        for (std::size_t e = 0; e < fq.size(); ++e) in.rope.grad_freqs.data[e] = fq[e] + fk[e];
+        return;
+    }
     const auto ids_q = detail::ids_of(in.rpe_q, in);
     const auto ids_k = detail::ids_of(in.rpe_k, in);
     const auto ids_v = detail::ids_of(in.rpe_v, in);

@@ -1,5 +1,5 @@
 /// @file concepts.hpp
-/// @brief The concepts that constrain rpe's policies: IndexFunction, Mapping, Mode, Backend.
+/// @brief The concepts that constrain rpe's policies: IndexFunction, Mapping, RotaryPolicy, Mode, Backend.
 ///
 /// A policy that does not satisfy its concept fails at the point of use with the concept's name
 /// in the diagnostic, e.g. "the required expression 'm.bucket(dr, dc)' is invalid".
@@ -72,6 +72,23 @@ concept Mapping3D =
 /// sequences as 1 × L grids) or a Mapping3D (video).
 template <class M>
 concept GridMapping = Mapping<M> || Mapping3D<M>;
+
+/// @brief A fixed-frequency 2D rotary position embedding (rpe::rope::axial, rpe::rope::cat):
+/// the rotation angle of channel pair `pair` (channels 2·pair, 2·pair + 1) of a head of
+/// `head_dim` channels at grid token (row, col) of a height × width grid. The learned-frequency
+/// form (rpe::rope::mixed) takes its frequencies from a tensor and is not such a policy.
+template <class R>
+concept RotaryPolicy =
+    // a policy is a plain value: copied into kernels, compared as part of the cache key
+    std::is_trivially_copyable_v<R> && std::equality_comparable<R> &&
+    requires(const R r, int row, int col, int pair, int head_dim, int height, int width) {
+        // head_dim must be a multiple of this (4 for the 2D forms: D/4 bands per axis)
+        { R::head_dim_multiple } -> std::convertible_to<int>;
+        // the angle in radians, float32 as the sources compute it
+        { r.angle(row, col, pair, head_dim, height, width) } -> std::same_as<float>;
+        // host-side parameter check that throws
+        r.validate();
+    };
 
 /// @brief A mode tag: rpe::mode::bias (eq. 14) or rpe::mode::contextual (eqs. 15–17).
 template <class Md>

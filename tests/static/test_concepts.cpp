@@ -15,6 +15,9 @@
 #include <rpe/mapping/product.hpp>
 #include <rpe/mapping/quantization.hpp>
 #include <rpe/mode.hpp>
+#include <rpe/rope/axial.hpp>
+#include <rpe/rope/cat.hpp>
+#include <rpe/rope/mixed.hpp>
 #include <rpe/term.hpp>
 #include <rpe/vit/alibi_2d.hpp>
 #include <rpe/vit/decomposed_rel_pos.hpp>
@@ -129,6 +132,36 @@ struct mapping_without_equality {
 };
 static_assert(!rpe::Mapping<mapping_without_equality>);
 static_assert(!rpe::Mapping<rpe::index::piecewise>);  // an index function is not a mapping
+
+// ---------------------------------------------------------------------------------------------
+// RotaryPolicy: the fixed-frequency RoPE forms; rope::mixed (frequencies from a tensor) is not one
+// ---------------------------------------------------------------------------------------------
+static_assert(rpe::RotaryPolicy<rpe::rope::axial>);
+static_assert(rpe::RotaryPolicy<rpe::rope::cat>);
+static_assert(!rpe::RotaryPolicy<rpe::rope::mixed>);
+
+struct rotary_ok {
+    static constexpr int head_dim_multiple = 2;
+    float angle(int, int, int, int, int, int) const { return 0.0f; }
+    void validate() const {}
+    friend bool operator==(const rotary_ok&, const rotary_ok&) = default;
+};
+static_assert(rpe::RotaryPolicy<rotary_ok>);
+
+struct rotary_double_angle {  // the angle is float32, as the sources compute it
+    static constexpr int head_dim_multiple = 2;
+    double angle(int, int, int, int, int, int) const { return 0.0; }
+    void validate() const {}
+    friend bool operator==(const rotary_double_angle&, const rotary_double_angle&) = default;
+};
+static_assert(!rpe::RotaryPolicy<rotary_double_angle>);
+
+struct rotary_without_multiple {
+    float angle(int, int, int, int, int, int) const { return 0.0f; }
+    void validate() const {}
+    friend bool operator==(const rotary_without_multiple&, const rotary_without_multiple&) = default;
+};
+static_assert(!rpe::RotaryPolicy<rotary_without_multiple>);
 
 // ---------------------------------------------------------------------------------------------
 // Mode and Backend: exactly the tags

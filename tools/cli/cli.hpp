@@ -113,6 +113,17 @@ struct term_options {
 };
 int run_term(const mapping_config& m, const term_options& o);
 
+/// Options of `rpe rope` (defaults: rope-vit's RoPE-Axial θ = 100; for cat, EVA-02's
+/// configuration: temperature 10000, integer coordinates, 'ij').
+struct rope_options {
+    std::string form = "axial", grid, input, out, expect, freqs, ref_grid;
+    int skip = 0;
+    double theta = 100.0, temperature = 10000.0, max_res = 224.0, grid_offset = 0.0;
+    bool in_pixels = false, linear_bands = false, xy = false;
+    double atol = 1e-5, rtol = 1e-4;
+};
+int run_rope(const rope_options& o);
+
 /// Options of `rpe bench`.
 struct bench_options {
     std::string grid = "14x14", mode = "contextual";

@@ -4,6 +4,8 @@
 //   rpe show    --mapping product --grid 14x14 --query 7,7 [--png out.png] [--all]
 //   rpe term    --mapping product --mode contextual --target k --grid 5x9 --skip 1
 //               --table t.npy --input x.npy --out y.npy [--expect ref.npy]
+//   rpe rope    --form axial|mixed|cat --grid 14x14 --skip 1 --input q.npy --out q_rot.npy
+//               [--theta 100 | --freqs f.npy | --temperature 10000 --ref-grid 16x16 ...] [--expect ref.npy]
 //   rpe bench   --mapping product,euclidean --grid 14x14 [--batch 8 --heads 6 --dim 64]
 //   (swin, beit, swinv2: --window HxW, default the grid; swinv2: --pretrained HxW, --no-sigmoid;
 //    rpe buckets --coords c.npy writes the SwinV2 log coordinates; rpe term --timm-table reads (K, H))
@@ -623,6 +625,28 @@ int run(int argc, char** argv) {
     term->add_flag("--timm-table", to.timm_table, "bias: the table is in timm's (K, H) layout (swin, beit); swinv2's is always "
                                                   "the CPB MLP's (K, H) output");
 
+    auto* rope = app.add_subcommand("rope", "2D rotary position embedding of a q or k (.npy in, .npy out)");
+    rope_options ro;
+    rope->add_option("--form", ro.form, "axial (rope-vit RoPE-Axial), mixed (rope-vit RoPE-Mixed) or cat (timm RotaryEmbeddingCat, EVA-02)")
+        ->capture_default_str();
+    rope->add_option("--grid", ro.grid, "HxW: L = skip + H*W must match the input")->required();
+    rope->add_option("--skip", ro.skip, "leading tokens left unrotated (class token)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+    rope->add_option("--input", ro.input, "q or k .npy (B, H, L, D)")->required()->check(CLI::ExistingFile);
+    rope->add_option("--out", ro.out, "rotated .npy (float32)");
+    rope->add_option("--theta", ro.theta, "axial: base of the frequencies")->capture_default_str();
+    rope->add_option("--freqs", ro.freqs, "mixed: learned frequencies .npy (2, H, D/2)")->check(CLI::ExistingFile);
+    rope->add_option("--temperature", ro.temperature, "cat: band base (without --in-pixels)")->capture_default_str();
+    rope->add_flag("--in-pixels", ro.in_pixels, "cat: pixel bands and [-1, 1] coordinates (timm's class default; EVA-02: off)");
+    rope->add_option("--max-res", ro.max_res, "cat --in-pixels: highest resolution of the bands")->capture_default_str();
+    rope->add_flag("--linear-bands", ro.linear_bands, "cat --in-pixels: linearly spaced bands");
+    rope->add_option("--grid-offset", ro.grid_offset, "cat: added to the integer coordinates")->capture_default_str();
+    rope->add_option("--ref-grid", ro.ref_grid, "cat: reference grid HxW (timm's ref_feat_shape; EVA-02 patch14: 16x16)");
+    rope->add_flag("--xy", ro.xy, "cat: grid_indexing 'xy' (columns first)");
+    rope->add_option("--expect", ro.expect, "compare the output with this .npy (exit 1 beyond atol + rtol*|expected|)")
+        ->check(CLI::ExistingFile);
+    rope->add_option("--atol", ro.atol, "absolute tolerance of --expect")->capture_default_str();
+    rope->add_option("--rtol", ro.rtol, "relative tolerance of --expect")->capture_default_str();
+
     auto* bench = app.add_subcommand("bench", "time and memory of variants for your shapes");
     bench_options be;
     add_mapping_options(bench, mo, nullptr);
@@ -637,9 +661,9 @@ int run(int argc, char** argv) {
     bench->add_option("--dim", be.dim, "D (head dim)")->capture_default_str()->check(CLI::Range(1, 1 << 30));
     bench->add_option("--repeat", be.repeat, "runs per measurement (median)")->capture_default_str()->check(CLI::Range(1, 1 << 30));
 
-    const std::set<std::string> commands{"buckets", "show", "term", "bench"};
+    const std::set<std::string> commands{"buckets", "show", "term", "rope", "bench"};
     if (argc > 1 && argv[1][0] != '-' && commands.count(argv[1]) == 0)
-        throw usage_error("command", std::string("'") + argv[1] + "' is not a command; expected buckets, show, term or bench");
+        throw usage_error("command", std::string("'") + argv[1] + "' is not a command; expected buckets, show, term, rope or bench");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -656,6 +680,7 @@ int run(int argc, char** argv) {
         to.target_given = term->get_option("--target")->count() > 0;
         return run_term(resolve_mapping(name, mo), to);
     }
+    if (*rope) return run_rope(ro);
     std::vector<mapping_config> maps;
     for (const auto& n : bench_names) {
         if (n == "all") {

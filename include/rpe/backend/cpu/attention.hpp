@@ -18,6 +18,7 @@
 #include "../../error.hpp"
 #include "../../tensor.hpp"
 #include "kernels.hpp"
+#include "rope.hpp"
 #include "simd.hpp"
 
 namespace rpe {
@@ -57,7 +58,30 @@ struct fused_plan {
     S scale = 1;
     std::vector<fused_table<S, Id>> on_q, on_k, on_v;
     int tables = 0;  // tables in on_q, on_k, on_v together
+    const S* kd = nullptr;                         // (B, H, L, D) keys: in.k, or the rotated copy with RoPE
+    std::shared_ptr<const rope_table<S>> rope;     // cos/sin with RoPE, else null
+    std::int64_t rope_skip = 0;
+
+    // The scaled (and, with RoPE, rotated) queries of rows [i0, i0 + rb) of plane p into qs (rb, D).
+    void load_queries(const S* q, std::int64_t p, std::int64_t i0, std::int64_t rb, S* qs) const {
+        const S* src = q + (p * l + i0) * d;
+        if (rope) cpu::rope_rotate_rows(*rope, p % h, rope_skip, i0, rb, d, src, qs, scale, false);
+        else cpu::map<S>(qs, rb, d) = cpu::cmap<S>(src, rb, d) * scale;
+    }
 };
+
+// With RoPE: the table and the rotated keys of every plane into kr (B·H·L·D), once per call.
+template <class S, class Id>
+void rotate_keys(fused_plan<S, Id>& plan, const attention_inputs<S>& in, S* kr) {
+    if (!plan.rope) return;
+    const std::int64_t n = plan.l, d = plan.d, planes = plan.b * plan.h;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+    for (std::int64_t p = 0; p < planes; ++p)
+        cpu::rope_rotate_rows(*plan.rope, p % plan.h, plan.rope_skip, 0, n, d, in.k.data + p * n * d, kr + p * n * d, S(1), false);
+    plan.kd = kr;
+}
 
 template <class S, class Id>
 void add_tables(fused_plan<S, Id>& plan, const attention_term<S>& slot,
@@ -142,7 +166,7 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
-    map<S>(lg, rb, n).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(in.k.data + p * n * d, n, d).transpose();
+    map<S>(lg, rb, n).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(plan.kd + p * n * d, n, d).transpose();
     // contextual key terms: per-bucket products of the block, (rb, K) each, side by side in work
     std::int64_t offset = 0;
     for (const auto& t : plan.on_k)
@@ -174,9 +198,9 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
     }
 }
 
-// Per plane: (k·s)·table_q[h'] (L, K) of every contextual q table q, at buf + q·L·K (K = plan.k).
+// Per plane: (k·s)·table_q[h'] (L, K) (k: plan.kd, rotated with RoPE) of every contextual q table q, at buf + q·L·K (K = plan.k).
 template <class S, class Id>
-void plane_query_products(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, S* ks, S* buf) {
+void plane_query_products(const fused_plan<S, Id>& plan, std::int64_t p, S* ks, S* buf) {
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
@@ -185,7 +209,7 @@ void plane_query_products(const fused_plan<S, Id>& plan, const attention_inputs<
         const auto& t = plan.on_q[q];
         if (t.bias) continue;
         if (!have_ks) {
-            map<S>(ks, n, d) = cmap<S>(in.k.data + p * n * d, n, d) * plan.scale;
+            map<S>(ks, n, d) = cmap<S>(plan.kd + p * n * d, n, d) * plan.scale;
             have_ks = true;
         }
         const std::int64_t k = t.k;
@@ -202,14 +226,14 @@ bool has_contextual_query(const fused_plan<S, Id>& plan) {
 // The contextual q products of every plane, (planes, nq, L, K), into tq, computed once before
 // the row blocks (which may run on different threads); ks_s: (L, D) per thread.
 template <class S, class Id>
-void all_query_products(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, const cpu::thread_scratch<S>& ks_s,
+void all_query_products(const fused_plan<S, Id>& plan, const cpu::thread_scratch<S>& ks_s,
                         S* tq) {
     const std::int64_t n = plan.l, planes = plan.b * plan.h;
     const std::int64_t per_plane = static_cast<std::int64_t>(plan.on_q.size()) * n * plan.k;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
-    for (std::int64_t p = 0; p < planes; ++p) plane_query_products(plan, in, p, ks_s.mine(), tq + p * per_plane);
+    for (std::int64_t p = 0; p < planes; ++p) plane_query_products(plan, p, ks_s.mine(), tq + p * per_plane);
 }
 
 template <class S, class Id>
@@ -231,6 +255,11 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     require(opt.row_block >= 0, "attention", "row_block = ", opt.row_block, "; expected >= 0");
     plan.rb = opt.row_block > 0 ? opt.row_block : std::max<std::int64_t>(32, (std::int64_t{1} << 17) / std::max<std::int64_t>(s.l, 1));
     plan.rb = std::min(plan.rb, s.l);
+    plan.kd = in.k.data;
+    if (in.rope.enabled()) {
+        plan.rope = rope_table_of(in.rope, s.d, in.height, in.width);
+        plan.rope_skip = in.rope.skip;
+    }
     return plan;
 }
 
@@ -253,11 +282,13 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
     cpu::thread_scratch<S> qs_s(ws, rb_max * d);
     cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
     cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
+    cpu::shared_scratch<S> kr_s(ws, plan.rope ? planes * n * d : 0);  // rotated keys (RoPE)
     const auto full_ids = declare_full_ids(plan, ws);
     ws.allocate();
     materialise_ids(plan, full_ids);
+    rotate_keys(plan, in, kr_s.data());
     const S* tq = tq_s.data();
-    if (ctx_q) all_query_products(plan, in, ks_s, tq_s.data());
+    if (ctx_q) all_query_products(plan, ks_s, tq_s.data());
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
@@ -274,7 +305,7 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
             const std::int64_t p = item / blocks, i0 = (item % blocks) * rb_max, h = p % plan.h;
             const std::int64_t rb = std::min(rb_max, n - i0);
             load_block_ids(plan, i0, rb, idbuf, blk);
-            map<S>(qs, rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
+            plan.load_queries(in.q.data, p, i0, rb, qs);
             block_probabilities(plan, in, p, i0, rb, qs, tq + p * tq_per_plane, blk, lg, work);
             auto o = map<S>(out.data + (p * n + i0) * d, rb, d);
             o.noalias() = cmap<S>(lg, rb, n) * cmap<S>(in.v.data + p * n * d, n, d);
@@ -284,6 +315,33 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
             }
             if (attn.data) std::copy(lg, lg + rb * n, attn.data + (p * n + i0) * n);
         }
+    }
+}
+
+// The contextual q terms' key gradients (added into gk, (L, D)) and table partials of plane p
+// from the per-(key, bucket) sums of its chunks (gq_part: items of tq_per_plane values).
+template <class S, class Id, class GK>
+void plane_query_gradients(fused_plan<S, Id>& plan, S* gq_part, std::int64_t p, std::int64_t chunks, std::int64_t tq_per_plane,
+                           GK& gk) {
+    using cpu::cmap;
+    using cpu::map;
+    const std::int64_t n = plan.l, d = plan.d, k = plan.k, h = p % plan.h;
+    S* gq = gq_part + p * chunks * tq_per_plane;
+    for (std::int64_t c = 1; c < chunks; ++c) {
+        const S* src = gq_part + (p * chunks + c) * tq_per_plane;
+        for (std::int64_t e = 0; e < tq_per_plane; ++e) gq[e] += src[e];
+    }
+    for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
+        auto& t = plan.on_q[q];
+        if (t.bias) continue;
+        const std::int64_t tk = t.k;
+        const auto g = cmap<S>(gq + static_cast<std::int64_t>(q) * n * k, n, tk);
+        const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
+        gk.noalias() += plan.scale * (g * tab.transpose());
+        // table partial of plane p lives in its chunk-0 item: Σ (k·s)ᵀ·g = s·kᵀ·g
+        if (t.grad)
+            map<S>(t.partial + p * chunks * d * tk, d, tk).noalias() +=
+                plan.scale * (cmap<S>(plan.kd + p * n * d, n, d).transpose() * g);
     }
 }
 
@@ -321,9 +379,15 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     cpu::thread_scratch<S> qs_s(ws, rb_max * d), dqs_s(ws, rb_max * d);
     cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
     cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
+    // RoPE: rotated keys; rope::mixed with grad_freqs: angle gradients (B·H, grid tokens, D/2)
+    const bool rope_freqs = plan.rope && in.rope.grad_freqs.data != nullptr;
+    const std::int64_t rope_n = plan.rope ? plan.rope->tokens : 0, rope_pairs = d / 2;
+    cpu::shared_scratch<S> kr_s(ws, plan.rope ? planes * n * d : 0), ga_s(ws, rope_freqs ? planes * rope_n * rope_pairs : 0);
     const auto full_ids = declare_full_ids(plan, ws);
     ws.allocate();
     materialise_ids(plan, full_ids);
+    rotate_keys(plan, in, kr_s.data());
+    if (rope_freqs) std::fill(ga_s.data(), ga_s.data() + ga_s.count, S(0));
     std::size_t next = 0;
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
         for (auto& t : *group) {
@@ -333,7 +397,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
         }
     if (ctx_q) {
         std::fill(gq_part.data(), gq_part.data() + gq_part.count, S(0));
-        all_query_products(plan, in, ks_s, tq_s.data());
+        all_query_products(plan, ks_s, tq_s.data());
     }
     const S* tq = tq_s.data();
 #if defined(_OPENMP)
@@ -355,12 +419,12 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
             gk.setZero();
             gv.setZero();
             const auto vp = cmap<S>(in.v.data + p * n * d, n, d);
-            const auto kp = cmap<S>(in.k.data + p * n * d, n, d);
+            const auto kp = cmap<S>(plan.kd + p * n * d, n, d);
             const std::int64_t i_end = std::min(n, (c + 1) * blocks_per_chunk * rb_max);
             for (std::int64_t i0 = c * blocks_per_chunk * rb_max; i0 < i_end; i0 += rb_max) {
                 const std::int64_t rb = std::min(rb_max, n - i0);
                 load_block_ids(plan, i0, rb, idbuf, blk);
-                map<S>(qs, rb, d) = cmap<S>(in.q.data + (p * n + i0) * d, rb, d) * plan.scale;
+                plan.load_queries(in.q.data, p, i0, rb, qs);
                 block_probabilities(plan, in, p, i0, rb, qs, tqp, blk, lg, work);
                 const auto P = cmap<S>(lg, rb, n);
                 const auto go = cmap<S>(grad_out.data + (p * n + i0) * d, rb, d);
@@ -411,7 +475,13 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         for (std::int64_t i = 0; i < rb; ++i)
                             for (std::int64_t j = 0; j < n; ++j) acc[j * tk + idb[i * n + j]] += dp[i * n + j];
                 }
-                map<S>(grad_q.data + (p * n + i0) * d, rb, d) = dq * plan.scale;
+                S* gq_rows = grad_q.data + (p * n + i0) * d;
+                if (plan.rope) {  // dq is the gradient of the rotated, scaled queries qs
+                    if (rope_freqs) cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, i0, rb, qs, dqs, ga_s.data() + p * rope_n * rope_pairs);
+                    cpu::rope_rotate_rows(*plan.rope, h, plan.rope_skip, i0, rb, d, dqs, gq_rows, plan.scale, true);
+                } else {
+                    map<S>(gq_rows, rb, d) = dq * plan.scale;
+                }
             }
         }
         // Per plane: chunk partials summed in chunk order, then the contextual q terms' key
@@ -431,26 +501,16 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     gv += map<S>(gv_part.data() + (p * chunks + c) * n * d, n, d);
                 }
             }
-            if (gq_part.empty()) continue;
-            S* gq = gq_part.data() + p * chunks * tq_per_plane;
-            for (std::int64_t c = 1; c < chunks; ++c) {
-                const S* src = gq_part.data() + (p * chunks + c) * tq_per_plane;
-                for (std::int64_t e = 0; e < tq_per_plane; ++e) gq[e] += src[e];
-            }
-            for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
-                auto& t = plan.on_q[q];
-                if (t.bias) continue;
-                const std::int64_t tk = t.k;
-                const auto g = cmap<S>(gq + static_cast<std::int64_t>(q) * n * k, n, tk);
-                const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
-                gk.noalias() += plan.scale * (g * tab.transpose());
-                // table partial of plane p lives in its chunk-0 item: Σ (k·s)ᵀ·g = s·kᵀ·g
-                if (t.grad)
-                    map<S>(t.partial + p * chunks * d * tk, d, tk).noalias() +=
-                        plan.scale * (cmap<S>(in.k.data + p * n * d, n, d).transpose() * g);
+            if (!gq_part.empty()) plane_query_gradients(plan, gq_part.data(), p, chunks, tq_per_plane, gk);
+            if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back
+                S* g = grad_k.data + p * n * d;
+                if (rope_freqs)
+                    cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, n, plan.kd + p * n * d, g, ga_s.data() + p * rope_n * rope_pairs);
+                cpu::rope_rotate_rows(*plan.rope, h, plan.rope_skip, 0, n, d, g, g, S(1), true);
             }
         }
     }
+    if (rope_freqs) cpu::rope_frequency_grad(*plan.rope, planes, plan.h, ga_s.data(), in.rope.grad_freqs.data);
     // Table gradients: per-item partials summed in item order (thread-count independent).
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
         for (auto& t : *group)
@@ -478,7 +538,10 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
 ///
 /// The contextual q/k terms use per-bucket products (qs·table per row block: rows·D·K; k·s·table
 /// per head: L·D·K), the value term per-bucket sums of probabilities then one product, the bias
-/// terms a gather. Rows whose keys are all masked give zero probabilities and zero output (the
+/// terms a gather. With `in.rope` (rpe::rotary_embedding), each query row block is rotated as it
+/// is loaded (with the scaling) and the keys once per call into a (B, H, L, D) copy, from a
+/// cos/sin table (grid tokens, D/2) built once per grid and cached (rope::mixed: per call); the
+/// terms then see the rotated q and k (equal to rpe::rope_forward on q and k, then this call). Rows whose keys are all masked give zero probabilities and zero output (the
 /// reference gives NaN); a NaN logit makes its row NaN.
 /// @param in   q, k, v (B, H, L, D), grid, optional terms and masks (see attention_inputs).
 /// @param out  (B, H, L, D), written.
@@ -502,7 +565,10 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 /// @brief Fused backward of attention_forward for `sum(out · grad_out)`: recomputes the
 /// probabilities row block by row block (no saved (B, H, L, L) state) and writes the gradients
 /// of the unscaled q, k, v and of every table given in the attention_terms' `grad_tables`
-/// (overwritten). Padded keys get exactly zero grad_k and grad_v rows.
+/// (overwritten). Padded keys get exactly zero grad_k and grad_v rows. With `in.rope`, grad_q
+/// and grad_k are rotated back by the transpose rotation and, for rope::mixed with
+/// `in.rope.grad_freqs` given, the frequencies' gradient (2, H, D/2) is written (summed over
+/// q and k, batch and tokens in a fixed order).
 /// @param grad_out (B, H, L, D); @param grad_q, grad_k, grad_v (B, H, L, D), written.
 /// @throws as attention_forward.
 /// Threads: OpenMP over (batch, head, chunk of row blocks) items, about 32 in all (a count that

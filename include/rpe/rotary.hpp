@@ -1,0 +1,214 @@
+/// @file rotary.hpp
+/// @brief rpe::rotary_embedding: a 2D rotary position embedding (RoPE) attached to q and k, its
+/// checks and its cos/sin table (backend-neutral; the CPU rotation is backend/cpu/rope.hpp, the
+/// fused attention applies it through rpe::attention_inputs::rope).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include "concepts.hpp"
+#include "detail/check.hpp"
+#include "detail/single_flight.hpp"
+#include "error.hpp"
+#include "rope/axial.hpp"
+#include "rope/cat.hpp"
+#include "rope/mixed.hpp"
+#include "tensor.hpp"
+
+namespace rpe {
+
+/// @brief The form of a rotary embedding: none (std::monostate), rope::axial, rope::mixed
+/// (frequencies from rotary_embedding::freqs) or rope::cat.
+using rope_form = std::variant<std::monostate, rope::axial, rope::mixed, rope::cat>;
+
+/// @brief A 2D rotary position embedding of q and k (B, H, L, D) on a height × width grid:
+/// tokens `0 .. skip−1` (class, register tokens) are left unrotated, as rope-vit and timm's
+/// EVA do; token `skip + t` sits at row `t div width`, column `t mod width` and its channel
+/// pairs (2p, 2p+1) are rotated as complex numbers `x_2p + i·x_2p+1` by the form's angle:
+/// `y_2p = c·x_2p − s·x_2p+1`, `y_2p+1 = s·x_2p + c·x_2p+1` (rope-vit's complex product, timm's
+/// `x·cos + rot(x)·sin`).
+/// @tparam S element type of the frequencies (float or double).
+template <class S>
+struct rotary_embedding {
+    rope_form form;               ///< std::monostate (no rotation) or a rope:: policy
+    int skip = 0;                 ///< leading tokens left unrotated (>= 0)
+    tensor_ref<const S> freqs = {};    ///< rope::mixed: (2, H, D/2) learned fx, fy; empty otherwise
+    tensor_ref<S> grad_freqs = {};     ///< rope::mixed backward: (2, H, D/2), overwritten; empty = not wanted
+
+    /// @brief True unless the form is std::monostate.
+    [[nodiscard]] bool enabled() const { return form.index() != 0; }
+    /// @brief True for rope::mixed.
+    [[nodiscard]] bool is_mixed() const { return std::holds_alternative<rope::mixed>(form); }
+};
+
+/// @brief cos and sin of every (head, grid token, pair) angle: (Hr, N, D/2) each, Hr = 1 for the
+/// fixed forms (shared by the heads) or H for rope::mixed, N = height·width; for rope::mixed
+/// also the token coordinates t_x = col, t_y = row (N) that the frequency gradient needs.
+template <class S>
+struct rope_table {
+    std::int64_t heads = 1, tokens = 0, pairs = 0;
+    std::vector<S> cos, sin;    // (heads, tokens, pairs)
+    std::vector<float> tx, ty;  // (tokens): rope::mixed only
+    /// @brief Offset of (head h of the call, grid token t, pair 0).
+    [[nodiscard]] std::int64_t at(std::int64_t h, std::int64_t t) const { return ((heads == 1 ? 0 : h) * tokens + t) * pairs; }
+};
+
+namespace detail {
+
+/// @brief Checks a rotary embedding against (H, L, D) and the grid: parameters of the policy,
+/// skip >= 0, L = skip + height·width, a flat grid (depth 1), D a positive multiple of the
+/// form's head_dim_multiple, and for rope::mixed freqs (2, H, D/2) non-null (grad_freqs, when
+/// given, is checked by check_rope_gradient).
+/// @throws rpe::invalid_argument `[rpe.<component>] rope ...`.
+template <class S>
+void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, std::int64_t d, int depth, int height,
+                int width, const char* component) {
+    if (!r.enabled()) return;
+    require(r.form.index() < std::variant_size_v<rope_form>, component, "rope form is valueless; expected a rope:: policy");
+    std::visit([&](const auto& p) {
+        using P = std::remove_cvref_t<decltype(p)>;
+        if constexpr (!std::is_same_v<P, std::monostate>) {
+            p.validate();
+            require(d >= P::head_dim_multiple && d % P::head_dim_multiple == 0, component, "rope needs head_dim D = ", d,
+                    " to be a positive multiple of ", P::head_dim_multiple);
+        }
+    }, r.form);
+    require(r.skip >= 0, component, "rope skip = ", r.skip, "; expected >= 0");
+    require(depth == 1, component, "rope needs a 2D grid; depth = ", depth, "; expected 1");
+    require(height >= 1 && width >= 1, component, "rope grid height, width = ", height, ", ", width, "; expected >= 1");
+    if (l != r.skip + static_cast<std::int64_t>(height) * width)
+        throw invalid_argument(message(component, "L = ", l, "; expected rope skip + height*width = ", r.skip, " + ",
+                                       height, "*", width));
+    if (r.is_mixed()) {
+        check_shape(r.freqs, {2, h, d / 2}, component, "rope freqs");
+        check_nonnull(r.freqs, component, "rope freqs");
+    } else {
+        require(r.freqs.data == nullptr && r.freqs.rank == 0, component,
+                "rope freqs is given for a fixed-frequency form; expected empty (only rope::mixed reads it)");
+    }
+}
+
+/// @brief Checks rope grad_freqs when given (rope::mixed only): (2, H, D/2), non-null.
+template <class S>
+bool check_rope_gradient(const rotary_embedding<S>& r, std::int64_t h, std::int64_t d, const char* component) {
+    if (r.grad_freqs.data == nullptr && r.grad_freqs.rank == 0) return false;
+    require(r.is_mixed(), component, "rope grad_freqs is given for a fixed-frequency form; expected empty");
+    check_shape(r.grad_freqs, {2, h, d / 2}, component, "rope grad_freqs");
+    check_nonnull(r.grad_freqs, component, "rope grad_freqs");
+    check_no_overlap(r.grad_freqs, r.freqs, component, "rope grad_freqs", "rope freqs");
+    return true;
+}
+
+/// @brief Builds the cos/sin table of a fixed-frequency policy (angles in float32, cos and sin
+/// in double, then rounded to S).
+template <class S, RotaryPolicy P>
+rope_table<S> build_rope_table(const P& p, std::int64_t d, int height, int width) {
+    rope_table<S> t;
+    t.heads = 1;
+    t.tokens = static_cast<std::int64_t>(height) * width;
+    t.pairs = d / 2;
+    t.cos.resize(static_cast<std::size_t>(t.tokens * t.pairs));
+    t.sin.resize(t.cos.size());
+    for (std::int64_t n = 0; n < t.tokens; ++n)
+        for (std::int64_t j = 0; j < t.pairs; ++j) {
+            const double a = p.angle(static_cast<int>(n / width), static_cast<int>(n % width), static_cast<int>(j),
+                                     static_cast<int>(d), height, width);
+            t.cos[static_cast<std::size_t>(n * t.pairs + j)] = static_cast<S>(std::cos(a));
+            t.sin[static_cast<std::size_t>(n * t.pairs + j)] = static_cast<S>(std::sin(a));
+        }
+    return t;
+}
+
+/// @brief The table of rope::mixed from freqs (2, H, D/2) (checked by the caller).
+template <class S>
+rope_table<S> build_mixed_table(const tensor_ref<const S>& freqs, int height, int width) {
+    rope_table<S> t;
+    t.heads = freqs.extent(1);
+    t.pairs = freqs.extent(2);
+    t.tokens = static_cast<std::int64_t>(height) * width;
+    t.cos.resize(static_cast<std::size_t>(t.heads * t.tokens * t.pairs));
+    t.sin.resize(t.cos.size());
+    t.tx.resize(static_cast<std::size_t>(t.tokens));
+    t.ty.resize(static_cast<std::size_t>(t.tokens));
+    for (std::int64_t n = 0; n < t.tokens; ++n) {
+        t.tx[static_cast<std::size_t>(n)] = static_cast<float>(n % width);
+        t.ty[static_cast<std::size_t>(n)] = static_cast<float>(n / width);
+    }
+    const S* fx = freqs.data;
+    const S* fy = freqs.data + t.heads * t.pairs;
+    for (std::int64_t h = 0; h < t.heads; ++h)
+        for (std::int64_t n = 0; n < t.tokens; ++n)
+            for (std::int64_t j = 0; j < t.pairs; ++j) {
+                // float32 as rope-vit (its frequencies are a float parameter; a double S keeps S)
+                // (built at every call: float cos/sin for float, as torch.polar in rope-vit)
+                const std::int64_t f = h * t.pairs + j;
+                S a;
+                if constexpr (std::is_same_v<S, float>)
+                    a = rope::mixed::angle(static_cast<int>(n / width), static_cast<int>(n % width), fx[f], fy[f]);
+                else
+                    a = static_cast<S>(n % width) * fx[f] + static_cast<S>(n / width) * fy[f];
+                const auto e = static_cast<std::size_t>((h * t.tokens + n) * t.pairs + j);
+                t.cos[e] = std::cos(a);
+                t.sin[e] = std::sin(a);
+            }
+    return t;
+}
+
+/// Cache key of a fixed-form table: the policy's bytes, form, S, D and grid.
+struct rope_key {
+    int form = 0, scalar_bytes = 0;
+    std::int64_t d = 0;
+    int height = 0, width = 0;
+    rope::axial axial{};
+    rope::cat cat{};
+    friend bool operator==(const rope_key&, const rope_key&) = default;
+};
+struct rope_key_hash {
+    std::size_t operator()(const rope_key& k) const {
+        std::size_t h = std::hash<std::int64_t>{}(k.d);
+        auto mix = [&h](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+        mix(static_cast<std::size_t>(k.form));
+        mix(static_cast<std::size_t>(k.scalar_bytes));
+        mix(static_cast<std::size_t>(k.height));
+        mix(static_cast<std::size_t>(k.width));
+        mix(std::hash<float>{}(k.form == 1 ? k.axial.theta : k.cat.temperature));
+        return h;
+    }
+};
+
+/// The process-wide cache of fixed-form tables (like rpe::bucket_cache for bucket ids).
+inline single_flight_cache<rope_key, std::shared_ptr<const void>, rope_key_hash>& rope_cache() {
+    static single_flight_cache<rope_key, std::shared_ptr<const void>, rope_key_hash> cache;
+    return cache;
+}
+
+}  // namespace detail
+
+/// @brief The cos/sin table of `r` for heads H, head dim D and a height × width grid: the fixed
+/// forms' tables are built once per (policy, D, grid, S) and shared (thread-safe, as bucket
+/// ids); rope::mixed's is computed from `r.freqs` at each call (the frequencies are learned).
+/// @pre r checked by detail::check_rope; r.enabled().
+template <class S>
+std::shared_ptr<const rope_table<S>> rope_table_of(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
+    if (r.is_mixed()) return std::make_shared<const rope_table<S>>(detail::build_mixed_table(r.freqs, height, width));
+    detail::rope_key key{static_cast<int>(r.form.index()), static_cast<int>(sizeof(S)), d, height, width, {}, {}};
+    if (const auto* a = std::get_if<rope::axial>(&r.form)) key.axial = *a;
+    if (const auto* c = std::get_if<rope::cat>(&r.form)) key.cat = *c;
+    auto v = detail::rope_cache().get_or_build(key, [&]() -> std::shared_ptr<const void> {
+        return std::visit([&](const auto& p) -> std::shared_ptr<const void> {
+            using P = std::remove_cvref_t<decltype(p)>;
+            if constexpr (RotaryPolicy<P>) return std::make_shared<const rope_table<S>>(detail::build_rope_table<S>(p, d, height, width));
+            else throw invalid_argument(detail::message("rope", "no fixed table for this form"));
+        }, r.form);
+    });
+    return std::static_pointer_cast<const rope_table<S>>(v);
+}
+
+}  // namespace rpe

@@ -1,0 +1,455 @@
+// 2D rotary position embedding (rpe::rope_forward / rope_backward, rpe::attention_inputs::rope):
+// golden data from rope-vit (RoPE-Axial, RoPE-Mixed) and timm (RotaryEmbeddingCat, EVA-02's
+// configuration and others) in tests/data/golden_vit/rope; finite-difference gradients of the
+// rotation and of the fused attention; the fused attention with RoPE (alone and with iRPE
+// terms) against the composed reference (rotate q and k explicitly, then the attention without
+// RoPE); errors.
+#include <doctest/doctest.h>
+#include <rpe/make_term.hpp>
+#include <rpe/rpe.hpp>
+#include <rpe/rotary.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "golden.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+using rpe_test::cview;
+using rpe_test::load;
+using rpe_test::mview;
+using rpe_test::random_normal;
+
+std::string rope_dir(const std::string& name) { return std::string(RPE_TEST_DATA_DIR) + "/golden_vit/rope/" + name; }
+
+json meta_of(const std::string& dir) {
+    std::ifstream f(dir + "/meta.json");
+    REQUIRE(f.good());
+    return json::parse(f);
+}
+
+// The embedding a golden case describes (freqs bound for the mixed form).
+template <class S>
+rpe::rotary_embedding<S> embedding_of(const json& m, const std::vector<S>& freqs) {
+    rpe::rotary_embedding<S> r;
+    r.skip = m.at("skip").get<int>();
+    const std::string form = m.at("form");
+    const std::int64_t h = m.at("heads"), d = m.at("head_dim");
+    if (form == "axial") {
+        r.form = rpe::rope::axial{.theta = m.at("theta").get<float>()};
+    } else if (form == "mixed") {
+        r.form = rpe::rope::mixed{};
+        r.freqs = cview(freqs, {2, h, d / 2});
+    } else {
+        rpe::rope::cat c;
+        c.in_pixels = m.at("in_pixels").get<bool>();
+        if (m.contains("temperature")) c.temperature = m.at("temperature").get<float>();
+        if (m.contains("max_res")) c.max_res = m.at("max_res").get<float>();
+        if (m.contains("linear_bands")) c.linear_bands = m.at("linear_bands").get<bool>();
+        if (m.contains("grid_offset")) c.grid_offset = m.at("grid_offset").get<float>();
+        if (m.contains("grid_indexing")) c.xy_indexing = m.at("grid_indexing").get<std::string>() == "xy";
+        if (m.contains("ref_feat_shape")) {
+            c.ref_height = m.at("ref_feat_shape")[0].get<int>();
+            c.ref_width = m.at("ref_feat_shape")[1].get<int>();
+        }
+        r.form = c;
+    }
+    return r;
+}
+
+const char* const golden_cases[] = {"axial_t100_3x4_skip1", "mixed_t10_4x3_skip1", "cat_eva02_3x4_ref2x3_skip1",
+                                    "cat_offset_xy_4x3_skip2", "cat_pixels_3x5_skip0", "cat_pixels_linear_2x3_ref4x4_skip1"};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("rope: golden rotation, table and gradients (rope-vit, timm)", S, float, double) {
+    // float: the sources' own float32 arithmetic; double: the same float32 angles, cos/sin and
+    // products in double (the golden values carry float32 rounding, hence the same tolerance)
+    const double atol = 2e-5, rtol = 2e-5;
+    for (const char* name : golden_cases) {
+        CAPTURE(name);
+        const auto dir = rope_dir(name);
+        const auto m = meta_of(dir);
+        const std::int64_t b = m.at("batch"), h = m.at("heads"), l = m.at("L"), d = m.at("head_dim");
+        const int height = m.at("height"), width = m.at("width");
+        const std::vector<std::int64_t> shape{b, h, l, d};
+        const bool mixed = m.at("form") == "mixed";
+        const auto freqs = mixed ? load<S>(dir, "freqs.npy", {2, h, d / 2}) : std::vector<S>{};
+        auto r = embedding_of<S>(m, freqs);
+        const auto x = load<S>(dir, "x.npy", shape);
+        const auto gy = load<S>(dir, "grad_y.npy", shape);
+        std::vector<S> y(x.size(), S(-9)), gx(x.size(), S(-9)), gf(freqs.size(), S(-9));
+        rpe::rope_forward(r, height, width, cview(x, shape), mview(y, shape));
+        rpe_test::check_close(y, load<double>(dir, "y.npy"), atol, rtol, std::string(name) + " y");
+        // skip tokens are copied exactly
+        for (std::int64_t p = 0; p < b * h; ++p)
+            for (std::int64_t e = 0; e < r.skip * d; ++e) CHECK(y[p * l * d + e] == x[p * l * d + e]);
+        // the table's cos / sin
+        const auto t = rpe::rope_table_of(r, d, height, width);
+        rpe_test::check_close(t->cos, load<double>(dir, "cos.npy"), 2e-6, 2e-6, std::string(name) + " cos");
+        rpe_test::check_close(t->sin, load<double>(dir, "sin.npy"), 2e-6, 2e-6, std::string(name) + " sin");
+        if (mixed) r.grad_freqs = mview(gf, {2, h, d / 2});
+        rpe::rope_backward(r, height, width, cview(x, shape), cview(gy, shape), mview(gx, shape));
+        rpe_test::check_close(gx, load<double>(dir, "grad_x.npy"), atol, rtol, std::string(name) + " grad_x");
+        if (mixed) rpe_test::check_close(gf, load<double>(dir, "grad_freqs.npy"), 1e-4, 1e-4, std::string(name) + " grad_freqs");
+    }
+}
+
+TEST_CASE("rope: the fixed forms' tables are cached per (policy, D, grid, scalar type)") {
+    rpe::rotary_embedding<float> a{.form = rpe::rope::axial{.theta = 123.0f}, .skip = 1};
+    const auto t1 = rpe::rope_table_of(a, 8, 3, 5);
+    const auto t2 = rpe::rope_table_of(a, 8, 3, 5);
+    CHECK(t1.get() == t2.get());
+    CHECK(rpe::rope_table_of(a, 8, 5, 3).get() != t1.get());
+    a.form = rpe::rope::axial{.theta = 124.0f};
+    CHECK(rpe::rope_table_of(a, 8, 3, 5).get() != t1.get());
+    a.form = rpe::rope::cat{};
+    CHECK(rpe::rope_table_of(a, 8, 3, 5).get() != t1.get());
+    CHECK(t1->tokens == 15);
+    CHECK(t1->pairs == 4);
+    // axial: pair 0 turns by col·1, pair 2 (the y half) by row·1 (f_0 = 1)
+    CHECK(t1->cos[(1 * 5 + 2) * 4 + 0] == doctest::Approx(std::cos(2.0)));
+    CHECK(t1->cos[(1 * 5 + 2) * 4 + 2] == doctest::Approx(std::cos(1.0)));
+}
+
+TEST_CASE("rope: init_mixed_frequencies is rope-vit's init_random_2d_freqs") {
+    const auto dir = rope_dir("mixed_t10_4x3_skip1");
+    const auto m = meta_of(dir);
+    const int h = m.at("heads"), d = m.at("head_dim");
+    const auto freqs = load<float>(dir, "freqs.npy", {2, h, d / 2});
+    // the golden's random per-head angles, read back from band 0 (mag_0 = 1)
+    std::vector<float> angles(static_cast<std::size_t>(h));
+    for (int i = 0; i < h; ++i) angles[i] = std::atan2(freqs[(h + i) * (d / 2)], freqs[i * (d / 2)]);
+    std::vector<float> out(freqs.size());
+    rpe::rope::init_mixed_frequencies(10.0f, d, angles, out);
+    std::vector<double> expected(freqs.begin(), freqs.end());
+    rpe_test::check_close(out, expected, 1e-6, 1e-5, "init");
+    CHECK(rpe_test::throws_with([&] { rpe::rope::init_mixed_frequencies(10.0f, 6, angles, out); }, "head_dim = 6"));
+    CHECK(rpe_test::throws_with([&] { rpe::rope::init_mixed_frequencies(-1.0f, d, angles, out); }, "theta = -1"));
+}
+
+namespace {
+
+// sum(y · g) of rope_forward, in double
+double rope_objective(const rpe::rotary_embedding<double>& r, int height, int width, const std::vector<double>& x,
+                      const std::vector<double>& g, const std::vector<std::int64_t>& shape) {
+    std::vector<double> y(x.size());
+    rpe::rope_forward(r, height, width, cview(x, shape), mview(y, shape));
+    double s = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) s += y[i] * g[i];
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("rope: finite-difference gradients of the rotation (x and the mixed frequencies)") {
+    const int height = 3, width = 2, skip = 1;
+    const std::int64_t b = 2, h = 2, d = 8, l = skip + height * width;
+    const std::vector<std::int64_t> shape{b, h, l, d};
+    auto x = random_normal<double>(static_cast<std::size_t>(b * h * l * d), 11);
+    const auto g = random_normal<double>(x.size(), 12);
+    auto freqs = random_normal<double>(static_cast<std::size_t>(2 * h * d / 2), 13, 0.7);
+    rpe::rotary_embedding<double> forms[3];
+    forms[0].form = rpe::rope::axial{.theta = 100.0f};
+    forms[1].form = rpe::rope::mixed{};
+    forms[2].form = rpe::rope::cat{.ref_height = 2, .ref_width = 4};
+    for (auto& r : forms) {
+        CAPTURE(r.form.index());
+        r.skip = skip;
+        if (r.is_mixed()) r.freqs = cview(freqs, {2, h, d / 2});
+        std::vector<double> gx(x.size()), gf(freqs.size());
+        auto rb = r;
+        if (r.is_mixed()) rb.grad_freqs = mview(gf, {2, h, d / 2});
+        rpe::rope_backward(rb, height, width, cview(x, shape), cview(g, shape), mview(gx, shape));
+        const double eps = 1e-6;
+        for (std::size_t i = 0; i < x.size(); i += 7) {
+            const double x0 = x[i];
+            x[i] = x0 + eps;
+            const double fp = rope_objective(r, height, width, x, g, shape);
+            x[i] = x0 - eps;
+            const double fm = rope_objective(r, height, width, x, g, shape);
+            x[i] = x0;
+            CHECK(gx[i] == doctest::Approx((fp - fm) / (2 * eps)).epsilon(1e-6));
+        }
+        if (!r.is_mixed()) continue;
+        double largest = 0;
+        for (std::size_t i = 0; i < freqs.size(); ++i) {
+            const double f0 = freqs[i];
+            freqs[i] = f0 + eps;
+            const double fp = rope_objective(r, height, width, x, g, shape);
+            freqs[i] = f0 - eps;
+            const double fm = rope_objective(r, height, width, x, g, shape);
+            freqs[i] = f0;
+            CHECK(gf[i] == doctest::Approx((fp - fm) / (2 * eps)).epsilon(1e-6));
+            largest = std::max(largest, std::fabs(gf[i]));
+        }
+        CHECK(largest > 0.1);  // a real gradient, not zeros
+    }
+}
+
+namespace {
+
+// A random attention problem with RoPE (and optionally iRPE terms on q, k, v).
+template <class S>
+struct rope_problem {
+    std::int64_t b = 2, h = 2, l = 0, d = 8;
+    int height = 3, width = 4, skip = 1;
+    std::vector<S> q, k, v, go, freqs;
+    std::vector<std::vector<S>> tables;
+    std::vector<std::unique_ptr<rpe::any_term<S>>> terms;
+    rpe::attention_inputs<S> in;
+
+    rope_problem(int form, bool irpe, unsigned seed) {
+        l = skip + height * width;
+        const auto n = static_cast<std::size_t>(b * h * l * d);
+        q = random_normal<S>(n, seed);
+        k = random_normal<S>(n, seed + 1);
+        v = random_normal<S>(n, seed + 2);
+        go = random_normal<S>(n, seed + 3);
+        freqs = random_normal<S>(static_cast<std::size_t>(2 * h * d / 2), seed + 4, 0.6);
+        in.q = {q.data(), {b, h, l, d}};
+        in.k = {k.data(), {b, h, l, d}};
+        in.v = {v.data(), {b, h, l, d}};
+        in.height = height;
+        in.width = width;
+        in.rope.skip = skip;
+        if (form == 0) in.rope.form = rpe::rope::axial{.theta = 100.0f};
+        if (form == 1) {
+            in.rope.form = rpe::rope::mixed{};
+            in.rope.freqs = {freqs.data(), {2, h, d / 2}};
+        }
+        if (form == 2) in.rope.form = rpe::rope::cat{.ref_height = 2, .ref_width = 2};
+        if (!irpe) return;
+        const rpe::target targets[3] = {rpe::target::query, rpe::target::key, rpe::target::value};
+        rpe::attention_term<S>* slots[3] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+        tables.reserve(3);
+        for (int t = 0; t < 3; ++t) {
+            rpe::term_spec spec;
+            spec.method = t == 1 ? rpe::method::product : rpe::method::euclidean;
+            spec.contextual = true;
+            spec.target = targets[t];
+            spec.ratio(1.9);
+            spec.skip = skip;
+            spec.num_heads = static_cast<int>(h);
+            spec.head_dim = static_cast<int>(d);
+            terms.push_back(rpe::make_term<S>(spec));
+            slots[t]->term = terms.back().get();
+            const auto shape = terms.back()->table_shape();
+            std::int64_t size = 1;
+            for (auto e : shape) size *= e;
+            tables.push_back(random_normal<S>(static_cast<std::size_t>(size), seed + 10 + t, 0.5));
+            rpe::tensor_ref<const S> ref;
+            ref.data = tables.back().data();
+            ref.rank = static_cast<int>(shape.size());
+            for (std::size_t i = 0; i < shape.size(); ++i) ref.shape[i] = shape[i];
+            slots[t]->tables.push_back(ref);
+        }
+    }
+    [[nodiscard]] std::vector<std::int64_t> shape() const { return {b, h, l, d}; }
+};
+
+template <class S>
+struct rope_results {
+    std::vector<S> out, gq, gk, gv, gf;
+    std::vector<std::vector<S>> gt;
+};
+
+template <class S>
+rope_results<S> run_rope(rope_problem<S>& p, bool fused, std::int64_t row_block) {
+    rope_results<S> r;
+    const auto n = p.q.size();
+    const auto shape = p.shape();
+    r.out.assign(n, S(-5));
+    r.gq.assign(n, S(-5));
+    r.gk.assign(n, S(-5));
+    r.gv.assign(n, S(-5));
+    r.gf.assign(p.freqs.size(), S(-5));
+    auto in = p.in;
+    if (in.rope.is_mixed()) in.rope.grad_freqs = mview(r.gf, {2, p.h, p.d / 2});
+    r.gt.reserve(p.tables.size());
+    std::size_t next = 0;
+    for (auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
+        for (const auto& t : slot->tables) {
+            auto& g = r.gt.emplace_back(p.tables[next++].size(), S(-5));
+            rpe::tensor_ref<S> ref;
+            ref.data = g.data();
+            ref.rank = t.rank;
+            ref.shape = t.shape;
+            slot->grad_tables.push_back(ref);
+        }
+    if (fused) {
+        const rpe::attention_options opt{.row_block = row_block};
+        rpe::attention_forward(in, mview(r.out, shape), {}, opt);
+        rpe::attention_backward(in, cview(p.go, shape), mview(r.gq, shape), mview(r.gk, shape), mview(r.gv, shape), opt);
+    } else {
+        std::vector<S> attn(static_cast<std::size_t>(p.b * p.h * p.l * p.l));
+        const std::vector<std::int64_t> ashape{p.b, p.h, p.l, p.l};
+        rpe::composed_attention_forward(in, mview(r.out, shape), mview(attn, ashape));
+        rpe::composed_attention_backward(in, cview(attn, ashape), cview(p.go, shape), mview(r.gq, shape), mview(r.gk, shape),
+                                         mview(r.gv, shape));
+    }
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("rope: fused attention equals rotate-then-attend (alone and with iRPE q, k, v terms)", S, float, double) {
+    const double tol = std::is_same_v<S, float> ? 2e-4 : 1e-10;
+    for (int form = 0; form < 3; ++form)
+        for (bool irpe : {false, true})
+            for (std::int64_t rb : {0, 5}) {
+                CAPTURE(form);
+                CAPTURE(irpe);
+                CAPTURE(rb);
+                rope_problem<S> p(form, irpe, 100 + static_cast<unsigned>(form));
+                const auto f = run_rope(p, true, rb);
+                const auto c = run_rope(p, false, 0);
+                CHECK(rpe_test::max_abs_diff(f.out, c.out) < tol);
+                CHECK(rpe_test::max_abs_diff(f.gq, c.gq) < tol);
+                CHECK(rpe_test::max_abs_diff(f.gk, c.gk) < tol);
+                CHECK(rpe_test::max_abs_diff(f.gv, c.gv) < tol);
+                if (form == 1) CHECK(rpe_test::max_abs_diff(f.gf, c.gf) < 10 * tol);
+                for (std::size_t t = 0; t < f.gt.size(); ++t) CHECK(rpe_test::max_abs_diff(f.gt[t], c.gt[t]) < 10 * tol);
+            }
+}
+
+TEST_CASE("rope: the composed reference is rope_forward on q and k, then the attention without RoPE") {
+    rope_problem<double> p(1, true, 7);
+    const auto shape = p.shape();
+    std::vector<double> qr(p.q.size()), kr(p.k.size()), out1(p.q.size()), out2(p.q.size());
+    rpe::rope_forward(p.in.rope, p.height, p.width, cview(p.q, shape), mview(qr, shape));
+    rpe::rope_forward(p.in.rope, p.height, p.width, cview(p.k, shape), mview(kr, shape));
+    auto plain = p.in;
+    plain.rope = {};
+    plain.q = cview(qr, shape);
+    plain.k = cview(kr, shape);
+    rpe::attention_forward(plain, mview(out1, shape));
+    rpe::attention_forward(p.in, mview(out2, shape));
+    CHECK(rpe_test::max_abs_diff(out1, out2) < 1e-12);
+    // and RoPE changes the result (the test above would pass with the rotation ignored otherwise)
+    plain.q = cview(p.q, shape);
+    plain.k = cview(p.k, shape);
+    rpe::attention_forward(plain, mview(out1, shape));
+    CHECK(rpe_test::max_abs_diff(out1, out2) > 1e-3);
+}
+
+TEST_CASE("rope: finite-difference gradients of the fused attention with RoPE-Mixed and iRPE") {
+    rope_problem<double> p(1, true, 21);
+    const auto shape = p.shape();
+    const auto r = run_rope(p, true, 4);
+    auto objective = [&] {
+        std::vector<double> out(p.q.size());
+        rpe::attention_forward(p.in, mview(out, shape), {}, rpe::attention_options{.row_block = 4});
+        double s = 0;
+        for (std::size_t i = 0; i < out.size(); ++i) s += out[i] * p.go[i];
+        return s;
+    };
+    const double eps = 1e-6;
+    auto fd = [&](std::vector<double>& x, std::size_t i) {
+        const double x0 = x[i];
+        x[i] = x0 + eps;
+        const double fp = objective();
+        x[i] = x0 - eps;
+        const double fm = objective();
+        x[i] = x0;
+        return (fp - fm) / (2 * eps);
+    };
+    for (std::size_t i = 0; i < p.q.size(); i += 13) {
+        CHECK(r.gq[i] == doctest::Approx(fd(p.q, i)).epsilon(1e-5));
+        CHECK(r.gk[i] == doctest::Approx(fd(p.k, i)).epsilon(1e-5));
+    }
+    for (std::size_t i = 0; i < p.freqs.size(); ++i) CHECK(r.gf[i] == doctest::Approx(fd(p.freqs, i)).epsilon(1e-5));
+}
+
+TEST_CASE("rope: errors name the parameter and its value") {
+    rope_problem<float> p(0, false, 3);
+    const auto shape = p.shape();
+    std::vector<float> out(p.q.size()), y(p.q.size()), gf(p.freqs.size());
+    auto fwd = [&](const rpe::attention_inputs<float>& in) { rpe::attention_forward(in, mview(out, shape)); };
+    auto in = p.in;
+    in.rope.form = rpe::rope::axial{.theta = -2.0f};
+    CHECK(rpe_test::throws_with([&] { fwd(in); }, "[rpe.rope] theta = -2"));
+    in.rope.form = rpe::rope::cat{.temperature = 0.0f};
+    CHECK(rpe_test::throws_with([&] { fwd(in); }, "temperature = 0"));
+    in.rope.form = rpe::rope::cat{.ref_height = 3};
+    CHECK(rpe_test::throws_with([&] { fwd(in); }, "ref_height, ref_width = 3, 0"));
+    in = p.in;
+    in.rope.skip = 2;
+    CHECK(rpe_test::throws_with([&] { fwd(in); }, {"[rpe.attention] L = 13", "rope skip + height*width = 2 + 3*4"}));
+    in.rope.skip = -1;
+    CHECK(rpe_test::throws_with([&] { fwd(in); }, "rope skip = -1"));
+    in = p.in;
+    in.depth = 2;
+    in.width = 2;
+    in.height = 3;
+    CHECK(rpe_test::throws_with([&] { fwd(in); }, "depth = 2"));
+    in = p.in;
+    in.rope.form = rpe::rope::mixed{};
+    CHECK(rpe_test::throws_with([&] { fwd(in); }, "rope freqs"));
+    in.rope.freqs = cview(p.freqs, {2, p.h * p.d / 2});
+    CHECK(rpe_test::throws_with([&] { fwd(in); }, "rope freqs has shape (2, 8)"));
+    in = p.in;
+    in.rope.freqs = cview(p.freqs, {2, p.h, p.d / 2});
+    CHECK(rpe_test::throws_with([&] { fwd(in); }, "rope freqs is given for a fixed-frequency form"));
+    in = p.in;
+    in.rope.grad_freqs = mview(gf, {2, p.h, p.d / 2});
+    std::vector<float> gq(out.size()), gk(out.size()), gv(out.size());
+    CHECK(rpe_test::throws_with([&] {
+        rpe::attention_backward(in, cview(p.go, shape), mview(gq, shape), mview(gk, shape), mview(gv, shape));
+    }, "rope grad_freqs is given for a fixed-frequency form"));
+    in.rope.form = rpe::rope::mixed{};
+    in.rope.freqs = cview(p.freqs, {2, p.h, p.d / 2});
+    in.rope.grad_freqs = mview(gq, shape);  // overlaps grad_q
+    CHECK(rpe_test::throws_with([&] {
+        rpe::attention_backward(in, cview(p.go, shape), mview(gq, shape), mview(gk, shape), mview(gv, shape));
+    }, "rope grad_freqs has shape"));
+    // head_dim: a multiple of 4 for the 2D fixed forms, of 2 for mixed
+    const std::vector<std::int64_t> odd{1, 1, 13, 6};
+    std::vector<float> x6(78), y6(78);
+    rpe::rotary_embedding<float> r{.form = rpe::rope::axial{}, .skip = 1};
+    CHECK(rpe_test::throws_with([&] { rpe::rope_forward(r, 3, 4, cview(x6, odd), mview(y6, odd)); },
+                                "[rpe.rope] rope needs head_dim D = 6 to be a positive multiple of 4"));
+    const std::vector<std::int64_t> ok{1, 1, 13, 8};
+    std::vector<float> x8(104), y8(104);
+    CHECK(rpe_test::throws_with([&] { rpe::rope_forward(r, 3, 4, cview(x8, ok), mview(x8, ok)); }, "y overlaps x"));
+    CHECK(rpe_test::throws_with([&] { rpe::rope_forward(r, 4, 4, cview(x8, ok), mview(y8, ok)); }, "L = 13"));
+    rpe::rope_forward(r, 3, 4, cview(x8, ok), mview(y8, ok));  // the same call on a 3x4 grid is fine
+    const std::vector<std::int64_t> rank3{13, 6, 1};
+    CHECK(rpe_test::throws_with([&] { rpe::rope_forward(r, 3, 4, cview(x6, rank3), mview(y6, odd)); }, "x has shape (13, 6, 1)"));
+    // an invalid form never reaches the table: the checks run before anything is written
+    y = std::vector<float>(y.size(), 3.0f);
+    in = p.in;
+    in.rope.form = rpe::rope::axial{.theta = std::nanf("")};
+    CHECK_THROWS_AS(rpe::attention_forward(in, mview(y, shape)), rpe::invalid_argument);
+    CHECK(y[0] == 3.0f);
+}
+
+TEST_CASE("rope: fused results (mixed frequency gradient included) do not depend on the thread count") {
+#if defined(_OPENMP)
+    rope_problem<float> p(1, true, 31);
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const auto one = run_rope(p, true, 3);
+    omp_set_num_threads(3);
+    const auto three = run_rope(p, true, 3);
+    omp_set_num_threads(before);
+    CHECK(one.out == three.out);
+    CHECK(one.gq == three.gq);
+    CHECK(one.gk == three.gk);
+    CHECK(one.gf == three.gf);
+    CHECK(one.gt == three.gt);
+#else
+    MESSAGE("built without OpenMP: one thread only");
+#endif
+}

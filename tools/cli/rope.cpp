@@ -1,0 +1,117 @@
+// `rpe rope`: a 2D rotary position embedding (rpe::rope_forward) applied to a q or k tensor
+// read from .npy, the result written as .npy (atomically, like every output of the tool).
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include <rpe/backend/cpu/rope.hpp>
+#include <rpe/io/npy.hpp>
+#include <rpe/rotary.hpp>
+
+#include "cli.hpp"
+
+namespace rpe_cli {
+
+namespace {
+
+std::string shape_of(const std::vector<std::int64_t>& s) {
+    std::string t = "(";
+    for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + (s.size() == 1 ? ",)" : ")");
+}
+
+rpe::tensor_ref<const float> cref(const std::vector<float>& v, const std::vector<std::int64_t>& shape) {
+    return rpe::tensor_ref<const float>(v.data(), std::span<const std::int64_t>(shape));
+}
+
+}  // namespace
+
+int run_rope(const rope_options& o) {
+    const auto g = parse_grid(o.grid, "--grid");
+    rpe::rotary_embedding<float> r;
+    r.skip = o.skip;
+    std::string what;
+    std::vector<float> freqs;
+    std::vector<std::int64_t> freqs_shape;
+    if (o.form == "axial") {
+        r.form = rpe::rope::axial{.theta = static_cast<float>(o.theta)};
+        what = "axial (rope-vit RoPE-Axial), theta " + std::to_string(o.theta);
+    } else if (o.form == "mixed") {
+        if (o.freqs.empty()) throw usage_error("--freqs", "--form mixed needs the learned frequencies (2, H, D/2) as .npy");
+        const auto f = rpe::io::load_npy(o.freqs);
+        freqs = f.to<float>();
+        freqs_shape = f.shape;
+        if (freqs_shape.size() > 4) throw usage_error("--freqs", o.freqs + " has shape " + shape_of(freqs_shape) + "; expected (2, H, D/2)");
+        r.form = rpe::rope::mixed{};
+        r.freqs = cref(freqs, freqs_shape);
+        what = "mixed (rope-vit RoPE-Mixed), frequencies from " + o.freqs;
+    } else if (o.form == "cat") {
+        rpe::rope::cat c;
+        c.temperature = static_cast<float>(o.temperature);
+        c.in_pixels = o.in_pixels;
+        c.max_res = static_cast<float>(o.max_res);
+        c.linear_bands = o.linear_bands;
+        c.grid_offset = static_cast<float>(o.grid_offset);
+        c.xy_indexing = o.xy;
+        if (!o.ref_grid.empty()) {
+            const auto ref = parse_grid(o.ref_grid, "--ref-grid");
+            c.ref_height = ref.height;
+            c.ref_width = ref.width;
+        }
+        r.form = c;
+        what = std::string("cat (timm RotaryEmbeddingCat), ") + (o.in_pixels ? "pixel bands" : "temperature " + std::to_string(o.temperature));
+    } else {
+        throw usage_error("--form", "'" + o.form + "' is not a RoPE form; expected axial, mixed or cat");
+    }
+    if (!o.freqs.empty() && o.form != "mixed") throw usage_error("--freqs", "only --form mixed reads frequencies; drop --freqs");
+    try {
+        std::visit([](const auto& p) {
+            if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(p)>, std::monostate>) p.validate();
+        }, r.form);
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error("--theta/--temperature/--max-res/--grid-offset/--ref-grid", e.what());
+    }
+    const auto x = rpe::io::load_npy(o.input);
+    if (x.shape.size() != 4) throw usage_error("--input", o.input + " has shape " + shape_of(x.shape) + "; expected (B, H, L, D)");
+    const auto x_data = x.to<float>();
+    std::vector<float> y(x_data.size());
+    try {
+        rpe::rope_forward(r, g.height, g.width, cref(x_data, x.shape),
+                          rpe::tensor_ref<float>(y.data(), std::span<const std::int64_t>(x.shape)));
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error("--input/--grid/--skip/--freqs", e.what());
+    }
+    std::cout << "rope: " << what << ", grid " << g.height << "x" << g.width << ", skip " << o.skip << "\n";
+    std::cout << "out " << shape_of(x.shape) << " float32\n";
+    if (!o.out.empty()) {
+        rpe::io::save_npy(o.out, y.data(), x.shape);
+        std::cout << "wrote " << o.out << "\n";
+    }
+    if (!o.expect.empty()) {
+        const auto ref = rpe::io::load_npy(o.expect);
+        if (ref.shape != x.shape) {
+            std::cout << "expect: " << o.expect << " has shape " << shape_of(ref.shape) << "; MISMATCH\n";
+            return 1;
+        }
+        const auto want = ref.to<double>();
+        double worst = 0;
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < want.size(); ++i) {
+            const double d = std::fabs(static_cast<double>(y[i]) - want[i]);
+            worst = std::max(worst, d);
+            bad += !(d <= o.atol + o.rtol * std::fabs(want[i]));
+        }
+        std::cout << "expect: max |out - expected| = " << worst << " over " << want.size() << " values, " << bad
+                  << " beyond atol + rtol*|expected|; " << (bad == 0 ? "match" : "MISMATCH") << "\n";
+        return bad == 0 ? 0 : 1;
+    }
+    return 0;
+}
+
+}  // namespace rpe_cli
