@@ -18,6 +18,7 @@
 
 #include <rpe/any_term.hpp>
 #include <rpe/bucket_ids.hpp>
+#include <rpe/io/npy.hpp>
 #include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/shaw.hpp>
 #include <rpe/mapping/swin.hpp>
@@ -91,6 +92,19 @@ mapping_config resolve_mapping(const std::string& name, const mapping_options& o
 
 /// Whether two paths name the same existing file (a link and its target included).
 bool same_file(const std::string& a, const std::string& b);
+
+/// The elements of `a` as float32. @throws usage_error(option) for a finite float64 value beyond
+/// float32's range (it would become infinity).
+std::vector<float> to_float32(const rpe::io::npy_array& a, const char* option, const std::string& file);
+
+/// @throws usage_error for a NaN, infinite or negative --atol/--rtol, or --out and --expect
+/// naming the same file.
+void check_output_options(const std::string& out, const std::string& expect, double atol, double rtol);
+
+/// Prints the output's shape, writes `out_path` (if any), compares with `expect` (if any: NaN
+/// matches NaN only; |out − expected| <= atol + rtol·|expected| elsewhere); the exit status.
+int write_and_compare(const std::vector<float>& out, const std::vector<std::int64_t>& out_shape, const std::string& out_path,
+                      const std::string& expect, double atol, double rtol);
 
 /// Bucket ids of the mapping on a height × width grid after `skip` tokens (no cache).
 /// @throws usage_error("--grid") when the grid is too large for the id storage.

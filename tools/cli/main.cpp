@@ -632,7 +632,7 @@ int run(int argc, char** argv) {
     rope->add_option("--grid", ro.grid, "HxW: L = skip + H*W must match the input")->required();
     rope->add_option("--skip", ro.skip, "leading tokens left unrotated (class token)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
     rope->add_option("--input", ro.input, "q or k .npy (B, H, L, D)")->required()->check(CLI::ExistingFile);
-    rope->add_option("--out", ro.out, "rotated .npy (float32)");
+    rope->add_option("--out", ro.out, "rotated .npy (float32)")->check(non_empty_path);
     rope->add_option("--theta", ro.theta, "axial: base of the frequencies")->capture_default_str();
     rope->add_option("--freqs", ro.freqs, "mixed: learned frequencies .npy (2, H, D/2)")->check(CLI::ExistingFile);
     rope->add_option("--temperature", ro.temperature, "cat: band base (without --in-pixels)")->capture_default_str();

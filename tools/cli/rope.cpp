@@ -34,6 +34,7 @@ rpe::tensor_ref<const float> cref(const std::vector<float>& v, const std::vector
 
 int run_rope(const rope_options& o) {
     const auto g = parse_grid(o.grid, "--grid");
+    check_output_options(o.out, o.expect, o.atol, o.rtol);
     rpe::rotary_embedding<float> r;
     r.skip = o.skip;
     std::string what;
@@ -45,7 +46,7 @@ int run_rope(const rope_options& o) {
     } else if (o.form == "mixed") {
         if (o.freqs.empty()) throw usage_error("--freqs", "--form mixed needs the learned frequencies (2, H, D/2) as .npy");
         const auto f = rpe::io::load_npy(o.freqs);
-        freqs = f.to<float>();
+        freqs = to_float32(f, "--freqs", o.freqs);
         freqs_shape = f.shape;
         if (freqs_shape.size() > 4) throw usage_error("--freqs", o.freqs + " has shape " + shape_of(freqs_shape) + "; expected (2, H, D/2)");
         r.form = rpe::rope::mixed{};
@@ -79,7 +80,7 @@ int run_rope(const rope_options& o) {
     }
     const auto x = rpe::io::load_npy(o.input);
     if (x.shape.size() != 4) throw usage_error("--input", o.input + " has shape " + shape_of(x.shape) + "; expected (B, H, L, D)");
-    const auto x_data = x.to<float>();
+    const auto x_data = to_float32(x, "--input", o.input);
     std::vector<float> y(x_data.size());
     try {
         rpe::rope_forward(r, g.height, g.width, cref(x_data, x.shape),
@@ -88,30 +89,7 @@ int run_rope(const rope_options& o) {
         throw usage_error("--input/--grid/--skip/--freqs", e.what());
     }
     std::cout << "rope: " << what << ", grid " << g.height << "x" << g.width << ", skip " << o.skip << "\n";
-    std::cout << "out " << shape_of(x.shape) << " float32\n";
-    if (!o.out.empty()) {
-        rpe::io::save_npy(o.out, y.data(), x.shape);
-        std::cout << "wrote " << o.out << "\n";
-    }
-    if (!o.expect.empty()) {
-        const auto ref = rpe::io::load_npy(o.expect);
-        if (ref.shape != x.shape) {
-            std::cout << "expect: " << o.expect << " has shape " << shape_of(ref.shape) << "; MISMATCH\n";
-            return 1;
-        }
-        const auto want = ref.to<double>();
-        double worst = 0;
-        std::size_t bad = 0;
-        for (std::size_t i = 0; i < want.size(); ++i) {
-            const double d = std::fabs(static_cast<double>(y[i]) - want[i]);
-            worst = std::max(worst, d);
-            bad += !(d <= o.atol + o.rtol * std::fabs(want[i]));
-        }
-        std::cout << "expect: max |out - expected| = " << worst << " over " << want.size() << " values, " << bad
-                  << " beyond atol + rtol*|expected|; " << (bad == 0 ? "match" : "MISMATCH") << "\n";
-        return bad == 0 ? 0 : 1;
-    }
-    return 0;
+    return write_and_compare(y, x.shape, o.out, o.expect, o.atol, o.rtol);
 }
 
 }  // namespace rpe_cli

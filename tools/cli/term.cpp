@@ -95,57 +95,9 @@ std::size_t checked_elements(const std::vector<std::int64_t>& shape, const char*
     return empty ? 0 : static_cast<std::size_t>(n);
 }
 
-// The elements as float32; a finite float64 value beyond float32's range is refused instead of
-// becoming ±infinity.
-std::vector<float> to_float32(const rpe::io::npy_array& a, const char* option, const std::string& file) {
-    std::vector<float> out = a.to<float>();
-    if (a.dtype == "<f4" || std::none_of(out.begin(), out.end(), [](float v) { return std::isinf(v); })) return out;
-    const std::vector<double> wide = a.to<double>();
-    for (std::size_t i = 0; i < out.size(); ++i)
-        if (std::isinf(out[i]) && std::isfinite(wide[i])) {
-            std::ostringstream text;
-            text << file << ": element " << i << " = " << std::setprecision(17) << wide[i]
-                 << " is beyond float32's range (|x| <= 3.4028234663852886e+38); "
-                 << "the term computes in float32";
-            throw usage_error(option, text.str());
-        }
-    return out;
-}
-
 // Prints the output's shape, writes --out, compares with --expect; the exit status.
 int finish(const std::vector<float>& out, const std::vector<std::int64_t>& out_shape, const term_options& o) {
-    std::cout << "out " << shape_text(out_shape) << " float32\n";
-    if (!o.out.empty()) {
-        rpe::io::save_npy(o.out, out.data(), out_shape);
-        std::cout << "wrote " << o.out << "\n";
-    }
-    if (!o.expect.empty()) {
-        const auto ref = rpe::io::load_npy(o.expect);
-        if (ref.shape != out_shape) {
-            std::cout << "expect: " << o.expect << " has shape " << shape_text(ref.shape) << "; MISMATCH\n";
-            return 1;
-        }
-        const auto want = ref.to<double>();
-        double worst = 0;
-        std::size_t bad = 0, nan_mismatch = 0;
-        for (std::size_t i = 0; i < want.size(); ++i) {
-            const double got = out[i];
-            if (std::isnan(got) || std::isnan(want[i])) {  // NaN matches NaN only
-                nan_mismatch += std::isnan(got) != std::isnan(want[i]);
-                continue;
-            }
-            const double d = got == want[i] ? 0.0 : std::fabs(got - want[i]);  // inf == inf: no difference
-            worst = std::max(worst, d);
-            bad += !(d <= o.atol + o.rtol * std::fabs(want[i]));
-        }
-        bad += nan_mismatch;
-        std::cout << "expect: max |out - expected| = " << worst << " over " << want.size() << " values, " << bad
-                  << " beyond atol + rtol*|expected|";
-        if (nan_mismatch != 0) std::cout << " (" << nan_mismatch << " NaN in one and not the other)";
-        std::cout << "; " << (bad == 0 ? "match" : "MISMATCH") << "\n";
-        return bad == 0 ? 0 : 1;
-    }
-    return 0;
+    return write_and_compare(out, out_shape, o.out, o.expect, o.atol, o.rtol);
 }
 
 // `rpe term --mapping alibi2d --heads H --grid HxW`: CROMA's fixed bias, (1, H, L, L), from the
@@ -237,6 +189,70 @@ int run_decomposed_term(const mapping_config& m, const grid_size& g, const term_
 
 }  // namespace
 
+// The elements as float32; a finite float64 value beyond float32's range is refused instead of
+// becoming ±infinity.
+std::vector<float> to_float32(const rpe::io::npy_array& a, const char* option, const std::string& file) {
+    std::vector<float> out = a.to<float>();
+    if (a.dtype == "<f4" || std::none_of(out.begin(), out.end(), [](float v) { return std::isinf(v); })) return out;
+    const std::vector<double> wide = a.to<double>();
+    for (std::size_t i = 0; i < out.size(); ++i)
+        if (std::isinf(out[i]) && std::isfinite(wide[i])) {
+            std::ostringstream text;
+            text << file << ": element " << i << " = " << std::setprecision(17) << wide[i]
+                 << " is beyond float32's range (|x| <= 3.4028234663852886e+38); "
+                 << "the term computes in float32";
+            throw usage_error(option, text.str());
+        }
+    return out;
+}
+
+void check_output_options(const std::string& out, const std::string& expect, double atol, double rtol) {
+    for (const auto& [option, value] : {std::pair<const char*, double>{"--atol", atol}, {"--rtol", rtol}})
+        if (!(value >= 0) || !std::isfinite(value)) {
+            std::ostringstream text;
+            text << value << " is not a tolerance; expected a finite number >= 0";
+            throw usage_error(option, text.str());
+        }
+    if (!expect.empty() && !out.empty() && same_file(out, expect))
+        throw usage_error("--out/--expect", "'" + out + "' and '" + expect + "' are the same file; the comparison would read what was just written");
+}
+
+int write_and_compare(const std::vector<float>& out, const std::vector<std::int64_t>& out_shape, const std::string& out_path,
+                      const std::string& expect, double atol, double rtol) {
+    std::cout << "out " << shape_text(out_shape) << " float32\n";
+    if (!out_path.empty()) {
+        rpe::io::save_npy(out_path, out.data(), out_shape);
+        std::cout << "wrote " << out_path << "\n";
+    }
+    if (!expect.empty()) {
+        const auto ref = rpe::io::load_npy(expect);
+        if (ref.shape != out_shape) {
+            std::cout << "expect: " << expect << " has shape " << shape_text(ref.shape) << "; MISMATCH\n";
+            return 1;
+        }
+        const auto want = ref.to<double>();
+        double worst = 0;
+        std::size_t bad = 0, nan_mismatch = 0;
+        for (std::size_t i = 0; i < want.size(); ++i) {
+            const double got = out[i];
+            if (std::isnan(got) || std::isnan(want[i])) {  // NaN matches NaN only
+                nan_mismatch += std::isnan(got) != std::isnan(want[i]);
+                continue;
+            }
+            const double d = got == want[i] ? 0.0 : std::fabs(got - want[i]);  // inf == inf: no difference
+            worst = std::max(worst, d);
+            bad += !(d <= atol + rtol * std::fabs(want[i]));
+        }
+        bad += nan_mismatch;
+        std::cout << "expect: max |out - expected| = " << worst << " over " << want.size() << " values, " << bad
+                  << " beyond atol + rtol*|expected|";
+        if (nan_mismatch != 0) std::cout << " (" << nan_mismatch << " NaN in one and not the other)";
+        std::cout << "; " << (bad == 0 ? "match" : "MISMATCH") << "\n";
+        return bad == 0 ? 0 : 1;
+    }
+    return 0;
+}
+
 std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, const rpe::term_spec& spec) {
     if (!spec.contextual && spec.target == rpe::target::value)
         throw usage_error("--mode/--target", "bias mode on values does not exist (paper eq. 17); use --mode contextual or --target q/k");
@@ -260,14 +276,7 @@ std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, con
 int run_term(const mapping_config& mc, const term_options& o) {
     const auto g = parse_grid(o.grid, "--grid");
     const mapping_config m = mc.for_grid(g);
-    for (const auto& [option, value] : {std::pair<const char*, double>{"--atol", o.atol}, {"--rtol", o.rtol}})
-        if (!(value >= 0) || !std::isfinite(value)) {
-            std::ostringstream text;
-            text << value << " is not a tolerance; expected a finite number >= 0";
-            throw usage_error(option, text.str());
-        }
-    if (!o.expect.empty() && !o.out.empty() && same_file(o.out, o.expect))
-        throw usage_error("--out/--expect", "'" + o.out + "' and '" + o.expect + "' are the same file; the comparison would read what was just written");
+    check_output_options(o.out, o.expect, o.atol, o.rtol);
     if (m.vit == vit_kind::alibi2d) return run_alibi_term(m, g, o);
     if (m.vit == vit_kind::decomposed) return run_decomposed_term(m, g, o);
     rpe::term_spec spec;
