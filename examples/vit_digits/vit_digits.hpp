@@ -82,7 +82,7 @@ struct vit_digits_stage_times {
     double patch_embed = 0;  ///< workspace sizing, patch gather, patch GEMM onto class token and pos_embed
     double layer_norm = 0;   ///< LN1 and LN2 of every block (with the residual biases they add)
     double qkv = 0;          ///< qkv Linear (GEMM, bias)
-    double repack = 0;       ///< qkv → (B, H, L, D) q, k, v and (B, H, L, D) → (B·L, C) attention output
+    double repack = 0;       ///< (B, H, L, D) attention output → (B·L, C) (q, k, v are read in place from qkv)
     double attention = 0;    ///< rpe::attention_forward (iRPE, softmax, a·v)
     double proj = 0;         ///< attention projection GEMM, accumulated into the residual stream
     double mlp = 0;          ///< fc1 and fc2 GEMMs
@@ -305,14 +305,14 @@ private:
 
     /// Scratch buffers of one chunk of B images.
     struct workspace {
-        std::vector<S> patches, z, h, qkv, q, k, v, out, attn, o, f, cls;
+        std::vector<S> patches, z, h, qkv, out, attn, o, f, cls;
         /// Sizes the buffers for b images; the (b, H, L, L) probabilities only when traced.
         void resize(const vit_digits_config& c, int b, bool traced) {
             const auto rows = static_cast<std::size_t>(b) * c.tokens;
             const auto ll = static_cast<std::size_t>(c.tokens) * c.tokens;
             for (auto* buf : {&z, &h, &o}) buf->resize(rows * c.embed_dim);
             qkv.resize(rows * 3 * c.embed_dim);
-            for (auto* buf : {&q, &k, &v, &out}) buf->resize(rows * c.embed_dim);
+            out.resize(rows * c.embed_dim);
             if (traced) attn.resize(static_cast<std::size_t>(b) * c.num_heads * ll);
             f.resize(rows * c.mlp_hidden_dim);
             patches.resize(static_cast<std::size_t>(b) * c.grid * c.grid * c.in_chans * c.patch_size * c.patch_size);
@@ -591,8 +591,11 @@ private:
         lap(at(&vit_digits_stage_times::patch_embed), t0);
 
         // 3. Blocks.
-        const rpe::tensor_ref<const S> q_ref(ws.q.data(), {b, H, L, D}), k_ref(ws.k.data(), {b, H, L, D}),
-            v_ref(ws.v.data(), {b, H, L, D});
+        // q, k, v read in place from the qkv projection (b, L, 3, H, D): strided (b, H, L, D) views
+        auto qkv_view = [&](int t) {
+            return rpe::tensor_ref<const S>::with_strides(ws.qkv.data() + t * C, {b, H, L, D}, {L * 3 * C, D, 3 * C, 1});
+        };
+        const rpe::tensor_ref<const S> q_ref = qkv_view(0), k_ref = qkv_view(1), v_ref = qkv_view(2);
         const rpe::tensor_ref<S> out_ref(ws.out.data(), {b, H, L, D}), attn_ref(ws.attn.data(), {b, H, L, L});
         const S* pending = nullptr;  // fc2 bias of the previous block, not yet added to z (C)
         for (int i = 0; i < c.depth; ++i) {
@@ -602,17 +605,6 @@ private:
             lap(at(&vit_digits_stage_times::layer_norm), t0);
             linear(ws.h.data(), rows, C, w.qkv_w, w.qkv_b, 3 * C, ws.qkv.data());
             lap(at(&vit_digits_stage_times::qkv), t0);
-            // (b, L, 3, H, D) → three (b, H, L, D): one pass, reading qkv in order (the library
-            // takes contiguous (B, H, L, D) tensors).
-            S* dst[3] = {ws.q.data(), ws.k.data(), ws.v.data()};
-            for (std::int64_t img = 0; img < b; ++img)
-                for (std::int64_t l = 0; l < L; ++l) {
-                    const S* src = ws.qkv.data() + (img * L + l) * 3 * C;
-                    for (int t = 0; t < 3; ++t)
-                        for (std::int64_t n = 0; n < H; ++n)
-                            std::copy_n(src + t * C + n * D, D, dst[t] + ((img * H + n) * L + l) * D);
-                }
-            lap(at(&vit_digits_stage_times::repack), t0);
             // attention with iRPE (the library scales q by D^-1/2 itself)
             rpe::attention_inputs<S> in;
             in.q = q_ref;

@@ -37,7 +37,9 @@ struct attention_term {
 /// @brief Inputs of the attention step.
 ///
 /// q, k, v: (B, H, L, D), projected and unscaled; `L = skip + depth·height·width` (depth 1
-/// unless the terms use a 3D mapping). The grid size is
+/// unless the terms use a 3D mapping). They may be strided views whose last stride is 1
+/// (tensor_ref::with_strides; e.g. read in place from a packed (B, L, 3, H, D) qkv projection);
+/// outputs, masks and tables are contiguous. The grid size is
 /// given explicitly (the reference's default of a square ⌊√L⌋ grid is not guessed).
 /// attn_mask: optional (L, L) additive mask (DETR's float `attn_mask`), added to the logits after
 /// all RPE terms; −∞ entries mask a pair.
@@ -51,7 +53,8 @@ struct attention_term {
 template <class S>
 struct attention_inputs {
     using scalar_type = S;                          ///< element type of q, k, v, tables, masks
-    tensor_ref<const S> q, k, v;                    ///< (B, H, L, D)
+    static constexpr bool strided_qkv = true;       ///< q, k, v may be strided views (last stride 1)
+    tensor_ref<const S> q, k, v;                    ///< (B, H, L, D), contiguous or strided (rows of D contiguous)
     int height = 0;                                 ///< grid rows
     int width = 0;                                  ///< grid columns
     attention_term<S> rpe_q, rpe_k, rpe_v;          ///< RPE on queries, keys, values (each optional)
@@ -85,9 +88,17 @@ attention_shape check_attention(const In& in) {
     if (!in.v.has_shape({s.b, s.h, s.l, s.d}))
         throw invalid_argument(message("attention", "v has shape ", in.v.shape_string(), "; expected ", in.q.shape_string(),
                                        ", the shape of q"));
-    check_nonnull(in.q, "attention", "q");
-    check_nonnull(in.k, "attention", "k");
-    check_nonnull(in.v, "attention", "v");
+    // q, k, v may be strided views (rows of D contiguous) where the backend reads them so
+    // (In::strided_qkv); elsewhere a strided view is rejected by check_nonnull
+    if constexpr (requires { In::strided_qkv; }) {
+        check_strided_rows(in.q, "attention", "q");
+        check_strided_rows(in.k, "attention", "k");
+        check_strided_rows(in.v, "attention", "v");
+    } else {
+        check_nonnull(in.q, "attention", "q");
+        check_nonnull(in.k, "attention", "k");
+        check_nonnull(in.v, "attention", "v");
+    }
     if (in.attn_mask.rank != 0 || in.attn_mask.data != nullptr) {
         check_shape(in.attn_mask, {s.l, s.l}, "attention", "attn_mask");
         check_nonnull(in.attn_mask, "attention", "attn_mask");

@@ -27,10 +27,44 @@
 
 namespace rpe {
 
+namespace detail {
+
+/// A contiguous copy of a (B, H, L, D) view, strided or not.
+template <class S>
+std::vector<S> contiguous_copy(const tensor_ref<const S>& t) {
+    std::vector<S> out(static_cast<std::size_t>(t.size()));
+    std::size_t e = 0;
+    for (std::int64_t a = 0; a < t.extent(0); ++a)
+        for (std::int64_t b = 0; b < t.extent(1); ++b)
+            for (std::int64_t c = 0; c < t.extent(2); ++c) {
+                const S* row = t.data + a * t.stride(0) + b * t.stride(1) + c * t.stride(2);
+                for (std::int64_t d = 0; d < t.extent(3); ++d) out[e++] = row[d * t.stride(3)];
+            }
+    return out;
+}
+
+/// Calls `step(inputs)` on contiguous copies of q, k and v when any of them is strided and
+/// returns true; false (nothing called) when all three are contiguous.
+template <class S, class F>
+bool on_contiguous_qkv(const attention_inputs<S>& in, F&& step) {
+    if (in.q.contiguous() && in.k.contiguous() && in.v.contiguous()) return false;
+    const std::vector<std::int64_t> shape{in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)};
+    const auto q = contiguous_copy(in.q), k = contiguous_copy(in.k), v = contiguous_copy(in.v);
+    attention_inputs<S> c = in;
+    c.q = tensor_ref<const S>(q.data(), shape);
+    c.k = tensor_ref<const S>(k.data(), shape);
+    c.v = tensor_ref<const S>(v.data(), shape);
+    step(c);
+    return true;
+}
+
+}  // namespace detail
+
 /// @brief Forward of the attention step (reference `RPEAttention.forward` without the
 /// projections and dropout): `qs = q·s`, `s = D^−½`; `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s)`;
 /// mask; `attn = softmax_j(logits)`; `out = attn·v + rpe_v(attn)`. With `in.rope`, q and k are
-/// first rotated by rpe::rope_forward into copies and the step runs on those.
+/// first rotated by rpe::rope_forward into copies and the step runs on those. Strided q, k, v
+/// are copied into contiguous buffers first (this is the plain baseline).
 /// @param out  (B, H, L, D), written.
 /// @param attn (B, H, L, L), written: the probabilities, needed by the backward.
 /// @throws rpe::invalid_argument `[rpe.attention] ...` / `[rpe.term] ...` for mismatched shapes,
@@ -40,6 +74,7 @@ template <class S>
 void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn) {
     const auto s = detail::check_attention(in);
     detail::check_attention_outputs(in, s, out, attn, true);
+    if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) { composed_attention_forward(c, out, attn); })) return;
     if (in.rope.enabled()) {  // RoPE: rotate q and k (rpe::rope_forward), then the same step without it
         std::vector<S> qr(static_cast<std::size_t>(in.q.size())), kr(qr.size());
         const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
@@ -107,6 +142,10 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
     detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
     detail::check_nonnull(attn, "attention", "attn");
     detail::check_attention_gradients(in, s, attn, grad_out, grad_q, grad_k, grad_v);
+    if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) {
+            composed_attention_backward(c, attn, grad_out, grad_q, grad_k, grad_v);
+        }))
+        return;
     if (in.rope.enabled()) {  // RoPE: the step on rotated q, k, then rpe::rope_backward of both
         const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
         std::vector<S> qr(static_cast<std::size_t>(in.q.size())), kr(qr.size()), gq(qr.size()), gk(qr.size());

@@ -265,3 +265,194 @@ TEST_CASE("attention: a NaN query makes its row NaN, not zeros; other rows stay 
             CHECK_FALSE(std::isnan(r.out[e]));
     }
 }
+
+namespace {
+
+// q, k, v of `c` copied into one packed (B, L, 3, H, D) buffer (the layout of a qkv projection
+// reshaped as timm/DeiT do), and strided (B, H, L, D) views of it in c.in.
+template <class S>
+std::vector<S> pack_qkv(random_attention<S>& c) {
+    const std::int64_t b = c.b, h = c.h, l = c.l, d = c.d;
+    std::vector<S> qkv(static_cast<std::size_t>(b * l * 3 * h * d), S(-99));
+    const std::vector<S>* src[3] = {&c.q, &c.k, &c.v};
+    for (int w = 0; w < 3; ++w)
+        for (std::int64_t bb = 0; bb < b; ++bb)
+            for (std::int64_t hh = 0; hh < h; ++hh)
+                for (std::int64_t i = 0; i < l; ++i)
+                    for (std::int64_t e = 0; e < d; ++e)
+                        qkv[static_cast<std::size_t>((((bb * l + i) * 3 + w) * h + hh) * d + e)] =
+                            (*src[w])[static_cast<std::size_t>(((bb * h + hh) * l + i) * d + e)];
+    return qkv;
+}
+
+template <class S>
+void view_packed(random_attention<S>& c, const std::vector<S>& qkv) {
+    const std::int64_t b = c.b, h = c.h, l = c.l, d = c.d;
+    auto at = [&](int w) {
+        return rpe::tensor_ref<const S>::with_strides(qkv.data() + w * h * d, {b, h, l, d}, {l * 3 * h * d, d, 3 * h * d, 1});
+    };
+    c.in.q = at(0);
+    c.in.k = at(1);
+    c.in.v = at(2);
+}
+
+// Equal up to the rounding of the matrix products (Eigen may pick another kernel for a strided
+// operand): 1e-13 relative in double, 1e-6 in float.
+template <class S>
+void check_same(const results<S>& a, const results<S>& b) {
+    const double tol = sizeof(S) == 8 ? 1e-13 : 1e-6;
+    CHECK(max_rel_diff(a.out, b.out) < tol);
+    CHECK(max_rel_diff(a.attn, b.attn) < tol);
+    CHECK(max_rel_diff(a.gq, b.gq) < tol);
+    CHECK(max_rel_diff(a.gk, b.gk) < tol);
+    CHECK(max_rel_diff(a.gv, b.gv) < tol);
+    REQUIRE(a.gt.size() == b.gt.size());
+    for (std::size_t t = 0; t < a.gt.size(); ++t) CHECK(max_rel_diff(a.gt[t], b.gt[t]) < tol);
+}
+
+}  // namespace
+
+TEST_CASE("attention reads q, k, v in place from a packed (B, L, 3, H, D) buffer: the same results as contiguous copies") {
+    set_threads(2);
+    for (std::uint32_t seed = 1; seed <= 20; ++seed) {
+        CAPTURE(seed);
+        random_attention<double> c(seed);
+        const auto fused = run(c, true, 1 + seed % 4), composed = run(c, false, 0);
+        const auto qkv = pack_qkv(c);
+        view_packed(c, qkv);
+        REQUIRE_FALSE(c.in.q.contiguous());
+        check_same(run(c, true, 1 + seed % 4), fused);
+        check_same(run(c, false, 0), composed);
+    }
+}
+
+TEST_CASE("attention on strided q, k, v with RoPE (axial, mixed with frequency gradient) and a contextual key term") {
+    for (int form = 0; form < 2; ++form) {
+        CAPTURE(form);
+        random_attention<float> c(7);
+        c.in.key_padding_mask = {};
+        c.in.attn_mask = {};
+        // a fixed shape RoPE accepts: D = 8, a 3 x 4 grid and one skip token
+        c.b = 2, c.h = 2, c.d = 8, c.height = 3, c.width = 4, c.l = 1 + 12;
+        std::mt19937 rng(3);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        for (auto* x : {&c.q, &c.k, &c.v, &c.go}) {
+            x->resize(static_cast<std::size_t>(c.b * c.h * c.l * c.d));
+            for (auto& e : *x) e = normal(rng);
+        }
+        const std::vector<std::int64_t> shape{c.b, c.h, c.l, c.d};
+        c.in.q = rpe::tensor_ref<const float>(c.q.data(), shape);
+        c.in.k = rpe::tensor_ref<const float>(c.k.data(), shape);
+        c.in.v = rpe::tensor_ref<const float>(c.v.data(), shape);
+        c.in.height = c.height;
+        c.in.width = c.width;
+        c.terms.clear();
+        c.tables.clear();
+        c.in.rpe_q = {};
+        c.in.rpe_v = {};
+        rpe::term_spec spec;
+        spec.method = rpe::method::product;
+        spec.contextual = true;
+        spec.target = rpe::target::key;
+        spec.skip = 1;
+        spec.num_heads = 2;
+        spec.head_dim = 8;
+        c.terms.push_back(rpe::make_term<float>(spec));
+        const auto tshape = c.terms.back()->table_shape();
+        auto& tab = c.tables.emplace_back(static_cast<std::size_t>(tshape[0] * tshape[1] * tshape[2]));
+        for (auto& e : tab) e = 0.5f * normal(rng);
+        c.in.rpe_k = {.term = c.terms.back().get(), .tables = {rpe::tensor_ref<const float>(tab.data(), tshape)}, .grad_tables = {}};
+        std::vector<float> freqs(2 * 2 * 4), gf_plain(freqs.size()), gf_strided(freqs.size());
+        for (auto& e : freqs) e = normal(rng);
+        c.in.rope.skip = 1;
+        if (form == 0) {
+            c.in.rope.form = rpe::rope::axial{.theta = 100.0f};
+        } else {
+            c.in.rope.form = rpe::rope::mixed{};
+            c.in.rope.freqs = {freqs.data(), {2, 2, 4}};
+            c.in.rope.grad_freqs = {gf_plain.data(), {2, 2, 4}};
+        }
+        const auto plain = run(c, true, 5);
+        const auto qkv = pack_qkv(c);
+        view_packed(c, qkv);
+        if (form == 1) c.in.rope.grad_freqs = {gf_strided.data(), {2, 2, 4}};
+        check_same(run(c, true, 5), plain);
+        CHECK(max_rel_diff(gf_strided, gf_plain) < 1e-6);
+        // and the composed baseline (rotate, then attend) agrees on the strided views
+        const auto composed = run(c, false, 0);
+        CHECK(max_rel_diff(composed.out, plain.out) < 1e-5);
+        CHECK(max_rel_diff(composed.gq, plain.gq) < 1e-5);
+        CHECK(max_rel_diff(composed.gk, plain.gk) < 1e-5);
+    }
+}
+
+TEST_CASE("attention: a batch stride of 0 broadcasts one (H, L, D) block to every batch element") {
+    std::uint32_t seed = 1;
+    while (random_attention<double>(seed).b < 2) ++seed;  // a configuration with two batch elements
+    random_attention<double> c(seed);
+    REQUIRE(c.b == 2);
+    // every batch element gets batch 0's q, k, v: copy them, then view batch 0 with stride 0
+    const std::int64_t plane = c.h * c.l * c.d;
+    for (auto* x : {&c.q, &c.k, &c.v}) std::copy(x->begin(), x->begin() + plane, x->begin() + plane);
+    const auto full = run(c, true, 2);
+    std::vector<const double*> bases = {c.q.data(), c.k.data(), c.v.data()};
+    c.in.q = rpe::tensor_ref<const double>::with_strides(bases[0], {c.b, c.h, c.l, c.d}, {0, c.l * c.d, c.d, 1});
+    c.in.k = rpe::tensor_ref<const double>::with_strides(bases[1], {c.b, c.h, c.l, c.d}, {0, c.l * c.d, c.d, 1});
+    c.in.v = rpe::tensor_ref<const double>::with_strides(bases[2], {c.b, c.h, c.l, c.d}, {0, c.l * c.d, c.d, 1});
+    check_same(run(c, true, 2), full);
+}
+
+TEST_CASE("strided views: rejected where not supported, checked where supported") {
+    random_attention<float> c(5);
+    std::vector<float> out(static_cast<std::size_t>(c.b * c.h * c.l * c.d), 42.0f);
+    const rpe::tensor_ref<float> out_view(out.data(), {c.b, c.h, c.l, c.d});
+    const auto qkv = pack_qkv(c);
+    SUBCASE("the last stride must be 1") {
+        c.in.q = rpe::tensor_ref<const float>::with_strides(c.q.data(), {c.b, c.h, c.l, c.d}, {0, 0, 0, 2});
+        if (c.d > 1)
+            CHECK_THROWS_WITH_AS(rpe::attention_forward(c.in, out_view), doctest::Contains("q has strides (0, 0, 0, 2)"),
+                                 rpe::invalid_argument);
+    }
+    SUBCASE("an output inside the packed buffer's span overlaps q/k/v") {
+        view_packed(c, qkv);
+        rpe::tensor_ref<float> aliased(const_cast<float*>(qkv.data()) + c.h * c.d, {c.b, c.h, c.l, c.d});
+        CHECK_THROWS_WITH_AS(rpe::attention_forward(c.in, aliased), doctest::Contains("overlaps q/k/v"), rpe::invalid_argument);
+        std::vector<float> attn(static_cast<std::size_t>(c.b * c.h * c.l * c.l));
+        CHECK_THROWS_WITH_AS(rpe::composed_attention_forward(c.in, aliased, rpe::tensor_ref<float>(attn.data(), {c.b, c.h, c.l, c.l})),
+                             doctest::Contains("overlaps q/k/v"), rpe::invalid_argument);
+    }
+    SUBCASE("the terms take contiguous buffers only") {
+        rpe::term_spec spec;
+        spec.method = rpe::method::product;
+        spec.contextual = true;
+        spec.target = rpe::target::key;
+        spec.skip = static_cast<int>(c.l - c.height * c.width);
+        spec.num_heads = static_cast<int>(c.h);
+        spec.head_dim = static_cast<int>(c.d);
+        const auto t = rpe::make_term<float>(spec);
+        const auto ids = t->bucket_ids(c.height, c.width);
+        const auto tshape = t->table_shape();
+        std::vector<float> tab(static_cast<std::size_t>(tshape[0] * tshape[1] * tshape[2]), 0.5f);
+        const rpe::tensor_ref<const float> tables[] = {{tab.data(), tshape}};
+        std::vector<float> y(static_cast<std::size_t>(c.b * c.h * c.l * c.l));
+        view_packed(c, qkv);
+        CHECK_THROWS_WITH_AS(t->forward(*ids, tables, c.in.q, rpe::tensor_ref<float>(y.data(), {c.b, c.h, c.l, c.l}),
+                                        rpe::write::overwrite),
+                             doctest::Contains("x is a strided view"), rpe::invalid_argument);
+    }
+    SUBCASE("with_strides checks its arguments") {
+        CHECK_THROWS_WITH_AS(rpe::tensor_ref<const float>::with_strides(c.q.data(), {2, 3}, {3}),
+                             doctest::Contains("strides has 1 entries; expected 2"), rpe::invalid_argument);
+        CHECK_THROWS_WITH_AS(rpe::tensor_ref<const float>::with_strides(c.q.data(), {2, 3}, {-3, 1}),
+                             doctest::Contains("strides[0] = -3 is negative"), rpe::invalid_argument);
+        CHECK_THROWS_AS(rpe::tensor_ref<const float>::with_strides(c.q.data(), {3, 3}, {std::int64_t{1} << 62, 1}), rpe::out_of_range);
+        const auto v = rpe::tensor_ref<const float>::with_strides(c.q.data(), {2, 3}, {3, 1});
+        CHECK(v.contiguous());
+        CHECK(v.span() == 6);
+        const auto w = rpe::tensor_ref<const float>::with_strides(c.q.data(), {2, 3}, {5, 1});
+        CHECK_FALSE(w.contiguous());
+        CHECK(w.span() == 8);
+        CHECK(w.strides_string() == "(5, 1)");
+    }
+    for (float x : out) REQUIRE(x == 42.0f);
+}

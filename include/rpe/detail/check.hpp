@@ -23,21 +23,46 @@ inline std::string shape_text(const std::vector<std::int64_t>& dims) {
     return os.str();
 }
 
+/// @brief Throws rpe::invalid_argument `[rpe.<component>] <name> is a strided view ...; expected a
+/// contiguous buffer` for a non-contiguous view (only the attention's q, k, v take strides).
+template <class T>
+void check_contiguous(const tensor_ref<T>& t, const char* component, std::string_view name) {
+    if (!t.contiguous())
+        throw invalid_argument(message(component, name, " is a strided view (shape ", t.shape_string(), ", strides ",
+                                       t.strides_string(), "); expected a contiguous buffer"));
+}
+
 /// @brief Throws rpe::invalid_argument `[rpe.<component>] <name> has shape (...); expected (...)`
-/// (compares first; formats the message only on failure).
+/// (compares first; formats the message only on failure), or when the view is strided
+/// (check_contiguous).
 template <class T>
 void check_shape(const tensor_ref<T>& t, const std::vector<std::int64_t>& expected, const char* component,
                  std::string_view name) {
     bool ok = t.rank == static_cast<int>(expected.size());
     for (int i = 0; ok && i < t.rank; ++i) ok = t.extent(i) == expected[static_cast<std::size_t>(i)];
     if (!ok) throw invalid_argument(message(component, name, " has shape ", t.shape_string(), "; expected ", shape_text(expected)));
+    check_contiguous(t, component, name);
 }
 
-/// @brief Throws rpe::invalid_argument when a non-empty view has a null data pointer.
+/// @brief Throws rpe::invalid_argument when a non-empty view has a null data pointer, or when it
+/// is strided (check_contiguous).
 template <class T>
 void check_nonnull(const tensor_ref<T>& t, const char* component, std::string_view name) {
     if (t.data == nullptr && t.size() != 0)
         throw invalid_argument(message(component, name, " is a null buffer of shape ", t.shape_string()));
+    check_contiguous(t, component, name);
+}
+
+/// @brief For inputs that accept strided views (the attention's q, k, v): throws
+/// rpe::invalid_argument for a null non-empty view or a last stride other than 1 (rows of D
+/// values must be contiguous; extent 1 excepted).
+template <class T>
+void check_strided_rows(const tensor_ref<T>& t, const char* component, std::string_view name) {
+    if (t.data == nullptr && t.size() != 0)
+        throw invalid_argument(message(component, name, " is a null buffer of shape ", t.shape_string()));
+    if (t.rank > 0 && t.extent(t.rank - 1) > 1 && t.stride(t.rank - 1) != 1)
+        throw invalid_argument(message(component, name, " has strides ", t.strides_string(), " for shape ", t.shape_string(),
+                                       "; expected the last stride 1 (each row of D values contiguous)"));
 }
 
 /// @brief Throws rpe::invalid_argument when two views share memory (an output aliasing another
@@ -48,8 +73,8 @@ void check_no_overlap(const tensor_ref<T>& a, const tensor_ref<U>& b, const char
     if (a.data == nullptr || b.data == nullptr || a.size() == 0 || b.size() == 0) return;
     const auto a0 = reinterpret_cast<std::uintptr_t>(a.data);
     const auto b0 = reinterpret_cast<std::uintptr_t>(b.data);
-    const auto a1 = a0 + static_cast<std::uintptr_t>(a.size()) * sizeof(T);
-    const auto b1 = b0 + static_cast<std::uintptr_t>(b.size()) * sizeof(U);
+    const auto a1 = a0 + static_cast<std::uintptr_t>(a.span()) * sizeof(T);  // span: strided views too
+    const auto b1 = b0 + static_cast<std::uintptr_t>(b.span()) * sizeof(U);
     if (!(a1 <= b0 || b1 <= a0))
         throw invalid_argument(message(component, a_name, " overlaps ", b_name, " in memory; expected separate buffers"));
 }

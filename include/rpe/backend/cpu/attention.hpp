@@ -58,29 +58,30 @@ struct fused_plan {
     S scale = 1;
     std::vector<fused_table<S, Id>> on_q, on_k, on_v;
     int tables = 0;  // tables in on_q, on_k, on_v together
-    const S* kd = nullptr;                         // (B, H, L, D) keys: in.k, or the rotated copy with RoPE
+    cpu::plane_rows<S> qv, kv, vv;                  // q, v as given (maybe strided); k as given, or the rotated copy with RoPE
     std::shared_ptr<const rope_table<S>> rope;     // cos/sin with RoPE, else null
     std::int64_t rope_skip = 0;
 
     // The scaled (and, with RoPE, rotated) queries of rows [i0, i0 + rb) of plane p into qs (rb, D).
-    void load_queries(const S* q, std::int64_t p, std::int64_t i0, std::int64_t rb, S* qs) const {
-        const S* src = q + (p * l + i0) * d;
-        if (rope) cpu::rope_rotate_rows(*rope, p % h, rope_skip, i0, rb, d, src, qs, scale, false);
-        else cpu::map<S>(qs, rb, d) = cpu::cmap<S>(src, rb, d) * scale;
+    void load_queries(std::int64_t p, std::int64_t i0, std::int64_t rb, S* qs) const {
+        const S* src = qv.plane(p) + i0 * qv.sl;
+        if (rope) cpu::rope_rotate_rows(*rope, p % h, rope_skip, i0, rb, d, src, qs, scale, false, qv.sl);
+        else cpu::map<S>(qs, rb, d) = qv.rows(p, i0, rb, d) * scale;
     }
 };
 
-// With RoPE: the table and the rotated keys of every plane into kr (B·H·L·D), once per call.
+// With RoPE: the rotated keys of every plane into kr (B·H·L·D, contiguous), once per call.
 template <class S, class Id>
-void rotate_keys(fused_plan<S, Id>& plan, const attention_inputs<S>& in, S* kr) {
+void rotate_keys(fused_plan<S, Id>& plan, S* kr) {
     if (!plan.rope) return;
     const std::int64_t n = plan.l, d = plan.d, planes = plan.b * plan.h;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
     for (std::int64_t p = 0; p < planes; ++p)
-        cpu::rope_rotate_rows(*plan.rope, p % plan.h, plan.rope_skip, 0, n, d, in.k.data + p * n * d, kr + p * n * d, S(1), false);
-    plan.kd = kr;
+        cpu::rope_rotate_rows(*plan.rope, p % plan.h, plan.rope_skip, 0, n, d, plan.kv.plane(p), kr + p * n * d, S(1), false,
+                              plan.kv.sl);
+    plan.kv = cpu::plane_rows<S>(kr, plan.h, n, d);
 }
 
 template <class S, class Id>
@@ -166,7 +167,7 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
-    map<S>(lg, rb, n).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(plan.kd + p * n * d, n, d).transpose();
+    map<S>(lg, rb, n).noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, n, d).transpose();
     // contextual key terms: per-bucket products of the block, (rb, K) each, side by side in work
     std::int64_t offset = 0;
     for (const auto& t : plan.on_k)
@@ -198,7 +199,7 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
     }
 }
 
-// Per plane: (k·s)·table_q[h'] (L, K) (k: plan.kd, rotated with RoPE) of every contextual q table q, at buf + q·L·K (K = plan.k).
+// Per plane: (k·s)·table_q[h'] (L, K) (k: plan.kv, the rotated copy with RoPE) of every contextual q table q, at buf + q·L·K (K = plan.k).
 template <class S, class Id>
 void plane_query_products(const fused_plan<S, Id>& plan, std::int64_t p, S* ks, S* buf) {
     using cpu::cmap;
@@ -209,7 +210,7 @@ void plane_query_products(const fused_plan<S, Id>& plan, std::int64_t p, S* ks, 
         const auto& t = plan.on_q[q];
         if (t.bias) continue;
         if (!have_ks) {
-            map<S>(ks, n, d) = cmap<S>(plan.kd + p * n * d, n, d) * plan.scale;
+            map<S>(ks, n, d) = plan.kv.rows(p, 0, n, d) * plan.scale;
             have_ks = true;
         }
         const std::int64_t k = t.k;
@@ -255,7 +256,9 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     require(opt.row_block >= 0, "attention", "row_block = ", opt.row_block, "; expected >= 0");
     plan.rb = opt.row_block > 0 ? opt.row_block : std::max<std::int64_t>(32, (std::int64_t{1} << 17) / std::max<std::int64_t>(s.l, 1));
     plan.rb = std::min(plan.rb, s.l);
-    plan.kd = in.k.data;
+    plan.qv = cpu::plane_rows<S>(in.q);
+    plan.kv = cpu::plane_rows<S>(in.k);
+    plan.vv = cpu::plane_rows<S>(in.v);
     if (in.rope.enabled()) {
         plan.rope = rope_table_of(in.rope, s.d, in.height, in.width);
         plan.rope_skip = in.rope.skip;
@@ -286,7 +289,7 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
     const auto full_ids = declare_full_ids(plan, ws);
     ws.allocate();
     materialise_ids(plan, full_ids);
-    rotate_keys(plan, in, kr_s.data());
+    rotate_keys(plan, kr_s.data());
     const S* tq = tq_s.data();
     if (ctx_q) all_query_products(plan, ks_s, tq_s.data());
 #if defined(_OPENMP)
@@ -305,10 +308,10 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
             const std::int64_t p = item / blocks, i0 = (item % blocks) * rb_max, h = p % plan.h;
             const std::int64_t rb = std::min(rb_max, n - i0);
             load_block_ids(plan, i0, rb, idbuf, blk);
-            plan.load_queries(in.q.data, p, i0, rb, qs);
+            plan.load_queries(p, i0, rb, qs);
             block_probabilities(plan, in, p, i0, rb, qs, tq + p * tq_per_plane, blk, lg, work);
             auto o = map<S>(out.data + (p * n + i0) * d, rb, d);
-            o.noalias() = cmap<S>(lg, rb, n) * cmap<S>(in.v.data + p * n * d, n, d);
+            o.noalias() = cmap<S>(lg, rb, n) * plan.vv.rows(p, 0, n, d);
             for (const auto& t : plan.on_v) {
                 cpu::scatter_rows(lg, blk[t.slot], rb, n, t.k, work);
                 o.noalias() += cmap<S>(work, rb, t.k) * cmap<S>(t.table + t.head(h) * t.k * d, t.k, d);
@@ -341,7 +344,7 @@ void plane_query_gradients(fused_plan<S, Id>& plan, S* gq_part, std::int64_t p, 
         // table partial of plane p lives in its chunk-0 item: Σ (k·s)ᵀ·g = s·kᵀ·g
         if (t.grad)
             map<S>(t.partial + p * chunks * d * tk, d, tk).noalias() +=
-                plan.scale * (cmap<S>(plan.kd + p * n * d, n, d).transpose() * g);
+                plan.scale * (plan.kv.rows(p, 0, n, d).transpose() * g);
     }
 }
 
@@ -386,7 +389,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     const auto full_ids = declare_full_ids(plan, ws);
     ws.allocate();
     materialise_ids(plan, full_ids);
-    rotate_keys(plan, in, kr_s.data());
+    rotate_keys(plan, kr_s.data());
     if (rope_freqs) std::fill(ga_s.data(), ga_s.data() + ga_s.count, S(0));
     std::size_t next = 0;
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
@@ -418,13 +421,13 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
             auto gv = map<S>(chunks > 1 ? gv_part.data() + item * n * d : grad_v.data + p * n * d, n, d);
             gk.setZero();
             gv.setZero();
-            const auto vp = cmap<S>(in.v.data + p * n * d, n, d);
-            const auto kp = cmap<S>(plan.kd + p * n * d, n, d);
+            const auto vp = plan.vv.rows(p, 0, n, d);
+            const auto kp = plan.kv.rows(p, 0, n, d);
             const std::int64_t i_end = std::min(n, (c + 1) * blocks_per_chunk * rb_max);
             for (std::int64_t i0 = c * blocks_per_chunk * rb_max; i0 < i_end; i0 += rb_max) {
                 const std::int64_t rb = std::min(rb_max, n - i0);
                 load_block_ids(plan, i0, rb, idbuf, blk);
-                plan.load_queries(in.q.data, p, i0, rb, qs);
+                plan.load_queries(p, i0, rb, qs);
                 block_probabilities(plan, in, p, i0, rb, qs, tqp, blk, lg, work);
                 const auto P = cmap<S>(lg, rb, n);
                 const auto go = cmap<S>(grad_out.data + (p * n + i0) * d, rb, d);
@@ -505,7 +508,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
             if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back
                 S* g = grad_k.data + p * n * d;
                 if (rope_freqs)
-                    cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, n, plan.kd + p * n * d, g, ga_s.data() + p * rope_n * rope_pairs);
+                    cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, n, plan.kv.plane(p), g, ga_s.data() + p * rope_n * rope_pairs);
                 cpu::rope_rotate_rows(*plan.rope, h, plan.rope_skip, 0, n, d, g, g, S(1), true);
             }
         }
@@ -543,7 +546,9 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
 /// cos/sin table (grid tokens, D/2) built once per grid and cached (rope::mixed: per call); the
 /// terms then see the rotated q and k (equal to rpe::rope_forward on q and k, then this call). Rows whose keys are all masked give zero probabilities and zero output (the
 /// reference gives NaN); a NaN logit makes its row NaN.
-/// @param in   q, k, v (B, H, L, D), grid, optional terms and masks (see attention_inputs).
+/// @param in   q, k, v (B, H, L, D), contiguous or strided views with rows of D contiguous (read
+///   in place, e.g. from a packed (B, L, 3, H, D) qkv), grid, optional terms and masks (see
+///   attention_inputs).
 /// @param out  (B, H, L, D), written.
 /// @param attn (B, H, L, L) probabilities, written only when non-empty; pass `{}` otherwise.
 /// @throws rpe::invalid_argument `[rpe.attention] ...` / `[rpe.term] ...` for mismatched shapes,

@@ -28,6 +28,29 @@ template <class S>
 using cmap = Eigen::Map<const row_matrix<S>>;
 template <class S>
 using map = Eigen::Map<row_matrix<S>>;
+/// Rows `stride` elements apart (a plane of a strided q, k or v).
+template <class S>
+using cmap_strided = Eigen::Map<const row_matrix<S>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+/// @brief The (B, H) planes of a (B, H, L, D) input whose rows of D values are contiguous:
+/// plane p = b·H + h starts at `data + b·sb + h·sh`, its rows `sl` apart (the C-order strides
+/// for a contiguous view, the view's own for a strided one).
+template <class S>
+struct plane_rows {
+    const S* data = nullptr;
+    std::int64_t heads = 1, sb = 0, sh = 0, sl = 0;
+    plane_rows() = default;
+    explicit plane_rows(const tensor_ref<const S>& t)
+        : data(t.data), heads(t.extent(1)), sb(t.stride(0)), sh(t.stride(1)), sl(t.stride(2)) {}
+    /// A contiguous (planes, L, D) buffer.
+    plane_rows(const S* contiguous, std::int64_t h, std::int64_t l, std::int64_t d)
+        : data(contiguous), heads(h), sb(h * l * d), sh(l * d), sl(d) {}
+    [[nodiscard]] const S* plane(std::int64_t p) const { return data + (p / heads) * sb + (p % heads) * sh; }
+    /// Rows [i0, i0 + rows) of plane p as an Eigen map (rows, d).
+    [[nodiscard]] cmap_strided<S> rows(std::int64_t p, std::int64_t i0, std::int64_t rows, std::int64_t d) const {
+        return cmap_strided<S>(plane(p) + i0 * sl, rows, d, Eigen::OuterStride<>(sl));
+    }
+};
 
 /// @brief Problem sizes shared by the kernels (the front's term_dims).
 using dims = term_dims;
