@@ -4,7 +4,8 @@
 ///
 /// Not part of the umbrella <rpe/rpe.hpp>: make_term instantiates the id builder of every
 /// built-in mapping, so only the translation units that use it pay for it. A program with several
-/// such units can explicitly instantiate it in one of them
+/// such units links the CMake target rpe::make_term, which adds the one unit that instantiates it
+/// and defines RPE_EXTERN_MAKE_TERM for the others; without CMake, instantiate it in one unit
 /// (`template std::unique_ptr<rpe::any_term<float>> rpe::make_term<float>(const rpe::term_spec&);`,
 /// and the same for double) and define RPE_EXTERN_MAKE_TERM in the others.
 #pragma once
