@@ -187,11 +187,11 @@ def rope(x, embedding, height=None, width=None):
 
 class TermSlot:
     """A term given by its tables, for ``rpe_torch.attention`` (rpe_q / rpe_k / rpe_v) and
-    :meth:`forward`: ``method`` "swin" / "beit" (window (rows, cols)), "alibi" (grid),
-    "decomposed" (grid; contextual) or an iRPE method; ``tables`` the tables as the operators
-    read them ((Ht, K) bias, two (1, D, K) for decomposed); ``window`` (rows, cols) = the
-    operators' (alpha, beta) for the ViT methods. E.g. SwinV2:
-    ``TermSlot("swin", [cpb_table(raw, ws)], ws)``."""
+    :meth:`forward`: ``method`` "swin" / "beit" (window (rows, cols)), "alibi" (grid) or
+    "decomposed" (grid; contextual); ``tables`` the tables as the operators read them ((Ht, K)
+    bias, two (1, D, K) for decomposed); ``window`` (rows, cols) = the operators' (alpha, beta);
+    ``grid`` the default (height, width) (else the window). E.g. SwinV2:
+    ``TermSlot("swin", [cpb_table(raw, ws)], ws)``. Shapes are checked by the operators."""
 
     def __init__(self, method, tables, window, skip=0, mode=None, grid=None):
         self.method, self.tables = method, list(tables)
@@ -220,7 +220,8 @@ class TermSlot:
         method, mode, tables, a, b, g, skip, h, w = self._slot(L, height, width)
         return term(x, tables, method, mode, "k", a, b, g, skip, h, w)
 
-    __call__ = forward
+    def __call__(self, x=None, height=None, width=None):
+        return self.forward(x, height, width)
 
 
 class _TimmTable(torch.autograd.Function):
@@ -367,8 +368,8 @@ class _DecomposedTables(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rel_pos_h, rel_pos_w, spec):
         ctx.spec = spec
-        ctx.lengths = (rel_pos_h.shape[0], rel_pos_w.shape[0] if rel_pos_w.dim() >= 1 else 0)
-        t0, t1 = _ops.decomposed_tables(rel_pos_h, rel_pos_w, *spec)
+        t0, t1 = _ops.decomposed_tables(rel_pos_h, rel_pos_w, *spec)  # checks the shapes
+        ctx.lengths = (rel_pos_h.shape[0], rel_pos_w.shape[0])
         return t0, t1
 
     @staticmethod

@@ -1,8 +1,12 @@
 /// @file ops.cpp
 /// @brief PyTorch operators over rpe (`TORCH_LIBRARY(rpe, ...)`, CPU kernels): every iRPE term
 /// (bias / contextual on q, k, v, shared or per-head tables, Cross's two tables) forward and
-/// backward, and the fused attention step forward and backward. The Python package `rpe_torch`
-/// wraps them in torch.autograd.Functions and drop-in modules; docs/torch.md lists the schemas.
+/// backward, and the fused attention step forward and backward (with an optional 2D RoPE of q
+/// and k); the ViT encodings: the Swin, BEiT, SAM-decomposed and 2D-ALiBi mappings selectable by
+/// name in the term and attention operators, 2D RoPE on its own, and the operators that make
+/// their tables (timm's layout, SwinV2's CPB, SAM's tables and resize, ALiBi's fixed table). The
+/// Python package `rpe_torch` wraps them in torch.autograd.Functions and modules; docs/torch.md
+/// lists the schemas.
 ///
 /// Bucket ids come from the library's shared cache (`rpe::bucket_cache::global()`, through
 /// `any_term::bucket_ids`); no (L, L) id tensor is ever made except by the inspection operator
