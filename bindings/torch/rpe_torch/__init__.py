@@ -10,6 +10,12 @@ reference's signatures, defaults, parameter names and shapes, so reference check
 ``rpe_torch.attention`` runs the whole attention step of the reference (iRPE on q, k, v, key
 padding and additive masks) through rpe's fused kernels, differentiable in q, k, v and every table.
 
+The vision-transformer encodings (``rpe_torch.vit``, re-exported here): 2D RoPE (``RoPEAxial``,
+``RoPEMixed``, ``RoPECat``; ``attention(rope=...)``), Swin / BEiT relative position bias
+(``RelPosBias``, timm's table layout), SwinV2's CPB (``relative_log_coords``, ``cpb_table``,
+``cpb_bias``), SAM's decomposed relative position (``DecomposedRelPos``, ``resize_rel_pos``) and
+2D ALiBi (``ALiBi2D``).
+
 The operator library is found at ``$RPE_TORCH_OPS``, else next to this package, else in
 ``<repo>/build/bindings/torch/`` (the default CMake build folder). See docs/torch.md.
 """
@@ -25,6 +31,9 @@ from torch import nn
 __all__ = [
     "METHOD", "get_num_buckets", "get_single_rpe_config", "get_rpe_config", "build_rpe", "iRPE", "iRPE_Cross",
     "attention", "term", "bucket_ids", "library_path",
+    "RoPEAxial", "RoPEMixed", "RoPECat", "rope", "RelPosBias", "table_from_timm", "table_to_timm",
+    "relative_log_coords", "cpb_table", "cpb_bias", "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
+    "ALiBi2D", "alibi_slopes", "TermSlot",
 ]
 
 
@@ -370,7 +379,8 @@ class iRPE_Cross(nn.Module):
 
 
 class _Attention(torch.autograd.Function):
-    """The fused attention through torch.ops.rpe.attention_forward / attention_backward."""
+    """The fused attention through torch.ops.rpe.attention_forward / attention_backward; the
+    last of ``tables`` is the RoPE-Mixed frequencies when ``counts[3]``."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_padding_mask, attn_mask, spec, counts, *tables):
@@ -380,40 +390,64 @@ class _Attention(torch.autograd.Function):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         ctx.save_for_backward(q, k, v, *tables)
         ctx.key_padding_mask, ctx.attn_mask = key_padding_mask, attn_mask
-        tq, tk, tv = _split(tables, counts)
-        return _ops.attention_forward(q, k, v, tq, tk, tv, *spec[:9], key_padding_mask, attn_mask, spec[9])
+        tq, tk, tv, freqs = _split(tables, counts)
+        return _ops.attention_forward(q, k, v, tq, tk, tv, *spec[:9], key_padding_mask, attn_mask, spec[9], spec[10],
+                                      spec[11], freqs, spec[12])
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, *tables = ctx.saved_tensors
-        tq, tk, tv = _split(tables, ctx.counts)
+        tq, tk, tv, freqs = _split(tables, ctx.counts)
         s = ctx.spec
         grads = _ops.attention_backward(q, k, v, tq, tk, tv, *s[:9], ctx.key_padding_mask, ctx.attn_mask, s[9],
-                                        grad_out.contiguous())
+                                        grad_out.contiguous(), s[10], s[11], freqs, s[12])
         return (grads[0], grads[1], grads[2], None, None, None, None, *grads[3:])
 
 
 def _split(tables, counts):
-    a, b = counts[0], counts[0] + counts[1]
-    return list(tables[:a]), list(tables[a:b]), list(tables[b:])
+    """(tables_q, tables_k, tables_v, rope freqs or None) of the flat tensors."""
+    a, b, c = counts[0], counts[0] + counts[1], counts[0] + counts[1] + counts[2]
+    return list(tables[:a]), list(tables[a:b]), list(tables[b:c]), (tables[c] if counts[3] else None)
+
+
+def _slot(name, m, L, height, width):
+    """(method, mode, tables, alpha, beta, gamma, skip, height, width) of an attention slot's
+    module, or None when it has no term."""
+    if m is None:
+        return None
+    if isinstance(m, (iRPE, iRPE_Cross)):
+        c = m.rp_rows.rpe_config if isinstance(m, iRPE_Cross) else m.rpe_config
+        if (m.rp_rows.mode if isinstance(m, iRPE_Cross) else m.mode) is None:
+            return None
+        method, mode, ts, skip, h, w = m._spec(L, height, width)
+        return method, mode, ts, float(c.alpha), float(c.beta), float(c.gamma), skip, h, w
+    if hasattr(m, "_slot"):
+        return m._slot(L, height, width)
+    raise TypeError(f"[rpe.torch] {name} is a {type(m).__name__}; expected an rpe_torch iRPE, iRPE_Cross, RelPosBias, "
+                    "DecomposedRelPos, ALiBi2D module or a TermSlot")
 
 
 def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=None, key_padding_mask=None,
-              attn_mask=None, scale=None):
+              attn_mask=None, scale=None, rope=None):
     """The attention step of the reference's RPEAttention (after the qkv projection, before the
     output projection) through rpe's fused kernels:
     ``qs = q·scale; logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·scale)ᵀ (+ attn_mask)``, padded keys
     −∞, ``a = softmax(logits)``, ``out = a·v + rpe_v(a)``.
 
     q, k, v: (B, H, L, D), float32 or float64, CPU; rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
-    modules from build_rpe (or None); height, width: the grid (L = skip + height·width; square when
-    None); key_padding_mask: (B, L) bool/uint8, true = padded key; attn_mask: (L, L) additive float
-    (or bool, true = masked), not differentiated; scale: default D^-1/2. Rows whose keys are all
-    masked give zeros (the reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and
-    every table (first derivatives only: a second backward raises). Raises ValueError / TypeError
-    naming the parameter for bad input.
+    modules from build_rpe, the ViT term modules RelPosBias, DecomposedRelPos, ALiBi2D or a
+    TermSlot (SwinV2's CPB table), or None; height, width: the grid (L = skip + height·width;
+    square when None; a ViT term's own grid by default); key_padding_mask: (B, L) bool/uint8, true =
+    padded key; attn_mask: (L, L) additive float (or bool, true = masked), not differentiated;
+    scale: default D^-1/2; rope: a RoPEAxial / RoPEMixed / RoPECat module: q and k are rotated
+    first (L = rope.skip + height·width) and everything after sees the rotated q and k (the
+    RoPEMixed frequencies get their gradient). Rows whose keys are all masked give zeros (the
+    reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and every table (first
+    derivatives only: a second backward raises). Raises ValueError / TypeError naming the
+    parameter for bad input.
     """
+    from .vit import _RoPE
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_cpu(name, t)
     if q.dim() != 4:
@@ -424,25 +458,30 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     methods, modes, params, counts, tables = [], [], [], [], []
     grid = None
     for name, m in (("rpe_q", rpe_q), ("rpe_k", rpe_k), ("rpe_v", rpe_v)):
-        if m is not None and not isinstance(m, (iRPE, iRPE_Cross)):
-            raise TypeError(f"[rpe.torch] {name} is a {type(m).__name__}; expected an rpe_torch iRPE or iRPE_Cross module")
-        mode = m.rp_rows.mode if isinstance(m, iRPE_Cross) else (m.mode if m is not None else None)
-        if m is None or mode is None:
+        slot = _slot(name, m, L, height, width)
+        if slot is None:
             methods.append("")
             modes.append("")
             params.extend([0.0, 0.0, 0.0, 0.0])
             counts.append(0)
             continue
-        method, mode, ts, skip, h, w = m._spec(L, height, width)
+        method, mode, ts, alpha, beta, gamma, skip, h, w = slot
         if grid is not None and grid != (h, w):
             raise ValueError(f"[rpe.torch] {name} infers a {h}x{w} grid, another term {grid[0]}x{grid[1]}; pass height and width")
         grid = (h, w)
-        c = m.rp_rows.rpe_config if isinstance(m, iRPE_Cross) else m.rpe_config
         methods.append(method)
         modes.append(mode)
-        params.extend([float(c.alpha), float(c.beta), float(c.gamma), float(skip)])
+        params.extend([alpha, beta, gamma, float(skip)])
         counts.append(len(ts))
         tables.extend(ts)
+    rope_spec, freqs = ("", [], 0), None
+    if rope is not None:
+        if not isinstance(rope, _RoPE):
+            raise TypeError(f"[rpe.torch] rope is a {type(rope).__name__}; expected an rpe_torch RoPEAxial, RoPEMixed or "
+                            "RoPECat module")
+        form, rope_params, rope_skip, h, w = rope._spec(L, *(grid if grid is not None and height is None else (height, width)))
+        grid = (h, w)
+        rope_spec, freqs = (form, rope_params, rope_skip), rope._freqs()
     if grid is None:
         grid = (height or 1, width or 1) if height is not None else (1, 1)
     if key_padding_mask is not None:
@@ -452,5 +491,15 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         if attn_mask.requires_grad and torch.is_grad_enabled():
             raise ValueError("[rpe.torch] attn_mask requires grad; rpe_torch.attention does not differentiate the "
                              "additive mask (pass attn_mask.detach())")
-    spec = (methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0], grid[1], float(scale))
-    return _Attention.apply(q, k, v, key_padding_mask, attn_mask, spec, tuple(counts), *tables)
+    if freqs is not None:
+        _check_cpu("rope freqs", freqs)
+        tables.append(freqs)
+    spec = (methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0], grid[1], float(scale),
+            *rope_spec)
+    return _Attention.apply(q, k, v, key_padding_mask, attn_mask, spec, (*counts, freqs is not None), *tables)
+
+
+from .vit import (  # noqa: E402  (the ViT encodings use the operators loaded above)
+    ALiBi2D, DecomposedRelPos, RelPosBias, RoPEAxial, RoPECat, RoPEMixed, TermSlot, alibi_slopes, cpb_bias, cpb_table,
+    decomposed_rel_pos, relative_log_coords, resize_rel_pos, rope, table_from_timm, table_to_timm,
+)

@@ -1,8 +1,12 @@
 /// @file ops.cpp
 /// @brief PyTorch operators over rpe (`TORCH_LIBRARY(rpe, ...)`, CPU kernels): every iRPE term
 /// (bias / contextual on q, k, v, shared or per-head tables, Cross's two tables) forward and
-/// backward, and the fused attention step forward and backward. The Python package `rpe_torch`
-/// wraps them in torch.autograd.Functions and drop-in modules; docs/torch.md lists the schemas.
+/// backward, and the fused attention step forward and backward (with an optional 2D RoPE of q
+/// and k); the ViT encodings: the Swin, BEiT, SAM-decomposed and 2D-ALiBi mappings selectable by
+/// name in the term and attention operators, 2D RoPE on its own, and the operators that make
+/// their tables (timm's layout, SwinV2's CPB, SAM's tables and resize, ALiBi's fixed table). The
+/// Python package `rpe_torch` wraps them in torch.autograd.Functions and modules; docs/torch.md
+/// lists the schemas.
 ///
 /// Bucket ids come from the library's shared cache (`rpe::bucket_cache::global()`, through
 /// `any_term::bucket_ids`); no (L, L) id tensor is ever made except by the inspection operator
@@ -19,7 +23,16 @@
 #include <rpe/any_term.hpp>
 #include <rpe/make_term.hpp>
 #include <rpe/attention.hpp>
+#include <rpe/backend/cpu/rope.hpp>
+#include <rpe/mapping/beit.hpp>
+#include <rpe/mapping/swin.hpp>
+#include <rpe/rotary.hpp>
+#include <rpe/swin_bias.hpp>
+#include <rpe/vit/alibi_2d.hpp>
+#include <rpe/vit/decomposed_rel_pos.hpp>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -79,12 +92,77 @@ void check_rank(const at::Tensor& t, int64_t rank, const char* name, const char*
     TORCH_CHECK_VALUE(t.dim() == rank, "[rpe.torch] ", name, " has shape ", shape_of(t), "; expected ", expected);
 }
 
+// The ViT mappings selectable by name besides the iRPE ones: their window / grid is (alpha, beta).
+enum class vit_method { none, swin, beit, decomposed, alibi };
+
+vit_method vit_method_of(c10::string_view method) {
+    const std::string_view m(method.data(), method.size());
+    if (m == "swin") return vit_method::swin;
+    if (m == "beit") return vit_method::beit;
+    if (m == "decomposed") return vit_method::decomposed;
+    if (m == "alibi") return vit_method::alibi;
+    return vit_method::none;
+}
+
+// An int64 argument narrowed to int, or a ValueError naming it (the library then checks its range).
+int narrow(int64_t v, const char* name) {
+    TORCH_CHECK_VALUE(v >= INT_MIN && v <= INT_MAX, "[rpe.torch] ", name, " = ", v, "; expected a 32-bit integer");
+    return static_cast<int>(v);
+}
+
+// alpha / beta of a ViT method: the window (swin, beit) or grid (decomposed, alibi) rows / columns.
+int vit_side(double v, const char* name, c10::string_view method) {
+    TORCH_CHECK_VALUE(std::isfinite(v) && v == std::floor(v) && v >= INT_MIN && v <= INT_MAX, "[rpe.torch] ", name, " = ", v,
+                      " (method '", std::string(method.data(), method.size()), "', the window or grid ",
+                      name[0] == 'a' ? "rows" : "columns", "); expected an integer");
+    return static_cast<int>(v);
+}
+
+// The term of a ViT method (alpha, beta = rows, columns of its window or grid; gamma unused):
+// swin / beit (rpe::mapping::swin / beit) and alibi (rpe::vit::make_alibi_2d_term) in bias mode,
+// decomposed (rpe::vit::make_decomposed_rel_pos_term, SAM) contextual, all on k.
+template <class S>
+std::unique_ptr<rpe::any_term<S>> make_vit(vit_method vm, c10::string_view method, bool contextual, rpe::target tg,
+                                           double alpha, double beta, int64_t skip, int64_t heads, int64_t head_dim,
+                                           bool shared) {
+    const bool want_contextual = vm == vit_method::decomposed;
+    TORCH_CHECK_VALUE(contextual == want_contextual && tg == rpe::target::key, "[rpe.torch] method = '",
+                      std::string(method.data(), method.size()), "' with mode = ", contextual ? "contextual" : "bias",
+                      ", target = ", rpe::target_letter(tg), "; expected mode = ", want_contextual ? "contextual" : "bias",
+                      " on k");
+    const int rows = vit_side(alpha, "alpha", method), cols = vit_side(beta, "beta", method);
+    const int h = narrow(heads, "num_heads"), d = narrow(head_dim, "head_dim"), sk = static_cast<int>(skip);
+    switch (vm) {
+        case vit_method::swin:
+            return rpe::make_any_term(rpe::term<rpe::mapping::swin, rpe::mode::bias, rpe::target::key, S>(
+                rpe::mapping::swin{.window_h = rows, .window_w = cols},
+                rpe::term_config{.num_heads = h, .head_dim = d, .shared_head = shared, .skip = sk}));
+        case vit_method::beit:
+            return rpe::make_any_term(rpe::term<rpe::mapping::beit, rpe::mode::bias, rpe::target::key, S>(
+                rpe::mapping::beit{.window_h = rows, .window_w = cols},
+                rpe::term_config{.num_heads = h, .head_dim = d, .shared_head = shared, .skip = sk}));
+        case vit_method::decomposed:
+            return rpe::make_any_term(rpe::vit::make_decomposed_rel_pos_term<S>(
+                {.height = rows, .width = cols, .num_heads = h, .head_dim = d, .skip = sk}));
+        case vit_method::alibi:
+            return rpe::make_any_term(
+                rpe::vit::make_alibi_2d_term<S>({.height = rows, .width = cols, .num_heads = h, .head_dim = d, .skip = sk}));
+        case vit_method::none: break;
+    }
+    TORCH_CHECK_VALUE(false, "[rpe.torch] method = '", std::string(method.data(), method.size()), "'; not a ViT method");
+}
+
 // The term that (method, mode, target, α, β, γ, skip) describe for inputs of H heads, head dim D;
 // shared when the first table has one head.
 template <class S>
 std::unique_ptr<rpe::any_term<S>> make(c10::string_view method, c10::string_view mode, rpe::target tg, double alpha,
                                        double beta, double gamma, int64_t skip, int64_t heads, int64_t head_dim,
                                        bool shared) {
+    if (const auto vm = vit_method_of(method); vm != vit_method::none) {
+        TORCH_CHECK_VALUE(skip >= 0 && skip < (int64_t{1} << 30), "[rpe.torch] skip = ", skip, "; expected >= 0");
+        return make_vit<S>(vm, method, rpe::parse_contextual(std::string_view(mode.data(), mode.size())), tg, alpha, beta,
+                           skip, heads, head_dim, shared);
+    }
     rpe::term_spec spec;
     spec.method = rpe::parse_method(std::string_view(method.data(), method.size()));
     spec.contextual = rpe::parse_contextual(std::string_view(mode.data(), mode.size()));
@@ -220,6 +298,122 @@ std::vector<at::Tensor> term_backward(const c10::optional<at::Tensor>& x, at::Te
 }
 
 // ---------------------------------------------------------------------------------------------
+// 2D RoPE
+// ---------------------------------------------------------------------------------------------
+
+// The rotary embedding of (form, params, skip): form "" (none), "axial" (params [theta]), "mixed"
+// (no params; frequencies given with the call) or "cat" (params [temperature, in_pixels, max_res,
+// linear_bands, grid_offset, ref_height, ref_width, xy_indexing], booleans as 0 / 1). The policy's
+// own validate() (through the library's checks) rejects bad values.
+template <class S>
+rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double> p, int64_t skip) {
+    const std::string form(form_in.data(), form_in.size());
+    rpe::rotary_embedding<S> r;
+    const auto need = [&](std::size_t n, const char* layout) {
+        TORCH_CHECK_VALUE(p.size() == n, "[rpe.torch] rope_params holds ", p.size(), " values for form '", form, "'; expected ",
+                          n, " (", layout, ")");
+    };
+    if (form.empty()) {
+        need(0, "none");
+        return r;
+    }
+    TORCH_CHECK_VALUE(skip >= 0 && skip < (int64_t{1} << 30), "[rpe.torch] rope skip = ", skip, "; expected >= 0");
+    r.skip = static_cast<int>(skip);
+    if (form == "axial") {
+        need(1, "theta");
+        r.form = rpe::rope::axial{.theta = static_cast<float>(p[0])};
+    } else if (form == "mixed") {
+        need(0, "none: the frequencies are the freqs tensor");
+        r.form = rpe::rope::mixed{};
+    } else if (form == "cat") {
+        need(8, "temperature, in_pixels, max_res, linear_bands, grid_offset, ref_height, ref_width, xy_indexing");
+        const auto ref = [&](double v, const char* name) {
+            TORCH_CHECK_VALUE(std::isfinite(v) && v == std::floor(v) && std::abs(v) < (1 << 30), "[rpe.torch] rope ", name,
+                              " = ", v, "; expected an integer (0 = no reference grid)");
+            return static_cast<int>(v);
+        };
+        rpe::rope::cat c;
+        c.temperature = static_cast<float>(p[0]);
+        c.in_pixels = p[1] != 0;
+        c.max_res = static_cast<float>(p[2]);
+        c.linear_bands = p[3] != 0;
+        c.grid_offset = static_cast<float>(p[4]);
+        c.ref_height = ref(p[5], "ref_height");
+        c.ref_width = ref(p[6], "ref_width");
+        c.xy_indexing = p[7] != 0;
+        r.form = c;
+    } else {
+        TORCH_CHECK_VALUE(false, "[rpe.torch] rope form = '", form, "'; expected axial, mixed or cat");
+    }
+    return r;
+}
+
+void check_grid(int64_t height, int64_t width) {
+    TORCH_CHECK_VALUE(height >= 1 && width >= 1 && height < (1 << 30) && width < (1 << 30), "[rpe.torch] height = ", height,
+                      ", width = ", width, "; expected >= 1");
+}
+
+/// rope_forward / rope_backward: see the schemas in TORCH_LIBRARY below (rpe::rope_forward,
+/// rpe::rope_backward).
+template <class S>
+std::vector<at::Tensor> rope_impl(const at::Tensor& x_in, const at::Tensor* grad_y_in, c10::string_view form,
+                                  at::ArrayRef<double> params, const c10::optional<at::Tensor>& freqs_opt, int64_t skip,
+                                  int64_t height, int64_t width, at::ScalarType st) {
+    const at::Tensor x = prepared(x_in, "x", st);
+    auto r = make_rope<S>(form, params, skip);
+    TORCH_CHECK_VALUE(r.enabled(), "[rpe.torch] rope form = ''; expected axial, mixed or cat");
+    at::Tensor freqs;
+    if (freqs_opt && freqs_opt->defined()) {
+        freqs = prepared(*freqs_opt, "freqs", st);
+        r.freqs = cref<S>(freqs);
+    }
+    check_grid(height, width);
+    at::Tensor out = at::empty(x.sizes(), x.options());
+    if (!grad_y_in) {
+        rpe::rope_forward<S>(r, static_cast<int>(height), static_cast<int>(width), cref<S>(x), mref<S>(out));
+        return {out};
+    }
+    const at::Tensor grad_y = prepared(*grad_y_in, "grad_y", st);
+    at::Tensor grad_freqs = r.is_mixed() && freqs.defined() ? at::empty(freqs.sizes(), freqs.options()) : at::empty({0}, x.options());
+    if (r.is_mixed() && freqs.defined()) r.grad_freqs = mref<S>(grad_freqs);
+    rpe::rope_backward<S>(r, static_cast<int>(height), static_cast<int>(width), cref<S>(x), cref<S>(grad_y), mref<S>(out));
+    return {out, grad_freqs};
+}
+
+at::Tensor rope_forward(const at::Tensor& x, c10::string_view form, at::ArrayRef<double> params,
+                        const c10::optional<at::Tensor>& freqs, int64_t skip, int64_t height, int64_t width) {
+    return translating([&] {
+        const auto st = checked_float_type(x, "x");
+        return st == at::kDouble ? rope_impl<double>(x, nullptr, form, params, freqs, skip, height, width, st)[0]
+                                 : rope_impl<float>(x, nullptr, form, params, freqs, skip, height, width, st)[0];
+    });
+}
+
+std::vector<at::Tensor> rope_backward(const at::Tensor& x, const at::Tensor& grad_y, c10::string_view form,
+                                      at::ArrayRef<double> params, const c10::optional<at::Tensor>& freqs, int64_t skip,
+                                      int64_t height, int64_t width) {
+    return translating([&] {
+        const auto st = checked_float_type(x, "x");
+        return st == at::kDouble ? rope_impl<double>(x, &grad_y, form, params, freqs, skip, height, width, st)
+                                 : rope_impl<float>(x, &grad_y, form, params, freqs, skip, height, width, st);
+    });
+}
+
+// rope-vit's initial RoPE-Mixed frequencies (rpe::rope::init_mixed_frequencies): (2, H, D/2) float32.
+at::Tensor rope_mixed_init(double theta, int64_t head_dim, const at::Tensor& angles_in) {
+    return translating([&] {
+        const at::Tensor angles = prepared(angles_in, "angles", at::kFloat);
+        check_rank(angles, 1, "angles", "(H,) per-head rotations");
+        const int d = narrow(head_dim, "head_dim");
+        at::Tensor out = at::empty({2, angles.size(0), std::max(d, 0) / 2}, angles.options());
+        rpe::rope::init_mixed_frequencies(static_cast<float>(theta), d,
+                                          std::span<const float>(angles.data_ptr<float>(), static_cast<std::size_t>(angles.numel())),
+                                          std::span<float>(out.data_ptr<float>(), static_cast<std::size_t>(out.numel())));
+        return out;
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
 // Fused attention
 // ---------------------------------------------------------------------------------------------
 
@@ -230,6 +424,10 @@ struct attention_args {
     std::vector<double> params;  // per slot: alpha, beta, gamma, skip
     int64_t height = 0, width = 0;
     double scale = 0;
+    c10::string_view rope_form;
+    std::vector<double> rope_params;
+    at::Tensor rope_freqs;
+    int64_t rope_skip = 0;
 };
 
 template <class S>
@@ -311,6 +509,11 @@ attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
         check_rank(m, 2, "attn_mask", "(L, L)");
         s.in.attn_mask = cref<S>(m);
     }
+    s.in.rope = make_rope<S>(a.rope_form, a.rope_params, a.rope_skip);
+    if (a.rope_freqs.defined()) {
+        a.rope_freqs = prepared(a.rope_freqs, "rope_freqs", st);
+        s.in.rope.freqs = cref<S>(a.rope_freqs);
+    }
     (void)B;
     (void)L;
     return s;
@@ -336,7 +539,13 @@ std::vector<at::Tensor> attention_backward_impl(attention_args& a, at::ScalarTyp
             result.push_back(at::empty_like(t));
             slots[i]->grad_tables.push_back(mref<S>(result.back()));
         }
+    at::Tensor grad_freqs;
+    if (s.in.rope.is_mixed() && a.rope_freqs.defined()) {
+        grad_freqs = at::empty(a.rope_freqs.sizes(), a.rope_freqs.options());
+        s.in.rope.grad_freqs = mref<S>(grad_freqs);
+    }
     rpe::attention_backward<S>(s.in, cref<S>(a.grad_out), mref<S>(gq), mref<S>(gk), mref<S>(gv));
+    if (grad_freqs.defined()) result.push_back(grad_freqs);  // last: the rope frequencies' gradient
     if (s.ratio != 1.0) {
         result[0].mul_(s.ratio);
         if (s.ctx_q)
@@ -348,7 +557,9 @@ std::vector<at::Tensor> attention_backward_impl(attention_args& a, at::ScalarTyp
 attention_args make_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk,
                          at::TensorList tv, c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok,
                          c10::string_view mv, c10::string_view ov, at::ArrayRef<double> params, int64_t height, int64_t width,
-                         const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am, double scale) {
+                         const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am, double scale,
+                         c10::string_view rope_form, at::ArrayRef<double> rope_params,
+                         const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip) {
     attention_args a;
     a.q = q;
     a.k = k;
@@ -368,15 +579,22 @@ attention_args make_args(const at::Tensor& q, const at::Tensor& k, const at::Ten
     if (kpm) a.key_padding_mask = *kpm;
     if (am) a.attn_mask = *am;
     a.scale = scale;
+    a.rope_form = rope_form;
+    a.rope_params = rope_params.vec();
+    if (rope_freqs) a.rope_freqs = *rope_freqs;
+    a.rope_skip = rope_skip;
     return a;
 }
 
 at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk,
                              at::TensorList tv, c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok,
                              c10::string_view mv, c10::string_view ov, at::ArrayRef<double> params, int64_t height, int64_t width,
-                             const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am, double scale) {
+                             const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am, double scale,
+                             c10::string_view rope_form, at::ArrayRef<double> rope_params,
+                             const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip) {
     return translating([&] {
-        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale);
+        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
+                           rope_params, rope_freqs, rope_skip);
         const auto st = checked_float_type(q, "q");
         return st == at::kDouble ? attention_forward_impl<double>(a, st) : attention_forward_impl<float>(a, st);
     });
@@ -387,9 +605,12 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
                                            c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
                                            at::ArrayRef<double> params, int64_t height, int64_t width,
                                            const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
-                                           double scale, const at::Tensor& grad_out) {
+                                           double scale, const at::Tensor& grad_out, c10::string_view rope_form,
+                                           at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs,
+                                           int64_t rope_skip) {
     return translating([&] {
-        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale);
+        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
+                           rope_params, rope_freqs, rope_skip);
         a.grad_out = grad_out;
         const auto st = checked_float_type(q, "q");
         return st == at::kDouble ? attention_backward_impl<double>(a, st) : attention_backward_impl<float>(a, st);
@@ -400,8 +621,19 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
 // Configuration helpers
 // ---------------------------------------------------------------------------------------------
 
+// The mode a ViT method's term has (decomposed: contextual; the others bias); iRPE methods: bias.
+const char* natural_mode(c10::string_view method) {
+    return vit_method_of(method) == vit_method::decomposed ? "contextual" : "bias";
+}
+
 int64_t num_buckets(c10::string_view method, double alpha, double beta, double gamma, int64_t skip) {
     return translating([&] {
+        if (vit_method_of(method) != vit_method::none) {
+            TORCH_CHECK_VALUE(skip >= 0, "[rpe.torch] skip = ", skip, "; expected >= 0");
+            const auto term = make<float>(method, natural_mode(method), rpe::target::key, alpha, beta, gamma,
+                                          std::min<int64_t>(skip, 1), 1, 1, true);
+            return static_cast<int64_t>(term->num_buckets());
+        }
         rpe::term_spec spec;
         spec.method = rpe::parse_method(std::string_view(method.data(), method.size()));
         spec.alpha = alpha;
@@ -417,7 +649,7 @@ at::Tensor bucket_ids(c10::string_view method, double alpha, double beta, double
                       int64_t width) {
     return translating([&] {
         TORCH_CHECK_VALUE(height >= 1 && width >= 1, "[rpe.torch] height = ", height, ", width = ", width, "; expected >= 1");
-        const auto term = make<float>(method, "bias", rpe::target::key, alpha, beta, gamma, skip, 1, 1, true);
+        const auto term = make<float>(method, natural_mode(method), rpe::target::key, alpha, beta, gamma, skip, 1, 1, true);
         const auto ids = term->bucket_ids(static_cast<int>(height), static_cast<int>(width));
         const int64_t n = ids->length(), tables = ids->num_tables();
         at::Tensor out = at::empty({tables, n, n}, at::TensorOptions().dtype(at::kInt));
@@ -428,6 +660,207 @@ at::Tensor bucket_ids(c10::string_view method, double alpha, double beta, double
                     o[(t * n + i) * n + j] = ids->at(static_cast<int>(t), static_cast<int>(i), static_cast<int>(j));
         return out;
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// ViT tables: timm layout (Swin, BEiT), SwinV2 CPB, SAM decomposed, 2D ALiBi
+// ---------------------------------------------------------------------------------------------
+
+// Dispatches f.template operator()<S>(st) on the dtype of t (float32 / float64).
+template <class F>
+decltype(auto) on_dtype(const at::Tensor& t, const char* name, F&& f) {
+    const auto st = checked_float_type(t, name);
+    return st == at::kDouble ? f.template operator()<double>(st) : f.template operator()<float>(st);
+}
+
+// rpe::table_from_timm ((K, H) -> (H, K)) or, with to_timm, rpe::table_to_timm.
+at::Tensor timm_table(const at::Tensor& in, bool to_timm) {
+    return translating([&] {
+        return on_dtype(in, to_timm ? "table" : "timm_table", [&]<class S>(at::ScalarType st) {
+            const at::Tensor t = prepared(in, to_timm ? "table" : "timm_table", st);
+            check_rank(t, 2, to_timm ? "table" : "timm_table", to_timm ? "(H, K)" : "(K, H)");
+            at::Tensor out = at::empty({t.size(1), t.size(0)}, t.options());
+            if (to_timm)
+                rpe::table_to_timm<S>(cref<S>(t), mref<S>(out));
+            else
+                rpe::table_from_timm<S>(cref<S>(t), mref<S>(out));
+            return out;
+        });
+    });
+}
+at::Tensor table_from_timm(const at::Tensor& timm_table_in) { return timm_table(timm_table_in, false); }
+at::Tensor table_to_timm(const at::Tensor& table) { return timm_table(table, true); }
+
+rpe::log_coords parse_log_coords(c10::string_view mode) {
+    const std::string_view m(mode.data(), mode.size());
+    if (m == "swin") return rpe::log_coords::swin;
+    if (m == "cr") return rpe::log_coords::cr;
+    TORCH_CHECK_VALUE(false, "[rpe.torch] mode = '", std::string(m), "'; expected swin or cr");
+}
+
+// rpe::relative_log_coords: (K, 2) float32.
+at::Tensor relative_log_coords(int64_t window_h, int64_t window_w, int64_t pretrained_h, int64_t pretrained_w,
+                               c10::string_view mode) {
+    return translating([&] {
+        const auto c = rpe::relative_log_coords(
+            rpe::mapping::swin{.window_h = narrow(window_h, "window_h"), .window_w = narrow(window_w, "window_w")},
+            rpe::log_coords_config{.pretrained_h = narrow(pretrained_h, "pretrained_h"),
+                                   .pretrained_w = narrow(pretrained_w, "pretrained_w"), .mode = parse_log_coords(mode)});
+        at::Tensor out = at::empty({static_cast<int64_t>(c.size() / 2), 2}, at::TensorOptions().dtype(at::kFloat));
+        std::copy(c.begin(), c.end(), out.data_ptr<float>());
+        return out;
+    });
+}
+
+// The rpe::cpb_bias of a window for the MLP output raw (K, H). Its coordinates (the MLP's input,
+// relative_log_coords) are not used here: the "cr" recipe, defined on every window, is asked for.
+template <class S>
+rpe::cpb_bias<S> make_cpb(const at::Tensor& raw, int64_t window_h, int64_t window_w, bool sigmoid16) {
+    check_rank(raw, 2, "raw", "(K, H), the CPB MLP's output");
+    return rpe::cpb_bias<S>(rpe::mapping::swin{.window_h = narrow(window_h, "window_h"), .window_w = narrow(window_w, "window_w")},
+                            rpe::cpb_config{.num_heads = narrow(raw.size(1), "H"), .head_dim = 1, .sigmoid16 = sigmoid16,
+                                            .pretrained_h = 0, .pretrained_w = 0, .mode = rpe::log_coords::cr});
+}
+
+// cpb_table: the (H, K) table from raw (cpb_bias::make_table); cpb_table_backward: grad_raw.
+at::Tensor cpb_table(const at::Tensor& raw_in, int64_t window_h, int64_t window_w, bool sigmoid16) {
+    return translating([&] {
+        return on_dtype(raw_in, "raw", [&]<class S>(at::ScalarType st) {
+            const at::Tensor raw = prepared(raw_in, "raw", st);
+            const auto cpb = make_cpb<S>(raw, window_h, window_w, sigmoid16);
+            at::Tensor table = at::empty({cpb.num_heads(), cpb.num_buckets()}, raw.options());
+            cpb.make_table(cref<S>(raw), mref<S>(table));
+            return table;
+        });
+    });
+}
+
+at::Tensor cpb_table_backward(const at::Tensor& raw_in, const at::Tensor& grad_table_in, int64_t window_h, int64_t window_w,
+                              bool sigmoid16) {
+    return translating([&] {
+        return on_dtype(raw_in, "raw", [&]<class S>(at::ScalarType st) {
+            const at::Tensor raw = prepared(raw_in, "raw", st), grad_table = prepared(grad_table_in, "grad_table", st);
+            const auto cpb = make_cpb<S>(raw, window_h, window_w, sigmoid16);
+            at::Tensor grad_raw = at::empty_like(raw);
+            cpb.backward_table(cref<S>(raw), cref<S>(grad_table), mref<S>(grad_raw), rpe::write::overwrite);
+            return grad_raw;
+        });
+    });
+}
+
+// cpb_bias_forward: the (1, H, L, L) bias on the window grid (cpb_bias::forward); backward: grad_raw.
+at::Tensor cpb_bias_forward(const at::Tensor& raw_in, int64_t window_h, int64_t window_w, bool sigmoid16) {
+    return translating([&] {
+        return on_dtype(raw_in, "raw", [&]<class S>(at::ScalarType st) {
+            const at::Tensor raw = prepared(raw_in, "raw", st);
+            const auto cpb = make_cpb<S>(raw, window_h, window_w, sigmoid16);
+            const auto ids = cpb.bucket_ids();
+            at::Tensor out = at::empty({1, cpb.num_heads(), ids->length(), ids->length()}, raw.options());
+            cpb.forward(*ids, cref<S>(raw), mref<S>(out), rpe::write::overwrite);
+            return out;
+        });
+    });
+}
+
+at::Tensor cpb_bias_backward(const at::Tensor& raw_in, const at::Tensor& grad_out_in, int64_t window_h, int64_t window_w,
+                             bool sigmoid16) {
+    return translating([&] {
+        return on_dtype(raw_in, "raw", [&]<class S>(at::ScalarType st) {
+            const at::Tensor raw = prepared(raw_in, "raw", st), grad_out = prepared(grad_out_in, "grad_out", st);
+            const auto cpb = make_cpb<S>(raw, window_h, window_w, sigmoid16);
+            at::Tensor grad_raw = at::empty_like(raw);
+            cpb.backward(*cpb.bucket_ids(), cref<S>(raw), cref<S>(grad_out), mref<S>(grad_raw), rpe::write::overwrite);
+            return grad_raw;
+        });
+    });
+}
+
+// SAM get_rel_pos's resize (rpe::vit::resize_rel_pos) and its backward.
+at::Tensor resize_rel_pos(const at::Tensor& rel_pos_in, int64_t length) {
+    return translating([&] {
+        return on_dtype(rel_pos_in, "rel_pos", [&]<class S>(at::ScalarType st) {
+            const at::Tensor rel_pos = prepared(rel_pos_in, "rel_pos", st);
+            check_rank(rel_pos, 2, "rel_pos", "(length, C)");
+            TORCH_CHECK_VALUE(length >= 1, "[rpe.torch] length = ", length, "; expected >= 1");
+            at::Tensor out = at::empty({length, rel_pos.size(1)}, rel_pos.options());
+            rpe::vit::resize_rel_pos<S>(cref<S>(rel_pos), mref<S>(out));
+            return out;
+        });
+    });
+}
+
+at::Tensor resize_rel_pos_backward(const at::Tensor& grad_out_in, int64_t in_length) {
+    return translating([&] {
+        return on_dtype(grad_out_in, "grad_out", [&]<class S>(at::ScalarType st) {
+            const at::Tensor grad_out = prepared(grad_out_in, "grad_out", st);
+            check_rank(grad_out, 2, "grad_out", "(length, C)");
+            TORCH_CHECK_VALUE(in_length >= 1, "[rpe.torch] in_length = ", in_length, "; expected >= 1");
+            at::Tensor grad = at::empty({in_length, grad_out.size(1)}, grad_out.options());
+            rpe::vit::resize_rel_pos_backward<S>(cref<S>(grad_out), mref<S>(grad), rpe::write::overwrite);
+            return grad;
+        });
+    });
+}
+
+rpe::vit::decomposed_rel_pos_config decomposed_config(int64_t height, int64_t width, int64_t channels, int64_t skip,
+                                                      bool unscaled_query) {
+    return {.height = narrow(height, "height"), .width = narrow(width, "width"), .num_heads = 1,
+            .head_dim = narrow(channels, "C"), .skip = narrow(skip, "skip"), .unscaled_query = unscaled_query};
+}
+
+// SAM's rel_pos_h (Lh, C), rel_pos_w (Lw, C) -> the decomposed term's two (1, C, K) tables
+// (rpe::vit::load_decomposed_rel_pos, resize included).
+std::vector<at::Tensor> decomposed_tables(const at::Tensor& h_in, const at::Tensor& w_in, int64_t height, int64_t width,
+                                          int64_t skip, bool unscaled_query) {
+    return translating([&] {
+        return on_dtype(h_in, "rel_pos_h", [&]<class S>(at::ScalarType st) {
+            const at::Tensor h = prepared(h_in, "rel_pos_h", st), w = prepared(w_in, "rel_pos_w", st);
+            check_rank(h, 2, "rel_pos_h", "(2*height - 1, C) (other lengths are resized)");
+            const auto cfg = decomposed_config(height, width, h.size(1), skip, unscaled_query);
+            const int64_t k = rpe::vit::decomposed_rel_pos_mapping(cfg.height, cfg.width).num_buckets() + (skip > 0 ? 1 : 0);
+            at::Tensor t0 = at::empty({1, h.size(1), k}, h.options()), t1 = at::empty({1, h.size(1), k}, h.options());
+            rpe::vit::load_decomposed_rel_pos<S>(cfg, cref<S>(h), cref<S>(w), {mref<S>(t0), mref<S>(t1)});
+            return std::vector<at::Tensor>{t0, t1};
+        });
+    });
+}
+
+std::vector<at::Tensor> decomposed_tables_backward(const at::Tensor& g0_in, const at::Tensor& g1_in, int64_t length_h,
+                                                   int64_t length_w, int64_t height, int64_t width, int64_t skip,
+                                                   bool unscaled_query) {
+    return translating([&] {
+        return on_dtype(g0_in, "grad_tables[0]", [&]<class S>(at::ScalarType st) {
+            const at::Tensor g0 = prepared(g0_in, "grad_tables[0]", st), g1 = prepared(g1_in, "grad_tables[1]", st);
+            check_rank(g0, 3, "grad_tables[0]", "(1, C, K)");
+            TORCH_CHECK_VALUE(length_h >= 1 && length_w >= 1, "[rpe.torch] length_h = ", length_h, ", length_w = ", length_w,
+                              "; expected >= 1");
+            const auto cfg = decomposed_config(height, width, g0.size(1), skip, unscaled_query);
+            at::Tensor gh = at::empty({length_h, g0.size(1)}, g0.options()), gw = at::empty({length_w, g0.size(1)}, g0.options());
+            rpe::vit::load_decomposed_rel_pos_backward<S>(cfg, {cref<S>(g0), cref<S>(g1)}, mref<S>(gh), mref<S>(gw));
+            return std::vector<at::Tensor>{gh, gw};
+        });
+    });
+}
+
+// 2D ALiBi's fixed (H, K) table (rpe::vit::alibi_2d_table) in float32 or float64.
+at::Tensor alibi_2d_table(int64_t num_heads, int64_t height, int64_t width, int64_t skip, bool float64) {
+    return translating([&] {
+        const rpe::vit::alibi_2d_config cfg{.height = narrow(height, "height"), .width = narrow(width, "width"),
+                                            .num_heads = narrow(num_heads, "num_heads"), .head_dim = 1,
+                                            .skip = narrow(skip, "skip")};
+        const auto fill = [&]<class S>(at::ScalarType st) {
+            const auto t = rpe::vit::alibi_2d_table<S>(cfg);
+            at::Tensor out = at::empty({num_heads, static_cast<int64_t>(t.size()) / num_heads}, at::TensorOptions().dtype(st));
+            std::copy(t.begin(), t.end(), out.data_ptr<S>());
+            return out;
+        };
+        return float64 ? fill.template operator()<double>(at::kDouble) : fill.template operator()<float>(at::kFloat);
+    });
+}
+
+// ALiBi's per-head slopes (rpe::vit::alibi_slopes).
+std::vector<double> alibi_slopes(int64_t num_heads) {
+    return translating([&] { return rpe::vit::alibi_slopes(narrow(num_heads, "num_heads")); });
 }
 
 }  // namespace
@@ -446,11 +879,45 @@ TORCH_LIBRARY(rpe, m) {
     // params: (alpha, beta, gamma, skip) for q, k, v (12 values).
     m.def("attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
           "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
-          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float scale) -> Tensor");
-    // [grad_q, grad_k, grad_v, grad tables of q, then k, then v].
+          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float scale, str rope_form=\"\", "
+          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0) -> Tensor");
+    // [grad_q, grad_k, grad_v, grad tables of q, then k, then v (, grad_rope_freqs for mixed)].
     m.def("attention_backward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
           "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
-          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float scale, Tensor grad_out) -> Tensor[]");
+          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float scale, Tensor grad_out, str rope_form=\"\", "
+          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0) -> Tensor[]");
+    // 2D RoPE of x (B, H, L, D), L = skip + height*width: form axial (params [theta]), mixed
+    // (freqs (2, H, D/2)), cat (8 params, see make_rope). Returns the rotated x.
+    m.def("rope_forward(Tensor x, str form, float[] params, Tensor? freqs, int skip, int height, int width) -> Tensor");
+    // [grad_x, grad_freqs (mixed; else empty)] of sum(y * grad_y).
+    m.def("rope_backward(Tensor x, Tensor grad_y, str form, float[] params, Tensor? freqs, int skip, int height, "
+          "int width) -> Tensor[]");
+    // rope-vit's initial RoPE-Mixed frequencies (2, H, D/2) for per-head angles (H,), float32.
+    m.def("rope_mixed_init(float theta, int head_dim, Tensor angles) -> Tensor");
+    // timm's (K, H) relative_position_bias_table <-> rpe's (H, K) table.
+    m.def("table_from_timm(Tensor timm_table) -> Tensor");
+    m.def("table_to_timm(Tensor table) -> Tensor");
+    // SwinV2's log-spaced coordinates (K, 2) float32; mode "swin" or "cr"; pretrained 0 = this window.
+    m.def("relative_log_coords(int window_h, int window_w, int pretrained_h, int pretrained_w, str mode) -> Tensor",
+          &relative_log_coords);
+    // SwinV2 CPB: the (H, K) table 16*sigmoid(raw)^T (or raw^T) from the MLP output raw (K, H), its
+    // backward (grad_raw), and the (1, H, L, L) bias on the window grid with its backward.
+    m.def("cpb_table(Tensor raw, int window_h, int window_w, bool sigmoid16) -> Tensor");
+    m.def("cpb_table_backward(Tensor raw, Tensor grad_table, int window_h, int window_w, bool sigmoid16) -> Tensor");
+    m.def("cpb_bias_forward(Tensor raw, int window_h, int window_w, bool sigmoid16) -> Tensor");
+    m.def("cpb_bias_backward(Tensor raw, Tensor grad_out, int window_h, int window_w, bool sigmoid16) -> Tensor");
+    // SAM get_rel_pos's linear resize of a (Lin, C) table to (length, C), and its backward.
+    m.def("resize_rel_pos(Tensor rel_pos, int length) -> Tensor");
+    m.def("resize_rel_pos_backward(Tensor grad_out, int in_length) -> Tensor");
+    // SAM rel_pos_h (Lh, C), rel_pos_w (Lw, C) -> the "decomposed" term's tables [(1, C, K)] x 2,
+    // and back (grad_rel_pos_h (length_h, C), grad_rel_pos_w (length_w, C)).
+    m.def("decomposed_tables(Tensor rel_pos_h, Tensor rel_pos_w, int height, int width, int skip, bool unscaled_query) "
+          "-> Tensor[]");
+    m.def("decomposed_tables_backward(Tensor grad_rows, Tensor grad_cols, int length_h, int length_w, int height, "
+          "int width, int skip, bool unscaled_query) -> Tensor[]");
+    // 2D ALiBi: the fixed (H, K) table of the "alibi" term and the per-head slopes.
+    m.def("alibi_2d_table(int num_heads, int height, int width, int skip, bool float64) -> Tensor", &alibi_2d_table);
+    m.def("alibi_slopes(int num_heads) -> float[]", &alibi_slopes);
     // K with the extra bucket (skip > 0), as the reference's get_single_rpe_config.
     m.def("num_buckets(str method, float alpha, float beta, float gamma, int skip) -> int", &num_buckets);
     // The (T, L, L) int32 bucket ids (T = 2 for cross), for inspection and tests only.
@@ -463,4 +930,17 @@ TORCH_LIBRARY_IMPL(rpe, CPU, m) {
     m.impl("term_backward", &term_backward);
     m.impl("attention_forward", &attention_forward);
     m.impl("attention_backward", &attention_backward);
+    m.impl("rope_forward", &rope_forward);
+    m.impl("rope_backward", &rope_backward);
+    m.impl("rope_mixed_init", &rope_mixed_init);
+    m.impl("table_from_timm", &table_from_timm);
+    m.impl("table_to_timm", &table_to_timm);
+    m.impl("cpb_table", &cpb_table);
+    m.impl("cpb_table_backward", &cpb_table_backward);
+    m.impl("cpb_bias_forward", &cpb_bias_forward);
+    m.impl("cpb_bias_backward", &cpb_bias_backward);
+    m.impl("resize_rel_pos", &resize_rel_pos);
+    m.impl("resize_rel_pos_backward", &resize_rel_pos_backward);
+    m.impl("decomposed_tables", &decomposed_tables);
+    m.impl("decomposed_tables_backward", &decomposed_tables_backward);
 }

@@ -1,0 +1,458 @@
+"""rpe_torch's vision-transformer encodings (rpe's C++ kernels, CPU): 2D RoPE (rope-vit's Axial
+and Mixed, timm's cat form of EVA-02), the Swin / BEiT relative position bias (timm's table
+layout), SwinV2's continuous position bias (the table from the user's CPB MLP), SAM's decomposed
+relative position and CROMA's 2D ALiBi.
+
+Every module and function here is differentiable where the model learns something (x, the RoPE-
+Mixed frequencies, the bias tables, the CPB MLP's output, SAM's two tables) and joins
+``rpe_torch.attention``: RoPE modules through ``rope=``, the bias / term modules (and
+:class:`TermSlot`) as ``rpe_q`` / ``rpe_k`` / ``rpe_v``. The math is the C++ library's
+(``torch.ops.rpe.*``, see docs/torch.md); nothing is recomputed in Python.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import _check_cpu, _ops, term
+
+__all__ = [
+    "RoPEAxial", "RoPEMixed", "RoPECat", "rope",
+    "RelPosBias", "table_from_timm", "table_to_timm",
+    "relative_log_coords", "cpb_table", "cpb_bias",
+    "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
+    "ALiBi2D", "alibi_slopes", "TermSlot",
+]
+
+
+def _pair(v, name):
+    """(rows, cols) from an int or a 2-sequence of ints; ValueError otherwise."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = (v, v)
+    if (not isinstance(v, (tuple, list)) or len(v) != 2
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in v)):
+        raise ValueError(f"[rpe.torch] {name} = {v!r}; expected an int or a pair of ints (rows, cols)")
+    return int(v[0]), int(v[1])
+
+
+def _square_grid(L, skip, height, width):
+    """(height, width) given, or the square grid of L − skip tokens."""
+    if (height is None) != (width is None):
+        raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither (a square grid)")
+    if height is not None:
+        return int(height), int(width)
+    side = math.isqrt(max(L - skip, 0))
+    if L - skip < 1 or side * side != L - skip:
+        raise ValueError(f"[rpe.torch] L = {L} is not skip + a square (skip = {skip}); pass height and width")
+    return side, side
+
+
+# ---------------------------------------------------------------------------------------------
+# 2D RoPE
+# ---------------------------------------------------------------------------------------------
+
+class _Rope(torch.autograd.Function):
+    """y = R x through torch.ops.rpe.rope_forward / rope_backward (gradients of x and freqs)."""
+
+    @staticmethod
+    def forward(ctx, x, freqs, spec):
+        x = x.contiguous()
+        ctx.spec = spec
+        ctx.has_freqs = freqs is not None
+        ctx.save_for_backward(x, *([freqs] if freqs is not None else []))
+        form, params, skip, height, width = spec
+        return _ops.rope_forward(x, form, params, freqs, skip, height, width)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_y):
+        x, *rest = ctx.saved_tensors
+        freqs = rest[0] if rest else None
+        form, params, skip, height, width = ctx.spec
+        grad_x, grad_freqs = _ops.rope_backward(x, grad_y.contiguous(), form, params, freqs, skip, height, width)
+        return grad_x, (grad_freqs if ctx.has_freqs else None), None
+
+
+class _RoPE(nn.Module):
+    """Base of the RoPE modules: ``forward(x, height=None, width=None)`` rotates q or k
+    (B, H, L, D), L = skip + height·width (a square grid when both are None); the first ``skip``
+    tokens (class, register tokens) stay unrotated."""
+
+    form = ""
+
+    def __init__(self, skip=0):
+        super().__init__()
+        if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
+            raise ValueError(f"[rpe.torch] skip = {skip!r}; expected an int >= 0")
+        self.skip = skip
+
+    def _params(self):
+        return []
+
+    def _freqs(self):
+        return None
+
+    def _spec(self, L, height, width):
+        height, width = _square_grid(L, self.skip, height, width)
+        return self.form, [float(p) for p in self._params()], self.skip, height, width
+
+    def forward(self, x, height=None, width=None):
+        """The rotated x (B, H, L, D). Raises ValueError / TypeError with the library's message
+        (L ≠ skip + height·width, D not a multiple of 4 (axial, cat) or 2 (mixed), bad parameters)."""
+        _check_cpu("x", x)
+        if x.dim() != 4:
+            raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D)")
+        return _Rope.apply(x, self._freqs(), self._spec(x.shape[2], height, width))
+
+
+class RoPEAxial(_RoPE):
+    """RoPE-Axial of rope-vit (rpe::rope::axial): pair p < D/4 turns by col·f_p, the others by
+    row·f_(p−D/4), f_j = θ^(−4j/D); D a multiple of 4. No parameter. Source: naver-ai/rope-vit
+    ``compute_axial_cis`` (θ = 100 in its models)."""
+
+    form = "axial"
+
+    def __init__(self, theta=100.0, skip=0):
+        super().__init__(skip)
+        self.theta = float(theta)
+
+    def _params(self):
+        return [self.theta]
+
+    def extra_repr(self):
+        return f"theta={self.theta}, skip={self.skip}"
+
+
+class RoPEMixed(_RoPE):
+    """RoPE-Mixed of rope-vit (rpe::rope::mixed): pair p of head h turns by
+    col·fx[h, p] + row·fy[h, p] with the learned ``freqs`` (2, num_heads, head_dim/2) parameter
+    ([0] = fx, [1] = fy; rope-vit's ``freqs[:, layer]`` viewed (2, H, D/2)), initialised as
+    rope-vit's ``init_random_2d_freqs`` (per-head angles uniform in [0, 2π) when ``rotate``, else
+    0; rpe::rope::init_mixed_frequencies). The frequencies get their gradient."""
+
+    form = "mixed"
+
+    def __init__(self, num_heads, head_dim, theta=10.0, skip=0, rotate=True):
+        super().__init__(skip)
+        angles = torch.rand(num_heads) * 2 * math.pi if rotate else torch.zeros(num_heads)
+        self.freqs = nn.Parameter(_ops.rope_mixed_init(float(theta), int(head_dim), angles))
+
+    def _freqs(self):
+        return self.freqs
+
+    def extra_repr(self):
+        return f"num_heads={self.freqs.shape[1]}, head_dim={2 * self.freqs.shape[2]}, skip={self.skip}"
+
+
+class RoPECat(_RoPE):
+    """timm's RotaryEmbeddingCat with apply_rot_embed_cat (rpe::rope::cat; EVA-02's defaults):
+    ``temperature``, ``in_pixels``, ``max_res``, ``linear_bands``, ``grid_offset``,
+    ``ref_feat_shape`` (None or (rows, cols)), ``grid_indexing`` 'ij' or 'xy'. D a multiple of 4.
+    No parameter."""
+
+    form = "cat"
+
+    def __init__(self, temperature=10000.0, in_pixels=False, max_res=224.0, linear_bands=False, grid_offset=0.0,
+                 ref_feat_shape=None, grid_indexing="ij", skip=0):
+        super().__init__(skip)
+        if grid_indexing not in ("ij", "xy"):
+            raise ValueError(f"[rpe.torch] grid_indexing = {grid_indexing!r}; expected 'ij' or 'xy'")
+        self.temperature, self.in_pixels, self.max_res = float(temperature), bool(in_pixels), float(max_res)
+        self.linear_bands, self.grid_offset, self.grid_indexing = bool(linear_bands), float(grid_offset), grid_indexing
+        self.ref_feat_shape = None if ref_feat_shape is None else _pair(ref_feat_shape, "ref_feat_shape")
+
+    def _params(self):
+        ref = self.ref_feat_shape or (0, 0)
+        return [self.temperature, self.in_pixels, self.max_res, self.linear_bands, self.grid_offset, ref[0], ref[1],
+                self.grid_indexing == "xy"]
+
+    def extra_repr(self):
+        return (f"temperature={self.temperature}, in_pixels={self.in_pixels}, ref_feat_shape={self.ref_feat_shape}, "
+                f"grid_indexing={self.grid_indexing!r}, skip={self.skip}")
+
+
+def rope(x, embedding, height=None, width=None):
+    """``embedding(x, height, width)``: x (B, H, L, D) rotated by a RoPEAxial / RoPEMixed /
+    RoPECat module. Raises TypeError for another embedding."""
+    if not isinstance(embedding, _RoPE):
+        raise TypeError(f"[rpe.torch] embedding is a {type(embedding).__name__}; expected RoPEAxial, RoPEMixed or RoPECat")
+    return embedding(x, height, width)
+
+
+# ---------------------------------------------------------------------------------------------
+# Terms of the ViT mappings (swin, beit, decomposed, alibi)
+# ---------------------------------------------------------------------------------------------
+
+class TermSlot:
+    """A term given by its tables, for ``rpe_torch.attention`` (rpe_q / rpe_k / rpe_v) and
+    :meth:`forward`: ``method`` "swin" / "beit" (window (rows, cols)), "alibi" (grid) or
+    "decomposed" (grid; contextual); ``tables`` the tables as the operators read them ((Ht, K)
+    bias, two (1, D, K) for decomposed); ``window`` (rows, cols) = the operators' (alpha, beta);
+    ``grid`` the default (height, width) (else the window). E.g. SwinV2:
+    ``TermSlot("swin", [cpb_table(raw, ws)], ws)``. Shapes are checked by the operators."""
+
+    def __init__(self, method, tables, window, skip=0, mode=None, grid=None):
+        self.method, self.tables = method, list(tables)
+        self.window = _pair(window, "window")
+        self.skip = skip
+        self.mode = mode or ("contextual" if method == "decomposed" else "bias")
+        self.grid = grid
+
+    def _slot(self, L, height, width):
+        """(method, mode, tables, alpha, beta, gamma, skip, height, width) for L tokens."""
+        if height is None and width is None:
+            height, width = self.grid or self.window
+        elif (height is None) != (width is None):
+            raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither")
+        if L != self.skip + height * width:
+            raise ValueError(f"[rpe.torch] L = {L}; expected skip + height*width = {self.skip} + {height}*{width}")
+        return (self.method, self.mode, self.tables, float(self.window[0]), float(self.window[1]), 0.0, self.skip,
+                height, width)
+
+    def forward(self, x=None, height=None, width=None):
+        """The term's output: bias (1, Ht, L, L), or for decomposed (B, H, L, L) from x (B, H, L, D)."""
+        L = x.shape[2] if x is not None else None
+        if L is None:
+            h, w = (height, width) if height is not None else (self.grid or self.window)
+            L = self.skip + h * w
+        method, mode, tables, a, b, g, skip, h, w = self._slot(L, height, width)
+        return term(x, tables, method, mode, "k", a, b, g, skip, h, w)
+
+    def __call__(self, x=None, height=None, width=None):
+        return self.forward(x, height, width)
+
+
+class _TimmTable(torch.autograd.Function):
+    """timm (K, H) <-> rpe (H, K) (torch.ops.rpe.table_from_timm / table_to_timm)."""
+
+    @staticmethod
+    def forward(ctx, t, to_timm):
+        ctx.to_timm = to_timm
+        return _ops.table_to_timm(t) if to_timm else _ops.table_from_timm(t)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        g = g.contiguous()
+        return (_ops.table_from_timm(g) if ctx.to_timm else _ops.table_to_timm(g)), None
+
+
+def table_from_timm(timm_table):
+    """rpe's (H, K) table from timm's ``relative_position_bias_table`` (K, H) (Swin, BEiT), as
+    rpe::table_from_timm; differentiable."""
+    _check_cpu("timm_table", timm_table)
+    return _TimmTable.apply(timm_table, False)
+
+
+def table_to_timm(table):
+    """timm's (K, H) layout from rpe's (H, K) table, as rpe::table_to_timm; differentiable."""
+    _check_cpu("table", table)
+    return _TimmTable.apply(table, True)
+
+
+class RelPosBias(nn.Module):
+    """Swin / BEiT relative position bias (rpe::mapping::swin, rpe::mapping::beit): ``kind``
+    "swin" (window attention, skip 0) or "beit" (the class token first: skip 1, three extra
+    buckets). The learned table is ``relative_position_bias_table`` (K, num_heads) in timm's
+    layout (``timm_layout=True``, so timm state dicts load) or ``table`` (num_heads, K);
+    K = (2Wh−1)(2Ww−1) (+3 for beit with skip, +1 for swin with skip). Zero-initialised (timm:
+    trunc_normal(std=0.02); apply your own). ``forward(height=None, width=None)`` gives the
+    (1, num_heads, L, L) bias on the window grid (or a smaller height × width one),
+    L = skip + height·width. Usable as ``rpe_k`` of ``rpe_torch.attention``."""
+
+    def __init__(self, window_size, num_heads, kind="swin", skip=None, timm_layout=True):
+        super().__init__()
+        if kind not in ("swin", "beit"):
+            raise ValueError(f"[rpe.torch] kind = {kind!r}; expected 'swin' or 'beit'")
+        self.kind, self.window_size = kind, _pair(window_size, "window_size")
+        self.skip = (1 if kind == "beit" else 0) if skip is None else skip
+        if not isinstance(self.skip, int) or self.skip < 0:
+            raise ValueError(f"[rpe.torch] skip = {self.skip!r}; expected an int >= 0")
+        self.num_heads, self.timm_layout = num_heads, timm_layout
+        k = int(_ops.num_buckets(kind, float(self.window_size[0]), float(self.window_size[1]), 0.0, self.skip))
+        if timm_layout:
+            self.relative_position_bias_table = nn.Parameter(torch.zeros(k, num_heads))
+        else:
+            self.table = nn.Parameter(torch.zeros(num_heads, k))
+
+    def _tables(self):
+        return [table_from_timm(self.relative_position_bias_table) if self.timm_layout else self.table]
+
+    def _slot(self, L, height, width):
+        return TermSlot(self.kind, self._tables(), self.window_size, self.skip)._slot(L, height, width)
+
+    def forward(self, height=None, width=None):
+        """(1, num_heads, L, L) bias. Raises ValueError for a grid larger than the window."""
+        return TermSlot(self.kind, self._tables(), self.window_size, self.skip).forward(None, height, width)
+
+    def extra_repr(self):
+        return f"kind={self.kind!r}, window_size={self.window_size}, num_heads={self.num_heads}, skip={self.skip}"
+
+
+# ---------------------------------------------------------------------------------------------
+# SwinV2 continuous position bias
+# ---------------------------------------------------------------------------------------------
+
+def relative_log_coords(window_size, pretrained_window_size=(0, 0), mode="swin"):
+    """SwinV2's log-spaced relative coordinates (rpe::relative_log_coords): a (K, 2) float32
+    tensor, K = (2Wh−1)(2Ww−1) in Swin's bucket order, (dr, dc) per row — the CPB MLP's input
+    (timm's ``relative_coords_table`` flattened). ``pretrained_window_size`` (0, 0): normalise by
+    this window; ``mode`` "swin" or "cr". Raises ValueError with the library's message."""
+    wh, ww = _pair(window_size, "window_size")
+    ph, pw = _pair(pretrained_window_size, "pretrained_window_size")
+    return _ops.relative_log_coords(wh, ww, ph, pw, mode)
+
+
+class _CpbTable(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, raw, spec, bias):
+        raw = raw.contiguous()
+        ctx.spec, ctx.bias = spec, bias
+        ctx.save_for_backward(raw)
+        return _ops.cpb_bias_forward(raw, *spec) if bias else _ops.cpb_table(raw, *spec)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        (raw,) = ctx.saved_tensors
+        op = _ops.cpb_bias_backward if ctx.bias else _ops.cpb_table_backward
+        return op(raw, g.contiguous(), *ctx.spec), None, None
+
+
+def cpb_table(raw, window_size, sigmoid16=True):
+    """SwinV2's (H, K) bias table from the CPB MLP's output ``raw`` (K, H) (timm's
+    ``cpb_mlp(relative_coords_table).view(-1, H)``): ``16·sigmoid(raw)ᵀ`` (or ``rawᵀ``),
+    rpe::cpb_bias::make_table; differentiable in raw. Feed it to the attention as
+    ``TermSlot("swin", [cpb_table(raw, ws)], ws)``."""
+    _check_cpu("raw", raw)
+    wh, ww = _pair(window_size, "window_size")
+    return _CpbTable.apply(raw, (wh, ww, bool(sigmoid16)), False)
+
+
+def cpb_bias(raw, window_size, sigmoid16=True):
+    """SwinV2's (1, H, L, L) bias on the window grid (L = Wh·Ww) from the CPB MLP's output raw
+    (K, H) (rpe::cpb_bias::forward); differentiable in raw (then through the user's MLP)."""
+    _check_cpu("raw", raw)
+    wh, ww = _pair(window_size, "window_size")
+    return _CpbTable.apply(raw, (wh, ww, bool(sigmoid16)), True)
+
+
+# ---------------------------------------------------------------------------------------------
+# SAM decomposed relative position
+# ---------------------------------------------------------------------------------------------
+
+class _Resize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rel_pos, length):
+        ctx.in_length = rel_pos.shape[0]
+        return _ops.resize_rel_pos(rel_pos, length)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        return _ops.resize_rel_pos_backward(g.contiguous(), ctx.in_length), None
+
+
+def resize_rel_pos(rel_pos, length):
+    """SAM ``get_rel_pos``'s resize of a (Lin, C) table to (length, C) (linear interpolation,
+    align_corners=False; rpe::vit::resize_rel_pos); differentiable."""
+    _check_cpu("rel_pos", rel_pos)
+    if rel_pos.dim() != 2:
+        raise ValueError(f"[rpe.torch] rel_pos has shape {tuple(rel_pos.shape)}; expected (length, C)")
+    return _Resize.apply(rel_pos, int(length))
+
+
+class _DecomposedTables(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rel_pos_h, rel_pos_w, spec):
+        ctx.spec = spec
+        t0, t1 = _ops.decomposed_tables(rel_pos_h, rel_pos_w, *spec)  # checks the shapes
+        ctx.lengths = (rel_pos_h.shape[0], rel_pos_w.shape[0])
+        return t0, t1
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g0, g1):
+        height, width, skip, unscaled = ctx.spec
+        ref = g0 if g0 is not None else g1
+        g0 = g0.contiguous() if g0 is not None else torch.zeros_like(ref)
+        g1 = g1.contiguous() if g1 is not None else torch.zeros_like(ref)
+        gh, gw = _ops.decomposed_tables_backward(g0, g1, ctx.lengths[0], ctx.lengths[1], height, width, skip, unscaled)
+        return gh, gw, None
+
+
+def _decomposed_tables(rel_pos_h, rel_pos_w, height, width, skip, unscaled_query):
+    _check_cpu("rel_pos_h", rel_pos_h)
+    _check_cpu("rel_pos_w", rel_pos_w)
+    return list(_DecomposedTables.apply(rel_pos_h, rel_pos_w, (int(height), int(width), int(skip), bool(unscaled_query))))
+
+
+def decomposed_rel_pos(q, rel_pos_h, rel_pos_w, height, width, skip=0):
+    """SAM's decomposed relative position terms (``add_decomposed_rel_pos`` without the attention):
+    ``out[b, h, i, j] = q[b,h,i]·R_h[Δrow + H−1] + q[b,h,i]·R_w[Δcol + W−1]``, (B, nH, L, L), for q
+    (B, nH, L, C) as SAM passes it (unscaled), rel_pos_h (Lh, C), rel_pos_w (Lw, C) (resized as
+    ``get_rel_pos`` when Lh ≠ 2H−1 / Lw ≠ 2W−1); L = skip + H·W (skip tokens get 0). rpe's
+    "decomposed" term (rpe::vit); differentiable in q and both tables."""
+    _check_cpu("q", q)
+    tables = _decomposed_tables(rel_pos_h, rel_pos_w, height, width, skip, False)
+    return term(q, tables, "decomposed", "contextual", "k", float(height), float(width), 0.0, skip, height, width)
+
+
+class DecomposedRelPos(nn.Module):
+    """SAM's ``Attention(use_rel_pos=True)`` position tables ``rel_pos_h`` (Lh, head_dim),
+    ``rel_pos_w`` (Lw, head_dim) on a height × width grid (Lh, Lw default 2H−1, 2W−1; others are
+    resized as ``get_rel_pos``), zero-initialised as SAM. ``forward(q)`` gives the (B, nH, L, L)
+    terms of decomposed_rel_pos; as ``rpe_k`` of ``rpe_torch.attention`` (default scale) the
+    logits get SAM's ``q·R`` (unscaled q), both tables differentiated."""
+
+    def __init__(self, height, width, head_dim, rel_pos_lengths=None, skip=0):
+        super().__init__()
+        self.height, self.width, self.skip = int(height), int(width), int(skip)
+        lh, lw = rel_pos_lengths if rel_pos_lengths is not None else (2 * height - 1, 2 * width - 1)
+        self.rel_pos_h = nn.Parameter(torch.zeros(lh, head_dim))
+        self.rel_pos_w = nn.Parameter(torch.zeros(lw, head_dim))
+
+    def _slot(self, L, height, width):
+        if (height, width) not in ((None, None), (self.height, self.width)):
+            raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; this DecomposedRelPos is built for "
+                             f"{self.height}x{self.width} (build one for the grid it runs on)")
+        tables = _decomposed_tables(self.rel_pos_h, self.rel_pos_w, self.height, self.width, self.skip, True)
+        return TermSlot("decomposed", tables, (self.height, self.width), self.skip)._slot(L, None, None)
+
+    def forward(self, q):
+        """(B, nH, L, L) terms for q (B, nH, L, head_dim), unscaled as SAM passes it."""
+        return decomposed_rel_pos(q, self.rel_pos_h, self.rel_pos_w, self.height, self.width, self.skip)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2D ALiBi
+# ---------------------------------------------------------------------------------------------
+
+def alibi_slopes(num_heads):
+    """ALiBi's per-head slopes as CROMA's ``get_slopes`` (rpe::vit::alibi_slopes), a list of floats."""
+    return list(_ops.alibi_slopes(int(num_heads)))
+
+
+class ALiBi2D(nn.Module):
+    """CROMA's 2D ALiBi (rpe::vit, "alibi" term): ``bias[h, i, j] = −m_h·√(Δr² + Δc²)`` on a
+    height × width grid after ``skip`` tokens (bias 0 for them); the fixed (num_heads, K) table is
+    the buffer ``table`` (rpe::vit::alibi_2d_table; no parameter). ``forward()`` gives the
+    (1, num_heads, L, L) bias; usable as ``rpe_k`` of ``rpe_torch.attention``."""
+
+    def __init__(self, num_heads, height, width, skip=0, dtype=torch.float32):
+        super().__init__()
+        self.num_heads, self.height, self.width, self.skip = int(num_heads), int(height), int(width), int(skip)
+        self.register_buffer("table", _ops.alibi_2d_table(self.num_heads, self.height, self.width, self.skip,
+                                                          dtype == torch.float64))
+
+    def _slot(self, L, height, width):
+        if (height, width) not in ((None, None), (self.height, self.width)):
+            raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; this ALiBi2D is built for "
+                             f"{self.height}x{self.width} (build one for the grid it runs on)")
+        return TermSlot("alibi", [self.table], (self.height, self.width), self.skip)._slot(L, None, None)
+
+    def forward(self):
+        """(1, num_heads, L, L) bias, L = skip + height·width."""
+        return TermSlot("alibi", [self.table], (self.height, self.width), self.skip).forward()

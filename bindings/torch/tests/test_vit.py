@@ -1,0 +1,486 @@
+"""rpe_torch's vision-transformer encodings: torch.autograd.gradcheck in float64 of every new
+operator (RoPE in x and the Mixed frequencies, alone and in the fused attention; Swin / BEiT tables
+in timm's layout; SwinV2 CPB in the MLP output; SAM's resize and both tables; the attention with
+2D ALiBi), equality with the committed golden data of the public sources (tests/data/golden_vit,
+format in its READMEs), and bad input raising ValueError / TypeError with the library's message."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from torch.nn.utils.stateless import functional_call
+
+import rpe_torch as rt
+from conftest import ROOT, assert_close
+
+GOLDEN = ROOT / "tests" / "data" / "golden_vit"
+F64 = torch.float64
+
+
+def rand(*shape, seed, grad=True, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(grad)
+
+
+def npy(path, dtype=None):
+    t = torch.from_numpy(np.load(path))
+    return t.to(dtype) if dtype is not None else t
+
+
+class Wrap(torch.nn.Module):
+    """rpe_torch.attention(q, k, v, *terms, rope=rope) as a module, for functional_call."""
+
+    def __init__(self, rope=None, terms=(None, None, None), scale=None, grid=(2, 3)):
+        super().__init__()
+        self.rope, self.scale, self.grid = rope, scale, grid
+        self.terms = torch.nn.ModuleList([t if t is not None else torch.nn.Identity() for t in terms])
+        self.present = [t is not None for t in terms]
+
+    def forward(self, q, k, v):
+        terms = [t if p else None for t, p in zip(self.terms, self.present)]
+        return rt.attention(q, k, v, *terms, height=self.grid[0], width=self.grid[1], scale=self.scale, rope=self.rope)
+
+
+def gradcheck(f, inputs):
+    return torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2D RoPE
+# ---------------------------------------------------------------------------------------------
+
+ROPES = {
+    "axial": lambda skip: rt.RoPEAxial(theta=100.0, skip=skip),
+    "cat_eva02": lambda skip: rt.RoPECat(temperature=10000.0, ref_feat_shape=(4, 4), skip=skip),
+    "cat_pixels_xy": lambda skip: rt.RoPECat(in_pixels=True, max_res=32, linear_bands=True, grid_offset=0.0,
+                                             grid_indexing="xy", skip=skip),
+    "mixed": lambda skip: rt.RoPEMixed(num_heads=2, head_dim=8, theta=10.0, skip=skip),
+}
+
+
+@pytest.mark.parametrize("form", sorted(ROPES))
+@pytest.mark.parametrize("skip", [0, 2])
+def test_rope_gradcheck(form, skip):
+    torch.manual_seed(0)
+    m = ROPES[form](skip).double()
+    x = rand(2, 2, skip + 6, 8, seed=1)
+    mixed = isinstance(m, rt.RoPEMixed)
+
+    def f(x, *freqs):  # the module with its frequencies replaced by the checked input
+        return functional_call(m, {"freqs": freqs[0]} if mixed else {}, (x, 2, 3))
+
+    y = m(x, 2, 3)
+    assert torch.equal(y[:, :, :skip], x[:, :, :skip])  # skip tokens unrotated
+    assert not torch.allclose(y[:, :, skip + 1:], x[:, :, skip + 1:])  # grid tokens after the first turn
+    inputs = (x,) + ((m.freqs.detach().clone().requires_grad_(),) if mixed else ())
+    assert gradcheck(f, inputs)
+
+
+def test_rope_mixed_module_grad_reaches_freqs():
+    m = rt.RoPEMixed(num_heads=3, head_dim=8, skip=1).double()
+    x = rand(2, 3, 13, 8, seed=2)
+    m(x, 4, 3).pow(2).sum().backward()
+    assert m.freqs.grad is not None and m.freqs.grad.shape == (2, 3, 4) and m.freqs.grad.abs().sum() > 0
+    assert x.grad.shape == x.shape
+
+
+def rope_cases():
+    return sorted(p.parent for p in (GOLDEN / "rope").glob("*/meta.json"))
+
+
+def rope_module(meta):
+    skip = meta["skip"]
+    if meta["form"] == "axial":
+        return rt.RoPEAxial(theta=meta["theta"], skip=skip)
+    if meta["form"] == "mixed":
+        return rt.RoPEMixed(num_heads=meta["heads"], head_dim=meta["head_dim"], skip=skip)
+    return rt.RoPECat(temperature=meta.get("temperature", 10000.0), in_pixels=meta.get("in_pixels", False),
+                      max_res=meta.get("max_res", 224.0), linear_bands=meta.get("linear_bands", False),
+                      grid_offset=meta.get("grid_offset", 0.0), ref_feat_shape=meta.get("ref_feat_shape"),
+                      grid_indexing=meta.get("grid_indexing", "ij"), skip=skip)
+
+
+@pytest.mark.parametrize("case", rope_cases(), ids=lambda p: p.name)
+def test_rope_golden(case):
+    """rope-vit's apply_rotary_emb / timm's apply_rot_embed_cat: y, grad_x (and grad_freqs),
+    float32, the C++ test's tolerances."""
+    meta = json.loads((case / "meta.json").read_text())
+    m = rope_module(meta)
+    if isinstance(m, rt.RoPEMixed):
+        with torch.no_grad():
+            m.freqs.copy_(npy(case / "freqs.npy"))
+    x = npy(case / "x.npy").requires_grad_()
+    y = m(x, meta["height"], meta["width"])
+    assert_close(y, np.load(case / "y.npy"), 2e-5, 2e-5, "y")
+    y.backward(npy(case / "grad_y.npy"))
+    assert_close(x.grad, np.load(case / "grad_x.npy"), 2e-5, 2e-5, "grad_x")
+    if isinstance(m, rt.RoPEMixed):
+        assert_close(m.freqs.grad, np.load(case / "grad_freqs.npy"), 1e-4, 1e-4, "grad_freqs")
+
+
+def test_rope_golden_in_attention_equals_rotated_inputs():
+    """attention(rope=m) on the golden mixed case equals the attention on rope-vit's rotated q, k;
+    the frequencies' gradient equals the sum of the standalone rotations' gradients."""
+    case = GOLDEN / "rope" / "mixed_t10_4x3_skip1"
+    meta = json.loads((case / "meta.json").read_text())
+    m = rope_module(meta).double()
+    with torch.no_grad():
+        m.freqs.copy_(npy(case / "freqs.npy"))
+    x = npy(case / "x.npy", F64)
+    q, k, v = x.clone().requires_grad_(), x.flip(2).clone().requires_grad_(), x.roll(1, 3).clone().requires_grad_()
+    out = rt.attention(q, k, v, rope=m, height=4, width=3)
+    out.sum().backward()
+    fused = (q.grad.clone(), k.grad.clone(), m.freqs.grad.clone())
+    q.grad = k.grad = m.freqs.grad = None
+    qr, kr = m(q, 4, 3), m(k, 4, 3)
+    a = torch.softmax(qr @ kr.transpose(-1, -2) * meta["head_dim"] ** -0.5, -1)
+    ref = a @ v
+    assert_close(out, ref.detach().numpy(), 1e-12, 1e-10, "out")
+    assert_close(qr, np.load(case / "y.npy"), 2e-5, 2e-5, "rotated q")
+    ref.sum().backward()
+    for got, want, name in zip(fused, (q.grad, k.grad, m.freqs.grad), ("grad_q", "grad_k", "grad_freqs")):
+        assert_close(got, want.numpy(), 1e-11, 1e-9, name)
+
+
+@pytest.mark.parametrize("form", ["axial", "mixed", "cat_eva02"])
+def test_attention_rope_gradcheck(form):
+    torch.manual_seed(3)
+    m = ROPES[form](1).double()
+    q, k, v = (rand(2, 2, 7, 8, seed=s) for s in (4, 5, 6))
+    freqs = (m.freqs.detach().clone().requires_grad_(),) if form == "mixed" else ()
+
+    def f(q, k, v, *fr):
+        with_freqs = {"freqs": fr[0]} if fr else {}
+        return functional_call(Wrap(m), {f"rope.{n}": t for n, t in with_freqs.items()}, (q, k, v))
+
+    assert gradcheck(f, (q, k, v) + freqs)
+
+
+def test_attention_rope_with_irpe_and_scale_gradcheck():
+    """RoPE-Mixed with a contextual iRPE term on q, k, v and a non-default scale."""
+    cfg = rt.get_rpe_config(ratio=1.0, method=rt.METHOD.PRODUCT, mode="contextual", shared_head=True, skip=1,
+                            rpe_on="qkv")
+    mods = [mm.double() for mm in rt.build_rpe(cfg, head_dim=4, num_heads=2)]
+    with torch.no_grad():
+        for i, mm in enumerate(mods):
+            mm.lookup_table_weight.copy_(rand(*mm.lookup_table_weight.shape, seed=20 + i, grad=False))
+    m = rt.RoPEMixed(num_heads=2, head_dim=4, skip=1).double()
+    fr = m.freqs.detach().clone().requires_grad_()
+    q, k, v = (rand(1, 2, 7, 4, seed=s) for s in (7, 8, 9))
+
+    def f(q, k, v, fr):
+        return functional_call(Wrap(m, mods, scale=0.7), {"rope.freqs": fr}, (q, k, v))
+
+    assert gradcheck(f, (q, k, v, fr))
+
+
+# ---------------------------------------------------------------------------------------------
+# Swin / BEiT relative position bias
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,window,skip", [("swin", (2, 3), 0), ("swin", (3, 2), 1), ("beit", (2, 3), 1),
+                                              ("beit", (2, 2), 0)])
+def test_rel_pos_bias_gradcheck(kind, window, skip):
+    m = rt.RelPosBias(window, num_heads=2, kind=kind, skip=skip).double()
+    t = rand(*m.relative_position_bias_table.shape, seed=10)
+
+    def f(t):
+        return rt.TermSlot(kind, [rt.table_from_timm(t)], window, skip)()
+
+    out = f(t)
+    L = skip + window[0] * window[1]
+    assert out.shape == (1, 2, L, L)
+    assert gradcheck(f, (t,))
+    assert gradcheck(rt.table_to_timm, (rand(3, 5, seed=11),))
+
+
+def test_rel_pos_bias_in_attention_gradcheck():
+    """BEiT's bias (class token) with RoPE-Axial in the fused attention: q, k, v and the timm table."""
+    m = rt.RelPosBias((2, 3), num_heads=2, kind="beit").double()
+    t0 = rand(*m.relative_position_bias_table.shape, seed=12)
+    q, k, v = (rand(2, 2, 7, 4, seed=s) for s in (13, 14, 15))
+    rope = rt.RoPEAxial(skip=1)
+
+    def f(q, k, v, t):
+        return rt.attention(q, k, v, rpe_k=rt.TermSlot("beit", [rt.table_from_timm(t)], (2, 3), 1), rope=rope)
+
+    assert gradcheck(f, (q, k, v, t0))
+
+
+@pytest.mark.parametrize("kind,name,window", [("swin", "index_7x7", (7, 7)), ("swin", "index_3x5", (3, 5)),
+                                              ("swin", "index_4x2", (4, 2)), ("beit", "index_3x4", (3, 4)),
+                                              ("beit", "index_2x2", (2, 2))])
+def test_swin_beit_index_golden(kind, name, window):
+    skip = 1 if kind == "beit" else 0
+    ids = rt.bucket_ids(kind, window[0], window[1], 0, skip, *window)
+    assert ids.shape[0] == 1
+    assert np.array_equal(ids[0].numpy(), np.load(GOLDEN / kind / f"{name}.npy"))
+
+
+@pytest.mark.parametrize("kind,window", [("swin", (3, 5)), ("beit", (3, 4))])
+def test_swin_beit_bias_golden(kind, window):
+    """timm's _get_rel_pos_bias() from its (K, H) table loaded into the module (exact: a gather)."""
+    tag = f"{window[0]}x{window[1]}"
+    m = rt.RelPosBias(window, num_heads=2, kind=kind)
+    m.load_state_dict({"relative_position_bias_table": npy(GOLDEN / kind / f"table_kh_{tag}.npy")})
+    assert_close(m(), np.load(GOLDEN / kind / f"bias_{tag}.npy"), 0, 0, f"{kind} bias")
+    assert torch.equal(rt.table_to_timm(rt.table_from_timm(m.relative_position_bias_table)), m.relative_position_bias_table)
+    plain = rt.RelPosBias(window, num_heads=2, kind=kind, timm_layout=False)
+    with torch.no_grad():
+        plain.table.copy_(m.relative_position_bias_table.t())
+    assert torch.equal(plain(), m())
+
+
+# ---------------------------------------------------------------------------------------------
+# SwinV2 continuous position bias
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sigmoid16", [True, False])
+def test_cpb_gradcheck(sigmoid16):
+    raw = rand(15, 2, seed=16)  # K of a 2x3 window, H = 2
+    assert gradcheck(lambda r: rt.cpb_table(r, (2, 3), sigmoid16), (raw,))
+    assert gradcheck(lambda r: rt.cpb_bias(r, (2, 3), sigmoid16), (raw,))
+    q, k, v = (rand(1, 2, 6, 4, seed=s) for s in (17, 18, 19))
+
+    def f(q, k, v, r):
+        return rt.attention(q, k, v, rpe_k=rt.TermSlot("swin", [rt.cpb_table(r, (2, 3), sigmoid16)], (2, 3)))
+
+    assert gradcheck(f, (q, k, v, raw))
+
+
+@pytest.mark.parametrize("name,window,pretrained,mode", [
+    ("coords_3x5", (3, 5), (0, 0), "swin"), ("coords_8x8_pre12x12", (8, 8), (12, 12), "swin"),
+    ("coords_4x6_pre3x5", (4, 6), (3, 5), "swin"), ("coords_3x5_cr", (3, 5), (0, 0), "cr"),
+    ("coords_1x4_cr", (1, 4), (0, 0), "cr"), ("cpb_coords_3x5_pre4x4", (3, 5), (4, 4), "swin")])
+def test_relative_log_coords_golden(name, window, pretrained, mode):
+    """timm's gen_relative_log_coords (float32; within 1 ulp, as the C++ test)."""
+    got = rt.relative_log_coords(window, pretrained, mode)
+    want = np.load(GOLDEN / "swinv2" / f"{name}.npy")
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert np.all(np.abs(got.numpy() - want) <= np.spacing(np.abs(want).astype(np.float32)))
+
+
+def test_cpb_golden():
+    """SwinV2 WindowAttention(window (3, 5), heads 2, pretrained (4, 4)): the coordinates through the
+    user's MLP (plain torch, timm's cpb_mlp weights), the bias, and grad of the MLP output."""
+    d = GOLDEN / "swinv2"
+    coords = rt.relative_log_coords((3, 5), (4, 4))
+    w1, b1, w2 = npy(d / "cpb_w1.npy"), npy(d / "cpb_b1.npy"), npy(d / "cpb_w2.npy")
+    raw = torch.relu(coords @ w1.t() + b1) @ w2.t()
+    assert_close(raw, np.load(d / "cpb_raw.npy"), 1e-5, 1e-5, "cpb raw (MLP output)")
+    raw = npy(d / "cpb_raw.npy").requires_grad_()
+    bias = rt.cpb_bias(raw, (3, 5))
+    assert_close(bias, np.load(d / "cpb_bias.npy"), 1e-5, 1e-5, "cpb bias")
+    bias.backward(npy(d / "cpb_grad_out.npy"))
+    assert_close(raw.grad, np.load(d / "cpb_grad_raw.npy"), 1e-5, 1e-4, "cpb grad_raw")
+    raw.grad = None
+    bias2 = rt.TermSlot("swin", [rt.cpb_table(raw, (3, 5))], (3, 5))()
+    assert torch.equal(bias2, bias.detach())
+
+
+# ---------------------------------------------------------------------------------------------
+# SAM decomposed relative position
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lin,lout", [(5, 7), (7, 5), (1, 3), (3, 3)])
+def test_resize_gradcheck(lin, lout):
+    assert gradcheck(lambda r: rt.resize_rel_pos(r, lout), (rand(lin, 2, seed=lin),))
+
+
+@pytest.mark.parametrize("h,w,lh,lw,skip", [(2, 3, 3, 5, 0), (3, 2, 4, 6, 1)])
+def test_decomposed_gradcheck(h, w, lh, lw, skip):
+    q = rand(2, 2, skip + h * w, 3, seed=21)
+    rh, rw = rand(lh, 3, seed=22), rand(lw, 3, seed=23)
+    assert gradcheck(lambda q, a, b: rt.decomposed_rel_pos(q, a, b, h, w, skip), (q, rh, rw))
+    k, v = rand(2, 2, skip + h * w, 3, seed=24), rand(2, 2, skip + h * w, 3, seed=25)
+    m = rt.DecomposedRelPos(h, w, 3, rel_pos_lengths=(lh, lw), skip=skip).double()
+
+    def f(q, k, v, a, b):
+        return functional_call(Wrap(None, [None, m, None], grid=(None, None)),
+                               {"terms.1.rel_pos_h": a, "terms.1.rel_pos_w": b}, (q, k, v))
+
+    assert gradcheck(f, (q, k, v, rh, rw))
+
+
+def sam_resize_cases():
+    return sorted((GOLDEN / "sam" / "resize").iterdir())
+
+
+@pytest.mark.parametrize("case", sam_resize_cases(), ids=lambda p: p.name)
+def test_sam_resize_golden(case):
+    rel_pos = npy(case / "rel_pos.npy").requires_grad_()
+    out = rt.resize_rel_pos(rel_pos, np.load(case / "resized.npy").shape[0])
+    assert_close(out, np.load(case / "resized.npy"), 1e-12, 1e-12, "resized")
+    out.backward(npy(case / "grad_out.npy"))
+    assert_close(rel_pos.grad, np.load(case / "grad_rel_pos.npy"), 1e-12, 1e-12, "grad_rel_pos")
+
+
+def test_sam_term_golden():
+    """add_decomposed_rel_pos(0, q, ...) of SAM; the file's x is q·D^-1/2."""
+    d = GOLDEN / "sam" / "term_4x6"
+    x = npy(d / "x.npy")
+    q = x * math.sqrt(x.shape[-1])
+    out = rt.decomposed_rel_pos(q, npy(d / "rel_pos_h.npy"), npy(d / "rel_pos_w.npy"), 4, 6)
+    assert_close(out, np.load(d / "output.npy"), 2e-5, 1e-4, "decomposed terms")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("name", ["attn_4x6", "attn_5x5_resized", "attn_3x7_resized"])
+def test_sam_attention_golden(name, dtype):
+    """SAM's Attention(use_rel_pos=True) without proj: rpe_torch.attention with a DecomposedRelPos."""
+    d = GOLDEN / "sam" / name
+    meta = next(c for c in json.loads((GOLDEN / "sam" / "meta.json").read_text())["attention"] if c["dir"] == name)
+    atol, rtol = (1e-10, 1e-9) if dtype == torch.float64 else (2e-5, 1e-4)
+    m = rt.DecomposedRelPos(meta["height"], meta["width"], meta["head_dim"],
+                            rel_pos_lengths=(meta["rel_pos_h_length"], meta["rel_pos_w_length"])).to(dtype)
+    with torch.no_grad():
+        m.rel_pos_h.copy_(npy(d / "rel_pos_h.npy"))
+        m.rel_pos_w.copy_(npy(d / "rel_pos_w.npy"))
+    q, k, v = (npy(d / f"{n}.npy", dtype).requires_grad_() for n in "qkv")
+    out = rt.attention(q, k, v, rpe_k=m)
+    assert_close(out, np.load(d / "out.npy"), atol, rtol, "out")
+    out.backward(npy(d / "grad_out.npy", dtype))
+    for t, n in ((q, "grad_q"), (k, "grad_k"), (v, "grad_v"), (m.rel_pos_h, "grad_rel_pos_h"),
+                 (m.rel_pos_w, "grad_rel_pos_w")):
+        assert_close(t.grad, np.load(d / f"{n}.npy"), atol, rtol, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2D ALiBi
+# ---------------------------------------------------------------------------------------------
+
+def test_alibi_attention_gradcheck():
+    m = rt.ALiBi2D(num_heads=2, height=2, width=3, skip=1, dtype=torch.float64)
+    assert m.table.dtype == torch.float64 and not m.table.requires_grad
+    q, k, v = (rand(1, 2, 7, 4, seed=s) for s in (26, 27, 28))
+    assert gradcheck(lambda q, k, v: rt.attention(q, k, v, rpe_k=m), (q, k, v))
+    bias = m()
+    assert torch.all(bias[0, :, 0, :] == 0) and torch.all(bias[0, :, :, 0] == 0)  # the skip token
+
+
+@pytest.mark.parametrize("entry", json.loads((GOLDEN / "alibi" / "meta.json").read_text())["bias"],
+                         ids=lambda e: e["file"])
+def test_alibi_bias_golden(entry):
+    """CROMA's get_2dalibi, float32 bit-exact."""
+    m = rt.ALiBi2D(entry["heads"], entry["side"], entry["side"])
+    want = np.load(GOLDEN / "alibi" / entry["file"])
+    assert np.array_equal(m()[0].numpy(), want)
+    assert rt.alibi_slopes(entry["heads"])[0] == pytest.approx(-float(want[0, 0, 1]), rel=1e-7)
+
+
+def test_alibi_term_golden():
+    assert np.array_equal(rt.ALiBi2D(8, 4, 4)().numpy(), np.load(GOLDEN / "alibi" / "term_h8_s4.npy"))
+    assert rt.alibi_slopes(8) == [2.0 ** -(i + 1) for i in range(8)]
+
+
+@pytest.mark.parametrize("entry", json.loads((GOLDEN / "alibi" / "meta.json").read_text())["attention"],
+                         ids=lambda e: e["dir"])
+def test_alibi_attention_golden(entry):
+    d = GOLDEN / "alibi" / entry["dir"]
+    m = rt.ALiBi2D(entry["heads"], entry["side"], entry["side"])
+    q, k, v = (npy(d / f"{n}.npy").requires_grad_() for n in "qkv")
+    out = rt.attention(q, k, v, rpe_k=m)
+    assert_close(out, np.load(d / "out.npy"), 1e-5, 1e-4, "out")
+    out.backward(npy(d / "grad_out.npy"))
+    for t, n in ((q, "grad_q"), (k, "grad_k"), (v, "grad_v")):
+        assert_close(t.grad, np.load(d / f"{n}.npy"), 1e-5, 1e-4, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: the library's messages
+# ---------------------------------------------------------------------------------------------
+
+def test_rope_errors():
+    x = torch.randn(1, 2, 7, 8)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope needs head_dim D = 6 to be a positive multiple of 4"):
+        rt.RoPEAxial(skip=1)(torch.randn(1, 2, 7, 6), 2, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] L = 7; expected rope skip \+ height\*width = 0 \+ 2\*3"):
+        rt.RoPEAxial()(x, 2, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] theta = -1; expected finite and > 0"):
+        rt.RoPEAxial(theta=-1.0, skip=1)(x, 2, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] ref_height, ref_width = 4, 0; expected both > 0 or both 0"):
+        rt.RoPECat(ref_feat_shape=(4, 0), skip=1)(x, 2, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope freqs has shape \(2, 3, 4\); expected \(2, 2, 4\)"):
+        rt.RoPEMixed(num_heads=3, head_dim=8, skip=1)(x, 2, 3)
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] freqs has dtype Float; expected Double"):
+        rt.RoPEMixed(num_heads=2, head_dim=8, skip=1)(x.double(), 2, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope freqs is given for a fixed-frequency form"):
+        torch.ops.rpe.rope_forward(x, "axial", [100.0], torch.zeros(2, 2, 4), 1, 2, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope form = 'spiral'; expected axial, mixed or cat"):
+        torch.ops.rpe.rope_forward(x, "spiral", [], None, 1, 2, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_params holds 2 values for form 'axial'; expected 1"):
+        torch.ops.rpe.rope_forward(x, "axial", [1.0, 2.0], None, 1, 2, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] head_dim = 6; expected a positive multiple of 4"):
+        rt.RoPEMixed(num_heads=2, head_dim=6)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] L = 7 is not skip \+ a square"):
+        rt.RoPEAxial()(x)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] grid_indexing = 'yx'"):
+        rt.RoPECat(grid_indexing="yx")
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] rope is a Linear"):
+        rt.attention(x, x, x, rope=torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match=r"\[rpe\.attention\] .*L = 7"):
+        rt.attention(x, x, x, rope=rt.RoPEAxial(skip=0), height=2, width=3)
+
+
+def test_swin_errors():
+    t = torch.zeros(2, 45)
+    with pytest.raises(ValueError, match=r"\[rpe\.mapping\.swin\] grid = 4x5 is larger than the window 3x5"):
+        torch.ops.rpe.term_forward(None, [t], "swin", "bias", "k", 3, 5, 0, 0, 4, 5)
+    with pytest.raises(ValueError, match=r"\[rpe\.mapping\.beit\] window_h = 9000; expected \[1, 8192\]"):
+        rt.RelPosBias((9000, 2), 2, kind="beit")
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] method = 'swin' with mode = contextual, target = k; expected "
+                                         r"mode = bias on k"):
+        torch.ops.rpe.term_forward(torch.zeros(1, 2, 15, 3), [torch.zeros(2, 3, 45)], "swin", "contextual", "k", 3, 5, 0,
+                                   0, 3, 5)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] alpha = 2\.5 \(method 'swin', the window or grid rows\)"):
+        torch.ops.rpe.term_forward(None, [t], "swin", "bias", "k", 2.5, 5, 0, 0, 2, 5)
+    with pytest.raises(ValueError, match=r"\[rpe\.term\] table has shape \(2, 44\); expected \(2, 45\)"):
+        torch.ops.rpe.term_forward(None, [torch.zeros(2, 44)], "swin", "bias", "k", 3, 5, 0, 0, 3, 5)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] timm_table has shape \(2, 3, 4\); expected \(K, H\)"):
+        rt.table_from_timm(torch.zeros(2, 3, 4))
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] timm_table has dtype Long"):
+        rt.table_from_timm(torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] kind = 'vit'"):
+        rt.RelPosBias(3, 2, kind="vit")
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] L = 10; expected skip \+ height\*width = 0 \+ 3\*3"):
+        x = torch.zeros(1, 2, 10, 4)
+        rt.attention(x, x, x, rpe_k=rt.RelPosBias(3, 2))
+
+
+def test_swinv2_errors():
+    with pytest.raises(ValueError, match=r"\[rpe\.log_coords\] window_h = 1 with pretrained_h = 0 divides by zero"):
+        rt.relative_log_coords((1, 4))
+    with pytest.raises(ValueError, match=r"\[rpe\.log_coords\] pretrained_h = 1, pretrained_w = 5; expected both 0"):
+        rt.relative_log_coords((3, 5), (1, 5))
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] mode = 'log'; expected swin or cr"):
+        rt.relative_log_coords((3, 5), mode="log")
+    with pytest.raises(ValueError, match=r"\[rpe\.cpb\] raw has shape \(44, 2\); expected \(45, 2\)"):
+        rt.cpb_table(torch.zeros(44, 2), (3, 5))
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] raw has shape \(45,\); expected \(K, H\)"):
+        rt.cpb_bias(torch.zeros(45), (3, 5))
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] window_size = \(3, 5, 1\)"):
+        rt.cpb_bias(torch.zeros(45, 2), (3, 5, 1))
+
+
+def test_sam_alibi_errors():
+    q = torch.zeros(1, 2, 6, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.vit\.decomposed\] rel_pos_w has shape \(5, 2\); expected C = head_dim = 3"):
+        rt.decomposed_rel_pos(q, torch.zeros(3, 3), torch.zeros(5, 2), 2, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.vit\.decomposed\] height = 0; expected 1 <= height"):
+        rt.decomposed_rel_pos(q, torch.zeros(3, 3), torch.zeros(5, 3), 0, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] length = 0; expected >= 1"):
+        rt.resize_rel_pos(torch.zeros(3, 2), 0)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] height = 3, width = 2; this DecomposedRelPos is built for 2x3"):
+        rt.attention(q, q, q, rpe_k=rt.DecomposedRelPos(2, 3, 3), height=3, width=2)
+    with pytest.raises(ValueError, match=r"\[rpe\.vit\.alibi\] num_heads = 0; expected 1 <= num_heads <= 2\^20"):
+        rt.ALiBi2D(0, 3, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.vit\.alibi\] height = 0; expected 1 <= height <= 2\^15"):
+        rt.ALiBi2D(2, 0, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.vit\.alibi\] num_heads = -1"):
+        rt.alibi_slopes(-1)
+    with pytest.raises(ValueError, match=r"\[rpe\.attention\] rpe_k table has shape \(4, 25\); expected \(2, 25\)"):
+        rt.attention(q, q, q, rpe_k=rt.ALiBi2D(4, 2, 3))
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] rpe_k is a Linear"):
+        rt.attention(q, q, q, rpe_k=torch.nn.Linear(2, 2))
