@@ -77,6 +77,13 @@ struct tensor_ref {
     ///   (largest offset + 1) overflows int64.
     static tensor_ref with_strides(T* ptr, std::initializer_list<std::int64_t> dims,
                                    std::initializer_list<std::int64_t> element_strides) {
+        return with_strides(ptr, std::span<const std::int64_t>(dims.begin(), dims.size()),
+                            std::span<const std::int64_t>(element_strides.begin(), element_strides.size()));
+    }
+
+    /// @brief with_strides from run-time lists (e.g. a LibTorch tensor's sizes() and strides()).
+    /// @throws as the initializer-list form.
+    static tensor_ref with_strides(T* ptr, std::span<const std::int64_t> dims, std::span<const std::int64_t> element_strides) {
         if (dims.size() != element_strides.size())
             throw invalid_argument(detail::message("tensor", "strides has ", element_strides.size(), " entries; expected ",
                                                    dims.size(), ", one per extent"));

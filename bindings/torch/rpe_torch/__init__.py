@@ -385,9 +385,9 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, key_padding_mask, attn_mask, spec, counts, *tables):
         ctx.spec, ctx.counts = spec, counts
-        # q, k, v are often strided views of a qkv projection: made contiguous once, here, so the
-        # backward reads the same copies instead of making them again
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        # q, k, v are often strided views of a qkv projection: read in place when each row of D
+        # values is contiguous (last stride 1), else made contiguous once, here, for both passes
+        q, k, v = (x if x.dim() == 0 or x.stride(-1) == 1 or x.size(-1) == 1 else x.contiguous() for x in (q, k, v))
         ctx.save_for_backward(q, k, v, *tables)
         ctx.key_padding_mask, ctx.attn_mask = key_padding_mask, attn_mask
         tq, tk, tv, freqs = _split(tables, counts)

@@ -11,7 +11,8 @@
 /// Bucket ids come from the library's shared cache (`rpe::bucket_cache::global()`, through
 /// `any_term::bucket_ids`); no (L, L) id tensor is ever made except by the inspection operator
 /// `rpe::bucket_ids`. Tensors are read in place when contiguous (else copied once by
-/// `.contiguous()`); outputs are fresh tensors.
+/// `.contiguous()`; the attention's q, k, v also when only their last stride is 1, e.g. permuted
+/// views of a qkv projection); outputs are fresh tensors.
 ///
 /// Errors: rpe's `rpe::invalid_argument` / `rpe::out_of_range` (message `[rpe.<component>] ...`)
 /// become `c10::ValueError` (Python ValueError), a wrong dtype `c10::TypeError` (TypeError), a
@@ -71,6 +72,14 @@ at::Tensor prepared(const at::Tensor& t, const char* name, at::ScalarType want) 
     return t.contiguous();
 }
 
+// q, k or v of the attention: as prepared(), but a strided tensor whose rows of D values are
+// contiguous (last stride 1, e.g. a permuted view of a qkv projection) is read in place.
+at::Tensor prepared_rows(const at::Tensor& t, const char* name, at::ScalarType want) {
+    if (t.defined() && t.device().is_cpu() && t.scalar_type() == want && (t.dim() == 0 || t.stride(-1) == 1 || t.size(-1) == 1))
+        return t;
+    return prepared(t, name, want);
+}
+
 at::ScalarType checked_float_type(const at::Tensor& t, const char* name) {
     TORCH_CHECK_VALUE(t.defined(), "[rpe.torch] ", name, " is undefined; expected a tensor");
     const auto st = t.scalar_type();
@@ -82,6 +91,14 @@ at::ScalarType checked_float_type(const at::Tensor& t, const char* name) {
 template <class S>
 rpe::tensor_ref<const S> cref(const at::Tensor& t) {
     return {t.data_ptr<S>(), std::span<const int64_t>(t.sizes().data(), static_cast<std::size_t>(t.dim()))};
+}
+// A view with the tensor's own strides (the attention's q, k, v; see prepared_rows).
+template <class S>
+rpe::tensor_ref<const S> sref(const at::Tensor& t) {
+    if (t.is_contiguous()) return cref<S>(t);
+    return rpe::tensor_ref<const S>::with_strides(t.data_ptr<S>(),
+                                                  std::span<const int64_t>(t.sizes().data(), static_cast<std::size_t>(t.dim())),
+                                                  std::span<const int64_t>(t.strides().data(), static_cast<std::size_t>(t.dim())));
 }
 template <class S>
 rpe::tensor_ref<S> mref(at::Tensor& t) {
@@ -444,7 +461,7 @@ attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
     static const char* qkv_names[] = {"q", "k", "v"};
     at::Tensor* qkv[] = {&a.q, &a.k, &a.v};
     for (int i = 0; i < 3; ++i) {
-        *qkv[i] = prepared(*qkv[i], qkv_names[i], st);
+        *qkv[i] = prepared_rows(*qkv[i], qkv_names[i], st);
         check_rank(*qkv[i], 4, qkv_names[i], "(B, H, L, D)");
     }
     const int64_t B = a.q.size(0), H = a.q.size(1), L = a.q.size(2), D = a.q.size(3);
@@ -483,9 +500,9 @@ attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
         for (const auto& t : tabs) slots[i]->tables.push_back(cref<S>(t));
     }
     if (s.ratio != 1.0) a.q = a.q * s.ratio;
-    s.in.q = cref<S>(a.q);
-    s.in.k = cref<S>(a.k);
-    s.in.v = cref<S>(a.v);
+    s.in.q = sref<S>(a.q);
+    s.in.k = sref<S>(a.k);
+    s.in.v = sref<S>(a.v);
     TORCH_CHECK_VALUE(a.height >= 1 && a.width >= 1 && a.height < (1 << 30) && a.width < (1 << 30), "[rpe.torch] height = ",
                       a.height, ", width = ", a.width, "; expected >= 1");
     s.in.height = static_cast<int>(a.height);
@@ -522,7 +539,7 @@ attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
 template <class S>
 at::Tensor attention_forward_impl(attention_args& a, at::ScalarType st) {
     auto s = setup_attention<S>(a, st);
-    at::Tensor out = at::empty_like(a.q);
+    at::Tensor out = at::empty(a.q.sizes(), a.q.options());  // contiguous (q may be a strided view)
     rpe::attention_forward<S>(s.in, mref<S>(out));
     return out;
 }
@@ -531,7 +548,8 @@ template <class S>
 std::vector<at::Tensor> attention_backward_impl(attention_args& a, at::ScalarType st) {
     auto s = setup_attention<S>(a, st);
     a.grad_out = prepared(a.grad_out, "grad_out", st);
-    at::Tensor gq = at::empty_like(a.q), gk = at::empty_like(a.k), gv = at::empty_like(a.v);
+    at::Tensor gq = at::empty(a.q.sizes(), a.q.options()), gk = at::empty(a.k.sizes(), a.k.options()),
+               gv = at::empty(a.v.sizes(), a.v.options());  // contiguous (q, k, v may be strided views)
     std::vector<at::Tensor> result{gq, gk, gv};
     rpe::attention_term<S>* slots[] = {&s.in.rpe_q, &s.in.rpe_k, &s.in.rpe_v};
     for (int i = 0; i < 3; ++i)

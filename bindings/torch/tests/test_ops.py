@@ -200,8 +200,12 @@ def test_non_contiguous_inputs_give_the_contiguous_result():
     # (B, L, H, D) storage viewed as (B, H, L, D): non-contiguous
     qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     assert not qt.is_contiguous()
-    out = irpe.attention(qt, kt, vt, *mods, height=2, width=3)
-    assert torch.equal(out, base)
+    out = irpe.attention(qt, kt, vt, *mods, height=2, width=3)  # read in place through the strides
+    assert torch.allclose(out, base, atol=1e-13, rtol=1e-13)
+    # a last stride other than 1 is copied once; the result is the same
+    qd = q.detach().transpose(2, 3).contiguous().transpose(2, 3)
+    assert qd.stride(-1) != 1
+    assert torch.allclose(irpe.attention(qd, kt, vt, *mods, height=2, width=3), base, atol=1e-13, rtol=1e-13)
     x = q.detach().transpose(1, 2).contiguous().transpose(1, 2)
     assert torch.equal(mods[1](x, 2, 3), mods[1](x.contiguous(), 2, 3))
     # gradients too: strided views of one (B, L, 3, H, D) buffer, as a qkv projection gives
@@ -210,7 +214,12 @@ def test_non_contiguous_inputs_give_the_contiguous_result():
     irpe.attention(qs, ks, vs, *mods, height=2, width=3).sum().backward()
     irpe.attention(q, k, v, *mods, height=2, width=3).sum().backward()
     assert torch.allclose(qkv.grad[:, :, 0].transpose(1, 2), q.grad, atol=1e-12)
+    assert torch.allclose(qkv.grad[:, :, 1].transpose(1, 2), k.grad, atol=1e-12)
     assert torch.allclose(qkv.grad[:, :, 2].transpose(1, 2), v.grad, atol=1e-12)
+    # and gradcheck through the packed buffer (q, k, v read in place from it)
+    packed = qkv.detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: irpe.attention(*x.permute(2, 0, 3, 1, 4), *mods, height=2, width=3),
+                                    (packed,), eps=1e-6, atol=1e-7, rtol=1e-6)
     xs = qs.detach().clone().requires_grad_()
     xt = xs.detach().transpose(2, 3).contiguous().transpose(2, 3).requires_grad_()
     assert not xt.is_contiguous()
