@@ -739,7 +739,8 @@ namespace rpe::cuda {
 /// makes its row NaN. Probabilities are not returned (there is no (L, L) buffer).
 /// @param in     device q, k, v, masks, tables; host term configurations.
 /// @param out    (B, H, L, D), device, written.
-/// @param stream the caller's stream; nothing waits (a bucket-id cache miss waits for its upload).
+/// @param stream the caller's stream; nothing waits (a miss of the bucket-id cache or of the
+///   fixed RoPE tables' cache waits for its upload).
 /// @pre D ≤ 128; S float, double, __half or __nv_bfloat16 (float accumulation; double for double).
 /// @throws rpe::invalid_argument `[rpe.attention] ...` for mismatched shapes, grid, heads, a term
 ///   on the wrong slot, D > 128 or a shared-memory need beyond the device's; rpe::cuda_error.
