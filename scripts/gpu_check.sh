@@ -14,7 +14,7 @@
 #
 # With the device tool: run --prepare first, then run `scripts/gpu_check.sh --out "$OUT"` there
 # with carry [".gpu-debs"]. Exit status: that of the CUDA tests (77 = no CUDA device: skipped).
-# Budget: about 2-3 minutes on 16 cores (3 nvcc translation units, one architecture).
+# Budget: about 2-3 minutes on 16 cores (4 nvcc translation units, one architecture).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd)"

@@ -3,6 +3,7 @@
 //   BM_CudaContextualGather/<type>/B=../H=../L=.. ms=<median> GB/s=<effective> pct_hbm_peak=<%>
 //   BM_CudaContextualKeyForward/<type>/... ms=... GB/s=...        (GEMM x·table + gather)
 //   BM_CudaAttention/<type>/<rpe>/B=../H=../L=../D=.. ms=... ratio_vs_no_rpe=...
+//     (<rpe>: none, k, qkv (iRPE-K/QKV), rope (RoPE-Axial), rope_k (RoPE-Axial + iRPE-K))
 // Effective bytes of the gather: the (B,H,L,L) output written, the (B,H,L,K) products and the
 // (L,L) ids read once. The HBM peak is 2 × memory clock × bus width (device attributes).
 // Without a CUDA device: prints "skipped: no CUDA device" and exits 77.
@@ -127,18 +128,19 @@ void bench_attention(int b, int h, int grid, int d, int warm, int runs) {
     fill(v.p, n, 6);
     auto ref = [&](S* p) { return rpe::tensor_ref<const S>(p, {b, h, l, d}); };
     double base = 0;
-    for (const char* on : {"none", "k", "qkv"}) {
+    for (const char* on : {"none", "k", "qkv", "rope", "rope_k"}) {  // rope: RoPE-Axial (θ = 100) on q and k
         rpe::cuda::attention_inputs<S> in;
         in.q = ref(q.p);
         in.k = ref(k.p);
         in.v = ref(v.p);
         in.height = in.width = grid;
+        if (std::strncmp(on, "rope", 4) == 0) in.rope = {.form = rpe::rope::axial{.theta = 100.0f}, .skip = 1};
         std::unique_ptr<rpe::any_term<float>> terms[3];
         std::vector<std::unique_ptr<buffer<S>>> tables;
         rpe::cuda::attention_term<S>* slots[3] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
         const char letters[3] = {'q', 'k', 'v'};
         for (int s = 0; s < 3; ++s) {
-            if (std::strchr(on, letters[s]) == nullptr) continue;
+            if (std::strchr(std::strncmp(on, "rope", 4) == 0 ? on + 4 : on, letters[s]) == nullptr) continue;
             rpe::term_spec spec;  // reference default: product, ratio 1.9, contextual, shared, class token
             spec.target = rpe::parse_target(std::string(1, letters[s]));
             spec.num_heads = h;

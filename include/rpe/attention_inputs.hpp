@@ -133,7 +133,7 @@ attention_shape check_attention(const In& in) {
             check_nonnull(tab, "attention", table_names[i]);
         }
     }
-    // RoPE (the CPU attention's field; the CUDA inputs have none, so a CUDA call cannot ask for it)
+    // RoPE (rpe::attention_inputs and rpe::cuda::attention_inputs; an input type without the field has none)
     if constexpr (requires { in.rope; }) check_rope(in.rope, s.h, s.l, s.d, in.depth, in.height, in.width, "attention");
     return s;
 }

@@ -1,6 +1,7 @@
 /// @file cuda.cuh
 /// @brief Umbrella header of rpe's CUDA backend: rpe::term<..., rpe::backend::cuda>, device
-/// bucket ids and their cache, the fused attention forward (rpe::cuda::attention_forward), and
+/// bucket ids and their cache, the fused attention (rpe::cuda::attention_forward / backward, with
+/// iRPE terms and 2D RoPE), the standalone RoPE rotation (rpe::cuda::rope_forward / backward), and
 /// RPE_CUDA_CHECK / rpe::cuda_error. Compile with nvcc (-std=c++20 --expt-relaxed-constexpr).
 /// It includes the CPU umbrella <rpe/rpe.hpp>, so both backends are available in one TU.
 #pragma once
@@ -15,5 +16,6 @@
 #include "backend/cuda/bucket_ids.cuh"
 #include "backend/cuda/error.cuh"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/rope.cuh"
 #include "backend/cuda/term.cuh"
 #include "backend/cuda/types.cuh"

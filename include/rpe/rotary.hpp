@@ -95,6 +95,31 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
     }
 }
 
+/// @brief The checks of a standalone rotation (rpe::rope_forward / rope_backward on either
+/// backend): x (B, H, L, D) non-null, the embedding against it (check_rope), grad_y (backward)
+/// of x's shape, `out` (named `out_name`) of x's shape, non-null and separate from x, grad_y and
+/// the frequencies. Returns the number of (batch, head) planes B·H.
+/// @throws rpe::invalid_argument `[rpe.rope] ...`.
+template <class S>
+std::int64_t check_rope_call(const rotary_embedding<S>& r, int height, int width, const tensor_ref<const S>& x,
+                             const tensor_ref<const S>* grad_y, const tensor_ref<S>& out, const char* out_name) {
+    require(x.rank == 4, "rope", "x has shape ", x.shape_string(), "; expected (B, H, L, D)");
+    const std::int64_t b = x.extent(0), h = x.extent(1), l = x.extent(2), d = x.extent(3);
+    require(b >= 1 && h >= 1 && l >= 1 && d >= 1, "rope", "x has shape ", x.shape_string(), "; expected positive extents");
+    check_nonnull(x, "rope", "x");
+    check_rope(r, h, l, d, 1, height, width, "rope");
+    if (grad_y) {
+        check_shape(*grad_y, {b, h, l, d}, "rope", "grad_y");
+        check_nonnull(*grad_y, "rope", "grad_y");
+    }
+    check_shape(out, {b, h, l, d}, "rope", out_name);
+    check_nonnull(out, "rope", out_name);
+    check_no_overlap(out, x, "rope", out_name, "x");
+    if (grad_y) check_no_overlap(out, *grad_y, "rope", out_name, "grad_y");
+    check_no_overlap(out, r.freqs, "rope", out_name, "rope freqs");
+    return b * h;
+}
+
 /// @brief Checks rope grad_freqs when given (rope::mixed only): (2, H, D/2), non-null.
 template <class S>
 bool check_rope_gradient(const rotary_embedding<S>& r, std::int64_t h, std::int64_t d, const char* component) {
@@ -103,6 +128,19 @@ bool check_rope_gradient(const rotary_embedding<S>& r, std::int64_t h, std::int6
     check_shape(r.grad_freqs, {2, h, d / 2}, component, "rope grad_freqs");
     check_nonnull(r.grad_freqs, component, "rope grad_freqs");
     check_no_overlap(r.grad_freqs, r.freqs, component, "rope grad_freqs", "rope freqs");
+    return true;
+}
+
+/// @brief The frequency-gradient checks of a standalone rope_backward (either backend):
+/// check_rope_gradient, then grad_freqs separate from x, grad_y and grad_x. Returns whether the
+/// frequencies' gradient is wanted. @throws rpe::invalid_argument `[rpe.rope] rope grad_freqs ...`.
+template <class S>
+bool check_rope_call_gradient(const rotary_embedding<S>& r, const tensor_ref<const S>& x, const tensor_ref<const S>& grad_y,
+                              const tensor_ref<S>& grad_x) {
+    if (!check_rope_gradient(r, x.extent(1), x.extent(3), "rope")) return false;
+    check_no_overlap(r.grad_freqs, x, "rope", "rope grad_freqs", "x");
+    check_no_overlap(r.grad_freqs, grad_y, "rope", "rope grad_freqs", "grad_y");
+    check_no_overlap(r.grad_freqs, grad_x, "rope", "rope grad_freqs", "grad_x");
     return true;
 }
 
@@ -183,6 +221,16 @@ struct rope_key_hash {
     }
 };
 
+/// @brief The cache key of a fixed-form table of `r` (not rope::mixed) for element type S, D and
+/// the grid: the key of rope_table_of's host cache and of the CUDA backend's device copies.
+template <class S>
+rope_key rope_key_of(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
+    rope_key key{static_cast<int>(r.form.index()), static_cast<int>(sizeof(S)), d, height, width, {}, {}};
+    if (const auto* a = std::get_if<rope::axial>(&r.form)) key.axial = *a;
+    if (const auto* c = std::get_if<rope::cat>(&r.form)) key.cat = *c;
+    return key;
+}
+
 /// The process-wide cache of fixed-form tables (like rpe::bucket_cache for bucket ids).
 inline single_flight_cache<rope_key, std::shared_ptr<const void>, rope_key_hash>& rope_cache() {
     static single_flight_cache<rope_key, std::shared_ptr<const void>, rope_key_hash> cache;
@@ -198,9 +246,7 @@ inline single_flight_cache<rope_key, std::shared_ptr<const void>, rope_key_hash>
 template <class S>
 std::shared_ptr<const rope_table<S>> rope_table_of(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
     if (r.is_mixed()) return std::make_shared<const rope_table<S>>(detail::build_mixed_table(r.freqs, height, width));
-    detail::rope_key key{static_cast<int>(r.form.index()), static_cast<int>(sizeof(S)), d, height, width, {}, {}};
-    if (const auto* a = std::get_if<rope::axial>(&r.form)) key.axial = *a;
-    if (const auto* c = std::get_if<rope::cat>(&r.form)) key.cat = *c;
+    const detail::rope_key key = detail::rope_key_of(r, d, height, width);
     auto v = detail::rope_cache().get_or_build(key, [&]() -> std::shared_ptr<const void> {
         return std::visit([&](const auto& p) -> std::shared_ptr<const void> {
             using P = std::remove_cvref_t<decltype(p)>;

@@ -87,28 +87,6 @@ void rope_frequency_grad(const rope_table<S>& t, std::int64_t planes, std::int64
 
 }  // namespace detail::cpu
 
-namespace detail {
-template <class S>
-std::int64_t check_rope_call(const rotary_embedding<S>& r, int height, int width, const tensor_ref<const S>& x,
-                             const tensor_ref<const S>* grad_y, const tensor_ref<S>& out, const char* out_name) {
-    require(x.rank == 4, "rope", "x has shape ", x.shape_string(), "; expected (B, H, L, D)");
-    const std::int64_t b = x.extent(0), h = x.extent(1), l = x.extent(2), d = x.extent(3);
-    require(b >= 1 && h >= 1 && l >= 1 && d >= 1, "rope", "x has shape ", x.shape_string(), "; expected positive extents");
-    check_nonnull(x, "rope", "x");
-    check_rope(r, h, l, d, 1, height, width, "rope");
-    if (grad_y) {
-        check_shape(*grad_y, {b, h, l, d}, "rope", "grad_y");
-        check_nonnull(*grad_y, "rope", "grad_y");
-    }
-    check_shape(out, {b, h, l, d}, "rope", out_name);
-    check_nonnull(out, "rope", out_name);
-    check_no_overlap(out, x, "rope", out_name, "x");
-    if (grad_y) check_no_overlap(out, *grad_y, "rope", out_name, "grad_y");
-    check_no_overlap(out, r.freqs, "rope", out_name, "rope freqs");
-    return b * h;
-}
-}  // namespace detail
-
 /// @brief Rotates a q or k tensor by a 2D rotary position embedding: `y = R x`, token by token
 /// (see rpe::rotary_embedding; tokens below `r.skip` are copied unrotated).
 /// @param r the embedding (form, skip, and for rope::mixed freqs (2, H, D/2)).
@@ -146,12 +124,7 @@ void rope_backward(const rotary_embedding<S>& r, int height, int width, tensor_r
                    tensor_ref<S> grad_x) {
     const std::int64_t planes = detail::check_rope_call(r, height, width, x, &grad_y, grad_x, "grad_x");
     const std::int64_t l = x.extent(2), d = x.extent(3), heads = x.extent(1);
-    const bool want_freqs = detail::check_rope_gradient(r, heads, d, "rope");
-    if (want_freqs) {
-        detail::check_no_overlap(r.grad_freqs, x, "rope", "rope grad_freqs", "x");
-        detail::check_no_overlap(r.grad_freqs, grad_y, "rope", "rope grad_freqs", "grad_y");
-        detail::check_no_overlap(r.grad_freqs, grad_x, "rope", "rope grad_freqs", "grad_x");
-    }
+    const bool want_freqs = detail::check_rope_call_gradient(r, x, grad_y, grad_x);
     if (!r.enabled()) {
         std::copy(grad_y.data, grad_y.data + grad_y.size(), grad_x.data);
         return;

@@ -1,6 +1,7 @@
 /// @file backend/cuda/attention.cuh
 /// @brief rpe::cuda::attention_forward: fused multi-head attention with iRPE on queries, keys
-/// and values on the GPU, flash-attention style (online softmax, no (L, L) buffer).
+/// and values and optional 2D RoPE on q and k on the GPU, flash-attention style (online softmax,
+/// no (L, L) buffer).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +21,7 @@
 #include "bucket_ids.cuh"
 #include "error.cuh"
 #include "kernels.cuh"
+#include "rope.cuh"
 #include "types.cuh"
 
 namespace rpe::cuda {
@@ -36,7 +38,10 @@ struct attention_term {
 
 /// @brief Inputs of the CUDA attention, as rpe::attention_inputs but with device pointers:
 /// q, k, v (B, H, L, D) unscaled, L = skip + height·width; optional attn_mask (L, L) additive
-/// and key_padding_mask (B, L) (nonzero = padded key, −∞ after all RPE terms).
+/// and key_padding_mask (B, L) (nonzero = padded key, −∞ after all RPE terms); optional 2D
+/// rotary embedding `rope` of q and k with the CPU's meaning (q and k rotated first; the terms
+/// and q·kᵀ see the rotated q and k) and checks; its `freqs` and `grad_freqs` (rope::mixed) are
+/// device memory.
 template <class S>
 struct attention_inputs {
     using scalar_type = S;                            ///< storage type of q, k, v, tables, mask
@@ -47,6 +52,7 @@ struct attention_inputs {
     tensor_ref<const S> attn_mask;                    ///< (L, L) or empty, device
     tensor_ref<const std::uint8_t> key_padding_mask;  ///< (B, L) or empty, device
     int depth = 1;                                    ///< grid frames (3D mappings on T x H x W video grids)
+    rotary_embedding<S> rope = {};                    ///< RoPE on q and k (form std::monostate = none); device freqs
 };
 
 }  // namespace rpe::cuda
@@ -478,6 +484,11 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
 
 namespace rpe::detail::gpu {
 
+// The CUDA backend's limit on the head dim (after the front's checks, before any CUDA call).
+inline void check_cuda_limits(const attention_shape& s) {
+    require(s.d <= attn_max_dim, "attention", "head dim D = ", s.d, "; expected <= 128 on the CUDA backend");
+}
+
 // Checks the inputs (the front's check_attention, then the CUDA limits) and fills the kernel
 // arguments; keeps the device ids alive in `keep`.
 template <class S>
@@ -485,7 +496,7 @@ attn_args prepare_attention(const cuda::attention_inputs<S>& in, cudaStream_t st
                             std::vector<std::shared_ptr<const cuda::device_bucket_ids>>& keep) {
     const auto shape = check_attention(in);  // the front's checks, as on the CPU
     const std::int64_t b = shape.b, h = shape.h, n = shape.l, dd = shape.d;
-    require(dd <= attn_max_dim, "attention", "head dim D = ", dd, "; expected <= 128 on the CUDA backend");
+    check_cuda_limits(shape);
     attn_args args;
     args.q = in.q.data;
     args.k = in.k.data;
@@ -566,32 +577,11 @@ inline std::int64_t contextual_size(const attn_table* tables, int count, const a
     return s;
 }
 
-}  // namespace rpe::detail::gpu
-
-namespace rpe::cuda {
-
-/// @brief Fused forward of the attention step on the GPU (the reference's `RPEAttention.forward` order), as rpe::attention_forward:
-/// `qs = q·s`, `s = D^−½`; `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s) + attn_mask`, key padding
-/// mask (−∞), softmax over keys, `out = a·v + rpe_v(a)`; no (B, H, L, L) buffer: one warp per
-/// query row streams 32-key tiles with an online softmax (flash-attention style) and keeps the
-/// value term's per-bucket probability sums in shared memory.
-///
-/// Contextual key terms: per row, qs·table (K values) in shared memory; contextual query terms:
-/// (k·s)·table per (b, h), a (B, H, L, K) temporary (batched GEMM) read by bucket; bias terms:
-/// table reads. Rows whose keys are all masked give zeros (the reference gives NaN); a NaN logit
-/// makes its row NaN. Probabilities are not returned (there is no (L, L) buffer).
-/// @param in     device q, k, v, masks, tables; host term configurations.
-/// @param out    (B, H, L, D), device, written.
-/// @param stream the caller's stream; nothing waits (a bucket-id cache miss waits for its upload).
-/// @pre D ≤ 128; S float, double, __half or __nv_bfloat16 (float accumulation; double for double).
-/// @throws rpe::invalid_argument `[rpe.attention] ...` for mismatched shapes, grid, heads, a term
-///   on the wrong slot, D > 128 or a shared-memory need beyond the device's; rpe::cuda_error.
-/// Source: paper eqs. 13–17 with the reference's attention order (`RPEAttention.forward`).
+// The forward after the checks: the kernels on in.q, in.k as given (already rotated with RoPE).
 template <class S>
-void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, cudaStream_t stream = nullptr) {
+void attention_forward_impl(const cuda::attention_inputs<S>& in, tensor_ref<S> out, cudaStream_t stream) {
     using A = acc_t<S>;
-    std::vector<std::shared_ptr<const device_bucket_ids>> keep;
-    detail::check_attention_outputs(in, detail::check_attention(in), out, tensor_ref<S>{}, false);
+    std::vector<std::shared_ptr<const cuda::device_bucket_ids>> keep;
     auto args = detail::gpu::prepare_attention(in, stream, keep);
     args.out = out.data;
     int scratch = 0;  // per warp: contextual key products, then value bucket sums
@@ -611,26 +601,12 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, cudaStr
         detail::gpu::attention_forward_kernel<S, A>, args, stream, "attention_forward_kernel");
 }
 
-/// @brief Fused backward of attention_forward for `sum(out · grad_out)` on the GPU, as
-/// rpe::attention_backward: gradients of the unscaled q, k, v (written) and of every table given
-/// in the attention_terms' `grad_tables` (overwritten), without any (B, H, L, L) buffer.
-///
-/// Two passes flash-attention style: a row pass (one warp per query row: recomputes the row's
-/// softmax statistics, Σ_j P·dP, then dlogits dS = P ⊙ (dP − Σ P·dP); writes grad_q and the
-/// per-row bucket sums of dS (key terms) and P (value term)) and a column pass (one warp per key:
-/// recomputes P and dS from the row statistics; writes grad_k, grad_v and the per-key bucket sums
-/// of dS (query terms)); then batched GEMMs apply the tables (grad_q += s·G_k·table_kᵀ,
-/// grad_k += s·G_q·table_qᵀ) and the table gradients are per-(b, h) GEMM partials reduced in a
-/// fixed order. Temporaries: (B, H, L, K) per table and (B, H, L, 3) statistics.
-/// Padded keys get exactly zero grad_k and grad_v rows; fully masked rows zero grad_q.
-/// @param grad_out (B, H, L, D); @param grad_q, grad_k, grad_v (B, H, L, D), written; device.
-/// @throws as attention_forward, and for overlapping outputs.
+// The backward after the checks: gradients of in.q, in.k as given (the rotated ones with RoPE).
 template <class S>
-void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k,
-                        tensor_ref<S> grad_v, cudaStream_t stream = nullptr) {
+void attention_backward_impl(const cuda::attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
+                             tensor_ref<S> grad_k, tensor_ref<S> grad_v, cudaStream_t stream) {
     using A = acc_t<S>;
-    std::vector<std::shared_ptr<const device_bucket_ids>> keep;
-    detail::check_attention_gradients(in, detail::check_attention(in), tensor_ref<const S>{}, grad_out, grad_q, grad_k, grad_v);
+    std::vector<std::shared_ptr<const cuda::device_bucket_ids>> keep;
     auto args = detail::gpu::prepare_attention(in, stream, keep);
     const std::int64_t h = args.heads, n = args.n, dd = args.d, planes = args.planes;
     args.grad_out = grad_out.data;
@@ -639,7 +615,7 @@ void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_
     args.grad_v = grad_v.data;
     // which tables want gradients; per-row bucket sums are needed for every contextual q/k table
     // (they feed grad_q / grad_k) and for the others only when their gradient is wanted
-    const attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    const cuda::attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
     detail::gpu::attn_table* groups[] = {args.on_q, args.on_k, args.on_v};
     const int counts[] = {args.nq, args.nk, args.nv};
     S* grads[3][detail::gpu::attn_max_tables] = {};
@@ -728,6 +704,105 @@ void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_
                 detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, h, at.table_heads, 1, k * dd, false, grads[s][t], stream);
             }
         }
+}
+
+// q and k rotated by in.rope into device scratch (storage type S, stream-ordered, freed at scope
+// exit) and the inputs that the kernels then read: `in` with those q, k and no rope.
+template <class S>
+struct rotated_inputs {
+    device_buffer<S> q, k;              // (B, H, L, D)
+    cuda::attention_inputs<S> inputs;
+
+    rotated_inputs(const cuda::attention_inputs<S>& in, const attention_shape& s, const rope_view<acc_t<S>>& t, cudaStream_t stream)
+        : q(s.b * s.h * s.l * s.d, stream), k(s.b * s.h * s.l * s.d, stream), inputs(in) {
+        rope_rotate<S>(t, in.q.data, q.get(), s.b * s.h, s.h, s.l, false, stream);
+        rope_rotate<S>(t, in.k.data, k.get(), s.b * s.h, s.h, s.l, false, stream);
+        inputs.q.data = q.get();
+        inputs.k.data = k.get();
+        inputs.rope = {};
+    }
+};
+
+}  // namespace rpe::detail::gpu
+
+namespace rpe::cuda {
+
+/// @brief Fused forward of the attention step on the GPU (the reference's `RPEAttention.forward` order), as rpe::attention_forward:
+/// `qs = q·s`, `s = D^−½`; `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s) + attn_mask`, key padding
+/// mask (−∞), softmax over keys, `out = a·v + rpe_v(a)`; no (B, H, L, L) buffer: one warp per
+/// query row streams 32-key tiles with an online softmax (flash-attention style) and keeps the
+/// value term's per-bucket probability sums in shared memory.
+///
+/// Contextual key terms: per row, qs·table (K values) in shared memory; contextual query terms:
+/// (k·s)·table per (b, h), a (B, H, L, K) temporary (batched GEMM) read by bucket; bias terms:
+/// table reads. Rows whose keys are all masked give zeros (the reference gives NaN); a NaN logit
+/// makes its row NaN. Probabilities are not returned (there is no (L, L) buffer).
+/// @param in     device q, k, v, masks, tables; host term configurations.
+/// @param out    (B, H, L, D), device, written.
+/// @param stream the caller's stream; nothing waits (a miss of the bucket-id cache or of the
+///   fixed RoPE tables' cache waits for its upload).
+/// @pre D ≤ 128; S float, double, __half or __nv_bfloat16 (float accumulation; double for double).
+/// @throws rpe::invalid_argument `[rpe.attention] ...` for mismatched shapes, grid, heads, a term
+///   on the wrong slot, D > 128 or a shared-memory need beyond the device's; rpe::cuda_error.
+/// Source: paper eqs. 13–17 with the reference's attention order (`RPEAttention.forward`).
+///
+/// With `in.rope` (rpe::rotary_embedding, device freqs): q and k are rotated first into device
+/// scratch (2·B·H·L·D elements of S), as rpe::cuda::rope_forward on both, and the kernels then
+/// run on the rotated q and k (same meaning and checks as the CPU's attention_inputs::rope).
+template <class S>
+void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, cudaStream_t stream = nullptr) {
+    const auto shape = detail::check_attention(in);  // the front's checks (RoPE's included), as on the CPU
+    detail::check_attention_outputs(in, shape, out, tensor_ref<S>{}, false);
+    detail::gpu::check_cuda_limits(shape);
+    if (!in.rope.enabled()) {
+        detail::gpu::attention_forward_impl(in, out, stream);
+        return;
+    }
+    const detail::gpu::rope_call_table<S> table(in.rope, shape.h, shape.d, in.height, in.width, stream);
+    const detail::gpu::rotated_inputs<S> rot(in, shape, table.view(), stream);
+    detail::gpu::attention_forward_impl(rot.inputs, out, stream);
+}
+
+/// @brief Fused backward of attention_forward for `sum(out · grad_out)` on the GPU, as
+/// rpe::attention_backward: gradients of the unscaled q, k, v (written) and of every table given
+/// in the attention_terms' `grad_tables` (overwritten), without any (B, H, L, L) buffer.
+///
+/// Two passes flash-attention style: a row pass (one warp per query row: recomputes the row's
+/// softmax statistics, Σ_j P·dP, then dlogits dS = P ⊙ (dP − Σ P·dP); writes grad_q and the
+/// per-row bucket sums of dS (key terms) and P (value term)) and a column pass (one warp per key:
+/// recomputes P and dS from the row statistics; writes grad_k, grad_v and the per-key bucket sums
+/// of dS (query terms)); then batched GEMMs apply the tables (grad_q += s·G_k·table_kᵀ,
+/// grad_k += s·G_q·table_qᵀ) and the table gradients are per-(b, h) GEMM partials reduced in a
+/// fixed order. Temporaries: (B, H, L, K) per table and (B, H, L, 3) statistics.
+/// Padded keys get exactly zero grad_k and grad_v rows; fully masked rows zero grad_q.
+/// @param grad_out (B, H, L, D); @param grad_q, grad_k, grad_v (B, H, L, D), written; device.
+/// @throws as attention_forward, and for overlapping outputs.
+///
+/// With `in.rope`: the kernels run on the rotated q and k (recomputed, as in the forward), then
+/// grad_q and grad_k are rotated back (Rᵀ) and, for rope::mixed with `in.rope.grad_freqs` given
+/// (device, (2, H, D/2), overwritten), the frequencies' gradient is the sum over q and k of
+/// `col_t · (g_2p+1·y_2p − g_2p·y_2p+1)` (`fy`: row_t) per (b, h) plane, then over the batch in a
+/// fixed order (deterministic). @throws also `[rpe.attention] rope grad_freqs ...` as the CPU.
+template <class S>
+void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k,
+                        tensor_ref<S> grad_v, cudaStream_t stream = nullptr) {
+    const auto shape = detail::check_attention(in);
+    detail::check_attention_gradients(in, shape, tensor_ref<const S>{}, grad_out, grad_q, grad_k, grad_v);
+    detail::gpu::check_cuda_limits(shape);
+    if (!in.rope.enabled()) {
+        detail::gpu::attention_backward_impl(in, grad_out, grad_q, grad_k, grad_v, stream);
+        return;
+    }
+    const detail::gpu::rope_call_table<S> table(in.rope, shape.h, shape.d, in.height, in.width, stream);
+    const detail::gpu::rotated_inputs<S> rot(in, shape, table.view(), stream);
+    detail::gpu::attention_backward_impl(rot.inputs, grad_out, grad_q, grad_k, grad_v, stream);
+    // grad_q, grad_k now hold the gradients of the rotated q and k
+    const std::int64_t planes = shape.b * shape.h;
+    if (in.rope.grad_freqs.data != nullptr)
+        detail::gpu::rope_frequency_grad<S>(table.view(), rot.q.get(), grad_q.data, rot.k.get(), grad_k.data, false, planes, shape.h,
+                                            shape.l, in.rope.grad_freqs.data, stream);
+    detail::gpu::rope_rotate<S>(table.view(), grad_q.data, grad_q.data, planes, shape.h, shape.l, true, stream);
+    detail::gpu::rope_rotate<S>(table.view(), grad_k.data, grad_k.data, planes, shape.h, shape.l, true, stream);
 }
 
 }  // namespace rpe::cuda
