@@ -357,6 +357,26 @@ TEST_CASE("cuda attention rejects bad RoPE inputs with the CPU attention's excep
           "rope grad_freqs overlaps rope freqs", true);
 }
 
+TEST_CASE("cuda attention rejects strided q, k, v (which the CPU attention reads in place)") {
+    const std::int64_t b = 2, h = 2, l = 13, d = 8;
+    const std::vector<std::int64_t> shape{b, h, l, d};
+    const auto qkv = random_floats(b * l * 3 * h * d, 3);
+    std::vector<float> out(static_cast<std::size_t>(b * h * l * d));
+    rpe::cuda::attention_inputs<float> in;
+    const auto packed = [&](int t) {
+        return rpe::tensor_ref<const float>::with_strides(qkv.data() + t * h * d, {b, h, l, d}, {l * 3 * h * d, d, 3 * h * d, 1});
+    };
+    in.q = packed(0);
+    in.k = view<const float>(qkv.data(), shape);
+    in.v = view<const float>(qkv.data(), shape);
+    in.height = 3;
+    in.width = 4;
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(out.data(), shape)),
+                         doctest::Contains("[rpe.attention] q is a strided view (shape (2, 2, 13, 8), strides (624, 8, 48, 1)); "
+                                           "expected a contiguous buffer"),
+                         rpe::invalid_argument);
+}
+
 TEST_CASE("cuda rope_forward and rope_backward reject bad inputs with the CPU rotation's exceptions") {
     const std::vector<std::int64_t> odd{1, 1, 13, 6}, ok{1, 1, 13, 8}, rank3{13, 6, 1}, fshape{2, 1, 4};
     std::vector<float> x6(78), y6(78), x8(104), y8(104), g8(104), f(8), gf(8);
