@@ -456,3 +456,48 @@ TEST_CASE("strided views: rejected where not supported, checked where supported"
     }
     for (float x : out) REQUIRE(x == 42.0f);
 }
+
+TEST_CASE("fused attention backward from the forward's probabilities equals the recomputing backward") {
+    for (std::uint32_t seed = 1; seed <= 24; ++seed) {
+        CAPTURE(seed);
+        random_attention<double> c(seed);
+        const std::int64_t row_block = 1 + static_cast<std::int64_t>(seed % 4);
+        set_threads(1 + static_cast<int>(seed % 2));
+        const auto recomputed = run(c, true, row_block);  // its attn is the forward's probabilities
+        results<double> r;
+        const auto n = static_cast<std::size_t>(c.b * c.h * c.l * c.d);
+        r.gq.assign(n, -3.0);
+        r.gk.assign(n, -3.0);
+        r.gv.assign(n, -3.0);
+        c.bind_grads(r.gt);
+        auto view = [&](std::vector<double>& x) { return rpe::tensor_ref<double>(x.data(), {c.b, c.h, c.l, c.d}); };
+        rpe::attention_backward(c.in, rpe::tensor_ref<const double>(recomputed.attn.data(), {c.b, c.h, c.l, c.l}),
+                                rpe::tensor_ref<const double>(c.go.data(), {c.b, c.h, c.l, c.d}), view(r.gq), view(r.gk), view(r.gv),
+                                {.row_block = row_block});
+        CHECK(max_rel_diff(r.gq, recomputed.gq) < 1e-12);
+        CHECK(max_rel_diff(r.gk, recomputed.gk) < 1e-12);
+        CHECK(max_rel_diff(r.gv, recomputed.gv) < 1e-12);
+        REQUIRE(r.gt.size() == recomputed.gt.size());
+        for (std::size_t t = 0; t < r.gt.size(); ++t) CHECK(max_rel_diff(r.gt[t], recomputed.gt[t]) < 1e-12);
+    }
+    set_threads(2);
+}
+
+TEST_CASE("fused attention backward from probabilities: attn is checked before anything is written") {
+    random_attention<float> c(6);
+    const auto n = static_cast<std::size_t>(c.b * c.h * c.l * c.d);
+    std::vector<float> attn(static_cast<std::size_t>(c.b * c.h * c.l * c.l), 0.5f), gq(n, 42.0f), gk(n, 42.0f), gv(n, 42.0f);
+    const rpe::tensor_ref<const float> go(c.go.data(), {c.b, c.h, c.l, c.d});
+    auto view = [&](std::vector<float>& x) { return rpe::tensor_ref<float>(x.data(), {c.b, c.h, c.l, c.d}); };
+    CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, rpe::tensor_ref<const float>(attn.data(), {c.b, c.h, c.l, c.l + 1}), go, view(gq),
+                                                 view(gk), view(gv)),
+                         doctest::Contains("attn has shape"), rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, rpe::tensor_ref<const float>(nullptr, {c.b, c.h, c.l, c.l}), go, view(gq),
+                                                 view(gk), view(gv)),
+                         doctest::Contains("attn is a null buffer"), rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, rpe::tensor_ref<const float>(gq.data(), {c.b, c.h, c.l, c.l}), go, view(gq),
+                                                 view(gk), view(gv)),
+                         doctest::Contains("grad_q overlaps attn"), rpe::invalid_argument);
+    for (const auto* g : {&gq, &gk, &gv})
+        for (float x : *g) REQUIRE(x == 42.0f);
+}

@@ -355,9 +355,11 @@ inline std::int64_t backward_chunks(std::int64_t planes, std::int64_t blocks) {
     return std::clamp<std::int64_t>((32 + planes - 1) / planes, 1, blocks);
 }
 
+// attn: the forward's (B, H, L, L) probabilities, or empty to recompute them block by block.
 template <class S, class Id>
-void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<const S> grad_out,
-                    tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt) {
+void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<const S> attn,
+                    tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v,
+                    const attention_options& opt) {
     auto plan = make_plan<S, Id>(in, ids, true, opt);
     using cpu::cmap;
     using cpu::map;
@@ -376,8 +378,10 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
         for (auto& t : *group) partial_s.emplace_back(ws, t.grad ? items * table_size(t) : 0);
     cpu::shared_scratch<S> gk_part(ws, chunks > 1 ? items * n * d : 0), gv_part(ws, chunks > 1 ? items * n * d : 0);
-    cpu::shared_scratch<S> gq_part(ws, ctx_q ? items * tq_per_plane : 0), tq_s(ws, ctx_q ? planes * tq_per_plane : 0);
-    cpu::thread_scratch<S> ks_s(ws, ctx_q ? n * d : 0);
+    // the contextual q products feed the recomputed probabilities only (none when attn is given)
+    const bool recompute_tq = ctx_q && attn.data == nullptr;
+    cpu::shared_scratch<S> gq_part(ws, ctx_q ? items * tq_per_plane : 0), tq_s(ws, recompute_tq ? planes * tq_per_plane : 0);
+    cpu::thread_scratch<S> ks_s(ws, recompute_tq ? n * d : 0);
     cpu::thread_scratch<S> lg_s(ws, rb_max * n), dp_s(ws, rb_max * n), work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
     cpu::thread_scratch<S> qs_s(ws, rb_max * d), dqs_s(ws, rb_max * d);
     cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
@@ -398,10 +402,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
             t.partial = t.grad ? ps.data() : nullptr;
             if (t.grad) std::fill(ps.data(), ps.data() + ps.count, S(0));
         }
-    if (ctx_q) {
-        std::fill(gq_part.data(), gq_part.data() + gq_part.count, S(0));
-        all_query_products(plan, ks_s, tq_s.data());
-    }
+    if (ctx_q) std::fill(gq_part.data(), gq_part.data() + gq_part.count, S(0));
+    if (recompute_tq) all_query_products(plan, ks_s, tq_s.data());
     const S* tq = tq_s.data();
 #if defined(_OPENMP)
 #pragma omp parallel
@@ -415,7 +417,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
 #endif
         for (std::int64_t item = 0; item < items; ++item) {
             const std::int64_t p = item / chunks, c = item % chunks, h = p % plan.h;
-            const S* tqp = tq + p * tq_per_plane;
+            const S* tqp = recompute_tq ? tq + p * tq_per_plane : nullptr;
             S* gq = gq_part.data() + item * tq_per_plane;  // Σ dlogits per (j, bucket), contextual q tables
             auto gk = map<S>(chunks > 1 ? gk_part.data() + item * n * d : grad_k.data + p * n * d, n, d);
             auto gv = map<S>(chunks > 1 ? gv_part.data() + item * n * d : grad_v.data + p * n * d, n, d);
@@ -428,8 +430,10 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 const std::int64_t rb = std::min(rb_max, n - i0);
                 load_block_ids(plan, i0, rb, idbuf, blk);
                 plan.load_queries(p, i0, rb, qs);
-                block_probabilities(plan, in, p, i0, rb, qs, tqp, blk, lg, work);
-                const auto P = cmap<S>(lg, rb, n);
+                const S* pr = lg;  // the block's probabilities: given, or recomputed into lg
+                if (attn.data) pr = attn.data + (p * n + i0) * n;
+                else block_probabilities(plan, in, p, i0, rb, qs, tqp, blk, lg, work);
+                const auto P = cmap<S>(pr, rb, n);
                 const auto go = cmap<S>(grad_out.data + (p * n + i0) * d, rb, d);
                 auto dP = map<S>(dp, rb, n);
                 dP.noalias() = go * vp.transpose();
@@ -441,12 +445,12 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     map<S>(work, rb, tk).noalias() = go * tab.transpose();
                     for (std::int64_t i = 0; i < rb; ++i) cpu::gather_add(dp + i * n, work + i * tk, tk, idb + i * n, n);
                     if (t.grad) {
-                        cpu::scatter_rows(lg, idb, rb, n, tk, work);
+                        cpu::scatter_rows(pr, idb, rb, n, tk, work);
                         map<S>(t.partial + item * tk * d, tk, d).noalias() += cmap<S>(work, rb, tk).transpose() * go;
                     }
                 }
                 // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
-                for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(lg + i * n, dp + i * n, n);
+                for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(pr + i * n, dp + i * n, n);
                 const auto dL = cmap<S>(dp, rb, n);
                 auto dq = map<S>(dqs, rb, d);
                 dq.noalias() = dL * kp;
@@ -587,7 +591,27 @@ void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_
     const auto s = detail::check_attention(in);
     detail::check_attention_gradients(in, s, tensor_ref<const S>{}, grad_out, grad_q, grad_k, grad_v);
     detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
-        detail::fused_backward<S, Id>(in, ids, grad_out, grad_q, grad_k, grad_v, opt);
+        detail::fused_backward<S, Id>(in, ids, tensor_ref<const S>{}, grad_out, grad_q, grad_k, grad_v, opt);
+    });
+}
+
+/// @brief attention_backward from the forward's probabilities `attn` (B, H, L, L) (as written by
+/// attention_forward's `attn` output for the same inputs) instead of recomputing them: the same
+/// gradients up to float rounding, for the memory of one (B, H, L, L) tensor; the logits, the
+/// contextual key products and the softmax are not computed again (about the forward's cost).
+/// `attn` from other inputs gives wrong gradients (it is not checked against q and k).
+/// @throws as attention_backward, and rpe::invalid_argument for an `attn` of another shape, null,
+///   strided, or overlapping an output.
+template <class S>
+void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> attn, tensor_ref<const S> grad_out,
+                        tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt = {}) {
+    detail::require_enum(opt.storage, 3, "attention", "options.storage", "automatic, table or on_the_fly");
+    const auto s = detail::check_attention(in);
+    detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
+    detail::check_nonnull(attn, "attention", "attn");
+    detail::check_attention_gradients(in, s, attn, grad_out, grad_q, grad_k, grad_v);
+    detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
+        detail::fused_backward<S, Id>(in, ids, attn, grad_out, grad_q, grad_k, grad_v, opt);
     });
 }
 
