@@ -391,6 +391,11 @@ class _Attention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, *tables)
         ctx.key_padding_mask, ctx.attn_mask = key_padding_mask, attn_mask
         tq, tk, tv, freqs = _split(tables, counts)
+        ctx.attn = None
+        if spec[13] and any(ctx.needs_input_grad):  # the backward reads the probabilities instead of recomputing them
+            out, ctx.attn = _ops.attention_forward_attn(q, k, v, tq, tk, tv, *spec[:9], key_padding_mask, attn_mask,
+                                                        spec[9], spec[10], spec[11], freqs, spec[12])
+            return out
         return _ops.attention_forward(q, k, v, tq, tk, tv, *spec[:9], key_padding_mask, attn_mask, spec[9], spec[10],
                                       spec[11], freqs, spec[12])
 
@@ -401,7 +406,7 @@ class _Attention(torch.autograd.Function):
         tq, tk, tv, freqs = _split(tables, ctx.counts)
         s = ctx.spec
         grads = _ops.attention_backward(q, k, v, tq, tk, tv, *s[:9], ctx.key_padding_mask, ctx.attn_mask, s[9],
-                                        grad_out.contiguous(), s[10], s[11], freqs, s[12])
+                                        grad_out.contiguous(), s[10], s[11], freqs, s[12], ctx.attn)
         return (grads[0], grads[1], grads[2], None, None, None, None, *grads[3:])
 
 
@@ -429,7 +434,7 @@ def _slot(name, m, L, height, width):
 
 
 def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=None, key_padding_mask=None,
-              attn_mask=None, scale=None, rope=None):
+              attn_mask=None, scale=None, rope=None, save_attn=None):
     """The attention step of the reference's RPEAttention (after the qkv projection, before the
     output projection) through rpe's fused kernels:
     ``qs = q·scale; logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·scale)ᵀ (+ attn_mask)``, padded keys
@@ -442,7 +447,9 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     padded key; attn_mask: (L, L) additive float (or bool, true = masked), not differentiated;
     scale: default D^-1/2; rope: a RoPEAxial / RoPEMixed / RoPECat module: q and k are rotated
     first (L = rope.skip + height·width) and everything after sees the rotated q and k (the
-    RoPEMixed frequencies get their gradient). Rows whose keys are all masked give zeros (the
+    RoPEMixed frequencies get their gradient); save_attn: keep the (B, H, L, L) probabilities for
+    the backward, which then does not recompute them (True / False; None: when they take at most
+    64 MiB, e.g. DeiT-S at batch 64 in float32). Rows whose keys are all masked give zeros (the
     reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and every table (first
     derivatives only: a second backward raises). Raises ValueError / TypeError naming the
     parameter for bad input.
@@ -494,8 +501,10 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     if freqs is not None:
         _check_cpu("rope freqs", freqs)
         tables.append(freqs)
+    if save_attn is None:
+        save_attn = q.shape[0] * q.shape[1] * L * L * q.element_size() <= 64 << 20
     spec = (methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0], grid[1], float(scale),
-            *rope_spec)
+            *rope_spec, bool(save_attn))
     return _Attention.apply(q, k, v, key_padding_mask, attn_mask, spec, (*counts, freqs is not None), *tables)
 
 

@@ -435,7 +435,7 @@ at::Tensor rope_mixed_init(double theta, int64_t head_dim, const at::Tensor& ang
 // ---------------------------------------------------------------------------------------------
 
 struct attention_args {
-    at::Tensor q, k, v, grad_out, key_padding_mask, attn_mask;
+    at::Tensor q, k, v, grad_out, key_padding_mask, attn_mask, attn;  // attn: the forward's probabilities (backward), or undefined
     std::vector<at::Tensor> tables[3];
     c10::string_view methods[3], modes[3];
     std::vector<double> params;  // per slot: alpha, beta, gamma, skip
@@ -537,11 +537,13 @@ attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
 }
 
 template <class S>
-at::Tensor attention_forward_impl(attention_args& a, at::ScalarType st) {
+std::vector<at::Tensor> attention_forward_impl(attention_args& a, at::ScalarType st, bool keep_attn) {
     auto s = setup_attention<S>(a, st);
     at::Tensor out = at::empty(a.q.sizes(), a.q.options());  // contiguous (q may be a strided view)
-    rpe::attention_forward<S>(s.in, mref<S>(out));
-    return out;
+    at::Tensor attn = keep_attn ? at::empty({a.q.size(0), a.q.size(1), a.q.size(2), a.q.size(2)}, a.q.options()) : at::Tensor();
+    rpe::attention_forward<S>(s.in, mref<S>(out), keep_attn ? mref<S>(attn) : rpe::tensor_ref<S>{});
+    if (keep_attn) return {out, attn};
+    return {out};
 }
 
 template <class S>
@@ -562,7 +564,12 @@ std::vector<at::Tensor> attention_backward_impl(attention_args& a, at::ScalarTyp
         grad_freqs = at::empty(a.rope_freqs.sizes(), a.rope_freqs.options());
         s.in.rope.grad_freqs = mref<S>(grad_freqs);
     }
-    rpe::attention_backward<S>(s.in, cref<S>(a.grad_out), mref<S>(gq), mref<S>(gk), mref<S>(gv));
+    if (a.attn.defined()) {  // the forward's probabilities: not recomputed
+        a.attn = prepared(a.attn, "attn", st);
+        rpe::attention_backward<S>(s.in, cref<S>(a.attn), cref<S>(a.grad_out), mref<S>(gq), mref<S>(gk), mref<S>(gv));
+    } else {
+        rpe::attention_backward<S>(s.in, cref<S>(a.grad_out), mref<S>(gq), mref<S>(gk), mref<S>(gv));
+    }
     if (grad_freqs.defined()) result.push_back(grad_freqs);  // last: the rope frequencies' gradient
     if (s.ratio != 1.0) {
         result[0].mul_(s.ratio);
@@ -614,7 +621,22 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip);
         const auto st = checked_float_type(q, "q");
-        return st == at::kDouble ? attention_forward_impl<double>(a, st) : attention_forward_impl<float>(a, st);
+        return (st == at::kDouble ? attention_forward_impl<double>(a, st, false) : attention_forward_impl<float>(a, st, false))[0];
+    });
+}
+
+std::vector<at::Tensor> attention_forward_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
+                                               at::TensorList tk, at::TensorList tv, c10::string_view mq, c10::string_view oq,
+                                               c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
+                                               at::ArrayRef<double> params, int64_t height, int64_t width,
+                                               const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
+                                               double scale, c10::string_view rope_form, at::ArrayRef<double> rope_params,
+                                               const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip) {
+    return translating([&] {
+        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
+                           rope_params, rope_freqs, rope_skip);
+        const auto st = checked_float_type(q, "q");
+        return st == at::kDouble ? attention_forward_impl<double>(a, st, true) : attention_forward_impl<float>(a, st, true);
     });
 }
 
@@ -625,11 +647,12 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
                                            const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
                                            double scale, const at::Tensor& grad_out, c10::string_view rope_form,
                                            at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs,
-                                           int64_t rope_skip) {
+                                           int64_t rope_skip, const c10::optional<at::Tensor>& attn) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip);
         a.grad_out = grad_out;
+        if (attn) a.attn = *attn;
         const auto st = checked_float_type(q, "q");
         return st == at::kDouble ? attention_backward_impl<double>(a, st) : attention_backward_impl<float>(a, st);
     });
@@ -899,11 +922,18 @@ TORCH_LIBRARY(rpe, m) {
           "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
           "int width, Tensor? key_padding_mask, Tensor? attn_mask, float scale, str rope_form=\"\", "
           "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0) -> Tensor");
-    // [grad_q, grad_k, grad_v, grad tables of q, then k, then v (, grad_rope_freqs for mixed)].
+    // [out, attn]: attention_forward that also returns the (B, H, L, L) probabilities, for
+    // attention_backward's `attn` (the backward then does not recompute them).
+    m.def("attention_forward_attn(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
+          "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
+          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float scale, str rope_form=\"\", "
+          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0) -> Tensor[]");
+    // [grad_q, grad_k, grad_v, grad tables of q, then k, then v (, grad_rope_freqs for mixed)];
+    // attn: attention_forward_attn's probabilities for the same arguments, or None to recompute.
     m.def("attention_backward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
           "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
           "int width, Tensor? key_padding_mask, Tensor? attn_mask, float scale, Tensor grad_out, str rope_form=\"\", "
-          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0) -> Tensor[]");
+          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, Tensor? attn=None) -> Tensor[]");
     // 2D RoPE of x (B, H, L, D), L = skip + height*width: form axial (params [theta]), mixed
     // (freqs (2, H, D/2)), cat (8 params, see make_rope). Returns the rotated x.
     m.def("rope_forward(Tensor x, str form, float[] params, Tensor? freqs, int skip, int height, int width) -> Tensor");
@@ -947,6 +977,7 @@ TORCH_LIBRARY_IMPL(rpe, CPU, m) {
     m.impl("term_forward", &term_forward);
     m.impl("term_backward", &term_backward);
     m.impl("attention_forward", &attention_forward);
+    m.impl("attention_forward_attn", &attention_forward_attn);
     m.impl("attention_backward", &attention_backward);
     m.impl("rope_forward", &rope_forward);
     m.impl("rope_backward", &rope_backward);

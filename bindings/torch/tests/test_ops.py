@@ -310,3 +310,24 @@ def test_query_target_operator_is_the_transposed_key_term(mode):
     if mode == "contextual":
         assert torch.allclose(grads[0], x.grad, atol=1e-12)
     assert torch.allclose(grads[1], ts[0].grad, atol=1e-12)
+
+
+@pytest.mark.parametrize("rpe_on", ["k", "qkv"])
+def test_attention_backward_with_and_without_saved_probabilities(rpe_on):
+    mods, q, k, v, L = attention_setup("product", "contextual", rpe_on, False, 1)
+    params = [p for m in mods if m is not None for p in m.parameters()]
+    kpm = torch.zeros(2, L, dtype=torch.bool)
+    kpm[1, -2:] = True
+    grads = []
+    for save in (True, False):
+        for t in (q, k, v, *params):
+            t.grad = None
+        irpe.attention(q, k, v, *mods, height=2, width=3, key_padding_mask=kpm, save_attn=save).pow(2).sum().backward()
+        grads.append([t.grad.clone() for t in (q, k, v, *params)])
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-13, rtol=1e-12)
+
+    def f(q, k, v, *ps):
+        return irpe.attention(q, k, v, *mods, height=2, width=3, key_padding_mask=kpm, save_attn=False)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, *params), eps=1e-6, atol=1e-7, rtol=1e-6)
