@@ -4,6 +4,7 @@
 /// no (L, L) buffer).
 #pragma once
 
+#include <cub/warp/warp_reduce.cuh>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -106,15 +107,25 @@ __device__ inline std::int64_t load_id(const attn_ids& v, std::int64_t i, std::i
     return v.grid.id(static_cast<const std::uint32_t*>(v.offsets), a, b);
 }
 
+// Full-warp reductions through CUB's WarpReduce (shuffle-based for 32 lanes: its TempStorage
+// holds nothing, so a local one serves), the result broadcast from lane 0 to every lane.
+struct fmax_op {  // fmax: a NaN operand is ignored, as in the CPU softmax's running maximum
+    template <class A>
+    __device__ A operator()(A a, A b) const {
+        return fmax(a, b);
+    }
+};
 template <class A>
 __device__ inline A warp_max(A v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
+    using reduce = cub::WarpReduce<A>;
+    typename reduce::TempStorage tmp;
+    return __shfl_sync(0xffffffffu, reduce(tmp).Reduce(v, fmax_op{}), 0);
 }
 template <class A>
 __device__ inline A warp_sum(A v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+    using reduce = cub::WarpReduce<A>;
+    typename reduce::TempStorage tmp;
+    return __shfl_sync(0xffffffffu, reduce(tmp).Sum(v), 0);
 }
 
 template <class S>

@@ -8,10 +8,15 @@
 /// Every launch goes to the caller's stream; nothing here synchronises.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "../../detail/term_checks.hpp"
 #include "error.cuh"
@@ -159,7 +164,10 @@ void scatter_cols(const S* g, const Ids& ids_t, std::int64_t n, std::int64_t k, 
 // Batched GEMM: per plane p, C[p] (M, N) (+)= alpha · op(A[p]) (M, Kd) · op(B[b(p)]) (Kd, N).
 //   A stored (M, Kd) row-major, or (Kd, M) when TA; B stored (Kd, N), or (N, Kd) when TB.
 //   b(p) = p (per-plane B) or h'(p % heads) (a table).
-// 16×16 tiles in shared memory, one output element per thread, accumulation in A.
+// Through cuBLAS (cublasGemmStridedBatchedEx, compute in A: fp32 for float/fp16/bf16 storage,
+// tensor cores for fp16/bf16; fp64 for double) when A and B share a storage type and the sizes
+// fit cuBLAS's int arguments; otherwise 16×16 tiles in shared memory, one output element per
+// thread, accumulation in A.
 // ---------------------------------------------------------------------------------------------
 struct gemm_shape {
     std::int64_t m = 0, n = 0, kd = 0, planes = 1;
@@ -202,9 +210,95 @@ __global__ void gemm_kernel(gemm_shape s, const TAe* __restrict__ a, const TBe* 
     }
 }
 
+/// @brief Throws rpe::runtime_error `[rpe.cuda] <what> failed: CUBLAS_STATUS_...` on a cuBLAS failure.
+inline void cublas_check(cublasStatus_t status, const char* what) {
+    if (status != CUBLAS_STATUS_SUCCESS)
+        throw runtime_error(message("cuda", what, " failed: ", cublasGetStatusName(status), ": ", cublasGetStatusString(status)));
+}
+
+/// @brief The calling thread's cuBLAS handle for the current device, bound to `stream`. One
+/// handle per (host thread, device), created on first use and destroyed when the thread ends.
+inline cublasHandle_t cublas_handle(cudaStream_t stream) {
+    struct handles {
+        std::vector<std::pair<int, cublasHandle_t>> by_device;
+        ~handles() {
+            for (auto& [dev, h] : by_device) (void)cublasDestroy(h);
+        }
+    };
+    thread_local handles cache;
+    int dev = 0;
+    RPE_CUDA_CHECK(cudaGetDevice(&dev));
+    cublasHandle_t handle = nullptr;
+    for (const auto& [d, h] : cache.by_device)
+        if (d == dev) handle = h;
+    if (!handle) {
+        cublas_check(cublasCreate(&handle), "cublasCreate");
+        cache.by_device.emplace_back(dev, handle);
+    }
+    cublas_check(cublasSetStream(handle, stream), "cublasSetStream");
+    return handle;
+}
+
+/// @brief cuBLAS's data type of a storage type (CUDA_R_32F, ...).
+template <class T>
+constexpr cudaDataType_t cublas_type() {
+    if constexpr (std::is_same_v<T, double>)
+        return CUDA_R_64F;
+    else if constexpr (std::is_same_v<T, __half>)
+        return CUDA_R_16F;
+    else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        return CUDA_R_16BF;
+    else
+        return CUDA_R_32F;
+}
+
+/// @brief True when cublasGemmStridedBatchedEx takes (A, B, C) of these types with compute type
+/// Acc: A and B of one type; fp32 compute for float, fp16 and bf16 (C in the same type or float);
+/// fp64 for double.
+template <class TAe, class TBe, class TC, class Acc>
+inline constexpr bool cublas_gemm_types =
+    std::is_same_v<TAe, TBe> &&
+    ((std::is_same_v<Acc, double> && std::is_same_v<TAe, double> && std::is_same_v<TC, double>) ||
+     (std::is_same_v<Acc, float> && std::is_same_v<TAe, float> && std::is_same_v<TC, float>) ||
+     (std::is_same_v<Acc, float> && (std::is_same_v<TAe, __half> || std::is_same_v<TAe, __nv_bfloat16>) &&
+      (std::is_same_v<TC, TAe> || std::is_same_v<TC, float>)));
+
+// One strided-batched call: row-major C (M, N) = op(A)·op(B) is column-major Cᵀ (N, M) =
+// op(B)ᵀ·op(A)ᵀ, so cuBLAS gets B as its first operand and A as its second.
+template <bool TA, bool TB, class Acc, class TAe, class TBe, class TC>
+void gemm_cublas(const gemm_shape& s, const TAe* a, const TBe* b, TC* c, bool accumulate, Acc alpha, std::int64_t batches,
+                 long long stride_b, cudaStream_t stream) {
+    const Acc beta = accumulate ? Acc(1) : Acc(0);
+    const int m = static_cast<int>(s.n), n = static_cast<int>(s.m), k = static_cast<int>(s.kd);
+    const int ldb_first = static_cast<int>(TB ? s.kd : s.n), lda_second = static_cast<int>(TA ? s.m : s.kd);
+    cublas_check(cublasGemmStridedBatchedEx(cublas_handle(stream), TB ? CUBLAS_OP_T : CUBLAS_OP_N, TA ? CUBLAS_OP_T : CUBLAS_OP_N, m, n,
+                                            k, &alpha, b, cublas_type<TBe>(), ldb_first, stride_b, a, cublas_type<TAe>(), lda_second,
+                                            static_cast<long long>(s.a_plane), &beta, c, cublas_type<TC>(), m,
+                                            static_cast<long long>(s.c_plane), static_cast<int>(batches),
+                                            std::is_same_v<Acc, double> ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmStridedBatchedEx");
+}
+
 template <bool TA, bool TB, class Acc, class TAe, class TBe, class TC>
 void gemm(const gemm_shape& s, const TAe* a, const TBe* b, TC* c, bool accumulate, Acc alpha, cudaStream_t stream) {
     if (s.m == 0 || s.n == 0 || s.planes == 0) return;
+    if constexpr (cublas_gemm_types<TAe, TBe, TC, Acc>) {
+        constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+        const bool per_head = s.b_by_head && s.table_heads != 1;
+        if (s.m <= int_max && s.n <= int_max && s.kd <= int_max && s.planes <= int_max && (!per_head || s.planes % s.heads == 0)) {
+            if (!s.b_by_head) {  // one B per plane
+                gemm_cublas<TA, TB>(s, a, b, c, accumulate, alpha, s.planes, static_cast<long long>(s.b_plane), stream);
+            } else if (!per_head) {  // one shared table: stride 0
+                gemm_cublas<TA, TB>(s, a, b, c, accumulate, alpha, s.planes, 0LL, stream);
+            } else {  // a table per head: planes b·H + h, one call per batch element over its H heads
+                for (std::int64_t p0 = 0; p0 < s.planes; p0 += s.heads)
+                    gemm_cublas<TA, TB>(s, a + p0 * s.a_plane, b, c + p0 * s.c_plane, accumulate, alpha, s.heads,
+                                        static_cast<long long>(s.b_plane), stream);
+            }
+            return;
+        }
+    }
     const dim3 block(gemm_tile, gemm_tile);
     const dim3 grid(static_cast<unsigned>((s.n + gemm_tile - 1) / gemm_tile), static_cast<unsigned>((s.m + gemm_tile - 1) / gemm_tile),
                     static_cast<unsigned>(std::min<std::int64_t>(s.planes, 65535)));
