@@ -73,8 +73,8 @@ struct tensor_ref {
     /// `with_strides(qkv, {B, H, L, D}, {L·3·H·D, D, 3·H·D, 1})`, k starts at `qkv + H·D`, v at
     /// `qkv + 2·H·D`.
     /// @throws rpe::invalid_argument when dims and strides differ in count, the rank exceeds 4, an
-    ///   extent or a stride is negative; rpe::out_of_range when the element count or the span
-    ///   (largest offset + 1) overflows int64.
+    ///   extent or a stride is negative; rpe::out_of_range when the element count overflows int64
+    ///   or the span (largest offset + 1) in bytes does.
     static tensor_ref with_strides(T* ptr, std::initializer_list<std::int64_t> dims,
                                    std::initializer_list<std::int64_t> element_strides) {
         return with_strides(ptr, std::span<const std::int64_t>(dims.begin(), dims.size()),
@@ -95,13 +95,14 @@ struct tensor_ref {
             r.strides[static_cast<std::size_t>(i++)] = st;
         }
         r.strided = true;
-        if (r.size() != 0) {
+        if (r.size() != 0) {  // the span in bytes must fit a pointer offset (ptrdiff_t)
+            const std::int64_t limit = std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(sizeof(T));
             std::int64_t span = 1;
             for (int j = 0; j < r.rank; ++j) {
                 const std::int64_t e = r.shape[static_cast<std::size_t>(j)] - 1, st = r.strides[static_cast<std::size_t>(j)];
-                if (st != 0 && e > (std::numeric_limits<std::int64_t>::max() - span) / st)
+                if (st != 0 && e > (limit - span) / st)
                     throw out_of_range(detail::message("tensor", "the span of shape ", r.shape_string(), " with strides ",
-                                                       r.strides_string(), " overflows int64"));
+                                                       r.strides_string(), " overflows int64 bytes"));
                 span += e * st;
             }
         }

@@ -383,6 +383,21 @@ TEST_CASE("attention on strided q, k, v with RoPE (axial, mixed with frequency g
         CHECK(max_rel_diff(composed.out, plain.out) < 1e-5);
         CHECK(max_rel_diff(composed.gq, plain.gq) < 1e-5);
         CHECK(max_rel_diff(composed.gk, plain.gk) < 1e-5);
+        // one token repeated along L (a row stride of 0, as torch's expand gives): every token
+        // is rotated by its own angle from the one row
+        for (auto* x : {&c.q, &c.k})
+            for (std::int64_t p = 0; p < c.b * c.h; ++p)
+                for (std::int64_t i = 1; i < c.l; ++i) std::copy_n(x->data() + p * c.l * c.d, c.d, x->data() + (p * c.l + i) * c.d);
+        c.in.q = rpe::tensor_ref<const float>(c.q.data(), shape);
+        c.in.k = rpe::tensor_ref<const float>(c.k.data(), shape);
+        c.in.v = rpe::tensor_ref<const float>(c.v.data(), shape);
+        if (form == 1) c.in.rope.grad_freqs = {gf_plain.data(), {2, 2, 4}};
+        const auto repeated = run(c, true, 5);
+        c.in.q = rpe::tensor_ref<const float>::with_strides(c.q.data(), {c.b, c.h, c.l, c.d}, {c.h * c.l * c.d, c.l * c.d, 0, 1});
+        c.in.k = rpe::tensor_ref<const float>::with_strides(c.k.data(), {c.b, c.h, c.l, c.d}, {c.h * c.l * c.d, c.l * c.d, 0, 1});
+        if (form == 1) c.in.rope.grad_freqs = {gf_strided.data(), {2, 2, 4}};
+        check_same(run(c, true, 5), repeated);
+        CHECK(max_rel_diff(gf_strided, gf_plain) < 1e-6);
     }
 }
 
@@ -446,6 +461,9 @@ TEST_CASE("strided views: rejected where not supported, checked where supported"
         CHECK_THROWS_WITH_AS(rpe::tensor_ref<const float>::with_strides(c.q.data(), {2, 3}, {-3, 1}),
                              doctest::Contains("strides[0] = -3 is negative"), rpe::invalid_argument);
         CHECK_THROWS_AS(rpe::tensor_ref<const float>::with_strides(c.q.data(), {3, 3}, {std::int64_t{1} << 62, 1}), rpe::out_of_range);
+        // a span that fits int64 elements but not int64 bytes
+        CHECK_THROWS_WITH_AS(rpe::tensor_ref<const float>::with_strides(c.q.data(), {3, 8}, {(std::int64_t{1} << 61) + 1, 1}),
+                             doctest::Contains("overflows int64 bytes"), rpe::out_of_range);
         const auto v = rpe::tensor_ref<const float>::with_strides(c.q.data(), {2, 3}, {3, 1});
         CHECK(v.contiguous());
         CHECK(v.span() == 6);

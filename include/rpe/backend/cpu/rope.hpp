@@ -19,12 +19,13 @@ namespace detail::cpu {
 
 /// Rows [i0, i0 + rb) of one (batch, head h) plane: dst = scale · R(angle) src, or with
 /// `inverse` dst = scale · Rᵀ src (the backward's rotation back); tokens below skip are only
-/// scaled. src and dst are (rb, D), src rows `src_stride` apart (0: D); they may be the same buffer.
+/// scaled. src and dst are (rb, D), src rows `src_stride` apart (−1: D, contiguous; 0 is a real
+/// stride: one row repeated); they may be the same buffer.
 template <class S>
 void rope_rotate_rows(const rope_table<S>& t, std::int64_t h, std::int64_t skip, std::int64_t i0, std::int64_t rb,
-                      std::int64_t d, const S* src, S* dst, S scale, bool inverse, std::int64_t src_stride = 0) {
+                      std::int64_t d, const S* src, S* dst, S scale, bool inverse, std::int64_t src_stride = -1) {
     const S sign = inverse ? S(-1) : S(1);
-    const std::int64_t ss = src_stride ? src_stride : d;
+    const std::int64_t ss = src_stride < 0 ? d : src_stride;
     for (std::int64_t r = 0; r < rb; ++r) {
         const std::int64_t i = i0 + r;
         const S* x = src + r * ss;
