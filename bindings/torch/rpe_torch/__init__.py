@@ -21,6 +21,7 @@ The operator library is found at ``$RPE_TORCH_OPS``, else next to this package, 
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -35,6 +36,20 @@ __all__ = [
     "relative_log_coords", "cpb_table", "cpb_bias", "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
     "ALiBi2D", "alibi_slopes", "TermSlot",
 ]
+
+
+def _first_order(backward):
+    """Marks an autograd Function's backward as first-order only: it raises when asked to build a
+    graph of the gradient (``torch.autograd.grad(..., create_graph=True)`` through it, e.g. a
+    gradient penalty), instead of returning gradients whose own derivative would be silently
+    dropped (torch's once_differentiable does not catch every such use)."""
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError("[rpe.torch] the rpe_torch operators are differentiable once: a double backward "
+                               "(create_graph=True through them, e.g. a gradient penalty) is not supported")
+        return backward(ctx, *grads)
+    return wrapper
 
 
 def _find_library() -> str:
@@ -215,7 +230,7 @@ class _Term(torch.autograd.Function):
         return _ops.term_forward(x, list(tables), *spec)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_first_order
     def backward(ctx, grad_out):
         saved = ctx.saved_tensors
         x, tables = (saved[0], saved[1:]) if ctx.has_x else (None, saved)
@@ -400,7 +415,7 @@ class _Attention(torch.autograd.Function):
                                       spec[11], freqs, spec[12])
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_first_order
     def backward(ctx, grad_out):
         q, k, v, *tables = ctx.saved_tensors
         tq, tk, tv, freqs = _split(tables, ctx.counts)
@@ -451,7 +466,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     the backward, which then does not recompute them (True / False; None: when they take at most
     64 MiB, e.g. DeiT-S at batch 64 in float32). Rows whose keys are all masked give zeros (the
     reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and every table (first
-    derivatives only: a second backward raises). Raises ValueError / TypeError naming the
+    derivatives only: a backward with create_graph=True through it raises RuntimeError). Raises ValueError / TypeError naming the
     parameter for bad input.
     """
     from .vit import _RoPE

@@ -16,7 +16,7 @@ import math
 import torch
 from torch import nn
 
-from . import _check_cpu, _ops, term
+from . import _check_cpu, _first_order, _ops, term
 
 __all__ = [
     "RoPEAxial", "RoPEMixed", "RoPECat", "rope",
@@ -66,7 +66,7 @@ class _Rope(torch.autograd.Function):
         return _ops.rope_forward(x, form, params, freqs, skip, height, width)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_first_order
     def backward(ctx, grad_y):
         x, *rest = ctx.saved_tensors
         freqs = rest[0] if rest else None
@@ -233,7 +233,7 @@ class _TimmTable(torch.autograd.Function):
         return _ops.table_to_timm(t) if to_timm else _ops.table_from_timm(t)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_first_order
     def backward(ctx, g):
         g = g.contiguous()
         return (_ops.table_from_timm(g) if ctx.to_timm else _ops.table_to_timm(g)), None
@@ -314,7 +314,7 @@ class _CpbTable(torch.autograd.Function):
         return _ops.cpb_bias_forward(raw, *spec) if bias else _ops.cpb_table(raw, *spec)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_first_order
     def backward(ctx, g):
         (raw,) = ctx.saved_tensors
         op = _ops.cpb_bias_backward if ctx.bias else _ops.cpb_table_backward
@@ -350,7 +350,7 @@ class _Resize(torch.autograd.Function):
         return _ops.resize_rel_pos(rel_pos, length)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_first_order
     def backward(ctx, g):
         return _ops.resize_rel_pos_backward(g.contiguous(), ctx.in_length), None
 
@@ -373,7 +373,7 @@ class _DecomposedTables(torch.autograd.Function):
         return t0, t1
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_first_order
     def backward(ctx, g0, g1):
         height, width, skip, unscaled = ctx.spec
         ref = g0 if g0 is not None else g1

@@ -184,9 +184,7 @@ def test_errors_name_the_parameter():
 def test_no_silent_wrong_gradients():
     mods, q, k, v, L = attention_setup("product", "contextual", "qkv", True, 1)
     out = irpe.attention(q, k, v, *mods, height=2, width=3)
-    (gq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
-        gq.sum().backward()
+    # (a double backward raises: test_double_backward_raises_instead_of_dropping_second_order_terms)
     mask = torch.zeros(L, L, dtype=torch.float64, requires_grad=True)
     with pytest.raises(ValueError, match=r"attn_mask requires grad"):
         irpe.attention(q, k, v, *mods, height=2, width=3, attn_mask=mask)
@@ -331,3 +329,17 @@ def test_attention_backward_with_and_without_saved_probabilities(rpe_on):
         return irpe.attention(q, k, v, *mods, height=2, width=3, key_padding_mask=kpm, save_attn=False)
 
     assert torch.autograd.gradcheck(f, (q, k, v, *params), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+def test_double_backward_raises_instead_of_dropping_second_order_terms():
+    mods, q, k, v, L = attention_setup("product", "contextual", "k", True, 1)
+    out = irpe.attention(q, k, v, *mods, height=2, width=3)
+    with pytest.raises(RuntimeError, match=r"\[rpe.torch\] the rpe_torch operators are differentiable once"):
+        torch.autograd.grad((out ** 2).sum(), q, create_graph=True)  # a gradient penalty's first step
+    x = q.detach().clone().requires_grad_()
+    y = mods[1](x, 2, 3)
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        torch.autograd.grad(y.sum(), x, create_graph=True)
+    # a first-order backward is unaffected
+    (g,) = torch.autograd.grad(irpe.attention(q, k, v, *mods, height=2, width=3).sum(), q)
+    assert torch.isfinite(g).all()
