@@ -398,7 +398,7 @@ TEST_CASE("decomposed rel pos: a term is bounded to its grid (a larger grid is r
             id_mismatches += rows_small[s] != rows_big[b] || cols_small[s] != cols_big[b];
             id_mismatches += rows_small[s] != (i / 4 - j / 4) + 5 || cols_small[s] != (i % 4 - j % 4) + 5;
             for (std::size_t h = 0; h < 2; ++h)
-                value_mismatches += os[h * ls * ls + s] != ob[h * lb * lb + b];
+                value_mismatches += std::fabs(os[h * ls * ls + s] - ob[h * lb * lb + b]) > 1e-12;  // rounding of q·T may vary with L
         }
     CHECK(id_mismatches == 0);
     CHECK(value_mismatches == 0);
