@@ -32,6 +32,7 @@
 #include "mapping/shaw.hpp"
 #include "mapping/swin.hpp"
 #include "mapping/t5.hpp"
+#include "mapping/within_grid.hpp"
 #include "mode.hpp"
 #include "swin_bias.hpp"
 #include "rope/axial.hpp"

@@ -14,6 +14,7 @@
 #include <rpe/mapping/euclidean.hpp>
 #include <rpe/mapping/product.hpp>
 #include <rpe/mapping/quantization.hpp>
+#include <rpe/mapping/within_grid.hpp>
 #include <rpe/mode.hpp>
 #include <rpe/rope/axial.hpp>
 #include <rpe/rope/cat.hpp>
@@ -83,8 +84,13 @@ static_assert(rpe::Mapping<rpe::mapping::product<rpe::index::clip>>);
 static_assert(rpe::Mapping<rpe::mapping::euclidean<index_ok>>);
 static_assert(rpe::detail::num_tables_of<rpe::mapping::cross<>>() == 2);
 static_assert(rpe::detail::num_tables_of<rpe::mapping::product<>>() == 1);
-// the ViT encodings (issue 15) are built-in mappings with a clip index: Cross (2 tables), Product
-static_assert(std::is_same_v<decltype(rpe::vit::decomposed_rel_pos_mapping(1, 1)), rpe::mapping::cross<rpe::index::clip>>);
+// the ViT encodings (issue 15) are built-in mappings with a clip index: Cross (2 tables), Product,
+// each bounded to its grid by mapping::within_grid (same tables, skip buckets and ids as the inner)
+static_assert(std::is_same_v<decltype(rpe::vit::decomposed_rel_pos_mapping(1, 1)),
+                             rpe::mapping::within_grid<rpe::mapping::cross<rpe::index::clip>>>);
+static_assert(std::is_same_v<decltype(rpe::vit::alibi_2d_mapping(1, 1)), rpe::mapping::within_grid<rpe::mapping::product<rpe::index::clip>>>);
+static_assert(!rpe::Mapping3D<rpe::vit::decomposed_rel_pos_mapping_type> &&
+              rpe::detail::skip_buckets_of<rpe::vit::alibi_2d_mapping_type>() == 1);
 static_assert(rpe::Mapping<decltype(rpe::vit::decomposed_rel_pos_mapping(1, 1))>);
 static_assert(rpe::detail::num_tables_of<decltype(rpe::vit::decomposed_rel_pos_mapping(1, 1))>() == 2);
 static_assert(rpe::Mapping<decltype(rpe::vit::alibi_2d_mapping(1, 1))>);

@@ -245,3 +245,58 @@ TEST_CASE("2D ALiBi: errors name the parameter and its value") {
     CHECK(throws_with([] { (void)rpe::vit::make_alibi_2d_term<float>({.height = 2, .width = 2, .num_heads = 2, .head_dim = 0}); },
                       {"[rpe.term]", "head_dim = 0"}));
 }
+
+TEST_CASE("2D ALiBi: a term is bounded to its grid (a larger grid is refused, a smaller one reads its buckets)") {
+    using rpe_test::throws_with;
+    // built for 3 x 5 (beta = 4); a 5 x 3 grid has no offset beyond beta but is taller: refused too
+    const rpe::vit::alibi_2d_config c{.height = 3, .width = 5, .num_heads = 2, .head_dim = 2};
+    const auto term = rpe::vit::make_alibi_2d_term<double>(c);
+    const auto table = rpe::vit::alibi_2d_table<double>(c);
+    CHECK(throws_with([&] { (void)term.bucket_ids(4, 5); },
+                      {"[rpe.mapping.within_grid]", "grid = 4x5 is larger than the 3x5 grid the term was built for"}));
+    CHECK(throws_with([&] { (void)term.bucket_ids(3, 6); }, {"grid = 3x6", "expected height <= 3 and width <= 5"}));
+    CHECK(throws_with([&] { (void)term.bucket_ids(5, 3); }, {"grid = 5x3"}));
+    CHECK(throws_with([&] { (void)rpe::bucket_cache::global().get(term.mapping(), 9, 9, 1); }, {"grid = 9x9"}));
+    // ids of the unbounded Product on a larger grid (the silent clip) are another mapping's
+    const std::int64_t lbig = 4 * 5;
+    std::vector<double> out(static_cast<std::size_t>(2 * lbig * lbig));
+    const auto unbounded = rpe::build_bucket_ids(term.mapping().inner, 4, 5, 0);
+    CHECK(throws_with([&] { term.forward(*unbounded, cview(table, term.table_shape()), {}, mview(out, {1, 2, lbig, lbig}), rpe::write::overwrite); },
+                      {"[rpe.term]", "built for another mapping"}));
+    // the fused and the composed attention on the larger grid
+    const auto any = rpe::make_any_term(term);
+    std::vector<double> x(static_cast<std::size_t>(2 * lbig * 2), 0.5), o(x.size());
+    rpe::attention_inputs<double> in;
+    in.q = in.k = in.v = cview(x, {1, 2, lbig, 2});
+    in.height = 4;
+    in.width = 5;
+    in.rpe_k = {any.get(), {cview(table, term.table_shape())}, {}};
+    CHECK(throws_with([&] { rpe::attention_forward<double>(in, mview(o, {1, 2, lbig, 2})); }, {"[rpe.mapping.within_grid]", "grid = 4x5"}));
+    CHECK(throws_with([&] { rpe::composed_attention_forward<double>(in, mview(o, {1, 2, lbig, 2}), mview(out, {1, 2, lbig, lbig})); },
+                      {"grid = 4x5"}));
+
+    // a smaller grid (2 x 3) with the 3 x 5 term: the bias of the full grid at the same tokens, which
+    // is -m_h times the Euclidean distance
+    const auto big = bias_of<double>(c);  // (2, 15, 15)
+    const auto small_ids = term.bucket_ids(2, 3);
+    std::vector<double> small(2 * 6 * 6);
+    term.forward(*small_ids, cview(table, term.table_shape()), {}, mview(small, {1, 2, 6, 6}), rpe::write::overwrite);
+    const auto slopes = rpe::vit::alibi_slopes(2);
+    int mismatches = 0;
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 6; ++i)
+            for (int j = 0; j < 6; ++j) {
+                const int bi = (i / 3) * 5 + i % 3, bj = (j / 3) * 5 + j % 3, dr = i / 3 - j / 3, dc = i % 3 - j % 3;
+                const double got = small[static_cast<std::size_t>((h * 6 + i) * 6 + j)];
+                mismatches += got != big[static_cast<std::size_t>((h * 15 + bi) * 15 + bj)];
+                mismatches += std::fabs(got + slopes[static_cast<std::size_t>(h)] * std::sqrt(dr * dr + dc * dc)) > 1e-15;
+            }
+    CHECK(mismatches == 0);
+    // the bound is part of the cache key: a 5 x 5 term (same beta) keeps its own ids of the 2 x 3 grid
+    const auto square = rpe::vit::make_alibi_2d_term<double>({.height = 5, .width = 5, .num_heads = 2, .head_dim = 2});
+    CHECK(square.mapping().inner == term.mapping().inner);
+    CHECK(!(square.mapping() == term.mapping()));
+    const auto square_ids = square.bucket_ids(2, 3);
+    CHECK(square_ids.get() != small_ids.get());
+    CHECK(rpe_test::ids_matrix(*square_ids) == rpe_test::ids_matrix(*small_ids));
+}

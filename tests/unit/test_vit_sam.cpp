@@ -337,3 +337,79 @@ TEST_CASE("decomposed rel pos: errors name the parameter and its value") {
     CHECK(throws_with([&] { rpe::vit::load_decomposed_rel_pos_backward<float>(cfg, {cview(t0, {1, 2, 5}), cview(t1, {1, 2, 5})}, mview(rh, {3, 2}), mview(rh, {3, 2})); },
                       {"grad_rel_pos_h overlaps grad_rel_pos_w"}));
 }
+
+TEST_CASE("decomposed rel pos: a term is bounded to its grid (a larger grid is refused, a smaller one reads its buckets)") {
+    using rpe_test::throws_with;
+    // built for 4 x 6 (beta = 5): SAM's tables hold rows for |drow| <= 3 and |dcol| <= 5 only
+    const rpe::vit::decomposed_rel_pos_config cfg{.height = 4, .width = 6, .num_heads = 2, .head_dim = 3};
+    const auto term = rpe::vit::make_decomposed_rel_pos_term<double>(cfg);
+    const auto shape = term.table_shape();  // (1, 3, 11)
+    std::vector<double> t0(33), t1(33);
+    const auto rel_h = rpe_test::random_normal<double>(7 * 3, 41), rel_w = rpe_test::random_normal<double>(11 * 3, 42);
+    rpe::vit::load_decomposed_rel_pos<double>(cfg, cview(rel_h, {7, 3}), cview(rel_w, {11, 3}), {mview(t0, shape), mview(t1, shape)});
+    const auto tables = std::array<rpe::tensor_ref<const double>, 2>{cview(t0, shape), cview(t1, shape)};
+
+    // taller (5 x 6, still within beta) or wider (4 x 7): the bucket ids, the cache and the term refuse
+    CHECK(throws_with([&] { (void)term.bucket_ids(5, 6); },
+                      {"[rpe.mapping.within_grid]", "grid = 5x6 is larger than the 4x6 grid the term was built for"}));
+    CHECK(throws_with([&] { (void)term.bucket_ids(4, 7); }, {"[rpe.mapping.within_grid]", "grid = 4x7", "expected height <= 4 and width <= 6"}));
+    CHECK(throws_with([&] { (void)rpe::bucket_cache::global().get(term.mapping(), 6, 6, 0); }, {"grid = 6x6"}));
+    CHECK(throws_with([&] { (void)rpe::build_bucket_ids(term.mapping(), 5, 5, 1); }, {"grid = 5x5"}));
+    // ids of the unbounded Cross (or of another bound) on the larger grid are another mapping's
+    const std::int64_t lbig = 5 * 6;
+    std::vector<double> x(static_cast<std::size_t>(2 * lbig * 3), 1.0), out(static_cast<std::size_t>(2 * lbig * lbig));
+    const auto unbounded = rpe::build_bucket_ids(term.mapping().inner, 5, 6, 0);
+    const auto other_bound = rpe::build_bucket_ids(rpe::vit::decomposed_rel_pos_mapping(5, 6), 5, 6, 0);
+    for (const auto* ids : {unbounded.get(), other_bound.get()})
+        CHECK(throws_with([&] { term.forward(*ids, tables, cview(x, {1, 2, lbig, 3}), mview(out, {1, 2, lbig, lbig}), rpe::write::overwrite); },
+                          {"[rpe.term]", "built for another mapping"}));
+    // the fused and the composed attention on the larger grid
+    const auto any = rpe::make_any_term(term);
+    rpe::attention_inputs<double> in;
+    in.q = in.k = in.v = cview(x, {1, 2, lbig, 3});
+    in.height = 5;
+    in.width = 6;
+    in.rpe_k = {any.get(), {tables[0], tables[1]}, {}};
+    std::vector<double> o(x.size()), attn(out.size());
+    CHECK(throws_with([&] { rpe::attention_forward<double>(in, mview(o, {1, 2, lbig, 3})); }, {"[rpe.mapping.within_grid]", "grid = 5x6"}));
+    CHECK(throws_with([&] { rpe::composed_attention_forward<double>(in, mview(o, {1, 2, lbig, 3}), mview(attn, {1, 2, lbig, lbig})); },
+                      {"grid = 5x6"}));
+
+    // a smaller grid (3 x 4) reads the 4 x 6 grid's buckets: the term on it equals the full grid's
+    // term at the same tokens (query/key token (r, c) -> r * 6 + c)
+    const auto big_ids = term.bucket_ids(4, 6), small_ids = term.bucket_ids(3, 4);
+    const std::int64_t lb = 24, ls = 12;
+    const auto xb = rpe_test::random_normal<double>(static_cast<std::size_t>(2 * lb * 3), 43);
+    std::vector<double> xs(static_cast<std::size_t>(2 * ls * 3));
+    const auto big_token = [](std::int64_t i) { return (i / 4) * 6 + i % 4; };
+    for (std::int64_t h = 0; h < 2; ++h)
+        for (std::int64_t i = 0; i < ls; ++i)
+            for (std::int64_t d = 0; d < 3; ++d)
+                xs[static_cast<std::size_t>((h * ls + i) * 3 + d)] = xb[static_cast<std::size_t>((h * lb + big_token(i)) * 3 + d)];
+    std::vector<double> ob(static_cast<std::size_t>(2 * lb * lb)), os(static_cast<std::size_t>(2 * ls * ls));
+    term.forward(*big_ids, tables, cview(xb, {1, 2, lb, 3}), mview(ob, {1, 2, lb, lb}), rpe::write::overwrite);
+    term.forward(*small_ids, tables, cview(xs, {1, 2, ls, 3}), mview(os, {1, 2, ls, ls}), rpe::write::overwrite);
+    const auto rows_big = rpe_test::ids_matrix(*big_ids, 0), cols_big = rpe_test::ids_matrix(*big_ids, 1);
+    const auto rows_small = rpe_test::ids_matrix(*small_ids, 0), cols_small = rpe_test::ids_matrix(*small_ids, 1);
+    int id_mismatches = 0, value_mismatches = 0;
+    for (std::int64_t i = 0; i < ls; ++i)
+        for (std::int64_t j = 0; j < ls; ++j) {
+            const auto s = static_cast<std::size_t>(i * ls + j), b = static_cast<std::size_t>(big_token(i) * lb + big_token(j));
+            id_mismatches += rows_small[s] != rows_big[b] || cols_small[s] != cols_big[b];
+            id_mismatches += rows_small[s] != (i / 4 - j / 4) + 5 || cols_small[s] != (i % 4 - j % 4) + 5;
+            for (std::size_t h = 0; h < 2; ++h)
+                value_mismatches += std::fabs(os[h * ls * ls + s] - ob[h * lb * lb + b]) > 1e-12;  // rounding of q·T may vary with L
+        }
+    CHECK(id_mismatches == 0);
+    CHECK(value_mismatches == 0);
+    CHECK(rpe_test::max_abs_diff(os, std::vector<double>(os.size(), 0.0)) > 0.1);  // not trivially zero
+    // the bound is part of the cache key: a 4 x 6 and a 6 x 6 term (same beta = 5) keep their own ids
+    const auto wider = rpe::vit::make_decomposed_rel_pos_term<double>({.height = 6, .width = 6, .num_heads = 2, .head_dim = 3});
+    CHECK(!(wider.mapping() == term.mapping()));
+    CHECK(wider.mapping().inner == term.mapping().inner);
+    const auto wider_ids = wider.bucket_ids(3, 4);
+    CHECK(wider_ids.get() != small_ids.get());
+    CHECK(rpe_test::ids_matrix(*wider_ids, 0) == rows_small);
+    CHECK(throws_with([] { rpe::mapping::within_grid<rpe::mapping::cross<rpe::index::clip>>{.height = 0, .width = 2}.validate(); },
+                      {"[rpe.mapping.within_grid]", "height = 0"}));
+}

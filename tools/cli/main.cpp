@@ -185,8 +185,8 @@ mapping_config mapping_config::for_grid(const grid_size& g) const {
     if (c.window.height == 0) c.window = g;  // swin, beit, swinv2: the window defaults to the grid
     if (c.vit == vit_kind::none) return c;
     try {  // decomposed, alibi2d: one bucket per offset of this grid
-        c.spec.beta = c.vit == vit_kind::decomposed ? rpe::vit::decomposed_rel_pos_mapping(g.height, g.width).index.beta
-                                                    : rpe::vit::alibi_2d_mapping(g.height, g.width).index.beta;
+        c.spec.beta = c.vit == vit_kind::decomposed ? rpe::vit::decomposed_rel_pos_mapping(g.height, g.width).inner.index.beta
+                                                    : rpe::vit::alibi_2d_mapping(g.height, g.width).inner.index.beta;
     } catch (const rpe::invalid_argument& e) {
         throw usage_error("--grid", e.what());
     }

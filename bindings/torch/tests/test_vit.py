@@ -484,3 +484,37 @@ def test_sam_alibi_errors():
         rt.attention(q, q, q, rpe_k=rt.ALiBi2D(4, 2, 3))
     with pytest.raises(TypeError, match=r"\[rpe\.torch\] rpe_k is a Linear"):
         rt.attention(q, q, q, rpe_k=torch.nn.Linear(2, 2))
+
+
+def test_sam_alibi_terms_are_bounded_to_their_grid():
+    """A decomposed / alibi term built for 3x5 refuses a taller or wider grid (the clip index would
+    merge far offsets) and on a smaller grid gives the full grid's values at the same tokens."""
+    table = rt.ALiBi2D(2, 3, 5).table  # (2, 81): built for 3x5
+    for h, w in [(4, 5), (3, 6), (5, 3)]:
+        with pytest.raises(ValueError, match=rf"\[rpe\.mapping\.within_grid\] grid = {h}x{w} is larger than the 3x5 grid "
+                                             r"the term was built for"):
+            torch.ops.rpe.term_forward(None, [table], "alibi", "bias", "k", 3, 5, 0, 0, h, w)
+    x = torch.zeros(1, 2, 20, 4)
+    with pytest.raises(ValueError, match=r"\[rpe\.mapping\.within_grid\] grid = 4x5"):
+        rt.attention(x, x, x, rpe_k=rt.TermSlot("alibi", [table], (3, 5)), height=4, width=5)
+    rows = torch.zeros(1, 4, 9)
+    with pytest.raises(ValueError, match=r"\[rpe\.mapping\.within_grid\] grid = 3x6 is larger than the 3x5 grid"):
+        torch.ops.rpe.term_forward(torch.zeros(1, 2, 18, 4), [rows, rows], "decomposed", "contextual", "k", 3, 5, 0, 0, 3, 6)
+    # a 2x3 grid: the 3x5 bias at tokens (r, c) -> r*5 + c, which is -slope * distance
+    big = rt.TermSlot("alibi", [table], (3, 5))()[0]  # (2, 15, 15)
+    small = rt.TermSlot("alibi", [table], (3, 5))(height=2, width=3)[0]  # (2, 6, 6)
+    tok = torch.tensor([r * 5 + c for r in range(2) for c in range(3)])
+    assert torch.equal(small, big[:, tok][:, :, tok])
+    rr, cc = torch.meshgrid(torch.arange(2), torch.arange(3), indexing="ij")
+    dist = torch.cdist(torch.stack([rr.flatten(), cc.flatten()], 1).double(), torch.stack([rr.flatten(), cc.flatten()], 1).double())
+    want = -torch.tensor(rt.alibi_slopes(2), dtype=F64)[:, None, None] * dist
+    assert_close(small, want, 1e-6, 1e-6, "alibi bias on the smaller grid")
+    # decomposed: the 2x3 term of q equals the 3x5 term's rows/cols at those tokens
+    rel_h, rel_w = torch.randn(5, 4, dtype=F64), torch.randn(9, 4, dtype=F64)
+    tables = torch.ops.rpe.decomposed_tables(rel_h, rel_w, 3, 5, 0, True)
+    slot = rt.TermSlot("decomposed", list(tables), (3, 5))
+    q_big = torch.randn(1, 2, 15, 4, dtype=F64)
+    out_big = slot(q_big)
+    out_small = slot(q_big[:, :, tok], height=2, width=3)
+    # (the q·table products may round differently with L: equal to float64 rounding)
+    assert_close(out_small, out_big[:, :, tok][:, :, :, tok], 1e-12, 1e-12, "decomposed term on the smaller grid")

@@ -9,9 +9,12 @@
 /// term and the bucket cache run it unchanged. Nothing learns it: pass no `grad_tables` for it
 /// (q, k, v still get their gradients through it).
 ///
-/// Limits: a term built for an H × W grid must not run on a larger grid (the clip index would
-/// merge far offsets into the edge buckets and give them a wrong distance): build it for the grid
-/// it runs on. CROMA uses square grids; rpe allows H ≠ W with the same formula.
+/// Limits: the mapping is bounded to the H × W grid it was built for (mapping::within_grid): a
+/// taller or wider grid, where the clip index would merge far offsets into the edge buckets and
+/// give them a wrong distance, is rejected with `[rpe.mapping.within_grid] grid = ... is larger
+/// than the HxW grid the term was built for` by the bucket ids, the cache and the attention; a
+/// smaller grid reads a subset of the buckets (the same bias as on the full grid).
+/// CROMA uses square grids; rpe allows H ≠ W with the same formula.
 /// Source: antofuller/CROMA `use_croma.py` (`get_2dalibi` and its `get_slopes`); Fuller et al.,
 /// CROMA (NeurIPS 2023); Press et al., ALiBi (ICLR 2022).
 #pragma once
@@ -24,6 +27,7 @@
 #include "../error.hpp"
 #include "../index/clip.hpp"
 #include "../mapping/product.hpp"
+#include "../mapping/within_grid.hpp"
 #include "../mode.hpp"
 #include "../tensor.hpp"
 #include "../term.hpp"
@@ -56,19 +60,28 @@ inline std::vector<double> alibi_slopes(int num_heads) {
     return out;
 }
 
+/// @brief The mapping type of 2D ALiBi: Product with a clip index, bounded to the grid it was
+/// built for.
+using alibi_2d_mapping_type = mapping::within_grid<mapping::product<index::clip>>;
+static_assert(Mapping<alibi_2d_mapping_type> && alibi_2d_mapping_type::num_tables == 1);
+
 /// @brief The mapping of 2D ALiBi on an H × W grid: `mapping::product<index::clip>` with
-/// β = max(H, W) − 1, so bucket `(Δr + β)·(2β + 1) + (Δc + β)` is offset (Δr, Δc) alone.
+/// β = max(H, W) − 1, so bucket `(Δr + β)·(2β + 1) + (Δc + β)` is offset (Δr, Δc) alone, in
+/// `mapping::within_grid{.height = H, .width = W}`, which rejects a taller or wider grid.
 /// @throws rpe::invalid_argument `[rpe.vit.alibi] height = ...` for a side < 1 or > 2^15 (the
 ///   (2β+1)² buckets must fit in int).
-inline mapping::product<index::clip> alibi_2d_mapping(int height, int width) {
+inline alibi_2d_mapping_type alibi_2d_mapping(int height, int width) {
     detail::require(height >= 1 && height <= (1 << 15), "vit.alibi", "height = ", height, "; expected 1 <= height <= 2^15");
     detail::require(width >= 1 && width <= (1 << 15), "vit.alibi", "width = ", width, "; expected 1 <= width <= 2^15");
-    return mapping::product<index::clip>{index::clip{static_cast<double>((height > width ? height : width) - 1)}};
+    return {.inner = mapping::product<index::clip>{index::clip{static_cast<double>((height > width ? height : width) - 1)}},
+            .height = height,
+            .width = width};
 }
 
-/// @brief The term type of 2D ALiBi: bias mode on keys of the product mapping (clip index).
+/// @brief The term type of 2D ALiBi: bias mode on keys of the product mapping (clip index, bounded
+/// to its grid).
 template <class S = float>
-using alibi_2d_term = term<mapping::product<index::clip>, mode::bias, target::key, S>;
+using alibi_2d_term = term<alibi_2d_mapping_type, mode::bias, target::key, S>;
 
 /// @brief Configuration of 2D ALiBi.
 struct alibi_2d_config {
@@ -101,7 +114,7 @@ void alibi_2d_table(const alibi_2d_config& c, tensor_ref<S> table) {
     const auto m = alibi_2d_mapping(c.height, c.width);
     const auto slopes = alibi_slopes(c.num_heads);
     detail::require(c.skip >= 0, "vit.alibi", "skip = ", c.skip, "; expected >= 0");
-    const std::int64_t k = m.num_buckets() + (c.skip > 0 ? 1 : 0), b = m.index.beta_int();
+    const std::int64_t k = m.num_buckets() + (c.skip > 0 ? 1 : 0), b = m.inner.index.beta_int();
     detail::check_shape(table, {c.num_heads, k}, "vit.alibi", "table");
     detail::check_nonnull(table, "vit.alibi", "table");
     for (int h = 0; h < c.num_heads; ++h) {

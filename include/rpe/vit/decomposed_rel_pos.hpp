@@ -15,8 +15,11 @@
 ///
 /// Limits: query and key grids of one size only (rpe's attention has one token grid). MViTv2's
 /// pooled attention (q_size ≠ k_size, scaled coordinates in `get_rel_pos`) is not supported:
-/// a term covers one H × W grid for both. A term built for H × W must not be used on a larger grid
-/// (the clip index would merge the far offsets): build it for the grid it runs on.
+/// a term covers one H × W grid for both. The mapping is bounded to the grid it was built for
+/// (mapping::within_grid): a taller or wider grid, where the clip index would merge the far
+/// offsets, is rejected with `[rpe.mapping.within_grid] grid = ... is larger than the HxW grid the
+/// term was built for` by the bucket ids, the cache and the attention; a smaller grid reads a subset
+/// of the buckets (unused rows of SAM's tables then stay unread).
 /// Source: facebookresearch/segment-anything `segment_anything/modeling/image_encoder.py`
 /// (`get_rel_pos`, `add_decomposed_rel_pos`, `Attention`); Li et al., MViTv2 (CVPR 2022).
 #pragma once
@@ -33,25 +36,35 @@
 #include "../error.hpp"
 #include "../index/clip.hpp"
 #include "../mapping/cross.hpp"
+#include "../mapping/within_grid.hpp"
 #include "../mode.hpp"
 #include "../tensor.hpp"
 #include "../term.hpp"
 
 namespace rpe::vit {
 
+/// @brief The mapping type of a decomposed relative position: Cross with a clip index, bounded to
+/// the grid it was built for.
+using decomposed_rel_pos_mapping_type = mapping::within_grid<mapping::cross<index::clip>>;
+static_assert(Mapping<decomposed_rel_pos_mapping_type> && decomposed_rel_pos_mapping_type::num_tables == 2);
+
 /// @brief The mapping of a decomposed relative position on an H × W grid:
 /// `mapping::cross<index::clip>{clip{β = max(H, W) − 1}}` (ids Δrow + β and Δcol + β; no offset of
-/// the grid is clipped).
+/// the grid is clipped) in `mapping::within_grid{.height = H, .width = W}`, which rejects a taller
+/// or wider grid.
 /// @throws rpe::invalid_argument `[rpe.vit.decomposed] height = ...` for a side < 1 or > 2^29.
-inline mapping::cross<index::clip> decomposed_rel_pos_mapping(int height, int width) {
+inline decomposed_rel_pos_mapping_type decomposed_rel_pos_mapping(int height, int width) {
     rpe::detail::require(height >= 1 && height <= (1 << 29), "vit.decomposed", "height = ", height, "; expected 1 <= height <= 2^29");
     rpe::detail::require(width >= 1 && width <= (1 << 29), "vit.decomposed", "width = ", width, "; expected 1 <= width <= 2^29");
-    return mapping::cross<index::clip>{index::clip{static_cast<double>((height > width ? height : width) - 1)}};
+    return {.inner = mapping::cross<index::clip>{index::clip{static_cast<double>((height > width ? height : width) - 1)}},
+            .height = height,
+            .width = width};
 }
 
-/// @brief The term type of a decomposed relative position: contextual Cross (clip index) on keys.
+/// @brief The term type of a decomposed relative position: contextual Cross (clip index, bounded
+/// to its grid) on keys.
 template <class S = float>
-using decomposed_rel_pos_term = term<mapping::cross<index::clip>, mode::contextual, target::key, S>;
+using decomposed_rel_pos_term = term<decomposed_rel_pos_mapping_type, mode::contextual, target::key, S>;
 
 /// @brief Configuration of a decomposed relative position (SAM `Attention(use_rel_pos=True)`).
 struct decomposed_rel_pos_config {
