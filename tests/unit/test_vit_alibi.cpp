@@ -235,6 +235,9 @@ TEST_CASE("2D ALiBi: errors name the parameter and its value") {
     CHECK(throws_with([] { (void)rpe::vit::alibi_slopes(0); }, {"[rpe.vit.alibi]", "num_heads = 0"}));
     CHECK(throws_with([] { (void)rpe::vit::alibi_2d_mapping(0, 3); }, {"[rpe.vit.alibi]", "height = 0"}));
     CHECK(throws_with([] { (void)rpe::vit::alibi_2d_mapping(3, 40000); }, {"width = 40000"}));
+    // (2·max(H, W) − 1)² buckets must fit in int: 23170 is the largest side (review: 23171 overflowed in product.hpp)
+    CHECK(throws_with([] { (void)rpe::vit::alibi_2d_mapping(1, 23171); }, {"width = 23171", "<= 23170"}));
+    CHECK(rpe::vit::alibi_2d_mapping(1, 23170).num_buckets() == 46339 * 46339);
     CHECK(throws_with([] { (void)rpe::vit::alibi_2d_table<float>({.height = 2, .width = 2, .num_heads = -1, .head_dim = 2}); },
                       {"num_heads = -1"}));
     CHECK(throws_with([] { (void)rpe::vit::alibi_2d_table<float>({.height = 2, .width = 2, .num_heads = 2, .head_dim = 2, .skip = -1}); },

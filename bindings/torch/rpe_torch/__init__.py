@@ -475,6 +475,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     if q.dim() != 4:
         raise ValueError(f"[rpe.torch] q has shape {tuple(q.shape)}; expected (B, H, L, D)")
     L, D = q.shape[2], q.shape[3]
+    if D < 1:
+        raise ValueError(f"[rpe.torch] q has shape {tuple(q.shape)}; expected D >= 1")
     if scale is None:
         scale = D ** -0.5
     methods, modes, params, counts, tables = [], [], [], [], []

@@ -12,6 +12,7 @@ Mixed frequencies, the bias tables, the CPB MLP's output, SAM's two tables) and 
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import nn
@@ -25,6 +26,16 @@ __all__ = [
     "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
     "ALiBi2D", "alibi_slopes", "TermSlot",
 ]
+
+
+def _count(v, name, low=1, high=1 << 30):
+    """An int in [low, high] (a head count, head_dim, grid side, length); ValueError / TypeError
+    naming the parameter otherwise."""
+    if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+        raise TypeError(f"[rpe.torch] {name} = {v!r}; expected an int")
+    if not low <= v <= high:
+        raise ValueError(f"[rpe.torch] {name} = {v}; expected {low} <= {name} <= {high}")
+    return int(v)
 
 
 def _pair(v, name):
@@ -136,6 +147,9 @@ class RoPEMixed(_RoPE):
 
     def __init__(self, num_heads, head_dim, theta=10.0, skip=0, rotate=True):
         super().__init__(skip)
+        _count(num_heads, "num_heads")
+        if _count(head_dim, "head_dim", 2) % 2:
+            raise ValueError(f"[rpe.torch] head_dim = {head_dim}; expected an even number (RoPE-Mixed rotates pairs)")
         angles = torch.rand(num_heads) * 2 * math.pi if rotate else torch.zeros(num_heads)
         self.freqs = nn.Parameter(_ops.rope_mixed_init(float(theta), int(head_dim), angles))
 
@@ -194,7 +208,12 @@ class TermSlot:
     ``TermSlot("swin", [cpb_table(raw, ws)], ws)``. Shapes are checked by the operators."""
 
     def __init__(self, method, tables, window, skip=0, mode=None, grid=None):
-        self.method, self.tables = method, list(tables)
+        if method not in ("swin", "beit", "alibi", "decomposed"):
+            raise ValueError(f"[rpe.torch] method = {method!r}; expected 'swin', 'beit', 'alibi' or 'decomposed'")
+        tables = list(tables)
+        if not tables or not all(isinstance(t, torch.Tensor) for t in tables):
+            raise TypeError(f"[rpe.torch] tables = {tables!r}; expected a non-empty list of tensors")
+        self.method, self.tables = method, tables
         self.window = _pair(window, "window")
         self.skip = skip
         self.mode = mode or ("contextual" if method == "decomposed" else "bias")
@@ -213,6 +232,10 @@ class TermSlot:
 
     def forward(self, x=None, height=None, width=None):
         """The term's output: bias (1, Ht, L, L), or for decomposed (B, H, L, L) from x (B, H, L, D)."""
+        if (height is None) != (width is None):
+            raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither")
+        if self.mode == "contextual" and x is None:
+            raise ValueError(f"[rpe.torch] x is None; expected (B, H, L, D) queries for the {self.method} term")
         L = x.shape[2] if x is not None else None
         if L is None:
             h, w = (height, width) if height is not None else (self.grid or self.window)
@@ -270,7 +293,7 @@ class RelPosBias(nn.Module):
         self.skip = (1 if kind == "beit" else 0) if skip is None else skip
         if not isinstance(self.skip, int) or self.skip < 0:
             raise ValueError(f"[rpe.torch] skip = {self.skip!r}; expected an int >= 0")
-        self.num_heads, self.timm_layout = num_heads, timm_layout
+        self.num_heads, self.timm_layout = _count(num_heads, "num_heads"), timm_layout
         k = int(_ops.num_buckets(kind, float(self.window_size[0]), float(self.window_size[1]), 0.0, self.skip))
         if timm_layout:
             self.relative_position_bias_table = nn.Parameter(torch.zeros(k, num_heads))
@@ -299,7 +322,8 @@ def relative_log_coords(window_size, pretrained_window_size=(0, 0), mode="swin")
     """SwinV2's log-spaced relative coordinates (rpe::relative_log_coords): a (K, 2) float32
     tensor, K = (2Wh−1)(2Ww−1) in Swin's bucket order, (dr, dc) per row — the CPB MLP's input
     (timm's ``relative_coords_table`` flattened). ``pretrained_window_size`` (0, 0): normalise by
-    this window; ``mode`` "swin" or "cr". Raises ValueError with the library's message."""
+    this window; ``mode`` "swin" or "cr" (like timm's, "cr" ignores ``pretrained_window_size``).
+    Raises ValueError with the library's message."""
     wh, ww = _pair(window_size, "window_size")
     ph, pw = _pair(pretrained_window_size, "pretrained_window_size")
     return _ops.relative_log_coords(wh, ww, ph, pw, mode)
@@ -361,7 +385,7 @@ def resize_rel_pos(rel_pos, length):
     _check_cpu("rel_pos", rel_pos)
     if rel_pos.dim() != 2:
         raise ValueError(f"[rpe.torch] rel_pos has shape {tuple(rel_pos.shape)}; expected (length, C)")
-    return _Resize.apply(rel_pos, int(length))
+    return _Resize.apply(rel_pos, _count(length, "length", 1, 1 << 20))
 
 
 class _DecomposedTables(torch.autograd.Function):
@@ -396,6 +420,10 @@ def decomposed_rel_pos(q, rel_pos_h, rel_pos_w, height, width, skip=0):
     ``get_rel_pos`` when Lh ≠ 2H−1 / Lw ≠ 2W−1); L = skip + H·W (skip tokens get 0). rpe's
     "decomposed" term (rpe::vit); differentiable in q and both tables."""
     _check_cpu("q", q)
+    for name, t in (("rel_pos_h", rel_pos_h), ("rel_pos_w", rel_pos_w)):
+        if q.dim() == 4 and t.dim() == 2 and t.shape[1] != q.shape[3]:
+            raise ValueError(f"[rpe.torch] {name} has shape {tuple(t.shape)}; expected C = {q.shape[3]} columns, "
+                             "the head_dim of q")
     tables = _decomposed_tables(rel_pos_h, rel_pos_w, height, width, skip, False)
     return term(q, tables, "decomposed", "contextual", "k", float(height), float(width), 0.0, skip, height, width)
 
@@ -409,8 +437,12 @@ class DecomposedRelPos(nn.Module):
 
     def __init__(self, height, width, head_dim, rel_pos_lengths=None, skip=0):
         super().__init__()
-        self.height, self.width, self.skip = int(height), int(width), int(skip)
+        self.height, self.width = _count(height, "height"), _count(width, "width")
+        self.skip = _count(skip, "skip", 0)
+        _count(head_dim, "head_dim")
         lh, lw = rel_pos_lengths if rel_pos_lengths is not None else (2 * height - 1, 2 * width - 1)
+        _count(lh, "rel_pos_lengths[0]", 1, 1 << 20)
+        _count(lw, "rel_pos_lengths[1]", 1, 1 << 20)
         self.rel_pos_h = nn.Parameter(torch.zeros(lh, head_dim))
         self.rel_pos_w = nn.Parameter(torch.zeros(lw, head_dim))
 
@@ -443,6 +475,8 @@ class ALiBi2D(nn.Module):
 
     def __init__(self, num_heads, height, width, skip=0, dtype=torch.float32):
         super().__init__()
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"[rpe.torch] dtype = {dtype}; expected torch.float32 or torch.float64")
         self.num_heads, self.height, self.width, self.skip = int(num_heads), int(height), int(width), int(skip)
         self.register_buffer("table", _ops.alibi_2d_table(self.num_heads, self.height, self.width, self.skip,
                                                           dtype == torch.float64))

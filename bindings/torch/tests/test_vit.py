@@ -466,17 +466,17 @@ def test_swinv2_errors():
 
 def test_sam_alibi_errors():
     q = torch.zeros(1, 2, 6, 3)
-    with pytest.raises(ValueError, match=r"\[rpe\.vit\.decomposed\] rel_pos_w has shape \(5, 2\); expected C = head_dim = 3"):
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rel_pos_w has shape \(5, 2\); expected C = 3 columns, the head_dim of q"):
         rt.decomposed_rel_pos(q, torch.zeros(3, 3), torch.zeros(5, 2), 2, 3)
     with pytest.raises(ValueError, match=r"\[rpe\.vit\.decomposed\] height = 0; expected 1 <= height"):
         rt.decomposed_rel_pos(q, torch.zeros(3, 3), torch.zeros(5, 3), 0, 3)
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] length = 0; expected >= 1"):
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] length = 0; expected 1 <= length"):
         rt.resize_rel_pos(torch.zeros(3, 2), 0)
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] height = 3, width = 2; this DecomposedRelPos is built for 2x3"):
         rt.attention(q, q, q, rpe_k=rt.DecomposedRelPos(2, 3, 3), height=3, width=2)
     with pytest.raises(ValueError, match=r"\[rpe\.vit\.alibi\] num_heads = 0; expected 1 <= num_heads <= 2\^20"):
         rt.ALiBi2D(0, 3, 3)
-    with pytest.raises(ValueError, match=r"\[rpe\.vit\.alibi\] height = 0; expected 1 <= height <= 2\^15"):
+    with pytest.raises(ValueError, match=r"\[rpe\.vit\.alibi\] height = 0; expected 1 <= height <= 23170"):
         rt.ALiBi2D(2, 0, 3)
     with pytest.raises(ValueError, match=r"\[rpe\.vit\.alibi\] num_heads = -1"):
         rt.alibi_slopes(-1)
@@ -518,3 +518,29 @@ def test_sam_alibi_terms_are_bounded_to_their_grid():
     out_small = slot(q_big[:, :, tok], height=2, width=3)
     # (the q·table products may round differently with L: equal to float64 rounding)
     assert_close(out_small, out_big[:, :, tok][:, :, :, tok], 1e-12, 1e-12, "decomposed term on the smaller grid")
+
+
+def test_module_arguments_are_checked_with_named_errors():
+    # found by a fresh-user review: these raised RuntimeError from torch or built silently
+    cases = [
+        (lambda: rt.RoPEMixed(-1, 8), ValueError, r"num_heads = -1"),
+        (lambda: rt.RoPEMixed(0, 8), ValueError, r"num_heads = 0"),
+        (lambda: rt.RoPEMixed(2, 7), ValueError, r"head_dim = 7; expected an even number"),
+        (lambda: rt.RelPosBias((3, 3), -2), ValueError, r"num_heads = -2"),
+        (lambda: rt.DecomposedRelPos(0, 4, 8), ValueError, r"height = 0"),
+        (lambda: rt.DecomposedRelPos(4, -1, 8), ValueError, r"width = -1"),
+        (lambda: rt.DecomposedRelPos(4, 4, 8, rel_pos_lengths=(0, 7)), ValueError, r"rel_pos_lengths\[0\] = 0"),
+        (lambda: rt.resize_rel_pos(torch.zeros(5, 2), 2 ** 40), ValueError, r"length = 1099511627776"),
+        (lambda: rt.ALiBi2D(1, 23171, 23171), ValueError, r"height = 23171"),
+        (lambda: rt.ALiBi2D(2, 3, 3, dtype=torch.float16), TypeError, r"dtype = torch.float16"),
+        (lambda: rt.TermSlot("swin", [], (3, 4)), TypeError, r"tables = \[\]"),
+        (lambda: rt.TermSlot("swim", [torch.zeros(1, 35)], (3, 4)), ValueError, r"method = 'swim'"),
+        (lambda: rt.TermSlot("swin", [torch.zeros(1, 35)], (3, 4))(None, 3, None), ValueError, r"give both or neither"),
+        (lambda: rt.attention(*(torch.zeros(1, 1, 4, 0) for _ in range(3))), ValueError, r"expected D >= 1"),
+        (lambda: rt.decomposed_rel_pos(torch.zeros(1, 1, 4, 8), torch.zeros(3, 6), torch.zeros(3, 6), 2, 2), ValueError,
+         r"rel_pos_h has shape \(3, 6\); expected C = 8"),
+    ]
+    for make, error, pattern in cases:
+        with pytest.raises(error, match=pattern) as info:
+            make()
+        assert "[rpe." in str(info.value), str(info.value)

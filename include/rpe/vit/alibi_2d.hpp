@@ -68,11 +68,12 @@ static_assert(Mapping<alibi_2d_mapping_type> && alibi_2d_mapping_type::num_table
 /// @brief The mapping of 2D ALiBi on an H × W grid: `mapping::product<index::clip>` with
 /// β = max(H, W) − 1, so bucket `(Δr + β)·(2β + 1) + (Δc + β)` is offset (Δr, Δc) alone, in
 /// `mapping::within_grid{.height = H, .width = W}`, which rejects a taller or wider grid.
-/// @throws rpe::invalid_argument `[rpe.vit.alibi] height = ...` for a side < 1 or > 2^15 (the
+/// @throws rpe::invalid_argument `[rpe.vit.alibi] height = ...` for a side < 1 or > 23170 (the
 ///   (2β+1)² buckets must fit in int).
 inline alibi_2d_mapping_type alibi_2d_mapping(int height, int width) {
-    detail::require(height >= 1 && height <= (1 << 15), "vit.alibi", "height = ", height, "; expected 1 <= height <= 2^15");
-    detail::require(width >= 1 && width <= (1 << 15), "vit.alibi", "width = ", width, "; expected 1 <= width <= 2^15");
+    // (2·max(H, W) − 1)² buckets must fit in int: max(H, W) <= 23170
+    detail::require(height >= 1 && height <= 23170, "vit.alibi", "height = ", height, "; expected 1 <= height <= 23170");
+    detail::require(width >= 1 && width <= 23170, "vit.alibi", "width = ", width, "; expected 1 <= width <= 23170");
     return {.inner = mapping::product<index::clip>{index::clip{static_cast<double>((height > width ? height : width) - 1)}},
             .height = height,
             .width = width};
