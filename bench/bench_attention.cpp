@@ -61,9 +61,12 @@ struct attention_case : attention_config {
         const char letters[3] = {'q', 'k', 'v'};
         for (int t = 0; t < 3; ++t) {
             if (rpe_on.find(letters[t]) == std::string::npos) continue;
-            if (t == 0) terms[t] = rpe::make_any_term(ctx_term<rpe::target::query>(m, h, d, true, 1));
-            if (t == 1) terms[t] = rpe::make_any_term(ctx_term<rpe::target::key>(m, h, d, true, 1));
-            if (t == 2) terms[t] = rpe::make_any_term(ctx_term<rpe::target::value>(m, h, d, true, 1));
+            if (t == 0) terms[t] = rpe::make_any_term(ctx_term<rpe::target::query>(m,
+                {.num_heads = h, .head_dim = d, .skip = 1}));
+            if (t == 1) terms[t] = rpe::make_any_term(ctx_term<rpe::target::key>(m,
+                {.num_heads = h, .head_dim = d, .skip = 1}));
+            if (t == 2) terms[t] = rpe::make_any_term(ctx_term<rpe::target::value>(m,
+                {.num_heads = h, .head_dim = d, .skip = 1}));
             const auto shape = terms[t]->table_shape();
             tables[t].resize(static_cast<std::size_t>(shape[0] * shape[1] * shape[2]));
             for (auto& e : tables[t]) e = 0.1f * normal(rng);

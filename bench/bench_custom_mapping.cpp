@@ -44,8 +44,10 @@ void BM_CustomMapping_Attention(benchmark::State& state) {
     const int b = 8, h = 6, d = 64, n = static_cast<int>(state.range(0));
     const std::int64_t l = 1 + static_cast<std::int64_t>(n) * n;
     const M m = make_mapping<M>();
-    const auto rpe_k = rpe::make_any_term(rpe::term<M, rpe::mode::contextual, rpe::target::key>(m, h, d, true, 1));
-    const auto rpe_v = rpe::make_any_term(rpe::term<M, rpe::mode::contextual, rpe::target::value>(m, h, d, true, 1));
+    const auto rpe_k = rpe::make_any_term(rpe::term<M, rpe::mode::contextual, rpe::target::key>(m,
+        {.num_heads = h, .head_dim = d, .skip = 1}));
+    const auto rpe_v = rpe::make_any_term(rpe::term<M, rpe::mode::contextual, rpe::target::value>(m,
+        {.num_heads = h, .head_dim = d, .skip = 1}));
     const std::int64_t k = rpe_k->num_buckets();
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -63,8 +65,8 @@ void BM_CustomMapping_Attention(benchmark::State& state) {
     in.v = {v.data(), {b, h, l, d}};
     in.height = n;
     in.width = n;
-    in.rpe_k = {rpe_k.get(), {{tk.data(), {1, d, k}}}, {}};
-    in.rpe_v = {rpe_v.get(), {{tv.data(), {1, k, d}}}, {}};
+    in.rpe_k = {.term = rpe_k.get(), .tables = {{tk.data(), {1, d, k}}}, .grad_tables = {}};
+    in.rpe_v = {.term = rpe_v.get(), .tables = {{tv.data(), {1, k, d}}}, .grad_tables = {}};
     (void)rpe_k->bucket_ids(n, n);  // warm cache
     for (auto _ : state) {
         rpe::attention_forward(in, {out.data(), {b, h, l, d}});

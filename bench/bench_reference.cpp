@@ -34,7 +34,7 @@ using ctx_term = rpe::term<product, rpe::mode::contextual, T, float>;
 using bias_term = rpe::term<product, rpe::mode::bias, rpe::target::key, float>;
 
 void ctx_k(benchmark::State& state, bool with_backward) {
-    const ctx_term<rpe::target::key> term(ratio_1_9(), h, d, true, skip);
+    const ctx_term<rpe::target::key> term(ratio_1_9(), {.num_heads = h, .head_dim = d, .skip = skip});
     const auto ids = term.bucket_ids(side, side);
     const std::int64_t k = term.num_buckets();
     const auto x = rpe_bench::random_vector<float>(b * h * l * d);
@@ -43,10 +43,10 @@ void ctx_k(benchmark::State& state, bool with_backward) {
     std::vector<float> out(static_cast<std::size_t>(b * h * l * l)), grad_x(x.size()), grad_table(table.size());
     const rpe::tensor_ref<const float> x_ref(x.data(), {b, h, l, d}), table_ref(table.data(), {1, d, k});
     for (auto _ : state) {
-        term.forward(*ids, table_ref, x_ref, {out.data(), {b, h, l, l}});
+        term.forward(*ids, table_ref, x_ref, {out.data(), {b, h, l, l}}, rpe::write::overwrite);
         if (with_backward)
             term.backward(*ids, table_ref, x_ref, {grad_out.data(), {b, h, l, l}}, {grad_x.data(), {b, h, l, d}},
-                          {grad_table.data(), {1, d, k}});
+                          {grad_table.data(), {1, d, k}}, rpe::write::overwrite);
         benchmark::DoNotOptimize(out.data());
         benchmark::DoNotOptimize(grad_table.data());
         benchmark::ClobberMemory();
@@ -55,14 +55,15 @@ void ctx_k(benchmark::State& state, bool with_backward) {
 }
 
 void ctx_v(benchmark::State& state) {
-    const ctx_term<rpe::target::value> term(ratio_1_9(), h, d, true, skip);
+    const ctx_term<rpe::target::value> term(ratio_1_9(), {.num_heads = h, .head_dim = d, .skip = skip});
     const auto ids = term.bucket_ids(side, side);
     const std::int64_t k = term.num_buckets();
     const auto a = rpe_bench::random_vector<float>(b * h * l * l);
     const auto table = rpe_bench::random_vector<float>(k * d, 0.1, 11u);
     std::vector<float> out(static_cast<std::size_t>(b * h * l * d));
     for (auto _ : state) {
-        term.forward(*ids, {table.data(), {1, k, d}}, {a.data(), {b, h, l, l}}, {out.data(), {b, h, l, d}});
+        term.forward(*ids, {table.data(), {1, k, d}}, {a.data(), {b, h, l, l}}, {out.data(), {b, h, l, d}},
+                     rpe::write::overwrite);
         benchmark::DoNotOptimize(out.data());
         benchmark::ClobberMemory();
     }
@@ -70,13 +71,13 @@ void ctx_v(benchmark::State& state) {
 }
 
 void bias_k(benchmark::State& state) {
-    const bias_term term(ratio_1_9(), h, d, false, skip);
+    const bias_term term(ratio_1_9(), {.num_heads = h, .head_dim = d, .shared_head = false, .skip = skip});
     const auto ids = term.bucket_ids(side, side);
     const std::int64_t k = term.num_buckets();
     const auto table = rpe_bench::random_vector<float>(h * k, 0.1, 11u);
     std::vector<float> out(static_cast<std::size_t>(h * l * l));
     for (auto _ : state) {
-        term.forward(*ids, {table.data(), {h, k}}, {}, {out.data(), {1, h, l, l}});
+        term.forward(*ids, {table.data(), {h, k}}, {}, {out.data(), {1, h, l, l}}, rpe::write::overwrite);
         benchmark::DoNotOptimize(out.data());
         benchmark::ClobberMemory();
     }

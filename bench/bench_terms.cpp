@@ -91,7 +91,7 @@ void run_term(benchmark::State& state, const term_config& c) {
     const rpe::tensor_ref<S> out_ref(out.data(), {b, heads, n, value ? head_dim : n});
 
     for (auto _ : state) {
-        term->forward(*ids, table_refs, x_ref, out_ref);
+        term->forward(*ids, table_refs, x_ref, out_ref, rpe::write::overwrite);
         benchmark::DoNotOptimize(out.data());
         benchmark::ClobberMemory();
     }

@@ -91,7 +91,7 @@ struct setup {
             const std::int64_t kk = term->num_buckets();
             table = random_vector<float>(p.h * kk, 0.02, 6);
             grad_table.resize(table.size());
-            in.rpe_k = {term.get(), {{table.data(), {p.h, kk}}}, {}};
+            in.rpe_k = {.term = term.get(), .tables = {{table.data(), {p.h, kk}}}, .grad_tables = {}};
             (void)term->bucket_ids(p.w, p.w);  // warm cache
         }
     }
@@ -110,7 +110,7 @@ struct setup {
                                 {gk.data(), {p.b, p.h, l, p.d}}, {gv.data(), {p.b, p.h, l, p.d}});
         if (cpb)
             cpb->backward_table({raw.data(), {cpb->num_buckets(), p.h}}, {grad_table.data(), {p.h, cpb->num_buckets()}},
-                                {grad_raw.data(), {cpb->num_buckets(), p.h}});
+                                {grad_raw.data(), {cpb->num_buckets(), p.h}}, rpe::write::overwrite);
     }
 };
 

@@ -88,7 +88,8 @@ double hbm_peak_gbs() {
 template <class S>
 void bench_gather(int b, int h, int grid, int warm, int runs, double peak) {
     using A = rpe::cuda::acc_t<S>;
-    const rpe::term<product, rpe::mode::contextual, rpe::target::key, S, rpe::backend::cuda> t(product{pw::from_ratio(1.9)}, h, 64, true, 1);
+    const rpe::term<product, rpe::mode::contextual, rpe::target::key, S, rpe::backend::cuda> t(product{pw::from_ratio(1.9)},
+        {.num_heads = h, .head_dim = 64, .skip = 1});
     const auto ids = t.bucket_ids(grid, grid);
     const std::int64_t l = ids->length(), k = t.num_buckets(), d = 64, planes = std::int64_t{b} * h;
     buffer<S> x(planes * l * d), table(d * k), out(planes * l * l);
@@ -110,7 +111,7 @@ void bench_gather(int b, int h, int grid, int warm, int runs, double peak) {
     const double ms_fwd = time_ms(
         [&] {
             t.forward(*ids, rpe::tensor_ref<const S>(table.p, {1, d, k}), rpe::tensor_ref<const S>(x.p, {b, h, l, d}),
-                      rpe::tensor_ref<S>(out.p, {b, h, l, l}));
+                      rpe::tensor_ref<S>(out.p, {b, h, l, l}), rpe::write::overwrite);
         },
         warm, runs);
     const double fbytes = bytes + static_cast<double>(planes * l * d * sizeof(S) + planes * l * k * sizeof(A));

@@ -22,8 +22,8 @@ int main() {
     // 2. terms: contextual on keys (table (1, D, K)) and on values (table (1, K, D)), shared by the heads
     using key_term = rpe::term<example::chebyshev, rpe::mode::contextual, rpe::target::key>;
     using value_term = rpe::term<example::chebyshev, rpe::mode::contextual, rpe::target::value>;
-    const auto rpe_k = rpe::make_any_term(key_term(m, H, D, true, skip));
-    const auto rpe_v = rpe::make_any_term(value_term(m, H, D, true, skip));
+    const auto rpe_k = rpe::make_any_term(key_term(m, {.num_heads = H, .head_dim = D, .shared_head = true, .skip = skip}));
+    const auto rpe_v = rpe::make_any_term(value_term(m, {.num_heads = H, .head_dim = D, .shared_head = true, .skip = skip}));
 
     std::mt19937 rng(2021);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -43,8 +43,8 @@ int main() {
     in.v = {v.data(), {B, H, L, D}};
     in.height = height;
     in.width = width;
-    in.rpe_k = {rpe_k.get(), {{table_k.data(), {1, D, K}}}, {}};
-    in.rpe_v = {rpe_v.get(), {{table_v.data(), {1, K, D}}}, {}};
+    in.rpe_k = {.term = rpe_k.get(), .tables = {{table_k.data(), {1, D, K}}}, .grad_tables = {}};
+    in.rpe_v = {.term = rpe_v.get(), .tables = {{table_v.data(), {1, K, D}}}, .grad_tables = {}};
     std::vector<float> out(n);
     rpe::attention_forward(in, {out.data(), {B, H, L, D}});
 

@@ -48,13 +48,15 @@ public:
     [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int height, int width) const {
         return bucket_ids(1, height, width, id_storage::automatic);
     }
-    /// @brief rpe::term::forward. @throws rpe::invalid_argument when tables.size() != num_tables().
+    /// @brief rpe::term::forward (the write mode is required). @throws rpe::invalid_argument when
+    /// tables.size() != num_tables().
     virtual void forward(const rpe::bucket_ids& ids, std::span<const tensor_ref<const S>> tables, tensor_ref<const S> x,
-                         tensor_ref<S> out, write mode = write::overwrite) const = 0;
-    /// @brief rpe::term::backward. @throws rpe::invalid_argument when a span's size != num_tables().
+                         tensor_ref<S> out, write mode) const = 0;
+    /// @brief rpe::term::backward (the write mode is required). @throws rpe::invalid_argument when a
+    /// span's size != num_tables().
     virtual void backward(const rpe::bucket_ids& ids, std::span<const tensor_ref<const S>> tables, tensor_ref<const S> x,
                           tensor_ref<const S> grad_out, tensor_ref<S> grad_x, std::span<const tensor_ref<S>> grad_tables,
-                          write mode = write::overwrite) const = 0;
+                          write mode) const = 0;
 };
 
 namespace detail {

@@ -206,9 +206,10 @@ public:
 
     /// @brief Gradient w.r.t. the MLP's output from the gradient of the (H, K) table:
     /// `grad_raw[k, h] (+)= grad_table[h, k] · 16·σ(raw[k, h])·(1 − σ(raw[k, h]))` (or `· 1`
-    /// without sigmoid16). @throws rpe::invalid_argument `[rpe.cpb] ...` as make_table.
+    /// without sigmoid16); `mode` (required): write::overwrite (=) or write::accumulate (+=).
+    /// @throws rpe::invalid_argument `[rpe.cpb] ...` as make_table.
     void backward_table(tensor_ref<const S> raw, tensor_ref<const S> grad_table, tensor_ref<S> grad_raw,
-                        write mode = write::overwrite) const {
+                        write mode) const {
         detail::check_write_mode(mode);
         check_raw(raw, "raw");
         check_table(grad_table, "grad_table");
@@ -225,9 +226,10 @@ public:
     }
 
     /// @brief The bias on its own: `out[b, h, i, j] (+)= table[h, id(i, j)]`, out (Bo, H, L, L) or
-    /// (Bo, 1, L, L) as the bias term, L = Wh·Ww, table from make_table(raw).
+    /// (Bo, 1, L, L) as the bias term, L = Wh·Ww, table from make_table(raw); `mode` (required):
+    /// write::overwrite (=) or write::accumulate (+=), also for backward's grad_raw.
     /// @throws as make_table and term_type::forward.
-    void forward(const rpe::bucket_ids& ids, tensor_ref<const S> raw, tensor_ref<S> out, write mode = write::overwrite) const {
+    void forward(const rpe::bucket_ids& ids, tensor_ref<const S> raw, tensor_ref<S> out, write mode) const {
         std::vector<S> table(static_cast<std::size_t>(num_heads()) * static_cast<std::size_t>(num_buckets()));
         make_table(raw, {table.data(), {num_heads(), num_buckets()}});
         term_.forward(ids, {table.data(), {num_heads(), num_buckets()}}, {}, out, mode);
@@ -236,14 +238,14 @@ public:
     /// @brief Backward of forward: `grad_raw` (K, H) of `sum(out · grad_out)`.
     /// @throws as backward_table and term_type::backward.
     void backward(const rpe::bucket_ids& ids, tensor_ref<const S> raw, tensor_ref<const S> grad_out, tensor_ref<S> grad_raw,
-                  write mode = write::overwrite) const {
+                  write mode) const {
         check_raw(raw, "raw");
         check_raw(grad_raw, "grad_raw");
         const std::int64_t n = static_cast<std::int64_t>(num_heads()) * num_buckets();
         std::vector<S> table(static_cast<std::size_t>(n)), grad_table(static_cast<std::size_t>(n));
         make_table(raw, {table.data(), {num_heads(), num_buckets()}});
         term_.backward(ids, {table.data(), {num_heads(), num_buckets()}}, {}, grad_out, {},
-                       {grad_table.data(), {num_heads(), num_buckets()}});
+                       {grad_table.data(), {num_heads(), num_buckets()}}, write::overwrite);
         backward_table(raw, {grad_table.data(), {num_heads(), num_buckets()}}, grad_raw, mode);
     }
 

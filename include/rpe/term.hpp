@@ -93,14 +93,10 @@ public:
     term(M mapping, const term_config& config)
         : mapping_(mapping),
           layout_(make_layout(mapping_, config.num_heads, config.head_dim, config.shared_head, config.skip)) {}
-    /// @brief Positional form `(mapping, num_heads, head_dim, shared_head, skip)`; prefer the
-    /// term_config form, where swapped arguments cannot compile silently.
-    /// @throws as above.
-    term(M mapping, int num_heads, int head_dim, bool shared_head, int skip)
-        : mapping_(mapping), layout_(make_layout(mapping_, num_heads, head_dim, shared_head, skip)) {}
     /// @brief The configuration (heads, head dim, shared tables, skip) as a term_config.
     [[nodiscard]] term_config config() const {
-        return term_config{layout_.num_heads, layout_.head_dim, layout_.shared_head, layout_.skip};
+        return term_config{.num_heads = layout_.num_heads, .head_dim = layout_.head_dim,
+                           .shared_head = layout_.shared_head, .skip = layout_.skip};
     }
 
     [[nodiscard]] const M& mapping() const { return mapping_; }  ///< the mapping policy
@@ -137,10 +133,11 @@ public:
         return cache.get(mapping_, depth, height, width, layout_.skip, storage);
     }
 
-    /// @brief Forward: writes (or adds) the term into `out`. See the class comment for shapes.
+    /// @brief Forward: writes (`write::overwrite`) or adds (`write::accumulate`, to sum terms into
+    /// logits) the term into `out`; the mode has no default. See the class comment for shapes.
     /// @throws rpe::invalid_argument `[rpe.term] ...` for mismatched ids, shapes or buffers.
     void forward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<S> out,
-                 write mode = write::overwrite) const {
+                 write mode) const {
         const std::span<const tensor_ref<const S>> ts(tables);
         detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping_);
@@ -150,7 +147,7 @@ public:
 
     /// @brief Single-table convenience overload of forward.
     void forward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x, tensor_ref<S> out,
-                 write mode = write::overwrite) const
+                 write mode) const
         requires(num_tables == 1)
     {
         forward(ids, tables_type{table}, x, out, mode);
@@ -159,11 +156,11 @@ public:
     /// @brief Backward of `sum(out · grad_out)`: gradient for the input x (`grad_x`, shape of x;
     /// pass `{}` to skip it, and for bias mode) and for each table (`grad_tables`, shapes of the
     /// tables; pass `{}` entries to skip). A shared table collects every head and batch element.
-    /// With write::accumulate the gradients are added to the buffers.
+    /// `mode` (no default): write::overwrite replaces the gradients, write::accumulate adds to them.
     /// @throws rpe::invalid_argument `[rpe.term] ...` for mismatched ids, shapes or buffers.
     void backward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x,
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, const grad_tables_type& grad_tables,
-                  write mode = write::overwrite) const {
+                  write mode) const {
         const std::span<const tensor_ref<const S>> ts(tables);
         const std::span<const tensor_ref<S>> gts(grad_tables);
         detail::check_write_mode(mode);
@@ -176,7 +173,7 @@ public:
     /// @brief Single-table convenience overload of backward.
     void backward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x,
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, tensor_ref<S> grad_table,
-                  write mode = write::overwrite) const
+                  write mode) const
         requires(num_tables == 1)
     {
         backward(ids, tables_type{table}, x, grad_out, grad_x, grad_tables_type{grad_table}, mode);

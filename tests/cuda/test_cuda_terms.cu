@@ -35,6 +35,11 @@ using namespace rpe_cuda_test;
 using rpe::backend::cuda;
 using pw = rpe::index::piecewise;
 
+// As the CPU term: configured by name only (no positional (mapping, heads, head_dim, shared, skip)).
+using cuda_key_term = rpe::term<rpe::mapping::product<pw>, rpe::mode::contextual, rpe::target::key, float, cuda>;
+static_assert(std::is_constructible_v<cuda_key_term, rpe::mapping::product<pw>, rpe::term_config>);
+static_assert(!std::is_constructible_v<cuda_key_term, rpe::mapping::product<pw>, int, int, bool, int>);
+
 template <class S>
 double eps_for(double n) {
     const double u = rpe::cuda::unit_roundoff<S>();
@@ -65,8 +70,8 @@ template <class S, class M, class Md, rpe::target Tg>
 void compare_term(const M& m, int batch, int heads, int dim, bool shared, int skip, int height, int width, bool accumulate,
                   unsigned seed) {
     using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
-    const rpe::term<M, Md, Tg, C> cpu(m, heads, dim, shared, skip);
-    const rpe::term<M, Md, Tg, S, cuda> gpu(m, heads, dim, shared, skip);
+    const rpe::term<M, Md, Tg, C> cpu(m, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
+    const rpe::term<M, Md, Tg, S, cuda> gpu(m, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
     constexpr bool bias = std::is_same_v<Md, rpe::mode::bias>;
     constexpr int nt = rpe::detail::num_tables_of<M>();
     const auto ids = cpu.bucket_ids(height, width);
@@ -195,12 +200,17 @@ void with_golden_term(const term_case& c, F&& f) {
         using ctx = rpe::mode::contextual;
         using bias = rpe::mode::bias;
         if (c.contextual) {
-            if (c.target == 'k') f(rpe::term<M, ctx, rpe::target::key, S, cuda>(mapping, c.heads, c.head_dim, c.shared_head, c.skip));
-            else if (c.target == 'q') f(rpe::term<M, ctx, rpe::target::query, S, cuda>(mapping, c.heads, c.head_dim, c.shared_head, c.skip));
-            else f(rpe::term<M, ctx, rpe::target::value, S, cuda>(mapping, c.heads, c.head_dim, c.shared_head, c.skip));
+            if (c.target == 'k') f(rpe::term<M, ctx, rpe::target::key, S, cuda>(mapping,
+                {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
+            else if (c.target == 'q') f(rpe::term<M, ctx, rpe::target::query, S, cuda>(mapping,
+                {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
+            else f(rpe::term<M, ctx, rpe::target::value, S, cuda>(mapping,
+                {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
         } else {
-            if (c.target == 'k') f(rpe::term<M, bias, rpe::target::key, S, cuda>(mapping, c.heads, c.head_dim, c.shared_head, c.skip));
-            else f(rpe::term<M, bias, rpe::target::query, S, cuda>(mapping, c.heads, c.head_dim, c.shared_head, c.skip));
+            if (c.target == 'k') f(rpe::term<M, bias, rpe::target::key, S, cuda>(mapping,
+                {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
+            else f(rpe::term<M, bias, rpe::target::query, S, cuda>(mapping,
+                {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
         }
     };
     if (c.method == "product") by_mode(rpe::mapping::product<pw>{g});
@@ -232,8 +242,9 @@ TEST_CASE("cuda term matches the golden term vectors in float32") {
             }
             device_vec<float> dx(c.x), dgo(c.grad_out), dout(c.grad_out.size()), dgx(c.x.size());
             const auto xr = c.x.empty() ? rpe::tensor_ref<const float>{} : dx.cref(c.x_shape);
-            t.forward(*ids, trefs, xr, dout.ref(c.out_shape));
-            t.backward(*ids, trefs, xr, dgo.cref(c.out_shape), c.x.empty() ? rpe::tensor_ref<float>{} : dgx.ref(c.x_shape), grefs);
+            t.forward(*ids, trefs, xr, dout.ref(c.out_shape), rpe::write::overwrite);
+            t.backward(*ids, trefs, xr, dgo.cref(c.out_shape), c.x.empty() ? rpe::tensor_ref<float>{} : dgx.ref(c.x_shape), grefs,
+                       rpe::write::overwrite);
             const auto out = dout.host();
             check_close(c.name + " output", as_double(out), c.out.values, c.out.atol, c.out.rtol);
             if (!c.x.empty()) check_close(c.name + " grad_input", as_double(dgx.host()), c.grad_x.values, c.grad_x.atol, c.grad_x.rtol);
@@ -276,8 +287,8 @@ TEST_CASE("device bucket ids are cached per configuration and device") {
     auto& cache = rpe::cuda::device_bucket_cache::global();
     cache.clear();
     using P = rpe::mapping::product<pw>;
-    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t1(P{pw::from_ratio(1.9)}, 2, 4, true, 1);
-    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t0(P{pw::from_ratio(1.9)}, 2, 4, true, 0);
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t1(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 4, .skip = 1});
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t0(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 4});
     const auto a = cache.get(*t1.bucket_ids(5, 5));
     const auto b = cache.get(*t1.bucket_ids(5, 5));
     CHECK(a.get() == b.get());
@@ -303,7 +314,7 @@ TEST_CASE("device bucket ids are cached per configuration and device") {
 
 TEST_CASE("device ids of a 256 x 256 grid: per-offset ids only, the host's ids through the views") {
     using P = rpe::mapping::product<pw>;
-    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)}, 2, 4, true, 1);
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 4, .skip = 1});
     const auto ids = t.bucket_ids(256, 256);  // L = 65537: on-the-fly on the host
     CHECK(ids->storage_kind() == rpe::id_storage::on_the_fly);
     const auto dev = rpe::cuda::device_bucket_cache::global().get(*ids);
@@ -370,14 +381,17 @@ TEST_CASE("mapping math gives the same buckets on the device as on the host") {
 
 TEST_CASE("cuda term rejects bad arguments before any launch") {
     using P = rpe::mapping::product<pw>;
-    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)}, 2, 8, true, 1);
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8, .skip = 1});
     const auto ids = t.bucket_ids(3, 3);  // L = 10, K = 50
     device_vec<float> table(8 * 50), x(2 * 2 * 10 * 8), out(2 * 2 * 10 * 10);
-    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 49}), x.cref({2, 2, 10, 8}), out.ref({2, 2, 10, 10})), rpe::invalid_argument);
-    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 50}), x.cref({2, 2, 9, 8}), out.ref({2, 2, 10, 10})), rpe::invalid_argument);
-    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 50}), x.cref({2, 2, 10, 8}), x.ref({2, 2, 10, 10})), rpe::invalid_argument);
-    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> t0(P{pw::from_ratio(1.9)}, 2, 8, true, 0);
-    CHECK_THROWS_WITH_AS(t0.forward(*ids, table.cref({1, 8, 49}), x.cref({2, 2, 10, 8}), out.ref({2, 2, 10, 10})),
+    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 49}), x.cref({2, 2, 10, 8}), out.ref({2, 2, 10, 10}),
+                              rpe::write::overwrite), rpe::invalid_argument);
+    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 50}), x.cref({2, 2, 9, 8}), out.ref({2, 2, 10, 10}),
+                              rpe::write::overwrite), rpe::invalid_argument);
+    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 50}), x.cref({2, 2, 10, 8}), x.ref({2, 2, 10, 10}),
+                              rpe::write::overwrite), rpe::invalid_argument);
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> t0(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8});
+    CHECK_THROWS_WITH_AS(t0.forward(*ids, table.cref({1, 8, 49}), x.cref({2, 2, 10, 8}), out.ref({2, 2, 10, 10}), rpe::write::overwrite),
                          doctest::Contains("[rpe.term] bucket ids have skip = 1"), rpe::invalid_argument);
     try {
         RPE_CUDA_CHECK(cudaSetDevice(100000));
@@ -395,9 +409,10 @@ TEST_CASE("cuda term rejects bad arguments before any launch") {
 TEST_SUITE("host") {
 TEST_CASE("cuda term rejects the shared list of bad calls with the CPU term's messages") {
     using P = rpe::mapping::product<pw>;
-    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> key(P{pw::from_ratio(1.9)}, 2, 8, true, 1);
-    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> bias(P{pw::from_ratio(1.9)}, 2, 8, true, 1);
-    const rpe::term<P, rpe::mode::contextual, rpe::target::value, float, cuda> value(P{pw::from_ratio(1.9)}, 2, 8, true, 1);
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> key(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8, .skip = 1});
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> bias(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8, .skip = 1});
+    const rpe::term<P, rpe::mode::contextual, rpe::target::value, float, cuda> value(P{pw::from_ratio(1.9)},
+        {.num_heads = 2, .head_dim = 8, .skip = 1});
     rpe_test::check_bad_term_calls<float>(key, bias, value);
 }
 }

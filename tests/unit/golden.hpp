@@ -258,7 +258,7 @@ struct term_problem {
     /// Forward into a fresh (overwritten) buffer of the output shape.
     [[nodiscard]] std::vector<S> forward() const {
         std::vector<S> out(static_cast<std::size_t>(out_size()));
-        term.forward(*ids, table_refs(), x_ref(), mview(out, oshape));
+        term.forward(*ids, table_refs(), x_ref(), mview(out, oshape), rpe::write::overwrite);
         return out;
     }
 };

@@ -43,8 +43,8 @@ json read_meta(const std::string& dir) {
 }
 
 template <class M, class Md, target Tg, class S>
-std::unique_ptr<rpe::any_term<S>> wrap(const piecewise& g, int heads, int dim, bool shared, int skip) {
-    return rpe::make_any_term(rpe::term<M, Md, Tg, S>(M{g}, heads, dim, shared, skip));
+std::unique_ptr<rpe::any_term<S>> wrap(const piecewise& g, const rpe::term_config& config) {
+    return rpe::make_any_term(rpe::term<M, Md, Tg, S>(M{g}, config));
 }
 
 /// The term of a golden attention case, built from compile-time types (only the seven
@@ -56,17 +56,23 @@ std::unique_ptr<rpe::any_term<S>> term_for(const json& meta, char letter) {
     const int heads = meta.at("heads").get<int>(), dim = meta.at("head_dim").get<int>(), skip = meta.at("skip").get<int>();
     const bool shared = meta.at("shared_head").get<bool>();
     if (method == "product" && md == "contextual") {
-        if (letter == 'q') return wrap<mapping::product<>, mode::contextual, target::query, S>(g, heads, dim, shared, skip);
-        if (letter == 'k') return wrap<mapping::product<>, mode::contextual, target::key, S>(g, heads, dim, shared, skip);
-        return wrap<mapping::product<>, mode::contextual, target::value, S>(g, heads, dim, shared, skip);
+        if (letter == 'q') return wrap<mapping::product<>, mode::contextual, target::query, S>(g,
+            {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
+        if (letter == 'k') return wrap<mapping::product<>, mode::contextual, target::key, S>(g,
+            {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
+        return wrap<mapping::product<>, mode::contextual, target::value, S>(g,
+            {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
     }
     if (method == "cross" && md == "contextual") {
-        if (letter == 'q') return wrap<mapping::cross<>, mode::contextual, target::query, S>(g, heads, dim, shared, skip);
-        if (letter == 'k') return wrap<mapping::cross<>, mode::contextual, target::key, S>(g, heads, dim, shared, skip);
-        return wrap<mapping::cross<>, mode::contextual, target::value, S>(g, heads, dim, shared, skip);
+        if (letter == 'q') return wrap<mapping::cross<>, mode::contextual, target::query, S>(g,
+            {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
+        if (letter == 'k') return wrap<mapping::cross<>, mode::contextual, target::key, S>(g,
+            {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
+        return wrap<mapping::cross<>, mode::contextual, target::value, S>(g,
+            {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
     }
     if (method == "euclidean" && md == "bias" && letter == 'k')
-        return wrap<mapping::euclidean<>, mode::bias, target::key, S>(g, heads, dim, shared, skip);
+        return wrap<mapping::euclidean<>, mode::bias, target::key, S>(g, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
     FAIL("golden attention case with an unexpected configuration: " << method << " " << md << " " << letter);
     return nullptr;
 }
@@ -221,9 +227,9 @@ attention_run<S> random_run(int skip, int height, int width, unsigned seed) {
     r.in.height = height;
     r.in.width = width;
     const piecewise g = piecewise::from_ratio(1.9);
-    r.terms[0] = wrap<mapping::product<>, mode::contextual, target::query, S>(g, 2, 4, true, skip);
-    r.terms[1] = wrap<mapping::product<>, mode::contextual, target::key, S>(g, 2, 4, true, skip);
-    r.terms[2] = wrap<mapping::product<>, mode::contextual, target::value, S>(g, 2, 4, true, skip);
+    r.terms[0] = wrap<mapping::product<>, mode::contextual, target::query, S>(g, {.num_heads = 2, .head_dim = 4, .skip = skip});
+    r.terms[1] = wrap<mapping::product<>, mode::contextual, target::key, S>(g, {.num_heads = 2, .head_dim = 4, .skip = skip});
+    r.terms[2] = wrap<mapping::product<>, mode::contextual, target::value, S>(g, {.num_heads = 2, .head_dim = 4, .skip = skip});
     rpe::attention_term<S>* slots[3] = {&r.in.rpe_q, &r.in.rpe_k, &r.in.rpe_v};
     r.tables.reserve(3);
     r.grads.reserve(3);

@@ -59,7 +59,8 @@ TEST_CASE("bucket_cache: the same configuration gives the same object, built onc
     CHECK(same_ids(*a, *rpe::build_bucket_ids(prod, 7, 7, 1)));
 
     // a term asks the cache it is given
-    const rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::key> t(prod, 2, 4, false, 1);
+    const rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::key> t(prod,
+        {.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1});
     CHECK(t.bucket_ids(7, 7, cache).get() == a.get());
     CHECK(cache.builds() == 1);
 
@@ -109,7 +110,7 @@ TEST_CASE("bucket_cache: the reference's stale-id scenario (L = 50 with skip 1, 
     // with a class token (L = 50) returned those ids for L = 49 without one.
     rpe::bucket_cache cache;
     using key_term = rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::key, double>;
-    const key_term with_cls(prod, 1, 2, true, 1), without_cls(prod, 1, 2, true, 0);
+    const key_term with_cls(prod, {.num_heads = 1, .head_dim = 2, .skip = 1}), without_cls(prod, {.num_heads = 1, .head_dim = 2});
     const auto ids50 = with_cls.bucket_ids(7, 7, cache);
     const auto ids49 = without_cls.bucket_ids(7, 7, cache);
     CHECK(ids50->length() == 50);
@@ -126,7 +127,7 @@ TEST_CASE("bucket_cache: the reference's stale-id scenario (L = 50 with skip 1, 
     CHECK(rpe_test::throws_with(
         [&] {
             with_cls.forward(*ids49, rpe_test::cview(table, {1, 2, 50}), rpe_test::cview(x, {1, 1, 49, 2}),
-                             rpe_test::mview(out, {1, 1, 49, 49}));
+                             rpe_test::mview(out, {1, 1, 49, 49}), rpe::write::overwrite);
         },
         {"skip = 0", "skip = 1"}));
     CHECK(out[0] == 7.0);  // untouched

@@ -65,7 +65,8 @@ TEST_CASE("custom mapping: Manhattan distance ids") {
 
 TEST_CASE("custom mapping: a contextual key term over it equals the hand loop") {
     const int H = 2, D = 3, B = 2, skip = 1, height = 3, width = 4;
-    rpe_test::term_problem<manhattan_key_term> p(manhattan_key_term(m19, H, D, false, skip), B, height, width, 4242);
+    rpe_test::term_problem<manhattan_key_term> p(manhattan_key_term(m19,
+        {.num_heads = H, .head_dim = D, .shared_head = false, .skip = skip}), B, height, width, 4242);
     const std::int64_t L = p.l, K = p.term.num_buckets();
     REQUIRE(K == 5);
     CHECK(p.term.table_shape() == std::vector<std::int64_t>{H, D, K});
@@ -95,7 +96,7 @@ TEST_CASE("custom mapping: a contextual key term over it equals the hand loop") 
     std::vector<std::vector<double>> g;
     std::vector<double> gx_lib(p.x.size());
     p.term.backward(*p.ids, p.table_refs(), p.x_ref(), rpe_test::cview(p.grad_out, p.oshape), rpe_test::mview(gx_lib, p.xshape),
-                    p.grad_refs(g));
+                    p.grad_refs(g), rpe::write::overwrite);
     CHECK(rpe_test::max_abs_diff(gx_lib, gx) <= 1e-12);
     CHECK(rpe_test::max_abs_diff(g[0], gt) <= 1e-12);
 
@@ -104,12 +105,12 @@ TEST_CASE("custom mapping: a contextual key term over it equals the hand loop") 
     CHECK(any->num_buckets() == 5);
     std::vector<double> out_any(out.size());
     const rpe::tensor_ref<const double> tables[1] = {rpe_test::cview(p.tables[0], p.tshape)};
-    any->forward(*p.ids, tables, p.x_ref(), rpe_test::mview(out_any, p.oshape));
+    any->forward(*p.ids, tables, p.x_ref(), rpe_test::mview(out_any, p.oshape), rpe::write::overwrite);
     CHECK(out_any == out);
 }
 
 TEST_CASE("custom mapping: its validate() runs when a term or ids are built") {
     const manhattan bad{rpe::index::piecewise{2.0, 1.0, 8.0}};
-    CHECK(rpe_test::throws_with([&] { (void)manhattan_key_term(bad, 1, 2, true, 0); }, "beta = 1"));
+    CHECK(rpe_test::throws_with([&] { (void)manhattan_key_term(bad, {.num_heads = 1, .head_dim = 2}); }, "beta = 1"));
     CHECK(rpe_test::throws_with([&] { (void)rpe::build_bucket_ids(bad, 2, 2, 0); }, "beta = 1"));
 }

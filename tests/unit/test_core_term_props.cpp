@@ -38,7 +38,7 @@ const piecewise r19 = piecewise::from_ratio(1.9);
 template <class M, class Md, target Tg, class S>
 rpe_test::term_problem<rpe::term<M, Md, Tg, S>> make_problem(int heads, int dim, bool shared, int skip, int height, int width,
                                                             int batch, unsigned seed) {
-    return {rpe::term<M, Md, Tg, S>(M{r19}, heads, dim, shared, skip), batch, height, width, seed};
+    return {rpe::term<M, Md, Tg, S>(M{r19}, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip}), batch, height, width, seed};
 }
 
 }  // namespace
@@ -54,7 +54,8 @@ TEST_CASE_TEMPLATE("write::accumulate adds: forward and backward into prefilled 
                    rpe::term<mapping::cross<>, mode::contextual, target::key, float>,
                    rpe::term<mapping::cross<>, mode::contextual, target::value, double>) {
     using S = typename T::scalar_type;
-    const rpe_test::term_problem<T> p(T(typename T::mapping_type{r19}, 3, 4, false, 1), 2, 3, 4, 101);
+    const rpe_test::term_problem<T> p(T(typename T::mapping_type{r19},
+                                        {.num_heads = 3, .head_dim = 4, .shared_head = false, .skip = 1}), 2, 3, 4, 101);
     const std::vector<S> fresh = p.forward();
     const auto prefill = rpe_test::random_normal<S>(fresh.size(), 7);
     std::vector<S> acc = prefill;
@@ -72,7 +73,7 @@ TEST_CASE_TEMPLATE("write::accumulate adds: forward and backward into prefilled 
     auto go_refs = p.grad_refs(g_over);
     for (auto& g : g_over) std::fill(g.begin(), g.end(), S(123));
     p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape),
-                    p.xshape.empty() ? rpe::tensor_ref<S>{} : mview(gx_over, p.xshape), go_refs);
+                    p.xshape.empty() ? rpe::tensor_ref<S>{} : mview(gx_over, p.xshape), go_refs, rpe::write::overwrite);
     auto ga_refs = p.grad_refs(g_acc);
     std::vector<std::vector<S>> g_prefill;
     for (auto& g : g_acc) {  // fill in place: ga_refs point into these buffers
@@ -102,12 +103,13 @@ TEST_CASE_TEMPLATE("bias output broadcast to (B, H, L, L) equals the (1, Ht, L, 
     for (bool shared : {true, false}) {
         CAPTURE(shared);
         const int H = 3, B = 2;
-        const rpe_test::term_problem<T> p(T(typename T::mapping_type{r19}, H, 4, shared, 1), 1, 3, 4, 202);
+        const rpe_test::term_problem<T> p(T(typename T::mapping_type{r19},
+                                            {.num_heads = H, .head_dim = 4, .shared_head = shared, .skip = 1}), 1, 3, 4, 202);
         const std::int64_t l = p.l, ht = shared ? 1 : H, plane = l * l;
         const std::vector<S> small = p.forward();  // (1, Ht, L, L)
         REQUIRE(static_cast<std::int64_t>(small.size()) == ht * plane);
         std::vector<S> big(static_cast<std::size_t>(B * H * plane), S(-5));
-        p.term.forward(*p.ids, p.table_refs(), {}, mview(big, {B, H, l, l}));
+        p.term.forward(*p.ids, p.table_refs(), {}, mview(big, {B, H, l, l}), rpe::write::overwrite);
         bool repeated = true;
         for (std::int64_t bb = 0; bb < B; ++bb)
             for (std::int64_t hh = 0; hh < H; ++hh)
@@ -117,7 +119,7 @@ TEST_CASE_TEMPLATE("bias output broadcast to (B, H, L, L) equals the (1, Ht, L, 
         CHECK(repeated);
         // (B, Ht, L, L) with B > 1 works too when Ht = H or Ht = 1
         std::vector<S> mid(static_cast<std::size_t>(B * ht * plane));
-        p.term.forward(*p.ids, p.table_refs(), {}, mview(mid, {B, ht, l, l}));
+        p.term.forward(*p.ids, p.table_refs(), {}, mview(mid, {B, ht, l, l}), rpe::write::overwrite);
         CHECK(std::equal(small.begin(), small.end(), mid.begin()));
         CHECK(std::equal(small.begin(), small.end(), mid.begin() + ht * plane));
 
@@ -130,8 +132,8 @@ TEST_CASE_TEMPLATE("bias output broadcast to (B, H, L, L) equals the (1, Ht, L, 
                     g_small[static_cast<std::size_t>((shared ? 0 : hh) * plane + e)] +=
                         g_big[static_cast<std::size_t>((bb * H + hh) * plane + e)];
         std::vector<std::vector<S>> gt_big, gt_small;
-        p.term.backward(*p.ids, p.table_refs(), {}, cview(g_big, {B, H, l, l}), {}, p.grad_refs(gt_big));
-        p.term.backward(*p.ids, p.table_refs(), {}, cview(g_small, {1, ht, l, l}), {}, p.grad_refs(gt_small));
+        p.term.backward(*p.ids, p.table_refs(), {}, cview(g_big, {B, H, l, l}), {}, p.grad_refs(gt_big), rpe::write::overwrite);
+        p.term.backward(*p.ids, p.table_refs(), {}, cview(g_small, {1, ht, l, l}), {}, p.grad_refs(gt_small), rpe::write::overwrite);
         for (std::size_t t = 0; t < gt_big.size(); ++t)
             CHECK(rpe_test::max_abs_diff(gt_big[t], gt_small[t]) <= (std::is_same_v<S, float> ? 1e-4 : 1e-12));
     }
@@ -171,7 +173,8 @@ TEST_CASE_TEMPLATE("contextual terms equal the naive loops", M, mapping::product
         CHECK(rpe_test::max_abs_diff(out, naive) <= 1e-12);
         std::vector<std::vector<S>> g;
         std::vector<S> gx_lib(p.x.size());
-        p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(gx_lib, p.xshape), p.grad_refs(g));
+        p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(gx_lib, p.xshape), p.grad_refs(g),
+                        rpe::write::overwrite);
         CHECK(rpe_test::max_abs_diff(gx_lib, gx) <= 1e-12);
         for (int t = 0; t < nt; ++t) CHECK(rpe_test::max_abs_diff(g[static_cast<std::size_t>(t)], gt[static_cast<std::size_t>(t)]) <= 1e-12);
     }
@@ -202,7 +205,8 @@ TEST_CASE_TEMPLATE("contextual terms equal the naive loops", M, mapping::product
         CHECK(rpe_test::max_abs_diff(pk.forward(), out) > 1e-3);
         std::vector<std::vector<S>> g;
         std::vector<S> gx_lib(p.x.size());
-        p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(gx_lib, p.xshape), p.grad_refs(g));
+        p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(gx_lib, p.xshape), p.grad_refs(g),
+                        rpe::write::overwrite);
         CHECK(rpe_test::max_abs_diff(gx_lib, gx) <= 1e-12);
         for (int t = 0; t < nt; ++t) CHECK(rpe_test::max_abs_diff(g[static_cast<std::size_t>(t)], gt[static_cast<std::size_t>(t)]) <= 1e-12);
     }
@@ -230,7 +234,8 @@ TEST_CASE_TEMPLATE("contextual terms equal the naive loops", M, mapping::product
         CHECK(rpe_test::max_abs_diff(out, naive) <= 1e-12);
         std::vector<std::vector<S>> g;
         std::vector<S> ga_lib(p.x.size());
-        p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(ga_lib, p.xshape), p.grad_refs(g));
+        p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(ga_lib, p.xshape), p.grad_refs(g),
+                        rpe::write::overwrite);
         CHECK(rpe_test::max_abs_diff(ga_lib, ga) <= 1e-12);
         for (int t = 0; t < nt; ++t) CHECK(rpe_test::max_abs_diff(g[static_cast<std::size_t>(t)], gt[static_cast<std::size_t>(t)]) <= 1e-12);
     }
@@ -241,21 +246,21 @@ TEST_CASE("a shared table collects every head and batch element") {
     // grad_tables summed over heads when every head's table is the shared one.
     using T = rpe::term<mapping::product<>, mode::contextual, target::key, double>;
     const int H = 3;
-    const rpe_test::term_problem<T> shared(T(mapping::product<>{r19}, H, 4, true, 1), 2, 3, 3, 303);
-    const T per_head(mapping::product<>{r19}, H, 4, false, 1);
+    const rpe_test::term_problem<T> shared(T(mapping::product<>{r19}, {.num_heads = H, .head_dim = 4, .skip = 1}), 2, 3, 3, 303);
+    const T per_head(mapping::product<>{r19}, {.num_heads = H, .head_dim = 4, .shared_head = false, .skip = 1});
     const std::int64_t tsize = static_cast<std::int64_t>(shared.tables[0].size());
     std::vector<double> tiled(static_cast<std::size_t>(H * tsize));
     for (int h = 0; h < H; ++h) std::copy(shared.tables[0].begin(), shared.tables[0].end(), tiled.begin() + h * tsize);
     const auto tshape_h = per_head.table_shape();
     std::vector<double> out_s = shared.forward(), out_h(out_s.size());
-    per_head.forward(*shared.ids, cview(tiled, tshape_h), shared.x_ref(), mview(out_h, shared.oshape));
+    per_head.forward(*shared.ids, cview(tiled, tshape_h), shared.x_ref(), mview(out_h, shared.oshape), rpe::write::overwrite);
     CHECK(rpe_test::max_abs_diff(out_s, out_h) <= 1e-12);
     std::vector<std::vector<double>> g;
     std::vector<double> g_h(tiled.size());
     shared.term.backward(*shared.ids, shared.table_refs(), shared.x_ref(), cview(shared.grad_out, shared.oshape), {},
-                         shared.grad_refs(g));
+                         shared.grad_refs(g), rpe::write::overwrite);
     per_head.backward(*shared.ids, cview(tiled, tshape_h), shared.x_ref(), cview(shared.grad_out, shared.oshape), {},
-                      mview(g_h, tshape_h));
+                      mview(g_h, tshape_h), rpe::write::overwrite);
     std::vector<double> summed(static_cast<std::size_t>(tsize), 0.0);
     for (int h = 0; h < H; ++h)
         for (std::int64_t e = 0; e < tsize; ++e) summed[static_cast<std::size_t>(e)] += g_h[static_cast<std::size_t>(h * tsize + e)];

@@ -131,7 +131,7 @@ TEST_CASE("cpu workspace: reused across calls, released on request, results unch
     rpe::release_cpu_workspace();
     CHECK(cpu::arena::of_this_thread().capacity() == 0);
     const rpe::mapping::product<> m{rpe::index::piecewise::from_ratio(1.9)};
-    const rpe::term<rpe::mapping::product<>, rpe::mode::contextual, rpe::target::key> t(m, 2, 4, true, 1);
+    const rpe::term<rpe::mapping::product<>, rpe::mode::contextual, rpe::target::key> t(m, {.num_heads = 2, .head_dim = 4, .skip = 1});
     const auto ids = t.bucket_ids(3, 3);
     const int l = ids->length(), k = t.num_buckets();
     std::vector<float> x(static_cast<std::size_t>(2 * l * 4), 0.25f), table(static_cast<std::size_t>(4 * k), 0.5f);

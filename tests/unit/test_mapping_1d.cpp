@@ -153,7 +153,7 @@ TEST_CASE("t5 and shaw reject invalid parameters") {
     CHECK(throws_with([] { rpe::mapping::shaw{.k = -1}.validate(); }, {"[rpe.mapping.shaw] k = -1", "0 <= k < 2^30"}));
     CHECK(throws_with([] { rpe::mapping::shaw{.k = 1 << 30}.validate(); }, "k = 1073741824"));
     using key_term = rpe::term<rpe::mapping::shaw, rpe::mode::contextual, rpe::target::key, double>;
-    CHECK(throws_with([] { (void)key_term(rpe::mapping::shaw{.k = -3}, 1, 4, true, 0); }, "k = -3"));
+    CHECK(throws_with([] { (void)key_term(rpe::mapping::shaw{.k = -3}, {.num_heads = 1, .head_dim = 4}); }, "k = -3"));
     CHECK_NOTHROW(rpe::mapping::shaw{.k = 0}.validate());
 }
 
@@ -211,8 +211,8 @@ TEST_CASE("shaw: the article's loop formulas equal the contextual key and value 
     const rpe::mapping::shaw m{.k = k};
     using key_term = rpe::term<rpe::mapping::shaw, rpe::mode::contextual, rpe::target::key, double>;
     using value_term = rpe::term<rpe::mapping::shaw, rpe::mode::contextual, rpe::target::value, double>;
-    const key_term tk(m, 1, D, true, 0);
-    const value_term tv(m, 1, D, true, 0);
+    const key_term tk(m, {.num_heads = 1, .head_dim = D});
+    const value_term tv(m, {.num_heads = 1, .head_dim = D});
     REQUIRE(tk.num_buckets() == K);
     const auto ids = tk.bucket_ids(1, L);
     std::vector<double> table_k(D * K), table_v = a_v;
@@ -223,7 +223,7 @@ TEST_CASE("shaw: the article's loop formulas equal the contextual key and value 
     SUBCASE("contextual key term: (q·s)kᵀ + term = the article's scores") {
         std::vector<double> qs(q), logits(L * L);
         for (auto& x : qs) x *= inv_sqrt_d;
-        tk.forward(*ids, rpe_test::cview(table_k, {1, D, K}), rpe_test::cview(qs, xshape), rpe_test::mview(logits, lshape));
+        tk.forward(*ids, rpe_test::cview(table_k, {1, D, K}), rpe_test::cview(qs, xshape), rpe_test::mview(logits, lshape), rpe::write::overwrite);
         for (int i = 0; i < L; ++i)
             for (int j = 0; j < L; ++j)
                 for (int d = 0; d < D; ++d) logits[i * L + j] += qs[i * D + d] * kk[j * D + d];
@@ -231,7 +231,7 @@ TEST_CASE("shaw: the article's loop formulas equal the contextual key and value 
     }
     SUBCASE("contextual value term: α·v + term = the article's z") {
         std::vector<double> out(L * D);
-        tv.forward(*ids, rpe_test::cview(table_v, {1, K, D}), rpe_test::cview(alpha, lshape), rpe_test::mview(out, xshape));
+        tv.forward(*ids, rpe_test::cview(table_v, {1, K, D}), rpe_test::cview(alpha, lshape), rpe_test::mview(out, xshape), rpe::write::overwrite);
         for (int i = 0; i < L; ++i)
             for (int j = 0; j < L; ++j)
                 for (int d = 0; d < D; ++d) out[i * D + d] += alpha[i * L + j] * v[j * D + d];

@@ -42,8 +42,10 @@ struct attention_setup {
     std::vector<S> q, k, v, go, tab_k, tab_v;
     rpe::attention_inputs<S> in;
     explicit attention_setup(double scale = 1.0) {
-        tk = rpe::make_any_term(rpe::term<mapping::product<>, mode::contextual, target::key, S>(mapping::product<>{r19}, 2, 3, true, 1));
-        tv = rpe::make_any_term(rpe::term<mapping::product<>, mode::contextual, target::value, S>(mapping::product<>{r19}, 2, 3, true, 1));
+        tk = rpe::make_any_term(rpe::term<mapping::product<>, mode::contextual, target::key, S>(mapping::product<>{r19},
+            {.num_heads = 2, .head_dim = 3, .skip = 1}));
+        tv = rpe::make_any_term(rpe::term<mapping::product<>, mode::contextual, target::value, S>(mapping::product<>{r19},
+            {.num_heads = 2, .head_dim = 3, .skip = 1}));
         auto gen = [&](std::size_t n, unsigned seed) {
             const auto r = rpe_test::random_normal<double>(n, seed);
             std::vector<S> out(n);
@@ -70,7 +72,8 @@ struct attention_setup {
 }  // namespace
 
 TEST_CASE("errors: term backward rejects every aliasing between its outputs and inputs, and writes nothing") {
-    rpe_test::term_problem<key_term> p(key_term(mapping::product<>{r19}, 2, 3, false, 1), 2, 3, 4, 7);
+    rpe_test::term_problem<key_term> p(key_term(mapping::product<>{r19},
+                                                {.num_heads = 2, .head_dim = 3, .shared_head = false, .skip = 1}), 2, 3, 4, 7);
     std::vector<std::vector<double>> gt;
     auto grads = p.grad_refs(gt);
     std::vector<double> gx(p.x.size(), -5.0);
@@ -81,12 +84,12 @@ TEST_CASE("errors: term backward rejects every aliasing between its outputs and 
         tab.resize(std::max(tab.size(), p.x.size()));
         auto tab_ref = p.table_refs();
         tab_ref[0].data = tab.data();
-        CHECK(throws_with([&] { p.term.backward(*p.ids, tab_ref, p.x_ref(), g_out, mview(tab, p.xshape), grads); },
+        CHECK(throws_with([&] { p.term.backward(*p.ids, tab_ref, p.x_ref(), g_out, mview(tab, p.xshape), grads, rpe::write::overwrite); },
                           "grad_x overlaps tables[0]"));
     }
     SUBCASE("grad_x over grad_tables") {
         grads[0].data = big.data() + 8;
-        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), g_out, mview(big, p.xshape), grads); },
+        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), g_out, mview(big, p.xshape), grads, rpe::write::overwrite); },
                           "grad_x overlaps grad_tables[0]"));
         CHECK(all_equal(big, -5.0));
     }
@@ -94,35 +97,38 @@ TEST_CASE("errors: term backward rejects every aliasing between its outputs and 
         std::vector<double> x = p.x;
         x.resize(x.size() + gt[0].size());
         grads[0].data = x.data() + 1;
-        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), cview(x, p.xshape), g_out, mview(gx, p.xshape), grads); },
+        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), cview(x, p.xshape), g_out, mview(gx, p.xshape), grads,
+                                                rpe::write::overwrite); },
                           "grad_tables[0] overlaps x"));
         CHECK(all_equal(gx, -5.0));
     }
     SUBCASE("a null gradient buffer that carries a shape is an error, not skipped") {
         grads[0].data = nullptr;
-        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), g_out, mview(gx, p.xshape), grads); },
+        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), g_out, mview(gx, p.xshape), grads, rpe::write::overwrite); },
                           "grad_tables[0] is a null buffer"));
         rpe::tensor_ref<double> null_gx = mview(gx, p.xshape);
         null_gx.data = nullptr;
-        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), g_out, null_gx, p.grad_refs(gt)); },
+        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), g_out, null_gx, p.grad_refs(gt), rpe::write::overwrite); },
                           "grad_x is a null buffer"));
         CHECK(all_equal(gx, -5.0));
     }
 }
 
 TEST_CASE("errors: Cross gradient tables must not share memory; bias backward takes no grad_x") {
-    rpe_test::term_problem<cross_key_term> p(cross_key_term(mapping::cross<>{r19}, 1, 2, true, 0), 1, 3, 3, 9);
+    rpe_test::term_problem<cross_key_term> p(cross_key_term(mapping::cross<>{r19}, {.num_heads = 1, .head_dim = 2}), 1, 3, 3, 9);
     std::vector<std::vector<double>> gt;
     auto grads = p.grad_refs(gt);
     grads[1].data = grads[0].data;
     std::vector<double> gx(p.x.size());
-    CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(gx, p.xshape), grads); },
+    CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(gx, p.xshape), grads,
+                                            rpe::write::overwrite); },
                       "grad_tables[1] overlaps grad_tables[0]"));
 
-    rpe_test::term_problem<bias_term> b(bias_term(mapping::product<>{r19}, 2, 3, true, 0), 1, 3, 3, 9);
+    rpe_test::term_problem<bias_term> b(bias_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 3}), 1, 3, 3, 9);
     std::vector<std::vector<double>> bg;
     std::vector<double> junk(16);
-    CHECK(throws_with([&] { b.term.backward(*b.ids, b.table_refs(), {}, cview(b.grad_out, b.oshape), mview(junk, {16}), b.grad_refs(bg)); },
+    CHECK(throws_with([&] { b.term.backward(*b.ids, b.table_refs(), {}, cview(b.grad_out, b.oshape), mview(junk, {16}), b.grad_refs(bg),
+                                            rpe::write::overwrite); },
                       "grad_x must be empty"));
 }
 
@@ -185,12 +191,13 @@ TEST_CASE("errors: messages name the right parameter (k blamed for q's shape, br
     std::vector<double> out(a.q.size());
     CHECK(throws_with([&] { rpe::attention_forward(a.in, mview(out, {2, 1, 13, 6})); },
                       "k has shape (2, 2, 13, 3); expected (2, 1, 13, 6), the shape of q"));
-    rpe_test::term_problem<bias_term> b(bias_term(mapping::product<>{r19}, 2, 3, false, 0), 1, 3, 3, 9);
+    rpe_test::term_problem<bias_term> b(bias_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 3, .shared_head = false}), 1, 3, 3, 9);
     std::vector<double> o(9 * 9 * 3);
-    CHECK(throws_with([&] { b.term.forward(*b.ids, b.table_refs(), {}, mview(o, {1, 3, 9, 9})); }, "expected (B >= 1, 2, L, L)"));
-    rpe_test::term_problem<key_term> k(key_term(mapping::product<>{r19}, 2, 3, true, 0), 1, 3, 3, 9);
+    CHECK(throws_with([&] { b.term.forward(*b.ids, b.table_refs(), {}, mview(o, {1, 3, 9, 9}),
+                                           rpe::write::overwrite); }, "expected (B >= 1, 2, L, L)"));
+    rpe_test::term_problem<key_term> k(key_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 3}), 1, 3, 3, 9);
     std::vector<double> none;
-    CHECK(throws_with([&] { k.term.forward(*k.ids, k.table_refs(), cview(none, {0, 2, 9, 3}), mview(none, {0, 2, 9, 9})); },
+    CHECK(throws_with([&] { k.term.forward(*k.ids, k.table_refs(), cview(none, {0, 2, 9, 3}), mview(none, {0, 2, 9, 9}), rpe::write::overwrite); },
                       "x has shape (0, 2, 9, 3); expected (B >= 1, 2, 9, 3)"));
 }
 
@@ -206,7 +213,8 @@ struct huge_mapping {
 TEST_CASE("errors: K too large for the id type or for int") {
     CHECK(throws_with<rpe::out_of_range>([] { (void)rpe::build_bucket_ids(huge_mapping{}, 2, 2, 1); },
                                          "num_buckets = 2147483648 does not fit the id type"));
-    CHECK(throws_with([] { (void)rpe::term<huge_mapping, mode::contextual, target::key>(huge_mapping{}, 1, 1, true, 1); },
+    CHECK(throws_with([] { (void)rpe::term<huge_mapping, mode::contextual, target::key>(huge_mapping{},
+        {.num_heads = 1, .head_dim = 1, .skip = 1}); },
                       "num_buckets = 2147483648"));
     CHECK(throws_with([] { mapping::product<rpe::index::clip>{rpe::index::clip{40000}}.validate(); }, "beta_int = 40000"));
 }

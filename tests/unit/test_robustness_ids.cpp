@@ -113,7 +113,7 @@ TEST_CASE("terms give the same results with table and on-the-fly ids (every mode
     const auto fly = rpe::build_bucket_ids(m, 3, 5, 1, id_storage::on_the_fly);
     auto run = [&]<class Md, rpe::target Tg>() {
         using term_type = rpe::term<mapping::cross<>, Md, Tg, double>;
-        rpe_test::term_problem<term_type> p(term_type(m, 2, 3, false, 1), 2, 3, 5, 17);
+        rpe_test::term_problem<term_type> p(term_type(m, {.num_heads = 2, .head_dim = 3, .shared_head = false, .skip = 1}), 2, 3, 5, 17);
         const auto& table = p.ids;
         REQUIRE(table->storage_kind() == id_storage::table);
         auto gt_a = std::vector<std::vector<double>>{};
@@ -121,11 +121,11 @@ TEST_CASE("terms give the same results with table and on-the-fly ids (every mode
         const auto out_a = p.forward();
         std::vector<double> gx_a(p.x.size()), gx_b(p.x.size());
         p.term.backward(*table, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape),
-                        p.xshape.empty() ? rpe::tensor_ref<double>{} : mview(gx_a, p.xshape), p.grad_refs(gt_a));
+                        p.xshape.empty() ? rpe::tensor_ref<double>{} : mview(gx_a, p.xshape), p.grad_refs(gt_a), rpe::write::overwrite);
         std::vector<double> out_b(out_a.size());
-        p.term.forward(*fly, p.table_refs(), p.x_ref(), mview(out_b, p.oshape));
+        p.term.forward(*fly, p.table_refs(), p.x_ref(), mview(out_b, p.oshape), rpe::write::overwrite);
         p.term.backward(*fly, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape),
-                        p.xshape.empty() ? rpe::tensor_ref<double>{} : mview(gx_b, p.xshape), p.grad_refs(gt_b));
+                        p.xshape.empty() ? rpe::tensor_ref<double>{} : mview(gx_b, p.xshape), p.grad_refs(gt_b), rpe::write::overwrite);
         CHECK(out_a == out_b);
         CHECK(gx_a == gx_b);
         CHECK(gt_a == gt_b);
@@ -187,22 +187,22 @@ TEST_CASE("product3d: validation and the depth of 2D mappings") {
 TEST_CASE("product3d: the contextual key term equals its definition; fused equals composed attention") {
     const mapping::product3d<clip> m{clip{1}, clip{2}, clip{1}};
     using key_term = rpe::term<mapping::product3d<clip>, rpe::mode::contextual, rpe::target::key, double>;
-    const key_term term(m, 2, 3, false, 1);
+    const key_term term(m, {.num_heads = 2, .head_dim = 3, .shared_head = false, .skip = 1});
     const auto ids = term.bucket_ids(2, 3, 4);
     REQUIRE(ids->length() == 25);
     const std::int64_t b = 2, h = 2, d = 3, k = term.num_buckets(), n = 25;
     const auto x = rpe_test::random_normal<double>(static_cast<std::size_t>(b * h * n * d), 31);
     const auto table = rpe_test::random_normal<double>(static_cast<std::size_t>(h * d * k), 32);
     std::vector<double> out(static_cast<std::size_t>(b * h * n * n));
-    term.forward(*ids, cview(table, {h, d, k}), cview(x, {b, h, n, d}), mview(out, {b, h, n, n}));
+    term.forward(*ids, cview(table, {h, d, k}), cview(x, {b, h, n, d}), mview(out, {b, h, n, n}), rpe::write::overwrite);
     CHECK(rpe_test::max_abs_diff(out, key_term_by_definition(*ids, x, table, b, h, d, k, false)) < 1e-13);
 
     // the attention step on a video grid: q, k, v terms, fused (both storages) vs composed
     using bias_q = rpe::term<mapping::product3d<clip>, rpe::mode::bias, rpe::target::query, double>;
     using value_term = rpe::term<mapping::product3d<clip>, rpe::mode::contextual, rpe::target::value, double>;
     const auto tk = rpe::make_any_term(term);
-    const auto tq = rpe::make_any_term(bias_q(m, 2, 3, true, 1));
-    const auto tv = rpe::make_any_term(value_term(m, 2, 3, true, 1));
+    const auto tq = rpe::make_any_term(bias_q(m, {.num_heads = 2, .head_dim = 3, .skip = 1}));
+    const auto tv = rpe::make_any_term(value_term(m, {.num_heads = 2, .head_dim = 3, .skip = 1}));
     const auto q = rpe_test::random_normal<double>(static_cast<std::size_t>(b * h * n * d), 33);
     const auto kk = rpe_test::random_normal<double>(q.size(), 34), v = rpe_test::random_normal<double>(q.size(), 35);
     const auto tab_q = rpe_test::random_normal<double>(static_cast<std::size_t>(k), 36);
@@ -266,9 +266,9 @@ TEST_CASE("fused attention on a 64 x 64 grid: on-the-fly ids give bit-identical 
     using bias_k = rpe::term<mapping::product<>, rpe::mode::bias, rpe::target::key, float>;
     using ctx_q = rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::query, float>;
     using ctx_v = rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::value, float>;
-    const auto tk = rpe::make_any_term(bias_k(m, 1, 4, true, 1));
-    const auto tq = rpe::make_any_term(ctx_q(m, 1, 4, true, 1));
-    const auto tv = rpe::make_any_term(ctx_v(m, 1, 4, true, 1));
+    const auto tk = rpe::make_any_term(bias_k(m, {.num_heads = 1, .head_dim = 4, .skip = 1}));
+    const auto tq = rpe::make_any_term(ctx_q(m, {.num_heads = 1, .head_dim = 4, .skip = 1}));
+    const auto tv = rpe::make_any_term(ctx_v(m, {.num_heads = 1, .head_dim = 4, .skip = 1}));
     const std::int64_t n = 4097, d = 4, k = tk->num_buckets();
     const auto q = rpe_test::random_normal<float>(static_cast<std::size_t>(n * d), 41);
     const auto kk = rpe_test::random_normal<float>(q.size(), 42), v = rpe_test::random_normal<float>(q.size(), 43);

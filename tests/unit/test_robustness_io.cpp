@@ -490,7 +490,7 @@ TEST_CASE("errors: enum parameters outside their enumerators are refused, naming
         CHECK(cache.size() == 0);
         CHECK(cache.builds() == 0);
     }
-    const rpe::term<rpe::mapping::product<>, rpe::mode::contextual, rpe::target::key> t(m, 1, 2, true, 0);
+    const rpe::term<rpe::mapping::product<>, rpe::mode::contextual, rpe::target::key> t(m, {.num_heads = 1, .head_dim = 2});
     SUBCASE("id_storage in a term's bucket_ids") {
         CHECK(error_of<rpe::invalid_argument>([&] { (void)t.bucket_ids(1, 3, 3, bad_storage); }) == storage_msg);
     }

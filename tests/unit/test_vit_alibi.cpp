@@ -48,7 +48,7 @@ std::vector<S> bias_of(const rpe::vit::alibi_2d_config& c) {
     const auto ids = term.bucket_ids(c.height, c.width);
     const std::int64_t l = c.skip + static_cast<std::int64_t>(c.height) * c.width;
     std::vector<S> out(static_cast<std::size_t>(c.num_heads * l * l));
-    term.forward(*ids, cview(table, term.table_shape()), {}, mview(out, {1, c.num_heads, l, l}));
+    term.forward(*ids, cview(table, term.table_shape()), {}, mview(out, {1, c.num_heads, l, l}), rpe::write::overwrite);
     return out;
 }
 

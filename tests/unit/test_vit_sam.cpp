@@ -182,7 +182,7 @@ TEST_CASE_TEMPLATE("decomposed rel pos: resize_rel_pos and its backward match ge
         std::vector<S> out(static_cast<std::size_t>(lout * c)), grad(static_cast<std::size_t>(lin * c), S(7));
         rpe::vit::resize_rel_pos<S>(cview(rel, {lin, c}), mview(out, {lout, c}));
         rpe_test::check_close(out, rpe_test::load<double>(cd, "resized.npy"), tol, tol, "resized");
-        rpe::vit::resize_rel_pos_backward<S>(cview(g, {lout, c}), mview(grad, {lin, c}));
+        rpe::vit::resize_rel_pos_backward<S>(cview(g, {lout, c}), mview(grad, {lin, c}), rpe::write::overwrite);
         rpe_test::check_close(grad, rpe_test::load<double>(cd, "grad_rel_pos.npy"), tol, tol, "grad_rel_pos");
         // accumulate adds to what is there
         auto twice = grad;
@@ -318,7 +318,7 @@ TEST_CASE("decomposed rel pos: errors name the parameter and its value") {
     CHECK(throws_with([&] { rpe::vit::resize_rel_pos<float>(cview(a, {6, 2}), mview(b, {2, 5})); }, {"out has shape (2, 5)", "C = 2"}));
     CHECK(throws_with([&] { rpe::vit::resize_rel_pos<float>(cview(a, {12}), mview(b, {5, 2})); }, {"rel_pos has shape (12,)"}));
     CHECK(throws_with([&] { rpe::vit::resize_rel_pos<float>(cview(a, {6, 2}), mview(a, {6, 2})); }, {"out overlaps rel_pos"}));
-    CHECK(throws_with([&] { rpe::vit::resize_rel_pos_backward<float>(cview(a, {6, 2}), mview(b, {2, 5})); },
+    CHECK(throws_with([&] { rpe::vit::resize_rel_pos_backward<float>(cview(a, {6, 2}), mview(b, {2, 5}), rpe::write::overwrite); },
                       {"grad_rel_pos has shape (2, 5)"}));
     // loader: a table of the wrong K, C that is not head_dim; nothing written on failure
     const rpe::vit::decomposed_rel_pos_config cfg{.height = 2, .width = 3, .num_heads = 1, .head_dim = 2};

@@ -141,7 +141,7 @@ TEST_CASE("swin: bias term with timm's table equals timm's relative position bia
     const rpe::term<mapping::swin, mode::bias, target::key> t(w, {.num_heads = h, .head_dim = 8, .shared_head = false});
     CHECK(t.num_buckets() == 45);
     std::vector<float> out(static_cast<std::size_t>(h * n * n));
-    t.forward(*t.bucket_ids(3, 5), cview(table, {h, k}), {}, mview(out, {1, h, n, n}));
+    t.forward(*t.bucket_ids(3, 5), cview(table, {h, k}), {}, mview(out, {1, h, n, n}), rpe::write::overwrite);
     rpe_test::check_exact(out, rpe_test::load<float>(d, "bias_3x5.npy", {1, h, n, n}), "swin bias");  // a gather: bit-exact
 
     CHECK(rpe_test::throws_with([&] { rpe::table_from_timm<float>(cview(timm_table, {k, h}), mview(table, {k, h})); },
@@ -209,16 +209,16 @@ TEST_CASE("beit: bias term (class token, per-head tables) equals timm's relative
     const auto any = rpe::make_any_term(t);
     CHECK(any->num_buckets() == k);
     std::vector<float> out(static_cast<std::size_t>(h * n * n)), out_any(out.size());
-    t.forward(*t.bucket_ids(3, 4), cview(table, {h, k}), {}, mview(out, {1, h, n, n}));
+    t.forward(*t.bucket_ids(3, 4), cview(table, {h, k}), {}, mview(out, {1, h, n, n}), rpe::write::overwrite);
     const std::vector<rpe::tensor_ref<const float>> tabs{cview(table, {h, k})};
-    any->forward(*any->bucket_ids(3, 4), tabs, {}, mview(out_any, {1, h, n, n}));
+    any->forward(*any->bucket_ids(3, 4), tabs, {}, mview(out_any, {1, h, n, n}), rpe::write::overwrite);
     const auto expected = rpe_test::load<float>(d, "bias_3x4.npy", {1, h, n, n});
     rpe_test::check_exact(out, expected, "beit bias");
     rpe_test::check_exact(out_any, expected, "beit bias (any_term)");
     // the query target reads id(j, i): class → token and token → class swap
     const rpe::term<mapping::beit, mode::bias, target::query> tq(m, {.num_heads = h, .head_dim = 4, .shared_head = false, .skip = 1});
     std::vector<float> out_q(out.size());
-    tq.forward(*tq.bucket_ids(3, 4), cview(table, {h, k}), {}, mview(out_q, {1, h, n, n}));
+    tq.forward(*tq.bucket_ids(3, 4), cview(table, {h, k}), {}, mview(out_q, {1, h, n, n}), rpe::write::overwrite);
     int swapped = 0;
     for (int hh = 0; hh < h; ++hh)
         for (int i = 0; i < n; ++i)
@@ -238,12 +238,12 @@ TEST_CASE("beit: table gradient by central differences") {
     for (auto& x : g) x = nd(rng);
     const auto loss = [&] {
         std::vector<double> out(g.size());
-        t.forward(*ids, cview(table, {h, k}), {}, mview(out, {2, h, n, n}));
+        t.forward(*ids, cview(table, {h, k}), {}, mview(out, {2, h, n, n}), rpe::write::overwrite);
         long double s = 0;
         for (std::size_t i = 0; i < out.size(); ++i) s += static_cast<long double>(out[i]) * g[i];
         return static_cast<double>(s);
     };
-    t.backward(*ids, cview(table, {h, k}), {}, cview(g, {2, h, n, n}), {}, mview(grad, {h, k}));
+    t.backward(*ids, cview(table, {h, k}), {}, cview(g, {2, h, n, n}), {}, mview(grad, {h, k}), rpe::write::overwrite);
     double worst = 0;
     for (std::size_t i = 0; i < table.size(); ++i) {
         const double saved = table[i];
@@ -320,17 +320,17 @@ TEST_CASE("swinv2: CPB bias from the MLP equals timm's, and its gradient w.r.t. 
     rpe_test::check_close(raw, to_double(rpe_test::load<float>(d, "cpb_raw.npy", {k, h})), 1e-5, 1e-5, "cpb raw (MLP output)");
     const auto ids = cpb.bucket_ids();
     std::vector<float> out(static_cast<std::size_t>(h * n * n));
-    cpb.forward(*ids, cview(raw, {k, h}), mview(out, {1, h, n, n}));
+    cpb.forward(*ids, cview(raw, {k, h}), mview(out, {1, h, n, n}), rpe::write::overwrite);
     const auto expected = to_double(rpe_test::load<float>(d, "cpb_bias.npy", {1, h, n, n}));
     rpe_test::check_close(out, expected, 1e-5, 1e-5, "cpb bias");
     // the same through the term with make_table's table
     std::vector<float> out_t(out.size());
-    cpb.term().forward(*ids, cview(table, {h, k}), {}, mview(out_t, {1, h, n, n}));
+    cpb.term().forward(*ids, cview(table, {h, k}), {}, mview(out_t, {1, h, n, n}), rpe::write::overwrite);
     CHECK(out_t == out);
     // gradient: timm's autograd of sum(bias * g) w.r.t. the MLP output
     const auto g = rpe_test::load<float>(d, "cpb_grad_out.npy", {1, h, n, n});
     std::vector<float> grad_raw(raw.size(), 7.0f);
-    cpb.backward(*ids, cview(raw, {k, h}), cview(g, {1, h, n, n}), mview(grad_raw, {k, h}));
+    cpb.backward(*ids, cview(raw, {k, h}), cview(g, {1, h, n, n}), mview(grad_raw, {k, h}), rpe::write::overwrite);
     rpe_test::check_close(grad_raw, to_double(rpe_test::load<float>(d, "cpb_grad_raw.npy", {k, h})), 1e-5, 1e-4,
                           "cpb grad raw");
     std::vector<float> acc(raw.size(), 1.0f);
@@ -353,13 +353,13 @@ TEST_CASE("swinv2: CPB gradient by central differences, with and without 16*sigm
         // (a) the term alone
         const auto loss_term = [&] {
             std::vector<double> out(g.size());
-            cpb.forward(*ids, cview(raw, {k, h}), mview(out, {1, h, n, n}));
+            cpb.forward(*ids, cview(raw, {k, h}), mview(out, {1, h, n, n}), rpe::write::overwrite);
             long double s = 0;
             for (std::size_t i = 0; i < out.size(); ++i) s += static_cast<long double>(out[i]) * g[i];
             return static_cast<double>(s);
         };
         std::vector<double> grad(raw.size());
-        cpb.backward(*ids, cview(raw, {k, h}), cview(g, {1, h, n, n}), mview(grad, {k, h}));
+        cpb.backward(*ids, cview(raw, {k, h}), cview(g, {1, h, n, n}), mview(grad, {k, h}), rpe::write::overwrite);
         // (b) inside the fused attention as rpe_k
         const int b = 2;
         std::vector<double> q(static_cast<std::size_t>(b * h * n * d)), kk(q.size()), v(q.size()), go(q.size());
@@ -391,7 +391,7 @@ TEST_CASE("swinv2: CPB gradient by central differences, with and without 16*sigm
         in.rpe_k.grad_tables = {mview(grad_table, {h, k})};
         rpe::attention_backward(in, cview(go, {b, h, n, d}), mview(gq, {b, h, n, d}), mview(gk, {b, h, n, d}),
                                 mview(gv, {b, h, n, d}));
-        cpb.backward_table(cview(raw, {k, h}), cview(grad_table, {h, k}), mview(grad_attn, {k, h}));
+        cpb.backward_table(cview(raw, {k, h}), cview(grad_table, {h, k}), mview(grad_attn, {k, h}), rpe::write::overwrite);
         double worst_term = 0, worst_attn = 0;
         for (std::size_t i = 0; i < raw.size(); ++i) {
             const double saved = raw[i];
@@ -426,11 +426,11 @@ TEST_CASE("swinv2: CPB errors name the argument") {
         },
         {"table has shape"}));
     CHECK(!called);  // checked before the MLP runs
-    CHECK(rpe_test::throws_with([&] { cpb.backward_table(cview(raw, {45, 2}), cview(table, {2, 45}), mview(small, {5, 2})); },
+    CHECK(rpe_test::throws_with([&] { cpb.backward_table(cview(raw, {45, 2}), cview(table, {2, 45}), mview(small, {5, 2}), rpe::write::overwrite); },
                                 {"grad_raw has shape (5, 2); expected (45, 2)"}));
     CHECK(rpe_test::throws_with([] { (void)rpe::cpb_bias<float>({3, 5}, {.num_heads = 0}); }, {"[rpe.term]", "num_heads = 0"}));
     CHECK(rpe_test::throws_with([] { (void)rpe::cpb_bias<float>({1, 5}, {.num_heads = 2}); }, {"[rpe.log_coords]", "window_h = 1"}));
     std::vector<float> out(2 * 15 * 15);
-    CHECK(rpe_test::throws_with([&] { cpb.forward(*cpb.bucket_ids(), cview(small, {5, 2}), mview(out, {1, 2, 15, 15})); },
+    CHECK(rpe_test::throws_with([&] { cpb.forward(*cpb.bucket_ids(), cview(small, {5, 2}), mview(out, {1, 2, 15, 15}), rpe::write::overwrite); },
                                 {"raw has shape (5, 2)"}));
 }

@@ -33,7 +33,8 @@ namespace {
 template <class M>
 std::unique_ptr<rpe::any_term<float>> wrap_1d(const M& m, const rpe::term_spec& s) {
     auto make = [&]<class Md, rpe::target Tg>() -> std::unique_ptr<rpe::any_term<float>> {
-        return rpe::make_any_term(rpe::term<M, Md, Tg, float>(m, s.num_heads, s.head_dim, s.shared_head, s.skip));
+        return rpe::make_any_term(rpe::term<M, Md, Tg, float>(m,
+            {.num_heads = s.num_heads, .head_dim = s.head_dim, .shared_head = s.shared_head, .skip = s.skip}));
     };
     if (s.contextual) {
         switch (s.target) {
@@ -125,7 +126,7 @@ int run_alibi_term(const mapping_config& m, const grid_size& g, const term_optio
     const std::vector<std::int64_t> out_shape{1, o.heads, L, L};
     std::vector<float> out(checked_elements(out_shape, "--grid", "the output"));
     const std::vector<rpe::tensor_ref<const float>> refs{view<const float>(table.data(), term->table_shape())};
-    term->forward(*ids, refs, {}, view<float>(out.data(), out_shape));
+    term->forward(*ids, refs, {}, view<float>(out.data(), out_shape), rpe::write::overwrite);
     const auto slopes = rpe::vit::alibi_slopes(o.heads);
     std::cout << "term: " << m.describe() << ", bias on k, grid " << g.height << "x" << g.width << ", skip " << o.skip
               << ", K = " << term->num_buckets() << "\nslopes:";
@@ -181,7 +182,8 @@ int run_decomposed_term(const mapping_config& m, const grid_size& g, const term_
     std::vector<float> out(checked_elements(out_shape, "--grid", "the output"));
     const auto shape = term->table_shape();
     const std::vector<rpe::tensor_ref<const float>> refs{view<const float>(t0.data(), shape), view<const float>(t1.data(), shape)};
-    term->forward(*ids, refs, view<const float>(xd.data(), x.shape), view<float>(out.data(), out_shape));
+    term->forward(*ids, refs, view<const float>(xd.data(), x.shape), view<float>(out.data(), out_shape),
+                  rpe::write::overwrite);
     std::cout << "term: " << m.describe() << ", contextual on k, grid " << g.height << "x" << g.width << ", skip " << o.skip
               << ", K = " << term->num_buckets() << " per table, tables x D^1/2 (SAM's unscaled q)\n";
     return finish(out, out_shape, o);
@@ -387,7 +389,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
     for (std::size_t t = 0; t < tables.size(); ++t) refs.push_back(view<const float>(table_data[t].data(), tables[t].shape));
     try {
         term->forward(*ids, refs, spec.contextual ? view<const float>(x_data.data(), x.shape) : rpe::tensor_ref<const float>{},
-                      view<float>(out.data(), out_shape));
+                      view<float>(out.data(), out_shape), rpe::write::overwrite);
     } catch (const rpe::invalid_argument& e) {
         throw usage_error(culprits, e.what());
     }

@@ -216,9 +216,10 @@ private:
         const auto grad_out = load_as<S>("grad_output.npy", oshape);
         std::vector<S> out(grad_out.size());
         const auto x_ref = xshape.empty() ? rpe::tensor_ref<const S>{} : view(static_cast<const S*>(x.data()), xshape);
-        term->forward(*ids, tab_refs, x_ref, view(out.data(), oshape));
+        term->forward(*ids, tab_refs, x_ref, view(out.data(), oshape), rpe::write::overwrite);
         term->backward(*ids, tab_refs, x_ref, view(grad_out.data(), oshape),
-                       xshape.empty() ? rpe::tensor_ref<S>{} : view(grad_x.data(), xshape), grad_refs);
+                       xshape.empty() ? rpe::tensor_ref<S>{} : view(grad_x.data(), xshape), grad_refs,
+                           rpe::write::overwrite);
         close("output.npy", out);
         if (!xshape.empty()) close("grad_input.npy", grad_x);
         for (std::size_t t = 0; t < tables.size(); ++t) close(tables[t].at("grad").get<std::string>(), grad_tab[t]);

@@ -141,10 +141,11 @@ void resize_rel_pos(tensor_ref<const S> rel_pos, tensor_ref<S> out) {
 }
 
 /// @brief Backward of resize_rel_pos for `sum(out · grad_out)`: `grad_rel_pos` (Lin, C) gets each
-/// output row's gradient spread over its two source rows with the interpolation weights.
+/// output row's gradient spread over its two source rows with the interpolation weights;
+/// `mode` (required): write::overwrite replaces grad_rel_pos, write::accumulate adds to it.
 /// @throws as resize_rel_pos (grad_out in place of rel_pos, grad_rel_pos in place of out).
 template <class S>
-void resize_rel_pos_backward(tensor_ref<const S> grad_out, tensor_ref<S> grad_rel_pos, write mode = write::overwrite) {
+void resize_rel_pos_backward(tensor_ref<const S> grad_out, tensor_ref<S> grad_rel_pos, write mode) {
     detail_decomposed::check_rel_pos_table(grad_out, "grad_out");
     detail_decomposed::check_rel_pos_table(grad_rel_pos, "grad_rel_pos");
     rpe::detail::require(grad_rel_pos.extent(1) == grad_out.extent(1), "vit.decomposed", "grad_rel_pos has shape ",
@@ -257,7 +258,7 @@ void load_decomposed_rel_pos_backward(const decomposed_rel_pos_config& c, const 
         const std::int64_t shift = m - sides[t];
         for (std::int64_t row = 0; row < len; ++row)
             for (std::int64_t ch = 0; ch < d; ++ch) g[row * d + ch] = f * src[ch * k + row + shift];
-        if (resized) resize_rel_pos_backward<S>(tensor_ref<const S>(tmp.data(), {len, d}), dst[t]);
+        if (resized) resize_rel_pos_backward<S>(tensor_ref<const S>(tmp.data(), {len, d}), dst[t], write::overwrite);
     }
 }
 

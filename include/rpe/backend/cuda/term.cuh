@@ -72,10 +72,9 @@ public:
     using tables_type = std::array<tensor_ref<const S>, num_tables>;  ///< the lookup table(s), device memory
     using grad_tables_type = std::array<tensor_ref<S>, num_tables>;   ///< their gradients, device memory
 
-    /// @brief Configures the term, as the CPU term. @throws rpe::invalid_argument `[rpe.term] ...`.
-    term(M mapping, int num_heads, int head_dim, bool shared_head, int skip)
-        : config_(mapping, num_heads, head_dim, shared_head, skip) {}
-    /// @brief Configures the term by name, as the CPU term. @throws as the CPU term.
+    /// @brief Configures the term by name, as the CPU term:
+    /// `term(mapping, {.num_heads = 6, .head_dim = 64, .shared_head = true, .skip = 1})`.
+    /// @throws rpe::invalid_argument `[rpe.term] ...` as the CPU term.
     term(M mapping, const term_config& config) : config_(mapping, config) {}
 
     [[nodiscard]] const M& mapping() const { return config_.mapping(); }  ///< the mapping policy
@@ -95,11 +94,12 @@ public:
         return config_.bucket_ids(height, width, cache);
     }
 
-    /// @brief Forward on `stream`: writes (or adds) the term into `out` (device memory).
+    /// @brief Forward on `stream`: writes (`write::overwrite`) or adds (`write::accumulate`) the
+    /// term into `out` (device memory); the mode has no default, the stream defaults to the legacy one.
     /// @throws rpe::invalid_argument `[rpe.term] ...` for mismatched ids, shapes or buffers;
     ///   rpe::cuda_error when a CUDA call fails.
     void forward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<S> out,
-                 write mode = write::overwrite, cudaStream_t stream = nullptr) const {
+                 write mode, cudaStream_t stream = nullptr) const {
         detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping());
         const auto d = detail::check_term_forward<S>(config_.layout(), key, ids, std::span<const tensor_ref<const S>>(tables), x, out);
@@ -135,7 +135,7 @@ public:
 
     /// @brief Single-table convenience overload of forward.
     void forward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x, tensor_ref<S> out,
-                 write mode = write::overwrite, cudaStream_t stream = nullptr) const
+                 write mode, cudaStream_t stream = nullptr) const
         requires(num_tables == 1)
     {
         forward(ids, tables_type{table}, x, out, mode, stream);
@@ -146,7 +146,7 @@ public:
     /// @throws rpe::invalid_argument `[rpe.term] ...`; rpe::cuda_error when a CUDA call fails.
     void backward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x,
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, const grad_tables_type& grad_tables,
-                  write mode = write::overwrite, cudaStream_t stream = nullptr) const {
+                  write mode, cudaStream_t stream = nullptr) const {
         detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping());
         const auto d = detail::check_term_backward<S>(config_.layout(), key, ids, std::span<const tensor_ref<const S>>(tables),
@@ -221,7 +221,7 @@ public:
     /// @brief Single-table convenience overload of backward.
     void backward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x,
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, tensor_ref<S> grad_table,
-                  write mode = write::overwrite, cudaStream_t stream = nullptr) const
+                  write mode, cudaStream_t stream = nullptr) const
         requires(num_tables == 1)
     {
         backward(ids, tables_type{table}, x, grad_out, grad_x, grad_tables_type{grad_table}, mode, stream);
