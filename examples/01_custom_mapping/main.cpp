@@ -43,8 +43,8 @@ int main() {
     in.v = {v.data(), {B, H, L, D}};
     in.height = height;
     in.width = width;
-    in.rpe_k = {.term = rpe_k.get(), .tables = {{table_k.data(), {1, D, K}}}, .grad_tables = {}};
-    in.rpe_v = {.term = rpe_v.get(), .tables = {{table_v.data(), {1, K, D}}}, .grad_tables = {}};
+    in.rpe_k = {.term = rpe_k.get(), .tables = {{table_k.data(), {1, D, K}}}};
+    in.rpe_v = {.term = rpe_v.get(), .tables = {{table_v.data(), {1, K, D}}}};
     std::vector<float> out(n);
     rpe::attention_forward(in, {out.data(), {B, H, L, D}});
 

@@ -30,8 +30,8 @@ namespace rpe {
 template <class S>
 struct attention_term {
     const any_term<S>* term = nullptr;                ///< the configured term, or null
-    std::vector<tensor_ref<const S>> tables;          ///< its table(s), shapes term->table_shape()
-    std::vector<tensor_ref<S>> grad_tables;           ///< gradients of the tables (backward), or empty
+    std::vector<tensor_ref<const S>> tables = {};        ///< its table(s), shapes term->table_shape()
+    std::vector<tensor_ref<S>> grad_tables = {};         ///< gradients of the tables (backward), or empty
 };
 
 /// @brief Inputs of the attention step.

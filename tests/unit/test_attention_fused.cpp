@@ -361,7 +361,7 @@ TEST_CASE("attention on strided q, k, v with RoPE (axial, mixed with frequency g
         const auto tshape = c.terms.back()->table_shape();
         auto& tab = c.tables.emplace_back(static_cast<std::size_t>(tshape[0] * tshape[1] * tshape[2]));
         for (auto& e : tab) e = 0.5f * normal(rng);
-        c.in.rpe_k = {.term = c.terms.back().get(), .tables = {rpe::tensor_ref<const float>(tab.data(), tshape)}, .grad_tables = {}};
+        c.in.rpe_k = {.term = c.terms.back().get(), .tables = {rpe::tensor_ref<const float>(tab.data(), tshape)}};
         std::vector<float> freqs(2 * 2 * 4), gf_plain(freqs.size()), gf_strided(freqs.size());
         for (auto& e : freqs) e = normal(rng);
         c.in.rope.skip = 1;

@@ -33,8 +33,8 @@ namespace rpe::cuda {
 template <class S>
 struct attention_term {
     const any_term<float>* term = nullptr;   ///< the configured term, or null (no term)
-    std::vector<tensor_ref<const S>> tables;  ///< 1 table, or 2 for Cross (rows, cols); device memory
-    std::vector<tensor_ref<S>> grad_tables;   ///< backward: their gradients (device, overwritten), or empty
+    std::vector<tensor_ref<const S>> tables = {};  ///< 1 table, or 2 for Cross (rows, cols); device memory
+    std::vector<tensor_ref<S>> grad_tables = {};   ///< backward: their gradients (device, overwritten), or empty
 };
 
 /// @brief Inputs of the CUDA attention, as rpe::attention_inputs but with device pointers:
