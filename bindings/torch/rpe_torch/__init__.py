@@ -407,7 +407,7 @@ class _Attention(torch.autograd.Function):
         ctx.key_padding_mask, ctx.attn_mask = key_padding_mask, attn_mask
         tq, tk, tv, freqs = _split(tables, counts)
         ctx.attn = None
-        if spec[13] and any(ctx.needs_input_grad):  # the backward reads the probabilities instead of recomputing them
+        if spec[13]:  # the backward reads the probabilities instead of recomputing them
             out, ctx.attn = _ops.attention_forward_attn(q, k, v, tq, tk, tv, *spec[:9], key_padding_mask, attn_mask,
                                                         spec[9], spec[10], spec[11], freqs, spec[12])
             return out
@@ -520,6 +520,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         tables.append(freqs)
     if save_attn is None:
         save_attn = q.shape[0] * q.shape[1] * L * L * q.element_size() <= 64 << 20
+    # only worth it when a backward can follow
+    save_attn = bool(save_attn) and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *tables))
     spec = (methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0], grid[1], float(scale),
             *rope_spec, bool(save_attn))
     return _Attention.apply(q, k, v, key_padding_mask, attn_mask, spec, (*counts, freqs is not None), *tables)
