@@ -153,6 +153,16 @@ double max_rel_diff(const std::vector<S>& a, const std::vector<S>& b) {
     return worst;
 }
 
+// grad_q, grad_k, grad_v and every table gradient of a and b within `tol` (max_rel_diff).
+template <class S>
+void check_gradients_close(const results<S>& a, const results<S>& b, double tol) {
+    CHECK(max_rel_diff(a.gq, b.gq) < tol);
+    CHECK(max_rel_diff(a.gk, b.gk) < tol);
+    CHECK(max_rel_diff(a.gv, b.gv) < tol);
+    REQUIRE(a.gt.size() == b.gt.size());
+    for (std::size_t t = 0; t < a.gt.size(); ++t) CHECK(max_rel_diff(a.gt[t], b.gt[t]) < tol);
+}
+
 void set_threads([[maybe_unused]] int n) {
 #if defined(_OPENMP)
     omp_set_num_threads(n);
@@ -174,11 +184,7 @@ TEST_CASE("fused attention equals the composed attention on random configuration
             const auto fused = run(c, true, row_block, storage);
             CHECK(max_rel_diff(fused.out, composed.out) < 1e-12);
             CHECK(max_rel_diff(fused.attn, composed.attn) < 1e-12);
-            CHECK(max_rel_diff(fused.gq, composed.gq) < 1e-12);
-            CHECK(max_rel_diff(fused.gk, composed.gk) < 1e-12);
-            CHECK(max_rel_diff(fused.gv, composed.gv) < 1e-12);
-            REQUIRE(fused.gt.size() == composed.gt.size());
-            for (std::size_t t = 0; t < fused.gt.size(); ++t) CHECK(max_rel_diff(fused.gt[t], composed.gt[t]) < 1e-12);
+            check_gradients_close(fused, composed, 1e-12);
         }
     }
     set_threads(2);
@@ -303,11 +309,7 @@ void check_same(const results<S>& a, const results<S>& b) {
     const double tol = sizeof(S) == 8 ? 1e-13 : 1e-6;
     CHECK(max_rel_diff(a.out, b.out) < tol);
     CHECK(max_rel_diff(a.attn, b.attn) < tol);
-    CHECK(max_rel_diff(a.gq, b.gq) < tol);
-    CHECK(max_rel_diff(a.gk, b.gk) < tol);
-    CHECK(max_rel_diff(a.gv, b.gv) < tol);
-    REQUIRE(a.gt.size() == b.gt.size());
-    for (std::size_t t = 0; t < a.gt.size(); ++t) CHECK(max_rel_diff(a.gt[t], b.gt[t]) < tol);
+    check_gradients_close(a, b, tol);
 }
 
 }  // namespace
@@ -492,11 +494,7 @@ TEST_CASE("fused attention backward from the forward's probabilities equals the 
         rpe::attention_backward(c.in, rpe::tensor_ref<const double>(recomputed.attn.data(), {c.b, c.h, c.l, c.l}),
                                 rpe::tensor_ref<const double>(c.go.data(), {c.b, c.h, c.l, c.d}), view(r.gq), view(r.gk), view(r.gv),
                                 {.row_block = row_block});
-        CHECK(max_rel_diff(r.gq, recomputed.gq) < 1e-12);
-        CHECK(max_rel_diff(r.gk, recomputed.gk) < 1e-12);
-        CHECK(max_rel_diff(r.gv, recomputed.gv) < 1e-12);
-        REQUIRE(r.gt.size() == recomputed.gt.size());
-        for (std::size_t t = 0; t < r.gt.size(); ++t) CHECK(max_rel_diff(r.gt[t], recomputed.gt[t]) < 1e-12);
+        check_gradients_close(r, recomputed, 1e-12);
     }
     set_threads(2);
 }

@@ -418,7 +418,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
         for (std::int64_t item = 0; item < items; ++item) {
             const std::int64_t p = item / chunks, c = item % chunks, h = p % plan.h;
             const S* tqp = recompute_tq ? tq + p * tq_per_plane : nullptr;
-            S* gq = gq_part.data() + item * tq_per_plane;  // Σ dlogits per (j, bucket), contextual q tables
+            S* gq = ctx_q ? gq_part.data() + item * tq_per_plane : nullptr;  // Σ dlogits per (j, bucket), contextual q tables
             auto gk = map<S>(chunks > 1 ? gk_part.data() + item * n * d : grad_k.data + p * n * d, n, d);
             auto gv = map<S>(chunks > 1 ? gv_part.data() + item * n * d : grad_v.data + p * n * d, n, d);
             gk.setZero();
