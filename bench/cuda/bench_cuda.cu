@@ -8,6 +8,7 @@
 // (L,L) ids read once. The HBM peak is 2 × memory clock × bus width (device attributes).
 // Without a CUDA device: prints "skipped: no CUDA device" and exits 77.
 #include <rpe/cuda.cuh>
+#include <rpe/rpe.hpp>
 #include <rpe/make_term.hpp>
 
 #include <algorithm>

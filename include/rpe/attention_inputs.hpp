@@ -1,35 +1,46 @@
 /// @file attention_inputs.hpp
-/// @brief The inputs of the attention step (rpe::attention_term, rpe::attention_inputs) and their
-/// checks: the backend-neutral front that the composed baseline, the fused CPU attention and the
-/// CUDA attention all call, so a bad input gets the same exception from each.
+/// @brief The backend-free front of the attention step: its inputs (rpe::attention_term,
+/// rpe::attention_inputs), options (rpe::attention_options: softmax scale, row block, id
+/// storage, CUDA stream), backward arguments (rpe::attention_gradients, saved probabilities by
+/// name), each backend's capability trait (rpe::attention_capabilities) and every check. The
+/// composed baseline, the CPU attention (rpe::cpu::attention_forward) and the CUDA attention
+/// (rpe::cuda::attention_forward) all call it, so a bad input gets the same exception from each.
+/// No Eigen, no CUDA.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
+#include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "any_term.hpp"
 #include "bucket_id_set.hpp"
 #include "bucket_key.hpp"
 #include "detail/check.hpp"
+#include "detail/validate.hpp"
 #include "error.hpp"
 #include "mode.hpp"
 #include "rotary.hpp"
 #include "tensor.hpp"
+#include "term_desc.hpp"
+
+// The CUDA runtime's stream type (cudaStream_t is CUstream_st*), declared without CUDA headers.
+struct CUstream_st;
 
 namespace rpe {
 
-/// @brief One RPE term attached to the attention step: the term (null = none), its lookup
-/// table(s) (1, or 2 for Cross: rows, cols) and, for backward, where their gradients go
-/// (empty = not wanted).
+/// @brief One RPE term attached to the attention step: the term's descriptor (null = none; an
+/// rpe::any_term of any scalar converts to it, or pass an rpe::term_desc), its lookup table(s)
+/// (1, or 2 for Cross: rows, cols), in the backend's memory, and, for backward, where their
+/// gradients go (empty = not wanted). Only the descriptor is used, never a backend's kernels of it.
 template <class S>
 struct attention_term {
-    const any_term<S>* term = nullptr;                ///< the configured term, or null
+    const term_desc* term = nullptr;                  ///< the configured term, or null
     std::vector<tensor_ref<const S>> tables = {};        ///< its table(s), shapes term->table_shape()
     std::vector<tensor_ref<S>> grad_tables = {};         ///< gradients of the tables (backward), or empty
 };
@@ -50,10 +61,12 @@ struct attention_term {
 /// `L = rope.skip + height*width`): q and k are rotated first, and everything after (q·kᵀ and
 /// the iRPE terms, contextual ones included) sees the rotated q and k, as if rpe::rope_forward
 /// had been applied to both before the attention.
+/// One type for both backends: views point at host memory for the CPU backend and at device
+/// memory for the CUDA one (rpe::cuda::attention_inputs is this type). What a backend cannot
+/// read (e.g. strided q/k/v on CUDA) is refused by the shared checks (attention_capabilities).
 template <class S>
 struct attention_inputs {
     using scalar_type = S;                          ///< element type of q, k, v, tables, masks
-    static constexpr bool strided_qkv = true;       ///< q, k, v may be strided views (last stride 1)
     tensor_ref<const S> q, k, v;                    ///< (B, H, L, D), contiguous or strided (rows of D contiguous)
     int height = 0;                                 ///< grid rows
     int width = 0;                                  ///< grid columns
@@ -64,7 +77,72 @@ struct attention_inputs {
     rotary_embedding<S> rope = {};                  ///< RoPE on q and k (form std::monostate = none)
 };
 
+/// @brief Options of the attention step, for both backends (each ignores what it does not use).
+struct attention_options {
+    /// Softmax scale s of `logits = (q·s)·kᵀ + ...` (the contextual terms see q·s and k·s, as in
+    /// the reference); unset: `1/sqrt(D)`. @throws rpe::invalid_argument when not finite.
+    std::optional<double> scale = std::nullopt;
+    /// CPU: rows of the logits computed at once per (batch, head); 0 = automatic (about 128K
+    /// logits per block, at least 32 rows). Results do not depend on it beyond float rounding of
+    /// the matrix products. The CUDA backend ignores it.
+    std::int64_t row_block = 0;
+    /// How the bucket ids are held on the host (see rpe::id_storage): `automatic` keeps (L, L)
+    /// tables up to bucket_ids::auto_table_bytes and computes larger grids' ids on the fly. The
+    /// CPU attention reads ids a row block at a time either way; the CUDA backend uploads the
+    /// per-offset ids whatever the storage.
+    id_storage storage = id_storage::automatic;
+    /// CUDA: the stream the work is enqueued on (a `cudaStream_t`; null = the legacy default
+    /// stream). The CPU backend ignores it.
+    CUstream_st* stream = nullptr;
+};
+
+/// @brief The backward's tensors, by name: the incoming gradient, the gradients written, and
+/// optionally the forward's probabilities to reuse instead of recomputing them.
+///
+/// `attention_backward(in, {.grad_out = go, .grad_q = gq, .grad_k = gk, .grad_v = gv,
+/// .saved_attn = attn}, opt)`. All (B, H, L, D) except saved_attn (B, H, L, L).
+template <class S>
+struct attention_gradients {
+    tensor_ref<const S> grad_out;    ///< (B, H, L, D): gradient of the forward's `out`
+    tensor_ref<S> grad_q, grad_k, grad_v;  ///< (B, H, L, D), written (overwritten)
+    /// (B, H, L, L): the probabilities the forward wrote to its `attn` output for the same
+    /// inputs, reused instead of recomputed (same gradients up to float rounding; from other
+    /// inputs they give wrong gradients: not checked against q and k), or empty to recompute.
+    /// Needs a backend with attention_capabilities::saved_probabilities.
+    tensor_ref<const S> saved_attn = {};
+};
+
+/// @brief What one backend's attention supports, checked once by the shared front
+/// (detail::check_attention, detail::check_attention_features): a feature a backend lacks is an
+/// rpe::not_supported error naming the feature and the backend, never a silent drift.
+struct attention_capabilities {
+    const char* backend = "";           ///< the backend's name in messages ("cpu", "cuda")
+    bool strided_qkv = false;           ///< q, k, v may be strided views (rows of D contiguous)
+    bool saved_probabilities = false;   ///< the forward's `attn` output and the backward from `saved_attn`
+    bool rope = false;                  ///< rotary position embedding of q and k (attention_inputs::rope)
+    bool rope_freqs_grad = false;       ///< the gradient of rope::mixed's frequencies (rope.grad_freqs)
+    bool key_padding_mask = false;      ///< attention_inputs::key_padding_mask
+    bool attn_mask = false;             ///< attention_inputs::attn_mask
+    bool grid_3d = false;               ///< depth > 1 (3D mappings on T × H × W grids)
+    std::int64_t max_head_dim = 0;      ///< the largest D, or 0 for no limit
+};
+
 namespace detail {
+
+/// @brief The softmax scale of a call: `opt.scale`, or `1/sqrt(d)` when unset.
+/// @throws rpe::invalid_argument `[rpe.attention] options.scale = ...; expected a finite value`.
+inline double softmax_scale(const attention_options& opt, std::int64_t d) {
+    if (!opt.scale) return 1.0 / std::sqrt(static_cast<double>(d));
+    require(std::isfinite(*opt.scale), "attention", "options.scale = ", *opt.scale, "; expected a finite value");
+    return *opt.scale;
+}
+
+/// @brief Throws rpe::not_supported `[rpe.attention] <feature> is not supported by the <backend>
+/// backend` when `used` and the backend lacks it (`supported` false).
+inline void require_feature(bool used, bool supported, const attention_capabilities& caps, const char* feature) {
+    if (used && !supported)
+        throw not_supported(message("attention", feature, " is not supported by the ", caps.backend, " backend"));
+}
 
 /// @brief (B, H, L, D) of an attention call.
 struct attention_shape {
@@ -73,10 +151,12 @@ struct attention_shape {
 
 /// @brief Checks q, k, v, the grid (depth, height, width), the masks and each attached term
 /// (slot, heads, head dim, skip + grid = L, tables' count and shapes) of any backend's attention
-/// inputs (`In`: rpe::attention_inputs or rpe::cuda::attention_inputs). Returns (B, H, L, D).
-/// @throws rpe::invalid_argument `[rpe.attention] ...` naming the argument.
+/// inputs, and the features used against the backend's capabilities `caps` (strided q/k/v,
+/// RoPE, masks, 3D grids, head dim). Returns (B, H, L, D).
+/// @throws rpe::invalid_argument `[rpe.attention] ...` naming the argument; rpe::not_supported
+///   `[rpe.attention] <feature> is not supported by the <backend> backend`.
 template <class In>
-attention_shape check_attention(const In& in) {
+attention_shape check_attention(const In& in, const attention_capabilities& caps) {
     require(in.q.rank == 4, "attention", "q has shape ", in.q.shape_string(), "; expected (B, H, L, D)");
     attention_shape s{in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)};
     require(s.b >= 1 && s.h >= 1 && s.l >= 1 && s.d >= 1, "attention", "q has shape ", in.q.shape_string(),
@@ -89,16 +169,31 @@ attention_shape check_attention(const In& in) {
         throw invalid_argument(message("attention", "v has shape ", in.v.shape_string(), "; expected ", in.q.shape_string(),
                                        ", the shape of q"));
     // q, k, v may be strided views (rows of D contiguous) where the backend reads them so
-    // (In::strided_qkv); elsewhere a strided view is rejected by check_nonnull
-    if constexpr (requires { In::strided_qkv; }) {
+    // (caps.strided_qkv); elsewhere a strided view is refused as not supported
+    if (caps.strided_qkv) {
         check_strided_rows(in.q, "attention", "q");
         check_strided_rows(in.k, "attention", "k");
         check_strided_rows(in.v, "attention", "v");
     } else {
+        static constexpr const char* qkv_names[] = {"q", "k", "v"};
+        const auto* qkv[] = {&in.q, &in.k, &in.v};
+        for (int i = 0; i < 3; ++i)
+            if (!qkv[i]->contiguous())
+                throw not_supported(message("attention", qkv_names[i], " is a strided view (shape ", qkv[i]->shape_string(),
+                                            ", strides ", qkv[i]->strides_string(),
+                                            "); strided q, k, v views are not supported by the ", caps.backend, " backend"));
         check_nonnull(in.q, "attention", "q");
         check_nonnull(in.k, "attention", "k");
         check_nonnull(in.v, "attention", "v");
     }
+    require_feature(in.attn_mask.rank != 0 || in.attn_mask.data != nullptr, caps.attn_mask, caps, "attn_mask");
+    require_feature(in.key_padding_mask.rank != 0 || in.key_padding_mask.data != nullptr, caps.key_padding_mask, caps,
+                    "key_padding_mask");
+    require_feature(in.depth > 1, caps.grid_3d, caps, "a 3D grid (depth > 1)");
+    require_feature(in.rope.enabled(), caps.rope, caps, "rope");
+    if (caps.max_head_dim > 0 && s.d > caps.max_head_dim)
+        throw not_supported(message("attention", "head dim D = ", s.d, " is not supported by the ", caps.backend,
+                                    " backend; expected D <= ", caps.max_head_dim));
     if (in.attn_mask.rank != 0 || in.attn_mask.data != nullptr) {
         check_shape(in.attn_mask, {s.l, s.l}, "attention", "attn_mask");
         check_nonnull(in.attn_mask, "attention", "attn_mask");
@@ -133,8 +228,7 @@ attention_shape check_attention(const In& in) {
             check_nonnull(tab, "attention", table_names[i]);
         }
     }
-    // RoPE (rpe::attention_inputs and rpe::cuda::attention_inputs; an input type without the field has none)
-    if constexpr (requires { in.rope; }) check_rope(in.rope, s.h, s.l, s.d, in.depth, in.height, in.width, "attention");
+    check_rope(in.rope, s.h, s.l, s.d, in.depth, in.height, in.width, "attention");
     return s;
 }
 
@@ -231,6 +325,42 @@ void check_attention_gradients(const In& in, const attention_shape& s, const ten
                 for (const auto& t : slot->grad_tables) check_no_overlap(g, t, "attention", "rope grad_freqs", "a grad_tables entry");
         }
     }
+}
+
+/// @brief Every check of a forward call on a backend with capabilities `caps`: the options
+/// (storage, scale), the inputs (check_attention), the `attn` output (a backend feature) and the
+/// outputs' shapes and overlaps. Returns (B, H, L, D).
+/// @throws rpe::invalid_argument `[rpe.attention] ...`; rpe::not_supported for a missing feature.
+template <class S>
+attention_shape check_attention_forward(const attention_inputs<S>& in, const tensor_ref<S>& out, const tensor_ref<S>& attn,
+                                        const attention_options& opt, const attention_capabilities& caps) {
+    require_enum(opt.storage, 3, "attention", "options.storage", "automatic, table or on_the_fly");
+    const auto s = check_attention(in, caps);
+    (void)softmax_scale(opt, s.d);
+    require_feature(attn.data != nullptr || attn.rank != 0, caps.saved_probabilities, caps, "the attn output (probabilities)");
+    check_attention_outputs(in, s, out, attn, false);
+    return s;
+}
+
+/// @brief Every check of a backward call on a backend with capabilities `caps`: as the forward's,
+/// then `g.saved_attn` when given (a backend feature; (B, H, L, L), non-null, contiguous), the
+/// RoPE frequencies' gradient (a backend feature) and the gradients' shapes and overlaps.
+/// @throws rpe::invalid_argument `[rpe.attention] ...`; rpe::not_supported for a missing feature.
+template <class S>
+attention_shape check_attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g,
+                                         const attention_options& opt, const attention_capabilities& caps) {
+    require_enum(opt.storage, 3, "attention", "options.storage", "automatic, table or on_the_fly");
+    const auto s = check_attention(in, caps);
+    (void)softmax_scale(opt, s.d);
+    const bool saved = g.saved_attn.data != nullptr || g.saved_attn.rank != 0;
+    require_feature(saved, caps.saved_probabilities, caps, "the backward from saved probabilities (saved_attn)");
+    if (saved) {
+        check_shape(g.saved_attn, {s.b, s.h, s.l, s.l}, "attention", "saved_attn");
+        check_nonnull(g.saved_attn, "attention", "saved_attn");
+    }
+    require_feature(in.rope.enabled() && in.rope.grad_freqs.data != nullptr, caps.rope_freqs_grad, caps, "rope grad_freqs");
+    check_attention_gradients(in, s, g.saved_attn, g.grad_out, g.grad_q, g.grad_k, g.grad_v);
+    return s;
 }
 
 /// @brief The host bucket ids of an attached term on the inputs' grid (null without a term).

@@ -19,6 +19,22 @@
 
 namespace rpe {
 
+/// @brief The one dispatch on the id width: calls `f.template operator()<Id>()` with Id the
+/// unsigned type of `bytes` bytes (std::uint8_t for 1, std::uint16_t for 2, std::uint32_t for 4)
+/// and returns what f returns. Called once per call, so kernels take Id as a template argument
+/// and never switch per element: `rpe::visit_id_width(ids.id_bytes(), [&]<class Id>() { ... })`.
+/// @throws rpe::invalid_argument `[rpe.bucket_ids] id width = ...; expected 1, 2 or 4 bytes`.
+template <class F>
+decltype(auto) visit_id_width(int bytes, F&& f) {
+    switch (bytes) {
+        case 1: return f.template operator()<std::uint8_t>();
+        case 2: return f.template operator()<std::uint16_t>();
+        case 4: return f.template operator()<std::uint32_t>();
+        default: break;
+    }
+    throw invalid_argument(detail::message("bucket_ids", "id width = ", bytes, " bytes; expected 1, 2 or 4 bytes"));
+}
+
 /// @brief Bucket ids of every (query, key) token pair of a grid, one id set per table (two for
 /// Cross), in the smallest unsigned type holding the largest id.
 ///

@@ -113,9 +113,7 @@ inline std::shared_ptr<const bucket_ids> assemble_bucket_ids(bucket_key key, con
                                                              const std::vector<std::vector<int>>& per_offset) {
     std::vector<bucket_ids::storage> offsets;
     for (const auto& ids : per_offset)
-        offsets.push_back(p.id_bytes == 1   ? narrow_ids<std::uint8_t>(ids)
-                          : p.id_bytes == 2 ? narrow_ids<std::uint16_t>(ids)
-                                            : narrow_ids<std::uint32_t>(ids));
+        offsets.push_back(visit_id_width(p.id_bytes, [&]<class Id>() -> bucket_ids::storage { return narrow_ids<Id>(ids); }));
     key.storage = p.storage;
     const int total = static_cast<int>(p.buckets);
     if (p.storage == id_storage::on_the_fly)

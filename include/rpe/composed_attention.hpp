@@ -17,8 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "any_term.hpp"
 #include "attention_inputs.hpp"
+#include "backend/cpu/attention.hpp"
+#include "backend/cpu/term.hpp"
 #include "backend/cpu/kernels.hpp"
 #include "backend/cpu/rope.hpp"
 #include "detail/check.hpp"
@@ -61,7 +62,7 @@ bool on_contiguous_qkv(const attention_inputs<S>& in, F&& step) {
 }  // namespace detail
 
 /// @brief Forward of the attention step (reference `RPEAttention.forward` without the
-/// projections and dropout): `qs = q·s`, `s = D^−½`; `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s)`;
+/// projections and dropout): `qs = q·s`, `s = opt.scale` (default `D^−½`); `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s)`;
 /// mask; `attn = softmax_j(logits)`; `out = attn·v + rpe_v(attn)`. With `in.rope`, q and k are
 /// first rotated by rpe::rope_forward into copies and the step runs on those. Strided q, k, v
 /// are copied into contiguous buffers first (this is the plain baseline).
@@ -71,8 +72,9 @@ bool on_contiguous_qkv(const attention_inputs<S>& in, F&& step) {
 ///   grid, heads, or a term on the wrong slot; checks run before any output is written.
 /// Cost: O(B·H·L²·D) for the content products plus the terms' costs (rpe::term).
 template <class S>
-void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn) {
-    const auto s = detail::check_attention(in);
+void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn,
+                                const attention_options& opt = {}) {
+    const auto s = detail::check_attention(in, cpu::attention_caps);
     detail::check_attention_outputs(in, s, out, attn, true);
     if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) { composed_attention_forward(c, out, attn); })) return;
     if (in.rope.enabled()) {  // RoPE: rotate q and k (rpe::rope_forward), then the same step without it
@@ -90,7 +92,7 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
     const auto ids_q = detail::ids_of(in.rpe_q, in);
     const auto ids_k = detail::ids_of(in.rpe_k, in);
     const auto ids_v = detail::ids_of(in.rpe_v, in);
-    const S scale = static_cast<S>(1.0 / std::sqrt(static_cast<double>(s.d)));
+    const S scale = static_cast<S>(detail::softmax_scale(opt, s.d));
     const std::int64_t n = s.l, planes = s.b * s.h;
     std::vector<S> qs(static_cast<std::size_t>(in.q.size())), ks;
     for (std::int64_t e = 0; e < in.q.size(); ++e) qs[e] = in.q.data[e] * scale;
@@ -101,7 +103,7 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
             cmap<S>(qs.data() + p * n * s.d, n, s.d) * cmap<S>(in.k.data + p * n * s.d, n, s.d).transpose();
     const tensor_ref<const S> qs_ref(qs.data(), {s.b, s.h, s.l, s.d});
     if (in.rpe_k.term)
-        in.rpe_k.term->forward(*ids_k, in.rpe_k.tables, in.rpe_k.term->contextual() ? qs_ref : tensor_ref<const S>{}, attn,
+        cpu::term_forward<S>(*in.rpe_k.term, *ids_k, in.rpe_k.tables, in.rpe_k.term->contextual() ? qs_ref : tensor_ref<const S>{}, attn,
                                write::accumulate);
     if (in.rpe_q.term) {
         tensor_ref<const S> ks_ref;
@@ -110,7 +112,7 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
             for (std::int64_t e = 0; e < in.k.size(); ++e) ks[e] = in.k.data[e] * scale;
             ks_ref = tensor_ref<const S>(ks.data(), {s.b, s.h, s.l, s.d});
         }
-        in.rpe_q.term->forward(*ids_q, in.rpe_q.tables, ks_ref, attn, write::accumulate);
+        cpu::term_forward<S>(*in.rpe_q.term, *ids_q, in.rpe_q.tables, ks_ref, attn, write::accumulate);
     }
     const bool masked = in.key_padding_mask.data != nullptr;
     for (std::int64_t p = 0; p < planes; ++p) {
@@ -125,7 +127,7 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
     for (std::int64_t p = 0; p < planes; ++p)
         map<S>(out.data + p * n * s.d, n, s.d).noalias() =
             cmap<S>(attn.data + p * n * n, n, n) * cmap<S>(in.v.data + p * n * s.d, n, s.d);
-    if (in.rpe_v.term) in.rpe_v.term->forward(*ids_v, in.rpe_v.tables, attn, out, write::accumulate);
+    if (in.rpe_v.term) cpu::term_forward<S>(*in.rpe_v.term, *ids_v, in.rpe_v.tables, attn, out, write::accumulate);
 }
 
 /// @brief Backward of composed_attention_forward for `sum(out · grad_out)`.
@@ -133,12 +135,13 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
 /// @param grad_out (B, H, L, D).
 /// @param grad_q, grad_k, grad_v (B, H, L, D), written: gradients for the unscaled q, k, v.
 /// The tables' gradients are written into each attention_term's `grad_tables` (when given).
-/// Masked keys get exactly zero grad_k and grad_v rows.
+/// Masked keys get exactly zero grad_k and grad_v rows. `opt`: the forward's (same scale).
 /// @throws as the forward.
 template <class S>
 void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const S> attn, tensor_ref<const S> grad_out,
-                                 tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v) {
-    const auto s = detail::check_attention(in);
+                                 tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v,
+                                 const attention_options& opt = {}) {
+    const auto s = detail::check_attention(in, cpu::attention_caps);
     detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
     detail::check_nonnull(attn, "attention", "attn");
     detail::check_attention_gradients(in, s, attn, grad_out, grad_q, grad_k, grad_v);
@@ -173,7 +176,7 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
     const auto ids_q = detail::ids_of(in.rpe_q, in);
     const auto ids_k = detail::ids_of(in.rpe_k, in);
     const auto ids_v = detail::ids_of(in.rpe_v, in);
-    const S scale = static_cast<S>(1.0 / std::sqrt(static_cast<double>(s.d)));
+    const S scale = static_cast<S>(detail::softmax_scale(opt, s.d));
     const std::int64_t n = s.l, dd = s.d, planes = s.b * s.h;
     using detail::cpu::cmap;
     using detail::cpu::map;
@@ -198,7 +201,7 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
     tensor_ref<S> grad_attn_ref(grad_attn.data(), {s.b, s.h, s.l, s.l});
     if (in.rpe_v.term) {
         const auto g = grad_tables_of(in.rpe_v);
-        in.rpe_v.term->backward(*ids_v, in.rpe_v.tables, attn, grad_out, grad_attn_ref, g, write::accumulate);
+        cpu::term_backward<S>(*in.rpe_v.term, *ids_v, in.rpe_v.tables, attn, grad_out, grad_attn_ref, g, write::accumulate);
     }
     // softmax backward: grad_logits = a ⊙ (grad_attn − Σ_j grad_attn ⊙ a)
     for (std::int64_t r = 0; r < planes * n; ++r) {
@@ -222,7 +225,7 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
     if (in.rpe_k.term) {
         const auto g = grad_tables_of(in.rpe_k);
         const bool ctx = in.rpe_k.term->contextual();
-        in.rpe_k.term->backward(*ids_k, in.rpe_k.tables, ctx ? qs_ref : tensor_ref<const S>{}, grad_logits,
+        cpu::term_backward<S>(*in.rpe_k.term, *ids_k, in.rpe_k.tables, ctx ? qs_ref : tensor_ref<const S>{}, grad_logits,
                                 ctx ? grad_q : tensor_ref<S>{}, g, write::accumulate);
     }
     for (std::int64_t e = 0; e < grad_q.size(); ++e) grad_q.data[e] *= scale;
@@ -230,11 +233,11 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
         const auto g = grad_tables_of(in.rpe_q);
         if (in.rpe_q.term->contextual()) {
             std::vector<S> grad_ks(static_cast<std::size_t>(in.k.size()));
-            in.rpe_q.term->backward(*ids_q, in.rpe_q.tables, ks_ref, grad_logits,
+            cpu::term_backward<S>(*in.rpe_q.term, *ids_q, in.rpe_q.tables, ks_ref, grad_logits,
                                     tensor_ref<S>(grad_ks.data(), {s.b, s.h, s.l, s.d}), g, write::accumulate);
             for (std::int64_t e = 0; e < grad_k.size(); ++e) grad_k.data[e] += scale * grad_ks[e];
         } else {
-            in.rpe_q.term->backward(*ids_q, in.rpe_q.tables, {}, grad_logits, {}, g, write::accumulate);
+            cpu::term_backward<S>(*in.rpe_q.term, *ids_q, in.rpe_q.tables, {}, grad_logits, {}, g, write::accumulate);
         }
     }
 }

@@ -7,11 +7,12 @@
 /// parameter, its value and what was expected.
 #pragma once
 
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
+
+#include "detail/format.hpp"
 
 namespace rpe {
 
@@ -46,6 +47,15 @@ public:
     [[nodiscard]] const char* what() const noexcept override { return std::invalid_argument::what(); }
 };
 
+/// @brief A feature the chosen backend does not support (e.g. strided q/k/v or saved
+/// probabilities on the CUDA attention; see rpe::attention_capabilities). An argument error:
+/// `catch (const rpe::invalid_argument&)` sees it. Message:
+/// `[rpe.<component>] <feature> is not supported by the <backend> backend`.
+class not_supported : public invalid_argument {
+public:
+    using invalid_argument::invalid_argument;
+};
+
 /// @brief A value outside the range a type or a table can hold (ids beyond the id type,
 /// sizes beyond 64-bit offsets, a bucket id a mapping produced outside [0, num_buckets)).
 class out_of_range : public std::out_of_range, public error {
@@ -63,20 +73,21 @@ public:
 
 namespace detail {
 
-/// @brief Concatenates `[rpe.<component>] ` and every part (streamed with `<<`).
+/// @brief Concatenates `[rpe.<component>] ` and every part (detail::append_part: text, numbers
+/// with 17 significant digits, enums, pointers).
 template <class... Parts>
-std::string message(const char* component, Parts&&... parts) {
-    std::ostringstream os;
-    os.precision(17);
-    os << "[rpe." << component << "] ";
-    (os << ... << std::forward<Parts>(parts));
-    return os.str();
+std::string message(const char* component, const Parts&... parts) {
+    std::string s = "[rpe.";
+    s += component;
+    s += "] ";
+    (append_part(s, parts), ...);
+    return s;
 }
 
 /// @brief Throws `rpe::invalid_argument` with `message(component, parts...)` when `!cond`.
 template <class... Parts>
-void require(bool cond, const char* component, Parts&&... parts) {
-    if (!cond) throw invalid_argument(message(component, std::forward<Parts>(parts)...));
+void require(bool cond, const char* component, const Parts&... parts) {
+    if (!cond) throw invalid_argument(message(component, parts...));
 }
 
 }  // namespace detail

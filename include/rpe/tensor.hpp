@@ -13,7 +13,6 @@
 #include <initializer_list>
 #include <limits>
 #include <span>
-#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -142,11 +141,13 @@ struct tensor_ref {
 
     /// @brief The strides as text, e.g. `(9216, 64, 1152, 1)`.
     [[nodiscard]] std::string strides_string() const {
-        std::ostringstream os;
-        os << '(';
-        for (int i = 0; i < rank; ++i) os << (i ? ", " : "") << stride(i);
-        os << (rank == 1 ? ",)" : ")");
-        return os.str();
+        std::string s = "(";
+        for (int i = 0; i < rank; ++i) {
+            if (i) s += ", ";
+            detail::append_part(s, stride(i));
+        }
+        s += rank == 1 ? ",)" : ")";
+        return s;
     }
 
     /// @brief Number of elements (product of the extents; 1 for rank 0).
@@ -161,11 +162,13 @@ struct tensor_ref {
 
     /// @brief The shape as text, e.g. `(2, 3, 46, 8)`.
     [[nodiscard]] std::string shape_string() const {
-        std::ostringstream os;
-        os << '(';
-        for (int i = 0; i < rank; ++i) os << (i ? ", " : "") << shape[static_cast<std::size_t>(i)];
-        os << (rank == 1 ? ",)" : ")");
-        return os.str();
+        std::string s = "(";
+        for (int i = 0; i < rank; ++i) {
+            if (i) s += ", ";
+            detail::append_part(s, shape[static_cast<std::size_t>(i)]);
+        }
+        s += rank == 1 ? ",)" : ")";
+        return s;
     }
 
     /// @brief True when the rank and every extent equal `dims`.
@@ -193,15 +196,15 @@ private:
 
 /// @brief Shape text of `dims`, e.g. `(1, 8, 50)`, for error messages.
 inline std::string shape_string(std::initializer_list<std::int64_t> dims) {
-    std::ostringstream os;
-    os << '(';
+    std::string s = "(";
     bool first = true;
     for (std::int64_t d : dims) {
-        os << (first ? "" : ", ") << d;
+        if (!first) s += ", ";
+        detail::append_part(s, d);
         first = false;
     }
-    os << (dims.size() == 1 ? ",)" : ")");
-    return os.str();
+    s += dims.size() == 1 ? ",)" : ")";
+    return s;
 }
 
 }  // namespace rpe

@@ -20,29 +20,10 @@
 #include "error.hpp"
 #include "mode.hpp"
 #include "tensor.hpp"
+#include "term_desc.hpp"
+#include "term_fwd.hpp"
 
 namespace rpe {
-
-namespace detail {
-template <class Md, target Tg>
-inline constexpr bool valid_mode_target = !(std::is_same_v<Md, mode::bias> && Tg == target::value);
-}  // namespace detail
-
-/// @brief A valid (mode, target) pair: bias mode on values does not exist (paper eq. 17 defines
-/// values in contextual mode only; the reference raises NotImplementedError).
-template <class Md, target Tg>
-concept ModeOnTarget = Mode<Md> && detail::valid_mode_target<Md, Tg>;
-
-/// @brief A term's configuration by name, for designated initializers:
-/// `rpe::term_config{.num_heads = 6, .head_dim = 64, .shared_head = true, .skip = 1}`.
-/// num_heads and head_dim have no usable default (0 is rejected), so a forgotten field is an
-/// error, not a silent 1; shared_head defaults to the reference's `shared_head=True`, skip to 0.
-struct term_config {
-    int num_heads = 0;        ///< H ≥ 1
-    int head_dim = 0;         ///< D ≥ 1 (ignored by bias terms' kernels, still checked)
-    bool shared_head = true;  ///< one table for all heads (Ht = 1); false: one table per head
-    int skip = 0;             ///< extra tokens (class, distillation) before the grid, with their own bucket
-};
 
 /// @brief One iRPE term: a mapping M (with its index function), a mode, a target, a scalar type
 /// and a backend, composed at compile time.
@@ -69,7 +50,7 @@ struct term_config {
 /// Thread-safety: const member functions may run concurrently on distinct outputs.
 /// Source: paper eqs. 13–17; reference `iRPE` module and `build_rpe` in microsoft/Cream
 /// `iRPE/DeiT-with-iRPE/irpe.py`.
-template <GridMapping M, Mode Md, target Tg, class S = float, Backend B = backend::cpu>
+template <GridMapping M, Mode Md, target Tg, class S, Backend B>
     requires ModeOnTarget<Md, Tg>  // bias mode on values does not exist
 class term {
     static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>, "rpe: the scalar type must be float or double");
@@ -114,6 +95,11 @@ public:
     }
     /// @brief The run-time layout that the shared checks use (heads, head dim, K, skip, mode, target).
     [[nodiscard]] const detail::term_layout& layout() const { return layout_; }
+    /// @brief This term as a backend-free descriptor (for the attention slots of either backend,
+    /// or rpe::cpu::term_forward), its ids from `cache` (bucket_cache::global() when null).
+    [[nodiscard]] term_desc desc(bucket_cache* cache = nullptr) const {
+        return make_term_desc(mapping_, !is_bias, Tg, config(), cache);
+    }
 
     /// @brief The shared bucket ids of this term's mapping and skip on a height × width grid.
     /// @throws as bucket_cache::get.

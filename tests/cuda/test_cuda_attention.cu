@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <rpe/cuda.cuh>
+#include <rpe/rpe.hpp>
 #include <rpe/make_term.hpp>
 
 #include <cmath>
@@ -130,8 +131,8 @@ void compare_attention(const attn_config& cfg, unsigned seed) {
     }
     cudaStream_t stream = nullptr;
     RPE_CUDA_CHECK(cudaStreamCreate(&stream));
-    rpe::cuda::attention_forward(gin, dout.ref(qshape), stream);
-    rpe::cuda::attention_backward(gin, dgout.cref(qshape), dgq.ref(qshape), dgk.ref(qshape), dgv.ref(qshape), stream);
+    rpe::cuda::attention_forward(gin, dout.ref(qshape), {}, {.stream = stream});
+    rpe::cuda::attention_backward(gin, dgout.cref(qshape), dgq.ref(qshape), dgk.ref(qshape), dgv.ref(qshape), {.stream = stream});
     RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
     RPE_CUDA_CHECK(cudaStreamDestroy(stream));
 

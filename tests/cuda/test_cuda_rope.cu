@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <rpe/cuda.cuh>
+#include <rpe/rpe.hpp>
 #include <rpe/make_term.hpp>
 
 #include <cmath>
@@ -208,8 +209,8 @@ void compare_rope_attention(const rope_attn_config& cfg, unsigned seed) {
     }
     cudaStream_t stream = nullptr;
     RPE_CUDA_CHECK(cudaStreamCreate(&stream));
-    rpe::cuda::attention_forward(gin, dout.ref(shape), stream);
-    rpe::cuda::attention_backward(gin, dgo.cref(shape), dgq.ref(shape), dgk.ref(shape), dgv.ref(shape), stream);
+    rpe::cuda::attention_forward(gin, dout.ref(shape), {}, {.stream = stream});
+    rpe::cuda::attention_backward(gin, dgo.cref(shape), dgq.ref(shape), dgk.ref(shape), dgv.ref(shape), {.stream = stream});
     RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
     RPE_CUDA_CHECK(cudaStreamDestroy(stream));
 
@@ -357,7 +358,7 @@ TEST_CASE("cuda attention rejects bad RoPE inputs with the CPU attention's excep
           "rope grad_freqs overlaps rope freqs", true);
 }
 
-TEST_CASE("cuda attention rejects strided q, k, v (which the CPU attention reads in place)") {
+TEST_CASE("cuda attention refuses strided q, k, v (which the CPU attention reads in place): not supported") {
     const std::int64_t b = 2, h = 2, l = 13, d = 8;
     const std::vector<std::int64_t> shape{b, h, l, d};
     const auto qkv = random_floats(b * l * 3 * h * d, 3);
@@ -373,8 +374,8 @@ TEST_CASE("cuda attention rejects strided q, k, v (which the CPU attention reads
     in.width = 4;
     CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(out.data(), shape)),
                          doctest::Contains("[rpe.attention] q is a strided view (shape (2, 2, 13, 8), strides (624, 8, 48, 1)); "
-                                           "expected a contiguous buffer"),
-                         rpe::invalid_argument);
+                                           "strided q, k, v views are not supported by the cuda backend"),
+                         rpe::not_supported);
 }
 
 TEST_CASE("cuda rope_forward and rope_backward reject bad inputs with the CPU rotation's exceptions") {
@@ -408,5 +409,30 @@ TEST_CASE("cuda rope_forward and rope_backward reject bad inputs with the CPU ro
     bwd(ok, "rope grad_freqs overlaps grad_x");
     r.grad_freqs = view<float>(gf.data(), {2, 4});
     bwd(ok, "rope grad_freqs has shape (2, 4)");
+}
+
+TEST_CASE("cuda attention: what the backend lacks (attn output, saved probabilities) is rpe::not_supported, before any CUDA call") {
+    const std::int64_t b = 1, h = 2, l = 10, d = 8;
+    const std::vector<std::int64_t> shape{b, h, l, d}, ashape{b, h, l, l};
+    const auto x = random_floats(b * h * l * d, 5);
+    std::vector<float> out(x.size()), attn(static_cast<std::size_t>(b * h * l * l)), gq(x.size()), gk(x.size()), gv(x.size());
+    rpe::attention_inputs<float> in;  // the same type as rpe::cuda::attention_inputs
+    in.q = in.k = in.v = view<const float>(x.data(), shape);
+    in.height = 2;
+    in.width = 5;
+    CHECK_FALSE(rpe::cuda::attention_caps.saved_probabilities);
+    CHECK_FALSE(rpe::cuda::attention_caps.strided_qkv);
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(out.data(), shape), view<float>(attn.data(), ashape)),
+                         "[rpe.attention] the attn output (probabilities) is not supported by the cuda backend", rpe::not_supported);
+    const rpe::attention_gradients<float> g{.grad_out = view<const float>(x.data(), shape),
+                                            .grad_q = view<float>(gq.data(), shape),
+                                            .grad_k = view<float>(gk.data(), shape),
+                                            .grad_v = view<float>(gv.data(), shape),
+                                            .saved_attn = view<const float>(attn.data(), ashape)};
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_backward(in, g),
+                         "[rpe.attention] the backward from saved probabilities (saved_attn) is not supported by the cuda backend",
+                         rpe::not_supported);
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(out.data(), shape), {}, {.scale = std::nan("")}),
+                         doctest::Contains("[rpe.attention] options.scale = "), rpe::invalid_argument);
 }
 }

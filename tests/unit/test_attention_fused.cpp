@@ -491,8 +491,12 @@ TEST_CASE("fused attention backward from the forward's probabilities equals the 
         r.gv.assign(n, -3.0);
         c.bind_grads(r.gt);
         auto view = [&](std::vector<double>& x) { return rpe::tensor_ref<double>(x.data(), {c.b, c.h, c.l, c.d}); };
-        rpe::attention_backward(c.in, rpe::tensor_ref<const double>(recomputed.attn.data(), {c.b, c.h, c.l, c.l}),
-                                rpe::tensor_ref<const double>(c.go.data(), {c.b, c.h, c.l, c.d}), view(r.gq), view(r.gk), view(r.gv),
+        rpe::attention_backward(c.in,
+                                {.grad_out = rpe::tensor_ref<const double>(c.go.data(), {c.b, c.h, c.l, c.d}),
+                                 .grad_q = view(r.gq),
+                                 .grad_k = view(r.gk),
+                                 .grad_v = view(r.gv),
+                                 .saved_attn = rpe::tensor_ref<const double>(recomputed.attn.data(), {c.b, c.h, c.l, c.l})},
                                 {.row_block = row_block});
         check_gradients_close(r, recomputed, 1e-12);
     }
@@ -505,14 +509,14 @@ TEST_CASE("fused attention backward from probabilities: attn is checked before a
     std::vector<float> attn(static_cast<std::size_t>(c.b * c.h * c.l * c.l), 0.5f), gq(n, 42.0f), gk(n, 42.0f), gv(n, 42.0f);
     const rpe::tensor_ref<const float> go(c.go.data(), {c.b, c.h, c.l, c.d});
     auto view = [&](std::vector<float>& x) { return rpe::tensor_ref<float>(x.data(), {c.b, c.h, c.l, c.d}); };
-    CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, rpe::tensor_ref<const float>(attn.data(), {c.b, c.h, c.l, c.l + 1}), go, view(gq),
-                                                 view(gk), view(gv)),
-                         doctest::Contains("attn has shape"), rpe::invalid_argument);
-    CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, rpe::tensor_ref<const float>(nullptr, {c.b, c.h, c.l, c.l}), go, view(gq),
-                                                 view(gk), view(gv)),
-                         doctest::Contains("attn is a null buffer"), rpe::invalid_argument);
-    CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, rpe::tensor_ref<const float>(gq.data(), {c.b, c.h, c.l, c.l}), go, view(gq),
-                                                 view(gk), view(gv)),
+    auto grads = [&](rpe::tensor_ref<const float> saved) {
+        return rpe::attention_gradients<float>{.grad_out = go, .grad_q = view(gq), .grad_k = view(gk), .grad_v = view(gv), .saved_attn = saved};
+    };
+    CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, grads(rpe::tensor_ref<const float>(attn.data(), {c.b, c.h, c.l, c.l + 1}))),
+                         doctest::Contains("saved_attn has shape"), rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, grads(rpe::tensor_ref<const float>(nullptr, {c.b, c.h, c.l, c.l}))),
+                         doctest::Contains("saved_attn is a null buffer"), rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, grads(rpe::tensor_ref<const float>(gq.data(), {c.b, c.h, c.l, c.l}))),
                          doctest::Contains("grad_q overlaps attn"), rpe::invalid_argument);
     for (const auto* g : {&gq, &gk, &gv})
         for (float x : *g) REQUIRE(x == 42.0f);

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,11 +15,13 @@
 namespace rpe::detail {
 
 inline std::string shape_text(const std::vector<std::int64_t>& dims) {
-    std::ostringstream os;
-    os << '(';
-    for (std::size_t i = 0; i < dims.size(); ++i) os << (i ? ", " : "") << dims[i];
-    os << (dims.size() == 1 ? ",)" : ")");
-    return os.str();
+    std::string s = "(";
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+        if (i) s += ", ";
+        append_part(s, dims[i]);
+    }
+    s += dims.size() == 1 ? ",)" : ")";
+    return s;
 }
 
 /// @brief Throws rpe::invalid_argument `[rpe.<component>] <name> is a strided view ...; expected a

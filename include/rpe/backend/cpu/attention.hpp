@@ -11,7 +11,6 @@
 #include <memory>
 #include <vector>
 
-#include "../../any_term.hpp"
 #include "../../attention_inputs.hpp"
 #include "../../detail/check.hpp"
 #include "../../detail/validate.hpp"
@@ -23,17 +22,22 @@
 
 namespace rpe {
 
-/// @brief Options of the fused attention.
-struct attention_options {
-    /// Rows of the logits computed at once per (batch, head); 0 = automatic (about 128K logits
-    /// per block, at least 32 rows). Results do not depend on it beyond float rounding of the
-    /// matrix products.
-    std::int64_t row_block = 0;
-    /// How the bucket ids are held (see rpe::id_storage): `automatic` keeps (L, L) tables up to
-    /// bucket_ids::auto_table_bytes and computes larger grids' ids on the fly. The fused
-    /// attention reads ids a row block at a time either way.
-    id_storage storage = id_storage::automatic;
-};
+namespace cpu {
+
+/// @brief What the CPU attention supports (checked by the shared front): everything —
+/// strided q/k/v (rows of D contiguous), the `attn` output and the backward from saved
+/// probabilities, RoPE with the frequencies' gradient, both masks, 3D grids, any head dim.
+inline constexpr attention_capabilities attention_caps{.backend = "cpu",
+                                                       .strided_qkv = true,
+                                                       .saved_probabilities = true,
+                                                       .rope = true,
+                                                       .rope_freqs_grad = true,
+                                                       .key_padding_mask = true,
+                                                       .attn_mask = true,
+                                                       .grid_3d = true,
+                                                       .max_head_dim = 0};
+
+}  // namespace cpu
 
 namespace detail {
 
@@ -246,7 +250,7 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     plan.h = s.h;
     plan.l = s.l;
     plan.d = s.d;
-    plan.scale = static_cast<S>(1.0 / std::sqrt(static_cast<double>(s.d)));
+    plan.scale = static_cast<S>(softmax_scale(opt, s.d));
     const attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
     for (const auto* slot : slots)
         if (slot->term) plan.k = std::max<std::int64_t>(plan.k, slot->term->num_buckets());
@@ -531,14 +535,15 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
     int width = 1;
     for (const auto& i : ids)
         if (i) width = std::max(width, i->id_bytes());
-    if (width == 1) f.template operator()<std::uint8_t>(ids);
-    else if (width == 2) f.template operator()<std::uint16_t>(ids);
-    else f.template operator()<std::uint32_t>(ids);
+    visit_id_width(width, [&]<class Id>() { f.template operator()<Id>(ids); });
 }
 
 }  // namespace detail
 
-/// @brief Fused forward of the attention step (reference `RPEAttention.forward`): `qs = q·s`, `s = D^−½`;
+namespace cpu {
+
+/// @brief Fused forward of the attention step (reference `RPEAttention.forward`): `qs = q·s`,
+/// `s = opt.scale` (default `D^−½`);
 /// `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s) + attn_mask`, key padding mask (−∞), softmax over
 /// keys, `out = a·v + rpe_v(a)` — equal to composed_attention_forward, computed per (batch, head)
 /// and row block so that no (B, H, L, L) buffer exists unless `attn` is requested.
@@ -555,6 +560,7 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
 ///   attention_inputs).
 /// @param out  (B, H, L, D), written.
 /// @param attn (B, H, L, L) probabilities, written only when non-empty; pass `{}` otherwise.
+/// @param opt  softmax scale, row block, id storage (attention_options; the stream is ignored).
 /// @throws rpe::invalid_argument `[rpe.attention] ...` / `[rpe.term] ...` for mismatched shapes,
 ///   grid, heads, or a term on the wrong slot, before anything is written.
 /// Threads: OpenMP over (batch, head, row block) items when enabled; each item is computed by
@@ -563,56 +569,52 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
 template <class S>
 void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {
-    detail::require_enum(opt.storage, 3, "attention", "options.storage", "automatic, table or on_the_fly");
-    const auto s = detail::check_attention(in);
-    detail::check_attention_outputs(in, s, out, attn, false);
+    detail::check_attention_forward(in, out, attn, opt, attention_caps);
     detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
         detail::fused_forward<S, Id>(in, ids, out, attn, opt);
     });
 }
 
-/// @brief Fused backward of attention_forward for `sum(out · grad_out)`: recomputes the
-/// probabilities row block by row block (no saved (B, H, L, L) state) and writes the gradients
-/// of the unscaled q, k, v and of every table given in the attention_terms' `grad_tables`
-/// (overwritten). Padded keys get exactly zero grad_k and grad_v rows. With `in.rope`, grad_q
-/// and grad_k are rotated back by the transpose rotation and, for rope::mixed with
-/// `in.rope.grad_freqs` given, the frequencies' gradient (2, H, D/2) is written (summed over
-/// q and k, batch and tokens in a fixed order).
-/// @param grad_out (B, H, L, D); @param grad_q, grad_k, grad_v (B, H, L, D), written.
-/// @throws as attention_forward.
+/// @brief Fused backward of attention_forward for `sum(out · grad_out)`: writes the gradients
+/// of the unscaled q, k, v (`g.grad_q`, `g.grad_k`, `g.grad_v`, overwritten) and of every table
+/// given in the attention_terms' `grad_tables` (overwritten), from `g.grad_out`. Without
+/// `g.saved_attn` it recomputes the probabilities row block by row block (no saved (B, H, L, L)
+/// state); with it (the forward's `attn` output for the same inputs) it reuses them: the same
+/// gradients up to float rounding, for the memory of one (B, H, L, L) tensor, and the logits,
+/// contextual key products and softmax are not computed again (`saved_attn` from other inputs
+/// gives wrong gradients: it is not checked against q and k). Padded keys get exactly zero
+/// grad_k and grad_v rows. With `in.rope`, grad_q and grad_k are rotated back by the transpose
+/// rotation and, for rope::mixed with `in.rope.grad_freqs` given, the frequencies' gradient
+/// (2, H, D/2) is written (summed over q and k, batch and tokens in a fixed order).
+/// @param g  grad_out, grad_q, grad_k, grad_v (B, H, L, D) and optional saved_attn (B, H, L, L).
+/// @param opt the forward's options (the same scale).
+/// @throws as attention_forward, and rpe::invalid_argument for a saved_attn of another shape,
+///   null, strided, or overlapping an output.
 /// Threads: OpenMP over (batch, head, chunk of row blocks) items, about 32 in all (a count that
 /// depends on B·H and L only); grad_k, grad_v and the table gradients are summed from per-item
 /// partials in a fixed order, so results do not depend on the thread count. Memory: those
 /// partials take items·(2·L·D + L·K per contextual query table) values (see docs/attention.md).
 template <class S>
-void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
-                        tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt = {}) {
-    detail::require_enum(opt.storage, 3, "attention", "options.storage", "automatic, table or on_the_fly");
-    const auto s = detail::check_attention(in);
-    detail::check_attention_gradients(in, s, tensor_ref<const S>{}, grad_out, grad_q, grad_k, grad_v);
+void attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt = {}) {
+    detail::check_attention_backward(in, g, opt, attention_caps);
     detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
-        detail::fused_backward<S, Id>(in, ids, tensor_ref<const S>{}, grad_out, grad_q, grad_k, grad_v, opt);
+        detail::fused_backward<S, Id>(in, ids, g.saved_attn, g.grad_out, g.grad_q, g.grad_k, g.grad_v, opt);
     });
 }
 
-/// @brief attention_backward from the forward's probabilities `attn` (B, H, L, L) (as written by
-/// attention_forward's `attn` output for the same inputs) instead of recomputing them: the same
-/// gradients up to float rounding, for the memory of one (B, H, L, L) tensor; the logits, the
-/// contextual key products and the softmax are not computed again (about the forward's cost).
-/// `attn` from other inputs gives wrong gradients (it is not checked against q and k).
-/// @throws as attention_backward, and rpe::invalid_argument for an `attn` of another shape, null,
-///   strided, or overlapping an output.
+/// @brief attention_backward recomputing the probabilities, with the tensors by position:
+/// `attention_backward(in, {.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k,
+/// .grad_v = grad_v}, opt)`. @throws as attention_backward.
 template <class S>
-void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> attn, tensor_ref<const S> grad_out,
-                        tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt = {}) {
-    detail::require_enum(opt.storage, 3, "attention", "options.storage", "automatic, table or on_the_fly");
-    const auto s = detail::check_attention(in);
-    detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
-    detail::check_nonnull(attn, "attention", "attn");
-    detail::check_attention_gradients(in, s, attn, grad_out, grad_q, grad_k, grad_v);
-    detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
-        detail::fused_backward<S, Id>(in, ids, attn, grad_out, grad_q, grad_k, grad_v, opt);
-    });
+void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
+                        tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt = {}) {
+    attention_backward(in, attention_gradients<S>{.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k, .grad_v = grad_v},
+                       opt);
 }
+
+}  // namespace cpu
+
+using cpu::attention_backward;
+using cpu::attention_forward;
 
 }  // namespace rpe

@@ -12,6 +12,7 @@
 #include "../../detail/term_checks.hpp"
 #include "../../mode.hpp"
 #include "../../tensor.hpp"
+#include "../../term_desc.hpp"
 #include "kernels.hpp"
 
 namespace rpe::detail::cpu {
@@ -25,7 +26,7 @@ void term_forward(const term_dims& d, const bucket_ids& ids, std::span<const ten
     for (int t = 0; t < num_tables; ++t) {
         const bool acc_t = accumulate || t > 0;
         const S* table = tables[static_cast<std::size_t>(t)].data;
-        with_id_type(ids.id_bytes(), [&]<class Id>() {
+        visit_id_width(ids.id_bytes(), [&]<class Id>() {
             const id_rows<Id> id{&ids, t, Tg == target::query};
             if constexpr (Bias)
                 bias_forward(d, id, table, out.extent(0), out.extent(1), acc_t, out.data);
@@ -47,7 +48,7 @@ void term_backward(const term_dims& d, const bucket_ids& ids, std::span<const te
         S* gt = grad_tables[static_cast<std::size_t>(t)].data;
         const S* table = tables[static_cast<std::size_t>(t)].data;
         const bool acc_x = accumulate || t > 0;
-        with_id_type(ids.id_bytes(), [&]<class Id>() {
+        visit_id_width(ids.id_bytes(), [&]<class Id>() {
             const id_rows<Id> id{&ids, t, Tg == target::query};
             if constexpr (Bias) {
                 if (gt) bias_backward(d, id, grad_out.data, grad_out.extent(0), grad_out.extent(1), accumulate, gt);
@@ -63,3 +64,53 @@ void term_backward(const term_dims& d, const bucket_ids& ids, std::span<const te
 }
 
 }  // namespace rpe::detail::cpu
+
+namespace rpe::detail::cpu {
+
+/// @brief Calls `f.template operator()<Bias, Tg>()` with the (mode, target) of `d` as template
+/// arguments (five combinations; bias mode on values does not exist and is rejected by term_desc).
+template <class F>
+decltype(auto) visit_mode_target(const term_layout& d, F&& f) {
+    switch (d.target) {
+        case target::query: return d.bias ? f.template operator()<true, target::query>() : f.template operator()<false, target::query>();
+        case target::key: return d.bias ? f.template operator()<true, target::key>() : f.template operator()<false, target::key>();
+        case target::value: break;
+    }
+    return f.template operator()<false, target::value>();
+}
+
+}  // namespace rpe::detail::cpu
+
+namespace rpe::cpu {
+
+/// @brief Forward of term `desc` on the CPU: writes (`write::overwrite`) or adds
+/// (`write::accumulate`) the term into `out`. Shapes as rpe::term (tables: desc.num_tables()
+/// views shaped desc.table_shape(); x unused ({}) in bias mode).
+/// @throws rpe::invalid_argument `[rpe.term] ...` for ids built for another mapping or skip, a
+///   shape that does not match, a null or overlapping buffer, before anything is written.
+template <class S>
+void term_forward(const term_desc& desc, const bucket_ids& ids, std::span<const tensor_ref<const S>> tables,
+                  tensor_ref<const S> x, tensor_ref<S> out, write mode) {
+    detail::check_write_mode(mode);
+    const auto d = detail::check_term_forward<S>(desc.layout(), desc.key(), ids, tables, x, out);
+    detail::cpu::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
+        detail::cpu::term_forward<S, Bias, Tg>(d, ids, tables, x.data, out, mode == write::accumulate);
+    });
+}
+
+/// @brief Backward of term_forward for `sum(out · grad_out)`: `grad_x` (`{}` to skip; always
+/// `{}` in bias mode) and each non-empty `grad_tables[t]`, overwritten or added to (`mode`).
+/// @throws as term_forward.
+template <class S>
+void term_backward(const term_desc& desc, const bucket_ids& ids, std::span<const tensor_ref<const S>> tables,
+                   tensor_ref<const S> x, tensor_ref<const S> grad_out, tensor_ref<S> grad_x,
+                   std::span<const tensor_ref<S>> grad_tables, write mode) {
+    detail::check_write_mode(mode);
+    const auto d = detail::check_term_backward<S>(desc.layout(), desc.key(), ids, tables, x, grad_out, grad_x, grad_tables);
+    detail::cpu::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
+        detail::cpu::term_backward<S, Bias, Tg>(d, ids, tables, x.data, grad_out, Bias ? nullptr : grad_x.data, grad_tables,
+                                                mode == write::accumulate);
+    });
+}
+
+}  // namespace rpe::cpu

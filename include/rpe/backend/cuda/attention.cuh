@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "../../any_term.hpp"
 #include "../../attention_inputs.hpp"
 #include "../../detail/check.hpp"
 #include "../../error.hpp"
 #include "../../tensor.hpp"
+#include "../../term_desc.hpp"
 #include "bucket_ids.cuh"
 #include "error.cuh"
 #include "kernels.cuh"
@@ -27,34 +27,28 @@
 
 namespace rpe::cuda {
 
-/// @brief One RPE term attached to the CUDA attention: its configuration (an rpe::any_term,
-/// e.g. from rpe::make_term<float>(spec); only its configuration is used, never its CPU
-/// kernels, whatever S is) and its lookup table(s) in device memory, shapes term->table_shape().
+/// @brief One RPE term attached to the CUDA attention: rpe::attention_term, the same type as the
+/// CPU's (a term descriptor, host memory, and its lookup table(s) in device memory).
 template <class S>
-struct attention_term {
-    const any_term<float>* term = nullptr;   ///< the configured term, or null (no term)
-    std::vector<tensor_ref<const S>> tables = {};  ///< 1 table, or 2 for Cross (rows, cols); device memory
-    std::vector<tensor_ref<S>> grad_tables = {};   ///< backward: their gradients (device, overwritten), or empty
-};
+using attention_term = rpe::attention_term<S>;
 
-/// @brief Inputs of the CUDA attention, as rpe::attention_inputs but with device pointers:
-/// q, k, v (B, H, L, D) unscaled, L = skip + height·width; optional attn_mask (L, L) additive
-/// and key_padding_mask (B, L) (nonzero = padded key, −∞ after all RPE terms); optional 2D
-/// rotary embedding `rope` of q and k with the CPU's meaning (q and k rotated first; the terms
-/// and q·kᵀ see the rotated q and k) and checks; its `freqs` and `grad_freqs` (rope::mixed) are
-/// device memory.
+/// @brief Inputs of the CUDA attention: rpe::attention_inputs, the same type as the CPU's, with
+/// device pointers (q, k, v, masks, tables, RoPE freqs and grad_freqs) and host term descriptors.
 template <class S>
-struct attention_inputs {
-    using scalar_type = S;                            ///< storage type of q, k, v, tables, mask
-    tensor_ref<const S> q, k, v;                      ///< (B, H, L, D), device
-    int height = 0;                                   ///< grid rows
-    int width = 0;                                    ///< grid columns
-    attention_term<S> rpe_q, rpe_k, rpe_v;            ///< RPE on queries, keys, values (each optional)
-    tensor_ref<const S> attn_mask;                    ///< (L, L) or empty, device
-    tensor_ref<const std::uint8_t> key_padding_mask;  ///< (B, L) or empty, device
-    int depth = 1;                                    ///< grid frames (3D mappings on T x H x W video grids)
-    rotary_embedding<S> rope = {};                    ///< RoPE on q and k (form std::monostate = none); device freqs
-};
+using attention_inputs = rpe::attention_inputs<S>;
+
+/// @brief What the CUDA attention supports (checked by the shared front): contiguous q, k, v only
+/// (no strided views), no `attn` output and no backward from saved probabilities (there is no
+/// (L, L) buffer), RoPE with the frequencies' gradient, both masks, 3D grids, D ≤ 128.
+inline constexpr attention_capabilities attention_caps{.backend = "cuda",
+                                                       .strided_qkv = false,
+                                                       .saved_probabilities = false,
+                                                       .rope = true,
+                                                       .rope_freqs_grad = true,
+                                                       .key_padding_mask = true,
+                                                       .attn_mask = true,
+                                                       .grid_3d = true,
+                                                       .max_head_dim = 128};
 
 }  // namespace rpe::cuda
 
@@ -64,11 +58,12 @@ inline constexpr int attn_warps = 4;  // query (or key) rows per block, one warp
 inline constexpr int attn_max_dim = 128;
 inline constexpr int attn_max_tables = 2;
 
-// The ids of pair (i, j) for one table, computed from the per-offset ids (device memory, 1, 2
-// or 4 bytes each) by the host's offset math: id(i, j) for k and v, id(j, i) for q (transposed).
+// The ids of pair (i, j) for one table, computed from the per-offset ids (device memory, of the
+// call's one id type Id: every table's ids are uploaded at the call's widest width, so the
+// kernels take Id as a template argument and never switch on the width) by the host's offset
+// math: id(i, j) for k and v, id(j, i) for q (transposed).
 struct attn_ids {
     const void* offsets = nullptr;
-    int bytes = 1;
     bool transposed = false;
     id_grid grid{};
 };
@@ -100,11 +95,10 @@ struct attn_args {
     int scratch = 0;  // acc-type scratch slots per warp (after its two D-vectors)
 };
 
+template <class Id>
 __device__ inline std::int64_t load_id(const attn_ids& v, std::int64_t i, std::int64_t j) {
     const std::int64_t a = v.transposed ? j : i, b = v.transposed ? i : j;
-    if (v.bytes == 1) return v.grid.id(static_cast<const std::uint8_t*>(v.offsets), a, b);
-    if (v.bytes == 2) return v.grid.id(static_cast<const std::uint16_t*>(v.offsets), a, b);
-    return v.grid.id(static_cast<const std::uint32_t*>(v.offsets), a, b);
+    return v.grid.id(static_cast<const Id*>(v.offsets), a, b);
 }
 
 // Full-warp reductions through CUB's WarpReduce (shuffle-based for 32 lanes: its TempStorage
@@ -135,19 +129,19 @@ __device__ inline const S* head_table(const attn_table& t, std::int64_t h, std::
 
 // The RPE terms and the additive mask of logit (i, j), row-kernel view: contextual key products of
 // row i in the warp's scratch, contextual query products from the (B·H, L, K) temporary.
-template <class S, class A>
+template <class S, class A, class Id>
 __device__ inline A row_terms(const attn_args& a, std::int64_t p, std::int64_t h, std::int64_t i, std::int64_t j,
                               const A* scratch) {
     const std::int64_t e = i * a.n + j;
     A s = 0;
     for (int t = 0; t < a.nk; ++t) {
         const attn_table& tb = a.on_k[t];
-        const std::int64_t id = load_id(tb.ids, i, j);
+        const std::int64_t id = load_id<Id>(tb.ids, i, j);
         s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : scratch[tb.slot + id];
     }
     for (int t = 0; t < a.nq; ++t) {
         const attn_table& tb = a.on_q[t];
-        const std::int64_t id = load_id(tb.ids, i, j);  // id(j, i)
+        const std::int64_t id = load_id<Id>(tb.ids, i, j);  // id(j, i)
         s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * a.n + j) * tb.k + id];
     }
     if (a.attn_mask) s += to_acc(static_cast<const S*>(a.attn_mask)[e]);
@@ -185,7 +179,7 @@ __device__ inline void stage_tile(const S* x, std::int64_t p, std::int64_t r0, s
 // Forward: one warp per query row, attn_warps rows per block, 32-key tiles of k and v staged in
 // shared memory (converted to A), online softmax (running max m, running sum l); the output and
 // the value term's per-bucket probability sums are rescaled together.
-template <class S, class A>
+template <class S, class A, class Id>
 __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn_args args) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const std::int64_t n = args.n, dd = args.d;
@@ -223,7 +217,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn
             if (j < n) {
                 s = 0;
                 for (std::int64_t c = 0; c < dd; ++c) s += qs[c] * ktile[lane * (dd + 1) + c];
-                s += row_terms<S, A>(args, p, h, i, j, scratch);
+                s += row_terms<S, A, Id>(args, p, h, i, j, scratch);
                 if (args.key_padding_mask && args.key_padding_mask[b * n + j]) s = neg_inf;
                 if (s != s) {  // NaN: the reference's softmax gives a NaN row
                     nan_seen = true;
@@ -252,7 +246,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn
             if (j < n && pj != A(0))
                 for (int t = 0; t < args.nv; ++t) {
                     const attn_table& tb = args.on_v[t];
-                    atomicAdd(scratch + tb.hist + load_id(tb.ids, i, j), pj);
+                    atomicAdd(scratch + tb.hist + load_id<Id>(tb.ids, i, j), pj);
                 }
             __syncwarp();
             m = m_new;
@@ -281,7 +275,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn
 // Σ_j P·dP, then dlogits dS = P ⊙ (dP − Σ P·dP) and writes grad_q = s·Σ_j dS_ij k_j, the per-row
 // bucket sums of dS (key tables) and of P (value tables), and the row statistics.
 // dP_ij = grad_out_i · v_j + (grad_out_i · table_v[id(i, j)]) with the latter from `prod`.
-template <class S, class A>
+template <class S, class A, class Id>
 __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kernel(attn_args args) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const std::int64_t n = args.n, dd = args.d;
@@ -321,7 +315,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
                 if (j < n) {
                     s = 0;
                     for (std::int64_t c = 0; c < dd; ++c) s += qs[c] * ktile[lane * (dd + 1) + c];
-                    s += row_terms<S, A>(args, p, h, i, j, scratch);
+                    s += row_terms<S, A, Id>(args, p, h, i, j, scratch);
                     if ((args.key_padding_mask && args.key_padding_mask[b * n + j]) || s != s) s = neg_inf;
                 }
                 if (pass == 0) {
@@ -338,7 +332,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
                     for (std::int64_t c = 0; c < dd; ++c) dp += go[c] * vtile[lane * (dd + 1) + c];
                     for (int t = 0; t < args.nv; ++t) {
                         const attn_table& tb = args.on_v[t];
-                        dp += static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + load_id(tb.ids, i, j)];
+                        dp += static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + load_id<Id>(tb.ids, i, j)];
                     }
                 }
                 if (pass == 1) {
@@ -357,11 +351,11 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
                 if (j < n) {
                     for (int t = 0; t < args.nk; ++t) {
                         const attn_table& tb = args.on_k[t];
-                        if (tb.rows) atomicAdd(scratch + tb.hist + load_id(tb.ids, i, j), ds);
+                        if (tb.rows) atomicAdd(scratch + tb.hist + load_id<Id>(tb.ids, i, j), ds);
                     }
                     for (int t = 0; t < args.nv; ++t) {
                         const attn_table& tb = args.on_v[t];
-                        if (tb.rows && pj != A(0)) atomicAdd(scratch + tb.hist + load_id(tb.ids, i, j), pj);
+                        if (tb.rows && pj != A(0)) atomicAdd(scratch + tb.hist + load_id<Id>(tb.ids, i, j), pj);
                     }
                 }
             }
@@ -396,7 +390,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
 // Backward, column pass (one warp per key j, lanes over 32-query tiles): with the row statistics,
 // recomputes P_ij and dS_ij and writes grad_k = Σ_i dS_ij qs_i, grad_v = Σ_i P_ij grad_out_i and
 // the per-key bucket sums of dS by id(j, i) (query tables).
-template <class S, class A>
+template <class S, class A, class Id>
 __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kernel(attn_args args) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const std::int64_t n = args.n, dd = args.d;
@@ -437,12 +431,12 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
                 for (std::int64_t c = 0; c < dd; ++c) s += qtile[lane * (dd + 1) + c] * kj[c];
                 for (int t = 0; t < args.nk; ++t) {
                     const attn_table& tb = args.on_k[t];
-                    const std::int64_t id = load_id(tb.ids, i, j);  // id(i, j)
+                    const std::int64_t id = load_id<Id>(tb.ids, i, j);  // id(i, j)
                     s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + id];
                 }
                 for (int t = 0; t < args.nq; ++t) {
                     const attn_table& tb = args.on_q[t];
-                    const std::int64_t id = load_id(tb.ids, i, j);  // id(j, i)
+                    const std::int64_t id = load_id<Id>(tb.ids, i, j);  // id(j, i)
                     s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * n + j) * tb.k + id];
                 }
                 if (args.attn_mask) s += to_acc(static_cast<const S*>(args.attn_mask)[i * n + j]);
@@ -452,12 +446,12 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
                 for (std::int64_t c = 0; c < dd; ++c) dp += gtile[lane * (dd + 1) + c] * vj[c];
                 for (int t = 0; t < args.nv; ++t) {
                     const attn_table& tb = args.on_v[t];
-                    dp += static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + load_id(tb.ids, i, j)];
+                    dp += static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + load_id<Id>(tb.ids, i, j)];
                 }
                 ds = pj * (dp - st[2]);
                 for (int t = 0; t < args.nq; ++t) {
                     const attn_table& tb = args.on_q[t];
-                    if (tb.rows) atomicAdd(scratch + tb.hist + load_id(tb.ids, i, j), ds);
+                    if (tb.rows) atomicAdd(scratch + tb.hist + load_id<Id>(tb.ids, i, j), ds);
                 }
             }
             for (int ii = 0; ii < 32; ++ii) {
@@ -495,19 +489,13 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
 
 namespace rpe::detail::gpu {
 
-// The CUDA backend's limit on the head dim (after the front's checks, before any CUDA call).
-inline void check_cuda_limits(const attention_shape& s) {
-    require(s.d <= attn_max_dim, "attention", "head dim D = ", s.d, "; expected <= 128 on the CUDA backend");
-}
-
-// Checks the inputs (the front's check_attention, then the CUDA limits) and fills the kernel
-// arguments; keeps the device ids alive in `keep`.
+// The kernel arguments of checked inputs (the public front checks them first): the tables'
+// device ids, uploaded at the call's widest id width (returned in `id_bytes`, for the one
+// dispatch on the id type), kept alive in `keep`.
 template <class S>
-attn_args prepare_attention(const cuda::attention_inputs<S>& in, cudaStream_t stream,
-                            std::vector<std::shared_ptr<const cuda::device_bucket_ids>>& keep) {
-    const auto shape = check_attention(in);  // the front's checks, as on the CPU
-    const std::int64_t b = shape.b, h = shape.h, n = shape.l, dd = shape.d;
-    check_cuda_limits(shape);
+attn_args prepare_attention(const rpe::attention_inputs<S>& in, double scale, cudaStream_t stream,
+                            std::vector<std::shared_ptr<const cuda::device_bucket_ids>>& keep, int& id_bytes) {
+    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), dd = in.q.extent(3);
     attn_args args;
     args.q = in.q.data;
     args.k = in.k.data;
@@ -518,18 +506,24 @@ attn_args prepare_attention(const cuda::attention_inputs<S>& in, cudaStream_t st
     args.d = dd;
     args.heads = h;
     args.planes = b * h;
-    args.scale = 1.0 / std::sqrt(static_cast<double>(dd));
-    const cuda::attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    args.scale = scale;
+    const rpe::attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
     const target wanted[] = {target::query, target::key, target::value};
     attn_table* dst[] = {args.on_q, args.on_k, args.on_v};
     int* counts[] = {&args.nq, &args.nk, &args.nv};
+    std::shared_ptr<const bucket_ids> host_ids[3];
+    id_bytes = 1;
+    for (int s = 0; s < 3; ++s)
+        if (slots[s]->term) {
+            host_ids[s] = slots[s]->term->bucket_ids(in.depth, in.height, in.width);
+            id_bytes = std::max(id_bytes, host_ids[s]->id_bytes());
+        }
     for (int s = 0; s < 3; ++s) {
         const auto& slot = *slots[s];
         if (!slot.term) continue;
-        const auto& t = *slot.term;
+        const term_desc& t = *slot.term;
         const auto shape = t.table_shape();
-        const auto host_ids = t.bucket_ids(in.depth, in.height, in.width);
-        keep.push_back(cuda::device_bucket_cache::global().get(*host_ids, stream));
+        keep.push_back(cuda::device_bucket_cache::global().get(*host_ids[s], stream, id_bytes));
         const auto& dev = *keep.back();
         for (int u = 0; u < t.num_tables(); ++u) {
             attn_table& at = dst[s][(*counts[s])++];
@@ -538,7 +532,7 @@ attn_args prepare_attention(const cuda::attention_inputs<S>& in, cudaStream_t st
             at.table_heads = static_cast<int>(shape[0]);
             at.bias = !t.contextual();
             // ids(i, j) of pair (i, j): id(i, j) for k and v, id(j, i) for q
-            at.ids = attn_ids{dev.offsets(u), dev.id_bytes(), wanted[s] == target::query, dev.grid()};
+            at.ids = attn_ids{dev.offsets(u), wanted[s] == target::query, dev.grid()};
         }
     }
     return args;
@@ -590,10 +584,11 @@ inline std::int64_t contextual_size(const attn_table* tables, int count, const a
 
 // The forward after the checks: the kernels on in.q, in.k as given (already rotated with RoPE).
 template <class S>
-void attention_forward_impl(const cuda::attention_inputs<S>& in, tensor_ref<S> out, cudaStream_t stream) {
+void attention_forward_impl(const rpe::attention_inputs<S>& in, tensor_ref<S> out, double scale, cudaStream_t stream) {
     using A = acc_t<S>;
     std::vector<std::shared_ptr<const cuda::device_bucket_ids>> keep;
-    auto args = detail::gpu::prepare_attention(in, stream, keep);
+    int id_bytes = 1;
+    auto args = detail::gpu::prepare_attention(in, scale, stream, keep, id_bytes);
     args.out = out.data;
     int scratch = 0;  // per warp: contextual key products, then value bucket sums
     for (int t = 0; t < args.nk; ++t)
@@ -608,17 +603,20 @@ void attention_forward_impl(const cuda::attention_inputs<S>& in, tensor_ref<S> o
     args.scratch = scratch;
     detail::gpu::device_buffer<A> tq(detail::gpu::contextual_size(args.on_q, args.nq, args), stream);  // (B·H, L, K) per q table
     detail::gpu::table_products(args.on_q, args.nq, in.k.data, args, static_cast<A>(args.scale), tq.get(), false, stream);
-    detail::gpu::launch_attention<decltype(&detail::gpu::attention_forward_kernel<S, A>), A>(
-        detail::gpu::attention_forward_kernel<S, A>, args, stream, "attention_forward_kernel");
+    visit_id_width(id_bytes, [&]<class Id>() {
+        detail::gpu::launch_attention<decltype(&detail::gpu::attention_forward_kernel<S, A, Id>), A>(
+            detail::gpu::attention_forward_kernel<S, A, Id>, args, stream, "attention_forward_kernel");
+    });
 }
 
 // The backward after the checks: gradients of in.q, in.k as given (the rotated ones with RoPE).
 template <class S>
-void attention_backward_impl(const cuda::attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
-                             tensor_ref<S> grad_k, tensor_ref<S> grad_v, cudaStream_t stream) {
+void attention_backward_impl(const rpe::attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
+                             tensor_ref<S> grad_k, tensor_ref<S> grad_v, double softmax_scale, cudaStream_t stream) {
     using A = acc_t<S>;
     std::vector<std::shared_ptr<const cuda::device_bucket_ids>> keep;
-    auto args = detail::gpu::prepare_attention(in, stream, keep);
+    int id_bytes = 1;
+    auto args = detail::gpu::prepare_attention(in, softmax_scale, stream, keep, id_bytes);
     const std::int64_t h = args.heads, n = args.n, dd = args.d, planes = args.planes;
     args.grad_out = grad_out.data;
     args.grad_q = grad_q.data;
@@ -626,7 +624,7 @@ void attention_backward_impl(const cuda::attention_inputs<S>& in, tensor_ref<con
     args.grad_v = grad_v.data;
     // which tables want gradients; per-row bucket sums are needed for every contextual q/k table
     // (they feed grad_q / grad_k) and for the others only when their gradient is wanted
-    const cuda::attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    const rpe::attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
     detail::gpu::attn_table* groups[] = {args.on_q, args.on_k, args.on_v};
     const int counts[] = {args.nq, args.nk, args.nv};
     S* grads[3][detail::gpu::attn_max_tables] = {};
@@ -673,8 +671,10 @@ void attention_backward_impl(const cuda::attention_inputs<S>& in, tensor_ref<con
         scratch += args.on_v[t].k;
     }
     args.scratch = scratch;
-    detail::gpu::launch_attention<decltype(&detail::gpu::attention_backward_rows_kernel<S, A>), A>(
-        detail::gpu::attention_backward_rows_kernel<S, A>, args, stream, "attention_backward_rows_kernel");
+    visit_id_width(id_bytes, [&]<class Id>() {
+        detail::gpu::launch_attention<decltype(&detail::gpu::attention_backward_rows_kernel<S, A, Id>), A>(
+            detail::gpu::attention_backward_rows_kernel<S, A, Id>, args, stream, "attention_backward_rows_kernel");
+    });
     // column pass: scratch per warp = q bucket sums (the row pass's k products now come from tk)
     scratch = 0;
     for (int t = 0; t < args.nq; ++t) {
@@ -682,8 +682,10 @@ void attention_backward_impl(const cuda::attention_inputs<S>& in, tensor_ref<con
         scratch += args.on_q[t].k;
     }
     args.scratch = scratch;
-    detail::gpu::launch_attention<decltype(&detail::gpu::attention_backward_cols_kernel<S, A>), A>(
-        detail::gpu::attention_backward_cols_kernel<S, A>, args, stream, "attention_backward_cols_kernel");
+    visit_id_width(id_bytes, [&]<class Id>() {
+        detail::gpu::launch_attention<decltype(&detail::gpu::attention_backward_cols_kernel<S, A, Id>), A>(
+            detail::gpu::attention_backward_cols_kernel<S, A, Id>, args, stream, "attention_backward_cols_kernel");
+    });
 
     // tables: input gradients through the contextual tables, then table gradients
     const A scale = static_cast<A>(args.scale);
@@ -722,9 +724,9 @@ void attention_backward_impl(const cuda::attention_inputs<S>& in, tensor_ref<con
 template <class S>
 struct rotated_inputs {
     device_buffer<S> q, k;              // (B, H, L, D)
-    cuda::attention_inputs<S> inputs;
+    rpe::attention_inputs<S> inputs;
 
-    rotated_inputs(const cuda::attention_inputs<S>& in, const attention_shape& s, const rope_view<acc_t<S>>& t, cudaStream_t stream)
+    rotated_inputs(const rpe::attention_inputs<S>& in, const attention_shape& s, const rope_view<acc_t<S>>& t, cudaStream_t stream)
         : q(s.b * s.h * s.l * s.d, stream), k(s.b * s.h * s.l * s.d, stream), inputs(in) {
         rope_rotate<S>(t, in.q.data, q.get(), s.b * s.h, s.h, s.l, false, stream);
         rope_rotate<S>(t, in.k.data, k.get(), s.b * s.h, s.h, s.l, false, stream);
@@ -739,7 +741,7 @@ struct rotated_inputs {
 namespace rpe::cuda {
 
 /// @brief Fused forward of the attention step on the GPU (the reference's `RPEAttention.forward` order), as rpe::attention_forward:
-/// `qs = q·s`, `s = D^−½`; `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s) + attn_mask`, key padding
+/// `qs = q·s`, `s = opt.scale` (default `D^−½`); `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s) + attn_mask`, key padding
 /// mask (−∞), softmax over keys, `out = a·v + rpe_v(a)`; no (B, H, L, L) buffer: one warp per
 /// query row streams 32-key tiles with an online softmax (flash-attention style) and keeps the
 /// value term's per-bucket probability sums in shared memory.
@@ -747,11 +749,14 @@ namespace rpe::cuda {
 /// Contextual key terms: per row, qs·table (K values) in shared memory; contextual query terms:
 /// (k·s)·table per (b, h), a (B, H, L, K) temporary (batched GEMM) read by bucket; bias terms:
 /// table reads. Rows whose keys are all masked give zeros (the reference gives NaN); a NaN logit
-/// makes its row NaN. Probabilities are not returned (there is no (L, L) buffer).
-/// @param in     device q, k, v, masks, tables; host term configurations.
+/// makes its row NaN. Probabilities are not returned (there is no (L, L) buffer): a non-empty
+/// `attn` is refused (attention_caps, rpe::not_supported).
+/// @param in     device q, k, v (contiguous), masks, tables; host term descriptors.
 /// @param out    (B, H, L, D), device, written.
-/// @param stream the caller's stream; nothing waits (a miss of the bucket-id cache or of the
-///   fixed RoPE tables' cache waits for its upload).
+/// @param attn   must be empty (`{}`): the CUDA backend has no saved-probabilities output.
+/// @param opt    `opt.scale` the softmax scale; `opt.stream` the caller's stream (nothing waits:
+///   a miss of the bucket-id cache or of the fixed RoPE tables' cache waits for its upload);
+///   row_block ignored.
 /// @pre D ≤ 128; S float, double, __half or __nv_bfloat16 (float accumulation; double for double).
 /// @throws rpe::invalid_argument `[rpe.attention] ...` for mismatched shapes, grid, heads, a term
 ///   on the wrong slot, D > 128 or a shared-memory need beyond the device's; rpe::cuda_error.
@@ -761,17 +766,26 @@ namespace rpe::cuda {
 /// scratch (2·B·H·L·D elements of S), as rpe::cuda::rope_forward on both, and the kernels then
 /// run on the rotated q and k (same meaning and checks as the CPU's attention_inputs::rope).
 template <class S>
-void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, cudaStream_t stream = nullptr) {
-    const auto shape = detail::check_attention(in);  // the front's checks (RoPE's included), as on the CPU
-    detail::check_attention_outputs(in, shape, out, tensor_ref<S>{}, false);
-    detail::gpu::check_cuda_limits(shape);
+void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
+                       const attention_options& opt = {}) {
+    const auto shape = detail::check_attention_forward(in, out, attn, opt, attention_caps);  // the shared front
+    const double scale = detail::softmax_scale(opt, shape.d);
+    cudaStream_t stream = opt.stream;
     if (!in.rope.enabled()) {
-        detail::gpu::attention_forward_impl(in, out, stream);
+        detail::gpu::attention_forward_impl(in, out, scale, stream);
         return;
     }
     const detail::gpu::rope_call_table<S> table(in.rope, shape.h, shape.d, in.height, in.width, stream);
     const detail::gpu::rotated_inputs<S> rot(in, shape, table.view(), stream);
-    detail::gpu::attention_forward_impl(rot.inputs, out, stream);
+    detail::gpu::attention_forward_impl(rot.inputs, out, scale, stream);
+}
+
+/// @brief Deprecated form of attention_forward with the stream by position: use
+/// `attention_forward(in, out, {}, {.stream = stream})`.
+template <class S>
+[[deprecated("use rpe::cuda::attention_forward(in, out, {}, {.stream = stream})")]]
+void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, cudaStream_t stream) {
+    attention_forward(in, out, tensor_ref<S>{}, attention_options{.stream = stream});
 }
 
 /// @brief Fused backward of attention_forward for `sum(out · grad_out)` on the GPU, as
@@ -786,7 +800,9 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, cudaStr
 /// grad_k += s·G_q·table_qᵀ) and the table gradients are per-(b, h) GEMM partials reduced in a
 /// fixed order. Temporaries: (B, H, L, K) per table and (B, H, L, 3) statistics.
 /// Padded keys get exactly zero grad_k and grad_v rows; fully masked rows zero grad_q.
-/// @param grad_out (B, H, L, D); @param grad_q, grad_k, grad_v (B, H, L, D), written; device.
+/// @param g   grad_out, grad_q, grad_k, grad_v (B, H, L, D), device; `g.saved_attn` must be empty
+///   (attention_caps: no backward from saved probabilities, rpe::not_supported).
+/// @param opt the forward's options (the same scale; the stream).
 /// @throws as attention_forward, and for overlapping outputs.
 ///
 /// With `in.rope`: the kernels run on the rotated q and k (recomputed, as in the forward), then
@@ -795,18 +811,19 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, cudaStr
 /// `col_t · (g_2p+1·y_2p − g_2p·y_2p+1)` (`fy`: row_t) per (b, h) plane, then over the batch in a
 /// fixed order (deterministic). @throws also `[rpe.attention] rope grad_freqs ...` as the CPU.
 template <class S>
-void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k,
-                        tensor_ref<S> grad_v, cudaStream_t stream = nullptr) {
-    const auto shape = detail::check_attention(in);
-    detail::check_attention_gradients(in, shape, tensor_ref<const S>{}, grad_out, grad_q, grad_k, grad_v);
-    detail::gpu::check_cuda_limits(shape);
+void attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt = {}) {
+    const auto shape = detail::check_attention_backward(in, g, opt, attention_caps);  // the shared front
+    const double scale = detail::softmax_scale(opt, shape.d);
+    cudaStream_t stream = opt.stream;
+    const tensor_ref<const S> grad_out = g.grad_out;
+    const tensor_ref<S> grad_q = g.grad_q, grad_k = g.grad_k, grad_v = g.grad_v;
     if (!in.rope.enabled()) {
-        detail::gpu::attention_backward_impl(in, grad_out, grad_q, grad_k, grad_v, stream);
+        detail::gpu::attention_backward_impl(in, grad_out, grad_q, grad_k, grad_v, scale, stream);
         return;
     }
     const detail::gpu::rope_call_table<S> table(in.rope, shape.h, shape.d, in.height, in.width, stream);
     const detail::gpu::rotated_inputs<S> rot(in, shape, table.view(), stream);
-    detail::gpu::attention_backward_impl(rot.inputs, grad_out, grad_q, grad_k, grad_v, stream);
+    detail::gpu::attention_backward_impl(rot.inputs, grad_out, grad_q, grad_k, grad_v, scale, stream);
     // grad_q, grad_k now hold the gradients of the rotated q and k
     const std::int64_t planes = shape.b * shape.h;
     if (in.rope.grad_freqs.data != nullptr)
@@ -814,6 +831,25 @@ void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_
                                             shape.l, in.rope.grad_freqs.data, stream);
     detail::gpu::rope_rotate<S>(table.view(), grad_q.data, grad_q.data, planes, shape.h, shape.l, true, stream);
     detail::gpu::rope_rotate<S>(table.view(), grad_k.data, grad_k.data, planes, shape.h, shape.l, true, stream);
+}
+
+/// @brief attention_backward recomputing the probabilities, with the tensors by position (as
+/// rpe::cpu::attention_backward's): `attention_backward(in, {.grad_out = grad_out, .grad_q =
+/// grad_q, .grad_k = grad_k, .grad_v = grad_v}, opt)`. @throws as attention_backward.
+template <class S>
+void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k,
+                        tensor_ref<S> grad_v, const attention_options& opt = {}) {
+    attention_backward(in, attention_gradients<S>{.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k, .grad_v = grad_v},
+                       opt);
+}
+
+/// @brief Deprecated form with the stream by position: use
+/// `attention_backward(in, grad_out, grad_q, grad_k, grad_v, {.stream = stream})`.
+template <class S>
+[[deprecated("use rpe::cuda::attention_backward(in, grad_out, grad_q, grad_k, grad_v, {.stream = stream})")]]
+void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k,
+                        tensor_ref<S> grad_v, cudaStream_t stream) {
+    attention_backward(in, grad_out, grad_q, grad_k, grad_v, attention_options{.stream = stream});
 }
 
 }  // namespace rpe::cuda

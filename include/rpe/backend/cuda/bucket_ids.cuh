@@ -8,9 +8,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -46,24 +48,36 @@ struct device_id_view {
 class device_bucket_ids {
 public:
     /// @brief Uploads the per-offset ids of `host` to the current device on `stream` and waits
-    /// for that copy (the object is then usable from any stream).
-    /// @throws rpe::cuda_error when an allocation or copy fails.
-    device_bucket_ids(const rpe::bucket_ids& host, cudaStream_t stream)
+    /// for that copy (the object is then usable from any stream). `id_bytes` > host.id_bytes()
+    /// widens the ids to that width (1, 2 or 4), so that every table of one call shares one id
+    /// type; 0 keeps the host's width.
+    /// @throws rpe::cuda_error when an allocation or copy fails; rpe::invalid_argument for a
+    ///   width other than 0, 1, 2 or 4.
+    device_bucket_ids(const rpe::bucket_ids& host, cudaStream_t stream, int id_bytes = 0)
         : length_(host.length()), num_buckets_(host.num_buckets()), num_tables_(host.num_tables()),
-          id_bytes_(host.id_bytes()), grid_(host.grid()) {
+          id_bytes_(std::max(host.id_bytes(), id_bytes)), grid_(host.grid()) {
         RPE_CUDA_CHECK(cudaGetDevice(&device_));
         try {
             for (int t = 0; t < num_tables_; ++t) {
                 host.visit_offsets(t, [&](const auto* off, std::size_t count) {
-                    const std::size_t bytes = count * sizeof(*off);
-                    void* p = nullptr;
-                    RPE_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
-                    buffers_.push_back(p);
-                    offset_bytes_ += static_cast<std::int64_t>(bytes);
-                    // the host ids stay alive in the caller, but they are pageable memory: wait for
-                    // the copy (once per configuration and device; a cache hit never synchronises)
-                    RPE_CUDA_CHECK(cudaMemcpyAsync(p, off, bytes, cudaMemcpyHostToDevice, stream));
-                    RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+                    visit_id_width(id_bytes_, [&]<class Id>() {
+                        using HostId = std::remove_cvref_t<decltype(*off)>;
+                        std::vector<Id> wide;  // the ids at the wider width, when asked
+                        const void* src = off;
+                        if constexpr (!std::is_same_v<HostId, Id>) {
+                            wide.assign(off, off + count);
+                            src = wide.data();
+                        }
+                        const std::size_t bytes = count * sizeof(Id);
+                        void* p = nullptr;
+                        RPE_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
+                        buffers_.push_back(p);
+                        offset_bytes_ += static_cast<std::int64_t>(bytes);
+                        // the host ids stay alive in the caller, but they are pageable memory: wait for
+                        // the copy (once per configuration and device; a cache hit never synchronises)
+                        RPE_CUDA_CHECK(cudaMemcpyAsync(p, src, bytes, cudaMemcpyHostToDevice, stream));
+                        RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+                    });
                 });
             }
         } catch (...) {
@@ -89,9 +103,9 @@ public:
     template <class F>
     decltype(auto) visit(int table, bool transposed, F&& f) const {
         const void* p = buffers_.at(static_cast<std::size_t>(table));
-        if (id_bytes_ == 1) return f(device_id_view<std::uint8_t>{static_cast<const std::uint8_t*>(p), grid_, transposed});
-        if (id_bytes_ == 2) return f(device_id_view<std::uint16_t>{static_cast<const std::uint16_t*>(p), grid_, transposed});
-        return f(device_id_view<std::uint32_t>{static_cast<const std::uint32_t*>(p), grid_, transposed});
+        return visit_id_width(id_bytes_, [&]<class Id>() -> decltype(auto) {
+            return f(device_id_view<Id>{static_cast<const Id*>(p), grid_, transposed});
+        });
     }
     /// @brief Table `table`'s per-offset ids (device memory; type by id_bytes()).
     [[nodiscard]] const void* offsets(int table) const { return buffers_.at(static_cast<std::size_t>(table)); }
@@ -117,13 +131,14 @@ private:
 /// single-flight cache as the host ids); a hit does no CUDA call beyond cudaGetDevice.
 class device_bucket_cache {
 public:
-    /// @brief The device ids of `host` on the current device, uploaded on first use.
+    /// @brief The device ids of `host` on the current device, uploaded on first use, at least
+    /// `id_bytes` wide (0: the host's width; see device_bucket_ids).
     /// @throws rpe::cuda_error when the device query, allocation or copy fails.
-    std::shared_ptr<const device_bucket_ids> get(const rpe::bucket_ids& host, cudaStream_t stream = nullptr) {
+    std::shared_ptr<const device_bucket_ids> get(const rpe::bucket_ids& host, cudaStream_t stream = nullptr, int id_bytes = 0) {
         int device = 0;
         RPE_CUDA_CHECK(cudaGetDevice(&device));
-        const entry_key key{host.key(), device};
-        return entries_.get_or_build(key, [&] { return std::make_shared<const device_bucket_ids>(host, stream); });
+        const entry_key key{host.key(), device, std::max(host.id_bytes(), id_bytes)};
+        return entries_.get_or_build(key, [&] { return std::make_shared<const device_bucket_ids>(host, stream, id_bytes); });
     }
     /// @brief Number of (configuration, device) entries held.
     [[nodiscard]] std::size_t size() const { return entries_.size(); }
@@ -141,11 +156,12 @@ private:
     struct entry_key {
         bucket_key key;
         int device = 0;
-        bool operator==(const entry_key& o) const { return device == o.device && key == o.key; }
+        int id_bytes = 1;
+        bool operator==(const entry_key& o) const { return device == o.device && id_bytes == o.id_bytes && key == o.key; }
     };
     struct entry_hash {
         std::size_t operator()(const entry_key& k) const noexcept {
-            return bucket_key_hash{}(k.key) * 31u ^ std::hash<int>{}(k.device);
+            return (bucket_key_hash{}(k.key) * 31u ^ std::hash<int>{}(k.device)) * 31u ^ std::hash<int>{}(k.id_bytes);
         }
     };
     detail::single_flight_cache<entry_key, std::shared_ptr<const device_bucket_ids>, entry_hash> entries_;

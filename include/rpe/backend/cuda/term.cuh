@@ -20,12 +20,126 @@
 #include "../../error.hpp"
 #include "../../mode.hpp"
 #include "../../tensor.hpp"
-#include "../../term.hpp"
+#include "../../term_desc.hpp"
+#include "../../term_fwd.hpp"
 #include "../tags.hpp"
 #include "bucket_ids.cuh"
 #include "error.cuh"
 #include "kernels.cuh"
 #include "types.cuh"
+
+namespace rpe::detail::gpu {
+
+// The CUDA work of a checked term forward (d: the checked sizes; dev: the device ids of the
+// call's host ids): writes, or with `acc` adds, the term into out. One instantiation per
+// (scalar, mode, target) serves every mapping.
+template <class S, bool Bias, target Tg>
+void term_forward_run(const term_dims& d, const cuda::device_bucket_ids& ids_dev, std::span<const tensor_ref<const S>> tables,
+                      tensor_ref<const S> x, tensor_ref<S> out, bool acc, cudaStream_t stream) {
+    const auto* dev = &ids_dev;
+    const int num_tables = static_cast<int>(tables.size());
+    using A = cuda::acc_t<S>;
+    const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
+    if constexpr (Bias) {
+        for (int t = 0; t < num_tables; ++t)
+            dev->visit(t, Tg == target::query, [&](const auto& id) {
+                detail::gpu::gather(tables[static_cast<std::size_t>(t)].data, k, true, out.extent(1), d.table_heads, 0, false, id, n,
+                                    out.extent(0) * out.extent(1), acc || t > 0, out.data, stream);
+            });
+    } else if constexpr (Tg == target::value) {
+        detail::gpu::device_buffer<A> s(planes * n * k, stream);  // (B,H,L,K) bucket sums of a
+        for (int t = 0; t < num_tables; ++t) {
+            dev->visit(t, false, [&](const auto& id) { detail::gpu::scatter_rows(x.data, id, n, k, planes * n, s.get(), stream); });
+            detail::gpu::gemm_shape g{n, dd, k, planes, n * k, k * dd, n * dd, true, d.heads, d.table_heads};
+            detail::gpu::gemm<false, false, A>(g, s.get(), tables[static_cast<std::size_t>(t)].data, out.data, acc || t > 0, A(1), stream);
+        }
+    } else {
+        detail::gpu::device_buffer<A> tk(planes * n * k, stream);  // (B,H,L,K) T = x·table
+        for (int t = 0; t < num_tables; ++t) {
+            detail::gpu::gemm_shape g{n, k, dd, planes, n * dd, dd * k, n * k, true, d.heads, d.table_heads};
+            detail::gpu::gemm<false, false, A>(g, x.data, tables[static_cast<std::size_t>(t)].data, tk.get(), false, A(1), stream);
+            dev->visit(t, Tg == target::query, [&](const auto& id) {
+                detail::gpu::gather(static_cast<const A*>(tk.get()), n * k, false, d.heads, d.table_heads, k,
+                                    Tg == target::query, id, n, planes, acc || t > 0, out.data, stream);
+            });
+        }
+    }
+}
+
+// The CUDA work of a checked term backward: grad_x (when non-empty and contextual) and each
+// non-null grad_tables[t], overwritten or with `acc` added to.
+template <class S, bool Bias, target Tg>
+void term_backward_run(const term_dims& d, const cuda::device_bucket_ids& ids_dev, std::span<const tensor_ref<const S>> tables,
+                       tensor_ref<const S> x, tensor_ref<const S> grad_out, tensor_ref<S> grad_x,
+                       std::span<const tensor_ref<S>> grad_tables, bool acc, cudaStream_t stream) {
+    const auto* dev = &ids_dev;
+    const int num_tables = static_cast<int>(tables.size());
+    const bool want_x = !Bias && !detail::is_empty_view(grad_x);
+    using A = cuda::acc_t<S>;
+    const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
+    if constexpr (Bias) {
+        const std::int64_t gplanes = grad_out.extent(0) * grad_out.extent(1);
+        detail::gpu::device_buffer<A> g(gplanes * n * k, stream);  // (Bo·Ho·L, K) bucket sums per row
+        for (int t = 0; t < num_tables; ++t) {
+            if (!grad_tables[static_cast<std::size_t>(t)].data) continue;
+            // the sum runs over every (i, j): each row of grad with its row of (possibly transposed) ids
+            dev->visit(t, Tg == target::query, [&](const auto& id) {
+                detail::gpu::scatter_rows(grad_out.data, id, n, k, gplanes * n, g.get(), stream);
+            });
+            detail::gpu::reduce_partials(static_cast<const A*>(g.get()), gplanes, grad_out.extent(1), d.table_heads, n, k,
+                                         acc, grad_tables[static_cast<std::size_t>(t)].data, stream);
+        }
+    } else if constexpr (Tg == target::value) {
+        detail::gpu::device_buffer<A> w(planes * n * k, stream);  // (B,H,L,K)
+        const bool any_table = [&] {
+            for (int t = 0; t < num_tables; ++t)
+                if (grad_tables[static_cast<std::size_t>(t)].data) return true;
+            return false;
+        }();
+        detail::gpu::device_buffer<A> part(any_table ? planes * k * dd : 0, stream);  // (B·H, K, D)
+        for (int t = 0; t < num_tables; ++t) {
+            if (want_x) {  // grad_a[i, j] (+)= (grad_out·table[h']ᵀ)[i, id(i, j)]
+                detail::gpu::gemm_shape g{n, k, dd, planes, n * dd, k * dd, n * k, true, d.heads, d.table_heads};
+                detail::gpu::gemm<false, true, A>(g, grad_out.data, tables[static_cast<std::size_t>(t)].data, w.get(), false, A(1), stream);
+                dev->visit(t, false, [&](const auto& id) {
+                    detail::gpu::gather(static_cast<const A*>(w.get()), n * k, false, d.heads, d.table_heads, k, false, id, n,
+                                        planes, acc || t > 0, grad_x.data, stream);
+                });
+            }
+            if (grad_tables[static_cast<std::size_t>(t)].data) {  // grad_table[h'] (+)= Σ Sᵀ·grad_out
+                dev->visit(t, false, [&](const auto& id) { detail::gpu::scatter_rows(x.data, id, n, k, planes * n, w.get(), stream); });
+                detail::gpu::gemm_shape g{k, dd, n, planes, n * k, n * dd, k * dd, false, d.heads, d.table_heads};
+                detail::gpu::gemm<true, false, A>(g, w.get(), grad_out.data, part.get(), false, A(1), stream);
+                detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, d.heads, d.table_heads, 1, k * dd,
+                                             acc, grad_tables[static_cast<std::size_t>(t)].data, stream);
+            }
+        }
+    } else {
+        detail::gpu::device_buffer<A> g(planes * n * k, stream);  // (B,H,L,K) G = bucket sums of grad
+        detail::gpu::device_buffer<A> part(planes * dd * k, stream);  // (B·H, D, K)
+        for (int t = 0; t < num_tables; ++t) {
+            if (!want_x && !grad_tables[static_cast<std::size_t>(t)].data) continue;
+            dev->visit(t, Tg == target::query, [&](const auto& id) {
+                if constexpr (Tg == target::query)
+                    detail::gpu::scatter_cols(grad_out.data, id, n, k, planes, g.get(), stream);
+                else
+                    detail::gpu::scatter_rows(grad_out.data, id, n, k, planes * n, g.get(), stream);
+            });
+            if (want_x) {  // grad_x (+)= G·table[h']ᵀ
+                detail::gpu::gemm_shape s{n, dd, k, planes, n * k, dd * k, n * dd, true, d.heads, d.table_heads};
+                detail::gpu::gemm<false, true, A>(s, g.get(), tables[static_cast<std::size_t>(t)].data, grad_x.data, acc || t > 0, A(1), stream);
+            }
+            if (grad_tables[static_cast<std::size_t>(t)].data) {  // grad_table[h'] (+)= Σ xᵀ·G
+                detail::gpu::gemm_shape s{dd, k, n, planes, n * dd, n * k, dd * k, false, d.heads, d.table_heads};
+                detail::gpu::gemm<true, false, A>(s, x.data, g.get(), part.get(), false, A(1), stream);
+                detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, d.heads, d.table_heads, 1, dd * k,
+                                             acc, grad_tables[static_cast<std::size_t>(t)].data, stream);
+            }
+        }
+    }
+}
+
+}  // namespace rpe::detail::gpu
 
 namespace rpe {
 
@@ -75,23 +189,46 @@ public:
     /// @brief Configures the term by name, as the CPU term:
     /// `term(mapping, {.num_heads = 6, .head_dim = 64, .shared_head = true, .skip = 1})`.
     /// @throws rpe::invalid_argument `[rpe.term] ...` as the CPU term.
-    term(M mapping, const term_config& config) : config_(mapping, config) {}
+    term(M mapping, const term_config& config)
+        : mapping_(mapping),
+          layout_(detail::make_term_layout(
+              [this] {
+                  detail::validate_policy(mapping_);
+                  return static_cast<std::int64_t>(mapping_.num_buckets());
+              },
+              num_tables, config.num_heads, config.head_dim, config.shared_head, config.skip, is_bias, Tg,
+              detail::skip_buckets_of<M>())) {}
 
-    [[nodiscard]] const M& mapping() const { return config_.mapping(); }  ///< the mapping policy
-    [[nodiscard]] int num_heads() const { return config_.num_heads(); }   ///< H
-    [[nodiscard]] int head_dim() const { return config_.head_dim(); }     ///< D
-    [[nodiscard]] bool shared_head() const { return config_.shared_head(); }
-    [[nodiscard]] int skip() const { return config_.skip(); }             ///< extra tokens
-    [[nodiscard]] int table_heads() const { return config_.table_heads(); }  ///< Ht
-    [[nodiscard]] int num_buckets() const { return config_.num_buckets(); }  ///< K, extra bucket included
+    [[nodiscard]] const M& mapping() const { return mapping_; }  ///< the mapping policy
+    [[nodiscard]] int num_heads() const { return layout_.num_heads; }   ///< H
+    [[nodiscard]] int head_dim() const { return layout_.head_dim; }     ///< D
+    [[nodiscard]] bool shared_head() const { return layout_.shared_head; }
+    [[nodiscard]] int skip() const { return layout_.skip; }             ///< extra tokens
+    [[nodiscard]] int table_heads() const { return layout_.table_heads(); }  ///< Ht
+    [[nodiscard]] int num_buckets() const { return layout_.num_buckets; }  ///< K, extra bucket included
+    /// @brief The configuration (heads, head dim, shared tables, skip) as a term_config.
+    [[nodiscard]] term_config config() const {
+        return term_config{.num_heads = layout_.num_heads, .head_dim = layout_.head_dim,
+                           .shared_head = layout_.shared_head, .skip = layout_.skip};
+    }
     /// @brief Shape of each lookup table: (Ht, K) bias; (Ht, D, K) contextual q/k; (Ht, K, D) v.
-    [[nodiscard]] std::vector<std::int64_t> table_shape() const { return config_.table_shape(); }
+    [[nodiscard]] std::vector<std::int64_t> table_shape() const {
+        const auto e = layout_.table_extents();
+        return std::vector<std::int64_t>(e.begin(), e.begin() + layout_.table_rank());
+    }
+    /// @brief The run-time layout that the shared checks use.
+    [[nodiscard]] const detail::term_layout& layout() const { return layout_; }
+    /// @brief This term as a backend-free descriptor (for the attention slots, or
+    /// rpe::cuda::term_forward), its ids from `cache` (bucket_cache::global() when null).
+    [[nodiscard]] term_desc desc(bucket_cache* cache = nullptr) const {
+        return make_term_desc(mapping_, !is_bias, Tg, config(), cache);
+    }
 
     /// @brief The shared host bucket ids of this term on a height × width grid (as the CPU term);
     /// forward/backward upload them to the device once (cuda::device_bucket_cache).
     [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int height, int width,
                                                                     bucket_cache& cache = bucket_cache::global()) const {
-        return config_.bucket_ids(height, width, cache);
+        return cache.get(mapping_, 1, height, width, layout_.skip, id_storage::automatic);
     }
 
     /// @brief Forward on `stream`: writes (`write::overwrite`) or adds (`write::accumulate`) the
@@ -102,35 +239,10 @@ public:
                  write mode, cudaStream_t stream = nullptr) const {
         detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping());
-        const auto d = detail::check_term_forward<S>(config_.layout(), key, ids, std::span<const tensor_ref<const S>>(tables), x, out);
+        const auto d = detail::check_term_forward<S>(layout_, key, ids, std::span<const tensor_ref<const S>>(tables), x, out);
         const auto dev = cuda::device_bucket_cache::global().get(ids, stream);
-        using A = accumulator_type;
-        const bool acc = mode == write::accumulate;
-        const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
-        if constexpr (is_bias) {
-            for (int t = 0; t < num_tables; ++t)
-                dev->visit(t, Tg == target::query, [&](const auto& id) {
-                    detail::gpu::gather(tables[t].data, k, true, out.extent(1), d.table_heads, 0, false, id, n,
-                                        out.extent(0) * out.extent(1), acc || t > 0, out.data, stream);
-                });
-        } else if constexpr (Tg == target::value) {
-            detail::gpu::device_buffer<A> s(planes * n * k, stream);  // (B,H,L,K) bucket sums of a
-            for (int t = 0; t < num_tables; ++t) {
-                dev->visit(t, false, [&](const auto& id) { detail::gpu::scatter_rows(x.data, id, n, k, planes * n, s.get(), stream); });
-                detail::gpu::gemm_shape g{n, dd, k, planes, n * k, k * dd, n * dd, true, d.heads, d.table_heads};
-                detail::gpu::gemm<false, false, A>(g, s.get(), tables[t].data, out.data, acc || t > 0, A(1), stream);
-            }
-        } else {
-            detail::gpu::device_buffer<A> tk(planes * n * k, stream);  // (B,H,L,K) T = x·table
-            for (int t = 0; t < num_tables; ++t) {
-                detail::gpu::gemm_shape g{n, k, dd, planes, n * dd, dd * k, n * k, true, d.heads, d.table_heads};
-                detail::gpu::gemm<false, false, A>(g, x.data, tables[t].data, tk.get(), false, A(1), stream);
-                dev->visit(t, Tg == target::query, [&](const auto& id) {
-                    detail::gpu::gather(static_cast<const A*>(tk.get()), n * k, false, d.heads, d.table_heads, k,
-                                        Tg == target::query, id, n, planes, acc || t > 0, out.data, stream);
-                });
-            }
-        }
+        detail::gpu::term_forward_run<S, is_bias, Tg>(d, *dev, std::span<const tensor_ref<const S>>(tables), x, out,
+                                                      mode == write::accumulate, stream);
     }
 
     /// @brief Single-table convenience overload of forward.
@@ -149,73 +261,12 @@ public:
                   write mode, cudaStream_t stream = nullptr) const {
         detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping());
-        const auto d = detail::check_term_backward<S>(config_.layout(), key, ids, std::span<const tensor_ref<const S>>(tables),
+        const auto d = detail::check_term_backward<S>(layout_, key, ids, std::span<const tensor_ref<const S>>(tables),
                                                       x, grad_out, grad_x, std::span<const tensor_ref<S>>(grad_tables));
-        const bool want_x = !is_bias && !detail::is_empty_view(grad_x);
         const auto dev = cuda::device_bucket_cache::global().get(ids, stream);
-        using A = accumulator_type;
-        const bool acc = mode == write::accumulate;
-        const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
-        if constexpr (is_bias) {
-            const std::int64_t gplanes = grad_out.extent(0) * grad_out.extent(1);
-            detail::gpu::device_buffer<A> g(gplanes * n * k, stream);  // (Bo·Ho·L, K) bucket sums per row
-            for (int t = 0; t < num_tables; ++t) {
-                if (!grad_tables[t].data) continue;
-                // the sum runs over every (i, j): each row of grad with its row of (possibly transposed) ids
-                dev->visit(t, Tg == target::query, [&](const auto& id) {
-                    detail::gpu::scatter_rows(grad_out.data, id, n, k, gplanes * n, g.get(), stream);
-                });
-                detail::gpu::reduce_partials(static_cast<const A*>(g.get()), gplanes, grad_out.extent(1), d.table_heads, n, k,
-                                             acc, grad_tables[t].data, stream);
-            }
-        } else if constexpr (Tg == target::value) {
-            detail::gpu::device_buffer<A> w(planes * n * k, stream);  // (B,H,L,K)
-            const bool any_table = [&] {
-                for (int t = 0; t < num_tables; ++t)
-                    if (grad_tables[t].data) return true;
-                return false;
-            }();
-            detail::gpu::device_buffer<A> part(any_table ? planes * k * dd : 0, stream);  // (B·H, K, D)
-            for (int t = 0; t < num_tables; ++t) {
-                if (want_x) {  // grad_a[i, j] (+)= (grad_out·table[h']ᵀ)[i, id(i, j)]
-                    detail::gpu::gemm_shape g{n, k, dd, planes, n * dd, k * dd, n * k, true, d.heads, d.table_heads};
-                    detail::gpu::gemm<false, true, A>(g, grad_out.data, tables[t].data, w.get(), false, A(1), stream);
-                    dev->visit(t, false, [&](const auto& id) {
-                        detail::gpu::gather(static_cast<const A*>(w.get()), n * k, false, d.heads, d.table_heads, k, false, id, n,
-                                            planes, acc || t > 0, grad_x.data, stream);
-                    });
-                }
-                if (grad_tables[t].data) {  // grad_table[h'] (+)= Σ Sᵀ·grad_out
-                    dev->visit(t, false, [&](const auto& id) { detail::gpu::scatter_rows(x.data, id, n, k, planes * n, w.get(), stream); });
-                    detail::gpu::gemm_shape g{k, dd, n, planes, n * k, n * dd, k * dd, false, d.heads, d.table_heads};
-                    detail::gpu::gemm<true, false, A>(g, w.get(), grad_out.data, part.get(), false, A(1), stream);
-                    detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, d.heads, d.table_heads, 1, k * dd,
-                                                 acc, grad_tables[t].data, stream);
-                }
-            }
-        } else {
-            detail::gpu::device_buffer<A> g(planes * n * k, stream);  // (B,H,L,K) G = bucket sums of grad
-            detail::gpu::device_buffer<A> part(planes * dd * k, stream);  // (B·H, D, K)
-            for (int t = 0; t < num_tables; ++t) {
-                if (!want_x && !grad_tables[t].data) continue;
-                dev->visit(t, Tg == target::query, [&](const auto& id) {
-                    if constexpr (Tg == target::query)
-                        detail::gpu::scatter_cols(grad_out.data, id, n, k, planes, g.get(), stream);
-                    else
-                        detail::gpu::scatter_rows(grad_out.data, id, n, k, planes * n, g.get(), stream);
-                });
-                if (want_x) {  // grad_x (+)= G·table[h']ᵀ
-                    detail::gpu::gemm_shape s{n, dd, k, planes, n * k, dd * k, n * dd, true, d.heads, d.table_heads};
-                    detail::gpu::gemm<false, true, A>(s, g.get(), tables[t].data, grad_x.data, acc || t > 0, A(1), stream);
-                }
-                if (grad_tables[t].data) {  // grad_table[h'] (+)= Σ xᵀ·G
-                    detail::gpu::gemm_shape s{dd, k, n, planes, n * dd, n * k, dd * k, false, d.heads, d.table_heads};
-                    detail::gpu::gemm<true, false, A>(s, x.data, g.get(), part.get(), false, A(1), stream);
-                    detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, d.heads, d.table_heads, 1, dd * k,
-                                                 acc, grad_tables[t].data, stream);
-                }
-            }
-        }
+        detail::gpu::term_backward_run<S, is_bias, Tg>(d, *dev, std::span<const tensor_ref<const S>>(tables), x, grad_out, grad_x,
+                                                       std::span<const tensor_ref<S>>(grad_tables), mode == write::accumulate,
+                                                       stream);
     }
 
     /// @brief Single-table convenience overload of backward.
@@ -228,8 +279,61 @@ public:
     }
 
 private:
-    // The configuration (constructor checks, ids, shapes) is the CPU term's: one source of truth.
-    term<M, Md, Tg, float, backend::cpu> config_;
+    M mapping_;
+    detail::term_layout layout_;
 };
+
+namespace detail::gpu {
+
+// Calls f.template operator()<Bias, Tg>() with the (mode, target) of `d` (five combinations).
+template <class F>
+decltype(auto) visit_mode_target(const term_layout& d, F&& f) {
+    switch (d.target) {
+        case target::query: return d.bias ? f.template operator()<true, target::query>() : f.template operator()<false, target::query>();
+        case target::key: return d.bias ? f.template operator()<true, target::key>() : f.template operator()<false, target::key>();
+        case target::value: break;
+    }
+    return f.template operator()<false, target::value>();
+}
+
+}  // namespace detail::gpu
+
+namespace cuda {
+
+/// @brief Forward of term `desc` on the GPU on `stream`, as rpe::cpu::term_forward: writes
+/// (`write::overwrite`) or adds (`write::accumulate`) the term into `out`. Tables, x and out are
+/// device memory of storage type S (float, double, __half, __nv_bfloat16), shapes as rpe::term.
+/// @throws rpe::invalid_argument `[rpe.term] ...` (the shared checks, before any launch);
+///   rpe::cuda_error when a CUDA call fails.
+template <class S>
+void term_forward(const term_desc& desc, const rpe::bucket_ids& ids, std::span<const tensor_ref<const S>> tables,
+                  tensor_ref<const S> x, tensor_ref<S> out, write mode, cudaStream_t stream = nullptr) {
+    static_assert(DeviceScalar<S>, "rpe: the CUDA term's scalar type must be float, double, __half or __nv_bfloat16");
+    detail::check_write_mode(mode);
+    const auto d = detail::check_term_forward<S>(desc.layout(), desc.key(), ids, tables, x, out);
+    const auto dev = device_bucket_cache::global().get(ids, stream);
+    detail::gpu::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
+        detail::gpu::term_forward_run<S, Bias, Tg>(d, *dev, tables, x, out, mode == write::accumulate, stream);
+    });
+}
+
+/// @brief Backward of term_forward for `sum(out · grad_out)` on the GPU, as
+/// rpe::cpu::term_backward: `grad_x` (`{}` to skip; `{}` in bias mode) and each non-empty
+/// `grad_tables[t]`, overwritten or added to (`mode`). @throws as term_forward.
+template <class S>
+void term_backward(const term_desc& desc, const rpe::bucket_ids& ids, std::span<const tensor_ref<const S>> tables,
+                   tensor_ref<const S> x, tensor_ref<const S> grad_out, tensor_ref<S> grad_x,
+                   std::span<const tensor_ref<S>> grad_tables, write mode, cudaStream_t stream = nullptr) {
+    static_assert(DeviceScalar<S>, "rpe: the CUDA term's scalar type must be float, double, __half or __nv_bfloat16");
+    detail::check_write_mode(mode);
+    const auto d = detail::check_term_backward<S>(desc.layout(), desc.key(), ids, tables, x, grad_out, grad_x, grad_tables);
+    const auto dev = device_bucket_cache::global().get(ids, stream);
+    detail::gpu::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
+        detail::gpu::term_backward_run<S, Bias, Tg>(d, *dev, tables, x, grad_out, grad_x, grad_tables, mode == write::accumulate,
+                                                    stream);
+    });
+}
+
+}  // namespace cuda
 
 }  // namespace rpe
