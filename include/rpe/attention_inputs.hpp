@@ -176,7 +176,7 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
         check_strided_rows(in.v, "attention", "v");
     } else {
         static constexpr const char* qkv_names[] = {"q", "k", "v"};
-        const auto* qkv[] = {&in.q, &in.k, &in.v};
+        const decltype(&in.q) qkv[] = {&in.q, &in.k, &in.v};
         for (int i = 0; i < 3; ++i)
             if (!qkv[i]->contiguous())
                 throw not_supported(message("attention", qkv_names[i], " is a strided view (shape ", qkv[i]->shape_string(),

@@ -244,7 +244,7 @@ TEST_CASE("term descriptor: configuration, injectable cache, and the CPU term fu
     CHECK(cache.size() == 1);
     CHECK(ids->length() == 7);
     // the compile-time term's descriptor and the run-time one agree with the CPU term
-    rpe::term<M, rpe::mode::bias, rpe::target::key> t(m, {.num_heads = 3, .head_dim = 8, .shared_head = false, .skip = 1});
+    rpe::term<M, rpe::mode::bias, rpe::target::key, double> t(m, {.num_heads = 3, .head_dim = 8, .shared_head = false, .skip = 1});
     CHECK(t.desc().num_buckets() == d.num_buckets());
     std::vector<double> table(static_cast<std::size_t>(3 * d.num_buckets()));
     for (std::size_t e = 0; e < table.size(); ++e) table[e] = 0.25 * static_cast<double>(e % 7) - 0.5;

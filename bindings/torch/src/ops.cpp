@@ -566,7 +566,11 @@ std::vector<at::Tensor> attention_backward_impl(attention_args& a, at::ScalarTyp
     }
     if (a.attn.defined()) {  // the forward's probabilities: not recomputed
         a.attn = prepared(a.attn, "attn", st);
-        rpe::attention_backward<S>(s.in, cref<S>(a.attn), cref<S>(a.grad_out), mref<S>(gq), mref<S>(gk), mref<S>(gv));
+        rpe::attention_backward<S>(s.in, {.grad_out = cref<S>(a.grad_out),
+                                          .grad_q = mref<S>(gq),
+                                          .grad_k = mref<S>(gk),
+                                          .grad_v = mref<S>(gv),
+                                          .saved_attn = cref<S>(a.attn)});
     } else {
         rpe::attention_backward<S>(s.in, cref<S>(a.grad_out), mref<S>(gq), mref<S>(gk), mref<S>(gv));
     }
