@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "../../any_term.hpp"  // rpe::any_term, make_any_term: the CPU terms that users attach to slots
 #include "../../attention_inputs.hpp"
 #include "../../detail/check.hpp"
 #include "../../detail/validate.hpp"
@@ -611,6 +612,11 @@ void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_
     attention_backward(in, attention_gradients<S>{.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k, .grad_v = grad_v},
                        opt);
 }
+
+/// @brief The standalone RoPE rotation under the backend's name (as rpe::cuda::rope_forward /
+/// rope_backward): rpe::rope_forward / rope_backward of backend/cpu/rope.hpp.
+using rpe::rope_backward;
+using rpe::rope_forward;
 
 }  // namespace cpu
 
