@@ -609,8 +609,8 @@ void attention_backward(const attention_inputs<S>& in, const attention_gradients
 template <class S>
 void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
                         tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt = {}) {
-    attention_backward(in, attention_gradients<S>{.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k, .grad_v = grad_v},
-                       opt);
+    rpe::cpu::attention_backward(in, attention_gradients<S>{.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k, .grad_v = grad_v},
+                                 opt);
 }
 
 /// @brief The standalone RoPE rotation under the backend's name (as rpe::cuda::rope_forward /

@@ -785,7 +785,7 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 template <class S>
 [[deprecated("use rpe::cuda::attention_forward(in, out, {}, {.stream = stream})")]]
 void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, cudaStream_t stream) {
-    attention_forward(in, out, tensor_ref<S>{}, attention_options{.stream = stream});
+    rpe::cuda::attention_forward(in, out, tensor_ref<S>{}, attention_options{.stream = stream});
 }
 
 /// @brief Fused backward of attention_forward for `sum(out · grad_out)` on the GPU, as
@@ -839,8 +839,8 @@ void attention_backward(const attention_inputs<S>& in, const attention_gradients
 template <class S>
 void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k,
                         tensor_ref<S> grad_v, const attention_options& opt = {}) {
-    attention_backward(in, attention_gradients<S>{.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k, .grad_v = grad_v},
-                       opt);
+    rpe::cuda::attention_backward(in, attention_gradients<S>{.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k, .grad_v = grad_v},
+                                  opt);
 }
 
 /// @brief Deprecated form with the stream by position: use
@@ -849,7 +849,7 @@ template <class S>
 [[deprecated("use rpe::cuda::attention_backward(in, grad_out, grad_q, grad_k, grad_v, {.stream = stream})")]]
 void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k,
                         tensor_ref<S> grad_v, cudaStream_t stream) {
-    attention_backward(in, grad_out, grad_q, grad_k, grad_v, attention_options{.stream = stream});
+    rpe::cuda::attention_backward(in, grad_out, grad_q, grad_k, grad_v, attention_options{.stream = stream});
 }
 
 }  // namespace rpe::cuda
