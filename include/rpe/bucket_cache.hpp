@@ -22,6 +22,12 @@ namespace rpe {
 ///
 /// Concurrent `get`s of one missing key build it once (the others wait); different keys build
 /// in parallel. A failed build throws to every waiter and leaves no entry.
+///
+/// Memory: the ids held count against a byte budget (bucket_ids::bytes(); default 256 MiB, or
+/// `RPE_CACHE_BUDGET_MB`; set_budget()); past it the least recently used configurations are
+/// dropped, so a process that sees many grid sizes stays bounded. Ids handed out stay valid
+/// (shared ownership): a running call never loses its ids, and a dropped configuration is simply
+/// built again on its next use. stats() gives hits, misses, evictions and the bytes held.
 class bucket_cache {
 public:
     /// @brief The ids of (m, depth, height, width, skip, storage), built on first use.
@@ -38,7 +44,9 @@ public:
             storage = detail::automatic_storage(n, k, detail::num_tables_of<M>());
         }
         bucket_key key{std::make_shared<detail::mapping_key<M>>(m), height, width, skip, depth, storage};
-        return entries_.get_or_build(key, [&] { return build_bucket_ids(m, depth, height, width, skip, storage); });
+        return entries_.get_or_build(
+            key, [&] { return build_bucket_ids(m, depth, height, width, skip, storage); },
+            [](const std::shared_ptr<const bucket_ids>& ids) { return static_cast<std::size_t>(ids->bytes()); });
     }
 
     /// @brief 2D form: `get(m, 1, height, width, skip, storage)`.
@@ -52,8 +60,16 @@ public:
     [[nodiscard]] std::size_t size() const { return entries_.size(); }
     /// @brief Number of builds started since construction (or the last clear): a hit builds nothing.
     [[nodiscard]] std::size_t builds() const { return entries_.builds(); }
-    /// @brief Drops every entry (objects already handed out stay valid: they are shared).
+    /// @brief Drops every entry and resets the counters (objects already handed out stay valid:
+    /// they are shared).
     void clear() { entries_.clear(); }
+    /// @brief Sets the byte budget of the ids held and drops least recently used entries down to it
+    /// at once (0: keep nothing between calls).
+    void set_budget(std::size_t bytes) { entries_.set_budget(bytes); }
+    /// @brief The byte budget in force (default: detail::default_cache_budget()).
+    [[nodiscard]] std::size_t budget() const { return entries_.budget(); }
+    /// @brief Hits, misses, evictions since construction (or the last clear), entries and bytes held.
+    [[nodiscard]] cache_stats stats() const { return entries_.stats(); }
 
     /// @brief The process-wide cache that terms use by default.
     static bucket_cache& global() {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include <rpe/bucket_ids.hpp>
+#include <rpe/detail/single_flight.hpp>
 #include <rpe/index/clip.hpp>
 #include <rpe/index/piecewise.hpp>
 #include <rpe/mapping/cross.hpp>
@@ -187,4 +189,97 @@ TEST_CASE("bucket_cache: a failing build leaves no entry") {
     // the cache still works afterwards
     CHECK(cache.get(prod, 5, 5, 1)->length() == 26);
     CHECK(cache.size() == 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Budget, eviction, counters (a long-lived process that sees many grids stays bounded)
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("bucket_cache: past its byte budget the least recently used grids are dropped, handed-out ids stay valid") {
+    rpe::bucket_cache cache;
+    // (L, L) tables of 1-byte ids plus the per-offset ids: bytes() of each grid, built alone
+    const auto bytes_of = [](int h, int w) { return static_cast<std::size_t>(rpe::build_bucket_ids(prod, h, w, 1)->bytes()); };
+    const std::size_t b10 = bytes_of(10, 10), b11 = bytes_of(11, 11), b12 = bytes_of(12, 12);
+    CHECK(b10 == 101 * 101 + 19 * 19);  // L = 101: the (L, L) table and the (2H−1)(2W−1) per-offset ids
+    cache.set_budget(b10 + b11 + b12);
+    CHECK(cache.budget() == b10 + b11 + b12);
+    const auto g10 = cache.get(prod, 10, 10, 1);
+    (void)cache.get(prod, 11, 11, 1);
+    (void)cache.get(prod, 12, 12, 1);
+    CHECK(cache.stats().bytes == b10 + b11 + b12);
+    CHECK(cache.stats().evictions == 0);
+    (void)cache.get(prod, 10, 10, 1);  // a hit: 10x10 is now the most recently used, 11x11 the least
+    rpe::cache_stats s = cache.stats();
+    CHECK(s.hits == 1);
+    CHECK(s.misses == 3);
+    (void)cache.get(prod, 13, 13, 1);  // over the budget: 11x11 goes first, then 12x12 while still over
+    s = cache.stats();
+    CHECK(s.misses == 4);
+    CHECK(s.evictions >= 1);
+    CHECK(s.bytes <= cache.budget());
+    CHECK(s.entries == 4 - s.evictions);
+    CHECK(cache.get(prod, 10, 10, 1).get() == g10.get());  // kept: recently used
+    CHECK(cache.stats().hits == 2);
+    const std::size_t builds_before = cache.builds();
+    const auto again = cache.get(prod, 11, 11, 1);  // dropped: built again, the same ids
+    CHECK(cache.builds() == builds_before + 1);
+    CHECK(same_ids(*again, *rpe::build_bucket_ids(prod, 11, 11, 1)));
+
+    SUBCASE("set_budget evicts at once; ids handed out stay valid and unchanged") {
+        cache.set_budget(0);
+        s = cache.stats();
+        CHECK(s.entries == 0);
+        CHECK(s.bytes == 0);
+        CHECK(g10->length() == 101);
+        CHECK(same_ids(*g10, *rpe::build_bucket_ids(prod, 10, 10, 1)));
+        // budget 0: nothing is kept between calls, every call still gets its ids
+        const auto t = cache.get(prod, 9, 9, 1);
+        CHECK(t->length() == 82);
+        CHECK(cache.size() == 0);
+        CHECK(cache.get(prod, 9, 9, 1).get() != t.get());
+    }
+    SUBCASE("clear drops everything and resets the counters, the budget stays") {
+        const std::size_t budget = cache.budget();
+        cache.clear();
+        s = cache.stats();
+        CHECK(s.entries == 0);
+        CHECK(s.hits + s.misses + s.evictions + s.bytes == 0);
+        CHECK(s.budget == budget);
+    }
+}
+
+TEST_CASE("bucket_cache: the default budget is 256 MiB or RPE_CACHE_BUDGET_MB") {
+    // CTest runs this case twice: as is, and with RPE_CACHE_BUDGET_MB=3 (test cache.budget_from_environment)
+    const char* env = std::getenv("RPE_CACHE_BUDGET_MB");
+    const std::size_t expected = env != nullptr && *env != '\0' ? static_cast<std::size_t>(std::stoull(env)) << 20 : std::size_t{256} << 20;
+    CHECK(rpe::detail::default_cache_budget() == expected);
+    CHECK(rpe::bucket_cache{}.budget() == expected);
+    CHECK(rpe::bucket_cache::global().budget() == expected);
+}
+
+TEST_CASE("bucket_cache: 8 threads racing lookups, evictions and clear() get the single-threaded ids") {
+    rpe::bucket_cache cache;
+    cache.set_budget(3 * static_cast<std::size_t>(rpe::build_bucket_ids(prod, 12, 12, 1)->bytes()));  // a few grids at most
+    std::vector<std::shared_ptr<const rpe::bucket_ids>> expected;
+    for (int s = 4; s < 16; ++s) expected.push_back(rpe::build_bucket_ids(prod, s, s + 1, 1));
+    std::atomic<int> ready{0}, wrong{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t)
+        threads.emplace_back([&, t] {
+            ready.fetch_add(1);
+            while (ready.load() < 8) std::this_thread::yield();
+            for (int i = 0; i < 60; ++i) {
+                const int s = 4 + (i * 7 + t * 3) % 12;
+                const auto ids = cache.get(prod, s, s + 1, 1);
+                if (!same_ids(*ids, *expected[static_cast<std::size_t>(s - 4)])) wrong.fetch_add(1);
+                if (t == 0 && i % 15 == 14) cache.clear();
+                if (t == 1 && i % 20 == 19) cache.set_budget(cache.budget() / 2 + 1);
+                (void)cache.stats();
+            }
+        });
+    for (auto& th : threads) th.join();
+    CHECK(wrong.load() == 0);
+    const rpe::cache_stats s = cache.stats();
+    CHECK(s.bytes <= s.budget);
+    CHECK(s.entries <= 12);
 }

@@ -364,6 +364,21 @@ TEST_CASE("safetensors: malformed files are runtime_error with the file name") {
                                 "\"a\": {\"dtype\": \"U8\", \"shape\": [], \"data_offsets\": [1, 2]}}",
                                 std::vector<std::byte>(2))),
                   "key 'a' appears twice in the header"));
+        // a key repeated inside an entry or in the metadata (the JSON parser alone keeps the last)
+        CHECK(st_err(st_raw("{\"a\": {\"dtype\": \"U8\", \"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 1]}}",
+                            std::vector<std::byte>(1))) ==
+              "[rpe.safetensors] bad.safetensors: key 'dtype' appears twice in one object of the header (at nesting depth 2)");
+        CHECK(has(st_err(st_raw("{\"a\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1], \"shape\": [1]}}",
+                                std::vector<std::byte>(1))),
+                  "key 'shape' appears twice in one object"));
+        CHECK(has(st_err(st_raw("{\"__metadata__\": {\"format\": \"pt\", \"format\": \"np\"}}", {})),
+                  "key 'format' appears twice in one object"));
+        // the same key in two different objects is fine
+        CHECK_NOTHROW(rpe::io::safetensors_file::parse(
+            st_raw("{\"a\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]}, "
+                   "\"b\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [1, 2]}}",
+                   std::vector<std::byte>(2)),
+            "ok.safetensors"));
     }
     SUBCASE("entry missing a field or of the wrong JSON type") {
         CHECK(with("x", 5) == "[rpe.safetensors] bad.safetensors: entry 'x' is not an object");

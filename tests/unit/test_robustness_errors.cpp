@@ -219,6 +219,45 @@ TEST_CASE("errors: K too large for the id type or for int") {
     CHECK(throws_with([] { mapping::product<rpe::index::clip>{rpe::index::clip{40000}}.validate(); }, "beta_int = 40000"));
 }
 
+// A custom index function that accepts any β: num_buckets() reports the count itself.
+struct lenient_clip {
+    double beta = 0;
+    constexpr int beta_int() const { return rpe::detail::saturating_int(beta); }
+    constexpr int operator()(std::int64_t x) const { return static_cast<int>(x < -beta_int() ? -beta_int() : (x > beta_int() ? beta_int() : x)); }
+    int operator()(float x) const { return (*this)(static_cast<std::int64_t>(x)); }
+    void validate() const {}
+    friend constexpr bool operator==(const lenient_clip&, const lenient_clip&) = default;
+};
+
+TEST_CASE("errors: a bucket count that overflows int throws from num_buckets(), before validate() is called") {
+    // β beyond int (undefined conversion before) and counts beyond 2^31 (wrapped before): the
+    // mapping's own validate() names the parameter
+    CHECK(throws_with([] { (void)mapping::product{rpe::index::piecewise{1.9, 1e300, 2e300}}.num_buckets(); },
+                      "[rpe.index.piecewise] beta = 1.0000000000000001e+300 must be < 2^30"));
+    CHECK(throws_with([] { (void)mapping::euclidean{rpe::index::clip{3e9}}.num_buckets(); }, "[rpe.index.clip] beta = 3000000000"));
+    CHECK(throws_with([] { (void)mapping::product<rpe::index::clip>{rpe::index::clip{40000}}.num_buckets(); },
+                      "[rpe.mapping.product] beta_int = 40000 gives (2*beta_int+1)^2 = 6400160001 buckets"));
+    CHECK(throws_with([] { (void)mapping::product3d<>{.time = {1.9, 5e7, 6e7}}.num_buckets(); }, "[rpe.mapping.product3d] beta_int (time, row, col) = (50000000, 3, 3)"));
+    CHECK(throws_with([] { (void)mapping::shaw{.k = 2000000000}.num_buckets(); }, "[rpe.mapping.shaw] k = 2000000000"));
+    CHECK(throws_with([] { (void)mapping::swin{.window_h = 100000, .window_w = 100000}.num_buckets(); },
+                      "[rpe.mapping.swin] window_h = 100000"));
+    CHECK(throws_with([] { (void)mapping::beit{.window_h = 0}.num_buckets(); }, "[rpe.mapping.beit] window_h = 0"));
+    // parameters that pass validate() but not the count: the count's own message
+    CHECK(throws_with([] { (void)mapping::product<lenient_clip>{lenient_clip{40000}}.num_buckets(); },
+                      "[rpe.mapping.product] beta_int = 40000 gives (2*beta_int+1)^2 = 6400160001 buckets"));
+    CHECK(throws_with([] { (void)mapping::cross<lenient_clip>{lenient_clip{1e10}}.num_buckets(); },
+                      "[rpe.mapping.cross] num_buckets = 2*beta_int+1 = 4294967295 does not fit in int; "
+                      "expected at most 2^31 - 1 buckets"));
+    CHECK(throws_with([] { (void)mapping::euclidean<lenient_clip>{lenient_clip{1e10}}.num_buckets(); },
+                      "num_buckets = 2*beta_int+1 = 4294967295 does not fit in int"));
+    // the largest valid counts are unchanged
+    CHECK(mapping::product<rpe::index::clip>{rpe::index::clip{23169}}.num_buckets() == 46339 * 46339);
+    CHECK(mapping::euclidean<rpe::index::clip>{rpe::index::clip{1073741823}}.num_buckets() == 2147483647);
+    CHECK(rpe::index::piecewise{1.9, 1e300, 2e300}.beta_int() == 2147483647);  // saturated, no UB
+    CHECK(rpe::index::clip{std::nan("")}.beta_int() == 0);
+    CHECK(mapping::cross{rpe::index::piecewise{1.9, std::nan(""), 15.2}}.num_buckets() == 1);  // no overflow: validate() refuses NaN
+}
+
 TEST_CASE_TEMPLATE("numerics: huge logits (1e30) give exact one-hot rows, never NaN", S, float, double) {
     attention_setup<S> a;
     const auto shape = a.shape();

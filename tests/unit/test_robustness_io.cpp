@@ -368,6 +368,116 @@ TEST_CASE("atomic writes: atomic_file removes its temporary file unless committe
     }
 }
 
+namespace {
+
+/// Forks a child that calls remove_temporaries_on_signals(), opens an atomic_file on `path` and
+/// runs `body` with it (which should end by a signal); returns the child's wait status.
+int status_of_child_writer(const std::string& path, const std::function<void(rpe::io::atomic_file&)>& body,
+                           const std::function<void()>& before = [] {}) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        try {
+            before();
+            rpe::io::remove_temporaries_on_signals();
+            rpe::io::atomic_file f(path, "test");
+            body(f);
+        } catch (...) {
+            ::_exit(3);
+        }
+        ::_exit(4);  // the signal did not end the child
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return status;
+}
+
+}  // namespace
+
+TEST_CASE("atomic writes: SIGINT, SIGTERM and SIGHUP remove the temporary file at every moment of a write") {
+    const std::string chunk(1 << 16, 'x');
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+        CAPTURE(sig);
+        // moments: right after the temporary file is created, after a first write, after many
+        // writes (flushed to the file), and asynchronously from outside while the child writes
+        for (int moment = 0; moment < 4; ++moment) {
+            CAPTURE(moment);
+            const scratch_dir dir;
+            const std::string path = dir.file("out.npy");
+            write_text(path, "old");
+            int status = 0;
+            if (moment < 3) {
+                status = status_of_child_writer(path, [&](rpe::io::atomic_file& f) {
+                    if (moment == 0) ::raise(sig);
+                    f.write(std::string_view("new"));
+                    if (moment == 1) ::raise(sig);
+                    for (int i = 0; i < 64; ++i) f.write(std::string_view(chunk));  // 4 MiB, past stdio's buffer
+                    ::raise(sig);
+                });
+            } else {
+                const pid_t pid = ::fork();
+                REQUIRE(pid >= 0);
+                if (pid == 0) {
+                    rpe::io::remove_temporaries_on_signals();
+                    rpe::io::atomic_file f(path, "test");
+                    for (;;) f.write(std::string_view(chunk));  // until the file-size limit or the signal
+                }
+                // wait until the child's temporary file exists, then signal it mid-write
+                for (int tries = 0; tries < 2000 && dir.names().size() < 2; ++tries) ::usleep(1000);
+                CHECK(dir.names().size() == 2);
+                ::usleep(20000);
+                ::kill(pid, sig);
+                ::waitpid(pid, &status, 0);
+            }
+            CHECK(WIFSIGNALED(status));
+            CHECK(WTERMSIG(status) == sig);  // the default disposition still ends the process
+            CHECK(dir.names() == std::set<std::string>{"out.npy"});  // no temporary file left
+            CHECK(read_text(path) == "old");
+        }
+    }
+}
+
+TEST_CASE("atomic writes: an ignored signal stays ignored, a program's own handler still runs after the cleanup") {
+    const scratch_dir dir;
+    const std::string path = dir.file("out.txt");
+    write_text(path, "old");
+    SUBCASE("SIGHUP ignored (nohup): the write goes on and commits") {
+        const int status = status_of_child_writer(
+            path,
+            [](rpe::io::atomic_file& f) {
+                ::raise(SIGHUP);
+                f.write(std::string_view("new"));
+                f.commit();
+                ::_exit(0);
+            },
+            [] { std::signal(SIGHUP, SIG_IGN); });
+        CHECK(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 0);
+        CHECK(read_text(path) == "new");
+    }
+    SUBCASE("a handler installed before runs after the temporary file is gone") {
+        static const std::string* watched = nullptr;
+        watched = &path;
+        const int status = status_of_child_writer(
+            path, [](rpe::io::atomic_file& f) {
+                f.write(std::string_view("new"));
+                ::raise(SIGTERM);
+            },
+            [] {
+                std::signal(SIGTERM, +[](int) {
+                    // the temporary file is already removed when the program's handler runs
+                    std::error_code ec;
+                    int files = 0;
+                    for (const auto& e : fs::directory_iterator(fs::path(*watched).parent_path(), ec)) (void)e, ++files;
+                    ::_exit(files == 1 ? 42 : 43);
+                });
+            });
+        CHECK(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 42);
+    }
+    CHECK(dir.names() == std::set<std::string>{"out.txt"});
+}
+
 // ---------------------------------------------------------------------------------------------
 // Readers: extents 0, 2^31, 2^63 - 1 and overflowing products
 // ---------------------------------------------------------------------------------------------

@@ -702,6 +702,9 @@ int main(int argc, char** argv) {
     std::signal(SIGXFSZ, SIG_IGN);
 #endif
     try {
+        // Ctrl-C, SIGTERM or SIGHUP during a write: the temporary file is removed and the target
+        // left as it was; the tool still ends by the signal.
+        rpe::io::remove_temporaries_on_signals();
         const int status = rpe_cli::run(argc, argv);
         // a report that never arrived is a failure too (stdout on a full disk or /dev/full)
         std::cout.flush();

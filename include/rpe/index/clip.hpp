@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "../config.hpp"
+#include "../detail/bucket_count.hpp"
 #include "../detail/validate.hpp"
 
 namespace rpe::index {
@@ -19,8 +20,8 @@ namespace rpe::index {
 struct clip {
     double beta = 3.0;  ///< β: offsets beyond ±int(β) share the end buckets
 
-    /// @brief `int(β)`.
-    RPE_HOST_DEVICE constexpr int beta_int() const { return static_cast<int>(beta); }
+    /// @brief `int(β)` (saturated at INT_MAX for a β beyond int, which validate() refuses).
+    RPE_HOST_DEVICE constexpr int beta_int() const { return detail::saturating_int(beta); }
 
     /// @brief clip at an integer offset.
     RPE_HOST_DEVICE constexpr int operator()(std::int64_t x) const {

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "../config.hpp"
+#include "../detail/bucket_count.hpp"
 #include "../detail/float.hpp"
 #include "../detail/validate.hpp"
 
@@ -39,8 +40,9 @@ struct piecewise {
     /// @brief The reference's parameters from one ratio: `α = r, β = 2r, γ = 8r` (Python floats).
     static constexpr piecewise from_ratio(double ratio) { return {ratio, 2.0 * ratio, 8.0 * ratio}; }
 
-    /// @brief `int(β)`: the output lies in `[−beta_int(), beta_int()]`.
-    RPE_HOST_DEVICE constexpr int beta_int() const { return static_cast<int>(beta); }
+    /// @brief `int(β)`: the output lies in `[−beta_int(), beta_int()]` (saturated at INT_MAX for a β
+    /// beyond int, which validate() refuses: no undefined conversion before it runs).
+    RPE_HOST_DEVICE constexpr int beta_int() const { return detail::saturating_int(beta); }
 
     /// @brief g at an integer offset (the reference's long input).
     RPE_HOST_DEVICE int operator()(std::int64_t x) const {

@@ -7,8 +7,11 @@
 /// EFBIG), a read-only or missing folder, or an exception between open() and commit() leaves the
 /// old target untouched and removes the temporary file. Every file rpe writes (io::save_npy, the
 /// `rpe` tool's .npy and PNG outputs) goes through this helper.
-/// Not covered: a crash or SIGKILL between open() and commit() leaves the temporary file
-/// (`<target>.tmp-<pid>-<n>`, next to the target) behind; the target itself is still intact.
+/// Signals: a program that calls io::remove_temporaries_on_signals() once (the `rpe` tool does)
+/// has its unfinished temporary files removed on SIGINT, SIGTERM and SIGHUP before the signal
+/// takes its course. Not covered: SIGKILL, a crash, or a signal in a program that did not call
+/// it leaves the temporary file (`<target>.tmp-<pid>-<n>`, next to the target) behind; the target
+/// itself is still intact.
 /// Targets that are not plain files: a symbolic link is followed link by link (the file it names
 /// is replaced or, for a dangling link, created; the link stays; a cycle is an error); a path
 /// naming an open descriptor of the process (`/dev/stdout`, `/dev/stderr`, `/dev/fd/N`,
@@ -32,13 +35,125 @@
 #include <utility>
 
 #if defined(__unix__) || defined(__APPLE__)
+#include <csignal>     // sigaction, raise
 #include <sys/stat.h>  // fchmod, stat
-#include <unistd.h>    // dup, fchown, fsync, getpid
+#include <unistd.h>    // dup, fchown, fsync, getpid, unlink
 #endif
 
 #include "../error.hpp"
 
 namespace rpe::io {
+
+namespace detail {
+
+/// @brief The temporary files of unfinished atomic_file writes, as fixed slots that a signal
+/// handler may read (async-signal-safe: lock-free atomics and a path copied in advance; no
+/// allocation, no lock). A slot is free (0), being filled (1) or holds a path (2).
+class temporary_registry {
+public:
+    static constexpr int slots = 32;          ///< concurrent writes covered; more are written unprotected
+    static constexpr std::size_t max_path = 4096;  ///< longer paths are written unprotected
+
+    static temporary_registry& instance() {
+        static temporary_registry r;
+        return r;
+    }
+
+    /// @brief Records `path`; returns its slot, or -1 when every slot is taken or the path too long.
+    int add(const std::string& path) noexcept {
+        if (path.size() >= max_path) return -1;
+        for (int i = 0; i < slots; ++i) {
+            int expected = 0;
+            if (!slot_[i].state.compare_exchange_strong(expected, 1, std::memory_order_acquire)) continue;
+            std::memcpy(slot_[i].path, path.c_str(), path.size() + 1);
+            slot_[i].state.store(2, std::memory_order_release);
+            return i;
+        }
+        return -1;
+    }
+
+    /// @brief Forgets slot `i` (no-op for -1).
+    void remove(int i) noexcept {
+        if (i >= 0 && i < slots) slot_[i].state.store(0, std::memory_order_release);
+    }
+
+    /// @brief Unlinks every recorded path; async-signal-safe (unlink(2) and atomic loads only).
+    void unlink_all() noexcept {
+#if defined(__unix__) || defined(__APPLE__)
+        for (auto& s : slot_)
+            if (s.state.load(std::memory_order_acquire) == 2) ::unlink(s.path);
+#endif
+    }
+
+private:
+    struct slot {
+        std::atomic<int> state{0};
+        char path[max_path] = {};
+    };
+    static_assert(std::atomic<int>::is_always_lock_free, "rpe: the signal-safe registry needs lock-free atomics");
+    slot slot_[slots];
+};
+
+#if defined(__unix__) || defined(__APPLE__)
+/// @brief The dispositions remove_temporaries_on_signals() replaced, restored before re-raising.
+struct saved_dispositions {
+    static constexpr int signals[3] = {SIGINT, SIGTERM, SIGHUP};
+    struct sigaction previous[3] = {};
+    std::atomic<bool> installed{false};
+
+    static saved_dispositions& instance() {
+        static saved_dispositions d;
+        return d;
+    }
+};
+
+extern "C" inline void rpe_io_remove_temporaries_and_reraise(int sig) {
+    temporary_registry::instance().unlink_all();
+    auto& d = saved_dispositions::instance();
+    for (int i = 0; i < 3; ++i)
+        if (saved_dispositions::signals[i] == sig) ::sigaction(sig, &d.previous[i], nullptr);
+    ::raise(sig);  // the previous disposition (by default: terminate with this signal)
+}
+#endif
+
+}  // namespace detail
+
+/// @brief Makes SIGINT, SIGTERM and SIGHUP remove the temporary files of unfinished
+/// atomic_file writes (so a target is left as it was, with no `<target>.tmp-<pid>-<n>` beside
+/// it), then restores the signal's previous disposition and raises it again: by default the
+/// process still terminates by that signal (exit status 128 + N in a shell).
+///
+/// Call it once, early, from a program's main (the `rpe` tool does); a library never installs
+/// handlers on its own. A signal that is ignored when it is called (e.g. SIGHUP under nohup)
+/// stays ignored. Calling it again does nothing. The handler is async-signal-safe: it reads paths
+/// recorded before each write began (at most 32 writes at once and paths under 4096 bytes are
+/// covered; others are written as before) and calls only unlink(2), sigaction(2) and raise(3).
+/// A no-op outside POSIX systems. Thread-safety: call it before starting threads that write.
+/// @throws rpe::runtime_error `[rpe.io] cannot install a handler for signal N (...)`.
+inline void remove_temporaries_on_signals() {
+#if defined(__unix__) || defined(__APPLE__)
+    auto& d = detail::saved_dispositions::instance();
+    if (d.installed.exchange(true)) return;
+    (void)detail::temporary_registry::instance();  // constructed before any handler may run
+    for (int i = 0; i < 3; ++i) {
+        const int sig = detail::saved_dispositions::signals[i];
+        struct sigaction current {};
+        if (::sigaction(sig, nullptr, &current) != 0)
+            throw runtime_error(rpe::detail::message("io", "cannot read the handler of signal ", sig, " (",
+                                                     std::generic_category().message(errno), ")"));
+        if (current.sa_handler == SIG_IGN) continue;  // nohup and the like: stays ignored
+        d.previous[i] = current;
+        struct sigaction handler {};
+        handler.sa_handler = &detail::rpe_io_remove_temporaries_and_reraise;
+        sigemptyset(&handler.sa_mask);
+        for (const int other : detail::saved_dispositions::signals) sigaddset(&handler.sa_mask, other);
+        handler.sa_flags = 0;
+        if (::sigaction(sig, &handler, nullptr) != 0)
+            throw runtime_error(rpe::detail::message("io", "cannot install a handler for signal ", sig, " (",
+                                                     std::generic_category().message(errno), ")"));
+    }
+#endif
+}
 
 /// @brief A file written under a temporary name next to `target` and renamed over it by
 /// commit(); destroyed uncommitted (an exception, an early return), it removes the temporary
@@ -87,8 +202,17 @@ public:
         const std::filesystem::path real(r.path);
         for (int attempt = 0; attempt < 100 && file_ == nullptr; ++attempt) {
             temp_ = temporary_name(real, process_id(), counter++);
+            // recorded before it exists, so a signal at any moment finds it (remove_temporaries_on_signals)
+            std::error_code abs_ec;
+            const auto absolute = std::filesystem::absolute(temp_, abs_ec);
+            slot_ = detail::temporary_registry::instance().add(abs_ec ? temp_ : absolute.string());
             file_ = std::fopen(temp_.c_str(), "wbx");  // C11 exclusive mode: fails if the name exists
-            if (file_ == nullptr && errno != EEXIST) break;
+            if (file_ == nullptr) {
+                const int err = errno;
+                detail::temporary_registry::instance().remove(std::exchange(slot_, -1));
+                errno = err;
+                if (err != EEXIST) break;
+            }
         }
         if (file_ == nullptr) {
             const int err = errno;
@@ -158,6 +282,7 @@ public:
             fail("cannot rename the temporary file over it", ec.value());
         }
         temp_.clear();
+        detail::temporary_registry::instance().remove(std::exchange(slot_, -1));  // renamed: nothing to remove
     }
 
     /// @brief Closes and removes the temporary file (the target stays as it was); never throws.
@@ -168,6 +293,7 @@ public:
             std::filesystem::remove(temp_, ec);
             temp_.clear();
         }
+        detail::temporary_registry::instance().remove(std::exchange(slot_, -1));
     }
 
 private:
@@ -177,6 +303,7 @@ private:
     std::string temp_;       // empty when written in place or once committed / discarded
     std::FILE* file_ = nullptr;
     bool in_place_ = false;  // a device, FIFO or socket
+    int slot_ = -1;          // temp_'s slot in detail::temporary_registry, or -1
 
     struct resolved {
         std::string path;     // the file to replace (may not exist yet: a dangling link names it)

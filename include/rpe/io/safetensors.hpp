@@ -26,6 +26,7 @@
 #include <string_view>
 #include <system_error>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -316,14 +317,23 @@ private:
 
     void parse_header(const std::string& header) {
         using json = nlohmann::json;
-        // Reject duplicate tensor names and absurd nesting while parsing (a valid header nests
-        // 3 levels: object → entry → shape array).
-        std::vector<std::string> top_keys;
+        // Reject duplicate keys in every object (tensor names, an entry's "dtype", metadata keys:
+        // nlohmann::json would keep the last one silently) and absurd nesting while parsing (a
+        // valid header nests 3 levels: object → entry → shape array).
+        std::vector<std::unordered_set<std::string>> open_objects;  // the keys seen so far in each enclosing object
         const json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
             if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) && depth > 16)
                 fail("header JSON is nested more than 16 levels deep");
-            if (event == json::parse_event_t::key && depth == 1 && parsed.is_string())
-                top_keys.push_back(parsed.get<std::string>());
+            if (event == json::parse_event_t::object_start) open_objects.emplace_back();
+            if (event == json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
+            if (event == json::parse_event_t::key && !open_objects.empty() && parsed.is_string()) {
+                auto& keys = open_objects.back();
+                const auto [it, inserted] = keys.insert(parsed.get<std::string>());
+                if (!inserted) {
+                    if (open_objects.size() == 1) fail("key '", *it, "' appears twice in the header");
+                    fail("key '", *it, "' appears twice in one object of the header (at nesting depth ", depth, ")");
+                }
+            }
             return true;
         };
         json j;
@@ -333,9 +343,6 @@ private:
             fail("header is not valid JSON: ", e.what());
         }
         if (!j.is_object()) fail("header JSON is not an object");
-        std::sort(top_keys.begin(), top_keys.end());
-        if (const auto dup = std::adjacent_find(top_keys.begin(), top_keys.end()); dup != top_keys.end())
-            fail("key '", *dup, "' appears twice in the header");
 
         for (const auto& [key, value] : j.items()) {
             if (key == "__metadata__") {

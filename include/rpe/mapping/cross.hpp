@@ -6,6 +6,7 @@
 
 #include "../concepts.hpp"
 #include "../config.hpp"
+#include "../detail/bucket_count.hpp"
 #include "../index/piecewise.hpp"
 
 namespace rpe::mapping {
@@ -22,7 +23,13 @@ struct cross {
     I index{};                            ///< the index function g applied to each axis offset
 
     /// @brief `2βi+1` per table.
-    RPE_HOST_DEVICE constexpr int num_buckets() const { return 2 * index.beta_int() + 1; }
+    RPE_HOST_DEVICE constexpr int num_buckets() const {
+        const std::int64_t span = detail::span_of(index.beta_int());
+#if !defined(__CUDA_ARCH__)
+        if (!detail::bucket_count_fits(span)) bucket_overflow(span);
+#endif
+        return detail::bucket_count(span);
+    }
 
     /// @brief Id in table `table` (0 rows, 1 cols) of offset (dr, dc).
     RPE_HOST_DEVICE int bucket(int dr, int dc, int table) const {
@@ -36,6 +43,15 @@ struct cross {
     void validate() const { detail::validate_policy(index); }
 
     friend constexpr bool operator==(const cross&, const cross&) = default;
+
+private:
+    // num_buckets() on the host with parameters whose count overflows int: validate() names the
+    // parameter; parameters that pass it (a custom index function) get the count's message.
+    template <class... E>
+    [[noreturn]] void bucket_overflow(E... extents) const {
+        validate();
+        detail::throw_bucket_overflow("mapping.cross", "2*beta_int+1", extents...);
+    }
 };
 
 template <class I>

@@ -7,6 +7,7 @@
 
 #include "../concepts.hpp"
 #include "../config.hpp"
+#include "../detail/bucket_count.hpp"
 #include "../detail/float.hpp"
 #include "../index/piecewise.hpp"
 
@@ -23,7 +24,13 @@ struct euclidean {
     I index{};  ///< the index function g applied to the rounded distance
 
     /// @brief `2βi+1` (only [βi, 2βi] is used).
-    RPE_HOST_DEVICE constexpr int num_buckets() const { return 2 * index.beta_int() + 1; }
+    RPE_HOST_DEVICE constexpr int num_buckets() const {
+        const std::int64_t span = detail::span_of(index.beta_int());
+#if !defined(__CUDA_ARCH__)
+        if (!detail::bucket_count_fits(span)) bucket_overflow(span);
+#endif
+        return detail::bucket_count(span);
+    }
 
     /// @brief Id of offset (dr, dc).
     RPE_HOST_DEVICE int bucket(int dr, int dc) const {
@@ -36,6 +43,15 @@ struct euclidean {
     void validate() const { detail::validate_policy(index); }
 
     friend constexpr bool operator==(const euclidean&, const euclidean&) = default;
+
+private:
+    // num_buckets() on the host with parameters whose count overflows int: validate() names the
+    // parameter; parameters that pass it (a custom index function) get the count's message.
+    template <class... E>
+    [[noreturn]] void bucket_overflow(E... extents) const {
+        validate();
+        detail::throw_bucket_overflow("mapping.euclidean", "2*beta_int+1", extents...);
+    }
 };
 
 template <class I>
@@ -51,7 +67,13 @@ struct euclidean_paper {
     I index{};  ///< the index function g applied to the real distance
 
     /// @brief `2βi+1` (only [βi, 2βi] is used).
-    RPE_HOST_DEVICE constexpr int num_buckets() const { return 2 * index.beta_int() + 1; }
+    RPE_HOST_DEVICE constexpr int num_buckets() const {
+        const std::int64_t span = detail::span_of(index.beta_int());
+#if !defined(__CUDA_ARCH__)
+        if (!detail::bucket_count_fits(span)) bucket_overflow(span);
+#endif
+        return detail::bucket_count(span);
+    }
 
     /// @brief Id of offset (dr, dc).
     RPE_HOST_DEVICE int bucket(int dr, int dc) const {
@@ -63,6 +85,15 @@ struct euclidean_paper {
     void validate() const { detail::validate_policy(index); }
 
     friend constexpr bool operator==(const euclidean_paper&, const euclidean_paper&) = default;
+
+private:
+    // num_buckets() on the host with parameters whose count overflows int: validate() names the
+    // parameter; parameters that pass it (a custom index function) get the count's message.
+    template <class... E>
+    [[noreturn]] void bucket_overflow(E... extents) const {
+        validate();
+        detail::throw_bucket_overflow("mapping.euclidean_paper", "2*beta_int+1", extents...);
+    }
 };
 
 template <class I>

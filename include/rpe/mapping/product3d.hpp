@@ -6,6 +6,7 @@
 
 #include "../concepts.hpp"
 #include "../config.hpp"
+#include "../detail/bucket_count.hpp"
 #include "../error.hpp"
 #include "../index/piecewise.hpp"
 
@@ -30,7 +31,12 @@ struct product3d {
 
     /// @brief `(2βt+1)(2βr+1)(2βc+1)`.
     RPE_HOST_DEVICE constexpr int num_buckets() const {
-        return (2 * time.beta_int() + 1) * (2 * row.beta_int() + 1) * (2 * col.beta_int() + 1);
+        const std::int64_t st = detail::span_of(time.beta_int()), sr = detail::span_of(row.beta_int()),
+                           sc = detail::span_of(col.beta_int());
+#if !defined(__CUDA_ARCH__)
+        if (!detail::bucket_count_fits(st, sr, sc)) bucket_overflow(st, sr, sc);
+#endif
+        return detail::bucket_count(st, sr, sc);
     }
 
     /// @brief Id of offset (dt, dr, dc) in [0, num_buckets()).
@@ -56,6 +62,15 @@ struct product3d {
     }
 
     friend constexpr bool operator==(const product3d&, const product3d&) = default;
+
+private:
+    // num_buckets() on the host with parameters whose count overflows int: validate() names the
+    // parameter; parameters that pass it (a custom index function) get the count's message.
+    template <class... E>
+    [[noreturn]] void bucket_overflow(E... extents) const {
+        validate();
+        detail::throw_bucket_overflow("mapping.product3d", "(2*beta_t+1)(2*beta_r+1)(2*beta_c+1)", extents...);
+    }
 };
 
 static_assert(Mapping3D<product3d<>>);

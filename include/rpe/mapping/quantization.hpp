@@ -10,6 +10,7 @@
 
 #include "../concepts.hpp"
 #include "../config.hpp"
+#include "../detail/bucket_count.hpp"
 #include "../detail/float.hpp"
 #include "../index/piecewise.hpp"
 
@@ -27,7 +28,13 @@ struct quantization {
     I index{};  ///< the index function g applied to the squared distance
 
     /// @brief `2βi+1` (only [βi, 2βi] is used).
-    RPE_HOST_DEVICE constexpr int num_buckets() const { return 2 * index.beta_int() + 1; }
+    RPE_HOST_DEVICE constexpr int num_buckets() const {
+        const std::int64_t span = detail::span_of(index.beta_int());
+#if !defined(__CUDA_ARCH__)
+        if (!detail::bucket_count_fits(span)) bucket_overflow(span);
+#endif
+        return detail::bucket_count(span);
+    }
 
     /// @brief Id of offset (dr, dc).
     RPE_HOST_DEVICE int bucket(int dr, int dc) const {
@@ -41,6 +48,15 @@ struct quantization {
     void validate() const { detail::validate_policy(index); }
 
     friend constexpr bool operator==(const quantization&, const quantization&) = default;
+
+private:
+    // num_buckets() on the host with parameters whose count overflows int: validate() names the
+    // parameter; parameters that pass it (a custom index function) get the count's message.
+    template <class... E>
+    [[noreturn]] void bucket_overflow(E... extents) const {
+        validate();
+        detail::throw_bucket_overflow("mapping.quantization", "2*beta_int+1", extents...);
+    }
 };
 
 template <class I>
@@ -63,7 +79,13 @@ struct quantization_paper {
     I index{};  ///< the index function g applied to the rank of the distance
 
     /// @brief `2βi+1` (only [βi, 2βi] is used).
-    RPE_HOST_DEVICE constexpr int num_buckets() const { return 2 * index.beta_int() + 1; }
+    RPE_HOST_DEVICE constexpr int num_buckets() const {
+        const std::int64_t span = detail::span_of(index.beta_int());
+#if !defined(__CUDA_ARCH__)
+        if (!detail::bucket_count_fits(span)) bucket_overflow(span);
+#endif
+        return detail::bucket_count(span);
+    }
 
     /// @brief True when m = a² + b² for some integers a, b (m ≥ 0). O(√m).
     RPE_HOST_DEVICE static bool is_sum_of_two_squares(std::int64_t m) {
@@ -118,6 +140,14 @@ struct quantization_paper {
     friend constexpr bool operator==(const quantization_paper&, const quantization_paper&) = default;
 
 private:
+    // num_buckets() on the host with parameters whose count overflows int: validate() names the
+    // parameter; parameters that pass it (a custom index function) get the count's message.
+    template <class... E>
+    [[noreturn]] void bucket_overflow(E... extents) const {
+        validate();
+        detail::throw_bucket_overflow("mapping.quantization_paper", "2*beta_int+1", extents...);
+    }
+
     // floor(√x), exact for every x < 2^64 that square_sum() can produce (x ≤ 2^63).
     RPE_HOST_DEVICE static std::uint64_t isqrt(std::uint64_t x) {
         auto r = static_cast<std::uint64_t>(std::sqrt(static_cast<double>(x)));

@@ -1,0 +1,43 @@
+# Sends SIGNAL to the `rpe` tool at several moments of a large write and checks that nothing
+# half-written is left (a CTest script, label cli): after each run the folder holds the target
+# only, with its old content when the tool was stopped, or the whole new file when it finished
+# first; no `<target>.tmp-<pid>-<n>` remains.
+#   cmake -DRPE=<path of rpe> -DDIR=<scratch folder> -DSIGNAL=INT|TERM|HUP -DARGS="buckets|--grid|100x100|--out|f.npy"
+#         -DTARGET=f.npy -DDELAYS=0.02,0.1,0.3 -P expect_signal_clean.cmake
+string(REPLACE "|" ";" _args "${ARGS}")
+string(REPLACE "," ";" _delays "${DELAYS}")
+set(_codes_INT 130)
+set(_codes_TERM 143)
+set(_codes_HUP 129)
+set(_stopped 0)
+foreach(_delay IN LISTS _delays)
+  file(REMOVE_RECURSE "${DIR}")
+  file(MAKE_DIRECTORY "${DIR}")
+  file(WRITE "${DIR}/${TARGET}" "old")
+  # --preserve-status: the status is the tool's own (128 + N when the signal ended it)
+  execute_process(COMMAND timeout --preserve-status -s ${SIGNAL} ${_delay} "${RPE}" ${_args}
+                  WORKING_DIRECTORY "${DIR}" RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_VARIABLE _err)
+  file(GLOB _left RELATIVE "${DIR}" LIST_DIRECTORIES true "${DIR}/*")
+  if(NOT _left STREQUAL "${TARGET}")
+    message(FATAL_ERROR "SIG${SIGNAL} after ${_delay} s: ${DIR} holds '${_left}'; expected only ${TARGET} (status ${_rc})")
+  endif()
+  file(SIZE "${DIR}/${TARGET}" _size)
+  if(_rc STREQUAL "${_codes_${SIGNAL}}")
+    math(EXPR _stopped "${_stopped} + 1")
+    file(READ "${DIR}/${TARGET}" _now)
+    if(NOT _now STREQUAL "old")
+      message(FATAL_ERROR "SIG${SIGNAL} after ${_delay} s stopped the tool but ${TARGET} changed (${_size} bytes)")
+    endif()
+  elseif(_rc STREQUAL "0")
+    if(_size LESS_EQUAL 3)
+      message(FATAL_ERROR "SIG${SIGNAL} after ${_delay} s: the tool finished but ${TARGET} was not replaced")
+    endif()
+  else()
+    message(FATAL_ERROR "SIG${SIGNAL} after ${_delay} s: status ${_rc}, expected ${_codes_${SIGNAL}} or 0\n${_err}")
+  endif()
+  message(STATUS "SIG${SIGNAL} after ${_delay} s: status ${_rc}, ${TARGET} ${_size} bytes, no temporary file")
+endforeach()
+if(_stopped EQUAL 0)
+  message(FATAL_ERROR "SIG${SIGNAL}: the tool finished before every signal; no moment of the write was tested")
+endif()
+file(REMOVE_RECURSE "${DIR}")
