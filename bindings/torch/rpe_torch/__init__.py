@@ -176,6 +176,7 @@ def build_rpe(config, head_dim, num_heads):
 def _grid(L, config, num_buckets, height, width, base):
     """(skip, height, width) for a sequence of L tokens; infers a square grid when both are None.
     ``base``: the table's buckets without the extra skip bucket (computed once per module)."""
+    L = int(L)  # a plain int also under torch.jit.trace, where sizes are traced values
     if (height is None) != (width is None):
         raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither (a square grid)")
     has_extra = num_buckets == base + 1
@@ -417,7 +418,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         _check_cpu(name, t)
     if q.dim() != 4:
         raise ValueError(f"[rpe.torch] q has shape {tuple(q.shape)}; expected (B, H, L, D)")
-    L, D = q.shape[2], q.shape[3]
+    L, D = int(q.shape[2]), int(q.shape[3])  # plain ints also under torch.jit.trace
     if D < 1:
         raise ValueError(f"[rpe.torch] q has shape {tuple(q.shape)}; expected D >= 1")
     if scale is None:

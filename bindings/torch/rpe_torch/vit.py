@@ -50,6 +50,7 @@ def _pair(v, name):
 
 def _square_grid(L, skip, height, width):
     """(height, width) given, or the square grid of L − skip tokens."""
+    L = int(L)
     if (height is None) != (width is None):
         raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither (a square grid)")
     if height is not None:
@@ -200,6 +201,7 @@ class TermSlot:
 
     def _slot(self, L, height, width):
         """(method, mode, tables, alpha, beta, gamma, skip, height, width) for L tokens."""
+        L = int(L)
         if height is None and width is None:
             height, width = self.grid or self.window
         elif (height is None) != (width is None):
