@@ -219,6 +219,10 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
         _check_cpu(f"tables[{i}]", t)
     if x is not None:
         _check_cpu("x", x)
+    if (mode == "bias" and x is not None and x.dim() == 4 and tables and tables[0].dim() == 2
+            and tables[0].shape[0] not in (1, x.shape[1])):
+        raise ValueError(f"[rpe.torch] tables[0] has shape {tuple(tables[0].shape)}; expected ({x.shape[1]}, K) for x "
+                         f"with {x.shape[1]} heads, or (1, K) (shared by the heads)")
     if target == "q":
         target = "k"  # the reference module does not know its slot; attention() transposes
     return _ops.term_forward(x if mode != "bias" else None, list(tables), method, mode, target, float(alpha),

@@ -54,9 +54,13 @@ def test_a_per_head_table_for_other_heads_is_refused():
         mods = modules(rpe_on="k", shared=False, heads=4, mode=mode)  # tables for 4 heads
         with pytest.raises(ValueError, match=r"table"):
             rpe_torch.attention(q, k, v, *mods, height=2, width=3)
-    mods = modules(rpe_on="k", shared=False, heads=4, mode="ctx")
-    with pytest.raises(ValueError, match=r"table"):
-        mods[1](q, 2, 3)
+    for mode in ("ctx", "bias"):
+        mods = modules(rpe_on="k", shared=False, heads=4, mode=mode)
+        with pytest.raises(ValueError, match=r"table.* has shape \(4, "):
+            mods[1](q, 2, 3)  # the module alone (bias mode used to return a (1, 4, L, L) bias for 6 heads)
+    for m in (rpe_torch.RelPosBias((2, 3), 4).double(), rpe_torch.ALiBi2D(4, 2, 3, dtype=F64)):
+        with pytest.raises(ValueError, match=r"rpe_k table has shape \(4, \d+\); expected \(6, "):
+            rpe_torch.attention(q[:, :, 1:], k[:, :, 1:], v[:, :, 1:], rpe_k=m)
 
 
 def test_device_dtype_meta_and_size_errors_name_the_argument():
