@@ -77,8 +77,11 @@ rpe_require_torch_venv() {
     fi
     rpe_log "making $RPE_VENV from ${RPE_TORCH_REQUIREMENTS#"$RPE_ROOT"/} (first time: downloads about 3-4 GB)"
     local start=$SECONDS
-    rm -rf "$RPE_VENV"
-    python3 -m venv "$RPE_VENV" >&2
+    if [[ ! -x "$py" ]]; then
+        rm -rf "$RPE_VENV"
+        python3 -m venv "$RPE_VENV" >&2
+    fi
+    rm -f "$stamp"  # written again only when pip succeeded
     "$RPE_VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off -q \
         -r "$RPE_TORCH_REQUIREMENTS" >&2
     printf '%s\n' "$want" >"$stamp"

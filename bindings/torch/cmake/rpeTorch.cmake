@@ -14,6 +14,8 @@ function(rpe_find_torch_python found_var)
   set(_candidates)
   if(RPE_TORCH_PYTHON)
     list(APPEND _candidates "${RPE_TORCH_PYTHON}")
+  elseif(SKBUILD AND Python_EXECUTABLE)
+    list(APPEND _candidates "${Python_EXECUTABLE}")  # pip install .: the installing interpreter
   else()
     list(APPEND _candidates "${PROJECT_SOURCE_DIR}/.venv/bin/python")
     find_program(_rpe_path_python3 NAMES python3)
