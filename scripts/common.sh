@@ -60,15 +60,19 @@ rpe_require_build_packages() {
 # environment at <repo>/.venv made from ONE pinned file, bindings/torch/requirements.txt (torch,
 # timm, numpy, pytest from the Python package index). rpe_require_torch_venv makes it when it is
 # missing or was made from another version of that file (a hash kept in .venv/.rpe-requirements),
-# and is a no-op otherwise; it prints the interpreter's path on stdout. A fresh machine downloads
+# and is a no-op otherwise; it prints the interpreter's path on stdout. A .pth file in the venv puts
+# bindings/torch on its path, so that `.venv/bin/python -c 'import rpe_torch'` works once build/
+# holds the operator library. A fresh machine downloads
 # about 3-4 GB (torch's default Linux wheel carries its CUDA 13 libraries); pip's cache makes a
 # second venv a local copy.
 RPE_VENV="${RPE_VENV:-$RPE_ROOT/.venv}"
 RPE_TORCH_REQUIREMENTS="$RPE_ROOT/bindings/torch/requirements.txt"
 rpe_require_torch_venv() {
-    local want stamp="$RPE_VENV/.rpe-requirements" py="$RPE_VENV/bin/python"
+    local want stamp="$RPE_VENV/.rpe-requirements" py="$RPE_VENV/bin/python" pth
     want="$(sha256sum "$RPE_TORCH_REQUIREMENTS" | cut -d' ' -f1)"
-    if [[ -x "$py" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && "$py" -c 'import torch' >/dev/null 2>&1; then
+    pth="$(compgen -G "$RPE_VENV/lib/python3*/site-packages/rpe_torch_repo.pth" || true)"
+    if [[ -x "$py" && -f "$stamp" && "$(cat "$stamp")" == "$want" && -n "$pth" ]] &&
+        "$py" -c 'import torch' >/dev/null 2>&1; then
         printf '%s\n' "$py"
         return 0
     fi
@@ -84,6 +88,10 @@ rpe_require_torch_venv() {
     rm -f "$stamp"  # written again only when pip succeeded
     "$RPE_VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off -q \
         -r "$RPE_TORCH_REQUIREMENTS" >&2
+    # `import rpe_torch` in the venv: the package of this checkout (its operator library is found in
+    # build/bindings/torch/ once built; a `pip install .` copy takes precedence over this path)
+    "$py" -c 'import sysconfig, sys; print(sys.argv[1], file=open(sysconfig.get_paths()["purelib"] + "/rpe_torch_repo.pth", "w"))' \
+        "$RPE_ROOT/bindings/torch"
     printf '%s\n' "$want" >"$stamp"
     rpe_log "$RPE_VENV ready in $((SECONDS - start)) s"
     printf '%s\n' "$py"
