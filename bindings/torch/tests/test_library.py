@@ -92,7 +92,13 @@ def op_cases():
 CASES = op_cases()
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# Variants that differ from a checked case only in a string argument (same shapes, same autograd
+# path): gradcheck only, to keep the suite short.
+GRADCHECK_ONLY = {"term_forward[swin_bias]", "term_forward[alibi_bias]", "attention_forward[rope_axial]",
+                  "rope_forward[cat]"}
+
+
+@pytest.mark.parametrize("name", sorted(set(CASES) - GRADCHECK_ONLY))
 def test_opcheck(name):
     op, args = CASES[name]
     torch.library.opcheck(op, args)  # test_schema, test_autograd_registration, test_faketensor, test_aot_dispatch_dynamic
