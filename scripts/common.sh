@@ -4,7 +4,10 @@
 #   rpe_require_packages pkg...   install the Debian packages that are missing (apt-get, as root or
 #                                 via sudo); fail with a clear message when that is impossible
 #   rpe_require_build_packages    the toolchain and libraries that rpe's build and tests need
-#   rpe_configure_and_build DIR   configure DIR (Release, tests + benchmarks + examples) and build it
+#   rpe_require_torch_venv        make <repo>/.venv from bindings/torch/requirements.txt when needed
+#                                 (prints its python)
+#   rpe_configure_and_build DIR [cmake args...]
+#                                 configure DIR (Release, tests + benchmarks + examples) and build it
 set -euo pipefail
 
 # The standard list: compiler, build tools, and the libraries rpe's targets find.
@@ -51,18 +54,47 @@ rpe_require_packages() {
 
 rpe_require_build_packages() {
     rpe_require_packages "${RPE_BUILD_PACKAGES[@]}"
-    # PyTorch operators (bindings/torch, CTest label torch): where python3-torch is installed,
-    # also what they build and test with.
-    if command -v dpkg >/dev/null 2>&1 && rpe_package_installed python3-torch; then
-        rpe_require_packages libtorch-dev python3-pytest python3-numpy
-    fi
 }
 
-# What the PyTorch operators and their tests need (Debian's PyTorch 1.13): scripts/test.sh
-# installs them so that the tests of bindings/torch run; the demo does not need them.
-RPE_TORCH_PACKAGES=(python3-torch libtorch-dev python3-pytest python3-numpy)
-rpe_require_torch_packages() {
-    rpe_require_packages "${RPE_TORCH_PACKAGES[@]}"
+# The PyTorch operators (bindings/torch, CTest label torch) build and test against a virtual
+# environment at <repo>/.venv made from ONE pinned file, bindings/torch/requirements.txt (torch,
+# timm, numpy, pytest from the Python package index). rpe_require_torch_venv makes it when it is
+# missing or was made from another version of that file (a hash kept in .venv/.rpe-requirements),
+# and is a no-op otherwise; it prints the interpreter's path on stdout. A .pth file in the venv puts
+# bindings/torch on its path, so that `.venv/bin/python -c 'import rpe_torch'` works once build/
+# holds the operator library. A fresh machine downloads
+# about 3-4 GB (torch's default Linux wheel carries its CUDA 13 libraries); pip's cache makes a
+# second venv a local copy.
+RPE_VENV="${RPE_VENV:-$RPE_ROOT/.venv}"
+RPE_TORCH_REQUIREMENTS="$RPE_ROOT/bindings/torch/requirements.txt"
+rpe_require_torch_venv() {
+    local want stamp="$RPE_VENV/.rpe-requirements" py="$RPE_VENV/bin/python" pth
+    want="$(sha256sum "$RPE_TORCH_REQUIREMENTS" | cut -d' ' -f1)"
+    pth="$(compgen -G "$RPE_VENV/lib/python3*/site-packages/rpe_torch_repo.pth" || true)"
+    if [[ -x "$py" && -f "$stamp" && "$(cat "$stamp")" == "$want" && -n "$pth" ]] &&
+        "$py" -c 'import torch' >/dev/null 2>&1; then
+        printf '%s\n' "$py"
+        return 0
+    fi
+    if ! /usr/bin/env python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        rpe_require_packages python3-venv >&2
+    fi
+    rpe_log "making $RPE_VENV from ${RPE_TORCH_REQUIREMENTS#"$RPE_ROOT"/} (first time: downloads about 3-4 GB)"
+    local start=$SECONDS
+    if [[ ! -x "$py" ]]; then
+        rm -rf "$RPE_VENV"
+        python3 -m venv "$RPE_VENV" >&2
+    fi
+    rm -f "$stamp"  # written again only when pip succeeded
+    "$RPE_VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off -q \
+        -r "$RPE_TORCH_REQUIREMENTS" >&2
+    # `import rpe_torch` in the venv: the package of this checkout (its operator library is found in
+    # build/bindings/torch/ once built; a `pip install .` copy takes precedence over this path)
+    "$py" -c 'import sysconfig, sys; print(sys.argv[1], file=open(sysconfig.get_paths()["purelib"] + "/rpe_torch_repo.pth", "w"))' \
+        "$RPE_ROOT/bindings/torch"
+    printf '%s\n' "$want" >"$stamp"
+    rpe_log "$RPE_VENV ready in $((SECONDS - start)) s"
+    printf '%s\n' "$py"
 }
 
 # Number of parallel jobs for builds and tests.
@@ -70,18 +102,20 @@ rpe_jobs() {
     nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2
 }
 
-# Configure (Release, tests + benchmarks + examples) and build the tree in $1 (default build/).
+# Configure (Release, tests + benchmarks + examples) and build the tree in $1 (default build/);
+# further arguments are passed to the configure step (e.g. -DRPE_BUILD_TORCH=ON).
 # The CUDA sources (when nvcc is found) are compiled for RPE_CUDA_ARCHITECTURES (default 90, the
 # GPUs this project is checked on; CMake's default in CMakeLists.txt is "90 75"): one nvcc pass
 # per translation unit keeps the test build short.
 # The generator is not forced, so an existing build tree keeps the one it was made with.
 rpe_configure_and_build() {
     local build_dir="${1:-$RPE_ROOT/build}"
+    shift || true
     cmake -S "$RPE_ROOT" -B "$build_dir" \
         -DCMAKE_BUILD_TYPE=Release \
         -DRPE_BUILD_TESTS=ON \
         -DRPE_BUILD_BENCHMARKS=ON \
         -DRPE_BUILD_EXAMPLES=ON \
-        -DCMAKE_CUDA_ARCHITECTURES="${RPE_CUDA_ARCHITECTURES:-90}"
+        -DCMAKE_CUDA_ARCHITECTURES="${RPE_CUDA_ARCHITECTURES:-90}" "$@"
     cmake --build "$build_dir" -j"$(rpe_jobs)"
 }

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The README's test command: install what is missing, configure and build build/ (Release, tests +
-# benchmarks + examples + the PyTorch operators, the CUDA sources compiled when nvcc is there) and
-# run every CTest test
-# (CUDA tests skip without a device). Safe to run again. The sanitizer and fuzz passes are
+# The README's test command: install what is missing, make the Python environment .venv/ (torch,
+# timm, numpy, pytest pinned in bindings/torch/requirements.txt), configure and build build/
+# (Release, tests + benchmarks + examples + the PyTorch operators built against .venv's torch, the
+# CUDA sources compiled when nvcc is there) and run every CTest test (CUDA tests skip without a
+# device). Safe to run again, also after scripts/demo.sh configured build/ without torch: the
+# torch operators are always asked for (-DRPE_BUILD_TORCH=ON), and the run fails when no torch
+# test was registered. The sanitizer and fuzz passes are
 # scripts/test_sanitizers.sh; CI (.ci/run) runs both.
 #
 #   scripts/test.sh
@@ -18,6 +21,12 @@ for arg in "$@"; do
 done
 
 rpe_require_build_packages
-rpe_require_torch_packages  # the bindings/torch tests (CTest label torch)
-rpe_configure_and_build build
+venv_python="$(rpe_require_torch_venv)"  # the bindings/torch build and tests (CTest label torch)
+rpe_configure_and_build build -DRPE_BUILD_TORCH=ON -DRPE_TORCH_PYTHON="$venv_python"
+# The torch tests are expected here: a build tree without them is an error, never a silent pass.
+torch_tests="$(ctest --test-dir build -N -L torch | sed -n 's/^Total Tests: //p')"
+if [[ -z "$torch_tests" || "$torch_tests" -eq 0 ]]; then
+    rpe_log "no CTest test with label torch in build/ (RPE_BUILD_TORCH is OFF?); expected the rpe_torch tests"
+    exit 1
+fi
 ctest --test-dir build --output-on-failure -j"$(rpe_jobs)"

@@ -21,7 +21,6 @@ The operator library is found at ``$RPE_TORCH_OPS``, else next to this package, 
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
 from pathlib import Path
@@ -36,20 +35,6 @@ __all__ = [
     "relative_log_coords", "cpb_table", "cpb_bias", "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
     "ALiBi2D", "alibi_slopes", "TermSlot",
 ]
-
-
-def _first_order(backward):
-    """Marks an autograd Function's backward as first-order only: it raises when asked to build a
-    graph of the gradient (``torch.autograd.grad(..., create_graph=True)`` through it, e.g. a
-    gradient penalty), instead of returning gradients whose own derivative would be silently
-    dropped (torch's once_differentiable does not catch every such use)."""
-    @functools.wraps(backward)
-    def wrapper(ctx, *grads):
-        if torch.is_grad_enabled():
-            raise RuntimeError("[rpe.torch] the rpe_torch operators are differentiable once: a double backward "
-                               "(create_graph=True through them, e.g. a gradient penalty) is not supported")
-        return backward(ctx, *grads)
-    return wrapper
 
 
 def _find_library() -> str:
@@ -72,6 +57,7 @@ def _find_library() -> str:
 library_path = _find_library()
 torch.ops.load_library(library_path)
 _ops = torch.ops.rpe
+from . import _registrations  # noqa: E402,F401  (fake kernels, autograd formulas, autocast of the operators)
 
 
 class METHOD:
@@ -187,11 +173,12 @@ def build_rpe(config, head_dim, num_heads):
     return [single(rpe, transposed) for rpe, transposed in zip(rpes, transposeds)]
 
 
-def _grid(L, config, num_buckets, height, width, method):
-    """(skip, height, width) for a sequence of L tokens; infers a square grid when both are None."""
+def _grid(L, config, num_buckets, height, width, base):
+    """(skip, height, width) for a sequence of L tokens; infers a square grid when both are None.
+    ``base``: the table's buckets without the extra skip bucket (computed once per module)."""
+    L = int(L)  # a plain int also under torch.jit.trace, where sizes are traced values
     if (height is None) != (width is None):
         raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither (a square grid)")
-    base = get_num_buckets(method, config.alpha, config.beta, config.gamma)
     has_extra = num_buckets == base + 1
     known_skip = config.get("skip") if isinstance(config, dict) else None
     if height is None:
@@ -208,34 +195,14 @@ def _grid(L, config, num_buckets, height, width, method):
     skip = L - height * width
     if skip < 0:
         raise ValueError(f"[rpe.torch] L = {L} < height*width = {height}*{width}; expected L = skip + height*width")
+    if known_skip is not None and skip != known_skip:
+        raise ValueError(f"[rpe.torch] L = {L} = skip {skip} + {height}*{width}, but the term was configured with "
+                         f"skip = {known_skip}; expected L = {known_skip} + height*width")
     if (skip > 0) != has_extra:
         raise ValueError(f"[rpe.torch] L = {L} = skip {skip} + {height}*{width}, but the table has {num_buckets} buckets, "
                          f"{'with' if has_extra else 'without'} the extra bucket of skip tokens; "
                          "pass the grid's height and width")
     return skip, height, width
-
-
-class _Term(torch.autograd.Function):
-    """One term through torch.ops.rpe.term_forward / term_backward (gradients of x and tables)."""
-
-    @staticmethod
-    def forward(ctx, x, spec, *tables):
-        ctx.spec = spec
-        ctx.has_x = x is not None
-        if ctx.has_x:
-            x = x.contiguous()  # once, for the forward and the backward
-            ctx.save_for_backward(x, *tables)
-        else:
-            ctx.save_for_backward(*tables)
-        return _ops.term_forward(x, list(tables), *spec)
-
-    @staticmethod
-    @_first_order
-    def backward(ctx, grad_out):
-        saved = ctx.saved_tensors
-        x, tables = (saved[0], saved[1:]) if ctx.has_x else (None, saved)
-        grads = _ops.term_backward(x, list(tables), grad_out.contiguous(), *ctx.spec)
-        return (grads[0] if ctx.has_x else None, None, *grads[1:])
 
 
 def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width):
@@ -252,10 +219,14 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
         _check_cpu(f"tables[{i}]", t)
     if x is not None:
         _check_cpu("x", x)
+    if (mode == "bias" and x is not None and x.dim() == 4 and tables and tables[0].dim() == 2
+            and tables[0].shape[0] not in (1, x.shape[1])):
+        raise ValueError(f"[rpe.torch] tables[0] has shape {tuple(tables[0].shape)}; expected ({x.shape[1]}, K) for x "
+                         f"with {x.shape[1]} heads, or (1, K) (shared by the heads)")
     if target == "q":
         target = "k"  # the reference module does not know its slot; attention() transposes
-    spec = (method, mode, target, float(alpha), float(beta), float(gamma), int(skip), int(height), int(width))
-    return _Term.apply(x if mode != "bias" else None, spec, *tables)
+    return _ops.term_forward(x if mode != "bias" else None, list(tables), method, mode, target, float(alpha),
+                             float(beta), float(gamma), int(skip), int(height), int(width))
 
 
 def bucket_ids(method, alpha, beta, gamma, skip, height, width):
@@ -269,6 +240,12 @@ def _check_cpu(name, t):
         raise TypeError(f"[rpe.torch] {name} is a {type(t).__name__}; expected a torch.Tensor")
     if t.device.type != "cpu":
         raise ValueError(f"[rpe.torch] {name} is on device {t.device}; expected cpu (CPU kernels only)")
+
+
+def _no_initializer(x):
+    """The default initializer of iRPE: leaves the zero table (a module-level function, so that
+    ``torch.save(model)`` can pickle the module)."""
+    return None
 
 
 class iRPE(nn.Module):
@@ -297,11 +274,14 @@ class iRPE(nn.Module):
         self.transposed = transposed
         self.num_buckets = num_buckets
         if initializer is None:
-            def initializer(x):
-                return None
+            initializer = _no_initializer
         self.initializer = initializer
         self.reset_parameters()
         self.rpe_config = rpe_config
+        # buckets without the skip bucket: a plain int, so that forward calls no int-returning operator
+        # (torch.jit.trace, torch.compile and export see only tensor operators)
+        self._base_buckets = (None if rpe_config is None else
+                              get_num_buckets(method, rpe_config.alpha, rpe_config.beta, rpe_config.gamma))
 
     @torch.no_grad()
     def reset_parameters(self):
@@ -323,9 +303,15 @@ class iRPE(nn.Module):
     def _table(self):
         return self.lookup_table_bias if self.mode == "bias" else self.lookup_table_weight
 
+    def _base(self):
+        if self.__dict__.get("_base_buckets") is None:  # rpe_config set after construction, or an old pickle
+            c = self.rpe_config
+            self._base_buckets = get_num_buckets(self.method, c.alpha, c.beta, c.gamma)
+        return self._base_buckets
+
     def _spec(self, L, height, width):
         """(method name, mode, tables, skip, height, width) of this module for L tokens."""
-        skip, height, width = _grid(L, self.rpe_config, self.num_buckets, height, width, self.method)
+        skip, height, width = _grid(L, self.rpe_config, self.num_buckets, height, width, self._base())
         table = self._table()
         if self.method == METHOD.CROSS_ROWS:
             tables = [table, torch.zeros_like(table)]
@@ -372,7 +358,7 @@ class iRPE_Cross(nn.Module):
 
     def _spec(self, L, height, width):
         r = self.rp_rows
-        skip, height, width = _grid(L, r.rpe_config, r.num_buckets, height, width, METHOD.CROSS)
+        skip, height, width = _grid(L, r.rpe_config, r.num_buckets, height, width, r._base())
         return "cross", r.mode, [r._table(), self.rp_cols._table()], skip, height, width
 
     def forward(self, x, height=None, width=None):
@@ -391,44 +377,6 @@ class iRPE_Cross(nn.Module):
         return ('iRPE_Cross(head_dim={rpe.head_dim}, num_heads={rpe.num_heads}, mode="{rpe.mode}", '
                 'method={rpe.method}, transposed={rpe.transposed}, num_buckets={rpe.num_buckets}, '
                 'initializer={rpe.initializer}, rpe_config={rpe.rpe_config})'.format(rpe=self.rp_rows))
-
-
-class _Attention(torch.autograd.Function):
-    """The fused attention through torch.ops.rpe.attention_forward / attention_backward; the
-    last of ``tables`` is the RoPE-Mixed frequencies when ``counts[3]``."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, key_padding_mask, attn_mask, spec, counts, *tables):
-        ctx.spec, ctx.counts = spec, counts
-        # q, k, v are often strided views of a qkv projection: read in place when each row of D
-        # values is contiguous (last stride 1), else made contiguous once, here, for both passes
-        q, k, v = (x if x.dim() == 0 or x.stride(-1) == 1 or x.size(-1) == 1 else x.contiguous() for x in (q, k, v))
-        ctx.save_for_backward(q, k, v, *tables)
-        ctx.key_padding_mask, ctx.attn_mask = key_padding_mask, attn_mask
-        tq, tk, tv, freqs = _split(tables, counts)
-        ctx.attn = None
-        if spec[13]:  # the backward reads the probabilities instead of recomputing them
-            out, ctx.attn = _ops.attention_forward_attn(q, k, v, tq, tk, tv, *spec[:9], key_padding_mask, attn_mask,
-                                                        spec[9], spec[10], spec[11], freqs, spec[12])
-            return out
-        return _ops.attention_forward(q, k, v, tq, tk, tv, *spec[:9], key_padding_mask, attn_mask, spec[9], spec[10],
-                                      spec[11], freqs, spec[12])
-
-    @staticmethod
-    @_first_order
-    def backward(ctx, grad_out):
-        q, k, v, *tables = ctx.saved_tensors
-        tq, tk, tv, freqs = _split(tables, ctx.counts)
-        s = ctx.spec
-        grads = _ops.attention_backward(q, k, v, tq, tk, tv, *s[:9], ctx.key_padding_mask, ctx.attn_mask, s[9],
-                                        grad_out.contiguous(), s[10], s[11], freqs, s[12], ctx.attn)
-        return (grads[0], grads[1], grads[2], None, None, None, None, *grads[3:])
-
-
-def _split(tables, counts):
-    """(tables_q, tables_k, tables_v, rope freqs or None) of the flat tensors."""
-    a, b, c = counts[0], counts[0] + counts[1], counts[0] + counts[1] + counts[2]
-    return list(tables[:a]), list(tables[a:b]), list(tables[b:c]), (tables[c] if counts[3] else None)
 
 
 def _slot(name, m, L, height, width):
@@ -474,7 +422,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         _check_cpu(name, t)
     if q.dim() != 4:
         raise ValueError(f"[rpe.torch] q has shape {tuple(q.shape)}; expected (B, H, L, D)")
-    L, D = q.shape[2], q.shape[3]
+    L, D = int(q.shape[2]), int(q.shape[3])  # plain ints also under torch.jit.trace
     if D < 1:
         raise ValueError(f"[rpe.torch] q has shape {tuple(q.shape)}; expected D >= 1")
     if scale is None:
@@ -517,14 +465,21 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
                              "additive mask (pass attn_mask.detach())")
     if freqs is not None:
         _check_cpu("rope freqs", freqs)
-        tables.append(freqs)
     if save_attn is None:
         save_attn = q.shape[0] * q.shape[1] * L * L * q.element_size() <= 64 << 20
     # only worth it when a backward can follow
-    save_attn = bool(save_attn) and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *tables))
-    spec = (methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0], grid[1], float(scale),
-            *rope_spec, bool(save_attn))
-    return _Attention.apply(q, k, v, key_padding_mask, attn_mask, spec, (*counts, freqs is not None), *tables)
+    save_attn = bool(save_attn) and torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v, *tables, *([freqs] if freqs is not None else [])))
+    # q, k, v are often strided views of a qkv projection: the kernels read them in place when each
+    # row of D values is contiguous (last stride 1), else copy them (checked first: no copy of a
+    # tensor the kernels refuse)
+    a, b, c = counts
+    tq, tk, tv = tables[:a], tables[a:a + b], tables[a + b:a + b + c]
+    args = (q, k, v, tq, tk, tv, methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0],
+            grid[1], key_padding_mask, attn_mask, float(scale), rope_spec[0], rope_spec[1], freqs, rope_spec[2])
+    if save_attn:  # the backward reads the probabilities instead of recomputing them
+        return _ops.attention_forward_attn(*args)[0]
+    return _ops.attention_forward(*args)
 
 
 from .vit import (  # noqa: E402  (the ViT encodings use the operators loaded above)

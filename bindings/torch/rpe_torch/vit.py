@@ -17,7 +17,7 @@ import numbers
 import torch
 from torch import nn
 
-from . import _check_cpu, _first_order, _ops, term
+from . import _check_cpu, _ops, term
 
 __all__ = [
     "RoPEAxial", "RoPEMixed", "RoPECat", "rope",
@@ -50,6 +50,7 @@ def _pair(v, name):
 
 def _square_grid(L, skip, height, width):
     """(height, width) given, or the square grid of L − skip tokens."""
+    L = int(L)
     if (height is None) != (width is None):
         raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither (a square grid)")
     if height is not None:
@@ -63,28 +64,6 @@ def _square_grid(L, skip, height, width):
 # ---------------------------------------------------------------------------------------------
 # 2D RoPE
 # ---------------------------------------------------------------------------------------------
-
-class _Rope(torch.autograd.Function):
-    """y = R x through torch.ops.rpe.rope_forward / rope_backward (gradients of x and freqs)."""
-
-    @staticmethod
-    def forward(ctx, x, freqs, spec):
-        x = x.contiguous()
-        ctx.spec = spec
-        ctx.has_freqs = freqs is not None
-        ctx.save_for_backward(x, *([freqs] if freqs is not None else []))
-        form, params, skip, height, width = spec
-        return _ops.rope_forward(x, form, params, freqs, skip, height, width)
-
-    @staticmethod
-    @_first_order
-    def backward(ctx, grad_y):
-        x, *rest = ctx.saved_tensors
-        freqs = rest[0] if rest else None
-        form, params, skip, height, width = ctx.spec
-        grad_x, grad_freqs = _ops.rope_backward(x, grad_y.contiguous(), form, params, freqs, skip, height, width)
-        return grad_x, (grad_freqs if ctx.has_freqs else None), None
-
 
 class _RoPE(nn.Module):
     """Base of the RoPE modules: ``forward(x, height=None, width=None)`` rotates q or k
@@ -115,7 +94,8 @@ class _RoPE(nn.Module):
         _check_cpu("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D)")
-        return _Rope.apply(x, self._freqs(), self._spec(x.shape[2], height, width))
+        form, params, skip, height, width = self._spec(x.shape[2], height, width)
+        return _ops.rope_forward(x, form, params, self._freqs(), skip, height, width)
 
 
 class RoPEAxial(_RoPE):
@@ -221,6 +201,7 @@ class TermSlot:
 
     def _slot(self, L, height, width):
         """(method, mode, tables, alpha, beta, gamma, skip, height, width) for L tokens."""
+        L = int(L)
         if height is None and width is None:
             height, width = self.grid or self.window
         elif (height is None) != (width is None):
@@ -247,32 +228,17 @@ class TermSlot:
         return self.forward(x, height, width)
 
 
-class _TimmTable(torch.autograd.Function):
-    """timm (K, H) <-> rpe (H, K) (torch.ops.rpe.table_from_timm / table_to_timm)."""
-
-    @staticmethod
-    def forward(ctx, t, to_timm):
-        ctx.to_timm = to_timm
-        return _ops.table_to_timm(t) if to_timm else _ops.table_from_timm(t)
-
-    @staticmethod
-    @_first_order
-    def backward(ctx, g):
-        g = g.contiguous()
-        return (_ops.table_from_timm(g) if ctx.to_timm else _ops.table_to_timm(g)), None
-
-
 def table_from_timm(timm_table):
     """rpe's (H, K) table from timm's ``relative_position_bias_table`` (K, H) (Swin, BEiT), as
     rpe::table_from_timm; differentiable."""
     _check_cpu("timm_table", timm_table)
-    return _TimmTable.apply(timm_table, False)
+    return _ops.table_from_timm(timm_table)
 
 
 def table_to_timm(table):
     """timm's (K, H) layout from rpe's (H, K) table, as rpe::table_to_timm; differentiable."""
     _check_cpu("table", table)
-    return _TimmTable.apply(table, True)
+    return _ops.table_to_timm(table)
 
 
 class RelPosBias(nn.Module):
@@ -329,22 +295,6 @@ def relative_log_coords(window_size, pretrained_window_size=(0, 0), mode="swin")
     return _ops.relative_log_coords(wh, ww, ph, pw, mode)
 
 
-class _CpbTable(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, raw, spec, bias):
-        raw = raw.contiguous()
-        ctx.spec, ctx.bias = spec, bias
-        ctx.save_for_backward(raw)
-        return _ops.cpb_bias_forward(raw, *spec) if bias else _ops.cpb_table(raw, *spec)
-
-    @staticmethod
-    @_first_order
-    def backward(ctx, g):
-        (raw,) = ctx.saved_tensors
-        op = _ops.cpb_bias_backward if ctx.bias else _ops.cpb_table_backward
-        return op(raw, g.contiguous(), *ctx.spec), None, None
-
-
 def cpb_table(raw, window_size, sigmoid16=True):
     """SwinV2's (H, K) bias table from the CPB MLP's output ``raw`` (K, H) (timm's
     ``cpb_mlp(relative_coords_table).view(-1, H)``): ``16·sigmoid(raw)ᵀ`` (or ``rawᵀ``),
@@ -352,7 +302,7 @@ def cpb_table(raw, window_size, sigmoid16=True):
     ``TermSlot("swin", [cpb_table(raw, ws)], ws)``."""
     _check_cpu("raw", raw)
     wh, ww = _pair(window_size, "window_size")
-    return _CpbTable.apply(raw, (wh, ww, bool(sigmoid16)), False)
+    return _ops.cpb_table(raw.contiguous(), wh, ww, bool(sigmoid16))
 
 
 def cpb_bias(raw, window_size, sigmoid16=True):
@@ -360,24 +310,12 @@ def cpb_bias(raw, window_size, sigmoid16=True):
     (K, H) (rpe::cpb_bias::forward); differentiable in raw (then through the user's MLP)."""
     _check_cpu("raw", raw)
     wh, ww = _pair(window_size, "window_size")
-    return _CpbTable.apply(raw, (wh, ww, bool(sigmoid16)), True)
+    return _ops.cpb_bias_forward(raw.contiguous(), wh, ww, bool(sigmoid16))
 
 
 # ---------------------------------------------------------------------------------------------
 # SAM decomposed relative position
 # ---------------------------------------------------------------------------------------------
-
-class _Resize(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, rel_pos, length):
-        ctx.in_length = rel_pos.shape[0]
-        return _ops.resize_rel_pos(rel_pos, length)
-
-    @staticmethod
-    @_first_order
-    def backward(ctx, g):
-        return _ops.resize_rel_pos_backward(g.contiguous(), ctx.in_length), None
-
 
 def resize_rel_pos(rel_pos, length):
     """SAM ``get_rel_pos``'s resize of a (Lin, C) table to (length, C) (linear interpolation,
@@ -385,32 +323,13 @@ def resize_rel_pos(rel_pos, length):
     _check_cpu("rel_pos", rel_pos)
     if rel_pos.dim() != 2:
         raise ValueError(f"[rpe.torch] rel_pos has shape {tuple(rel_pos.shape)}; expected (length, C)")
-    return _Resize.apply(rel_pos, _count(length, "length", 1, 1 << 20))
-
-
-class _DecomposedTables(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, rel_pos_h, rel_pos_w, spec):
-        ctx.spec = spec
-        t0, t1 = _ops.decomposed_tables(rel_pos_h, rel_pos_w, *spec)  # checks the shapes
-        ctx.lengths = (rel_pos_h.shape[0], rel_pos_w.shape[0])
-        return t0, t1
-
-    @staticmethod
-    @_first_order
-    def backward(ctx, g0, g1):
-        height, width, skip, unscaled = ctx.spec
-        ref = g0 if g0 is not None else g1
-        g0 = g0.contiguous() if g0 is not None else torch.zeros_like(ref)
-        g1 = g1.contiguous() if g1 is not None else torch.zeros_like(ref)
-        gh, gw = _ops.decomposed_tables_backward(g0, g1, ctx.lengths[0], ctx.lengths[1], height, width, skip, unscaled)
-        return gh, gw, None
+    return _ops.resize_rel_pos(rel_pos, _count(length, "length", 1, 1 << 20))
 
 
 def _decomposed_tables(rel_pos_h, rel_pos_w, height, width, skip, unscaled_query):
     _check_cpu("rel_pos_h", rel_pos_h)
     _check_cpu("rel_pos_w", rel_pos_w)
-    return list(_DecomposedTables.apply(rel_pos_h, rel_pos_w, (int(height), int(width), int(skip), bool(unscaled_query))))
+    return list(_ops.decomposed_tables(rel_pos_h, rel_pos_w, int(height), int(width), int(skip), bool(unscaled_query)))
 
 
 def decomposed_rel_pos(q, rel_pos_h, rel_pos_w, height, width, skip=0):

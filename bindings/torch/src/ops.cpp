@@ -5,8 +5,9 @@
 /// and k); the ViT encodings: the Swin, BEiT, SAM-decomposed and 2D-ALiBi mappings selectable by
 /// name in the term and attention operators, 2D RoPE on its own, and the operators that make
 /// their tables (timm's layout, SwinV2's CPB, SAM's tables and resize, ALiBi's fixed table). The
-/// Python package `rpe_torch` wraps them in torch.autograd.Functions and modules; docs/torch.md
-/// lists the schemas.
+/// Python package `rpe_torch` wraps them in functions and modules; docs/torch.md
+/// lists the schemas. Their fake (meta) kernels, autograd formulas and autocast rules are
+/// registered from Python (rpe_torch/_registrations.py, torch.library), where torch 2.x expects them.
 ///
 /// Bucket ids come from the library's shared cache (`rpe::bucket_cache::global()`, through
 /// `any_term::bucket_ids`); no (L, L) id tensor is ever made except by the inspection operator
@@ -62,6 +63,14 @@ std::string shape_of(const at::Tensor& t) {
     return s + (t.dim() == 1 ? ",)" : ")");
 }
 
+// Every dimension of t fits the kernels' 32-bit indices (grid sides, lengths, heads, head dims);
+// checked before any copy, so an expanded view with a huge size fails without allocating.
+void check_int32_sizes(const at::Tensor& t, const char* name) {
+    for (int64_t i = 0; i < t.dim(); ++i)
+        TORCH_CHECK_VALUE(t.size(i) <= INT_MAX, "[rpe.torch] ", name, " has shape ", shape_of(t),
+                          "; expected every dimension <= 2147483647 (the kernels index with 32-bit ints)");
+}
+
 // A defined CPU tensor of dtype `want`, contiguous (copied once if it is not).
 at::Tensor prepared(const at::Tensor& t, const char* name, at::ScalarType want) {
     TORCH_CHECK_VALUE(t.defined(), "[rpe.torch] ", name, " is undefined; expected a tensor");
@@ -69,14 +78,17 @@ at::Tensor prepared(const at::Tensor& t, const char* name, at::ScalarType want) 
                       "; expected cpu (the rpe_torch operators have CPU kernels only)");
     TORCH_CHECK_TYPE(t.scalar_type() == want, "[rpe.torch] ", name, " has dtype ", c10::toString(t.scalar_type()),
                      "; expected ", c10::toString(want), " (the dtype of the first input)");
+    check_int32_sizes(t, name);
     return t.contiguous();
 }
 
 // q, k or v of the attention: as prepared(), but a strided tensor whose rows of D values are
 // contiguous (last stride 1, e.g. a permuted view of a qkv projection) is read in place.
 at::Tensor prepared_rows(const at::Tensor& t, const char* name, at::ScalarType want) {
-    if (t.defined() && t.device().is_cpu() && t.scalar_type() == want && (t.dim() == 0 || t.stride(-1) == 1 || t.size(-1) == 1))
+    if (t.defined() && t.device().is_cpu() && t.scalar_type() == want && (t.dim() == 0 || t.stride(-1) == 1 || t.size(-1) == 1)) {
+        check_int32_sizes(t, name);
         return t;
+    }
     return prepared(t, name, want);
 }
 

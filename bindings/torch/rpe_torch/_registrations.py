@@ -1,0 +1,404 @@
+"""torch 2.x registrations of the ``torch.ops.rpe`` operators (schemas and CPU kernels in
+bindings/torch/src/ops.cpp): a fake (meta) kernel for every operator, with the output shapes,
+dtypes and strides of the real kernels (every output is a fresh contiguous tensor), so that
+``torch.compile``, ``torch.export`` and FakeTensor tracing see through them; the autograd formula
+of every differentiable forward operator (``torch.library.register_autograd``: setup_context +
+backward, over the backward operators); and CPU autocast (see :func:`_register_autocast`).
+
+Nothing here computes: the fake kernels only shape, the backward formulas call the C++ backward
+operators. Imported by ``rpe_torch`` right after it loads the operator library.
+"""
+from __future__ import annotations
+
+import torch
+
+_ops = torch.ops.rpe
+_lib = "rpe"
+
+#: ``mode`` strings of the term operators that mean contextual (the others: bias).
+_CONTEXTUAL = ("contextual", "ctx")
+
+
+def _first_order():
+    """Raises when a backward formula runs with grad mode on (``create_graph=True`` through an
+    rpe_torch operator, e.g. a gradient penalty): the backward operators have no derivative, so
+    the second-order terms would silently be dropped."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("[rpe.torch] the rpe_torch operators are differentiable once: a double backward "
+                           "(create_graph=True through them, e.g. a gradient penalty) is not supported")
+
+
+def _masked(ctx, grads):
+    """The backward's result shaped as autograd expects it: one entry per input actually passed
+    (defaulted trailing arguments may be absent), None where no gradient is needed, a list (of
+    gradients or None) for each tensor-list input, [] for an empty list argument."""
+    out = []
+    for g, need in zip(grads, ctx.needs_input_grad):
+        if isinstance(need, (list, tuple)):
+            out.append([gi if n else None for gi, n in zip(g, need)] if g is not None else [None] * len(need))
+        else:
+            out.append(g if need else None)
+    return tuple(out)
+
+
+def _empty(like, shape, dtype=None):
+    return like.new_empty(shape, dtype=dtype if dtype is not None else like.dtype)
+
+
+def _fake(name):
+    return torch.library.register_fake(f"{_lib}::{name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Terms
+# ---------------------------------------------------------------------------------------------
+
+def _term_out_shape(x, tables, mode, target, skip, height, width):
+    if mode not in _CONTEXTUAL:
+        n = skip + height * width
+        return tables[0], (1, tables[0].shape[0], n, n)
+    if target == "v":
+        return x, (x.shape[0], x.shape[1], x.shape[2], tables[0].shape[2])
+    return x, (x.shape[0], x.shape[1], x.shape[2], x.shape[2])
+
+
+@_fake("term_forward")
+def _term_forward_fake(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width):
+    like, shape = _term_out_shape(x, tables, mode, target, skip, height, width)
+    return _empty(like, shape, tables[0].dtype)
+
+
+@_fake("term_backward")
+def _term_backward_fake(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width):
+    grad_x = _empty(x, x.shape) if mode in _CONTEXTUAL and x is not None else _empty(grad_out, (0,))
+    return [grad_x, *(_empty(t, t.shape) for t in tables)]
+
+
+def _term_setup(ctx, inputs, output):
+    x, tables, *spec = inputs
+    ctx.spec = tuple(spec)
+    ctx.has_x = x is not None
+    ctx.save_for_backward(*([x] if x is not None else []), *tables)
+
+
+def _term_backward(ctx, grad_out):
+    _first_order()
+    saved = ctx.saved_tensors
+    x, tables = (saved[0], list(saved[1:])) if ctx.has_x else (None, list(saved))
+    grads = _ops.term_backward(x, tables, grad_out.contiguous(), *ctx.spec)
+    return _masked(ctx, (grads[0] if ctx.has_x else None, list(grads[1:]), *([None] * len(ctx.spec))))
+
+
+torch.library.register_autograd(f"{_lib}::term_forward", _term_backward, setup_context=_term_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused attention
+# ---------------------------------------------------------------------------------------------
+
+@_fake("attention_forward")
+def _attention_forward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height, width,
+                            key_padding_mask, attn_mask, scale, rope_form="", rope_params=(), rope_freqs=None,
+                            rope_skip=0):
+    return _empty(q, q.shape)
+
+
+@_fake("attention_forward_attn")
+def _attention_forward_attn_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height,
+                                 width, key_padding_mask, attn_mask, scale, rope_form="", rope_params=(),
+                                 rope_freqs=None, rope_skip=0):
+    b, h, n = q.shape[0], q.shape[1], q.shape[2]
+    return [_empty(q, q.shape), _empty(q, (b, h, n, n))]
+
+
+@_fake("attention_backward")
+def _attention_backward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height, width,
+                             key_padding_mask, attn_mask, scale, grad_out, rope_form="", rope_params=(),
+                             rope_freqs=None, rope_skip=0, attn=None):
+    grads = [_empty(q, q.shape), _empty(k, k.shape), _empty(v, v.shape)]
+    for slot_tables in (tables_q, tables_k, tables_v):
+        grads.extend(_empty(t, t.shape) for t in slot_tables)
+    if rope_form == "mixed" and rope_freqs is not None:
+        grads.append(_empty(rope_freqs, rope_freqs.shape))
+    return grads
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, tq, tk, tv, *spec = inputs
+    # spec: mq, oq, mk, ok, mv, ov, params, height, width, kpm, attn_mask, scale, rope_form,
+    # rope_params, rope_freqs, rope_skip
+    ctx.counts = (len(tq), len(tk), len(tv))
+    kpm, attn_mask, freqs = spec[9], spec[10], spec[14]
+    ctx.spec = spec
+    ctx.has = (kpm is not None, attn_mask is not None, freqs is not None)
+    ctx.with_attn = isinstance(output, (list, tuple))
+    extra = [t for t in (kpm, attn_mask, freqs) if t is not None]
+    if ctx.with_attn:
+        ctx.mark_non_differentiable(output[1])
+        extra.append(output[1])
+    ctx.save_for_backward(q, k, v, *tq, *tk, *tv, *extra)
+
+
+def _attention_backward(ctx, grad_out):
+    _first_order()
+    if isinstance(grad_out, (list, tuple)):  # attention_forward_attn: [grad_out, grad_attn (not differentiable)]
+        grad_out = grad_out[0]
+    q, k, v, *rest = ctx.saved_tensors
+    a, b, c = ctx.counts
+    tq, tk, tv, rest = rest[:a], rest[a:a + b], rest[a + b:a + b + c], rest[a + b + c:]
+    it = iter(rest)
+    kpm = next(it) if ctx.has[0] else None
+    attn_mask = next(it) if ctx.has[1] else None
+    freqs = next(it) if ctx.has[2] else None
+    attn = next(it) if ctx.with_attn else None
+    s = ctx.spec
+    grads = _ops.attention_backward(q, k, v, list(tq), list(tk), list(tv), *s[:9], kpm, attn_mask, s[11],
+                                    grad_out.contiguous(), s[12], s[13], freqs, s[15], attn)
+    gq, gk, gv = grads[:3]
+    g = grads[3:]
+    gtq, gtk, gtv = list(g[:a]), list(g[a:a + b]), list(g[a + b:a + b + c])
+    gfreqs = g[a + b + c] if freqs is not None and s[12] == "mixed" else None
+    rest = [None] * 16
+    rest[14] = gfreqs  # rope_freqs; the others (methods, modes, params, grid, masks, scale, rope form) have none
+    return _masked(ctx, (gq, gk, gv, gtq, gtk, gtv, *rest))
+
+
+for _name in ("attention_forward", "attention_forward_attn"):
+    torch.library.register_autograd(f"{_lib}::{_name}", _attention_backward, setup_context=_attention_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2D RoPE
+# ---------------------------------------------------------------------------------------------
+
+@_fake("rope_forward")
+def _rope_forward_fake(x, form, params, freqs, skip, height, width):
+    return _empty(x, x.shape)
+
+
+@_fake("rope_backward")
+def _rope_backward_fake(x, grad_y, form, params, freqs, skip, height, width):
+    mixed = form == "mixed" and freqs is not None
+    return [_empty(x, x.shape), _empty(freqs, freqs.shape) if mixed else _empty(x, (0,))]
+
+
+def _rope_setup(ctx, inputs, output):
+    x, form, params, freqs, skip, height, width = inputs
+    ctx.spec = (form, params, skip, height, width)
+    ctx.has_freqs = freqs is not None
+    ctx.save_for_backward(x, *([freqs] if freqs is not None else []))
+
+
+def _rope_backward(ctx, grad_y):
+    _first_order()
+    x, *rest = ctx.saved_tensors
+    freqs = rest[0] if rest else None
+    form, params, skip, height, width = ctx.spec
+    grad_x, grad_freqs = _ops.rope_backward(x, grad_y.contiguous(), form, params, freqs, skip, height, width)
+    return _masked(ctx, (grad_x, None, None, grad_freqs if ctx.has_freqs and form == "mixed" else None, None, None,
+                         None))
+
+
+torch.library.register_autograd(f"{_lib}::rope_forward", _rope_backward, setup_context=_rope_setup)
+
+
+@_fake("rope_mixed_init")
+def _rope_mixed_init_fake(theta, head_dim, angles):
+    return _empty(angles, (2, angles.shape[0], max(head_dim, 0) // 2), torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# ViT tables
+# ---------------------------------------------------------------------------------------------
+
+@_fake("table_from_timm")
+def _table_from_timm_fake(t):
+    return _empty(t, (t.shape[1], t.shape[0]))
+
+
+@_fake("table_to_timm")
+def _table_to_timm_fake(t):
+    return _empty(t, (t.shape[1], t.shape[0]))
+
+
+def _no_setup(ctx, inputs, output):
+    pass
+
+
+def _from_timm_backward(ctx, g):
+    _first_order()
+    return _ops.table_to_timm(g.contiguous())
+
+
+def _to_timm_backward(ctx, g):
+    _first_order()
+    return _ops.table_from_timm(g.contiguous())
+
+
+torch.library.register_autograd(f"{_lib}::table_from_timm", _from_timm_backward, setup_context=_no_setup)
+torch.library.register_autograd(f"{_lib}::table_to_timm", _to_timm_backward, setup_context=_no_setup)
+
+
+def _window_buckets(window_h, window_w):
+    return (2 * window_h - 1) * (2 * window_w - 1)
+
+
+@_fake("cpb_table")
+def _cpb_table_fake(raw, window_h, window_w, sigmoid16):
+    return _empty(raw, (raw.shape[1], _window_buckets(window_h, window_w)))
+
+
+@_fake("cpb_table_backward")
+def _cpb_table_backward_fake(raw, grad_table, window_h, window_w, sigmoid16):
+    return _empty(raw, raw.shape)
+
+
+@_fake("cpb_bias_forward")
+def _cpb_bias_forward_fake(raw, window_h, window_w, sigmoid16):
+    n = window_h * window_w
+    return _empty(raw, (1, raw.shape[1], n, n))
+
+
+@_fake("cpb_bias_backward")
+def _cpb_bias_backward_fake(raw, grad_out, window_h, window_w, sigmoid16):
+    return _empty(raw, raw.shape)
+
+
+def _cpb_setup(ctx, inputs, output):
+    raw, *spec = inputs
+    ctx.spec = spec
+    ctx.save_for_backward(raw)
+
+
+def _cpb_backward_with(op):
+    def backward(ctx, g):
+        _first_order()
+        (raw,) = ctx.saved_tensors
+        return _masked(ctx, (op(raw, g.contiguous(), *ctx.spec), None, None, None))
+    return backward
+
+
+torch.library.register_autograd(f"{_lib}::cpb_table", _cpb_backward_with(_ops.cpb_table_backward),
+                                setup_context=_cpb_setup)
+torch.library.register_autograd(f"{_lib}::cpb_bias_forward", _cpb_backward_with(_ops.cpb_bias_backward),
+                                setup_context=_cpb_setup)
+
+
+@_fake("resize_rel_pos")
+def _resize_rel_pos_fake(rel_pos, length):
+    return _empty(rel_pos, (length, rel_pos.shape[1]))
+
+
+@_fake("resize_rel_pos_backward")
+def _resize_rel_pos_backward_fake(grad_out, in_length):
+    return _empty(grad_out, (in_length, grad_out.shape[1]))
+
+
+def _resize_setup(ctx, inputs, output):
+    ctx.in_length = inputs[0].shape[0]
+
+
+def _resize_backward(ctx, g):
+    _first_order()
+    return _masked(ctx, (_ops.resize_rel_pos_backward(g.contiguous(), ctx.in_length), None))
+
+
+torch.library.register_autograd(f"{_lib}::resize_rel_pos", _resize_backward, setup_context=_resize_setup)
+
+
+def _decomposed_buckets(height, width, skip):
+    return 2 * max(height, width) - 1 + (1 if skip > 0 else 0)
+
+
+@_fake("decomposed_tables")
+def _decomposed_tables_fake(rel_pos_h, rel_pos_w, height, width, skip, unscaled_query):
+    k = _decomposed_buckets(height, width, skip)
+    c = rel_pos_h.shape[1]
+    return [_empty(rel_pos_h, (1, c, k)), _empty(rel_pos_h, (1, c, k))]
+
+
+@_fake("decomposed_tables_backward")
+def _decomposed_tables_backward_fake(g0, g1, length_h, length_w, height, width, skip, unscaled_query):
+    return [_empty(g0, (length_h, g0.shape[1])), _empty(g0, (length_w, g0.shape[1]))]
+
+
+def _decomposed_setup(ctx, inputs, output):
+    rel_pos_h, rel_pos_w, height, width, skip, unscaled = inputs
+    ctx.spec = (height, width, skip, unscaled)
+    ctx.lengths = (rel_pos_h.shape[0], rel_pos_w.shape[0])
+
+
+def _decomposed_backward(ctx, grads):
+    _first_order()
+    g0, g1 = grads
+    ref = g0 if g0 is not None else g1
+    g0 = g0.contiguous() if g0 is not None else torch.zeros_like(ref)
+    g1 = g1.contiguous() if g1 is not None else torch.zeros_like(ref)
+    height, width, skip, unscaled = ctx.spec
+    gh, gw = _ops.decomposed_tables_backward(g0, g1, ctx.lengths[0], ctx.lengths[1], height, width, skip, unscaled)
+    return _masked(ctx, (gh, gw, None, None, None, None))
+
+
+torch.library.register_autograd(f"{_lib}::decomposed_tables", _decomposed_backward, setup_context=_decomposed_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# The backward operators: not differentiable (a clear error instead of a missing formula)
+# ---------------------------------------------------------------------------------------------
+
+def _not_twice(name):
+    def backward(ctx, *grads):
+        raise RuntimeError(f"[rpe.torch] rpe::{name} has no derivative: the rpe_torch operators are differentiable "
+                           "once (a double backward, e.g. a gradient penalty, is not supported)")
+    return backward
+
+
+for _name in ("term_backward", "attention_backward", "rope_backward", "cpb_table_backward", "cpb_bias_backward",
+              "resize_rel_pos_backward", "decomposed_tables_backward"):
+    torch.library.register_autograd(f"{_lib}::{_name}", _not_twice(_name), setup_context=_no_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# Autocast (CPU)
+# ---------------------------------------------------------------------------------------------
+
+_LOW = (torch.bfloat16, torch.float16)
+_autocast_lib = torch.library.Library(_lib, "IMPL")
+
+
+def _cast(value, dtype, from_dtypes):
+    """value with every tensor of a dtype in from_dtypes cast to dtype (lists / tuples walked)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.dtype in from_dtypes else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(v, dtype, from_dtypes) for v in value)
+    return value
+
+
+def _register_autocast(name, device_type="cpu"):
+    """Under ``torch.autocast(device_type)``, operator ``name`` runs its float32 kernel: floating
+    inputs in float16 / bfloat16 / float32 are up-cast to float32 (float64 ones are left alone, as
+    autocast does), the kernel accumulates in float32, and the float32 outputs are returned in the
+    autocast dtype (``torch.get_autocast_dtype``), as PyTorch's lower-precision autocast ops do.
+    The casts are ordinary differentiable ops: gradients reach the inputs in their own dtypes."""
+    op = getattr(_ops, name).default
+    key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    key = getattr(torch._C.DispatchKey, key_name)
+
+    def run(*args):
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            out = op(*_cast(args, torch.float32, _LOW))
+        return _cast(out, dtype, (torch.float32,))
+
+    if op.has_kernel_for_dispatch_key(key):
+        op.py_kernels.pop(key, None)
+    op.py_impl(key)(run)  # the Python dispatcher (torch.compile, export) takes this one
+    _autocast_lib.impl(name, lambda keyset, *args: run(*args), key_name, with_keyset=True)
+
+
+#: The forward operators that take floating tensors: autocast up-casts around them.
+AUTOCAST_OPS = ("term_forward", "attention_forward", "attention_forward_attn", "rope_forward", "table_from_timm",
+                "table_to_timm", "cpb_table", "cpb_bias_forward", "resize_rel_pos", "decomposed_tables")
+for _name in AUTOCAST_OPS:
+    _register_autocast(_name)

@@ -1,0 +1,157 @@
+"""rpe_torch as a PyTorch user meets it: bad input on the public functions raises a Python
+exception naming the argument (device, mixed devices, dtype, meta tensors, sizes beyond int32,
+a grid whose skip tokens disagree with the configuration, a per-head table for another head
+count); models pickle with torch.save and trace with torch.jit.trace; CPU autocast (bf16) runs
+the float32 kernels and returns bf16 within the documented tolerance of float64."""
+import io
+
+import pytest
+import torch
+
+import rpe_torch
+from digits_model import build, images
+
+F64 = torch.float64
+
+
+def qkv(B=2, H=2, L=7, D=4, dtype=F64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, L, D, generator=g, dtype=dtype).requires_grad_() for _ in range(3)]
+
+
+def modules(rpe_on="qkv", skip=1, shared=True, heads=2, D=4, mode="ctx", dtype=F64):
+    cfg = rpe_torch.get_rpe_config(ratio=1.0, method="product", mode=mode, shared_head=shared, skip=skip,
+                                   rpe_on=rpe_on)
+    mods = rpe_torch.build_rpe(cfg, head_dim=D, num_heads=heads)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in mods:
+            if m is not None:
+                for p in m.parameters():
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return [m.to(dtype) if m is not None else None for m in mods]
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------
+
+def test_a_grid_with_more_skip_tokens_than_configured_is_refused():
+    # L = 197 = 2 + 13*15 with a skip-1 configuration: refused (it used to run with skip = 2)
+    q, k, v = qkv(B=1, H=2, L=197, D=4)
+    mods = modules(skip=1)
+    with pytest.raises(ValueError, match=r"L = 197 = skip 2 \+ 13\*15, but the term was configured with skip = 1"):
+        rpe_torch.attention(q, k, v, *mods, height=13, width=15)
+    with pytest.raises(ValueError, match=r"configured with skip = 1"):
+        mods[1](q, 13, 15)
+    out = rpe_torch.attention(q, k, v, *mods, height=14, width=14)  # 1 + 14*14: the configured skip
+    assert out.shape == q.shape
+
+
+def test_a_per_head_table_for_other_heads_is_refused():
+    q, k, v = qkv(H=6)
+    for mode in ("ctx", "bias"):
+        mods = modules(rpe_on="k", shared=False, heads=4, mode=mode)  # tables for 4 heads
+        with pytest.raises(ValueError, match=r"table"):
+            rpe_torch.attention(q, k, v, *mods, height=2, width=3)
+    for mode in ("ctx", "bias"):
+        mods = modules(rpe_on="k", shared=False, heads=4, mode=mode)
+        with pytest.raises(ValueError, match=r"table.* has shape \(4, "):
+            mods[1](q, 2, 3)  # the module alone (bias mode used to return a (1, 4, L, L) bias for 6 heads)
+    for m in (rpe_torch.RelPosBias((2, 3), 4).double(), rpe_torch.ALiBi2D(4, 2, 3, dtype=F64)):
+        with pytest.raises(ValueError, match=r"rpe_k table has shape \(4, \d+\); expected \(6, "):
+            rpe_torch.attention(q[:, :, 1:], k[:, :, 1:], v[:, :, 1:], rpe_k=m)
+
+
+def test_device_dtype_meta_and_size_errors_name_the_argument():
+    q, k, v = qkv()
+    mods = modules()
+    with pytest.raises(ValueError, match=r"\[rpe.torch\] k is on device meta; expected cpu"):
+        rpe_torch.attention(q, k.detach().to("meta"), v, *mods, height=2, width=3)
+    with pytest.raises(ValueError, match=r"\[rpe.torch\] x is on device meta"):
+        mods[1](q.detach().to("meta"), 2, 3)
+    with pytest.raises(ValueError, match=r"rope freqs is on device meta"):
+        rpe_torch.attention(q, k, v, height=2, width=3, rope=rpe_torch.RoPEMixed(2, 4, skip=1).double().to("meta"))
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] v has dtype Long"):
+        rpe_torch.attention(q, k, v.detach().long(), *mods, height=2, width=3)
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] q has dtype Int; expected float32 or float64"):
+        rpe_torch.attention(q.detach().int(), k, v, *mods, height=2, width=3)
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] x has dtype Int"):
+        rpe_torch.RoPEAxial(skip=1)(q.detach().int(), 2, 3)
+    with pytest.raises(TypeError, match=r"q is a list"):
+        rpe_torch.attention([1.0], k, v)
+    # an expanded view larger than int32 allows: refused before anything is copied
+    huge = torch.zeros(1, 1, 1, 1, dtype=F64).expand(1, 1, 1, 2**31)
+    with pytest.raises(ValueError, match=r"\[rpe.torch\] x has shape \(1, 1, 1, 2147483648\); expected every "
+                                         r"dimension <= 2147483647"):
+        rpe_torch.term(huge, [torch.zeros(1, 4, 26, dtype=F64)], "product", "contextual", "k", 1.0, 2.0, 8.0, 0, 1, 1)
+    with pytest.raises(ValueError, match=r"\[rpe.torch\] q has shape .*2147483648"):
+        rpe_torch.attention(huge, huge, huge, height=1, width=1)
+
+
+def test_integer_tensors_cannot_require_grad_and_bool_masks_are_not_differentiated():
+    with pytest.raises(RuntimeError, match="floating point"):
+        torch.zeros(2, dtype=torch.long).requires_grad_()
+    q, k, v = qkv()
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    out = rpe_torch.attention(q, k, v, *modules(), height=2, width=3, key_padding_mask=kpm)
+    out.sum().backward()
+    assert q.grad is not None and kpm.grad is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving, tracing
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fused", [False, True], ids=["modules", "fused"])
+def test_torch_save_and_load_the_whole_model(fused):
+    model, _ = build(rpe_torch, "b", fused)
+    x, _ = images()
+    x = x[:4]
+    with torch.no_grad():
+        expected = model.eval()(x)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), expected)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["modules", "fused"])
+def test_jit_trace(fused):
+    model, _ = build(rpe_torch, "b", fused)
+    x, _ = images()
+    model.eval()
+    with torch.no_grad():
+        traced = torch.jit.trace(model, x[:2])
+        assert torch.equal(traced(x[2:6]), model(x[2:6]))
+    kinds = {n.kind() for n in traced.inlined_graph.nodes()}
+    assert any(kind.startswith("rpe::") for kind in kinds), kinds
+    assert "rpe::num_buckets" not in kinds
+
+
+# ---------------------------------------------------------------------------------------------
+# Autocast
+# ---------------------------------------------------------------------------------------------
+
+def test_cpu_autocast_bf16_through_the_operators():
+    q, k, v = (t.detach().bfloat16().requires_grad_() for t in qkv(L=7))
+    mods = modules(dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = rpe_torch.attention(q, k, v, *mods, height=2, width=3)
+        term = mods[1](q, 2, 3)
+        rot = rpe_torch.RoPEAxial(skip=1)(q, 2, 3)
+    assert out.dtype == term.dtype == rot.dtype == torch.bfloat16
+    # against float64 on the same (bf16-rounded) inputs: the float32 kernels, then one bf16 rounding
+    mods64 = [m.double() for m in modules()]
+    ref = rpe_torch.attention(q.double(), k.double(), v.double(), *mods64, height=2, width=3)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(term.double(), mods64[1](q.double(), 2, 3), atol=2e-2, rtol=1e-2)
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()
+    assert mods[1].lookup_table_weight.grad.dtype == torch.float32
+    # float64 inputs are left alone by autocast (as PyTorch's own ops)
+    q64, k64, v64 = qkv()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert rpe_torch.attention(q64, k64, v64, *mods64, height=2, width=3).dtype == F64
