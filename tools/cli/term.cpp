@@ -28,30 +28,6 @@ namespace rpe_cli {
 
 namespace {
 
-// rpe::make_term covers the 2D iRPE mappings by name; the others (1D, Swin, BEiT) are wrapped
-// here the same way.
-template <class M>
-std::unique_ptr<rpe::any_term<float>> wrap_1d(const M& m, const rpe::term_spec& s) {
-    auto make = [&]<class Md, rpe::target Tg>() -> std::unique_ptr<rpe::any_term<float>> {
-        return rpe::make_any_term(rpe::term<M, Md, Tg, float>(m,
-            {.num_heads = s.num_heads, .head_dim = s.head_dim, .shared_head = s.shared_head, .skip = s.skip}));
-    };
-    if (s.contextual) {
-        switch (s.target) {
-            case rpe::target::query: return make.template operator()<rpe::mode::contextual, rpe::target::query>();
-            case rpe::target::key: return make.template operator()<rpe::mode::contextual, rpe::target::key>();
-            case rpe::target::value: return make.template operator()<rpe::mode::contextual, rpe::target::value>();
-        }
-    } else {
-        switch (s.target) {
-            case rpe::target::query: return make.template operator()<rpe::mode::bias, rpe::target::query>();
-            case rpe::target::key: return make.template operator()<rpe::mode::bias, rpe::target::key>();
-            case rpe::target::value: break;
-        }
-    }
-    throw usage_error("--mode/--target", "bias mode on values does not exist (paper eq. 17); use --mode contextual or --target q/k");
-}
-
 template <class T>
 rpe::tensor_ref<T> view(T* data, const std::vector<std::int64_t>& shape) {
     return rpe::tensor_ref<T>(data, std::span<const std::int64_t>(shape));  // checks rank <= 4
@@ -258,21 +234,10 @@ int write_and_compare(const std::vector<float>& out, const std::vector<std::int6
 std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, const rpe::term_spec& spec) {
     if (!spec.contextual && spec.target == rpe::target::value)
         throw usage_error("--mode/--target", "bias mode on values does not exist (paper eq. 17); use --mode contextual or --target q/k");
-    switch (m.kind) {
-        case mapping_kind::shaw: return wrap_1d(m.shaw, spec);
-        case mapping_kind::t5: return wrap_1d(m.t5, spec);
-        case mapping_kind::swin:
-        case mapping_kind::swinv2: return wrap_1d(m.swin(), spec);
-        case mapping_kind::beit: return wrap_1d(rpe::mapping::beit{m.window.height, m.window.width}, spec);
-        case mapping_kind::two_d: break;
-    }
-    rpe::term_spec s = spec;
-    s.method = m.spec.method;
-    s.index = m.spec.index;
-    s.alpha = m.spec.alpha;
-    s.beta = m.spec.beta;
-    s.gamma = m.spec.gamma;
-    return rpe::make_term<float>(s);
+    // every family through the registry (rpe::make_term visits the mapping of m.family)
+    const rpe::term_options o{.contextual = spec.contextual, .target = spec.target, .num_heads = spec.num_heads,
+                              .head_dim = spec.head_dim, .shared_head = spec.shared_head, .skip = spec.skip};
+    return rpe::make_term<float>(m.family, o, {m.window.height, m.window.width});
 }
 
 int run_term(const mapping_config& mc, const term_options& o) {
