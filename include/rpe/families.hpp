@@ -136,7 +136,7 @@ inline void add_builtin_families(registry& r) {
                                   family_kind::mapping, "vit", bias_k, 1});
     add(builtin_family::axial, {"axial", {}, {family_param::number("theta", 100.0, "base of the frequencies")},
                                 "rope-vit RoPE-Axial", family_kind::rope, "rope", all, 0});
-    add(builtin_family::mixed, {"mixed", {}, {}, "rope-vit RoPE-Mixed (learned frequencies)", family_kind::rope, "rope", all, 0});
+    add(builtin_family::mixed, {"mixed", {}, {}, "rope-vit RoPE-Mixed", family_kind::rope, "rope", all, 0});
     add(builtin_family::cat, {"cat", {},
                               {family_param::number("temperature", 10000.0, "band base (without in_pixels)"),
                                family_param::flag("in_pixels", false, "pixel bands and [-1, 1] coordinates"),
@@ -146,7 +146,7 @@ inline void add_builtin_families(registry& r) {
                                family_param::integer("ref_height", 0, "reference grid rows (0 = none)"),
                                family_param::integer("ref_width", 0, "reference grid columns (0 = none)"),
                                family_param::flag("xy_indexing", false, "grid_indexing 'xy'")},
-                              "timm RotaryEmbeddingCat (EVA-02)", family_kind::rope, "rope", all, 0});
+                              "timm RotaryEmbeddingCat", family_kind::rope, "rope", all, 0});
 }
 
 /// The window or grid of a ViT family: the parameter, or the grid when it is 0.

@@ -54,9 +54,9 @@ namespace rpe_cli {
 std::string mapping_config::describe() const {
     std::ostringstream os;
     switch (kind) {
-        case mapping_kind::shaw: os << "shaw (1D clip, k=" << shaw.k << ")"; break;
+        case mapping_kind::shaw: os << family.family << " (1D clip, k=" << shaw.k << ")"; break;
         case mapping_kind::t5:
-            os << "t5 (1D, " << (t5.bidirectional ? "bidirectional" : "causal") << ", buckets=" << t5.buckets
+            os << family.family << " (1D, " << (t5.bidirectional ? "bidirectional" : "causal") << ", buckets=" << t5.buckets
                << ", max_distance=" << t5.max_distance << ")";
             break;
         case mapping_kind::swin:
@@ -673,8 +673,8 @@ int run(int argc, char** argv) {
                                           std::to_string(RPE_VERSION_MINOR) + "." + std::to_string(RPE_VERSION_PATCH));
 
     mapping_options mo;
-    std::string name = "product";
-    std::vector<std::string> bench_names{"product"};
+    std::string name = rpe::method_name(rpe::method::product);
+    std::vector<std::string> bench_names{name};
 
     auto* buckets = app.add_subcommand("buckets", "bucket ids of a grid: num_buckets, buckets used, optional .npy");
     buckets_options bo;
