@@ -127,7 +127,7 @@ inline void add_builtin_families(registry& r) {
     v2.push_back(family_param::integer("pretrained_w", 0, "pre-training window columns (0 = none)"));
     v2.push_back(family_param::flag("sigmoid16", true, "table = 16*sigmoid(MLP output)"));
     add(builtin_family::swinv2, {"swinv2", {}, std::move(v2), "SwinV2 continuous position bias (Swin ids, CPB table)",
-                                 family_kind::mapping, "vit", bias_k, 1});
+                                 family_kind::mapping, "vit", all, 1});
     add(builtin_family::decomposed, {"decomposed", {{"sam", {}}}, window_params("grid"),
                                      "SAM/MViTv2 decomposed rel pos: cross, clip index, beta = max(H, W) - 1",
                                      family_kind::mapping, "vit", contextual_k, 2});

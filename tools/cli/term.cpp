@@ -234,10 +234,12 @@ int write_and_compare(const std::vector<float>& out, const std::vector<std::int6
 std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, const rpe::term_spec& spec) {
     if (!spec.contextual && spec.target == rpe::target::value)
         throw usage_error("--mode/--target", "bias mode on values does not exist (paper eq. 17); use --mode contextual or --target q/k");
-    // every family through the registry (rpe::make_term visits the mapping of m.family)
+    // every family through the registry: the mapping of m.family, in any mode and target (rpe
+    // bench times decomposed and alibi2d on every slot)
     const rpe::term_options o{.contextual = spec.contextual, .target = spec.target, .num_heads = spec.num_heads,
                               .head_dim = spec.head_dim, .shared_head = spec.shared_head, .skip = spec.skip};
-    return rpe::make_term<float>(m.family, o, {m.window.height, m.window.width});
+    return rpe::visit_mapping(m.family, {m.window.height, m.window.width},
+                              [&](const auto& mapping) { return rpe::term_of<float>(mapping, o); });
 }
 
 int run_term(const mapping_config& mc, const term_options& o) {
