@@ -304,7 +304,7 @@ std::unique_ptr<any_term<S>> term_of(const registered_mapping& m, const term_opt
 /// @brief Fresh bucket ids (no cache) of mapping `m` on a depth × height × width grid (rpe::build_bucket_ids).
 template <GridMapping M>
 std::shared_ptr<const bucket_ids> bucket_ids_of(const M& m, int depth, int height, int width, int skip) {
-    return build_bucket_ids(m, depth, height, width, skip);
+    return build_bucket_ids(m, depth, height, width, skip, id_storage::automatic);
 }
 
 /// @brief The same for a mapping added at run time.
@@ -336,7 +336,7 @@ void register_mapping(family_info info, Factory make) {
     registry::entry e;
     e.info = std::move(info);
     e.build_ids = [make](const family_spec& s, grid_extent g, int depth, int skip) {
-        return build_bucket_ids(make(s, g), depth, g.height, g.width, skip);
+        return build_bucket_ids(make(s, g), depth, g.height, g.width, skip, id_storage::automatic);
     };
     e.term_f32 = [make](const family_spec& s, grid_extent g, bool ctx, target tg, int h, int d, bool shared, int skip) {
         return detail::runtime_term_of<float>(make(s, g), term_options{ctx, tg, h, d, shared, skip});

@@ -46,11 +46,11 @@ struct family_param {
         flag,     ///< 0 or 1 (text: true/false, 1/0)
         choice,   ///< one of `choices` (stored as its position)
     };
-    std::string name;                  ///< e.g. "alpha"
+    std::string name{};                ///< e.g. "alpha"
     kind type = kind::number;          ///< its kind
     double default_value = 0;          ///< the value when the text does not set it
-    std::vector<std::string> choices;  ///< choice: the names, in order
-    std::string help;                  ///< one line for --help and docs
+    std::vector<std::string> choices{};  ///< choice: the names, in order
+    std::string help{};                ///< one line for --help and docs
 
     /// @brief A number parameter.
     static family_param number(std::string name, double def, std::string help = {}) {
@@ -76,8 +76,8 @@ enum class family_kind { mapping, rope };
 /// @brief Another name of a family, with parameters it presets (e.g. `t5_causal` = t5 with
 /// bidirectional = 0; `euc` = euclidean).
 struct family_alias {
-    std::string name;                                  ///< the alias
-    std::vector<std::pair<std::string, double>> presets;  ///< parameters it sets
+    std::string name{};                                  ///< the alias
+    std::vector<std::pair<std::string, double>> presets{};  ///< parameters it sets
 };
 
 /// @brief The grid a mapping is built for; 0 × 0 when not known yet. A family whose mapping
@@ -97,12 +97,12 @@ struct family_terms {
 
 /// @brief A family's description: name, aliases, parameters, kind, group.
 struct family_info {
-    std::string name;                  ///< canonical name, e.g. "product"
-    std::vector<family_alias> aliases;  ///< other names (the reference's "euc", "quant", ...)
-    std::vector<family_param> params;  ///< parameters, in order (the positional order of the torch ops)
-    std::string summary;               ///< one line for messages and --help
+    std::string name{};                ///< canonical name, e.g. "product"
+    std::vector<family_alias> aliases{};  ///< other names (the reference's "euc", "quant", ...)
+    std::vector<family_param> params{};  ///< parameters, in order (the positional order of the torch ops)
+    std::string summary{};             ///< one line for messages and --help
     family_kind kind = family_kind::mapping;  ///< mapping or RoPE form
-    std::string group;                 ///< "irpe" (the reference's four 2D mappings), "irpe_paper", "1d", "3d", "vit", "rope", "user"
+    std::string group{};               ///< "irpe" (the reference's four 2D mappings), "irpe_paper", "1d", "3d", "vit", "rope", "user"
     family_terms terms{};              ///< modes and targets of its terms
     int num_tables = 1;                ///< tables per term (cross, decomposed: 2)
 };
@@ -112,8 +112,8 @@ struct family_info {
 /// Equality compares the family and the values; a spec from rpe::parse_family_spec holds every
 /// parameter of its family, defaults included.
 struct family_spec {
-    std::string family;                                  ///< canonical family name
-    std::vector<std::pair<std::string, double>> params;  ///< (name, value), the family's order
+    std::string family{};                                ///< canonical family name
+    std::vector<std::pair<std::string, double>> params{};  ///< (name, value), the family's order
 
     /// @brief The value of parameter `name`.
     /// @throws rpe::invalid_argument `[rpe.term_spec] parameter = '...' of <family>; expected one of ...`.
@@ -166,7 +166,7 @@ public:
     /// @brief A family added at run time by a program (a user's mapping): its description and its
     /// operations, instantiated for its mapping type where it was added (rpe::register_mapping).
     struct entry {
-        family_info info;  ///< name, aliases, parameters
+        family_info info{};  ///< name, aliases, parameters
         /// bucket ids of the mapping of `spec` on a depth × height × width grid (rpe::build_bucket_ids, no cache)
         std::function<std::shared_ptr<const bucket_ids>(const family_spec&, grid_extent, int depth, int skip)> build_ids;
         /// the run-time term (float) of the mapping of `spec`

@@ -310,8 +310,6 @@ grid_size parse_grid(const std::string& text, const char* option) {
     return g;
 }
 
-namespace {
-
 std::shared_ptr<const rpe::bucket_ids> build_ids(const mapping_config& mc, int height, int width, int skip) {
     const mapping_config m = mc.for_grid({height, width});
     const auto build = [&] {
