@@ -156,6 +156,24 @@ int family_id(c10::string_view method) {
     return rpe::builtin_of(n.find(':') == std::string::npos ? rpe::families().defaults(n) : rpe::parse_family_spec(n));
 }
 
+// The term_spec of an iRPE method (family_id < 6): alpha, beta, gamma as given (term_spec checks
+// them), or from the spec text "product:index=clip,beta=4".
+rpe::term_spec irpe_spec(c10::string_view method, double alpha, double beta, double gamma) {
+    rpe::term_spec spec;
+    spec.method = static_cast<rpe::method>(family_id(method));
+    spec.alpha = alpha;
+    spec.beta = beta;
+    spec.gamma = gamma;
+    if (str(method).find(':') != std::string::npos) {
+        const auto f = rpe::parse_family_spec(str(method));
+        spec.index = f.get_int("index") == 1 ? rpe::index_kind::clip : rpe::index_kind::piecewise;
+        spec.alpha = f.get("alpha");
+        spec.beta = f.get("beta");
+        spec.gamma = f.get("gamma");
+    }
+    return spec;
+}
+
 template <class S>
 std::unique_ptr<rpe::any_term<S>> make(c10::string_view method, c10::string_view mode, rpe::target tg, double alpha,
                                        double beta, double gamma, int64_t skip, int64_t heads, int64_t head_dim,
@@ -163,18 +181,7 @@ std::unique_ptr<rpe::any_term<S>> make(c10::string_view method, c10::string_view
     TORCH_CHECK_VALUE(skip >= 0 && skip < (int64_t{1} << 30), "[rpe.torch] skip = ", skip, "; expected >= 0");
     const bool contextual = rpe::parse_contextual(std::string_view(mode.data(), mode.size()));
     if (const int id = family_id(method); id >= 0 && id < 6) {  // alpha, beta, gamma as given: term_spec checks them
-        rpe::term_spec spec;
-        spec.method = static_cast<rpe::method>(id);
-        spec.alpha = alpha;
-        spec.beta = beta;
-        spec.gamma = gamma;
-        if (str(method).find(':') != std::string::npos) {
-            const auto f = rpe::parse_family_spec(str(method));
-            spec.index = f.get_int("index") == 1 ? rpe::index_kind::clip : rpe::index_kind::piecewise;
-            spec.alpha = f.get("alpha");
-            spec.beta = f.get("beta");
-            spec.gamma = f.get("gamma");
-        }
+        rpe::term_spec spec = irpe_spec(method, alpha, beta, gamma);
         spec.contextual = contextual;
         spec.target = tg;
         spec.skip = static_cast<int>(skip);
@@ -680,11 +687,7 @@ int64_t num_buckets(c10::string_view method, double alpha, double beta, double g
                                           std::min<int64_t>(skip, 1), 1, 1, true);
             return static_cast<int64_t>(term->num_buckets());
         }
-        rpe::term_spec spec;
-        spec.method = static_cast<rpe::method>(family_id(method));
-        spec.alpha = alpha;
-        spec.beta = beta;
-        spec.gamma = gamma;
+        rpe::term_spec spec = irpe_spec(method, alpha, beta, gamma);
         TORCH_CHECK_VALUE(skip >= 0, "[rpe.torch] skip = ", skip, "; expected >= 0");
         spec.skip = static_cast<int>(std::min<int64_t>(skip, 1));
         return static_cast<int64_t>(spec.num_buckets());
