@@ -10,6 +10,9 @@
 //   naive/ctx_k/<grid>/b<B>/<f32|f64>
 //       the naive O(L²·D) contextual key term (Product 1.9, shared table): one dot product per
 //       pair; compare with term/product/ctx_k/shared/<grid>/b<B>/<f32|f64> (O(L·K·D) + O(L²)).
+//   term/<family>/... also for every mapping family a user's unit adds to rpe's registry
+//       (RPE_REGISTER_MAPPING, docs/custom_mapping.md) when linked into rpe_bench or loaded by
+//       RPE_BENCH_PLUGINS=lib1.so:lib2.so, with its default parameters.
 // Counters: id_bytes (bucket-id storage of the grid, all tables), L, K, flops (rate of the
 // per-bucket matrix products, 2·B·H·L·K·D per table; 2·B·H·L²·D for naive), bytes_per_second
 // (x read + out written + ids read per (batch, head)). Cases above RPE_BENCH_MAX_GB (default 3)
@@ -19,6 +22,12 @@
 #include <rpe/rpe.hpp>
 #include <rpe/make_term.hpp>
 
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,9 +42,8 @@ constexpr int heads = 6;
 constexpr int head_dim = 64;
 
 struct mapping_row {
-    const char* name;
-    rpe::method method;
-    double ratio;
+    std::string name;         // the registry's family name
+    rpe::family_spec family;  // the family and its parameters
 };
 
 struct mode_row {
@@ -54,16 +62,15 @@ struct term_config {
 
 template <class S>
 void run_term(benchmark::State& state, const term_config& c) {
-    rpe::term_spec spec;
-    spec.method = c.mapping.method;
-    spec.contextual = c.mode.contextual;
-    spec.target = c.mode.target;
-    spec.ratio(c.mapping.ratio);
-    spec.shared_head = c.shared;
-    spec.skip = c.g.skip;
-    spec.num_heads = heads;
-    spec.head_dim = head_dim;
-    const auto term = rpe::make_term<S>(spec);
+    std::unique_ptr<rpe::any_term<S>> term;
+    try {
+        term = rpe::make_term<S>(c.mapping.family, {.contextual = c.mode.contextual, .target = c.mode.target, .num_heads = heads,
+                                                    .head_dim = head_dim, .shared_head = c.shared, .skip = c.g.skip},
+                                 {c.g.height, c.g.width});
+    } catch (const rpe::invalid_argument& e) {  // a mode or target the family does not take
+        state.SkipWithError(e.what());
+        return;
+    }
 
     const std::int64_t n = c.g.length(), b = c.batch, k = term->num_buckets(), planes = b * heads;
     const bool value = c.mode.target == rpe::target::value;
@@ -133,14 +140,31 @@ void run_naive(benchmark::State& state, const grid& g, int batch) {
 }
 
 const bool registered = [] {
-    const mapping_row mappings[] = {
-        {"product", rpe::method::product, 1.9},
-        {"euclidean", rpe::method::euclidean, 20.0},
-        {"quantization", rpe::method::quantization, 33.0},
-        {"cross", rpe::method::cross, 20.0},
-        {"euclidean_paper", rpe::method::euclidean_paper, 20.0},
-        {"quantization_paper", rpe::method::quantization_paper, 33.0},
+    // the reference's ratios per method (rpe::method order: the registry's first six families)
+    const std::pair<rpe::method, double> irpe[] = {
+        {rpe::method::product, 1.9},   {rpe::method::euclidean, 20.0},       {rpe::method::quantization, 33.0},
+        {rpe::method::cross, 20.0},    {rpe::method::euclidean_paper, 20.0}, {rpe::method::quantization_paper, 33.0},
     };
+    std::vector<mapping_row> mappings;
+    for (const auto& [method, ratio] : irpe) {
+        rpe::term_spec t;
+        t.method = method;
+        t.ratio(ratio);
+        mappings.push_back({rpe::method_name(method), rpe::to_family_spec(t)});
+    }
+    // a user's families: linked in, or loaded from RPE_BENCH_PLUGINS (colon-separated paths)
+    if (const char* env = std::getenv("RPE_BENCH_PLUGINS")) {
+        std::string paths = env;
+        for (std::size_t at = 0; at <= paths.size();) {
+            const auto end = std::min(paths.find(':', at), paths.size());
+            const std::string path = paths.substr(at, end - at);
+            if (!path.empty() && dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr)
+                std::fprintf(stderr, "rpe_bench: RPE_BENCH_PLUGINS: %s\n", dlerror());
+            at = end + 1;
+        }
+    }
+    for (const auto& e : rpe::families().entries())
+        if (e->info.group == "user") mappings.push_back({e->info.name, rpe::families().defaults(e->info.name)});
     const mode_row modes[] = {
         {"bias_k", false, rpe::target::key},   {"bias_q", false, rpe::target::query}, {"ctx_k", true, rpe::target::key},
         {"ctx_q", true, rpe::target::query},   {"ctx_v", true, rpe::target::value},
@@ -151,7 +175,7 @@ const bool registered = [] {
                 for (const grid& g : rpe_bench::term_grids())
                     for (const int batch : {1, 8}) {
                         const term_config c{m, md, shared, g, batch};
-                        const std::string name = std::string("term/") + m.name + "/" + md.name + "/" + (shared ? "shared" : "perhead") +
+                        const std::string name = "term/" + m.name + "/" + md.name + "/" + (shared ? "shared" : "perhead") +
                                                  "/" + g.name() + "/b" + std::to_string(batch);
                         benchmark::RegisterBenchmark((name + "/f32").c_str(), run_term<float>, c)->Unit(benchmark::kMicrosecond);
                         benchmark::RegisterBenchmark((name + "/f64").c_str(), run_term<double>, c)->Unit(benchmark::kMicrosecond);

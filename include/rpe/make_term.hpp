@@ -13,23 +13,20 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
 #include "any_term.hpp"
 #include "detail/validate.hpp"
 #include "error.hpp"
-#include "index/clip.hpp"
-#include "index/piecewise.hpp"
-#include "mapping/cross.hpp"
-#include "mapping/euclidean.hpp"
-#include "mapping/product.hpp"
-#include "mapping/quantization.hpp"
+#include "families.hpp"
 #include "mode.hpp"
 
 namespace rpe {
 
-/// @brief The 2D mappings known by name at run time.
+/// @brief The iRPE mappings known by name at run time: the first six built-in families of
+/// <rpe/families.hpp> (rpe::builtin_family), in the same order.
 enum class method {
     euclidean,           ///< mapping::euclidean (reference code, rounded distance; reference id 0)
     quantization,        ///< mapping::quantization (reference code, squared distance; id 1)
@@ -45,18 +42,35 @@ enum class index_kind {
     clip,       ///< index::clip (Shaw et al.), uses beta only
 };
 
+namespace detail {
+
+/// The six method names, "a, b, ... or f" (from the registry).
+inline std::string method_names() {
+    std::string s;
+    for (int m = 0; m < 6; ++m)
+        s += (m == 0 ? "" : (m == 5 ? " or " : ", ")) + families().entries().at(static_cast<std::size_t>(m))->info.name;
+    return s;
+}
+
+}  // namespace detail
+
+/// @brief The registry name of a method ("euclidean", ...).
+inline std::string method_name(method m) {
+    detail::require_enum(m, 6, "term_spec", "method", detail::method_names().c_str());
+    return families().entries().at(static_cast<std::size_t>(m))->info.name;
+}
+
 /// @brief Parses a method name: "euclidean" (or the reference's "euc"), "quantization" ("quant"),
-/// "cross", "product", "euclidean_paper", "quantization_paper".
+/// "cross", "product", "euclidean_paper", "quantization_paper" (the iRPE families of the registry).
 /// @throws rpe::invalid_argument `[rpe.term_spec] method = '...'; expected one of ...`.
 inline method parse_method(std::string_view name) {
-    if (name == "euclidean" || name == "euc") return method::euclidean;
-    if (name == "quantization" || name == "quant") return method::quantization;
-    if (name == "cross") return method::cross;
-    if (name == "product") return method::product;
-    if (name == "euclidean_paper") return method::euclidean_paper;
-    if (name == "quantization_paper") return method::quantization_paper;
-    throw invalid_argument(detail::message("term_spec", "method = '", name,
-                                           "'; expected euclidean, quantization, cross, product, euclidean_paper or quantization_paper"));
+    const auto e = families().find(name);
+    if (e && e->builtin >= 0 && e->builtin < 6 && e->info.name == name) return static_cast<method>(e->builtin);
+    if (e && e->builtin >= 0 && e->builtin < 6) {  // an alias: one without presets names the method
+        for (const auto& a : e->info.aliases)
+            if (a.name == name && a.presets.empty()) return static_cast<method>(e->builtin);
+    }
+    throw invalid_argument(detail::message("term_spec", "method = '", name, "'; expected ", detail::method_names()));
 }
 
 /// @brief Parses a mode name: "bias" or "contextual" (or the reference's "ctx"); returns true for contextual.
@@ -106,7 +120,7 @@ struct term_spec {
     /// @throws rpe::invalid_argument for invalid α, β, γ, or a method, index or target that is not
     ///   one of its enumerators (`[rpe.term_spec] index = 7; expected piecewise or clip`).
     [[nodiscard]] int num_buckets() const {
-        detail::require_enum(method, 6, "term_spec", "method", "euclidean, quantization, cross, product, euclidean_paper or quantization_paper");
+        detail::require_enum(method, 6, "term_spec", "method", detail::method_names().c_str());
         detail::require_enum(index, 2, "term_spec", "index", "piecewise or clip");
         detail::require_enum(target, 3, "term_spec", "target", "query, key or value");
         if (index == index_kind::piecewise)
@@ -120,35 +134,27 @@ struct term_spec {
     }
 };
 
-namespace detail {
-
-template <class S, class I>
-std::unique_ptr<any_term<S>> make_term_with_index(const I& g, const term_spec& spec) {
-    std::shared_ptr<const id_source> ids;
-    int tables = 1;
-    switch (spec.method) {
-        case method::euclidean: ids = std::make_shared<id_source_for<mapping::euclidean<I>>>(mapping::euclidean<I>{g}); break;
-        case method::quantization: ids = std::make_shared<id_source_for<mapping::quantization<I>>>(mapping::quantization<I>{g}); break;
-        case method::cross:
-            ids = std::make_shared<id_source_for<mapping::cross<I>>>(mapping::cross<I>{g});
-            tables = 2;
-            break;
-        case method::product: ids = std::make_shared<id_source_for<mapping::product<I>>>(mapping::product<I>{g}); break;
-        case method::euclidean_paper:
-            ids = std::make_shared<id_source_for<mapping::euclidean_paper<I>>>(mapping::euclidean_paper<I>{g});
-            break;
-        case method::quantization_paper:
-            ids = std::make_shared<id_source_for<mapping::quantization_paper<I>>>(mapping::quantization_paper<I>{g});
-            break;
-        default:
-            throw invalid_argument(message("term_spec", "method = ", static_cast<int>(spec.method),
-                                           "; expected euclidean, quantization, cross, product, euclidean_paper or quantization_paper"));
-    }
-    return make_runtime_term<S>(std::move(ids), tables, spec.contextual, spec.target, spec.num_heads, spec.head_dim,
-                                spec.shared_head, spec.skip);
+/// @brief The registry spec of `spec`'s mapping: family = the method's name, index, α, β, γ.
+/// @throws rpe::invalid_argument for a method or index outside its enum.
+inline family_spec to_family_spec(const term_spec& spec) {
+    detail::require_enum(spec.index, 2, "term_spec", "index", "piecewise or clip");
+    family_spec f = families().defaults(method_name(spec.method));
+    f.set("index", spec.index == index_kind::clip ? 1 : 0).set("alpha", spec.alpha).set("beta", spec.beta).set("gamma", spec.gamma);
+    return f;
 }
 
-}  // namespace detail
+/// @brief Builds the term of family `spec` (any mapping family of the registry, a user's
+/// included) with mode, target and shape `o`, on grid `g` (for the families whose window or β
+/// follows the grid; 0 × 0 when the spec gives them), in scalar type S (float or double).
+/// @throws rpe::invalid_argument `[rpe.term_spec] ...` for an unknown family, a mode or target
+///   the family does not take; the mapping's and rpe::term's own errors.
+/// Build cost: instantiates every built-in mapping's id builder (see the file comment).
+template <class S = float>
+std::unique_ptr<any_term<S>> make_term(const family_spec& spec, const term_options& o, grid_extent g = {}) {
+    static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>, "rpe: the scalar type must be float or double");
+    check_family_terms(family_of(spec.family), o.contextual, o.target);
+    return visit_mapping(spec, g, [&](const auto& m) { return term_of<S>(m, o); });
+}
 
 /// @brief Builds the term that `spec` describes, in scalar type S (float or double).
 /// @throws rpe::invalid_argument `[rpe.term_spec] ...` for bias mode on values, an index, method
@@ -161,18 +167,16 @@ template <class S = float>
 std::unique_ptr<any_term<S>> make_term(const term_spec& spec) {
     static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>, "rpe: the scalar type must be float or double");
     (void)spec.num_buckets();  // validates α, β, γ with the term_spec prefix
-    switch (spec.index) {
-        case index_kind::clip: return detail::make_term_with_index<S>(index::clip{spec.beta}, spec);
-        case index_kind::piecewise:
-            return detail::make_term_with_index<S>(index::piecewise{spec.alpha, spec.beta, spec.gamma}, spec);
-    }
-    throw invalid_argument(detail::message("term_spec", "index = ", static_cast<int>(spec.index), "; expected piecewise or clip"));
+    return make_term<S>(to_family_spec(spec), term_options{spec.contextual, spec.target, spec.num_heads, spec.head_dim,
+                                                           spec.shared_head, spec.skip});
 }
 
 #if defined(RPE_EXTERN_MAKE_TERM)
 // Instantiated once in the program's instantiation unit (rpe's own tools: tools/common/make_term.cpp).
 extern template std::unique_ptr<any_term<float>> make_term<float>(const term_spec&);
 extern template std::unique_ptr<any_term<double>> make_term<double>(const term_spec&);
+extern template std::unique_ptr<any_term<float>> make_term<float>(const family_spec&, const term_options&, grid_extent);
+extern template std::unique_ptr<any_term<double>> make_term<double>(const family_spec&, const term_options&, grid_extent);
 #endif
 
 }  // namespace rpe

@@ -23,6 +23,7 @@
 #include <rpe/mapping/shaw.hpp>
 #include <rpe/mapping/swin.hpp>
 #include <rpe/mapping/t5.hpp>
+#include <rpe/families.hpp>
 #include <rpe/make_term.hpp>
 
 namespace rpe_cli {
@@ -52,18 +53,19 @@ struct grid_size {
 };
 grid_size parse_grid(const std::string& text, const char* option);
 
-/// Which family a mapping name belongs to.
-enum class mapping_kind { two_d, shaw, t5, swin, beit, swinv2 };
+/// Which family a mapping name belongs to (user: a family a --plugin added to the registry).
+enum class mapping_kind { two_d, shaw, t5, swin, beit, swinv2, user };
 
 /// A vision-transformer encoding on a built-in 2D mapping whose β follows the grid
 /// (β = max(H, W) − 1): SAM's decomposed relative position (cross, clip index) or CROMA's 2D
 /// ALiBi (product, clip index, fixed table).
 enum class vit_kind { none, decomposed, alibi2d };
 
-/// A resolved, validated mapping: the 2D ones as an rpe::term_spec (method, index, α, β, γ),
-/// the 1D ones as their policy value.
+/// A resolved, validated mapping: its registry spec (rpe::family_spec, which builds its ids and
+/// terms through rpe::visit_mapping), and the same read into the fields the commands print.
 struct mapping_config {
-    std::string name;            ///< as typed, e.g. "product", "t5_causal"
+    std::string name;            ///< as typed, e.g. "product", "t5_causal" (without ":params")
+    rpe::family_spec family;     ///< the registry spec (window_h/w set by for_grid)
     mapping_kind kind = mapping_kind::two_d;
     rpe::term_spec spec;         ///< method, index, α, β, γ (2D); mode/target/heads set per command
     rpe::mapping::shaw shaw{};   ///< kind == shaw
@@ -81,13 +83,19 @@ struct mapping_config {
     [[nodiscard]] int num_tables() const { return kind == mapping_kind::two_d && spec.method == rpe::method::cross ? 2 : 1; }
 };
 
-/// Mapping names understood by --mapping, for messages.
-inline constexpr const char* mapping_names =
-    "euclidean, quantization, cross, product, euclidean_paper, quantization_paper (2D; reference aliases euc, quant), "
-    "shaw, t5, t5_causal (1D: use a 1xL grid), swin, beit (with the class token: --skip 1), swinv2 (--window, default the "
-    "grid), decomposed (alias sam: SAM/MViTv2 decomposed rel pos), alibi2d (alias alibi: CROMA's 2D ALiBi)";
+/// Mapping names understood by --mapping, for messages: the registry's (plugins' included).
+std::string mapping_names();
 
-/// Resolves --mapping and its parameters. @throws usage_error naming the option at fault.
+/// The names of the registry's families of `group` ("irpe": the four of --all).
+std::vector<std::string> family_group(const std::string& group);
+
+/// Loads the shared libraries of --plugin (dlopen): their RPE_REGISTER_MAPPING families join the
+/// registry. @throws usage_error("--plugin") naming the file and dlerror().
+void load_plugins(const std::vector<std::string>& paths);
+
+/// Resolves --mapping (`name` or `name:param=value,...`) and its parameters: the options
+/// (--ratio, --k, --window, ...) set the family's parameters of those names, then the text's
+/// `param=value` ones. @throws usage_error naming the option at fault.
 mapping_config resolve_mapping(const std::string& name, const mapping_options& o);
 
 /// Whether two paths name the same existing file (a link and its target included).

@@ -12,6 +12,7 @@
 //
 // Exit status 0 on success, 1 on failure, 2 on a usage error (the message names the option).
 #include <CLI/CLI.hpp>
+#include <dlfcn.h>
 #include <stb_easy_font.h>
 #include <stb_image_write.h>
 
@@ -53,9 +54,9 @@ namespace rpe_cli {
 std::string mapping_config::describe() const {
     std::ostringstream os;
     switch (kind) {
-        case mapping_kind::shaw: os << "shaw (1D clip, k=" << shaw.k << ")"; break;
+        case mapping_kind::shaw: os << family.family << " (1D clip, k=" << shaw.k << ")"; break;
         case mapping_kind::t5:
-            os << "t5 (1D, " << (t5.bidirectional ? "bidirectional" : "causal") << ", buckets=" << t5.buckets
+            os << family.family << " (1D, " << (t5.bidirectional ? "bidirectional" : "causal") << ", buckets=" << t5.buckets
                << ", max_distance=" << t5.max_distance << ")";
             break;
         case mapping_kind::swin:
@@ -74,6 +75,14 @@ std::string mapping_config::describe() const {
             }
             os << ")";
             break;
+        case mapping_kind::user: {
+            os << name << " (";
+            const auto& reg = rpe::families();
+            for (std::size_t i = 0; i < family.params.size(); ++i)
+                os << (i ? " " : "") << family.params[i].first << "=" << reg.value_text(family, family.params[i].first, family.params[i].second);
+            os << ")";
+            break;
+        }
         case mapping_kind::two_d:
             if (vit == vit_kind::decomposed) {
                 os << name << " (SAM/MViTv2 decomposed rel pos: cross, clip index, beta = max(H, W) - 1";
@@ -98,69 +107,153 @@ std::string mapping_config::describe() const {
     return os.str();
 }
 
-mapping_config resolve_mapping(const std::string& name, const mapping_options& o) {
+std::string mapping_names() { return rpe::families().names_text(rpe::family_kind::mapping); }
+
+std::vector<std::string> family_group(const std::string& group) {
+    std::vector<std::string> out;
+    for (const auto& e : rpe::families().entries())
+        if (e->info.group == group) out.push_back(e->info.name);
+    return out;
+}
+
+void load_plugins(const std::vector<std::string>& paths) {
+    for (const auto& path : paths) {
+        // RTLD_GLOBAL: the plugin's rpe symbols bind to the tool's, so the registry is one instance
+        if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+            const char* why = dlerror();
+            throw usage_error("--plugin", "'" + path + "' cannot be loaded: " + (why ? why : "unknown error") +
+                                              "; expected a shared library that registers mappings (RPE_REGISTER_MAPPING)");
+        }
+    }
+}
+
+mapping_config resolve_mapping(const std::string& typed, const mapping_options& o) {
+    using B = rpe::builtin_family;
+    const auto colon = typed.find(':');
+    const std::string name = typed.substr(0, colon);
     mapping_config m;
     m.name = name;
-    if (name == "shaw") {
-        m.kind = mapping_kind::shaw;
-        m.shaw = rpe::mapping::shaw{.k = o.k};
-        try {
-            m.shaw.validate();
-        } catch (const rpe::invalid_argument& e) {
-            throw usage_error("--k", e.what());
-        }
-        return m;
-    }
-    if (name == "t5" || name == "t5_causal") {
-        m.kind = mapping_kind::t5;
-        m.t5 = rpe::mapping::t5{.buckets = o.buckets, .max_distance = o.max_distance, .bidirectional = name == "t5"};
-        try {
-            m.t5.validate();
-        } catch (const rpe::invalid_argument& e) {
-            throw usage_error("--buckets/--max-distance", e.what());
-        }
-        return m;
-    }
-    if (name == "swin" || name == "beit" || name == "swinv2") {
-        m.kind = name == "swin" ? mapping_kind::swin : (name == "beit" ? mapping_kind::beit : mapping_kind::swinv2);
-        if (!o.window.empty()) {
-            m.window = parse_grid(o.window, "--window");
-            try {
-                m.swin().validate();
-            } catch (const rpe::invalid_argument& e) {
-                throw usage_error("--window", e.what());
-            }
-        }
-        if (!o.pretrained.empty()) {
-            if (m.kind != mapping_kind::swinv2) throw usage_error("--pretrained", "only swinv2 has a pre-training window");
-            m.pretrained = parse_grid(o.pretrained, "--pretrained");
-        }
-        m.sigmoid16 = !o.no_sigmoid;
-        return m;
-    }
-    if (name == "decomposed" || name == "sam" || name == "alibi2d" || name == "alibi") {
-        const bool alibi = name == "alibi2d" || name == "alibi";
-        m.vit = alibi ? vit_kind::alibi2d : vit_kind::decomposed;
-        m.spec.method = alibi ? rpe::method::product : rpe::method::cross;
-        m.spec.index = rpe::index_kind::clip;
-        m.spec.beta = 0;  // set from the grid (for_grid)
-        return m;
-    }
+    auto& reg = rpe::families();
     try {
-        m.spec.method = rpe::parse_method(name);
+        m.family = reg.defaults(name);
     } catch (const rpe::invalid_argument&) {
-        throw usage_error("--mapping", "'" + name + "' is not a mapping; expected one of " + mapping_names);
+        throw usage_error("--mapping", "'" + name + "' is not a mapping; expected one of " + mapping_names());
     }
-    if (o.index == "piecewise")
-        m.spec.index = rpe::index_kind::piecewise;
-    else if (o.index == "clip")
-        m.spec.index = rpe::index_kind::clip;
-    else
-        throw usage_error("--index", "'" + o.index + "' is not an index function; expected piecewise or clip");
-    m.spec.ratio(o.ratio);
-    if (o.alpha) m.spec.alpha = *o.alpha;
-    if (o.beta) m.spec.beta = *o.beta;
-    if (o.gamma) m.spec.gamma = *o.gamma;
+    auto& f = m.family;
+    const int id = rpe::builtin_of(f);
+    // the options, onto the parameters of the same name
+    if (f.has("index")) {
+        if (o.index != "piecewise" && o.index != "clip")
+            throw usage_error("--index", "'" + o.index + "' is not an index function; expected piecewise or clip");
+        reg.set_param(f, "index", o.index);
+    }
+    const bool abg = f.has("alpha") && f.has("beta") && f.has("gamma");
+    if (abg) {
+        f.set("alpha", o.ratio).set("beta", 2.0 * o.ratio).set("gamma", 8.0 * o.ratio);
+        if (o.alpha) f.set("alpha", *o.alpha);
+        if (o.beta) f.set("beta", *o.beta);
+        if (o.gamma) f.set("gamma", *o.gamma);
+    }
+    if (f.has("k")) f.set("k", o.k);
+    if (f.has("buckets")) f.set("buckets", o.buckets);
+    if (f.has("max_distance")) f.set("max_distance", o.max_distance);
+    const bool windowed = id == static_cast<int>(B::swin) || id == static_cast<int>(B::beit) || id == static_cast<int>(B::swinv2);
+    if (windowed && !o.window.empty()) {
+        m.window = parse_grid(o.window, "--window");
+        f.set("window_h", m.window.height).set("window_w", m.window.width);
+    }
+    if (!o.pretrained.empty()) {
+        if (!f.has("pretrained_h")) {
+            std::string with;
+            for (const auto& e : reg.entries())
+                for (const auto& p : e->info.params)
+                    if (p.name == "pretrained_h") with += (with.empty() ? "" : ", ") + e->info.name;
+            throw usage_error("--pretrained", "only " + with + " has a pre-training window");
+        }
+        m.pretrained = parse_grid(o.pretrained, "--pretrained");
+        f.set("pretrained_h", m.pretrained.height).set("pretrained_w", m.pretrained.width);
+    }
+    if (f.has("sigmoid16")) f.set("sigmoid16", o.no_sigmoid ? 0 : 1);
+    // then the text's own parameters: --mapping product:index=clip,beta=4
+    if (colon != std::string::npos) {
+        try {
+            const std::string rest = typed.substr(colon + 1);
+            std::size_t at = 0;
+            while (at <= rest.size()) {
+                const auto comma = std::min(rest.find(',', at), rest.size());
+                const std::string item = rest.substr(at, comma - at);
+                const auto eq = item.find('=');
+                if (eq == std::string::npos)
+                    throw usage_error("--mapping", "'" + item + "' in '" + typed + "' is not param=value; " + name +
+                                                       " takes " + f.names());
+                reg.set_param(f, item.substr(0, eq), item.substr(eq + 1));
+                at = comma + 1;
+            }
+        } catch (const rpe::invalid_argument& e) {
+            throw usage_error("--mapping", e.what());
+        }
+        if (windowed) m.window = {f.get_int("window_h"), f.get_int("window_w")};
+        if (f.has("pretrained_h")) m.pretrained = {f.get_int("pretrained_h"), f.get_int("pretrained_w")};
+    }
+    // the fields the commands print, and each family's checks with the options to blame
+    switch (id) {
+        case static_cast<int>(B::shaw):
+            m.kind = mapping_kind::shaw;
+            m.shaw = rpe::mapping::shaw{.k = f.get_int("k")};
+            try {
+                m.shaw.validate();
+            } catch (const rpe::invalid_argument& e) {
+                throw usage_error("--k", e.what());
+            }
+            return m;
+        case static_cast<int>(B::t5):
+            m.kind = mapping_kind::t5;
+            m.t5 = rpe::mapping::t5{.buckets = f.get_int("buckets"), .max_distance = f.get_int("max_distance"),
+                                    .bidirectional = f.get("bidirectional") != 0};
+            try {
+                m.t5.validate();
+            } catch (const rpe::invalid_argument& e) {
+                throw usage_error("--buckets/--max-distance", e.what());
+            }
+            return m;
+        case static_cast<int>(B::swin):
+        case static_cast<int>(B::beit):
+        case static_cast<int>(B::swinv2):
+            m.kind = id == static_cast<int>(B::swin) ? mapping_kind::swin : (id == static_cast<int>(B::beit) ? mapping_kind::beit : mapping_kind::swinv2);
+            if (m.window.height != 0 || m.window.width != 0) {
+                try {
+                    m.swin().validate();
+                } catch (const rpe::invalid_argument& e) {
+                    throw usage_error("--window", e.what());
+                }
+            }
+            if (f.has("sigmoid16")) m.sigmoid16 = f.get("sigmoid16") != 0;
+            return m;
+        case static_cast<int>(B::decomposed):
+        case static_cast<int>(B::alibi2d): {
+            const bool alibi = id == static_cast<int>(B::alibi2d);
+            m.vit = alibi ? vit_kind::alibi2d : vit_kind::decomposed;
+            m.spec.method = alibi ? rpe::method::product : rpe::method::cross;
+            m.spec.index = rpe::index_kind::clip;
+            m.spec.beta = 0;  // set from the grid (for_grid)
+            return m;
+        }
+        default: break;
+    }
+    if (id < 0 || id >= 6) {  // a plugin's family (or product3d): its own checks, through the registry
+        m.kind = mapping_kind::user;
+        try {
+            (void)rpe::visit_mapping(f, {1, 1}, [](const auto& mm) { return rpe::bucket_ids_of(mm, 1, 1, 1, 0)->num_buckets(); });
+        } catch (const rpe::invalid_argument& e) {
+            throw usage_error(abg ? "--mapping/--ratio/--alpha/--beta/--gamma" : "--mapping", e.what());
+        }
+        return m;
+    }
+    m.spec.method = static_cast<rpe::method>(id);
+    m.spec.index = f.get_int("index") == 1 ? rpe::index_kind::clip : rpe::index_kind::piecewise;
+    m.spec.alpha = f.get("alpha");
+    m.spec.beta = f.get("beta");
+    m.spec.gamma = f.get("gamma");
     try {
         (void)m.spec.num_buckets();  // validates α, β, γ (or β for clip)
     } catch (const rpe::invalid_argument& e) {
@@ -183,6 +276,8 @@ bool same_file(const std::string& a, const std::string& b) {
 mapping_config mapping_config::for_grid(const grid_size& g) const {
     mapping_config c = *this;
     if (c.window.height == 0) c.window = g;  // swin, beit, swinv2: the window defaults to the grid
+    if (c.family.has("window_h") && c.family.get("window_h") == 0 && c.family.get("window_w") == 0)
+        c.family.set("window_h", g.height).set("window_w", g.width);  // decomposed, alibi2d: the grid
     if (c.vit == vit_kind::none) return c;
     try {  // decomposed, alibi2d: one bucket per offset of this grid
         c.spec.beta = c.vit == vit_kind::decomposed ? rpe::vit::decomposed_rel_pos_mapping(g.height, g.width).inner.index.beta
@@ -215,44 +310,28 @@ grid_size parse_grid(const std::string& text, const char* option) {
     return g;
 }
 
-namespace {
-
-template <class I>
-std::shared_ptr<const rpe::bucket_ids> build_2d(rpe::method method, const I& g, int h, int w, int skip) {
-    using namespace rpe::mapping;
-    switch (method) {
-        case rpe::method::euclidean: return rpe::build_bucket_ids(euclidean<I>{g}, h, w, skip);
-        case rpe::method::quantization: return rpe::build_bucket_ids(quantization<I>{g}, h, w, skip);
-        case rpe::method::cross: return rpe::build_bucket_ids(cross<I>{g}, h, w, skip);
-        case rpe::method::product: return rpe::build_bucket_ids(product<I>{g}, h, w, skip);
-        case rpe::method::euclidean_paper: return rpe::build_bucket_ids(euclidean_paper<I>{g}, h, w, skip);
-        case rpe::method::quantization_paper: return rpe::build_bucket_ids(quantization_paper<I>{g}, h, w, skip);
-    }
-    throw usage_error("--mapping", "unknown method");
-}
-
-}  // namespace
-
 std::shared_ptr<const rpe::bucket_ids> build_ids(const mapping_config& mc, int height, int width, int skip) {
     const mapping_config m = mc.for_grid({height, width});
+    const auto build = [&] {
+        return rpe::visit_mapping(m.family, {height, width},
+                                  [&](const auto& mapping) { return rpe::bucket_ids_of(mapping, 1, height, width, skip); });
+    };
     try {
-        switch (m.kind) {
-            case mapping_kind::shaw: return rpe::build_bucket_ids(m.shaw, height, width, skip);
-            case mapping_kind::t5: return rpe::build_bucket_ids(m.t5, height, width, skip);
-            case mapping_kind::swin:
-            case mapping_kind::swinv2:
-            case mapping_kind::beit:
-                try {
-                    if (m.kind == mapping_kind::beit)
-                        return rpe::build_bucket_ids(rpe::mapping::beit{m.window.height, m.window.width}, height, width, skip);
-                    return rpe::build_bucket_ids(m.swin(), height, width, skip);
-                } catch (const rpe::invalid_argument& e) {  // a grid larger than the window
-                    throw usage_error("--grid/--window", e.what());
-                }
-            case mapping_kind::two_d: break;
+        if (m.kind == mapping_kind::swin || m.kind == mapping_kind::swinv2 || m.kind == mapping_kind::beit) {
+            try {
+                return build();
+            } catch (const rpe::invalid_argument& e) {  // a grid larger than the window
+                throw usage_error("--grid/--window", e.what());
+            }
         }
-        if (m.spec.index == rpe::index_kind::clip) return build_2d(m.spec.method, rpe::index::clip{m.spec.beta}, height, width, skip);
-        return build_2d(m.spec.method, rpe::index::piecewise{m.spec.alpha, m.spec.beta, m.spec.gamma}, height, width, skip);
+        if (m.kind == mapping_kind::user) {
+            try {
+                return build();
+            } catch (const rpe::invalid_argument& e) {
+                throw usage_error("--mapping/--grid", e.what());
+            }
+        }
+        return build();
     } catch (const rpe::out_of_range& e) {
         throw usage_error("--grid", e.what());
     }
@@ -541,7 +620,7 @@ int run_show(const mapping_config& m, const mapping_options& mo, const show_opti
     }
     std::vector<panel> panels;
     if (o.all) {
-        for (const char* name : {"euclidean", "quantization", "cross", "product"})
+        for (const auto& name : family_group("irpe"))
             for (auto& p : panels_of(resolve_mapping(name, mo), g, qr, qc)) panels.push_back(std::move(p));
         std::cout << "all 2D mappings, " << (mo.index == "clip" ? "clip" : "piecewise") << " index";
     } else {
@@ -558,7 +637,10 @@ int run_show(const mapping_config& m, const mapping_options& mo, const show_opti
 }
 
 void add_mapping_options(CLI::App* app, mapping_options& mo, std::string* name) {
-    if (name) app->add_option("--mapping", *name, std::string("mapping: ") + mapping_names)->capture_default_str();
+    if (name)
+        app->add_option("--mapping", *name, "mapping: NAME or NAME:param=value,... (rpe::family_spec), one of " + mapping_names() +
+                                                "; --plugin adds a library's own")
+            ->capture_default_str();
     app->add_option("--index", mo.index, "index function of the 2D mappings: piecewise or clip")->capture_default_str();
     app->add_option("--ratio", mo.ratio, "alpha = ratio, beta = 2 ratio, gamma = 8 ratio (the reference's)")->capture_default_str();
     app->add_option("--alpha", mo.alpha, "alpha of the piecewise index (overrides the ratio's)");
@@ -580,12 +662,17 @@ const std::function<std::string(const std::string&)> non_empty_path = [](const s
 int run(int argc, char** argv) {
     CLI::App app{"rpe: bucket ids, pictures, terms and benchmarks of relative position encodings (iRPE, Shaw, T5, Swin, BEiT, SwinV2)", "rpe"};
     app.require_subcommand(1);
+    app.fallthrough();  // --plugin after the command too
+    std::vector<std::string> plugins;
+    app.add_option("--plugin", plugins, "shared library registering its own mappings (RPE_REGISTER_MAPPING), loaded "
+                                        "before --mapping is read; repeatable (docs/custom_mapping.md)")
+        ->check(CLI::ExistingFile);
     app.set_version_flag("--version", std::string("rpe ") + std::to_string(RPE_VERSION_MAJOR) + "." +
                                           std::to_string(RPE_VERSION_MINOR) + "." + std::to_string(RPE_VERSION_PATCH));
 
     mapping_options mo;
-    std::string name = "product";
-    std::vector<std::string> bench_names{"product"};
+    std::string name = rpe::method_name(rpe::method::product);
+    std::vector<std::string> bench_names{name};
 
     auto* buckets = app.add_subcommand("buckets", "bucket ids of a grid: num_buckets, buckets used, optional .npy");
     buckets_options bo;
@@ -673,8 +760,9 @@ int run(int argc, char** argv) {
         return 2;
     }
 
+    load_plugins(plugins);
     if (*buckets) return run_buckets(resolve_mapping(name, mo), bo);
-    if (*show) return run_show(so.all ? resolve_mapping("product", mo) : resolve_mapping(name, mo), mo, so);
+    if (*show) return run_show(resolve_mapping(so.all ? family_group("irpe").back() : name, mo), mo, so);
     if (*term) {
         to.mode_given = term->get_option("--mode")->count() > 0;
         to.target_given = term->get_option("--target")->count() > 0;
@@ -684,7 +772,7 @@ int run(int argc, char** argv) {
     std::vector<mapping_config> maps;
     for (const auto& n : bench_names) {
         if (n == "all") {
-            for (const char* a : {"euclidean", "quantization", "cross", "product"}) maps.push_back(resolve_mapping(a, mo));
+            for (const auto& a : family_group("irpe")) maps.push_back(resolve_mapping(a, mo));
         } else {
             maps.push_back(resolve_mapping(n, mo));
         }

@@ -40,37 +40,56 @@ int run_rope(const rope_options& o) {
     std::string what;
     std::vector<float> freqs;
     std::vector<std::int64_t> freqs_shape;
-    if (o.form == "axial") {
-        r.form = rpe::rope::axial{.theta = static_cast<float>(o.theta)};
-        what = "axial (rope-vit RoPE-Axial), theta " + std::to_string(o.theta);
-    } else if (o.form == "mixed") {
-        if (o.freqs.empty()) throw usage_error("--freqs", "--form mixed needs the learned frequencies (2, H, D/2) as .npy");
+    // the form and its parameters from rpe's registry (<rpe/families.hpp>)
+    auto& reg = rpe::families();
+    rpe::family_spec spec;
+    try {
+        spec = reg.defaults(o.form, rpe::family_kind::rope);
+    } catch (const rpe::invalid_argument&) {
+        std::vector<std::string> forms;
+        for (const auto& e : reg.entries())
+            if (e->info.kind == rpe::family_kind::rope) forms.push_back(e->info.name);
+        std::string list;
+        for (std::size_t i = 0; i < forms.size(); ++i) list += (i == 0 ? "" : (i + 1 == forms.size() ? " or " : ", ")) + forms[i];
+        throw usage_error("--form", "'" + o.form + "' is not a RoPE form; expected " + list);
+    }
+    const auto set = [&](const char* param, double v) {
+        if (spec.has(param)) spec.set(param, v);
+    };
+    set("theta", o.theta);
+    set("temperature", o.temperature);
+    set("in_pixels", o.in_pixels ? 1 : 0);
+    set("max_res", o.max_res);
+    set("linear_bands", o.linear_bands ? 1 : 0);
+    set("grid_offset", o.grid_offset);
+    set("xy_indexing", o.xy ? 1 : 0);
+    if (!o.ref_grid.empty() && spec.has("ref_height")) {
+        const auto ref = parse_grid(o.ref_grid, "--ref-grid");
+        set("ref_height", ref.height);
+        set("ref_width", ref.width);
+    }
+    r.form = rpe::visit_rope(spec, [](const auto& form) { return rpe::rope_form(form); });
+    const bool learned = std::holds_alternative<rpe::rope::mixed>(r.form);  // frequencies from --freqs
+    what = spec.family + " (" + rpe::family_of(spec.family, rpe::family_kind::rope).summary + "), ";
+    if (learned) {
+        if (o.freqs.empty()) throw usage_error("--freqs", "--form " + spec.family + " needs the learned frequencies (2, H, D/2) as .npy");
         const auto f = rpe::io::load_npy(o.freqs);
         freqs = to_float32(f, "--freqs", o.freqs);
         freqs_shape = f.shape;
         if (freqs_shape.size() > 4) throw usage_error("--freqs", o.freqs + " has shape " + shape_of(freqs_shape) + "; expected (2, H, D/2)");
-        r.form = rpe::rope::mixed{};
         r.freqs = cref(freqs, freqs_shape);
-        what = "mixed (rope-vit RoPE-Mixed), frequencies from " + o.freqs;
-    } else if (o.form == "cat") {
-        rpe::rope::cat c;
-        c.temperature = static_cast<float>(o.temperature);
-        c.in_pixels = o.in_pixels;
-        c.max_res = static_cast<float>(o.max_res);
-        c.linear_bands = o.linear_bands;
-        c.grid_offset = static_cast<float>(o.grid_offset);
-        c.xy_indexing = o.xy;
-        if (!o.ref_grid.empty()) {
-            const auto ref = parse_grid(o.ref_grid, "--ref-grid");
-            c.ref_height = ref.height;
-            c.ref_width = ref.width;
-        }
-        r.form = c;
-        what = std::string("cat (timm RotaryEmbeddingCat), ") + (o.in_pixels ? "pixel bands" : "temperature " + std::to_string(o.temperature));
+        what += "frequencies from " + o.freqs;
+    } else if (spec.has("theta")) {
+        what += "theta " + std::to_string(o.theta);
     } else {
-        throw usage_error("--form", "'" + o.form + "' is not a RoPE form; expected axial, mixed or cat");
+        what += o.in_pixels ? std::string("pixel bands") : "temperature " + std::to_string(o.temperature);
     }
-    if (!o.freqs.empty() && o.form != "mixed") throw usage_error("--freqs", "only --form mixed reads frequencies; drop --freqs");
+    if (!o.freqs.empty() && !learned) {
+        std::string with;
+        for (const auto& e : reg.entries())
+            if (e->info.kind == rpe::family_kind::rope && e->info.params.empty()) with += (with.empty() ? "" : ", ") + e->info.name;
+        throw usage_error("--freqs", "only --form " + with + " reads frequencies; drop --freqs");
+    }
     try {
         std::visit([](const auto& p) {
             if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(p)>, std::monostate>) p.validate();

@@ -28,30 +28,6 @@ namespace rpe_cli {
 
 namespace {
 
-// rpe::make_term covers the 2D iRPE mappings by name; the others (1D, Swin, BEiT) are wrapped
-// here the same way.
-template <class M>
-std::unique_ptr<rpe::any_term<float>> wrap_1d(const M& m, const rpe::term_spec& s) {
-    auto make = [&]<class Md, rpe::target Tg>() -> std::unique_ptr<rpe::any_term<float>> {
-        return rpe::make_any_term(rpe::term<M, Md, Tg, float>(m,
-            {.num_heads = s.num_heads, .head_dim = s.head_dim, .shared_head = s.shared_head, .skip = s.skip}));
-    };
-    if (s.contextual) {
-        switch (s.target) {
-            case rpe::target::query: return make.template operator()<rpe::mode::contextual, rpe::target::query>();
-            case rpe::target::key: return make.template operator()<rpe::mode::contextual, rpe::target::key>();
-            case rpe::target::value: return make.template operator()<rpe::mode::contextual, rpe::target::value>();
-        }
-    } else {
-        switch (s.target) {
-            case rpe::target::query: return make.template operator()<rpe::mode::bias, rpe::target::query>();
-            case rpe::target::key: return make.template operator()<rpe::mode::bias, rpe::target::key>();
-            case rpe::target::value: break;
-        }
-    }
-    throw usage_error("--mode/--target", "bias mode on values does not exist (paper eq. 17); use --mode contextual or --target q/k");
-}
-
 template <class T>
 rpe::tensor_ref<T> view(T* data, const std::vector<std::int64_t>& shape) {
     return rpe::tensor_ref<T>(data, std::span<const std::int64_t>(shape));  // checks rank <= 4
@@ -105,10 +81,10 @@ int finish(const std::vector<float>& out, const std::vector<std::int64_t>& out_s
 // generated table; no --table, no --input.
 int run_alibi_term(const mapping_config& m, const grid_size& g, const term_options& o) {
     if ((o.mode_given && o.mode != "bias") || (o.target_given && o.target != "k" && o.target != "key"))
-        throw usage_error("--mode/--target", "alibi2d is a bias term on keys; drop --mode/--target or pass --mode bias --target k");
-    if (!o.tables.empty()) throw usage_error("--table", "alibi2d has a fixed, generated table; drop --table");
+        throw usage_error("--mode/--target", m.family.family + " is a bias term on keys; drop --mode/--target or pass --mode bias --target k");
+    if (!o.tables.empty()) throw usage_error("--table", m.family.family + " has a fixed, generated table; drop --table");
     if (!o.input.empty()) throw usage_error("--input", "bias mode reads no input; drop --input");
-    if (o.heads < 1) throw usage_error("--heads", "alibi2d needs --heads >= 1 (one slope per head)");
+    if (o.heads < 1) throw usage_error("--heads", m.family.family + " needs --heads >= 1 (one slope per head)");
     const rpe::vit::alibi_2d_config c{.height = g.height, .width = g.width, .num_heads = o.heads, .head_dim = 1, .skip = o.skip};
     std::unique_ptr<rpe::any_term<float>> term;
     std::shared_ptr<const rpe::bucket_ids> ids;
@@ -141,10 +117,10 @@ int run_alibi_term(const mapping_config& m, const grid_size& g, const term_optio
 // contextual key term takes it, so out = SAM's rel_h + rel_w added to the logits.
 int run_decomposed_term(const mapping_config& m, const grid_size& g, const term_options& o) {
     if ((o.mode_given && o.mode != "contextual" && o.mode != "ctx") || (o.target_given && o.target != "k" && o.target != "key"))
-        throw usage_error("--mode/--target", "decomposed is a contextual term on keys; drop --mode/--target");
+        throw usage_error("--mode/--target", m.family.family + " is a contextual term on keys; drop --mode/--target");
     if (o.tables.size() != 2)
-        throw usage_error("--table", "got " + std::to_string(o.tables.size()) + " table(s); decomposed needs 2 (SAM's rel_pos_h, then rel_pos_w)");
-    if (o.input.empty()) throw usage_error("--input", "decomposed needs an input x = q*s (B, H, L, D)");
+        throw usage_error("--table", "got " + std::to_string(o.tables.size()) + " table(s); " + m.family.family + " needs 2 (SAM's rel_pos_h, then rel_pos_w)");
+    if (o.input.empty()) throw usage_error("--input", m.family.family + " needs an input x = q*s (B, H, L, D)");
     const auto th = rpe::io::load_npy(o.tables[0]), tw = rpe::io::load_npy(o.tables[1]);
     for (const auto* t : {&th, &tw}) {
         const auto& f = o.tables[t == &th ? 0 : 1];
@@ -258,21 +234,12 @@ int write_and_compare(const std::vector<float>& out, const std::vector<std::int6
 std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, const rpe::term_spec& spec) {
     if (!spec.contextual && spec.target == rpe::target::value)
         throw usage_error("--mode/--target", "bias mode on values does not exist (paper eq. 17); use --mode contextual or --target q/k");
-    switch (m.kind) {
-        case mapping_kind::shaw: return wrap_1d(m.shaw, spec);
-        case mapping_kind::t5: return wrap_1d(m.t5, spec);
-        case mapping_kind::swin:
-        case mapping_kind::swinv2: return wrap_1d(m.swin(), spec);
-        case mapping_kind::beit: return wrap_1d(rpe::mapping::beit{m.window.height, m.window.width}, spec);
-        case mapping_kind::two_d: break;
-    }
-    rpe::term_spec s = spec;
-    s.method = m.spec.method;
-    s.index = m.spec.index;
-    s.alpha = m.spec.alpha;
-    s.beta = m.spec.beta;
-    s.gamma = m.spec.gamma;
-    return rpe::make_term<float>(s);
+    // every family through the registry: the mapping of m.family, in any mode and target (rpe
+    // bench times decomposed and alibi2d on every slot)
+    const rpe::term_options o{.contextual = spec.contextual, .target = spec.target, .num_heads = spec.num_heads,
+                              .head_dim = spec.head_dim, .shared_head = spec.shared_head, .skip = spec.skip};
+    return rpe::visit_mapping(m.family, {m.window.height, m.window.width},
+                              [&](const auto& mapping) { return rpe::term_of<float>(mapping, o); });
 }
 
 int run_term(const mapping_config& mc, const term_options& o) {
@@ -303,7 +270,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
     const bool swinv2 = m.kind == mapping_kind::swinv2;
     if (swinv2 || o.timm_table) {
         if (spec.contextual || spec.target != rpe::target::key)
-            throw usage_error("--mode/--target", std::string(swinv2 ? "swinv2" : "--timm-table") +
+            throw usage_error("--mode/--target", (swinv2 ? m.family.family : std::string("--timm-table")) +
                                                      " is a bias on keys; use --mode bias --target k");
         if (tables[0].shape.size() != 2)
             throw usage_error("--table", o.tables[0] + " has shape " + shape_text(tables[0].shape) + "; expected (K, H)");

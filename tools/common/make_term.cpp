@@ -6,3 +6,7 @@
 
 template std::unique_ptr<rpe::any_term<float>> rpe::make_term<float>(const rpe::term_spec&);
 template std::unique_ptr<rpe::any_term<double>> rpe::make_term<double>(const rpe::term_spec&);
+template std::unique_ptr<rpe::any_term<float>> rpe::make_term<float>(const rpe::family_spec&, const rpe::term_options&,
+                                                                     rpe::grid_extent);
+template std::unique_ptr<rpe::any_term<double>> rpe::make_term<double>(const rpe::family_spec&, const rpe::term_options&,
+                                                                       rpe::grid_extent);

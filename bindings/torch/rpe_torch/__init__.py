@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 __all__ = [
-    "METHOD", "get_num_buckets", "get_single_rpe_config", "get_rpe_config", "build_rpe", "iRPE", "iRPE_Cross",
+    "METHOD", "families", "get_num_buckets", "get_single_rpe_config", "get_rpe_config", "build_rpe", "iRPE", "iRPE_Cross",
     "attention", "term", "bucket_ids", "library_path",
     "RoPEAxial", "RoPEMixed", "RoPECat", "rope", "RelPosBias", "table_from_timm", "table_to_timm",
     "relative_log_coords", "cpb_table", "cpb_bias", "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
@@ -71,10 +71,22 @@ class METHOD:
     CROSS_COLS = 42
 
 
-# method id -> rpe's mapping name (Cross's rows / cols sub-modules are Cross with one table)
-_METHOD_NAMES = {METHOD.EUCLIDEAN: "euclidean", METHOD.QUANT: "quantization", METHOD.PRODUCT: "product",
-                 METHOD.CROSS: "cross", METHOD.CROSS_ROWS: "cross", METHOD.CROSS_COLS: "cross"}
-_METHOD_ALIASES = {"euc": METHOD.EUCLIDEAN, "quant": METHOD.QUANT, "cross": METHOD.CROSS, "product": METHOD.PRODUCT}
+# method id -> rpe's mapping name, from rpe's registry (the C++ library names them: group "irpe" is
+# the reference's four in the order euclidean, quantization, cross, product); Cross's rows / cols
+# sub-modules are Cross with one table.
+_IRPE = list(_ops.families("irpe", False))
+_METHOD_NAMES = {METHOD.EUCLIDEAN: _IRPE[0], METHOD.QUANT: _IRPE[1], METHOD.CROSS: _IRPE[2], METHOD.PRODUCT: _IRPE[3],
+                 METHOD.CROSS_ROWS: _IRPE[2], METHOD.CROSS_COLS: _IRPE[2]}
+_METHOD_IDS = {name: method for method, name in _METHOD_NAMES.items() if method < 10}
+
+
+def families(group="", aliases=False):
+    """The names of rpe's mapping families (the C++ registry, <rpe/families.hpp>): every one, or
+    those of ``group`` ("irpe", "irpe_paper", "1d", "3d", "vit", "user"), with each one's aliases
+    after it when ``aliases``. A library loaded with ``torch.ops.load_library`` that registers its
+    own mapping (RPE_REGISTER_MAPPING, docs/custom_mapping.md) adds its name here, and the name
+    then works as ``method`` of :func:`term`, :func:`bucket_ids` and the operators."""
+    return list(_ops.families(group, aliases))
 
 
 class RPEConfig(dict):
@@ -134,15 +146,16 @@ def get_single_rpe_config(ratio=1.9, method=METHOD.PRODUCT, mode="contextual", s
 def get_rpe_config(ratio=1.9, method=METHOD.PRODUCT, mode="contextual", shared_head=True, skip=0, rpe_on="k"):
     """The configs of iRPE on queries, keys and values, as the reference's ``get_rpe_config``.
 
-    ``method``: a METHOD id or a name ("euc", "quant", "cross", "product"); ``mode``: "bias",
+    ``method``: a METHOD id or a name of rpe's registry group "irpe" (euclidean/euc, quantization/quant, cross, product); ``mode``: "bias",
     "contextual" or "ctx"; ``rpe_on``: letters of "qkv". Returns a config with ``rpe_q``, ``rpe_k``,
     ``rpe_v`` (each a get_single_rpe_config result, or None).
     Raises ValueError for an unknown method name or mode, or a bad rpe_on.
     """
     if isinstance(method, str):
-        if method.lower() not in _METHOD_ALIASES:
-            raise ValueError(f"[rpe.torch] method = {method!r}; expected 'euc', 'quant', 'cross', 'product' or a METHOD id")
-        method = _METHOD_ALIASES[method.lower()]
+        names = [n for n in families("irpe", True)]
+        if method.lower() not in names:
+            raise ValueError(f"[rpe.torch] method = {method!r}; expected one of {', '.join(names)} or a METHOD id")
+        method = _METHOD_IDS[_ops.family_name(method.lower())]
     if mode == "ctx":
         mode = "contextual"
     if not isinstance(rpe_on, str) or not set(rpe_on) <= set("qkv"):
@@ -208,7 +221,9 @@ def _grid(L, config, num_buckets, height, width, base):
 def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width):
     """One iRPE term, differentiable in ``x`` and ``tables``: the reference module's output.
 
-    ``method``: "euclidean", "quantization", "cross", "product" (or "euc", "quant", paper variants);
+    ``method``: a mapping family of rpe's registry (:func:`families`: "euclidean", "quantization",
+    "cross", "product", "euc", "quant", the paper variants, the ViT ones, a loaded plugin's), or a
+    spec text such as "product:index=clip,beta=4";
     ``mode``: "bias" / "contextual"; ``target``: "k" or "q" (both compute the reference module's
     untransposed output ``out[b,h,i,j] = Σ_d x[b,h,i,d]·table[h',d,id(i,j)]``) or "v".
     Shapes: x (B, H, L, D) for q/k, (B, H, L, L) for v, unused (None) for bias; tables [(Ht, K)]

@@ -179,6 +179,11 @@ def rope(x, embedding, height=None, width=None):
 # Terms of the ViT mappings (swin, beit, decomposed, alibi)
 # ---------------------------------------------------------------------------------------------
 
+def _natural_mode(method):
+    """The family's one mode when it has one (decomposed: contextual), else bias (the registry's)."""
+    return torch.ops.rpe.family_mode(method)
+
+
 class TermSlot:
     """A term given by its tables, for ``rpe_torch.attention`` (rpe_q / rpe_k / rpe_v) and
     :meth:`forward`: ``method`` "swin" / "beit" (window (rows, cols)), "alibi" (grid) or
@@ -188,15 +193,16 @@ class TermSlot:
     ``TermSlot("swin", [cpb_table(raw, ws)], ws)``. Shapes are checked by the operators."""
 
     def __init__(self, method, tables, window, skip=0, mode=None, grid=None):
-        if method not in ("swin", "beit", "alibi", "decomposed"):
-            raise ValueError(f"[rpe.torch] method = {method!r}; expected 'swin', 'beit', 'alibi' or 'decomposed'")
+        known = torch.ops.rpe.families("", True)  # rpe's registry (a loaded plugin's families included)
+        if method not in known:
+            raise ValueError(f"[rpe.torch] method = {method!r}; expected a family of rpe's registry: {', '.join(known)}")
         tables = list(tables)
         if not tables or not all(isinstance(t, torch.Tensor) for t in tables):
             raise TypeError(f"[rpe.torch] tables = {tables!r}; expected a non-empty list of tensors")
         self.method, self.tables = method, tables
         self.window = _pair(window, "window")
         self.skip = skip
-        self.mode = mode or ("contextual" if method == "decomposed" else "bias")
+        self.mode = mode or _natural_mode(method)
         self.grid = grid
 
     def _slot(self, L, height, width):

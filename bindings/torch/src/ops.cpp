@@ -121,90 +121,98 @@ void check_rank(const at::Tensor& t, int64_t rank, const char* name, const char*
     TORCH_CHECK_VALUE(t.dim() == rank, "[rpe.torch] ", name, " has shape ", shape_of(t), "; expected ", expected);
 }
 
-// The ViT mappings selectable by name besides the iRPE ones: their window / grid is (alpha, beta).
-enum class vit_method { none, swin, beit, decomposed, alibi };
-
-vit_method vit_method_of(c10::string_view method) {
-    const std::string_view m(method.data(), method.size());
-    if (m == "swin") return vit_method::swin;
-    if (m == "beit") return vit_method::beit;
-    if (m == "decomposed") return vit_method::decomposed;
-    if (m == "alibi") return vit_method::alibi;
-    return vit_method::none;
-}
-
 // An int64 argument narrowed to int, or a ValueError naming it (the library then checks its range).
 int narrow(int64_t v, const char* name) {
     TORCH_CHECK_VALUE(v >= INT_MIN && v <= INT_MAX, "[rpe.torch] ", name, " = ", v, "; expected a 32-bit integer");
     return static_cast<int>(v);
 }
 
-// alpha / beta of a ViT method: the window (swin, beit) or grid (decomposed, alibi) rows / columns.
-int vit_side(double v, const char* name, c10::string_view method) {
-    TORCH_CHECK_VALUE(std::isfinite(v) && v == std::floor(v) && v >= INT_MIN && v <= INT_MAX, "[rpe.torch] ", name, " = ", v,
-                      " (method '", std::string(method.data(), method.size()), "', the window or grid ",
-                      name[0] == 'a' ? "rows" : "columns", "); expected an integer");
-    return static_cast<int>(v);
-}
+std::string str(c10::string_view v) { return std::string(v.data(), v.size()); }
 
-// The term of a ViT method (alpha, beta = rows, columns of its window or grid; gamma unused):
-// swin / beit (rpe::mapping::swin / beit) and alibi (rpe::vit::make_alibi_2d_term) in bias mode,
-// decomposed (rpe::vit::make_decomposed_rel_pos_term, SAM) contextual, all on k.
-template <class S>
-std::unique_ptr<rpe::any_term<S>> make_vit(vit_method vm, c10::string_view method, bool contextual, rpe::target tg,
-                                           double alpha, double beta, int64_t skip, int64_t heads, int64_t head_dim,
-                                           bool shared) {
-    const bool want_contextual = vm == vit_method::decomposed;
-    TORCH_CHECK_VALUE(contextual == want_contextual && tg == rpe::target::key, "[rpe.torch] method = '",
-                      std::string(method.data(), method.size()), "' with mode = ", contextual ? "contextual" : "bias",
-                      ", target = ", rpe::target_letter(tg), "; expected mode = ", want_contextual ? "contextual" : "bias",
-                      " on k");
-    const int rows = vit_side(alpha, "alpha", method), cols = vit_side(beta, "beta", method);
-    const int h = narrow(heads, "num_heads"), d = narrow(head_dim, "head_dim"), sk = static_cast<int>(skip);
-    switch (vm) {
-        case vit_method::swin:
-            return rpe::make_any_term(rpe::term<rpe::mapping::swin, rpe::mode::bias, rpe::target::key, S>(
-                rpe::mapping::swin{.window_h = rows, .window_w = cols},
-                rpe::term_config{.num_heads = h, .head_dim = d, .shared_head = shared, .skip = sk}));
-        case vit_method::beit:
-            return rpe::make_any_term(rpe::term<rpe::mapping::beit, rpe::mode::bias, rpe::target::key, S>(
-                rpe::mapping::beit{.window_h = rows, .window_w = cols},
-                rpe::term_config{.num_heads = h, .head_dim = d, .shared_head = shared, .skip = sk}));
-        case vit_method::decomposed:
-            return rpe::make_any_term(rpe::vit::make_decomposed_rel_pos_term<S>(
-                {.height = rows, .width = cols, .num_heads = h, .head_dim = d, .skip = sk}));
-        case vit_method::alibi:
-            return rpe::make_any_term(
-                rpe::vit::make_alibi_2d_term<S>({.height = rows, .width = cols, .num_heads = h, .head_dim = d, .skip = sk}));
-        case vit_method::none: break;
+// The registry spec of a method: a family name or alias of rpe's registry (<rpe/families.hpp>, a
+// plugin's included) whose first number / integer parameters take (alpha, beta, gamma) in order
+// (iRPE: alpha, beta, gamma; swin, beit: the window rows, columns; decomposed, alibi2d: the grid;
+// a user's family: its own), or a whole spec text "family:param=value,..." (alpha, beta, gamma
+// then unused). Integer parameters of the ViT families are checked here with the torch message.
+rpe::family_spec spec_of(c10::string_view method, double alpha, double beta, double gamma) {
+    const std::string name = str(method);
+    if (name.find(':') != std::string::npos) return rpe::parse_family_spec(name);
+    auto& reg = rpe::families();
+    rpe::family_spec s = reg.defaults(name);
+    const auto& info = rpe::family_of(name);
+    const double v[3] = {alpha, beta, gamma};
+    const char* names[3] = {"alpha", "beta", "gamma"};
+    int n = 0;
+    for (const auto& p : info.params) {
+        if (n == 3) break;
+        if (p.type != rpe::family_param::kind::number && p.type != rpe::family_param::kind::integer) continue;
+        if (p.type == rpe::family_param::kind::integer)
+            TORCH_CHECK_VALUE(std::isfinite(v[n]) && v[n] == std::floor(v[n]) && std::fabs(v[n]) <= (1 << 30), "[rpe.torch] ",
+                              names[n], " = ", v[n], " (method '", name, "', ",
+                              info.group == "vit" ? (n == 0 ? "the window or grid rows" : "the window or grid columns")
+                                                  : "parameter " + p.name,
+                              "); expected an integer");
+        reg.set_value(s, p.name, v[n]);
+        ++n;
     }
-    TORCH_CHECK_VALUE(false, "[rpe.torch] method = '", std::string(method.data(), method.size()), "'; not a ViT method");
+    return s;
 }
 
 // The term that (method, mode, target, α, β, γ, skip) describe for inputs of H heads, head dim D;
-// shared when the first table has one head.
+// shared when the first table has one head. Every family through the registry: the iRPE methods
+// as rpe::term_spec (the reference's checks), the others by rpe::make_term(family_spec); the
+// families of group "vit" in their one mode (decomposed: contextual; the others: bias) on k.
+// The built-in family of a method (rpe::builtin_family; < 6: an iRPE method), -1 for a plugin's.
+int family_id(c10::string_view method) {
+    const std::string n = str(method);
+    return rpe::builtin_of(n.find(':') == std::string::npos ? rpe::families().defaults(n) : rpe::parse_family_spec(n));
+}
+
+// The term_spec of an iRPE method (family_id < 6): alpha, beta, gamma as given (term_spec checks
+// them), or from the spec text "product:index=clip,beta=4".
+rpe::term_spec irpe_spec(c10::string_view method, double alpha, double beta, double gamma) {
+    rpe::term_spec spec;
+    spec.method = static_cast<rpe::method>(family_id(method));
+    spec.alpha = alpha;
+    spec.beta = beta;
+    spec.gamma = gamma;
+    if (str(method).find(':') != std::string::npos) {
+        const auto f = rpe::parse_family_spec(str(method));
+        spec.index = f.get_int("index") == 1 ? rpe::index_kind::clip : rpe::index_kind::piecewise;
+        spec.alpha = f.get("alpha");
+        spec.beta = f.get("beta");
+        spec.gamma = f.get("gamma");
+    }
+    return spec;
+}
+
 template <class S>
 std::unique_ptr<rpe::any_term<S>> make(c10::string_view method, c10::string_view mode, rpe::target tg, double alpha,
                                        double beta, double gamma, int64_t skip, int64_t heads, int64_t head_dim,
                                        bool shared) {
-    if (const auto vm = vit_method_of(method); vm != vit_method::none) {
-        TORCH_CHECK_VALUE(skip >= 0 && skip < (int64_t{1} << 30), "[rpe.torch] skip = ", skip, "; expected >= 0");
-        return make_vit<S>(vm, method, rpe::parse_contextual(std::string_view(mode.data(), mode.size())), tg, alpha, beta,
-                           skip, heads, head_dim, shared);
-    }
-    rpe::term_spec spec;
-    spec.method = rpe::parse_method(std::string_view(method.data(), method.size()));
-    spec.contextual = rpe::parse_contextual(std::string_view(mode.data(), mode.size()));
-    spec.target = tg;
-    spec.alpha = alpha;
-    spec.beta = beta;
-    spec.gamma = gamma;
-    spec.skip = static_cast<int>(skip);
-    spec.num_heads = static_cast<int>(heads);
-    spec.head_dim = static_cast<int>(head_dim);
-    spec.shared_head = shared;
     TORCH_CHECK_VALUE(skip >= 0 && skip < (int64_t{1} << 30), "[rpe.torch] skip = ", skip, "; expected >= 0");
-    return rpe::make_term<S>(spec);
+    const bool contextual = rpe::parse_contextual(std::string_view(mode.data(), mode.size()));
+    if (const int id = family_id(method); id >= 0 && id < 6) {  // alpha, beta, gamma as given: term_spec checks them
+        rpe::term_spec spec = irpe_spec(method, alpha, beta, gamma);
+        spec.contextual = contextual;
+        spec.target = tg;
+        spec.skip = static_cast<int>(skip);
+        spec.num_heads = static_cast<int>(heads);
+        spec.head_dim = static_cast<int>(head_dim);
+        spec.shared_head = shared;
+        return rpe::make_term<S>(spec);
+    }
+    const rpe::family_spec f = spec_of(method, alpha, beta, gamma);
+    const auto& info = rpe::family_of(f.family);
+    if (info.group == "vit") {
+        const bool want_contextual = !info.terms.bias;
+        TORCH_CHECK_VALUE(contextual == want_contextual && tg == rpe::target::key, "[rpe.torch] method = '", str(method),
+                          "' with mode = ", contextual ? "contextual" : "bias", ", target = ", rpe::target_letter(tg),
+                          "; expected mode = ", want_contextual ? "contextual" : "bias", " on k");
+    }
+    const rpe::term_options o{.contextual = contextual, .target = tg, .num_heads = narrow(heads, "num_heads"),
+                              .head_dim = narrow(head_dim, "head_dim"), .shared_head = shared, .skip = static_cast<int>(skip)};
+    return rpe::make_term<S>(f, o);
 }
 
 rpe::target target_of(c10::string_view target) { return rpe::parse_target(std::string_view(target.data(), target.size())); }
@@ -348,32 +356,34 @@ rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double
     }
     TORCH_CHECK_VALUE(skip >= 0 && skip < (int64_t{1} << 30), "[rpe.torch] rope skip = ", skip, "; expected >= 0");
     r.skip = static_cast<int>(skip);
-    if (form == "axial") {
-        need(1, "theta");
-        r.form = rpe::rope::axial{.theta = static_cast<float>(p[0])};
-    } else if (form == "mixed") {
-        need(0, "none: the frequencies are the freqs tensor");
-        r.form = rpe::rope::mixed{};
-    } else if (form == "cat") {
-        need(8, "temperature, in_pixels, max_res, linear_bands, grid_offset, ref_height, ref_width, xy_indexing");
-        const auto ref = [&](double v, const char* name) {
-            TORCH_CHECK_VALUE(std::isfinite(v) && v == std::floor(v) && std::abs(v) < (1 << 30), "[rpe.torch] rope ", name,
-                              " = ", v, "; expected an integer (0 = no reference grid)");
-            return static_cast<int>(v);
-        };
-        rpe::rope::cat c;
-        c.temperature = static_cast<float>(p[0]);
-        c.in_pixels = p[1] != 0;
-        c.max_res = static_cast<float>(p[2]);
-        c.linear_bands = p[3] != 0;
-        c.grid_offset = static_cast<float>(p[4]);
-        c.ref_height = ref(p[5], "ref_height");
-        c.ref_width = ref(p[6], "ref_width");
-        c.xy_indexing = p[7] != 0;
-        r.form = c;
-    } else {
-        TORCH_CHECK_VALUE(false, "[rpe.torch] rope form = '", form, "'; expected axial, mixed or cat");
+    // the form and its parameters from rpe's registry (<rpe/families.hpp>), params in its order
+    auto& reg = rpe::families();
+    const auto e = reg.find(form);
+    if (!e || e->info.kind != rpe::family_kind::rope) {
+        std::string names;
+        std::vector<std::string> all;
+        for (const auto& x : reg.entries())
+            if (x->info.kind == rpe::family_kind::rope) all.push_back(x->info.name);
+        for (std::size_t i = 0; i < all.size(); ++i) names += (i == 0 ? "" : (i + 1 == all.size() ? " or " : ", ")) + all[i];
+        TORCH_CHECK_VALUE(false, "[rpe.torch] rope form = '", form, "'; expected ", names);
     }
+    std::string layout;
+    for (const auto& q : e->info.params) layout += (layout.empty() ? "" : ", ") + q.name;
+    need(e->info.params.size(), layout.empty() ? "none: the frequencies are the freqs tensor" : layout.c_str());
+    rpe::family_spec spec = reg.defaults(form, rpe::family_kind::rope);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+        const auto& q = e->info.params[i];
+        double v = p[i];
+        if (q.type == rpe::family_param::kind::flag) v = v != 0 ? 1 : 0;
+        if (q.type == rpe::family_param::kind::integer)
+            TORCH_CHECK_VALUE(std::isfinite(v) && v == std::floor(v) && std::abs(v) < (1 << 30), "[rpe.torch] rope ", q.name,
+                              " = ", v, "; expected an integer (0 = no reference grid)");
+        if (q.type == rpe::family_param::kind::number)
+            spec.set(q.name, v);  // the policy's validate() checks it, with its own message
+        else
+            reg.set_value(spec, q.name, v);
+    }
+    rpe::visit_rope(spec, [&](const auto& policy) { r.form = policy; });
     return r;
 }
 
@@ -678,24 +688,22 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
 // Configuration helpers
 // ---------------------------------------------------------------------------------------------
 
-// The mode a ViT method's term has (decomposed: contextual; the others bias); iRPE methods: bias.
+// The mode a family's term has when it has one only (decomposed: contextual); else bias.
 const char* natural_mode(c10::string_view method) {
-    return vit_method_of(method) == vit_method::decomposed ? "contextual" : "bias";
+    const std::string name = str(method);
+    const auto& info = rpe::family_of(name.substr(0, name.find(':')));
+    return info.terms.bias ? "bias" : "contextual";
 }
 
 int64_t num_buckets(c10::string_view method, double alpha, double beta, double gamma, int64_t skip) {
     return translating([&] {
-        if (vit_method_of(method) != vit_method::none) {
+        if (const int id = family_id(method); id < 0 || id >= 6) {
             TORCH_CHECK_VALUE(skip >= 0, "[rpe.torch] skip = ", skip, "; expected >= 0");
             const auto term = make<float>(method, natural_mode(method), rpe::target::key, alpha, beta, gamma,
                                           std::min<int64_t>(skip, 1), 1, 1, true);
             return static_cast<int64_t>(term->num_buckets());
         }
-        rpe::term_spec spec;
-        spec.method = rpe::parse_method(std::string_view(method.data(), method.size()));
-        spec.alpha = alpha;
-        spec.beta = beta;
-        spec.gamma = gamma;
+        rpe::term_spec spec = irpe_spec(method, alpha, beta, gamma);
         TORCH_CHECK_VALUE(skip >= 0, "[rpe.torch] skip = ", skip, "; expected >= 0");
         spec.skip = static_cast<int>(std::min<int64_t>(skip, 1));
         return static_cast<int64_t>(spec.num_buckets());
@@ -920,6 +928,35 @@ std::vector<double> alibi_slopes(int64_t num_heads) {
     return translating([&] { return rpe::vit::alibi_slopes(narrow(num_heads, "num_heads")); });
 }
 
+// The registry's mapping families of `group` ("" = every one, a plugin's included): canonical
+// names, then (aliases = true) each one's aliases after it.
+std::vector<std::string> families(c10::string_view group, bool aliases) {
+    return translating([&] {
+        std::vector<std::string> out;
+        for (const auto& e : rpe::families().entries()) {
+            if (e->info.kind != rpe::family_kind::mapping || (!group.empty() && e->info.group != str(group))) continue;
+            out.push_back(e->info.name);
+            if (aliases)
+                for (const auto& a : e->info.aliases) out.push_back(a.name);
+        }
+        return out;
+    });
+}
+
+// The canonical family name of a name or alias (ValueError `[rpe.term_spec] family = ...` if unknown).
+std::string family_name(c10::string_view name) {
+    return translating([&] { return rpe::families().defaults(str(name)).family; });
+}
+
+std::string family_mode(c10::string_view method) {
+    return translating([&] { return std::string(natural_mode(method)); });
+}
+
+// The registry spec text of a method, alpha, beta, gamma as the term ops read them (rpe::to_string).
+std::string family_spec_text(c10::string_view method, double alpha, double beta, double gamma) {
+    return translating([&] { return rpe::to_string(spec_of(method, alpha, beta, gamma)); });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rpe, m) {
@@ -982,6 +1019,15 @@ TORCH_LIBRARY(rpe, m) {
     // 2D ALiBi: the fixed (H, K) table of the "alibi" term and the per-head slopes.
     m.def("alibi_2d_table(int num_heads, int height, int width, int skip, bool float64) -> Tensor", &alibi_2d_table);
     m.def("alibi_slopes(int num_heads) -> float[]", &alibi_slopes);
+    // rpe's registry of term families (<rpe/families.hpp>; a library loaded with
+    // torch.ops.load_library that registers its own mapping adds it): names of a group ("" =
+    // all; "irpe" = the reference's four, in the order euclidean, quantization, cross, product),
+    // the canonical name of an alias, and the spec text a method with (alpha, beta, gamma) means.
+    m.def("families(str group=\"\", bool aliases=False) -> str[]", &families);
+    m.def("family_name(str name) -> str", &family_name);
+    // "contextual" for a family whose terms are contextual only (decomposed), else "bias".
+    m.def("family_mode(str method) -> str", &family_mode);
+    m.def("family_spec(str method, float alpha, float beta, float gamma) -> str", &family_spec_text);
     // K with the extra bucket (skip > 0), as the reference's get_single_rpe_config.
     m.def("num_buckets(str method, float alpha, float beta, float gamma, int skip) -> int", &num_buckets);
     // The (T, L, L) int32 bucket ids (T = 2 for cross), for inspection and tests only.
