@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/cpu/isa.hpp"
 #include "backend/cpu/term.hpp"
 #include "bucket_cache.hpp"
 #include "bucket_id_set.hpp"
@@ -93,6 +94,8 @@ private:
     mapping_key<M> key_;
 };
 
+inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp: the CPU drivers are ISA-dependent
+
 /// @brief The run-time term: an id source plus the CPU drivers of one (scalar, mode, target);
 /// every mapping shares these instantiations.
 template <class S, bool Bias, target Tg>
@@ -156,7 +159,11 @@ std::unique_ptr<any_term<S>> make_runtime_term(std::shared_ptr<const id_source> 
     throw invalid_argument(message("term_spec", "target = ", static_cast<int>(tg), "; expected query, key or value"));
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace detail
+
+inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
+
 
 /// @brief Wraps a compile-time term (any mapping, custom ones included) as an any_term: the same
 /// configuration, the same checks and kernels, the bucket ids from the global cache.
@@ -170,4 +177,5 @@ std::unique_ptr<any_term<typename Term::scalar_type>> make_any_term(const Term& 
                                         t.skip());
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace rpe

@@ -19,6 +19,7 @@
 
 #include "any_term.hpp"
 #include "attention_inputs.hpp"
+#include "backend/cpu/isa.hpp"
 #include "backend/cpu/kernels.hpp"
 #include "backend/cpu/rope.hpp"
 #include "detail/check.hpp"
@@ -59,6 +60,8 @@ bool on_contiguous_qkv(const attention_inputs<S>& in, F&& step) {
 }
 
 }  // namespace detail
+
+inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp: the step calls the CPU kernels
 
 /// @brief Forward of the attention step (reference `RPEAttention.forward` without the
 /// projections and dropout): `qs = q·s`, `s = D^−½`; `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s)`;
@@ -239,4 +242,5 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
     }
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace rpe

@@ -17,6 +17,7 @@
 #include "../../detail/validate.hpp"
 #include "../../error.hpp"
 #include "../../tensor.hpp"
+#include "isa.hpp"
 #include "kernels.hpp"
 #include "rope.hpp"
 #include "simd.hpp"
@@ -36,6 +37,7 @@ struct attention_options {
 };
 
 namespace detail {
+inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 
 /// One lookup table of one term, prepared for the fused kernels.
 template <class S, class Id>
@@ -536,7 +538,10 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
     else f.template operator()<std::uint32_t>(ids);
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace detail
+
+inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 
 /// @brief Fused forward of the attention step (reference `RPEAttention.forward`): `qs = q·s`, `s = D^−½`;
 /// `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s) + attn_mask`, key padding mask (−∞), softmax over
@@ -615,4 +620,5 @@ void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> attn,
     });
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace rpe

@@ -12,9 +12,11 @@
 #include "../../detail/term_checks.hpp"
 #include "../../mode.hpp"
 #include "../../tensor.hpp"
+#include "isa.hpp"
 #include "kernels.hpp"
 
 namespace rpe::detail::cpu {
+inline namespace RPE_ISA_NS {  // see isa.hpp
 
 /// @brief Forward of a checked term call: writes (or with `accumulate` adds) the term into `out`.
 /// Cross (two tables) sums its tables' terms.
@@ -62,4 +64,5 @@ void term_backward(const term_dims& d, const bucket_ids& ids, std::span<const te
     }
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace rpe::detail::cpu
