@@ -6,7 +6,7 @@
 /// attention must give the same numbers.
 #pragma once
 
-#include <Eigen/Core>
+#include "backend/cpu/eigen.hpp"
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>

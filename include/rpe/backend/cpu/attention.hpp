@@ -3,7 +3,7 @@
 /// backward of the whole attention step, row block by row block, with no (B, H, L, L) buffer.
 #pragma once
 
-#include <Eigen/Core>
+#include "eigen.hpp"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -8,7 +8,7 @@
 /// from per-(b, h) partials in a fixed order, so results do not depend on the thread count.
 #pragma once
 
-#include <Eigen/Core>
+#include "eigen.hpp"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

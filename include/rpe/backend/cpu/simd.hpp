@@ -12,7 +12,7 @@
 /// built for different ISAs each keep their own copy.
 #pragma once
 
-#include <Eigen/Core>
+#include "eigen.hpp"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
