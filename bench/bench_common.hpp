@@ -3,6 +3,7 @@
 #pragma once
 
 #include <benchmark/benchmark.h>
+#include <rpe/rpe.hpp>  // before Eigen: see rpe/backend/cpu/eigen.hpp (g++ 12 AVX-512 warnings)
 
 #include <Eigen/Core>
 #include <cstdint>

@@ -16,6 +16,12 @@
 /// are converted once at load.
 #pragma once
 
+// rpe first: its headers bring in Eigen and the x86 intrinsics without g++ 12's AVX-512 false
+// positives (rpe/backend/cpu/eigen.hpp), which the first inclusion decides.
+#include <rpe/io/safetensors.hpp>
+#include <rpe/make_term.hpp>
+#include <rpe/rpe.hpp>
+
 #include <Eigen/Core>
 #include <unsupported/Eigen/SpecialFunctions>
 #include <algorithm>
@@ -37,10 +43,6 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
-
-#include <rpe/io/safetensors.hpp>
-#include <rpe/make_term.hpp>
-#include <rpe/rpe.hpp>
 
 namespace rpe::examples {
 

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/cpu/isa.hpp"
 #include "backend/cpu/term.hpp"
 #include "bucket_cache.hpp"
 #include "bucket_id_set.hpp"
@@ -51,6 +52,7 @@ protected:
 };
 
 namespace detail {
+inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp: the CPU drivers are ISA-dependent
 
 /// @brief The run-time term: a descriptor plus the CPU drivers of one (scalar, mode, target);
 /// every mapping shares these instantiations.
@@ -98,7 +100,10 @@ std::unique_ptr<any_term<S>> make_runtime_term(std::shared_ptr<const id_source> 
                                                       .shared_head = shared_head, .skip = skip}));
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace detail
+
+inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 
 /// @brief Wraps a compile-time term (any mapping, custom ones included) as an any_term: the same
 /// configuration, the same checks and kernels, the bucket ids from `cache` (the process-wide
@@ -110,4 +115,5 @@ std::unique_ptr<any_term<typename Term::scalar_type>> make_any_term(const Term& 
     return detail::make_runtime_term<S>(make_term_desc(t.mapping(), !Term::is_bias, Term::target_kind, t.config(), cache));
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace rpe

@@ -6,7 +6,6 @@
 /// attention must give the same numbers.
 #pragma once
 
-#include <Eigen/Core>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -19,6 +18,8 @@
 
 #include "attention_inputs.hpp"
 #include "backend/cpu/attention.hpp"
+#include "backend/cpu/eigen.hpp"
+#include "backend/cpu/isa.hpp"
 #include "backend/cpu/term.hpp"
 #include "backend/cpu/kernels.hpp"
 #include "backend/cpu/rope.hpp"
@@ -27,6 +28,7 @@
 #include "tensor.hpp"
 
 namespace rpe {
+inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp: the step calls the CPU kernels
 
 namespace detail {
 
@@ -242,4 +244,5 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
     }
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace rpe

@@ -15,18 +15,22 @@
 
 #include "concepts.hpp"
 #include "detail/check.hpp"
+#include "detail/rope_key.hpp"
 #include "detail/single_flight.hpp"
 #include "error.hpp"
 #include "rope/axial.hpp"
 #include "rope/cat.hpp"
+#include "rope/custom.hpp"
 #include "rope/mixed.hpp"
 #include "tensor.hpp"
 
 namespace rpe {
 
 /// @brief The form of a rotary embedding: none (std::monostate), rope::axial, rope::mixed
-/// (frequencies from rotary_embedding::freqs) or rope::cat.
-using rope_form = std::variant<std::monostate, rope::axial, rope::mixed, rope::cat>;
+/// (frequencies from rotary_embedding::freqs), rope::cat, or rope::custom (any user-defined
+/// fixed-frequency policy, e.g. `rope::custom{my_form{...}}`). The table cache keys a fixed form
+/// by its policy's type and value (detail::rope_policy_base), so a new form adds nothing there.
+using rope_form = std::variant<std::monostate, rope::axial, rope::mixed, rope::cat, rope::custom>;
 
 /// @brief A 2D rotary position embedding of q and k (B, H, L, D) on a height × width grid:
 /// tokens `0 .. skip−1` (class, register tokens) are left unrotated, as rope-vit and timm's
@@ -76,8 +80,13 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
         using P = std::remove_cvref_t<decltype(p)>;
         if constexpr (!std::is_same_v<P, std::monostate>) {
             p.validate();
-            require(d >= P::head_dim_multiple && d % P::head_dim_multiple == 0, component, "rope needs head_dim D = ", d,
-                    " to be a positive multiple of ", P::head_dim_multiple);
+            int multiple = 1;
+            if constexpr (std::is_same_v<P, rope::custom>)
+                multiple = p.head_dim_multiple();
+            else
+                multiple = P::head_dim_multiple;
+            require(d >= multiple && d % multiple == 0, component, "rope needs head_dim D = ", d,
+                    " to be a positive multiple of ", multiple);
         }
     }, r.form);
     require(r.skip >= 0, component, "rope skip = ", r.skip, "; expected >= 0");
@@ -145,8 +154,9 @@ bool check_rope_call_gradient(const rotary_embedding<S>& r, const tensor_ref<con
 }
 
 /// @brief Builds the cos/sin table of a fixed-frequency policy (angles in float32, cos and sin
-/// in double, then rounded to S).
-template <class S, RotaryPolicy P>
+/// in double, then rounded to S). `p`: a RotaryPolicy, rope::custom or detail::rope_policy_base
+/// (anything with the policies' angle()).
+template <class S, class P>
 rope_table<S> build_rope_table(const P& p, std::int64_t d, int height, int width) {
     rope_table<S> t;
     t.heads = 1;
@@ -199,35 +209,44 @@ rope_table<S> build_mixed_table(const tensor_ref<const S>& freqs, int height, in
     return t;
 }
 
-/// Cache key of a fixed-form table: the policy's bytes, form, S, D and grid.
+/// @brief Cache key of a fixed-form table: the policy (type and value, type-erased: every
+/// parameter that its operator== compares takes part), S, D and the grid.
 struct rope_key {
-    int form = 0, scalar_bytes = 0;
+    std::shared_ptr<const rope_policy_base> policy;  ///< the form's policy; never null in a cache
+    int scalar_bytes = 0;
     std::int64_t d = 0;
     int height = 0, width = 0;
-    rope::axial axial{};
-    rope::cat cat{};
-    friend bool operator==(const rope_key&, const rope_key&) = default;
+    friend bool operator==(const rope_key& a, const rope_key& b) {
+        return a.scalar_bytes == b.scalar_bytes && a.d == b.d && a.height == b.height && a.width == b.width &&
+               a.policy && b.policy && (a.policy == b.policy || a.policy->equals(*b.policy));
+    }
 };
+/// @brief Hash of a rope_key: the policy's type and the sizes (equal policy types are told apart
+/// by ==).
 struct rope_key_hash {
-    std::size_t operator()(const rope_key& k) const {
-        std::size_t h = std::hash<std::int64_t>{}(k.d);
+    std::size_t operator()(const rope_key& k) const noexcept {
+        std::size_t h = k.policy ? k.policy->type().hash_code() : 0;
         auto mix = [&h](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
-        mix(static_cast<std::size_t>(k.form));
+        mix(std::hash<std::int64_t>{}(k.d));
         mix(static_cast<std::size_t>(k.scalar_bytes));
         mix(static_cast<std::size_t>(k.height));
         mix(static_cast<std::size_t>(k.width));
-        mix(std::hash<float>{}(k.form == 1 ? k.axial.theta : k.cat.temperature));
         return h;
     }
 };
 
 /// @brief The cache key of a fixed-form table of `r` (not rope::mixed) for element type S, D and
 /// the grid: the key of rope_table_of's host cache and of the CUDA backend's device copies.
+/// @throws rpe::invalid_argument `[rpe.rope] no fixed table for this form` for none or rope::mixed.
 template <class S>
 rope_key rope_key_of(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
-    rope_key key{static_cast<int>(r.form.index()), static_cast<int>(sizeof(S)), d, height, width, {}, {}};
-    if (const auto* a = std::get_if<rope::axial>(&r.form)) key.axial = *a;
-    if (const auto* c = std::get_if<rope::cat>(&r.form)) key.cat = *c;
+    rope_key key{nullptr, static_cast<int>(sizeof(S)), d, height, width};
+    std::visit([&](const auto& p) {
+        using P = std::remove_cvref_t<decltype(p)>;
+        if constexpr (std::is_same_v<P, rope::custom>) key.policy = p.policy();
+        else if constexpr (RotaryPolicy<P>) key.policy = std::make_shared<const rope_policy_value<P>>(p);
+    }, r.form);
+    require(key.policy != nullptr, "rope", "no fixed table for this form");
     return key;
 }
 
@@ -248,11 +267,7 @@ std::shared_ptr<const rope_table<S>> rope_table_of(const rotary_embedding<S>& r,
     if (r.is_mixed()) return std::make_shared<const rope_table<S>>(detail::build_mixed_table(r.freqs, height, width));
     const detail::rope_key key = detail::rope_key_of(r, d, height, width);
     auto v = detail::rope_cache().get_or_build(key, [&]() -> std::shared_ptr<const void> {
-        return std::visit([&](const auto& p) -> std::shared_ptr<const void> {
-            using P = std::remove_cvref_t<decltype(p)>;
-            if constexpr (RotaryPolicy<P>) return std::make_shared<const rope_table<S>>(detail::build_rope_table<S>(p, d, height, width));
-            else throw invalid_argument(detail::message("rope", "no fixed table for this form"));
-        }, r.form);
+        return std::make_shared<const rope_table<S>>(detail::build_rope_table<S>(*key.policy, d, height, width));
     });
     return std::static_pointer_cast<const rope_table<S>>(v);
 }

@@ -229,7 +229,7 @@ public:
     /// (Bo, 1, L, L) as the bias term, L = Wh·Ww, table from make_table(raw); `mode` (required):
     /// write::overwrite (=) or write::accumulate (+=), also for backward's grad_raw.
     /// @throws as make_table and term_type::forward.
-    void forward(const rpe::bucket_ids& ids, tensor_ref<const S> raw, tensor_ref<S> out, write mode) const {
+    RPE_ISA_TAG void forward(const rpe::bucket_ids& ids, tensor_ref<const S> raw, tensor_ref<S> out, write mode) const {
         std::vector<S> table(static_cast<std::size_t>(num_heads()) * static_cast<std::size_t>(num_buckets()));
         make_table(raw, {table.data(), {num_heads(), num_buckets()}});
         term_.forward(ids, {table.data(), {num_heads(), num_buckets()}}, {}, out, mode);
@@ -237,7 +237,7 @@ public:
 
     /// @brief Backward of forward: `grad_raw` (K, H) of `sum(out · grad_out)`.
     /// @throws as backward_table and term_type::backward.
-    void backward(const rpe::bucket_ids& ids, tensor_ref<const S> raw, tensor_ref<const S> grad_out, tensor_ref<S> grad_raw,
+    RPE_ISA_TAG void backward(const rpe::bucket_ids& ids, tensor_ref<const S> raw, tensor_ref<const S> grad_out, tensor_ref<S> grad_raw,
                   write mode) const {
         check_raw(raw, "raw");
         check_raw(grad_raw, "grad_raw");

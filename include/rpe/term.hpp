@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cpu/isa.hpp"
 #include "backend/cpu/term.hpp"
 #include "backend/tags.hpp"
 #include "bucket_cache.hpp"
@@ -122,7 +123,7 @@ public:
     /// @brief Forward: writes (`write::overwrite`) or adds (`write::accumulate`, to sum terms into
     /// logits) the term into `out`; the mode has no default. See the class comment for shapes.
     /// @throws rpe::invalid_argument `[rpe.term] ...` for mismatched ids, shapes or buffers.
-    void forward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<S> out,
+    RPE_ISA_TAG void forward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<S> out,
                  write mode) const {
         const std::span<const tensor_ref<const S>> ts(tables);
         detail::check_write_mode(mode);
@@ -132,7 +133,7 @@ public:
     }
 
     /// @brief Single-table convenience overload of forward.
-    void forward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x, tensor_ref<S> out,
+    RPE_ISA_TAG void forward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x, tensor_ref<S> out,
                  write mode) const
         requires(num_tables == 1)
     {
@@ -144,7 +145,7 @@ public:
     /// tables; pass `{}` entries to skip). A shared table collects every head and batch element.
     /// `mode` (no default): write::overwrite replaces the gradients, write::accumulate adds to them.
     /// @throws rpe::invalid_argument `[rpe.term] ...` for mismatched ids, shapes or buffers.
-    void backward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x,
+    RPE_ISA_TAG void backward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x,
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, const grad_tables_type& grad_tables,
                   write mode) const {
         const std::span<const tensor_ref<const S>> ts(tables);
@@ -157,7 +158,7 @@ public:
     }
 
     /// @brief Single-table convenience overload of backward.
-    void backward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x,
+    RPE_ISA_TAG void backward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x,
                   tensor_ref<const S> grad_out, tensor_ref<S> grad_x, tensor_ref<S> grad_table,
                   write mode) const
         requires(num_tables == 1)

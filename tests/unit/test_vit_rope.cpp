@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -121,6 +122,128 @@ TEST_CASE("rope: the fixed forms' tables are cached per (policy, D, grid, scalar
     // axial: pair 0 turns by col·1, pair 2 (the y half) by row·1 (f_0 = 1)
     CHECK(t1->cos[(1 * 5 + 2) * 4 + 0] == doctest::Approx(std::cos(2.0)));
     CHECK(t1->cos[(1 * 5 + 2) * 4 + 2] == doctest::Approx(std::cos(1.0)));
+}
+
+TEST_CASE("rope: the table cache keys a fixed form by every parameter of its policy") {
+    using rpe::rope::cat;
+    auto table = [](rpe::rope_form form, std::int64_t d = 8, int height = 3, int width = 5) {
+        const rpe::rotary_embedding<float> r{.form = std::move(form)};
+        return rpe::rope_table_of(r, d, height, width).get();
+    };
+    const cat base{.temperature = 100.0f, .max_res = 64.0f, .ref_height = 0, .ref_width = 0};
+    const auto* t0 = table(base);
+    CHECK(table(base) == t0);  // an equal value shares the entry
+    // each parameter on its own gives another entry (before: only the form, sizes and
+    // temperature were hashed, the rest compared through the whole struct)
+    const cat one_each[] = {
+        {.temperature = 101.0f, .max_res = 64.0f},
+        {.temperature = 100.0f, .in_pixels = true, .max_res = 64.0f},
+        {.temperature = 100.0f, .max_res = 65.0f},
+        {.temperature = 100.0f, .max_res = 64.0f, .linear_bands = true},
+        {.temperature = 100.0f, .max_res = 64.0f, .grid_offset = 0.5f},
+        {.temperature = 100.0f, .max_res = 64.0f, .ref_height = 6, .ref_width = 10},
+        {.temperature = 100.0f, .max_res = 64.0f, .xy_indexing = true},
+    };
+    for (const auto& c : one_each) CHECK(table(c) != t0);
+    CHECK(table(base, 12) != t0);     // D
+    CHECK(table(base, 8, 5, 3) != t0);  // grid
+    const rpe::rotary_embedding<double> rd{.form = base};
+    CHECK(static_cast<const void*>(rpe::rope_table_of(rd, 8, 3, 5).get()) != static_cast<const void*>(t0));  // scalar type
+    // another form with the same number: axial θ = 100 against cat temperature 100
+    CHECK(table(rpe::rope::axial{.theta = 100.0f}) != t0);
+    CHECK(table(rpe::rope::axial{.theta = 100.0f}) != table(rpe::rope::axial{.theta = 100.5f}));
+}
+
+namespace {
+
+// A user-defined form, declared here only: angle (row + col)·rate / (1 + pair).
+struct diagonal_form {
+    float rate = 0.5f;
+    static constexpr int head_dim_multiple = 2;
+    float angle(int row, int col, int pair, int /*head_dim*/, int /*height*/, int /*width*/) const {
+        return static_cast<float>(row + col) * rate / static_cast<float>(1 + pair);
+    }
+    void validate() const {
+        rpe::detail::require(std::isfinite(rate), "rope", "rate = ", rate, "; expected finite");
+    }
+    friend bool operator==(const diagonal_form&, const diagonal_form&) = default;
+};
+static_assert(rpe::RotaryPolicy<diagonal_form>);
+
+// The same fields and angle under another type: a different form.
+struct other_diagonal_form : diagonal_form {
+    friend bool operator==(const other_diagonal_form&, const other_diagonal_form&) = default;
+};
+static_assert(rpe::RotaryPolicy<other_diagonal_form>);
+
+}  // namespace
+
+TEST_CASE("rope: a user-defined form (rope::custom) rotates, caches and checks with no edit to rpe") {
+    const int B = 1, H = 2, height = 2, width = 3, skip = 1, D = 6, L = skip + height * width;
+    const std::vector<std::int64_t> shape{B, H, L, D};
+    const auto x = random_normal<float>(static_cast<std::size_t>(B * H * L * D), 7);
+    rpe::rotary_embedding<float> r{.form = rpe::rope::custom{diagonal_form{.rate = 0.5f}}, .skip = skip};
+    std::vector<float> y(x.size());
+    rpe::rope_forward(r, height, width, cview(x, shape), mview(y, shape));
+    // by hand: token 0 copied; token 1 + t at (row, col) = (t / 3, t % 3), pair p turned by
+    // (row + col)·0.5 / (1 + p)
+    for (int p = 0; p < B * H; ++p)
+        for (int i = 0; i < L; ++i)
+            for (int j = 0; j < D / 2; ++j) {
+                const std::size_t e = static_cast<std::size_t>((p * L + i) * D + 2 * j);
+                double a = 0;
+                if (i >= skip) a = static_cast<double>(static_cast<float>((i - skip) / width + (i - skip) % width) * 0.5f /
+                                                       static_cast<float>(1 + j));
+                const double c = std::cos(a), sn = std::sin(a);
+                CHECK(y[e] == doctest::Approx(c * x[e] - sn * x[e + 1]).epsilon(1e-6));
+                CHECK(y[e + 1] == doctest::Approx(sn * x[e] + c * x[e + 1]).epsilon(1e-6));
+            }
+    // the backward is the transpose rotation: it takes y back to x
+    std::vector<float> back(x.size());
+    rpe::rope_backward(r, height, width, cview(x, shape), cview(y, shape), mview(back, shape));
+    for (std::size_t e = 0; e < x.size(); ++e) CHECK(back[e] == doctest::Approx(x[e]).epsilon(1e-5));
+
+    // cached by the held policy's type and value
+    auto table = [&](rpe::rope_form form) {
+        const rpe::rotary_embedding<float> e{.form = std::move(form)};
+        return rpe::rope_table_of(e, D, height, width).get();
+    };
+    const auto* t = table(rpe::rope::custom{diagonal_form{.rate = 0.5f}});
+    CHECK(table(rpe::rope::custom{diagonal_form{.rate = 0.5f}}) == t);
+    CHECK(table(rpe::rope::custom{diagonal_form{.rate = 0.25f}}) != t);
+    CHECK(table(rpe::rope::custom{other_diagonal_form{{.rate = 0.5f}}}) != t);
+    CHECK(table(rpe::rope::custom{rpe::rope::axial{.theta = 100.0f}}) == table(rpe::rope::axial{.theta = 100.0f}));
+    CHECK(t->cos[static_cast<std::size_t>((1 * width + 2) * (D / 2) + 1)] == doctest::Approx(std::cos(0.75)));
+
+    // the fused attention takes it like the built-in forms: equal to rotating q and k first
+    rpe::attention_inputs<float> in;
+    const auto q = random_normal<float>(x.size(), 8), k = random_normal<float>(x.size(), 9), v = random_normal<float>(x.size(), 10);
+    in.q = cview(q, shape);
+    in.k = cview(k, shape);
+    in.v = cview(v, shape);
+    in.height = height;
+    in.width = width;
+    in.rope = r;
+    std::vector<float> fused(x.size()), qr(x.size()), kr(x.size()), plain(x.size());
+    rpe::attention_forward(in, mview(fused, shape));
+    rpe::rope_forward(r, height, width, cview(q, shape), mview(qr, shape));
+    rpe::rope_forward(r, height, width, cview(k, shape), mview(kr, shape));
+    in.q = cview(qr, shape);
+    in.k = cview(kr, shape);
+    in.rope = {};
+    rpe::attention_forward(in, mview(plain, shape));
+    for (std::size_t e = 0; e < x.size(); ++e) CHECK(fused[e] == doctest::Approx(plain[e]).epsilon(1e-5));
+
+    // checks: the held policy's, the head-dim multiple, an empty custom
+    r.form = rpe::rope::custom{diagonal_form{.rate = std::numeric_limits<float>::quiet_NaN()}};
+    CHECK(rpe_test::throws_with([&] { rpe::rope_forward(r, height, width, cview(x, shape), mview(y, shape)); },
+                                "[rpe.rope] rate = nan"));
+    r.form = rpe::rope::custom{};
+    CHECK(rpe_test::throws_with([&] { rpe::rope_forward(r, height, width, cview(x, shape), mview(y, shape)); },
+                                "[rpe.rope] custom form holds no policy"));
+    r.form = rpe::rope::custom{rpe::rope::axial{}};
+    CHECK(rpe_test::throws_with([&] { rpe::rope_forward(r, height, width, cview(x, shape), mview(y, shape)); },
+                                "[rpe.rope] rope needs head_dim D = 6 to be a positive multiple of 4"));
 }
 
 TEST_CASE("rope: init_mixed_frequencies is rope-vit's init_random_2d_freqs") {

@@ -3,7 +3,6 @@
 /// backward of the whole attention step, row block by row block, with no (B, H, L, L) buffer.
 #pragma once
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +16,8 @@
 #include "../../detail/validate.hpp"
 #include "../../error.hpp"
 #include "../../tensor.hpp"
+#include "eigen.hpp"
+#include "isa.hpp"
 #include "kernels.hpp"
 #include "rope.hpp"
 #include "simd.hpp"
@@ -41,6 +42,7 @@ inline constexpr attention_capabilities attention_caps{.backend = "cpu",
 }  // namespace cpu
 
 namespace detail {
+inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 
 /// One lookup table of one term, prepared for the fused kernels.
 template <class S, class Id>
@@ -539,9 +541,11 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
     visit_id_width(width, [&]<class Id>() { f.template operator()<Id>(ids); });
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace detail
 
 namespace cpu {
+inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 
 /// @brief Fused forward of the attention step (reference `RPEAttention.forward`): `qs = q·s`,
 /// `s = opt.scale` (default `D^−½`);
@@ -618,6 +622,7 @@ void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_
 using rpe::rope_backward;
 using rpe::rope_forward;
 
+}  // namespace RPE_ISA_NS
 }  // namespace cpu
 
 using cpu::attention_backward;

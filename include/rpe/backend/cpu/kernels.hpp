@@ -8,7 +8,7 @@
 /// from per-(b, h) partials in a fixed order, so results do not depend on the thread count.
 #pragma once
 
-#include <Eigen/Core>
+#include "eigen.hpp"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,10 +17,12 @@
 
 #include "../../bucket_id_set.hpp"
 #include "../../detail/term_checks.hpp"
+#include "isa.hpp"
 #include "simd.hpp"
 #include "workspace.hpp"
 
 namespace rpe::detail::cpu {
+inline namespace RPE_ISA_NS {  // see isa.hpp
 
 template <class S>
 using row_matrix = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -326,4 +328,5 @@ void contextual_v_backward(const dims& d, const id_rows<Id>& ids, const S* a, co
     }
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace rpe::detail::cpu

@@ -13,9 +13,11 @@
 #include "../../error.hpp"
 #include "../../rotary.hpp"
 #include "../../tensor.hpp"
+#include "isa.hpp"
 
 namespace rpe {
 namespace detail::cpu {
+inline namespace RPE_ISA_NS {  // see isa.hpp
 
 /// Rows [i0, i0 + rb) of one (batch, head h) plane: dst = scale · R(angle) src, or with
 /// `inverse` dst = scale · Rᵀ src (the backward's rotation back); tokens below skip are only
@@ -86,7 +88,10 @@ void rope_frequency_grad(const rope_table<S>& t, std::int64_t planes, std::int64
     }
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace detail::cpu
+
+inline namespace RPE_ISA_NS {  // see isa.hpp
 
 /// @brief Rotates a q or k tensor by a 2D rotary position embedding: `y = R x`, token by token
 /// (see rpe::rotary_embedding; tokens below `r.skip` are copied unrotated).
@@ -153,4 +158,5 @@ void rope_backward(const rotary_embedding<S>& r, int height, int width, tensor_r
     if (want_freqs) detail::cpu::rope_frequency_grad(*t, planes, heads, ga.data(), r.grad_freqs.data);
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace rpe

@@ -8,17 +8,19 @@
 /// (or the flags of your deployment machine) to get the wide paths. The gathers add one value per
 /// element on every path (the same bits on every ISA); the softmax's sums follow the packet
 /// width, so its results differ between ISAs by float rounding (and Eigen's vectorised `exp` vs
-/// the C library's). Every translation unit of a program that includes rpe must be compiled for
-/// the same ISA: these are inline functions, and the linker keeps one copy of each.
+/// the C library's). Everything here is in the ISA namespace of isa.hpp, so units of one program
+/// built for different ISAs each keep their own copy.
 #pragma once
 
-#include <Eigen/Core>
+#include "eigen.hpp"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <type_traits>
+
+#include "isa.hpp"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -34,20 +36,7 @@
 
 namespace rpe::detail::cpu {
 
-/// @brief Name of the instruction set the CPU kernels of this translation unit use.
-inline constexpr const char* simd_isa() {
-#if defined(__AVX512F__)
-    return "AVX-512F";
-#elif defined(__AVX2__)
-    return "AVX2";
-#elif defined(__SSE2__)
-    return "SSE2";
-#elif defined(__ARM_NEON)
-    return "NEON";
-#else
-    return "scalar";
-#endif
-}
+inline namespace RPE_ISA_NS {
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 namespace simd {
@@ -283,6 +272,7 @@ void softmax_backward_row(const S* p, S* dp, std::int64_t n) {
     for (; j < n; ++j) dp[j] = p[j] * (dp[j] - dot);
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace rpe::detail::cpu
 
 #if defined(__GNUC__) && !defined(__clang__)

@@ -13,9 +13,11 @@
 #include "../../mode.hpp"
 #include "../../tensor.hpp"
 #include "../../term_desc.hpp"
+#include "isa.hpp"
 #include "kernels.hpp"
 
 namespace rpe::detail::cpu {
+inline namespace RPE_ISA_NS {  // see isa.hpp
 
 /// @brief Forward of a checked term call: writes (or with `accumulate` adds) the term into `out`.
 /// Cross (two tables) sums its tables' terms.
@@ -63,6 +65,7 @@ void term_backward(const term_dims& d, const bucket_ids& ids, std::span<const te
     }
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace rpe::detail::cpu
 
 namespace rpe::detail::cpu {
@@ -82,6 +85,7 @@ decltype(auto) visit_mode_target(const term_layout& d, F&& f) {
 }  // namespace rpe::detail::cpu
 
 namespace rpe::cpu {
+inline namespace RPE_ISA_NS {  // see isa.hpp: term_forward / term_backward instantiate the CPU kernels
 
 /// @brief Forward of term `desc` on the CPU: writes (`write::overwrite`) or adds
 /// (`write::accumulate`) the term into `out`. Shapes as rpe::term (tables: desc.num_tables()
@@ -113,4 +117,5 @@ void term_backward(const term_desc& desc, const bucket_ids& ids, std::span<const
     });
 }
 
+}  // namespace RPE_ISA_NS
 }  // namespace rpe::cpu

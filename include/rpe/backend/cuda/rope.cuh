@@ -91,7 +91,7 @@ private:
 };
 
 /// @brief Thread-safe cache of the fixed forms' device tables keyed by (policy, D, grid, element
-/// type, device) (the host cache's rpe::detail::rope_key plus the device): one upload per key,
+/// type, device) (the host cache's rpe::detail::rope_key, the policy type-erased, plus the device): one upload per key,
 /// like rpe::cuda::device_bucket_cache for bucket ids. rope::mixed is never cached (its
 /// frequencies are learned; its table is computed on the device at each call).
 class device_rope_cache {

@@ -1,0 +1,66 @@
+// Test rpe_isa_test: two units of one program (isa_unit.cpp built for the x86-64 baseline and for
+// AVX2 + FMA) run the same fused attention and term forward through rpe. rpe's ISA-dependent code
+// is in a namespace per ISA (rpe/backend/cpu/isa.hpp), so each unit keeps its own copy: the two
+// report their own ISA (through the functions' addresses, which the linker would merge) and
+// give the same results up to float rounding. Exit 77 (skipped) on a CPU without AVX2 + FMA,
+// after running the baseline unit alone.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "isa_unit.hpp"
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const char* what) {
+    std::printf("%s: %s\n", ok ? "ok" : "FAILED", what);
+    if (!ok) ++failures;
+}
+
+// |a − b| ≤ 1e-5 + 1e-4·|b| for every element, and at least one nonzero.
+bool close(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+    if (a.size() != b.size()) return false;
+    double worst = 0;
+    bool nonzero = false;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return false;
+        nonzero = nonzero || a[i] != 0.0f;
+        const double err = std::fabs(double(a[i]) - double(b[i]));
+        if (err > 1e-5 + 1e-4 * std::fabs(double(b[i]))) {
+            std::printf("  %s[%zu]: %.9g vs %.9g\n", what, i, double(a[i]), double(b[i]));
+            return false;
+        }
+        worst = err > worst ? err : worst;
+    }
+    std::printf("  %s: %zu values, largest difference %.3g\n", what, a.size(), worst);
+    return nonzero;
+}
+
+}  // namespace
+
+int main() {
+    const isa_result base = run_baseline();
+    std::printf("baseline unit: simd_isa %s, namespace %s\n", base.isa.c_str(), base.ns.c_str());
+    check(base.isa == "SSE2", "the baseline unit runs the SSE2 kernels");
+    check(base.ns == "sse2", "the baseline unit's rpe code is in namespace sse2");
+#if defined(__GNUC__)
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    const bool avx2 = false;
+#endif
+    if (!avx2) {
+        std::printf("this CPU lacks AVX2 or FMA: the AVX2 unit is not run\n");
+        return failures ? 1 : 77;
+    }
+    const isa_result wide = run_avx2();
+    std::printf("AVX2 unit: simd_isa %s, namespace %s\n", wide.isa.c_str(), wide.ns.c_str());
+    check(wide.isa == "AVX2", "the AVX2 unit runs the AVX2 kernels");
+    check(wide.ns == "avx2_fma", "the AVX2 unit's rpe code is in namespace avx2_fma");
+    check(base.attention_fn != wide.attention_fn, "each unit has its own rpe::attention_forward<float>");
+    check(close(wide.attention, base.attention, "attention"), "attention outputs agree");
+    check(close(wide.term, base.term, "term"), "term outputs agree");
+    return failures ? 1 : 0;
+}
