@@ -10,6 +10,7 @@
 #include "attention_inputs.hpp"
 #include "backend/tags.hpp"
 #include "bucket_cache.hpp"
+#include "caches.hpp"
 #include "bucket_id_set.hpp"
 #include "bucket_ids.hpp"
 #include "bucket_key.hpp"

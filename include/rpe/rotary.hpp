@@ -250,7 +250,8 @@ rope_key rope_key_of(const rotary_embedding<S>& r, std::int64_t d, int height, i
     return key;
 }
 
-/// The process-wide cache of fixed-form tables (like rpe::bucket_cache for bucket ids).
+/// The process-wide cache of fixed-form tables (like rpe::bucket_cache for bucket ids), within a
+/// byte budget (default_cache_budget(); rpe::set_cache_budget), least recently used out first.
 inline single_flight_cache<rope_key, std::shared_ptr<const void>, rope_key_hash>& rope_cache() {
     static single_flight_cache<rope_key, std::shared_ptr<const void>, rope_key_hash> cache;
     return cache;
@@ -266,9 +267,15 @@ template <class S>
 std::shared_ptr<const rope_table<S>> rope_table_of(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
     if (r.is_mixed()) return std::make_shared<const rope_table<S>>(detail::build_mixed_table(r.freqs, height, width));
     const detail::rope_key key = detail::rope_key_of(r, d, height, width);
-    auto v = detail::rope_cache().get_or_build(key, [&]() -> std::shared_ptr<const void> {
-        return std::make_shared<const rope_table<S>>(detail::build_rope_table<S>(*key.policy, d, height, width));
-    });
+    std::size_t bytes = 0;  // of the table built by this call (the budget's count)
+    auto v = detail::rope_cache().get_or_build(
+        key,
+        [&]() -> std::shared_ptr<const void> {
+            auto t = std::make_shared<const rope_table<S>>(detail::build_rope_table<S>(*key.policy, d, height, width));
+            bytes = (t->cos.size() + t->sin.size()) * sizeof(S) + (t->tx.size() + t->ty.size()) * sizeof(float);
+            return t;
+        },
+        [&](const std::shared_ptr<const void>&) { return bytes; });
     return std::static_pointer_cast<const rope_table<S>>(v);
 }
 

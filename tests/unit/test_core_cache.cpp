@@ -13,6 +13,8 @@
 #include <vector>
 
 #include <rpe/bucket_ids.hpp>
+#include <rpe/caches.hpp>
+#include <rpe/rope/axial.hpp>
 #include <rpe/detail/single_flight.hpp>
 #include <rpe/index/clip.hpp>
 #include <rpe/index/piecewise.hpp>
@@ -282,4 +284,34 @@ TEST_CASE("bucket_cache: 8 threads racing lookups, evictions and clear() get the
     const rpe::cache_stats s = cache.stats();
     CHECK(s.bytes <= s.budget);
     CHECK(s.entries <= 12);
+}
+
+TEST_CASE("caches: RoPE tables count against their budget; set_cache_budget and cache_statistics cover both host caches") {
+    const std::size_t old_ids = rpe::bucket_cache::global().budget(), old_rope = rpe::detail::rope_cache().budget();
+    rpe::clear_caches();
+    const rpe::rotary_embedding<float> r{.form = rpe::rope::axial{.theta = 77.0f}, .skip = 1};
+    // one (1, 8x8 tokens, D/2 = 8 pairs) float table: cos and sin
+    const std::size_t table_bytes = 2 * 64 * 8 * sizeof(float);
+    const auto t8 = rpe::rope_table_of(r, 16, 8, 8);
+    CHECK(rpe::cache_statistics().rope_tables.bytes == table_bytes);
+    CHECK(rpe::cache_statistics().rope_tables.misses == 1);
+    CHECK(rpe::rope_table_of(r, 16, 8, 8).get() == t8.get());  // a hit
+    CHECK(rpe::cache_statistics().rope_tables.hits == 1);
+    // a budget of two 8x8 tables: larger grids push the oldest out, values unchanged when rebuilt
+    rpe::set_cache_budget(2 * table_bytes);
+    for (int s = 9; s < 14; ++s) (void)rpe::rope_table_of(r, 16, s, s);
+    const rpe::host_cache_stats st = rpe::cache_statistics();
+    CHECK(st.rope_tables.budget == 2 * table_bytes);
+    CHECK(st.bucket_ids.budget == 2 * table_bytes);
+    CHECK(st.rope_tables.bytes <= 2 * table_bytes);
+    CHECK(st.rope_tables.evictions >= 4);
+    const auto again = rpe::rope_table_of(r, 16, 8, 8);
+    CHECK(again.get() != t8.get());  // built again
+    CHECK(again->cos == t8->cos);
+    CHECK(again->sin == t8->sin);
+    rpe::set_cache_budget(0);
+    CHECK(rpe::cache_statistics().rope_tables.entries == 0);
+    rpe::bucket_cache::global().set_budget(old_ids);
+    rpe::detail::rope_cache().set_budget(old_rope);
+    rpe::clear_caches();
 }

@@ -138,7 +138,9 @@ public:
         int device = 0;
         RPE_CUDA_CHECK(cudaGetDevice(&device));
         const entry_key key{host.key(), device, std::max(host.id_bytes(), id_bytes)};
-        return entries_.get_or_build(key, [&] { return std::make_shared<const device_bucket_ids>(host, stream, id_bytes); });
+        return entries_.get_or_build(
+            key, [&] { return std::make_shared<const device_bucket_ids>(host, stream, id_bytes); },
+            [](const std::shared_ptr<const device_bucket_ids>& ids) { return static_cast<std::size_t>(ids->bytes()); });
     }
     /// @brief Number of (configuration, device) entries held.
     [[nodiscard]] std::size_t size() const { return entries_.size(); }
@@ -146,6 +148,12 @@ public:
     [[nodiscard]] std::size_t builds() const { return entries_.builds(); }
     /// @brief Drops every entry (objects already handed out stay valid).
     void clear() { entries_.clear(); }
+    /// @brief Sets the byte budget of the device ids held (least recently used dropped past it).
+    void set_budget(std::size_t bytes) { entries_.set_budget(bytes); }
+    /// @brief The byte budget in force (default: detail::default_cache_budget()).
+    [[nodiscard]] std::size_t budget() const { return entries_.budget(); }
+    /// @brief Hits, misses, evictions, entries and device bytes held.
+    [[nodiscard]] cache_stats stats() const { return entries_.stats(); }
     /// @brief The process-wide cache that CUDA terms and the fused attention use.
     static device_bucket_cache& global() {
         static device_bucket_cache cache;

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "../../detail/single_flight.hpp"
+#include "bucket_ids.cuh"
 #include "../../error.hpp"
 #include "../../rotary.hpp"
 #include "../../tensor.hpp"
@@ -106,9 +107,15 @@ public:
         int device = 0;
         RPE_CUDA_CHECK(cudaGetDevice(&device));
         const entry_key key{detail::rope_key_of(r, d, height, width), device};
-        auto v = entries_.get_or_build(key, [&]() -> std::shared_ptr<const void> {
-            return std::make_shared<const device_rope_table<A>>(*rope_table_of(r, d, height, width), stream);
-        });
+        std::size_t bytes = 0;  // device bytes of the table uploaded by this call (the budget's count)
+        auto v = entries_.get_or_build(
+            key,
+            [&]() -> std::shared_ptr<const void> {
+                const auto host = rope_table_of(r, d, height, width);
+                bytes = host->cos.size() * sizeof(A) * 2;
+                return std::make_shared<const device_rope_table<A>>(*host, stream);
+            },
+            [&](const std::shared_ptr<const void>&) { return bytes; });
         return std::static_pointer_cast<const device_rope_table<A>>(v);
     }
     /// @brief Number of entries held.
@@ -117,6 +124,12 @@ public:
     [[nodiscard]] std::size_t builds() const { return entries_.builds(); }
     /// @brief Drops every entry (tables already handed out stay valid).
     void clear() { entries_.clear(); }
+    /// @brief Sets the byte budget of the device tables held (least recently used dropped past it).
+    void set_budget(std::size_t bytes) { entries_.set_budget(bytes); }
+    /// @brief The byte budget in force (default: detail::default_cache_budget()).
+    [[nodiscard]] std::size_t budget() const { return entries_.budget(); }
+    /// @brief Hits, misses, evictions, entries and device bytes held.
+    [[nodiscard]] cache_stats stats() const { return entries_.stats(); }
     /// @brief The process-wide cache that rope_forward, rope_backward and the attention use.
     static device_rope_cache& global() {
         static device_rope_cache cache;
@@ -341,6 +354,25 @@ void rope_backward(const rotary_embedding<S>& r, int height, int width, tensor_r
         detail::gpu::rope_frequency_grad<S>(table.view(), x.data, grad_y.data, nullptr, nullptr, true, planes, heads, l,
                                             r.grad_freqs.data, stream);
     detail::gpu::rope_rotate<S>(table.view(), grad_y.data, grad_x.data, planes, heads, l, true, stream);
+}
+
+/// @brief What each device cache did and holds (hits, misses, evictions, entries, device bytes, budget).
+struct device_cache_stats {
+    cache_stats bucket_ids;   ///< rpe::cuda::device_bucket_cache::global()
+    cache_stats rope_tables;  ///< rpe::cuda::device_rope_cache::global()
+};
+
+/// @brief Sets the byte budget of the process-wide device caches (bucket ids, RoPE tables; each
+/// on its own) and drops least recently used entries down to it at once (their device memory is
+/// freed once no running call holds them). The host caches have rpe::set_cache_budget.
+inline void set_cache_budget(std::size_t bytes) {
+    device_bucket_cache::global().set_budget(bytes);
+    device_rope_cache::global().set_budget(bytes);
+}
+
+/// @brief The counters and holdings of the process-wide device caches.
+inline device_cache_stats cache_statistics() {
+    return {device_bucket_cache::global().stats(), device_rope_cache::global().stats()};
 }
 
 }  // namespace rpe::cuda
