@@ -30,7 +30,7 @@ from torch import nn
 
 __all__ = [
     "METHOD", "families", "get_num_buckets", "get_single_rpe_config", "get_rpe_config", "build_rpe", "iRPE", "iRPE_Cross",
-    "attention", "term", "bucket_ids", "library_path",
+    "attention", "term", "bucket_ids", "library_path", "set_cache_budget", "cache_stats", "clear_caches",
     "RoPEAxial", "RoPEMixed", "RoPECat", "rope", "RelPosBias", "table_from_timm", "table_to_timm",
     "relative_log_coords", "cpb_table", "cpb_bias", "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
     "ALiBi2D", "alibi_slopes", "TermSlot",
@@ -78,6 +78,32 @@ _IRPE = list(_ops.families("irpe", False))
 _METHOD_NAMES = {METHOD.EUCLIDEAN: _IRPE[0], METHOD.QUANT: _IRPE[1], METHOD.CROSS: _IRPE[2], METHOD.PRODUCT: _IRPE[3],
                  METHOD.CROSS_ROWS: _IRPE[2], METHOD.CROSS_COLS: _IRPE[2]}
 _METHOD_IDS = {name: method for method, name in _METHOD_NAMES.items() if method < 10}
+
+
+def set_cache_budget(nbytes):
+    """Sets the byte budget of rpe's process-wide host caches (the bucket ids of each grid and
+    configuration, the fixed RoPE forms' cos/sin tables): past it, the least recently used entries
+    are dropped (and rebuilt, with the same values, when used again). Default 256 MiB each, or
+    ``RPE_CACHE_BUDGET_MB`` MiB from the environment; 0 keeps nothing between calls."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
+    if nbytes < 0:
+        raise ValueError(f"nbytes = {nbytes}; expected >= 0")
+    _ops.set_cache_budget(nbytes)
+
+
+def cache_stats():
+    """Counters and holdings of rpe's host caches, for monitoring a long-lived process:
+    ``{"bucket_ids": {...}, "rope_tables": {...}}``, each with ``hits``, ``misses``,
+    ``evictions``, ``entries``, ``bytes`` and ``budget``."""
+    v = list(_ops.cache_stats())
+    keys = ("hits", "misses", "evictions", "entries", "bytes", "budget")
+    return {"bucket_ids": dict(zip(keys, v[:6])), "rope_tables": dict(zip(keys, v[6:12]))}
+
+
+def clear_caches():
+    """Drops every entry of rpe's host caches and resets their counters (budgets stay)."""
+    _ops.clear_caches()
 
 
 def families(group="", aliases=False):

@@ -26,6 +26,7 @@
 #include <rpe/make_term.hpp>
 #include <rpe/attention.hpp>
 #include <rpe/backend/cpu/rope.hpp>
+#include <rpe/caches.hpp>
 #include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/swin.hpp>
 #include <rpe/rotary.hpp>
@@ -930,6 +931,23 @@ std::vector<double> alibi_slopes(int64_t num_heads) {
 
 // The registry's mapping families of `group` ("" = every one, a plugin's included): canonical
 // names, then (aliases = true) each one's aliases after it.
+// The process-wide host caches (bucket ids, RoPE tables): budget and counters (<rpe/caches.hpp>).
+void set_cache_budget(int64_t bytes) {
+    if (bytes < 0) throw std::invalid_argument("[rpe.torch] bytes = " + std::to_string(bytes) + "; expected >= 0");
+    rpe::set_cache_budget(static_cast<std::size_t>(bytes));
+}
+
+// [hits, misses, evictions, entries, bytes, budget] of the bucket-id cache, then of the RoPE table cache.
+std::vector<int64_t> cache_stats() {
+    const rpe::host_cache_stats s = rpe::cache_statistics();
+    std::vector<int64_t> out;
+    for (const rpe::cache_stats& c : {s.bucket_ids, s.rope_tables})
+        for (const std::size_t v : {c.hits, c.misses, c.evictions, c.entries, c.bytes, c.budget}) out.push_back(static_cast<int64_t>(v));
+    return out;
+}
+
+void clear_caches() { rpe::clear_caches(); }
+
 std::vector<std::string> families(c10::string_view group, bool aliases) {
     return translating([&] {
         std::vector<std::string> out;
@@ -1028,6 +1046,11 @@ TORCH_LIBRARY(rpe, m) {
     // "contextual" for a family whose terms are contextual only (decomposed), else "bias".
     m.def("family_mode(str method) -> str", &family_mode);
     m.def("family_spec(str method, float alpha, float beta, float gamma) -> str", &family_spec_text);
+    // The process-wide caches (bucket ids, RoPE tables; default budget 256 MiB each, or the
+    // environment's RPE_CACHE_BUDGET_MB): budget in bytes, counters, clear.
+    m.def("set_cache_budget(int bytes) -> ()", &set_cache_budget);
+    m.def("cache_stats() -> int[]", &cache_stats);
+    m.def("clear_caches() -> ()", &clear_caches);
     // K with the extra bucket (skip > 0), as the reference's get_single_rpe_config.
     m.def("num_buckets(str method, float alpha, float beta, float gamma, int skip) -> int", &num_buckets);
     // The (T, L, L) int32 bucket ids (T = 2 for cross), for inspection and tests only.

@@ -4,6 +4,7 @@ a grid whose skip tokens disagree with the configuration, a per-head table for a
 count); models pickle with torch.save and trace with torch.jit.trace; CPU autocast (bf16) runs
 the float32 kernels and returns bf16 within the documented tolerance of float64."""
 import io
+import os
 
 import pytest
 import torch
@@ -155,3 +156,52 @@ def test_cpu_autocast_bf16_through_the_operators():
     q64, k64, v64 = qkv()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert rpe_torch.attention(q64, k64, v64, *mods64, height=2, width=3).dtype == F64
+
+
+# ---------------------------------------------------------------------------------------------
+# A long-lived process: the caches stay within their budget
+# ---------------------------------------------------------------------------------------------
+def _resident_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") / 2**20)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
+def test_many_grids_keep_the_caches_within_their_budget():
+    # the issue's reproducer: attention with iRPE-K (B = H = 1, D = 16) on many distinct grids
+    # between 20x20 and 60x60; a 16 MiB budget holds a few of their (L, L) id tables
+    _, rpe_k, _ = modules(rpe_on="k", heads=1, D=16, dtype=torch.float32)
+    rpe_torch.clear_caches()
+    rpe_torch.set_cache_budget(16 << 20)
+    try:
+        grids = [(h, w) for h in range(20, 61, 3) for w in range(20, 61, 4)]  # 154 distinct grids
+        with torch.no_grad():
+            for i, (h, w) in enumerate(grids):
+                if i == 30:
+                    start = _resident_mib()
+                q = torch.randn(1, 1, 1 + h * w, 16)
+                rpe_torch.attention(q, q, q, rpe_k=rpe_k, height=h, width=w)
+        growth = _resident_mib() - start
+        s = rpe_torch.cache_stats()["bucket_ids"]
+        assert s["budget"] == 16 << 20
+        assert s["bytes"] <= s["budget"]
+        assert s["misses"] == len(grids)
+        assert s["evictions"] >= len(grids) - 20
+        assert growth < 96, f"resident memory grew by {growth:.0f} MiB over {len(grids) - 30} new grids"
+        # an evicted grid is built again with the same values
+        q = torch.randn(1, 1, 1 + 20 * 20, 16, generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            a = rpe_torch.attention(q, q, q, rpe_k=rpe_k, height=20, width=20)
+            rpe_torch.clear_caches()
+            b = rpe_torch.attention(q, q, q, rpe_k=rpe_k, height=20, width=20)
+        assert torch.equal(a, b)
+    finally:
+        rpe_torch.set_cache_budget(256 << 20)
+        rpe_torch.clear_caches()
+
+
+def test_cache_budget_arguments_are_checked():
+    with pytest.raises(ValueError, match="nbytes = -1"):
+        rpe_torch.set_cache_budget(-1)
+    with pytest.raises(TypeError, match="nbytes must be an int"):
+        rpe_torch.set_cache_budget(1.5)
