@@ -28,7 +28,6 @@
 #include "tensor.hpp"
 
 namespace rpe {
-inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp: the step calls the CPU kernels
 
 namespace detail {
 
@@ -62,6 +61,8 @@ bool on_contiguous_qkv(const attention_inputs<S>& in, F&& step) {
 }
 
 }  // namespace detail
+
+inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp: the step calls the CPU kernels
 
 /// @brief Forward of the attention step (reference `RPEAttention.forward` without the
 /// projections and dropout): `qs = q·s`, `s = opt.scale` (default `D^−½`); `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s)`;
