@@ -172,7 +172,8 @@ std::unique_ptr<any_term<S>> make_term(const term_spec& spec) {
 }
 
 #if defined(RPE_EXTERN_MAKE_TERM)
-// Instantiated once in the program's instantiation unit (rpe's own tools: tools/common/make_term.cpp).
+// Instantiated once in the program's instantiation unit, src/make_term.cpp (CMake: rpe::make_term for a
+// user's program, the object library rpe_make_term for rpe's own).
 extern template std::unique_ptr<any_term<float>> make_term<float>(const term_spec&);
 extern template std::unique_ptr<any_term<double>> make_term<double>(const term_spec&);
 extern template std::unique_ptr<any_term<float>> make_term<float>(const family_spec&, const term_options&, grid_extent);

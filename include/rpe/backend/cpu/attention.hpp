@@ -622,6 +622,26 @@ void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_
 using rpe::rope_backward;
 using rpe::rope_forward;
 
+#if defined(RPE_EXTERN_ATTENTION)
+// Instantiated once in the program's instantiation unit, src/attention.cpp (CMake: rpe::attention
+// for a user's program, the object library rpe_attention for rpe's own), built for the same ISA
+// (the same RPE_ISA_NS) as the units that include this. Without CMake, compile src/attention.cpp
+// into the program and define RPE_EXTERN_ATTENTION in its other units.
+extern template void attention_forward<float>(const attention_inputs<float>&, tensor_ref<float>, tensor_ref<float>,
+                                              const attention_options&);
+extern template void attention_forward<double>(const attention_inputs<double>&, tensor_ref<double>, tensor_ref<double>,
+                                               const attention_options&);
+extern template void attention_backward<float>(const attention_inputs<float>&, const attention_gradients<float>&,
+                                               const attention_options&);
+extern template void attention_backward<double>(const attention_inputs<double>&, const attention_gradients<double>&,
+                                                const attention_options&);
+extern template void attention_backward<float>(const attention_inputs<float>&, tensor_ref<const float>, tensor_ref<float>,
+                                               tensor_ref<float>, tensor_ref<float>, const attention_options&);
+extern template void attention_backward<double>(const attention_inputs<double>&, tensor_ref<const double>,
+                                                tensor_ref<double>, tensor_ref<double>, tensor_ref<double>,
+                                                const attention_options&);
+#endif
+
 }  // namespace RPE_ISA_NS
 }  // namespace cpu
 
