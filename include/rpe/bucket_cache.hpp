@@ -23,7 +23,7 @@ namespace rpe {
 /// Concurrent `get`s of one missing key build it once (the others wait); different keys build
 /// in parallel. A failed build throws to every waiter and leaves no entry.
 ///
-/// Memory: the ids held count against a byte budget (bucket_ids::bytes(); default 256 MiB, or
+/// Memory: the ids held count against a byte budget (bucket_ids::bytes(); default 64 MiB, or
 /// `RPE_CACHE_BUDGET_MB`; set_budget()); past it the least recently used configurations are
 /// dropped, so a process that sees many grid sizes stays bounded. Ids handed out stay valid
 /// (shared ownership): a running call never loses its ids, and a dropped configuration is simply

@@ -6,7 +6,7 @@
 /// (rpe::bucket_cache::global(), keyed by mapping, grid and skip) and the fixed RoPE forms'
 /// cos/sin tables (keyed by policy, head dim, grid and element type); the CUDA backend keeps
 /// their device copies (rpe::cuda::set_cache_budget in <rpe/cuda.cuh>). Each cache holds at most
-/// its byte budget — by default 256 MiB each, or `RPE_CACHE_BUDGET_MB` MiB from the environment
+/// its byte budget — by default 64 MiB each, or `RPE_CACHE_BUDGET_MB` MiB from the environment
 /// (read once) — and drops least recently used entries past it. An entry in use by a running call
 /// is never freed under it (the call holds a shared reference); a dropped entry is built again on
 /// its next use, with the same values.

@@ -2,7 +2,7 @@
 // 100 warm-up grids, 500 new distinct grids (16x16 .. 72x72) and RoPE configurations go through
 // the terms, the standalone rotation and the fused attention (iRPE-K contextual, RoPE-Axial);
 // the resident memory may grow by at most 128 MiB with the default budgets (each host cache
-// 256 MiB), and the outputs equal those computed with every cache's budget at 0 (nothing kept,
+// 64 MiB), and the outputs equal those computed with every cache's budget at 0 (nothing kept,
 // everything rebuilt: eviction changes no value).
 //
 //   rpe_cache_soak [--grids N]   (default 500)

@@ -250,10 +250,10 @@ TEST_CASE("bucket_cache: past its byte budget the least recently used grids are 
     }
 }
 
-TEST_CASE("bucket_cache: the default budget is 256 MiB or RPE_CACHE_BUDGET_MB") {
+TEST_CASE("bucket_cache: the default budget is 64 MiB or RPE_CACHE_BUDGET_MB") {
     // CTest runs this case twice: as is, and with RPE_CACHE_BUDGET_MB=3 (test cache.budget_from_environment)
     const char* env = std::getenv("RPE_CACHE_BUDGET_MB");
-    const std::size_t expected = env != nullptr && *env != '\0' ? static_cast<std::size_t>(std::stoull(env)) << 20 : std::size_t{256} << 20;
+    const std::size_t expected = env != nullptr && *env != '\0' ? static_cast<std::size_t>(std::stoull(env)) << 20 : std::size_t{64} << 20;
     CHECK(rpe::detail::default_cache_budget() == expected);
     CHECK(rpe::bucket_cache{}.budget() == expected);
     CHECK(rpe::bucket_cache::global().budget() == expected);
@@ -314,4 +314,20 @@ TEST_CASE("caches: RoPE tables count against their budget; set_cache_budget and 
     rpe::bucket_cache::global().set_budget(old_ids);
     rpe::detail::rope_cache().set_budget(old_rope);
     rpe::clear_caches();
+}
+
+TEST_CASE("bucket_cache: an entry larger than the whole budget is handed out and not kept; the others stay") {
+    rpe::bucket_cache cache;
+    const std::size_t small = static_cast<std::size_t>(rpe::build_bucket_ids(prod, 6, 6, 1)->bytes());
+    cache.set_budget(4 * small);
+    (void)cache.get(prod, 6, 6, 1);
+    (void)cache.get(prod, 5, 7, 1);
+    const auto big = cache.get(prod, 30, 30, 1);  // far beyond the budget
+    CHECK(big->length() == 901);
+    const rpe::cache_stats s = cache.stats();
+    CHECK(s.entries == 2);  // the two small grids stay
+    CHECK(s.evictions == 1);
+    CHECK(s.bytes <= s.budget);
+    CHECK(cache.get(prod, 6, 6, 1) != nullptr);
+    CHECK(cache.stats().hits == 1);
 }

@@ -83,7 +83,7 @@ _METHOD_IDS = {name: method for method, name in _METHOD_NAMES.items() if method 
 def set_cache_budget(nbytes):
     """Sets the byte budget of rpe's process-wide host caches (the bucket ids of each grid and
     configuration, the fixed RoPE forms' cos/sin tables): past it, the least recently used entries
-    are dropped (and rebuilt, with the same values, when used again). Default 256 MiB each, or
+    are dropped (and rebuilt, with the same values, when used again). Default 64 MiB each, or
     ``RPE_CACHE_BUDGET_MB`` MiB from the environment; 0 keeps nothing between calls."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int):
         raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")

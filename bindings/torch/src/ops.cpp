@@ -1046,7 +1046,7 @@ TORCH_LIBRARY(rpe, m) {
     // "contextual" for a family whose terms are contextual only (decomposed), else "bias".
     m.def("family_mode(str method) -> str", &family_mode);
     m.def("family_spec(str method, float alpha, float beta, float gamma) -> str", &family_spec_text);
-    // The process-wide caches (bucket ids, RoPE tables; default budget 256 MiB each, or the
+    // The process-wide caches (bucket ids, RoPE tables; default budget 64 MiB each, or the
     // environment's RPE_CACHE_BUDGET_MB): budget in bytes, counters, clear.
     m.def("set_cache_budget(int bytes) -> ()", &set_cache_budget);
     m.def("cache_stats() -> int[]", &cache_stats);

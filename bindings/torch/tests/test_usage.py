@@ -196,7 +196,7 @@ def test_many_grids_keep_the_caches_within_their_budget():
             b = rpe_torch.attention(q, q, q, rpe_k=rpe_k, height=20, width=20)
         assert torch.equal(a, b)
     finally:
-        rpe_torch.set_cache_budget(256 << 20)
+        rpe_torch.set_cache_budget(64 << 20)
         rpe_torch.clear_caches()
 
 

@@ -32,12 +32,13 @@ struct cache_stats {
 
 namespace detail {
 
-/// @brief The default byte budget of each of rpe's caches: 256 MiB, or the environment variable
-/// `RPE_CACHE_BUDGET_MB` (a whole number of MiB, read once per process; 0 keeps nothing between
-/// calls). A value that is not a whole number is ignored.
+/// @brief The default byte budget of each of rpe's caches: 64 MiB (the largest (L, L) id table
+/// that id_storage::automatic keeps), or the environment variable `RPE_CACHE_BUDGET_MB` (a whole
+/// number of MiB up to 2^40, read once per process; 0 keeps nothing between calls). Any other
+/// value (signs, spaces, hex, beyond 2^40) is ignored: the default applies.
 inline std::size_t default_cache_budget() {
     static const std::size_t budget = [] {
-        constexpr std::size_t fallback = std::size_t{256} << 20;
+        constexpr std::size_t fallback = std::size_t{64} << 20;
         const char* env = std::getenv("RPE_CACHE_BUDGET_MB");
         if (env == nullptr || *env == '\0') return fallback;
         std::size_t mb = 0;
@@ -57,7 +58,7 @@ inline std::size_t default_cache_budget() {
 /// pointer (the cache only drops its own reference), so a running call never loses what it uses.
 /// Builds run outside the lock: a call waits only for a build of its own key, never for another
 /// key's build or an eviction. An entry larger than the whole budget is handed to its caller and
-/// not kept. Thread-safe.
+/// not kept (the entries held stay). Thread-safe.
 template <class Key, class Value, class Hash>
 class single_flight_cache {
 public:
@@ -104,10 +105,16 @@ public:
             std::lock_guard<std::mutex> lock(mutex_);
             auto it = entries_.find(key);
             if (it != entries_.end() && it->second.ticket == ticket) {  // not cleared meanwhile
-                it->second.ready = true;
-                it->second.bytes = bytes;
-                bytes_ += bytes;
-                evict_over_budget();
+                if (bytes > budget_) {  // larger than the whole budget: handed out, not kept (the others stay)
+                    ++evictions_;
+                    lru_.erase(it->second.lru);
+                    entries_.erase(it);
+                } else {
+                    it->second.ready = true;
+                    it->second.bytes = bytes;
+                    bytes_ += bytes;
+                    evict_over_budget();
+                }
             }
             return value;
         }

@@ -317,28 +317,57 @@ private:
 
     void parse_header(const std::string& header) {
         using json = nlohmann::json;
-        // Reject duplicate keys in every object (tensor names, an entry's "dtype", metadata keys:
-        // nlohmann::json would keep the last one silently) and absurd nesting while parsing (a
-        // valid header nests 3 levels: object → entry → shape array).
-        std::vector<std::unordered_set<std::string>> open_objects;  // the keys seen so far in each enclosing object
-        const json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
-            if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) && depth > 16)
-                fail("header JSON is nested more than 16 levels deep");
-            if (event == json::parse_event_t::object_start) open_objects.emplace_back();
-            if (event == json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
-            if (event == json::parse_event_t::key && !open_objects.empty() && parsed.is_string()) {
-                auto& keys = open_objects.back();
-                const auto [it, inserted] = keys.insert(parsed.get<std::string>());
-                if (!inserted) {
-                    if (open_objects.size() == 1) fail("key '", *it, "' appears twice in the header");
-                    fail("key '", *it, "' appears twice in one object of the header (at nesting depth ", depth, ")");
-                }
+        // First pass, SAX (linear time): reject duplicate keys in every object (tensor names, an
+        // entry's "dtype", metadata keys: nlohmann::json would keep the last one silently) and
+        // absurd nesting (a valid header nests 3 levels: object -> entry -> shape array). A DOM
+        // parse with a callback would cost quadratic time on headers with many tensors.
+        struct key_checker : nlohmann::json_sax<json> {
+            const safetensors_file* self;
+            std::vector<std::unordered_set<std::string>> open_objects;  // keys seen in each enclosing object
+            int depth = 0;
+            explicit key_checker(const safetensors_file* s) : self(s) {}
+            bool null() override { return true; }
+            bool boolean(bool) override { return true; }
+            bool number_integer(number_integer_t) override { return true; }
+            bool number_unsigned(number_unsigned_t) override { return true; }
+            bool number_float(number_float_t, const string_t&) override { return true; }
+            bool string(string_t&) override { return true; }
+            bool binary(binary_t&) override { return true; }
+            bool start_object(std::size_t) override {
+                if (++depth > 16) self->fail("header JSON is nested more than 16 levels deep");
+                open_objects.emplace_back();
+                return true;
             }
-            return true;
+            bool key(string_t& k) override {
+                if (!open_objects.back().insert(k).second) {
+                    if (open_objects.size() == 1) self->fail("key '", k, "' appears twice in the header");
+                    self->fail("key '", k, "' appears twice in one object of the header (at nesting depth ", depth, ")");
+                }
+                return true;
+            }
+            bool end_object() override {
+                --depth;
+                open_objects.pop_back();
+                return true;
+            }
+            bool start_array(std::size_t) override {
+                if (++depth > 16) self->fail("header JSON is nested more than 16 levels deep");
+                return true;
+            }
+            bool end_array() override {
+                --depth;
+                return true;
+            }
+            bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+                self->fail("header is not valid JSON: ", e.what());
+            }
         };
+        key_checker checker(this);
+        json::sax_parse(header.begin(), header.end(), &checker);
+        // Second pass: the document itself (plain parse, linear time).
         json j;
         try {
-            j = json::parse(header.begin(), header.end(), cb);
+            j = json::parse(header.begin(), header.end());
         } catch (const json::exception& e) {
             fail("header is not valid JSON: ", e.what());
         }
