@@ -43,7 +43,10 @@ constexpr double f64_tolerance = 1e-9;     // README: a float64 implementation m
 /// rpe kernels SSE2".
 std::string build_isa() {
     std::string isa;
-    auto add = [&isa](const char* name) { isa += (isa.empty() ? "" : " ") + std::string(name); };
+    auto add = [&isa](const char* name) {
+        if (!isa.empty()) isa += ' ';
+        isa.append(name);
+    };
 #if defined(__AVX512F__)
     add("AVX-512F");
 #endif
