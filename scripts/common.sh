@@ -11,7 +11,7 @@
 set -euo pipefail
 
 # The standard list: compiler, build tools, and the libraries rpe's targets find.
-RPE_BUILD_PACKAGES=(g++ cmake make libeigen3-dev doctest-dev nlohmann-json3-dev libbenchmark-dev libcli11-dev libstb-dev)
+RPE_BUILD_PACKAGES=(g++ cmake make ninja-build libeigen3-dev doctest-dev nlohmann-json3-dev libbenchmark-dev libcli11-dev libstb-dev)
 
 # Repository root (this file lives in <root>/scripts).
 RPE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,6 +54,10 @@ rpe_require_packages() {
 
 rpe_require_build_packages() {
     rpe_require_packages "${RPE_BUILD_PACKAGES[@]}"
+    # New build trees (build/, the presets' build/<preset>) use Ninja: it schedules the many heavy
+    # translation units of the test build better than make and keeps a per-unit timing log
+    # (<tree>/.ninja_log). CMake ignores this for an existing tree, which keeps its generator.
+    export CMAKE_GENERATOR="${CMAKE_GENERATOR:-Ninja}"
 }
 
 # The PyTorch operators (bindings/torch, CTest label torch) build and test against a virtual
@@ -67,7 +71,9 @@ rpe_require_build_packages() {
 # second venv a local copy.
 RPE_VENV="${RPE_VENV:-$RPE_ROOT/.venv}"
 RPE_TORCH_REQUIREMENTS="$RPE_ROOT/bindings/torch/requirements.txt"
-rpe_require_torch_venv() {
+# rpe_torch_venv_ready prints the interpreter's path and succeeds when .venv is complete and made
+# from the current requirements file (what rpe_require_torch_venv would leave as it is).
+rpe_torch_venv_ready() {
     local want stamp="$RPE_VENV/.rpe-requirements" py="$RPE_VENV/bin/python" pth
     want="$(sha256sum "$RPE_TORCH_REQUIREMENTS" | cut -d' ' -f1)"
     pth="$(compgen -G "$RPE_VENV/lib/python3*/site-packages/rpe_torch_repo.pth" || true)"
@@ -76,6 +82,14 @@ rpe_require_torch_venv() {
         printf '%s\n' "$py"
         return 0
     fi
+    return 1
+}
+rpe_require_torch_venv() {
+    local want stamp="$RPE_VENV/.rpe-requirements" py="$RPE_VENV/bin/python"
+    if rpe_torch_venv_ready; then
+        return 0
+    fi
+    want="$(sha256sum "$RPE_TORCH_REQUIREMENTS" | cut -d' ' -f1)"
     if ! /usr/bin/env python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
         rpe_require_packages python3-venv >&2
     fi
@@ -107,7 +121,7 @@ rpe_jobs() {
 # The CUDA sources (when nvcc is found) are compiled for RPE_CUDA_ARCHITECTURES (default 90, the
 # GPUs this project is checked on; CMake's default in CMakeLists.txt is "90 75"): one nvcc pass
 # per translation unit keeps the test build short.
-# The generator is not forced, so an existing build tree keeps the one it was made with.
+# A new tree is made with Ninja (rpe_require_build_packages); an existing one keeps its generator.
 rpe_configure_and_build() {
     local build_dir="${1:-$RPE_ROOT/build}"
     shift || true

@@ -21,7 +21,25 @@ for arg in "$@"; do
 done
 
 rpe_require_build_packages
-venv_python="$(rpe_require_torch_venv)"  # the bindings/torch build and tests (CTest label torch)
+# The bindings/torch build and tests (CTest label torch) need .venv. When it must be made (a fresh
+# machine downloads torch, 3-4 GB), pip runs in the background while everything that does not
+# need torch is built; the torch operators are added to the same tree once it is there.
+if ! venv_python="$(rpe_torch_venv_ready)"; then
+    venv_dir="$(mktemp -d)"
+    # its own session (process group), so that a failed build stops pip and its children too
+    setsid bash -c 'source scripts/common.sh && rpe_require_torch_venv' >"$venv_dir/python" 2>"$venv_dir/log" &
+    venv_pid=$!
+    trap 'kill -- "-$venv_pid" 2>/dev/null || true; rm -rf "$venv_dir"' EXIT
+    rpe_log "making .venv in the background (log: $venv_dir/log); building the C++ targets meanwhile"
+    rpe_configure_and_build build -DRPE_BUILD_TORCH=OFF
+    if ! wait "$venv_pid"; then
+        cat "$venv_dir/log" >&2
+        rpe_log "making .venv failed (log above)"
+        exit 1
+    fi
+    cat "$venv_dir/log" >&2
+    venv_python="$(cat "$venv_dir/python")"
+fi
 rpe_configure_and_build build -DRPE_BUILD_TORCH=ON -DRPE_TORCH_PYTHON="$venv_python"
 # The torch tests are expected here: a build tree without them is an error, never a silent pass.
 torch_tests="$(ctest --test-dir build -N -L torch | sed -n 's/^Total Tests: //p')"
