@@ -36,6 +36,7 @@ relative position bias without its module, models built with ``dynamic_img_size`
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -444,6 +445,9 @@ def swap_attention(model, rpe_config=None):
     if count == 0:
         why = "; ".join(unsupported) if unsupported else "no attention module of a supported timm class"
         raise NotImplementedError(f"[rpe.torch] {type(model).__name__}: nothing to swap ({why})")
+    if unsupported:
+        warnings.warn(f"[rpe.torch] {type(model).__name__}: {count} attention modules swapped; these stay timm's: "
+                      + "; ".join(unsupported), stacklevel=2)
     return model
 
 
