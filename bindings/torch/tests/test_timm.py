@@ -23,14 +23,15 @@ ATOL, RTOL = 1e-10, 1e-8
 ROPE_ATOL, ROPE_RTOL = 1e-7, 1e-6  # timm's float32 sin/cos tables (module docstring)
 ROPE_FAMILIES = ("eva02", "rope_axial", "rope_mixed")
 
-#: family -> (timm model name, kwargs): 2 blocks (or 2 stages of 1-2 blocks), small images.
+#: family -> (timm model name, kwargs): 2 blocks (Swin, SwinV2: one stage of 2 blocks, the second
+#: with shifted windows and their masks), small images.
 FAMILIES = {
-    "deit": ("deit_tiny_patch16_224", dict(depth=2, img_size=64)),
+    "deit": ("deit_tiny_patch16_224", dict(depth=2, img_size=48)),
     "vit_qknorm": ("vit_small_patch16_224", dict(depth=2, img_size=48, embed_dim=64, num_heads=2, qk_norm=True,
                                                  class_token=True, reg_tokens=2)),
     "beit": ("beit_base_patch16_224", dict(depth=2, img_size=64, embed_dim=96, num_heads=3)),
-    "swin": ("swin_tiny_patch4_window7_224", dict(img_size=56, embed_dim=32, depths=(2, 2), num_heads=(2, 4))),
-    "swinv2": ("swinv2_tiny_window8_256", dict(img_size=64, embed_dim=32, depths=(2, 2), num_heads=(2, 4))),
+    "swin": ("swin_tiny_patch4_window7_224", dict(img_size=56, embed_dim=32, depths=(2,), num_heads=(2,))),
+    "swinv2": ("swinv2_tiny_window8_256", dict(img_size=64, embed_dim=32, depths=(2,), num_heads=(2,))),
     "eva02": ("eva02_tiny_patch14_224", dict(depth=2, img_size=56)),
     "rope_axial": ("vit_small_patch16_rope_224", dict(depth=2, img_size=64, embed_dim=96, num_heads=3)),
     "rope_mixed": ("vit_small_patch16_rope_mixed_224", dict(depth=2, img_size=64, embed_dim=96, num_heads=3)),
@@ -88,7 +89,7 @@ def test_vit_float32():
     name, kwargs = FAMILIES["deit"]
     reference = make(name, kwargs).float()
     swapped = rt.swap_attention(copy.deepcopy(reference))
-    x = torch.randn(2, 3, 64, 64)
+    x = torch.randn(2, 3, 48, 48)
     out, ref = swapped.eval()(x), reference.eval()(x)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
@@ -130,13 +131,13 @@ def test_vit_irpe_equals_reference_formula(method, mode):
         if type(m) is timm.layers.Attention:
             m.__class__ = ReferenceRPEAttention
     torch.manual_seed(1)
-    compare(swapped, reference, torch.randn(2, 3, 64, 64, dtype=torch.float64))
+    compare(swapped, reference, torch.randn(2, 3, 48, 48, dtype=torch.float64))
 
 
 def test_refusals():
     name, kwargs = FAMILIES["deit"]
     model = rt.swap_attention(timm.create_model(name, pretrained=False, attn_drop_rate=0.1, **kwargs))
-    x = torch.randn(1, 3, 64, 64)
+    x = torch.randn(1, 3, 48, 48)
     model.eval()(x)  # dropout is off in eval
     with pytest.raises(NotImplementedError, match="attention dropout p = 0.1"):
         model.train()(x)
