@@ -466,8 +466,6 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     L, D = int(q.shape[2]), int(q.shape[3])  # plain ints also under torch.jit.trace
     if D < 1:
         raise ValueError(f"[rpe.torch] q has shape {tuple(q.shape)}; expected D >= 1")
-    if scale is None:
-        scale = D ** -0.5
     methods, modes, params, counts, tables = [], [], [], [], []
     grid = None
     for name, m in (("rpe_q", rpe_q), ("rpe_k", rpe_k), ("rpe_v", rpe_v)):
@@ -517,7 +515,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     a, b, c = counts
     tq, tk, tv = tables[:a], tables[a:a + b], tables[a + b:a + b + c]
     args = (q, k, v, tq, tk, tv, methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0],
-            grid[1], key_padding_mask, attn_mask, float(scale), rope_spec[0], rope_spec[1], freqs, rope_spec[2])
+            grid[1], key_padding_mask, attn_mask, None if scale is None else float(scale), rope_spec[0], rope_spec[1], freqs, rope_spec[2])
     if save_attn:  # the backward reads the probabilities instead of recomputing them
         return _ops.attention_forward_attn(*args)[0]
     return _ops.attention_forward(*args)

@@ -98,14 +98,14 @@ torch.library.register_autograd(f"{_lib}::term_forward", _term_backward, setup_c
 
 @_fake("attention_forward")
 def _attention_forward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height, width,
-                            key_padding_mask, attn_mask, scale, rope_form="", rope_params=(), rope_freqs=None,
+                            key_padding_mask, attn_mask, scale=None, rope_form="", rope_params=(), rope_freqs=None,
                             rope_skip=0):
     return _empty(q, q.shape)
 
 
 @_fake("attention_forward_attn")
 def _attention_forward_attn_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height,
-                                 width, key_padding_mask, attn_mask, scale, rope_form="", rope_params=(),
+                                 width, key_padding_mask, attn_mask, scale=None, rope_form="", rope_params=(),
                                  rope_freqs=None, rope_skip=0):
     b, h, n = q.shape[0], q.shape[1], q.shape[2]
     return [_empty(q, q.shape), _empty(q, (b, h, n, n))]

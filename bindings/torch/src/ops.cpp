@@ -463,7 +463,7 @@ struct attention_args {
     c10::string_view methods[3], modes[3];
     std::vector<double> params;  // per slot: alpha, beta, gamma, skip
     int64_t height = 0, width = 0;
-    double scale = 0;
+    c10::optional<double> scale;  // None: the library's 1/sqrt(D)
     c10::string_view rope_form;
     std::vector<double> rope_params;
     at::Tensor rope_freqs;
@@ -474,11 +474,10 @@ template <class S>
 struct attention_setup {
     std::unique_ptr<rpe::any_term<S>> terms[3];
     rpe::attention_inputs<S> in;
-    double ratio = 1;  // scale / D^-1/2: q and the contextual q tables are multiplied by it
-    bool ctx_q = false;
+    rpe::attention_options opt;  // the softmax scale (rpe::attention_options::scale)
 };
 
-// Prepares inputs in place (contiguous, dtype-checked, rescaled) and builds the library's inputs.
+// Prepares inputs in place (contiguous, dtype-checked) and builds the library's inputs and options.
 template <class S>
 attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
     static const char* qkv_names[] = {"q", "k", "v"};
@@ -490,12 +489,15 @@ attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
     const int64_t B = a.q.size(0), H = a.q.size(1), L = a.q.size(2), D = a.q.size(3);
     TORCH_CHECK_VALUE(D >= 1, "[rpe.torch] q has shape ", shape_of(a.q), "; expected D >= 1");
     TORCH_CHECK_VALUE(a.params.size() == 12, "[rpe.torch] params holds ", a.params.size(), " values; expected 12");
-    TORCH_CHECK_VALUE(std::isfinite(a.scale) && a.scale > 0, "[rpe.torch] scale = ", a.scale, "; expected a positive finite number");
     attention_setup<S> s;
-    // The library scales by 1/sqrt(D); another scale multiplies q and the contextual q tables by
-    // the ratio. Python's D**-0.5 may differ from 1/sqrt(D) in the last bit: that is the default.
-    s.ratio = a.scale / (1.0 / std::sqrt(static_cast<double>(D)));
-    if (std::abs(s.ratio - 1.0) <= 4 * std::numeric_limits<double>::epsilon()) s.ratio = 1.0;
+    if (a.scale) {
+        const double scale = *a.scale;
+        TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0, "[rpe.torch] scale = ", scale, "; expected a positive finite number");
+        // Python's D**-0.5 may differ from the library's 1/sqrt(D) in the last bit: within 4 ulp
+        // it is the default (the same results as scale = None).
+        const double ratio = scale * std::sqrt(static_cast<double>(D));
+        if (std::abs(ratio - 1.0) > 4 * std::numeric_limits<double>::epsilon()) s.opt.scale = scale;
+    }
     static const char* slot_names[] = {"tables_q", "tables_k", "tables_v"};
     const rpe::target targets[] = {rpe::target::query, rpe::target::key, rpe::target::value};
     rpe::attention_term<S>* slots[] = {&s.in.rpe_q, &s.in.rpe_k, &s.in.rpe_v};
@@ -515,14 +517,9 @@ attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
                           " (", slot_names[i], "); expected an integer >= 0");
         s.terms[i] = make<S>(a.methods[i], a.modes[i], targets[i], p[0], p[1], p[2], static_cast<int64_t>(p[3]), H, D,
                              tabs[0].size(0) == 1);
-        if (i == 0 && s.terms[i]->contextual() && s.ratio != 1.0) {
-            s.ctx_q = true;
-            for (auto& t : tabs) t = t * s.ratio;
-        }
         slots[i]->term = s.terms[i].get();
         for (const auto& t : tabs) slots[i]->tables.push_back(cref<S>(t));
     }
-    if (s.ratio != 1.0) a.q = a.q * s.ratio;
     s.in.q = sref<S>(a.q);
     s.in.k = sref<S>(a.k);
     s.in.v = sref<S>(a.v);
@@ -564,7 +561,7 @@ std::vector<at::Tensor> attention_forward_impl(attention_args& a, at::ScalarType
     auto s = setup_attention<S>(a, st);
     at::Tensor out = at::empty(a.q.sizes(), a.q.options());  // contiguous (q may be a strided view)
     at::Tensor attn = keep_attn ? at::empty({a.q.size(0), a.q.size(1), a.q.size(2), a.q.size(2)}, a.q.options()) : at::Tensor();
-    rpe::attention_forward<S>(s.in, mref<S>(out), keep_attn ? mref<S>(attn) : rpe::tensor_ref<S>{});
+    rpe::attention_forward<S>(s.in, mref<S>(out), keep_attn ? mref<S>(attn) : rpe::tensor_ref<S>{}, s.opt);
     if (keep_attn) return {out, attn};
     return {out};
 }
@@ -593,23 +590,21 @@ std::vector<at::Tensor> attention_backward_impl(attention_args& a, at::ScalarTyp
                                           .grad_q = mref<S>(gq),
                                           .grad_k = mref<S>(gk),
                                           .grad_v = mref<S>(gv),
-                                          .saved_attn = cref<S>(a.attn)});
+                                          .saved_attn = cref<S>(a.attn)},
+                                   s.opt);
     } else {
-        rpe::attention_backward<S>(s.in, cref<S>(a.grad_out), mref<S>(gq), mref<S>(gk), mref<S>(gv));
+        rpe::attention_backward<S>(s.in, {.grad_out = cref<S>(a.grad_out), .grad_q = mref<S>(gq), .grad_k = mref<S>(gk),
+                                          .grad_v = mref<S>(gv)},
+                                   s.opt);
     }
     if (grad_freqs.defined()) result.push_back(grad_freqs);  // last: the rope frequencies' gradient
-    if (s.ratio != 1.0) {
-        result[0].mul_(s.ratio);
-        if (s.ctx_q)
-            for (std::size_t t = 0; t < a.tables[0].size(); ++t) result[3 + t].mul_(s.ratio);
-    }
     return result;
 }
 
 attention_args make_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk,
                          at::TensorList tv, c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok,
                          c10::string_view mv, c10::string_view ov, at::ArrayRef<double> params, int64_t height, int64_t width,
-                         const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am, double scale,
+                         const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am, c10::optional<double> scale,
                          c10::string_view rope_form, at::ArrayRef<double> rope_params,
                          const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip) {
     attention_args a;
@@ -641,7 +636,7 @@ attention_args make_args(const at::Tensor& q, const at::Tensor& k, const at::Ten
 at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk,
                              at::TensorList tv, c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok,
                              c10::string_view mv, c10::string_view ov, at::ArrayRef<double> params, int64_t height, int64_t width,
-                             const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am, double scale,
+                             const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am, c10::optional<double> scale,
                              c10::string_view rope_form, at::ArrayRef<double> rope_params,
                              const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip) {
     return translating([&] {
@@ -657,7 +652,7 @@ std::vector<at::Tensor> attention_forward_attn(const at::Tensor& q, const at::Te
                                                c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
                                                at::ArrayRef<double> params, int64_t height, int64_t width,
                                                const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
-                                               double scale, c10::string_view rope_form, at::ArrayRef<double> rope_params,
+                                               c10::optional<double> scale, c10::string_view rope_form, at::ArrayRef<double> rope_params,
                                                const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
@@ -672,7 +667,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
                                            c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
                                            at::ArrayRef<double> params, int64_t height, int64_t width,
                                            const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
-                                           double scale, const at::Tensor& grad_out, c10::string_view rope_form,
+                                           c10::optional<double> scale, const at::Tensor& grad_out, c10::string_view rope_form,
                                            at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs,
                                            int64_t rope_skip, const c10::optional<at::Tensor>& attn) {
     return translating([&] {
@@ -988,22 +983,24 @@ TORCH_LIBRARY(rpe, m) {
     m.def("term_backward(Tensor? x, Tensor[] tables, Tensor grad_out, str method, str mode, str target, float alpha, "
           "float beta, float gamma, int skip, int height, int width) -> Tensor[]");
     // The attention step: q, k, v (B, H, L, D) unscaled; method_* "" = no term on that slot;
-    // params: (alpha, beta, gamma, skip) for q, k, v (12 values).
+    // params: (alpha, beta, gamma, skip) for q, k, v (12 values); scale: the softmax scale
+    // (rpe::attention_options::scale, > 0; None = 1/sqrt(D)), applied by the kernels (q·scale
+    // for q·kᵀ and the contextual k term, k·scale for the contextual q term; nothing is copied).
     m.def("attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
           "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
-          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float scale, str rope_form=\"\", "
+          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale=None, str rope_form=\"\", "
           "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0) -> Tensor");
     // [out, attn]: attention_forward that also returns the (B, H, L, L) probabilities, for
     // attention_backward's `attn` (the backward then does not recompute them).
     m.def("attention_forward_attn(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
           "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
-          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float scale, str rope_form=\"\", "
+          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale=None, str rope_form=\"\", "
           "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0) -> Tensor[]");
     // [grad_q, grad_k, grad_v, grad tables of q, then k, then v (, grad_rope_freqs for mixed)];
     // attn: attention_forward_attn's probabilities for the same arguments, or None to recompute.
     m.def("attention_backward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
           "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
-          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float scale, Tensor grad_out, str rope_form=\"\", "
+          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale, Tensor grad_out, str rope_form=\"\", "
           "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, Tensor? attn=None) -> Tensor[]");
     // 2D RoPE of x (B, H, L, D), L = skip + height*width: form axial (params [theta]), mixed
     // (freqs (2, H, D/2)), cat (8 params, see make_rope). Returns the rotated x.

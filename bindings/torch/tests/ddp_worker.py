@@ -1,6 +1,7 @@
-"""Worker of test_ddp.py (and of examples/torch_train_digits.py's checks): trains the digits model A
-through rpe_torch's fused attention under DistributedDataParallel (gloo, CPU), each rank on its
-contiguous share of the same global batches, and saves rank 0's final parameters."""
+"""Workers of test_ddp.py and test_fsdp.py (and of examples/torch_train_digits.py's checks): train
+the digits model A through rpe_torch's fused attention under DistributedDataParallel or FSDP2's
+fully_shard (gloo, CPU), each rank on its contiguous share of the same global batches, and save
+rank 0's final parameters."""
 import os
 
 import torch
@@ -45,5 +46,33 @@ def worker(rank, world, port, steps, batch, out):
         step_all(ddp, ddp.parameters(), steps, batch, rank, world)
         if rank == 0:
             torch.save(model.state_dict(), out)
+    finally:
+        dist.destroy_process_group()
+
+
+def fsdp_worker(rank, world, port, steps, batch, out):
+    """As worker, under FSDP2 (torch.distributed.fsdp.fully_shard on a CPU device mesh, gloo):
+    every block and the root sharded, AdamW on the sharded parameters; rank 0 saves the full
+    (gathered) parameters."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        model, _ = build(rpe_torch, "a", fused=True)
+        model.double().train()
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        from torch.distributed.tensor import DTensor, Shard
+        assert all(isinstance(p, DTensor) and p.placements == (Shard(0),) for p in model.parameters())
+        step_all(model, model.parameters(), steps, batch, rank, world)
+        state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in model.state_dict().items()}
+        if rank == 0:
+            torch.save(state, out)
     finally:
         dist.destroy_process_group()

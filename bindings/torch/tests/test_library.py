@@ -64,6 +64,8 @@ def op_cases():
     cases["attention_forward"] = (ops.attention_forward, attention_args())
     cases["attention_forward[rope_mixed]"] = (ops.attention_forward, attention_args(rope="mixed"))
     cases["attention_forward[rope_axial]"] = (ops.attention_forward, attention_args(rope="axial"))
+    a = attention_args()
+    cases["attention_forward[scale_none]"] = (ops.attention_forward, (*a[:17], None, *a[18:]))  # 1/sqrt(D)
     cases["attention_forward_attn"] = (ops.attention_forward_attn, attention_args())
     a = detached(attention_args(rope="mixed"))
     cases["attention_backward"] = (ops.attention_backward, (*a[:18], rnd(B, H, 7, D, grad=False, seed=10), *a[18:]))
