@@ -197,11 +197,7 @@ rope_table<S> build_mixed_table(const tensor_ref<const S>& freqs, int height, in
                 // float32 as rope-vit (its frequencies are a float parameter; a double S keeps S)
                 // (built at every call: float cos/sin for float, as torch.polar in rope-vit)
                 const std::int64_t f = h * t.pairs + j;
-                S a;
-                if constexpr (std::is_same_v<S, float>)
-                    a = rope::mixed::angle(static_cast<int>(n / width), static_cast<int>(n % width), fx[f], fy[f]);
-                else
-                    a = static_cast<S>(n % width) * fx[f] + static_cast<S>(n / width) * fy[f];
+                const S a = rope::mixed::angle(static_cast<int>(n / width), static_cast<int>(n % width), fx[f], fy[f]);
                 const auto e = static_cast<std::size_t>((h * t.tokens + n) * t.pairs + j);
                 t.cos[e] = std::cos(a);
                 t.sin[e] = std::sin(a);

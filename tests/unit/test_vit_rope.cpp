@@ -262,6 +262,51 @@ TEST_CASE("rope: init_mixed_frequencies is rope-vit's init_random_2d_freqs") {
     CHECK(rpe_test::throws_with([&] { rpe::rope::init_mixed_frequencies(-1.0f, d, angles, out); }, "theta = -1"));
 }
 
+TEST_CASE("rope: RoPE-Mixed angles round each product, then the sum, as rope-vit and timm (no FMA)") {
+    // The sources compute `t_x·fx + t_y·fy` as two float32 products, then their sum. The
+    // reference here: each product in double (exact for an int times a float), rounded once to
+    // float, then the sum in double rounded once (correctly rounded, so equal to float32's
+    // add): no expression that a compiler could contract. The test's own build uses
+    // -march=native, where an unguarded `col*fx + row*fy` becomes an FMA.
+    std::mt19937 gen(2024);
+    std::uniform_real_distribution<float> dist(-1.5f, 1.5f);
+    const int height = 23, width = 31;
+    const std::int64_t heads = 2, pairs = 8;
+    std::vector<float> freqs(static_cast<std::size_t>(2 * heads * pairs));
+    for (auto& f : freqs) f = dist(gen);
+    const rpe::rotary_embedding<float> r{.form = rpe::rope::mixed{}, .freqs = cview(freqs, {2, heads, pairs})};
+    const auto t = rpe::rope_table_of(r, 2 * pairs, height, width);
+    int fused_differs = 0, checked = 0;
+    for (std::int64_t h = 0; h < heads; ++h)
+        for (int row = 0; row < height; ++row)
+            for (int col = 0; col < width; ++col)
+                for (std::int64_t j = 0; j < pairs; ++j) {
+                    const float fx = freqs[static_cast<std::size_t>(h * pairs + j)];
+                    const float fy = freqs[static_cast<std::size_t>((heads + h) * pairs + j)];
+                    const auto px = static_cast<float>(static_cast<double>(col) * static_cast<double>(fx));
+                    const auto py = static_cast<float>(static_cast<double>(row) * static_cast<double>(fy));
+                    const auto expected = static_cast<float>(static_cast<double>(px) + static_cast<double>(py));
+                    const float got = rpe::rope::mixed::angle(row, col, fx, fy);
+                    if (got != expected) {
+                        CAPTURE(row);
+                        CAPTURE(col);
+                        CHECK(got == expected);
+                    }
+                    // the table holds cos/sin of exactly that angle
+                    const auto e = static_cast<std::size_t>(t->at(h, row * width + col) + j);
+                    if (t->cos[e] != std::cos(expected) || t->sin[e] != std::sin(expected)) CHECK(t->cos[e] == std::cos(expected));
+                    fused_differs += std::fma(static_cast<float>(col), fx, py) != expected;
+                    ++checked;
+                }
+    CHECK(checked == heads * height * width * pairs);
+    // the case is one where a fused multiply-add would round differently
+    CHECK(fused_differs > 10);
+    // double: the same two rounded products and rounded sum, in double
+    const double dx = 0.1234567890123, dy = -0.987654321;
+    volatile double qx = 7 * dx, qy = 5 * dy;
+    CHECK(rpe::rope::mixed::angle(5, 7, dx, dy) == qx + qy);
+}
+
 namespace {
 
 // sum(y · g) of rope_forward, in double
