@@ -7,7 +7,7 @@
 #include <doctest/doctest.h>
 #include <rpe/make_term.hpp>
 #include <rpe/rpe.hpp>
-#include <rpe/rotary.hpp>
+#include <rpe/rope/rotary.hpp>
 
 #include <nlohmann/json.hpp>
 

@@ -12,7 +12,7 @@
 
 #include <rpe/backend/cpu/rope.hpp>
 #include <rpe/io/npy.hpp>
-#include <rpe/rotary.hpp>
+#include <rpe/rope/rotary.hpp>
 
 #include "cli.hpp"
 

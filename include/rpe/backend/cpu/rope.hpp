@@ -11,7 +11,7 @@
 
 #include "../../detail/check.hpp"
 #include "../../error.hpp"
-#include "../../rotary.hpp"
+#include "../../rope/rotary.hpp"
 #include "../../tensor.hpp"
 #include "isa.hpp"
 

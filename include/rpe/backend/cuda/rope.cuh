@@ -16,7 +16,7 @@
 #include "../../detail/single_flight.hpp"
 #include "bucket_ids.cuh"
 #include "../../error.hpp"
-#include "../../rotary.hpp"
+#include "../../rope/rotary.hpp"
 #include "../../tensor.hpp"
 #include "error.cuh"
 #include "kernels.cuh"

@@ -1,4 +1,4 @@
-/// @file rotary.hpp
+/// @file rope/rotary.hpp
 /// @brief rpe::rotary_embedding: a 2D rotary position embedding (RoPE) attached to q and k, its
 /// checks and its cos/sin table (backend-neutral; the CPU rotation is backend/cpu/rope.hpp, the
 /// fused attention applies it through rpe::attention_inputs::rope).
@@ -13,16 +13,16 @@
 #include <variant>
 #include <vector>
 
-#include "concepts.hpp"
-#include "detail/check.hpp"
-#include "detail/rope_key.hpp"
-#include "detail/single_flight.hpp"
-#include "error.hpp"
-#include "rope/axial.hpp"
-#include "rope/cat.hpp"
-#include "rope/custom.hpp"
-#include "rope/mixed.hpp"
-#include "tensor.hpp"
+#include "../concepts.hpp"
+#include "../detail/check.hpp"
+#include "../detail/rope_key.hpp"
+#include "../detail/single_flight.hpp"
+#include "../error.hpp"
+#include "axial.hpp"
+#include "cat.hpp"
+#include "custom.hpp"
+#include "mixed.hpp"
+#include "../tensor.hpp"
 
 namespace rpe {
 
