@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <rpe/make_term.hpp>
 #include <rpe/rpe.hpp>
+#include <rpe/rope/dinov3.hpp>
 #include <rpe/rope/rotary.hpp>
 
 #include <nlohmann/json.hpp>
@@ -917,3 +918,58 @@ TEST_CASE("rope: per-token position errors name the parameter and its value") {
     CHECK(rpe_test::throws_with(fwd, "L = 5; expected rope skip + height*width + suffix = 1 + 2*2 + 1"));
 }
 
+TEST_CASE("rope: DINOv3 (rope::dinov3, layout half) against timm's RotaryEmbeddingDinoV3") {
+    for (const char* name : {"dinov3_base100_4x6_skip5", "dinov3_minmax_5x3_max_skip1", "dinov3_aug_3x4_min_skip5"}) {
+        CAPTURE(name);
+        const auto dir = rope_dir(name);
+        const auto m = meta_of(dir);
+        const std::int64_t b = m.at("batch"), h = m.at("heads"), l = m.at("L"), d = m.at("head_dim");
+        const int height = m.at("height"), width = m.at("width"), skip = m.at("skip");
+        const std::vector<std::int64_t> shape{b, h, l, d};
+        rpe::rope::dinov3 p;
+        if (m.contains("base")) {
+            p.base = m.at("base").get<float>();
+        } else {
+            p.min_period = m.at("min_period").get<float>();
+            p.max_period = m.at("max_period").get<float>();
+        }
+        const std::string norm = m.at("normalize");
+        p.normalize = norm == "max" ? rpe::rope::dinov3_normalize::max
+                      : norm == "min" ? rpe::rope::dinov3_normalize::min : rpe::rope::dinov3_normalize::separate;
+        if (m.contains("shift")) {
+            p.shift_y = m.at("shift")[0].get<float>();
+            p.shift_x = m.at("shift")[1].get<float>();
+            p.jitter_y = m.at("jitter")[0].get<float>();
+            p.jitter_x = m.at("jitter")[1].get<float>();
+            p.rescale = m.at("rescale").get<float>();
+        }
+        rpe::rotary_embedding<float> r{.form = rpe::rope::custom{p}, .skip = skip};
+        r.layout = rpe::rope::layout::half;
+        const auto x = load<float>(dir, "x.npy", shape);
+        const auto expected = load<double>(dir, "y.npy", shape);
+        std::vector<float> y(x.size());
+        rpe::rope_forward(r, height, width, cview(x, shape), mview(y, shape));
+        rpe_test::check_close(y, expected, 1e-6, 1e-5, std::string(name) + " y");
+        for (std::int64_t e = 0; e < skip * d; ++e) CHECK(y[static_cast<std::size_t>(e)] == x[static_cast<std::size_t>(e)]);
+        // DINOv3's own coordinates of the grid as per-token positions: the grid's result exactly
+        if (!m.contains("shift")) {
+            const auto pos = load<float>(dir, "positions.npy", {height * width, 2});
+            auto rp = r;
+            rp.positions = cview(pos, {height * width, 2});
+            std::vector<float> yp(x.size());
+            rpe::rope_forward(rp, 1, 1, cview(x, shape), mview(yp, shape));
+            CHECK(yp == y);
+        }
+    }
+    // errors name the parameter and its value
+    auto invalid = [](rpe::rope::dinov3 p) { return [p] { p.validate(); }; };
+    CHECK(rpe_test::throws_with(invalid({.base = -1.0f}), "[rpe.rope] base = -1; expected finite and > 0"));
+    CHECK(rpe_test::throws_with(invalid({.min_period = 2.0f}), "min_period, max_period = 2, 0"));
+    CHECK(rpe_test::throws_with(invalid({.rescale = 0.0f}), "rescale = 0; expected finite and > 0"));
+    CHECK(rpe_test::throws_with(invalid({.jitter_y = -1.0f}), "jitter = -1, 1"));
+    // the parameters are the table cache's key: another shift is another table
+    const rpe::rotary_embedding<float> a{.form = rpe::rope::custom{rpe::rope::dinov3{}}};
+    const rpe::rotary_embedding<float> c{.form = rpe::rope::custom{rpe::rope::dinov3{.shift_y = 0.25f}}};
+    CHECK(rpe::rope_table_of(a, 8, 2, 2).get() != rpe::rope_table_of(c, 8, 2, 2).get());
+    CHECK(rpe::rope_table_of(a, 8, 2, 2)->cos != rpe::rope_table_of(c, 8, 2, 2)->cos);
+}
