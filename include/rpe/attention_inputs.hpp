@@ -25,7 +25,7 @@
 #include "detail/validate.hpp"
 #include "error.hpp"
 #include "mode.hpp"
-#include "rotary.hpp"
+#include "rope/rotary.hpp"
 #include "tensor.hpp"
 #include "term_desc.hpp"
 

@@ -16,7 +16,7 @@
 
 #include "bucket_cache.hpp"
 #include "detail/single_flight.hpp"
-#include "rotary.hpp"
+#include "rope/rotary.hpp"
 
 namespace rpe {
 

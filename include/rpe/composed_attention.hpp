@@ -83,8 +83,8 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
     if (in.rope.enabled()) {  // RoPE: rotate q and k (rpe::rope_forward), then the same step without it
         std::vector<S> qr(static_cast<std::size_t>(in.q.size())), kr(qr.size());
         const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
-        rope_forward(in.rope, in.height, in.width, in.q, tensor_ref<S>(qr.data(), shape));
-        rope_forward(in.rope, in.height, in.width, in.k, tensor_ref<S>(kr.data(), shape));
+        rope_forward(query_rope(in.rope), in.height, in.width, in.q, tensor_ref<S>(qr.data(), shape));
+        rope_forward(key_rope(in.rope), in.height, in.width, in.k, tensor_ref<S>(kr.data(), shape));
         attention_inputs<S> rotated = in;
         rotated.rope = {};
         rotated.q = tensor_ref<const S>(qr.data(), shape);
@@ -155,15 +155,15 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
     if (in.rope.enabled()) {  // RoPE: the step on rotated q, k, then rpe::rope_backward of both
         const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
         std::vector<S> qr(static_cast<std::size_t>(in.q.size())), kr(qr.size()), gq(qr.size()), gk(qr.size());
-        rope_forward(in.rope, in.height, in.width, in.q, tensor_ref<S>(qr.data(), shape));
-        rope_forward(in.rope, in.height, in.width, in.k, tensor_ref<S>(kr.data(), shape));
+        rope_forward(query_rope(in.rope), in.height, in.width, in.q, tensor_ref<S>(qr.data(), shape));
+        rope_forward(key_rope(in.rope), in.height, in.width, in.k, tensor_ref<S>(kr.data(), shape));
         attention_inputs<S> rotated = in;
         rotated.rope = {};
         rotated.q = tensor_ref<const S>(qr.data(), shape);
         rotated.k = tensor_ref<const S>(kr.data(), shape);
         composed_attention_backward(rotated, attn, grad_out, tensor_ref<S>(gq.data(), shape), tensor_ref<S>(gk.data(), shape),
                                     grad_v);
-        auto r = in.rope;
+        auto r = query_rope(in.rope);
         std::vector<S> fq, fk;
         if (r.grad_freqs.data) {
             fq.resize(static_cast<std::size_t>(r.grad_freqs.size()));
@@ -171,6 +171,7 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
             r.grad_freqs.data = fq.data();
         }
         rope_backward(r, in.height, in.width, in.q, tensor_ref<const S>(gq.data(), shape), grad_q);
+        r = key_rope(in.rope);
         if (r.grad_freqs.data) r.grad_freqs.data = fk.data();
         rope_backward(r, in.height, in.width, in.k, tensor_ref<const S>(gk.data(), shape), grad_k);
         for (std::size_t e = 0; e < fq.size(); ++e) in.rope.grad_freqs.data[e] = fq[e] + fk[e];

@@ -34,7 +34,7 @@
 #include "rope/axial.hpp"
 #include "rope/cat.hpp"
 #include "rope/mixed.hpp"
-#include "rotary.hpp"
+#include "rope/rotary.hpp"
 #include "tensor.hpp"
 #include "term_desc.hpp"
 #include "term_fwd.hpp"

@@ -39,7 +39,7 @@
 #include "rope/axial.hpp"
 #include "rope/cat.hpp"
 #include "rope/mixed.hpp"
-#include "rotary.hpp"
+#include "rope/rotary.hpp"
 #include "tensor.hpp"
 #include "term.hpp"
 #include "vit/alibi_2d.hpp"

@@ -7,7 +7,8 @@
 #include <doctest/doctest.h>
 #include <rpe/make_term.hpp>
 #include <rpe/rpe.hpp>
-#include <rpe/rotary.hpp>
+#include <rpe/rope/dinov3.hpp>
+#include <rpe/rope/rotary.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -104,6 +105,22 @@ TEST_CASE_TEMPLATE("rope: golden rotation, table and gradients (rope-vit, timm)"
         rpe::rope_backward(r, height, width, cview(x, shape), cview(gy, shape), mview(gx, shape));
         rpe_test::check_close(gx, load<double>(dir, "grad_x.npy"), atol, rtol, std::string(name) + " grad_x");
         if (mixed) rpe_test::check_close(gf, load<double>(dir, "grad_freqs.npy"), 1e-4, 1e-4, std::string(name) + " grad_freqs");
+    }
+}
+
+TEST_CASE("rope: layout half against timm's rotate-half (apply_rot_embed_cat, half=True)") {
+    for (const char* name : {"axial_t100_3x4_skip1_half", "cat_eva02_3x4_ref2x3_skip1_half"}) {
+        CAPTURE(name);
+        const auto dir = rope_dir(name);
+        const auto m = meta_of(dir);
+        const std::int64_t b = m.at("batch"), h = m.at("heads"), l = m.at("L"), d = m.at("head_dim");
+        const std::vector<std::int64_t> shape{b, h, l, d};
+        auto r = embedding_of<float>(m, {});
+        r.layout = rpe::rope::layout::half;
+        const auto x = load<float>(dir, "x.npy", shape);
+        std::vector<float> y(x.size());
+        rpe::rope_forward(r, m.at("height").get<int>(), m.at("width").get<int>(), cview(x, shape), mview(y, shape));
+        rpe_test::check_close(y, load<double>(dir, "y.npy"), 2e-5, 2e-5, std::string(name) + " y");
     }
 }
 
@@ -262,6 +279,51 @@ TEST_CASE("rope: init_mixed_frequencies is rope-vit's init_random_2d_freqs") {
     CHECK(rpe_test::throws_with([&] { rpe::rope::init_mixed_frequencies(-1.0f, d, angles, out); }, "theta = -1"));
 }
 
+TEST_CASE("rope: RoPE-Mixed angles round each product, then the sum, as rope-vit and timm (no FMA)") {
+    // The sources compute `t_x·fx + t_y·fy` as two float32 products, then their sum. The
+    // reference here: each product in double (exact for an int times a float), rounded once to
+    // float, then the sum in double rounded once (correctly rounded, so equal to float32's
+    // add): no expression that a compiler could contract. The test's own build uses
+    // -march=native, where an unguarded `col*fx + row*fy` becomes an FMA.
+    std::mt19937 gen(2024);
+    std::uniform_real_distribution<float> dist(-1.5f, 1.5f);
+    const int height = 23, width = 31;
+    const std::int64_t heads = 2, pairs = 8;
+    std::vector<float> freqs(static_cast<std::size_t>(2 * heads * pairs));
+    for (auto& f : freqs) f = dist(gen);
+    const rpe::rotary_embedding<float> r{.form = rpe::rope::mixed{}, .freqs = cview(freqs, {2, heads, pairs})};
+    const auto t = rpe::rope_table_of(r, 2 * pairs, height, width);
+    int fused_differs = 0, checked = 0;
+    for (std::int64_t h = 0; h < heads; ++h)
+        for (int row = 0; row < height; ++row)
+            for (int col = 0; col < width; ++col)
+                for (std::int64_t j = 0; j < pairs; ++j) {
+                    const float fx = freqs[static_cast<std::size_t>(h * pairs + j)];
+                    const float fy = freqs[static_cast<std::size_t>((heads + h) * pairs + j)];
+                    const auto px = static_cast<float>(static_cast<double>(col) * static_cast<double>(fx));
+                    const auto py = static_cast<float>(static_cast<double>(row) * static_cast<double>(fy));
+                    const auto expected = static_cast<float>(static_cast<double>(px) + static_cast<double>(py));
+                    const float got = rpe::rope::mixed::angle(row, col, fx, fy);
+                    if (got != expected) {
+                        CAPTURE(row);
+                        CAPTURE(col);
+                        CHECK(got == expected);
+                    }
+                    // the table holds cos/sin of exactly that angle
+                    const auto e = static_cast<std::size_t>(t->at(h, row * width + col) + j);
+                    if (t->cos[e] != std::cos(expected) || t->sin[e] != std::sin(expected)) CHECK(t->cos[e] == std::cos(expected));
+                    fused_differs += std::fma(static_cast<float>(col), fx, py) != expected;
+                    ++checked;
+                }
+    CHECK(checked == heads * height * width * pairs);
+    // the case is one where a fused multiply-add would round differently
+    CHECK(fused_differs > 10);
+    // double: the same two rounded products and rounded sum, in double
+    const double dx = 0.1234567890123, dy = -0.987654321;
+    volatile double qx = 7 * dx, qy = 5 * dy;
+    CHECK(rpe::rope::mixed::angle(5, 7, dx, dy) == qx + qy);
+}
+
 namespace {
 
 // sum(y · g) of rope_forward, in double
@@ -287,8 +349,11 @@ TEST_CASE("rope: finite-difference gradients of the rotation (x and the mixed fr
     forms[0].form = rpe::rope::axial{.theta = 100.0f};
     forms[1].form = rpe::rope::mixed{};
     forms[2].form = rpe::rope::cat{.ref_height = 2, .ref_width = 4};
-    for (auto& r : forms) {
+    for (int f = 0; f < 6; ++f) {
+        auto& r = forms[f % 3];
+        r.layout = f < 3 ? rpe::rope::layout::pairs : rpe::rope::layout::half;
         CAPTURE(r.form.index());
+        CAPTURE(rpe::rope::layout_name(r.layout));
         r.skip = skip;
         if (r.is_mixed()) r.freqs = cview(freqs, {2, h, d / 2});
         std::vector<double> gx(x.size()), gf(freqs.size());
@@ -427,22 +492,99 @@ rope_results<S> run_rope(rope_problem<S>& p, bool fused, std::int64_t row_block)
 
 }  // namespace
 
+TEST_CASE_TEMPLATE("rope: layout half is layout pairs on permuted channels, exactly (forward, backward, fused)", S, float, double) {
+    // half pairs channel j with j + D/2; pairs pairs 2j with 2j+1. Moving channel 2j to j and
+    // 2j+1 to j + D/2 turns one into the other, the same arithmetic on the same values.
+    const int height = 3, width = 4, skip = 2;
+    const std::int64_t b = 2, h = 3, d = 12, pairs = d / 2, l = skip + height * width;
+    const std::vector<std::int64_t> shape{b, h, l, d};
+    auto permute = [](const std::vector<S>& v, std::int64_t dd = 12) {  // pairs order -> half order, per row of dd
+        std::vector<S> o(v.size());
+        const std::int64_t np = dd / 2, rows = static_cast<std::int64_t>(v.size()) / dd;
+        for (std::int64_t row = 0; row < rows; ++row)
+            for (std::int64_t j = 0; j < np; ++j) {
+                o[static_cast<std::size_t>(row * dd + j)] = v[static_cast<std::size_t>(row * dd + 2 * j)];
+                o[static_cast<std::size_t>(row * dd + j + np)] = v[static_cast<std::size_t>(row * dd + 2 * j + 1)];
+            }
+        return o;
+    };
+    const auto x = random_normal<S>(static_cast<std::size_t>(b * h * l * d), 31);
+    const auto g = random_normal<S>(x.size(), 32);
+    const auto freqs = random_normal<S>(static_cast<std::size_t>(2 * h * pairs), 33, 0.7);
+    const auto xh = permute(x), gh = permute(g);
+    rpe::rope_form forms[] = {rpe::rope::axial{.theta = 100.0f}, rpe::rope::mixed{}, rpe::rope::cat{.ref_height = 2, .ref_width = 2},
+                              rpe::rope::cat{.in_pixels = true, .max_res = 32.0f}};
+    for (const auto& form : forms) {
+        CAPTURE(form.index());
+        rpe::rotary_embedding<S> rp{.form = form, .skip = skip};
+        if (rp.is_mixed()) rp.freqs = cview(freqs, {2, h, pairs});
+        auto rh = rp;
+        rh.layout = rpe::rope::layout::half;
+        std::vector<S> yp(x.size()), yh(x.size()), gxp(x.size()), gxh(x.size()), gfp(freqs.size()), gfh(freqs.size());
+        rpe::rope_forward(rp, height, width, cview(x, shape), mview(yp, shape));
+        rpe::rope_forward(rh, height, width, cview(xh, shape), mview(yh, shape));
+        CHECK(yh == permute(yp));
+        CHECK(yh != xh);
+        if (rp.is_mixed()) {
+            rp.grad_freqs = mview(gfp, {2, h, pairs});
+            rh.grad_freqs = mview(gfh, {2, h, pairs});
+        }
+        rpe::rope_backward(rp, height, width, cview(x, shape), cview(g, shape), mview(gxp, shape));
+        rpe::rope_backward(rh, height, width, cview(xh, shape), cview(gh, shape), mview(gxh, shape));
+        CHECK(gxh == permute(gxp));
+        if (rp.is_mixed()) CHECK(gfh == gfp);
+        // the tables: the same cos/sin, cached apart, each recording its layout
+        const auto tp = rpe::rope_table_of(rp, d, height, width), th = rpe::rope_table_of(rh, d, height, width);
+        CHECK(tp->cos == th->cos);
+        CHECK(tp->layout == rpe::rope::layout::pairs);
+        CHECK(th->layout == rpe::rope::layout::half);
+        if (!rp.is_mixed()) {
+            CHECK(tp.get() != th.get());
+            CHECK(rpe::rope_table_of(rh, d, height, width).get() == th.get());
+        }
+    }
+    // the fused attention: half on permuted q, k equals pairs (the dot products sum the
+    // channels in another order: equal to rounding)
+    const double tol = std::is_same_v<S, float> ? 1e-5 : 1e-12;
+    for (int form = 0; form < 3; ++form) {
+        CAPTURE(form);
+        rope_problem<S> p(form, false, 300 + static_cast<unsigned>(form));
+        const auto shp = p.shape();
+        std::vector<S> op(p.q.size()), oh(p.q.size());
+        rpe::attention_forward(p.in, mview(op, shp));
+        auto in = p.in;
+        const auto qh = permute(p.q, p.d), kh = permute(p.k, p.d);
+        in.q = cview(qh, shp);
+        in.k = cview(kh, shp);
+        in.rope.layout = rpe::rope::layout::half;
+        rpe::attention_forward(in, mview(oh, shp));
+        CHECK(rpe_test::max_abs_diff(op, oh) < tol);
+    }
+    // a value outside the enumeration is refused, naming it
+    rpe::rotary_embedding<S> bad{.form = rpe::rope::axial{}, .skip = skip};
+    bad.layout = static_cast<rpe::rope::layout>(7);
+    std::vector<S> y(x.size());
+    CHECK(rpe_test::throws_with([&] { rpe::rope_forward(bad, height, width, cview(x, shape), mview(y, shape)); },
+                                "[rpe.rope] rope layout = 7; expected rope::layout::pairs or rope::layout::half"));
+}
+
 TEST_CASE_TEMPLATE("rope: fused attention equals rotate-then-attend (alone and with iRPE q, k, v terms)", S, float, double) {
     const double tol = std::is_same_v<S, float> ? 2e-4 : 1e-10;
-    for (int form = 0; form < 3; ++form)
+    for (int form = 0; form < 6; ++form)
         for (bool irpe : {false, true})
             for (std::int64_t rb : {0, 5}) {
                 CAPTURE(form);
                 CAPTURE(irpe);
                 CAPTURE(rb);
-                rope_problem<S> p(form, irpe, 100 + static_cast<unsigned>(form));
+                rope_problem<S> p(form % 3, irpe, 100 + static_cast<unsigned>(form));
+                if (form >= 3) p.in.rope.layout = rpe::rope::layout::half;
                 const auto f = run_rope(p, true, rb);
                 const auto c = run_rope(p, false, 0);
                 CHECK(rpe_test::max_abs_diff(f.out, c.out) < tol);
                 CHECK(rpe_test::max_abs_diff(f.gq, c.gq) < tol);
                 CHECK(rpe_test::max_abs_diff(f.gk, c.gk) < tol);
                 CHECK(rpe_test::max_abs_diff(f.gv, c.gv) < tol);
-                if (form == 1) CHECK(rpe_test::max_abs_diff(f.gf, c.gf) < 10 * tol);
+                if (form % 3 == 1) CHECK(rpe_test::max_abs_diff(f.gf, c.gf) < 10 * tol);
                 for (std::size_t t = 0; t < f.gt.size(); ++t) CHECK(rpe_test::max_abs_diff(f.gt[t], c.gt[t]) < 10 * tol);
             }
 }
@@ -575,4 +717,259 @@ TEST_CASE("rope: fused results (mixed frequency gradient included) do not depend
 #else
     MESSAGE("built without OpenMP: one thread only");
 #endif
+}
+
+namespace {
+
+// (N, 2) positions (row, col) of a height × width grid, row-major, `times` over.
+std::vector<float> grid_positions(int height, int width, int times = 1) {
+    std::vector<float> p;
+    for (int t = 0; t < times; ++t)
+        for (int i = 0; i < height * width; ++i) {
+            p.push_back(static_cast<float>(i / width));
+            p.push_back(static_cast<float>(i % width));
+        }
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("rope: per-token positions equal to the grid give exactly the grid result", S, float, double) {
+    const int height = 3, width = 4, skip = 1;
+    const std::int64_t b = 2, h = 2, d = 8, pairs = d / 2, n = height * width, l = skip + n;
+    const std::vector<std::int64_t> shape{b, h, l, d};
+    const auto x = random_normal<S>(static_cast<std::size_t>(b * h * l * d), 41);
+    const auto g = random_normal<S>(x.size(), 42);
+    const auto freqs = random_normal<S>(static_cast<std::size_t>(2 * h * pairs), 43, 0.7);
+    const auto pos = grid_positions(height, width);
+    rpe::rope_form forms[] = {rpe::rope::axial{.theta = 100.0f}, rpe::rope::mixed{}, rpe::rope::cat{}};
+    for (int f = 0; f < 6; ++f) {
+        rpe::rotary_embedding<S> rg{.form = forms[f % 3], .skip = skip};
+        rg.layout = f < 3 ? rpe::rope::layout::pairs : rpe::rope::layout::half;
+        CAPTURE(f);
+        if (rg.is_mixed()) rg.freqs = cview(freqs, {2, h, pairs});
+        auto rp = rg;
+        rp.positions = cview(pos, {n, 2});
+        std::vector<S> yg(x.size()), yp(x.size()), gxg(x.size()), gxp(x.size()), gfg(freqs.size()), gfp(freqs.size());
+        rpe::rope_forward(rg, height, width, cview(x, shape), mview(yg, shape));
+        rpe::rope_forward(rp, height, width, cview(x, shape), mview(yp, shape));
+        CHECK(yp == yg);
+        if (rg.is_mixed()) {
+            rg.grad_freqs = mview(gfg, {2, h, pairs});
+            rp.grad_freqs = mview(gfp, {2, h, pairs});
+        }
+        rpe::rope_backward(rg, height, width, cview(x, shape), cview(g, shape), mview(gxg, shape));
+        rpe::rope_backward(rp, height, width, cview(x, shape), cview(g, shape), mview(gxp, shape));
+        CHECK(gxp == gxg);
+        CHECK(gfp == gfg);
+        // the fused attention, queries and keys at the grid's positions
+        rope_problem<S> p(f % 3, true, 500 + static_cast<unsigned>(f));
+        p.in.rope.layout = rg.layout;
+        if (f % 3 == 2) p.in.rope.form = rpe::rope::cat{};  // coordinates = indices (no reference grid)
+        const auto pp = grid_positions(p.height, p.width);
+        const auto grid = run_rope(p, true, 5);
+        p.in.rope.positions = cview(pp, {p.height * p.width, 2});
+        p.in.rope.key_positions = cview(pp, {p.height * p.width, 2});
+        const auto at = run_rope(p, true, 5);
+        // the rotation is the same bit for bit (above); the fused forward's output agrees to
+        // rounding (double: not bitwise, the gradients are)
+        CHECK(rpe_test::max_abs_diff(at.out, grid.out) < (std::is_same_v<S, float> ? 1e-6 : 1e-14));
+        CHECK(at.gq == grid.gq);
+        CHECK(at.gk == grid.gk);
+        CHECK(at.gv == grid.gv);
+        // the keys' frequency gradient is summed apart, then added: equal to rounding
+        if (f % 3 == 1) CHECK(rpe_test::max_abs_diff(at.gf, grid.gf) < (std::is_same_v<S, float> ? 1e-4 : 1e-12));
+    }
+}
+
+TEST_CASE("rope: SAM2-style keys: the query grid repeated twice, then unrotated memory tokens") {
+    // SAM2's memory attention rotates the keys of two memory frames at the same grid positions
+    // and leaves the trailing object-pointer tokens unrotated (axial RoPE, θ = 10000).
+    const int height = 2, width = 3, suffix = 4;
+    const std::int64_t b = 1, h = 2, d = 8, n = height * width, lk = 2 * n + suffix;
+    const std::vector<std::int64_t> shape{b, h, lk, d}, half_shape{b, h, n, d};
+    const auto k = random_normal<double>(static_cast<std::size_t>(b * h * lk * d), 51);
+    const auto pos = grid_positions(height, width, 2);
+    for (auto lay : {rpe::rope::layout::pairs, rpe::rope::layout::half}) {
+        rpe::rotary_embedding<double> r{.form = rpe::rope::axial{.theta = 10000.0f}};
+        r.layout = lay;
+        r.positions = cview(pos, {2 * n, 2});
+        r.suffix = suffix;
+        std::vector<double> y(k.size());
+        rpe::rope_forward(r, 1, 1, cview(k, shape), mview(y, shape));
+        // each frame as the grid's rotation of that frame alone
+        rpe::rotary_embedding<double> grid{.form = r.form};
+        grid.layout = lay;
+        for (std::int64_t frame = 0; frame < 2; ++frame) {
+            std::vector<double> part(static_cast<std::size_t>(b * h * n * d)), rotated(part.size());
+            for (std::int64_t p = 0; p < b * h; ++p)
+                for (std::int64_t e = 0; e < n * d; ++e) part[p * n * d + e] = k[p * lk * d + frame * n * d + e];
+            rpe::rope_forward(grid, height, width, cview(part, half_shape), mview(rotated, half_shape));
+            for (std::int64_t p = 0; p < b * h; ++p)
+                for (std::int64_t e = 0; e < n * d; ++e)
+                    if (y[p * lk * d + frame * n * d + e] != rotated[p * n * d + e]) CHECK(y[p * lk * d + frame * n * d + e] == rotated[p * n * d + e]);
+        }
+        // the suffix is copied
+        for (std::int64_t p = 0; p < b * h; ++p)
+            for (std::int64_t e = 2 * n * d; e < lk * d; ++e) CHECK(y[p * lk * d + e] == k[p * lk * d + e]);
+        // and the backward's transpose rotation leaves it alone too
+        std::vector<double> gx(k.size());
+        rpe::rope_backward(r, 1, 1, cview(k, shape), cview(k, shape), mview(gx, shape));
+        for (std::int64_t p = 0; p < b * h; ++p)
+            for (std::int64_t e = 2 * n * d; e < lk * d; ++e) CHECK(gx[p * lk * d + e] == k[p * lk * d + e]);
+    }
+}
+
+TEST_CASE("rope: finite-difference gradients at real positions, with a suffix and other key positions") {
+    const int skip = 1, suffix = 2;
+    const std::int64_t b = 2, h = 2, d = 8, n = 5, l = skip + n + suffix;
+    const std::vector<std::int64_t> shape{b, h, l, d};
+    auto x = random_normal<double>(static_cast<std::size_t>(b * h * l * d), 61);
+    const auto g = random_normal<double>(x.size(), 62);
+    auto freqs = random_normal<double>(static_cast<std::size_t>(2 * h * d / 2), 63, 0.7);
+    const auto pos = random_normal<float>(static_cast<std::size_t>(2 * n), 64, 1.5);  // DINOv3-like real coordinates
+    rpe::rope_form forms[] = {rpe::rope::axial{.theta = 100.0f}, rpe::rope::mixed{}, rpe::rope::cat{}};
+    for (int f = 0; f < 6; ++f) {
+        CAPTURE(f);
+        rpe::rotary_embedding<double> r{.form = forms[f % 3], .skip = skip};
+        r.layout = f < 3 ? rpe::rope::layout::pairs : rpe::rope::layout::half;
+        r.positions = cview(pos, {n, 2});
+        r.suffix = suffix;
+        if (r.is_mixed()) r.freqs = cview(freqs, {2, h, d / 2});
+        std::vector<double> gx(x.size()), gf(freqs.size());
+        auto rb = r;
+        if (r.is_mixed()) rb.grad_freqs = mview(gf, {2, h, d / 2});
+        rpe::rope_backward(rb, 1, 1, cview(x, shape), cview(g, shape), mview(gx, shape));
+        const double eps = 1e-6;
+        auto objective = [&] {
+            std::vector<double> y(x.size());
+            rpe::rope_forward(r, 1, 1, cview(x, shape), mview(y, shape));
+            double s = 0;
+            for (std::size_t i = 0; i < y.size(); ++i) s += y[i] * g[i];
+            return s;
+        };
+        for (std::size_t i = 0; i < x.size(); i += 5) {
+            const double x0 = x[i];
+            x[i] = x0 + eps;
+            const double fp = objective();
+            x[i] = x0 - eps;
+            const double fm = objective();
+            x[i] = x0;
+            CHECK(gx[i] == doctest::Approx((fp - fm) / (2 * eps)).epsilon(1e-6));
+        }
+        if (!r.is_mixed()) continue;
+        for (std::size_t i = 0; i < freqs.size(); ++i) {
+            const double f0 = freqs[i];
+            freqs[i] = f0 + eps;
+            const double fp = objective();
+            freqs[i] = f0 - eps;
+            const double fm = objective();
+            freqs[i] = f0;
+            CHECK(gf[i] == doctest::Approx((fp - fm) / (2 * eps)).epsilon(1e-6));
+        }
+    }
+    // the fused attention with keys at other positions than the queries equals the composed
+    // reference (rotate q at positions, k at key_positions, attend), gradients included
+    for (int form = 0; form < 3; ++form) {
+        CAPTURE(form);
+        rope_problem<double> p(form, true, 700 + static_cast<unsigned>(form));
+        const std::int64_t rot = p.height * p.width;
+        const auto qp = random_normal<float>(static_cast<std::size_t>(2 * rot), 71, 2.0);
+        const auto kp = random_normal<float>(static_cast<std::size_t>(2 * rot), 72, 2.0);
+        p.in.rope.positions = cview(qp, {rot, 2});
+        p.in.rope.key_positions = cview(kp, {rot, 2});
+        const auto fused = run_rope(p, true, 5);
+        const auto composed = run_rope(p, false, 0);
+        CHECK(rpe_test::max_abs_diff(fused.out, composed.out) < 1e-10);
+        CHECK(rpe_test::max_abs_diff(fused.gq, composed.gq) < 1e-10);
+        CHECK(rpe_test::max_abs_diff(fused.gk, composed.gk) < 1e-10);
+        if (form == 1) CHECK(rpe_test::max_abs_diff(fused.gf, composed.gf) < 1e-9);
+        // and the keys' positions matter
+        p.in.rope.key_positions = {};
+        CHECK(rpe_test::max_abs_diff(run_rope(p, true, 5).out, fused.out) > 1e-3);
+    }
+}
+
+TEST_CASE("rope: per-token position errors name the parameter and its value") {
+    const std::int64_t b = 1, h = 1, d = 8, n = 4, l = 1 + n;
+    const std::vector<std::int64_t> shape{b, h, l, d};
+    const auto x = random_normal<float>(static_cast<std::size_t>(b * h * l * d), 81);
+    std::vector<float> y(x.size());
+    std::vector<float> pos(static_cast<std::size_t>(3 * n), 0.5f);
+    rpe::rotary_embedding<float> r{.form = rpe::rope::axial{}, .skip = 1};
+    auto fwd = [&] { rpe::rope_forward(r, 2, 2, cview(x, shape), mview(y, shape)); };
+    r.positions = cview(pos, {n, 3});
+    CHECK(rpe_test::throws_with(fwd, "[rpe.rope] rope positions has shape (4, 3); expected 2 axes (row, col)"));
+    r.positions = cview(pos, {n - 1, 2});
+    CHECK(rpe_test::throws_with(fwd, "rope positions"));
+    r.positions = cview(pos, {n, 2});
+    pos[3] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(rpe_test::throws_with(fwd, "rope positions[1, 1] = nan; expected finite"));
+    pos[3] = 0.0f;
+    fwd();  // well-formed
+    r.suffix = -2;
+    CHECK(rpe_test::throws_with(fwd, "rope suffix = -2; expected >= 0"));
+    r.suffix = 0;
+    r.key_positions = cview(pos, {n, 2});
+    CHECK(rpe_test::throws_with(fwd, "rope key_positions is given to a standalone rotation"));
+    r.key_positions = {};
+    r.positions = {};
+    r.suffix = 1;  // L = 5 = 1 + 2*2 + 1 needs a 2x2 grid minus a token
+    CHECK(rpe_test::throws_with(fwd, "L = 5; expected rope skip + height*width + suffix = 1 + 2*2 + 1"));
+}
+
+TEST_CASE("rope: DINOv3 (rope::dinov3, layout half) against timm's RotaryEmbeddingDinoV3") {
+    for (const char* name : {"dinov3_base100_4x6_skip5", "dinov3_minmax_5x3_max_skip1", "dinov3_aug_3x4_min_skip5"}) {
+        CAPTURE(name);
+        const auto dir = rope_dir(name);
+        const auto m = meta_of(dir);
+        const std::int64_t b = m.at("batch"), h = m.at("heads"), l = m.at("L"), d = m.at("head_dim");
+        const int height = m.at("height"), width = m.at("width"), skip = m.at("skip");
+        const std::vector<std::int64_t> shape{b, h, l, d};
+        rpe::rope::dinov3 p;
+        if (m.contains("base")) {
+            p.base = m.at("base").get<float>();
+        } else {
+            p.min_period = m.at("min_period").get<float>();
+            p.max_period = m.at("max_period").get<float>();
+        }
+        const std::string norm = m.at("normalize");
+        p.normalize = norm == "max" ? rpe::rope::dinov3_normalize::max
+                      : norm == "min" ? rpe::rope::dinov3_normalize::min : rpe::rope::dinov3_normalize::separate;
+        if (m.contains("shift")) {
+            p.shift_y = m.at("shift")[0].get<float>();
+            p.shift_x = m.at("shift")[1].get<float>();
+            p.jitter_y = m.at("jitter")[0].get<float>();
+            p.jitter_x = m.at("jitter")[1].get<float>();
+            p.rescale = m.at("rescale").get<float>();
+        }
+        rpe::rotary_embedding<float> r{.form = rpe::rope::custom{p}, .skip = skip};
+        r.layout = rpe::rope::layout::half;
+        const auto x = load<float>(dir, "x.npy", shape);
+        const auto expected = load<double>(dir, "y.npy", shape);
+        std::vector<float> y(x.size());
+        rpe::rope_forward(r, height, width, cview(x, shape), mview(y, shape));
+        rpe_test::check_close(y, expected, 1e-6, 1e-5, std::string(name) + " y");
+        for (std::int64_t e = 0; e < skip * d; ++e) CHECK(y[static_cast<std::size_t>(e)] == x[static_cast<std::size_t>(e)]);
+        // DINOv3's own coordinates of the grid as per-token positions: the grid's result exactly
+        if (!m.contains("shift")) {
+            const auto pos = load<float>(dir, "positions.npy", {height * width, 2});
+            auto rp = r;
+            rp.positions = cview(pos, {height * width, 2});
+            std::vector<float> yp(x.size());
+            rpe::rope_forward(rp, 1, 1, cview(x, shape), mview(yp, shape));
+            CHECK(yp == y);
+        }
+    }
+    // errors name the parameter and its value
+    auto invalid = [](rpe::rope::dinov3 p) { return [p] { p.validate(); }; };
+    CHECK(rpe_test::throws_with(invalid({.base = -1.0f}), "[rpe.rope] base = -1; expected finite and > 0"));
+    CHECK(rpe_test::throws_with(invalid({.min_period = 2.0f}), "min_period, max_period = 2, 0"));
+    CHECK(rpe_test::throws_with(invalid({.rescale = 0.0f}), "rescale = 0; expected finite and > 0"));
+    CHECK(rpe_test::throws_with(invalid({.jitter_y = -1.0f}), "jitter = -1, 1"));
+    // the parameters are the table cache's key: another shift is another table
+    const rpe::rotary_embedding<float> a{.form = rpe::rope::custom{rpe::rope::dinov3{}}};
+    const rpe::rotary_embedding<float> c{.form = rpe::rope::custom{rpe::rope::dinov3{.shift_y = 0.25f}}};
+    CHECK(rpe::rope_table_of(a, 8, 2, 2).get() != rpe::rope_table_of(c, 8, 2, 2).get());
+    CHECK(rpe::rope_table_of(a, 8, 2, 2)->cos != rpe::rope_table_of(c, 8, 2, 2)->cos);
 }

@@ -138,8 +138,10 @@ int run_term(const mapping_config& m, const term_options& o);
 /// Options of `rpe rope` (defaults: rope-vit's RoPE-Axial θ = 100; for cat, EVA-02's
 /// configuration: temperature 10000, integer coordinates, 'ij').
 struct rope_options {
-    std::string form = "axial", grid, input, out, expect, freqs, ref_grid;
-    int skip = 0;
+    std::string form = "axial", grid, input, out, expect, freqs, ref_grid, layout, positions;
+    std::string normalize = "separate", shift = "0,0", jitter = "1,1";  // dinov3
+    int skip = 0, suffix = 0;
+    double base = 100.0, min_period = 0.0, max_period = 0.0, rescale = 1.0;  // dinov3
     double theta = 100.0, temperature = 10000.0, max_res = 224.0, grid_offset = 0.0;
     bool in_pixels = false, linear_bands = false, xy = false;
     double atol = 1e-5, rtol = 1e-4;

@@ -4,7 +4,7 @@
 //   rpe show    --mapping product --grid 14x14 --query 7,7 [--png out.png] [--all]
 //   rpe term    --mapping product --mode contextual --target k --grid 5x9 --skip 1
 //               --table t.npy --input x.npy --out y.npy [--expect ref.npy]
-//   rpe rope    --form axial|mixed|cat --grid 14x14 --skip 1 --input q.npy --out q_rot.npy
+//   rpe rope    --form axial|mixed|cat|dinov3 --grid 14x14 --skip 1 --input q.npy --out q_rot.npy
 //               [--theta 100 | --freqs f.npy | --temperature 10000 --ref-grid 16x16 ...] [--expect ref.npy]
 //   rpe bench   --mapping product,euclidean --grid 14x14 [--batch 8 --heads 6 --dim 64]
 //   (swin, beit, swinv2: --window HxW, default the grid; swinv2: --pretrained HxW, --no-sigmoid;
@@ -716,7 +716,7 @@ int run(int argc, char** argv) {
     rope_options ro;
     rope->add_option("--form", ro.form, "axial (rope-vit RoPE-Axial), mixed (rope-vit RoPE-Mixed) or cat (timm RotaryEmbeddingCat, EVA-02)")
         ->capture_default_str();
-    rope->add_option("--grid", ro.grid, "HxW: L = skip + H*W must match the input")->required();
+    rope->add_option("--grid", ro.grid, "HxW: L = skip + H*W + suffix must match the input (or --positions)");
     rope->add_option("--skip", ro.skip, "leading tokens left unrotated (class token)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
     rope->add_option("--input", ro.input, "q or k .npy (B, H, L, D)")->required()->check(CLI::ExistingFile);
     rope->add_option("--out", ro.out, "rotated .npy (float32)")->check(non_empty_path);
@@ -729,6 +729,18 @@ int run(int argc, char** argv) {
     rope->add_option("--grid-offset", ro.grid_offset, "cat: added to the integer coordinates")->capture_default_str();
     rope->add_option("--ref-grid", ro.ref_grid, "cat: reference grid HxW (timm's ref_feat_shape; EVA-02 patch14: 16x16)");
     rope->add_flag("--xy", ro.xy, "cat: grid_indexing 'xy' (columns first)");
+    rope->add_option("--layout", ro.layout,
+                     "channel pairing: pairs ((2j, 2j+1), rope-vit, EVA-02; the default) or half ((j, j+D/2), rotate-half; dinov3's default)");
+    rope->add_option("--suffix", ro.suffix, "trailing tokens left unrotated")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+    rope->add_option("--positions", ro.positions, "per-token coordinates .npy (L - skip - suffix, 2) (row, col) instead of --grid")
+        ->check(CLI::ExistingFile);
+    rope->add_option("--base", ro.base, "dinov3: period base (timm's temperature)")->capture_default_str();
+    rope->add_option("--min-period", ro.min_period, "dinov3: smallest period (with --max-period, instead of --base)");
+    rope->add_option("--max-period", ro.max_period, "dinov3: largest period (with --min-period)");
+    rope->add_option("--normalize", ro.normalize, "dinov3: coordinate normalisation separate, max or min")->capture_default_str();
+    rope->add_option("--shift", ro.shift, "dinov3: sampled coordinate shift DY,DX")->capture_default_str();
+    rope->add_option("--jitter", ro.jitter, "dinov3: sampled jitter multipliers FY,FX")->capture_default_str();
+    rope->add_option("--rescale", ro.rescale, "dinov3: sampled rescale multiplier")->capture_default_str();
     rope->add_option("--expect", ro.expect, "compare the output with this .npy (exit 1 beyond atol + rtol*|expected|)")
         ->check(CLI::ExistingFile);
     rope->add_option("--atol", ro.atol, "absolute tolerance of --expect")->capture_default_str();

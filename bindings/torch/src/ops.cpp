@@ -29,7 +29,7 @@
 #include <rpe/caches.hpp>
 #include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/swin.hpp>
-#include <rpe/rotary.hpp>
+#include <rpe/rope/rotary.hpp>
 #include <rpe/swin_bias.hpp>
 #include <rpe/vit/alibi_2d.hpp>
 #include <rpe/vit/decomposed_rel_pos.hpp>

@@ -21,6 +21,10 @@ struct rope_policy_base {
     [[nodiscard]] virtual std::type_index type() const = 0;
     /// The policy's angle(row, col, pair, head_dim, height, width).
     [[nodiscard]] virtual float angle(int row, int col, int pair, int head_dim, int height, int width) const = 0;
+    /// True when the policy has `angle_at(y, x, pair, head_dim)` (per-token positions).
+    [[nodiscard]] virtual bool has_angle_at() const = 0;
+    /// The policy's angle_at(y, x, pair, head_dim); 0 when it has none (see has_angle_at).
+    [[nodiscard]] virtual float angle_at(float y, float x, int pair, int head_dim) const = 0;
     /// The policy's validate(). @throws rpe::invalid_argument as the policy's.
     virtual void validate() const = 0;
     /// The policy's head_dim_multiple.
@@ -39,6 +43,15 @@ struct rope_policy_value final : rope_policy_base {
     [[nodiscard]] std::type_index type() const override { return typeid(P); }
     [[nodiscard]] float angle(int row, int col, int pair, int head_dim, int height, int width) const override {
         return policy.angle(row, col, pair, head_dim, height, width);
+    }
+    [[nodiscard]] bool has_angle_at() const override {
+        return requires(float y, float x, int p, int d) { { policy.angle_at(y, x, p, d) } -> std::same_as<float>; };
+    }
+    [[nodiscard]] float angle_at(float y, float x, int pair, int head_dim) const override {
+        if constexpr (requires { { policy.angle_at(y, x, pair, head_dim) } -> std::same_as<float>; })
+            return policy.angle_at(y, x, pair, head_dim);
+        else
+            return 0.0f;
     }
     void validate() const override { policy.validate(); }
     [[nodiscard]] int head_dim_multiple() const override { return P::head_dim_multiple; }

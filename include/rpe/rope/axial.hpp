@@ -37,6 +37,13 @@ struct axial {
         return pair < quarter ? static_cast<float>(col) * frequency(pair, head_dim)
                               : static_cast<float>(row) * frequency(pair - quarter, head_dim);
     }
+    /// @brief Angle (radians) of pair `pair` at the real coordinates (y, x) of a per-token
+    /// position (rpe::rotary_embedding::positions): `x · f_p` (p < D/4), else `y · f_(p − D/4)`;
+    /// at (row, col) of the grid it is angle(row, col, ...) bit for bit.
+    RPE_HOST_DEVICE float angle_at(float y, float x, int pair, int head_dim) const {
+        const int quarter = head_dim / 4;
+        return pair < quarter ? x * frequency(pair, head_dim) : y * frequency(pair - quarter, head_dim);
+    }
     /// @throws rpe::invalid_argument `[rpe.rope] theta = ...; expected finite and > 0`.
     void validate() const {
         detail::require(std::isfinite(theta) && theta > 0.0f, "rope", "theta = ", theta, "; expected finite and > 0");

@@ -74,6 +74,17 @@ struct cat {
         const float t = on_rows ? coordinate(row, height, ref_height) : coordinate(col, width, ref_width);
         return t * band(first ? pair : pair - nb, nb);
     }
+    /// @brief Angle (radians) of pair `pair` at the coordinates (y, x) of a per-token position
+    /// (rpe::rotary_embedding::positions), taken as the source's coordinates `t` themselves
+    /// (after its linspace / offset / reference scaling): `t_axis · band`. With
+    /// in_pixels = false, grid_offset 0 and no reference grid (the coordinates are the indices)
+    /// it is angle(row, col, ...) at (row, col), bit for bit.
+    RPE_HOST_DEVICE float angle_at(float y, float x, int pair, int head_dim) const {
+        const int nb = head_dim / 4;
+        const bool first = pair < nb;
+        const bool on_rows = xy_indexing ? !first : first;
+        return (on_rows ? y : x) * band(first ? pair : pair - nb, nb);
+    }
     /// @throws rpe::invalid_argument `[rpe.rope] <field> = ...; expected ...`.
     void validate() const {
         detail::require(std::isfinite(temperature) && temperature > 0.0f, "rope", "temperature = ", temperature,

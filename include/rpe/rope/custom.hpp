@@ -29,6 +29,12 @@ public:
     [[nodiscard]] float angle(int row, int col, int pair, int head_dim, int height, int width) const {
         return held_->angle(row, col, pair, head_dim, height, width);
     }
+    /// @brief The held policy's angle at the real coordinates (y, x) of a per-token position;
+    /// a policy without `float angle_at(float y, float x, int pair, int head_dim) const` takes no
+    /// positions (has_angle_at() false; rpe::rotary_embedding::positions is then refused).
+    [[nodiscard]] float angle_at(float y, float x, int pair, int head_dim) const { return held_->angle_at(y, x, pair, head_dim); }
+    /// @brief Whether the held policy has angle_at (false when empty).
+    [[nodiscard]] bool has_angle_at() const { return held_ && held_->has_angle_at(); }
     /// @brief The held policy's head_dim_multiple (1 when empty).
     [[nodiscard]] int head_dim_multiple() const { return held_ ? held_->head_dim_multiple() : 1; }
     /// @throws rpe::invalid_argument `[rpe.rope] custom form holds no policy` when empty, else as

@@ -9,6 +9,7 @@
 
 #include "../config.hpp"
 #include "../error.hpp"
+#include "rounding.hpp"
 
 namespace rpe::rope {
 
@@ -24,9 +25,22 @@ namespace rpe::rope {
 struct mixed {
     static constexpr int head_dim_multiple = 2;
 
-    /// @brief Angle (radians) from the pair's frequencies.
+    /// @brief Angle (radians) from the pair's frequencies: `col·fx` and `row·fy` each rounded,
+    /// then their rounded sum, as rope-vit and timm compute it (never one fused multiply-add,
+    /// whatever the compiler flags; detail::rounded_dot2). float32 as the sources; the double
+    /// overload (a double rotation) rounds the same way in double.
     RPE_HOST_DEVICE static float angle(int row, int col, float fx, float fy) {
-        return static_cast<float>(col) * fx + static_cast<float>(row) * fy;
+        return detail::rounded_dot2(static_cast<float>(col), fx, static_cast<float>(row), fy);
+    }
+    /// @brief Angle at the real coordinates (y, x) of a per-token position
+    /// (rpe::rotary_embedding::positions): `x·fx` and `y·fy` rounded, then their sum; equal to
+    /// angle(row, col, fx, fy) at (row, col).
+    RPE_HOST_DEVICE static float angle_at(float y, float x, float fx, float fy) { return detail::rounded_dot2(x, fx, y, fy); }
+    /// @brief As angle_at(float, float, float, float), in double.
+    RPE_HOST_DEVICE static double angle_at(double y, double x, double fx, double fy) { return detail::rounded_dot2(x, fx, y, fy); }
+    /// @brief As angle(int, int, float, float), in double.
+    RPE_HOST_DEVICE static double angle(int row, int col, double fx, double fy) {
+        return detail::rounded_dot2(static_cast<double>(col), fx, static_cast<double>(row), fy);
     }
     void validate() const {}
     friend bool operator==(const mixed&, const mixed&) = default;

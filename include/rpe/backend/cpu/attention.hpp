@@ -66,7 +66,8 @@ struct fused_plan {
     std::vector<fused_table<S, Id>> on_q, on_k, on_v;
     int tables = 0;  // tables in on_q, on_k, on_v together
     cpu::plane_rows<S> qv, kv, vv;                  // q, v as given (maybe strided); k as given, or the rotated copy with RoPE
-    std::shared_ptr<const rope_table<S>> rope;     // cos/sin with RoPE, else null
+    std::shared_ptr<const rope_table<S>> rope;     // cos/sin of the queries with RoPE, else null
+    std::shared_ptr<const rope_table<S>> rope_k;   // of the keys (== rope unless key_positions)
     std::int64_t rope_skip = 0;
 
     // The scaled (and, with RoPE, rotated) queries of rows [i0, i0 + rb) of plane p into qs (rb, D).
@@ -86,7 +87,7 @@ void rotate_keys(fused_plan<S, Id>& plan, S* kr) {
 #pragma omp parallel for schedule(static)
 #endif
     for (std::int64_t p = 0; p < planes; ++p)
-        cpu::rope_rotate_rows(*plan.rope, p % plan.h, plan.rope_skip, 0, n, d, plan.kv.plane(p), kr + p * n * d, S(1), false,
+        cpu::rope_rotate_rows(*plan.rope_k, p % plan.h, plan.rope_skip, 0, n, d, plan.kv.plane(p), kr + p * n * d, S(1), false,
                               plan.kv.sl);
     plan.kv = cpu::plane_rows<S>(kr, plan.h, n, d);
 }
@@ -267,7 +268,8 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     plan.kv = cpu::plane_rows<S>(in.k);
     plan.vv = cpu::plane_rows<S>(in.v);
     if (in.rope.enabled()) {
-        plan.rope = rope_table_of(in.rope, s.d, in.height, in.width);
+        plan.rope = rope_query_table(in.rope, s.d, in.height, in.width);
+        plan.rope_k = rope_key_table(in.rope, s.d, plan.rope);
         plan.rope_skip = in.rope.skip;
     }
     return plan;
@@ -396,12 +398,18 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     // RoPE: rotated keys; rope::mixed with grad_freqs: angle gradients (B·H, grid tokens, D/2)
     const bool rope_freqs = plan.rope && in.rope.grad_freqs.data != nullptr;
     const std::int64_t rope_n = plan.rope ? plan.rope->tokens : 0, rope_pairs = d / 2;
+    // keys at their own positions: their angle gradients apart (their tokens' coordinates differ)
+    const bool rope_k_apart = rope_freqs && plan.rope_k != plan.rope;
+    const std::int64_t rope_nk = plan.rope_k ? plan.rope_k->tokens : 0;
     cpu::shared_scratch<S> kr_s(ws, plan.rope ? planes * n * d : 0), ga_s(ws, rope_freqs ? planes * rope_n * rope_pairs : 0);
+    cpu::shared_scratch<S> gak_s(ws, rope_k_apart ? planes * rope_nk * rope_pairs : 0);
+    const auto ga_k = [&] { return rope_k_apart ? gak_s.data() : ga_s.data(); };  // after the workspace's allocate()
     const auto full_ids = declare_full_ids(plan, ws);
     ws.allocate();
     materialise_ids(plan, full_ids);
     rotate_keys(plan, kr_s.data());
     if (rope_freqs) std::fill(ga_s.data(), ga_s.data() + ga_s.count, S(0));
+    if (rope_k_apart) std::fill(gak_s.data(), gak_s.data() + gak_s.count, S(0));
     std::size_t next = 0;
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
         for (auto& t : *group) {
@@ -491,7 +499,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 }
                 S* gq_rows = grad_q.data + (p * n + i0) * d;
                 if (plan.rope) {  // dq is the gradient of the rotated, scaled queries qs
-                    if (rope_freqs) cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, i0, rb, qs, dqs, ga_s.data() + p * rope_n * rope_pairs);
+                    if (rope_freqs) cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, i0, rb, qs, dqs, ga_s.data() + p * rope_n * rope_pairs,
+                                                               plan.rope->layout, rope_n);
                     cpu::rope_rotate_rows(*plan.rope, h, plan.rope_skip, i0, rb, d, dqs, gq_rows, plan.scale, true);
                 } else {
                     map<S>(gq_rows, rb, d) = dq * plan.scale;
@@ -519,12 +528,14 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
             if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back
                 S* g = grad_k.data + p * n * d;
                 if (rope_freqs)
-                    cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, n, plan.kv.plane(p), g, ga_s.data() + p * rope_n * rope_pairs);
-                cpu::rope_rotate_rows(*plan.rope, h, plan.rope_skip, 0, n, d, g, g, S(1), true);
+                    cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, n, plan.kv.plane(p), g, ga_k() + p * rope_nk * rope_pairs,
+                                              plan.rope_k->layout, rope_nk);
+                cpu::rope_rotate_rows(*plan.rope_k, h, plan.rope_skip, 0, n, d, g, g, S(1), true);
             }
         }
     }
     if (rope_freqs) cpu::rope_frequency_grad(*plan.rope, planes, plan.h, ga_s.data(), in.rope.grad_freqs.data);
+    if (rope_k_apart) cpu::rope_frequency_grad(*plan.rope_k, planes, plan.h, gak_s.data(), in.rope.grad_freqs.data, true);
     // Table gradients: per-item partials summed in item order (thread-count independent).
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
         for (auto& t : *group)

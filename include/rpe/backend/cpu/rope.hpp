@@ -11,7 +11,7 @@
 
 #include "../../detail/check.hpp"
 #include "../../error.hpp"
-#include "../../rotary.hpp"
+#include "../../rope/rotary.hpp"
 #include "../../tensor.hpp"
 #include "isa.hpp"
 
@@ -19,54 +19,134 @@ namespace rpe {
 namespace detail::cpu {
 inline namespace RPE_ISA_NS {  // see isa.hpp
 
+#if defined(__GNUC__) || defined(__clang__)
+#define RPE_ROPE_ROW_KERNEL __attribute__((noinline))
+#else
+#define RPE_ROPE_ROW_KERNEL
+#endif
+
+/// `a·b + c` rounded once where the target has a fused multiply-add (then explicit, so the
+/// vectorised body, its scalar remainder and every call site round alike, whatever the
+/// alignment or the compiler's contraction choices), else `a·b` rounded, then the sum.
+template <class S>
+inline S rope_mul_add(S a, S b, S c) {
+#if defined(__FMA__) || defined(__aarch64__)
+    return __builtin_fma(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+template <>
+inline float rope_mul_add<float>(float a, float b, float c) {
+#if defined(__FMA__) || defined(__aarch64__)
+    return __builtin_fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+/// One row in the pairs layout: y_2j = c·x_2j − s·x_2j+1, y_2j+1 = s·x_2j + c·x_2j+1 with
+/// c = scale·cos_j, s = sign·scale·sin_j (the second product rounded, the first fused where the
+/// target has FMA: rope_mul_add). One compiled copy that both layouts run, so that `half` is
+/// `pairs` on permuted channels bit for bit.
+template <class S>
+RPE_ROPE_ROW_KERNEL void rope_rotate_pairs_row(const S* cs, const S* sn, std::int64_t np, const S* x, S* y, S scale, S sign) {
+    for (std::int64_t j = 0; j < np; ++j) {
+        const S c = cs[j] * scale, s = sign * sn[j] * scale, x0 = x[2 * j], x1 = x[2 * j + 1];
+        const S sx1 = s * x1, cx1 = c * x1;
+        y[2 * j] = rope_mul_add(c, x0, -sx1);
+        y[2 * j + 1] = rope_mul_add(s, x0, cx1);
+    }
+}
+
+/// One row's angle gradients in the pairs layout: a_j += g_2j+1·y_2j − g_2j·y_2j+1 (rounded as
+/// rope_rotate_pairs_row: the second product, then one fused step where the target has FMA).
+template <class S>
+RPE_ROPE_ROW_KERNEL void rope_angle_grad_pairs_row(std::int64_t np, const S* yr, const S* gr, S* a) {
+    for (std::int64_t j = 0; j < np; ++j) {
+        const S gy = gr[2 * j] * yr[2 * j + 1];
+        const S v = rope_mul_add(gr[2 * j + 1], yr[2 * j], -gy);
+        a[j] = a[j] + v;
+    }
+}
+
+/// Row x (D = 2·np channels) of the half layout in the pairs order: out_2j = x_j, out_2j+1 = x_j+np.
+template <class S>
+void rope_half_to_pairs(const S* x, std::int64_t np, S* out) {
+    for (std::int64_t j = 0; j < np; ++j) {
+        out[2 * j] = x[j];
+        out[2 * j + 1] = x[j + np];
+    }
+}
+
 /// Rows [i0, i0 + rb) of one (batch, head h) plane: dst = scale · R(angle) src, or with
-/// `inverse` dst = scale · Rᵀ src (the backward's rotation back); tokens below skip are only
-/// scaled. src and dst are (rb, D), src rows `src_stride` apart (−1: D, contiguous; 0 is a real
-/// stride: one row repeated); they may be the same buffer.
+/// `inverse` dst = scale · Rᵀ src (the backward's rotation back); tokens below skip and from
+/// skip + t.tokens on (the suffix) are only scaled. Pair j is the channels of t.layout
+/// ((2j, 2j+1) or (j, j + D/2); half rows go through the pairs kernel on their channels
+/// interleaved). src and dst are (rb, D), src rows `src_stride` apart (−1: D, contiguous; 0 is
+/// a real stride: one row repeated); they may be the same buffer.
 template <class S>
 void rope_rotate_rows(const rope_table<S>& t, std::int64_t h, std::int64_t skip, std::int64_t i0, std::int64_t rb,
                       std::int64_t d, const S* src, S* dst, S scale, bool inverse, std::int64_t src_stride = -1) {
     const S sign = inverse ? S(-1) : S(1);
-    const std::int64_t ss = src_stride < 0 ? d : src_stride;
+    const std::int64_t ss = src_stride < 0 ? d : src_stride, np = t.pairs;
+    const bool half = t.layout == rope::layout::half;
+    std::vector<S> buf(half ? static_cast<std::size_t>(2 * d) : 0);  // interleaved in, rotated out
     for (std::int64_t r = 0; r < rb; ++r) {
         const std::int64_t i = i0 + r;
         const S* x = src + r * ss;
         S* y = dst + r * d;
-        if (i < skip) {
+        if (i < skip || i - skip >= t.tokens) {
             for (std::int64_t c = 0; c < d; ++c) y[c] = x[c] * scale;
             continue;
         }
         const S* cs = t.cos.data() + t.at(h, i - skip);
         const S* sn = t.sin.data() + t.at(h, i - skip);
-        for (std::int64_t j = 0; j < t.pairs; ++j) {
-            const S c = cs[j] * scale, s = sign * sn[j] * scale, x0 = x[2 * j], x1 = x[2 * j + 1];
-            y[2 * j] = c * x0 - s * x1;
-            y[2 * j + 1] = s * x0 + c * x1;
+        if (!half) {
+            rope_rotate_pairs_row(cs, sn, np, x, y, scale, sign);
+            continue;
+        }
+        rope_half_to_pairs(x, np, buf.data());
+        rope_rotate_pairs_row(cs, sn, np, static_cast<const S*>(buf.data()), buf.data() + d, scale, sign);
+        for (std::int64_t j = 0; j < np; ++j) {
+            y[j] = buf[static_cast<std::size_t>(d + 2 * j)];
+            y[j + np] = buf[static_cast<std::size_t>(d + 2 * j + 1)];
         }
     }
 }
 
 /// Angle gradients of rows [i0, i0 + rb): with y = R x (rotated, any common scale) and g the
-/// gradient of y (the inverse scale), ∂/∂angle = g_2p+1·y_2p − g_2p·y_2p+1, added into
-/// ga (grid tokens, D/2) at row i − skip (skip tokens have none).
+/// gradient of y (the inverse scale), ∂/∂angle = g_b·y_a − g_a·y_b for the pair's channels
+/// (a, b) of `layout`, added into ga (rotated tokens, D/2) at row i − skip (skip tokens and the
+/// suffix, from skip + tokens on, have none).
 template <class S>
 void rope_angle_grad_rows(std::int64_t pairs, std::int64_t skip, std::int64_t i0, std::int64_t rb, const S* y, const S* g,
-                          S* ga) {
+                          S* ga, rope::layout layout, std::int64_t tokens) {
     const std::int64_t d = 2 * pairs;
+    const bool half = layout == rope::layout::half;
+    std::vector<S> buf(half ? static_cast<std::size_t>(2 * d) : 0);  // y, g interleaved
     for (std::int64_t r = 0; r < rb; ++r) {
         const std::int64_t i = i0 + r;
-        if (i < skip) continue;
+        if (i < skip || i - skip >= tokens) continue;
         S* a = ga + (i - skip) * pairs;
         const S* yr = y + r * d;
         const S* gr = g + r * d;
-        for (std::int64_t j = 0; j < pairs; ++j) a[j] += gr[2 * j + 1] * yr[2 * j] - gr[2 * j] * yr[2 * j + 1];
+        if (half) {
+            rope_half_to_pairs(yr, pairs, buf.data());
+            rope_half_to_pairs(gr, pairs, buf.data() + d);
+            yr = buf.data();
+            gr = buf.data() + d;
+        }
+        rope_angle_grad_pairs_row(pairs, yr, gr, a);
     }
 }
 
 /// grad_freqs (2, H, D/2) of rope::mixed from the angle gradients ga (B·H planes, N, D/2):
-/// fx[h, j] = Σ_b Σ_n t_x[n]·ga[b, h, n, j], fy likewise with t_y; summed in (b, n) order.
+/// fx[h, j] = Σ_b Σ_n t_x[n]·ga[b, h, n, j], fy likewise with t_y; summed in (b, n) order,
+/// overwriting grad_freqs (or added to it with `accumulate`).
 template <class S>
-void rope_frequency_grad(const rope_table<S>& t, std::int64_t planes, std::int64_t heads, const S* ga, S* grad_freqs) {
+void rope_frequency_grad(const rope_table<S>& t, std::int64_t planes, std::int64_t heads, const S* ga, S* grad_freqs,
+                         bool accumulate = false) {
     const std::int64_t n = t.tokens, pairs = t.pairs;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
@@ -74,8 +154,10 @@ void rope_frequency_grad(const rope_table<S>& t, std::int64_t planes, std::int64
     for (std::int64_t h = 0; h < heads; ++h) {
         S* gx = grad_freqs + h * pairs;
         S* gy = grad_freqs + (heads + h) * pairs;
-        std::fill(gx, gx + pairs, S(0));
-        std::fill(gy, gy + pairs, S(0));
+        if (!accumulate) {
+            std::fill(gx, gx + pairs, S(0));
+            std::fill(gy, gy + pairs, S(0));
+        }
         for (std::int64_t p = h; p < planes; p += heads)
             for (std::int64_t i = 0; i < n; ++i) {
                 const S* a = ga + (p * n + i) * pairs;
@@ -94,9 +176,12 @@ void rope_frequency_grad(const rope_table<S>& t, std::int64_t planes, std::int64
 inline namespace RPE_ISA_NS {  // see isa.hpp
 
 /// @brief Rotates a q or k tensor by a 2D rotary position embedding: `y = R x`, token by token
-/// (see rpe::rotary_embedding; tokens below `r.skip` are copied unrotated).
-/// @param r the embedding (form, skip, and for rope::mixed freqs (2, H, D/2)).
-/// @param height, width the grid: L = r.skip + height·width.
+/// (see rpe::rotary_embedding; the `r.skip` leading and `r.suffix` trailing tokens are copied
+/// unrotated).
+/// @param r the embedding (form, skip, suffix, layout, optional per-token positions (N, 2), and
+///   for rope::mixed freqs (2, H, D/2)).
+/// @param height, width the grid: L = r.skip + height·width + r.suffix (unused with r.positions:
+///   L = r.skip + N + r.suffix).
 /// @param x (B, H, L, D) q or k, projected (before any scaling: the rotation commutes with it).
 /// @param y (B, H, L, D), written; separate from x.
 /// @throws rpe::invalid_argument `[rpe.rope] ...` (shapes, L, D not a multiple of 4 (axial,
@@ -111,7 +196,7 @@ void rope_forward(const rotary_embedding<S>& r, int height, int width, tensor_re
         std::copy(x.data, x.data + x.size(), y.data);
         return;
     }
-    const auto t = rope_table_of(r, d, height, width);
+    const auto t = rope_query_table(r, d, height, width);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
@@ -121,7 +206,8 @@ void rope_forward(const rotary_embedding<S>& r, int height, int width, tensor_re
 
 /// @brief Backward of rope_forward for `sum(y · grad_y)`: `grad_x = Rᵀ grad_y` and, for
 /// rope::mixed with `r.grad_freqs` given, the frequencies' gradient (2, H, D/2) (overwritten):
-/// `∂/∂fx[h, p] = Σ_{b, t} col_t · (g_2p+1·y_2p − g_2p·y_2p+1)`, `fy` with row_t.
+/// `∂/∂fx[h, p] = Σ_{b, t} col_t · (g_b·y_a − g_a·y_b)` over the pair's channels (a, b), `fy`
+/// with row_t (the positions' x and y with r.positions).
 /// @param x the forward's input (B, H, L, D) (read for the frequency gradient).
 /// @param grad_y (B, H, L, D); @param grad_x (B, H, L, D), written, separate from the inputs.
 /// @throws as rope_forward, and `[rpe.rope] rope grad_freqs ...` for a bad grad_freqs.
@@ -135,7 +221,7 @@ void rope_backward(const rotary_embedding<S>& r, int height, int width, tensor_r
         std::copy(grad_y.data, grad_y.data + grad_y.size(), grad_x.data);
         return;
     }
-    const auto t = rope_table_of(r, d, height, width);
+    const auto t = rope_query_table(r, d, height, width);
     const std::int64_t n = t->tokens, pairs = t->pairs;
     std::vector<S> ga(want_freqs ? static_cast<std::size_t>(planes * n * pairs) : 0);
 #if defined(_OPENMP)
@@ -150,7 +236,8 @@ void rope_backward(const rotary_embedding<S>& r, int height, int width, tensor_r
             const std::int64_t h = p % heads;
             if (want_freqs) {
                 detail::cpu::rope_rotate_rows(*t, h, r.skip, 0, l, d, x.data + p * l * d, y.data(), S(1), false);
-                detail::cpu::rope_angle_grad_rows(pairs, r.skip, 0, l, y.data(), grad_y.data + p * l * d, ga.data() + p * n * pairs);
+                detail::cpu::rope_angle_grad_rows(pairs, r.skip, 0, l, y.data(), grad_y.data + p * l * d, ga.data() + p * n * pairs,
+                                                  t->layout, n);
             }
             detail::cpu::rope_rotate_rows(*t, h, r.skip, 0, l, d, grad_y.data + p * l * d, grad_x.data + p * l * d, S(1), true);
         }

@@ -16,7 +16,7 @@
 #include "../../detail/single_flight.hpp"
 #include "bucket_ids.cuh"
 #include "../../error.hpp"
-#include "../../rotary.hpp"
+#include "../../rope/rotary.hpp"
 #include "../../tensor.hpp"
 #include "error.cuh"
 #include "kernels.cuh"
@@ -33,6 +33,11 @@ struct rope_view {
     const A* sin = nullptr;
     std::int64_t heads = 1, tokens = 0, pairs = 0, skip = 0;
     int width = 1;
+    rope::layout layout = rope::layout::pairs;  ///< channels of pair j: (2j, 2j+1) or (j, j + D/2)
+    /// Channel of pair j's first element within a row; the second is `pair_step()` further.
+    RPE_HOST_DEVICE std::int64_t pair_channel(std::int64_t j) const { return rope::first_channel(layout, j, pairs); }
+    /// Distance between the two channels of a pair (1 or D/2).
+    RPE_HOST_DEVICE std::int64_t pair_step() const { return rope::pair_stride(layout, pairs); }
     /// Offset of (head h of the call, grid token t, pair 0), as rpe::rope_table::at.
     RPE_HOST_DEVICE std::int64_t at(std::int64_t h, std::int64_t t) const { return ((heads == 1 ? 0 : h) * tokens + t) * pairs; }
 };
@@ -70,9 +75,10 @@ public:
     device_rope_table& operator=(const device_rope_table&) = delete;
     ~device_rope_table() { release(); }
 
-    /// @brief The kernels' view of the table for `skip` leading unrotated tokens and rows of `width`.
-    [[nodiscard]] detail::gpu::rope_view<A> view(std::int64_t skip, int width) const {
-        return {cos_, sin_, heads_, tokens_, pairs_, skip, width};
+    /// @brief The kernels' view of the table for `skip` leading unrotated tokens, rows of `width`
+    /// and the channel layout.
+    [[nodiscard]] detail::gpu::rope_view<A> view(std::int64_t skip, int width, rope::layout layout = rope::layout::pairs) const {
+        return {cos_, sin_, heads_, tokens_, pairs_, skip, width, layout};
     }
     [[nodiscard]] int device() const { return device_; }  ///< the CUDA device holding the table
     /// @brief Device bytes held (cos and sin).
@@ -184,31 +190,31 @@ __global__ void rope_rotate_kernel(rope_view<A> t, const S* x, S* y, std::int64_
     for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
          e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
         const std::int64_t j = e % pairs, r = e / pairs, i = r % n, h = (r / n) % heads;
-        const std::int64_t c0 = r * 2 * pairs + 2 * j;
-        const A x0 = to_acc(x[c0]), x1 = to_acc(x[c0 + 1]);
+        const std::int64_t c0 = r * 2 * pairs + t.pair_channel(j), c1 = c0 + t.pair_step();
+        const A x0 = to_acc(x[c0]), x1 = to_acc(x[c1]);
         if (i < t.skip) {
             y[c0] = from_acc<S>(x0);
-            y[c0 + 1] = from_acc<S>(x1);
+            y[c1] = from_acc<S>(x1);
             continue;
         }
         const std::int64_t o = t.at(h, i - t.skip) + j;
         const A c = t.cos[o], s = inverse ? -t.sin[o] : t.sin[o];
         y[c0] = from_acc<S>(c * x0 - s * x1);
-        y[c0 + 1] = from_acc<S>(s * x0 + c * x1);
+        y[c1] = from_acc<S>(s * x0 + c * x1);
     }
 }
 
-// The angle gradient of one channel pair: with y = R x and g the gradient of y,
-// ∂/∂angle = g_2p+1·y_2p − g_2p·y_2p+1 (y from x first when `rotate`).
+// The angle gradient of one channel pair (c0, c1): with y = R x and g the gradient of y,
+// ∂/∂angle = g_c1·y_c0 − g_c0·y_c1 (y from x first when `rotate`).
 template <class S, class A>
-__device__ inline A rope_angle_grad(const S* y, const S* g, std::int64_t c0, bool rotate, A c, A s) {
-    A y0 = to_acc(y[c0]), y1 = to_acc(y[c0 + 1]);
+__device__ inline A rope_angle_grad(const S* y, const S* g, std::int64_t c0, std::int64_t c1, bool rotate, A c, A s) {
+    A y0 = to_acc(y[c0]), y1 = to_acc(y[c1]);
     if (rotate) {
         const A r0 = c * y0 - s * y1;
         y1 = s * y0 + c * y1;
         y0 = r0;
     }
-    return to_acc(g[c0 + 1]) * y0 - to_acc(g[c0]) * y1;
+    return to_acc(g[c1]) * y0 - to_acc(g[c0]) * y1;
 }
 
 // Per-plane partials of rope::mixed's frequency gradient: one thread per (plane p, pair j), a
@@ -225,11 +231,11 @@ __global__ void rope_angle_partials_kernel(rope_view<A> t, const S* __restrict__
         const std::int64_t j = e % pairs, p = e / pairs, h = p % heads;
         A sx = 0, sy = 0;
         for (std::int64_t tok = 0; tok < t.tokens; ++tok) {
-            const std::int64_t c0 = (p * n + t.skip + tok) * 2 * pairs + 2 * j;
+            const std::int64_t c0 = (p * n + t.skip + tok) * 2 * pairs + t.pair_channel(j), c1 = c0 + t.pair_step();
             const std::int64_t o = t.at(h, tok) + j;
             const A c = t.cos[o], s = t.sin[o];
-            A a = rope_angle_grad<S, A>(y0, g0, c0, rotate, c, s);
-            if (y1) a += rope_angle_grad<S, A>(y1, g1, c0, rotate, c, s);
+            A a = rope_angle_grad<S, A>(y0, g0, c0, c1, rotate, c, s);
+            if (y1) a += rope_angle_grad<S, A>(y1, g1, c0, c1, rotate, c, s);
             sx += static_cast<A>(static_cast<float>(tok % t.width)) * a;
             sy += static_cast<A>(static_cast<float>(tok / t.width)) * a;
         }
@@ -249,9 +255,12 @@ public:
     rope_call_table(const rotary_embedding<S>& r, std::int64_t heads, std::int64_t d, int height, int width, cudaStream_t stream)
         : cos_(r.is_mixed() ? heads * height * width * (d / 2) : 0, stream),
           sin_(r.is_mixed() ? heads * height * width * (d / 2) : 0, stream) {
+        if (r.has_positions() || r.suffix != 0)
+            throw not_supported(message("rope", "rope positions, key_positions and suffix are not supported by the cuda "
+                                                "backend; expected the grid (the CPU backend takes them)"));
         const std::int64_t tokens = static_cast<std::int64_t>(height) * width, pairs = d / 2;
         if (r.is_mixed()) {
-            view_ = {cos_.get(), sin_.get(), heads, tokens, pairs, r.skip, width};
+            view_ = {cos_.get(), sin_.get(), heads, tokens, pairs, r.skip, width, r.layout};
             const std::int64_t total = heads * tokens * pairs;
             rope_mixed_table_kernel<S, A><<<grid_for(total, 256), 256, 0, stream>>>(r.freqs.data, heads, tokens, pairs, width,
                                                                                      cos_.get(), sin_.get());
@@ -260,8 +269,9 @@ public:
             rotary_embedding<A> fixed;  // the same form and skip in A (float or double): the host table's type
             fixed.form = r.form;
             fixed.skip = r.skip;
+            fixed.layout = r.layout;
             table_ = cuda::device_rope_cache::global().get(fixed, d, height, width, stream);
-            view_ = table_->view(r.skip, width);
+            view_ = table_->view(r.skip, width, r.layout);
         }
     }
     [[nodiscard]] const rope_view<A>& view() const { return view_; }

@@ -1,4 +1,4 @@
-/// @file rotary.hpp
+/// @file rope/rotary.hpp
 /// @brief rpe::rotary_embedding: a 2D rotary position embedding (RoPE) attached to q and k, its
 /// checks and its cos/sin table (backend-neutral; the CPU rotation is backend/cpu/rope.hpp, the
 /// fused attention applies it through rpe::attention_inputs::rope).
@@ -10,19 +10,21 @@
 #include <functional>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
-#include "concepts.hpp"
-#include "detail/check.hpp"
-#include "detail/rope_key.hpp"
-#include "detail/single_flight.hpp"
-#include "error.hpp"
-#include "rope/axial.hpp"
-#include "rope/cat.hpp"
-#include "rope/custom.hpp"
-#include "rope/mixed.hpp"
-#include "tensor.hpp"
+#include "../concepts.hpp"
+#include "../detail/check.hpp"
+#include "../detail/rope_key.hpp"
+#include "../detail/single_flight.hpp"
+#include "../error.hpp"
+#include "axial.hpp"
+#include "cat.hpp"
+#include "custom.hpp"
+#include "layout.hpp"
+#include "mixed.hpp"
+#include "../tensor.hpp"
 
 namespace rpe {
 
@@ -35,9 +37,11 @@ using rope_form = std::variant<std::monostate, rope::axial, rope::mixed, rope::c
 /// @brief A 2D rotary position embedding of q and k (B, H, L, D) on a height × width grid:
 /// tokens `0 .. skip−1` (class, register tokens) are left unrotated, as rope-vit and timm's
 /// EVA do; token `skip + t` sits at row `t div width`, column `t mod width` and its channel
-/// pairs (2p, 2p+1) are rotated as complex numbers `x_2p + i·x_2p+1` by the form's angle:
-/// `y_2p = c·x_2p − s·x_2p+1`, `y_2p+1 = s·x_2p + c·x_2p+1` (rope-vit's complex product, timm's
-/// `x·cos + rot(x)·sin`).
+/// pairs are rotated by the form's angle of the pair. `layout` (rope::layout) says which
+/// channels pair j turns: `pairs` (the default) (2j, 2j+1), as complex numbers
+/// `x_2j + i·x_2j+1`: `y_2j = c·x_2j − s·x_2j+1`, `y_2j+1 = s·x_2j + c·x_2j+1` (rope-vit's
+/// complex product, timm's `x·cos + rot(x)·sin`); `half` (j, j + D/2), the rotate-half form
+/// `y = x·cos + rotate_half(x)·sin` (DINOv3, Qwen2-VL).
 /// @tparam S element type of the frequencies (float or double).
 template <class S>
 struct rotary_embedding {
@@ -45,11 +49,22 @@ struct rotary_embedding {
     int skip = 0;                 ///< leading tokens left unrotated (>= 0)
     tensor_ref<const S> freqs = {};    ///< rope::mixed: (2, H, D/2) learned fx, fy; empty otherwise
     tensor_ref<S> grad_freqs = {};     ///< rope::mixed backward: (2, H, D/2), overwritten; empty = not wanted
+    rope::layout layout = rope::layout::pairs;  ///< channel pairing: (2j, 2j+1) or (j, j + D/2)
+    /// Per-token positions instead of the grid: (N, 2) float coordinates (row, col) — integer or
+    /// real — of the N = L − skip − suffix rotated tokens of q (and of x in the standalone
+    /// rotation), in the form's coordinate frame (each policy's angle_at); empty = the grid.
+    tensor_ref<const float> positions = {};
+    /// The fused attention's keys: (N, 2) positions of the key tokens (e.g. another grid);
+    /// empty = the queries' (positions, or the grid).
+    tensor_ref<const float> key_positions = {};
+    int suffix = 0;  ///< trailing tokens left unrotated (>= 0; SAM2's memory tokens)
 
     /// @brief True unless the form is std::monostate.
     [[nodiscard]] bool enabled() const { return form.index() != 0; }
     /// @brief True for rope::mixed.
     [[nodiscard]] bool is_mixed() const { return std::holds_alternative<rope::mixed>(form); }
+    /// @brief True when q (or x) or the keys take per-token positions.
+    [[nodiscard]] bool has_positions() const { return positions.data != nullptr || key_positions.data != nullptr; }
 };
 
 /// @brief cos and sin of every (head, grid token, pair) angle: (Hr, N, D/2) each, Hr = 1 for the
@@ -58,6 +73,7 @@ struct rotary_embedding {
 template <class S>
 struct rope_table {
     std::int64_t heads = 1, tokens = 0, pairs = 0;
+    rope::layout layout = rope::layout::pairs;  ///< the channels of pair j (rotary_embedding::layout)
     std::vector<S> cos, sin;    // (heads, tokens, pairs)
     std::vector<float> tx, ty;  // (tokens): rope::mixed only
     /// @brief Offset of (head h of the call, grid token t, pair 0).
@@ -76,6 +92,8 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
                 int width, const char* component) {
     if (!r.enabled()) return;
     require(r.form.index() < std::variant_size_v<rope_form>, component, "rope form is valueless; expected a rope:: policy");
+    require(r.layout == rope::layout::pairs || r.layout == rope::layout::half, component, "rope layout = ",
+            static_cast<int>(r.layout), "; expected rope::layout::pairs or rope::layout::half");
     std::visit([&](const auto& p) {
         using P = std::remove_cvref_t<decltype(p)>;
         if constexpr (!std::is_same_v<P, std::monostate>) {
@@ -90,11 +108,48 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
         }
     }, r.form);
     require(r.skip >= 0, component, "rope skip = ", r.skip, "; expected >= 0");
-    require(depth == 1, component, "rope needs a 2D grid; depth = ", depth, "; expected 1");
-    require(height >= 1 && width >= 1, component, "rope grid height, width = ", height, ", ", width, "; expected >= 1");
-    if (l != r.skip + static_cast<std::int64_t>(height) * width)
-        throw invalid_argument(message(component, "L = ", l, "; expected rope skip + height*width = ", r.skip, " + ",
-                                       height, "*", width));
+    require(r.suffix >= 0, component, "rope suffix = ", r.suffix, "; expected >= 0");
+    const std::int64_t rotated = l - r.skip - r.suffix;
+    if (r.has_positions()) {
+        const bool fixed_has_at = std::visit([](const auto& p) {
+            using P = std::remove_cvref_t<decltype(p)>;
+            if constexpr (std::is_same_v<P, rope::custom>) return p.has_angle_at();
+            else if constexpr (std::is_same_v<P, rope::mixed> || std::is_same_v<P, std::monostate>) return true;
+            else return requires { { p.angle_at(0.0f, 0.0f, 0, 4) } -> std::same_as<float>; };
+        }, r.form);
+        require(fixed_has_at, component, "rope positions are given for a form without angle_at(y, x, pair, head_dim); expected the grid");
+        require(rotated >= 1, component, "L = ", l, "; expected rope skip + suffix = ", r.skip, " + ", r.suffix,
+                " below L (positions need rotated tokens)");
+        const auto check_positions = [&](const tensor_ref<const float>& p, const char* name) {
+            if (p.data == nullptr && p.rank == 0) return;
+            require(p.rank == 2 && p.extent(1) >= 2 && p.extent(1) <= 3, component, "rope ", name, " has shape ",
+                    p.shape_string(), "; expected (tokens, 2) coordinates (row, col)");
+            require(p.extent(1) == 2, component, "rope ", name, " has shape ", p.shape_string(),
+                    "; expected 2 axes (row, col): the 2D forms take no third axis");
+            check_shape(p, {rotated, 2}, component, (std::string("rope ") + name).c_str());
+            check_nonnull(p, component, (std::string("rope ") + name).c_str());
+            require(p.contiguous(), component, "rope ", name, " is a strided view; expected a contiguous buffer");
+            for (std::int64_t i = 0; i < 2 * rotated; ++i)
+                require(std::isfinite(p.data[i]), component, "rope ", name, "[", i / 2, ", ", i % 2, "] = ", p.data[i],
+                        "; expected finite");
+        };
+        check_positions(r.positions, "positions");
+        check_positions(r.key_positions, "key_positions");
+        if (r.positions.data == nullptr) {  // queries on the grid, keys at positions
+            require(depth == 1, component, "rope needs a 2D grid; depth = ", depth, "; expected 1");
+            require(static_cast<std::int64_t>(height) * width == rotated, component, "L = ", l,
+                    "; expected rope skip + height*width + suffix = ", r.skip, " + ", height, "*", width, " + ", r.suffix);
+        }
+    } else {
+        require(depth == 1, component, "rope needs a 2D grid; depth = ", depth, "; expected 1");
+        require(height >= 1 && width >= 1, component, "rope grid height, width = ", height, ", ", width, "; expected >= 1");
+        if (r.suffix == 0 && l != r.skip + static_cast<std::int64_t>(height) * width)
+            throw invalid_argument(message(component, "L = ", l, "; expected rope skip + height*width = ", r.skip, " + ",
+                                           height, "*", width));
+        if (r.suffix != 0 && l != r.skip + static_cast<std::int64_t>(height) * width + r.suffix)
+            throw invalid_argument(message(component, "L = ", l, "; expected rope skip + height*width + suffix = ", r.skip,
+                                           " + ", height, "*", width, " + ", r.suffix));
+    }
     if (r.is_mixed()) {
         check_shape(r.freqs, {2, h, d / 2}, component, "rope freqs");
         check_nonnull(r.freqs, component, "rope freqs");
@@ -126,6 +181,8 @@ std::int64_t check_rope_call(const rotary_embedding<S>& r, int height, int width
     check_no_overlap(out, x, "rope", out_name, "x");
     if (grad_y) check_no_overlap(out, *grad_y, "rope", out_name, "grad_y");
     check_no_overlap(out, r.freqs, "rope", out_name, "rope freqs");
+    require(r.key_positions.data == nullptr, "rope", "rope key_positions is given to a standalone rotation; expected "
+            "positions (key_positions is the fused attention's)");
     return b * h;
 }
 
@@ -174,10 +231,12 @@ rope_table<S> build_rope_table(const P& p, std::int64_t d, int height, int width
     return t;
 }
 
-/// @brief The table of rope::mixed from freqs (2, H, D/2) (checked by the caller).
+/// @brief The table of rope::mixed from freqs (2, H, D/2) (checked by the caller) for `layout`.
 template <class S>
-rope_table<S> build_mixed_table(const tensor_ref<const S>& freqs, int height, int width) {
+rope_table<S> build_mixed_table(const tensor_ref<const S>& freqs, int height, int width,
+                                rope::layout layout = rope::layout::pairs) {
     rope_table<S> t;
+    t.layout = layout;
     t.heads = freqs.extent(1);
     t.pairs = freqs.extent(2);
     t.tokens = static_cast<std::int64_t>(height) * width;
@@ -197,11 +256,7 @@ rope_table<S> build_mixed_table(const tensor_ref<const S>& freqs, int height, in
                 // float32 as rope-vit (its frequencies are a float parameter; a double S keeps S)
                 // (built at every call: float cos/sin for float, as torch.polar in rope-vit)
                 const std::int64_t f = h * t.pairs + j;
-                S a;
-                if constexpr (std::is_same_v<S, float>)
-                    a = rope::mixed::angle(static_cast<int>(n / width), static_cast<int>(n % width), fx[f], fy[f]);
-                else
-                    a = static_cast<S>(n % width) * fx[f] + static_cast<S>(n / width) * fy[f];
+                const S a = rope::mixed::angle(static_cast<int>(n / width), static_cast<int>(n % width), fx[f], fy[f]);
                 const auto e = static_cast<std::size_t>((h * t.tokens + n) * t.pairs + j);
                 t.cos[e] = std::cos(a);
                 t.sin[e] = std::sin(a);
@@ -209,15 +264,72 @@ rope_table<S> build_mixed_table(const tensor_ref<const S>& freqs, int height, in
     return t;
 }
 
+/// @brief The table of `r` at per-token positions p (N, 2) (row, col), checked by check_rope:
+/// heads 1 and the policy's angle_at for the fixed forms; heads H and the angle
+/// `x·fx + y·fy` (rope::mixed::angle_at) for rope::mixed, with t_x = x, t_y = y for its
+/// frequency gradient. Built at each call (positions are data), never cached.
+template <class S>
+rope_table<S> build_position_table(const rotary_embedding<S>& r, const tensor_ref<const float>& p, std::int64_t d) {
+    rope_table<S> t;
+    t.layout = r.layout;
+    t.tokens = p.extent(0);
+    t.pairs = d / 2;
+    const float* pos = p.data;
+    if (r.is_mixed()) {
+        t.heads = r.freqs.extent(1);
+        t.tx.resize(static_cast<std::size_t>(t.tokens));
+        t.ty.resize(static_cast<std::size_t>(t.tokens));
+        for (std::int64_t n = 0; n < t.tokens; ++n) {
+            t.ty[static_cast<std::size_t>(n)] = pos[2 * n];
+            t.tx[static_cast<std::size_t>(n)] = pos[2 * n + 1];
+        }
+    }
+    t.cos.resize(static_cast<std::size_t>(t.heads * t.tokens * t.pairs));
+    t.sin.resize(t.cos.size());
+    if (r.is_mixed()) {
+        const S* fx = r.freqs.data;
+        const S* fy = r.freqs.data + t.heads * t.pairs;
+        for (std::int64_t h = 0; h < t.heads; ++h)
+            for (std::int64_t n = 0; n < t.tokens; ++n)
+                for (std::int64_t j = 0; j < t.pairs; ++j) {
+                    const std::int64_t f = h * t.pairs + j;
+                    const S a = rope::mixed::angle_at(static_cast<S>(pos[2 * n]), static_cast<S>(pos[2 * n + 1]), fx[f], fy[f]);
+                    const auto e = static_cast<std::size_t>((h * t.tokens + n) * t.pairs + j);
+                    t.cos[e] = std::cos(a);
+                    t.sin[e] = std::sin(a);
+                }
+        return t;
+    }
+    std::visit([&](const auto& pol) {
+        using P = std::remove_cvref_t<decltype(pol)>;
+        if constexpr (!std::is_same_v<P, std::monostate> && !std::is_same_v<P, rope::mixed>) {
+            if constexpr (std::is_same_v<P, rope::custom> ||
+                          requires { { pol.angle_at(0.0f, 0.0f, 0, 4) } -> std::same_as<float>; }) {
+                for (std::int64_t n = 0; n < t.tokens; ++n)
+                    for (std::int64_t j = 0; j < t.pairs; ++j) {
+                        // as build_rope_table: the angle in float32, cos and sin in double
+                        const double a = pol.angle_at(pos[2 * n], pos[2 * n + 1], static_cast<int>(j), static_cast<int>(d));
+                        t.cos[static_cast<std::size_t>(n * t.pairs + j)] = static_cast<S>(std::cos(a));
+                        t.sin[static_cast<std::size_t>(n * t.pairs + j)] = static_cast<S>(std::sin(a));
+                    }
+            }
+        }
+    }, r.form);
+    return t;
+}
+
 /// @brief Cache key of a fixed-form table: the policy (type and value, type-erased: every
-/// parameter that its operator== compares takes part), S, D and the grid.
+/// parameter that its operator== compares takes part), S, D, the grid and the channel layout
+/// (the table records it; its cos/sin are per pair either way).
 struct rope_key {
     std::shared_ptr<const rope_policy_base> policy;  ///< the form's policy; never null in a cache
     int scalar_bytes = 0;
     std::int64_t d = 0;
     int height = 0, width = 0;
+    rope::layout layout = rope::layout::pairs;
     friend bool operator==(const rope_key& a, const rope_key& b) {
         return a.scalar_bytes == b.scalar_bytes && a.d == b.d && a.height == b.height && a.width == b.width &&
+               a.layout == b.layout &&
                a.policy && b.policy && (a.policy == b.policy || a.policy->equals(*b.policy));
     }
 };
@@ -231,16 +343,17 @@ struct rope_key_hash {
         mix(static_cast<std::size_t>(k.scalar_bytes));
         mix(static_cast<std::size_t>(k.height));
         mix(static_cast<std::size_t>(k.width));
+        mix(static_cast<std::size_t>(k.layout));
         return h;
     }
 };
 
 /// @brief The cache key of a fixed-form table of `r` (not rope::mixed) for element type S, D and
-/// the grid: the key of rope_table_of's host cache and of the CUDA backend's device copies.
+/// the grid (and r.layout): the key of rope_table_of's host cache and of the CUDA backend's device copies.
 /// @throws rpe::invalid_argument `[rpe.rope] no fixed table for this form` for none or rope::mixed.
 template <class S>
 rope_key rope_key_of(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
-    rope_key key{nullptr, static_cast<int>(sizeof(S)), d, height, width};
+    rope_key key{nullptr, static_cast<int>(sizeof(S)), d, height, width, r.layout};
     std::visit([&](const auto& p) {
         using P = std::remove_cvref_t<decltype(p)>;
         if constexpr (std::is_same_v<P, rope::custom>) key.policy = p.policy();
@@ -260,23 +373,58 @@ inline single_flight_cache<rope_key, std::shared_ptr<const void>, rope_key_hash>
 }  // namespace detail
 
 /// @brief The cos/sin table of `r` for heads H, head dim D and a height × width grid: the fixed
-/// forms' tables are built once per (policy, D, grid, S) and shared (thread-safe, as bucket
+/// forms' tables are built once per (policy, D, grid, S, layout) and shared (thread-safe, as bucket
 /// ids); rope::mixed's is computed from `r.freqs` at each call (the frequencies are learned).
 /// @pre r checked by detail::check_rope; r.enabled().
 template <class S>
 std::shared_ptr<const rope_table<S>> rope_table_of(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
-    if (r.is_mixed()) return std::make_shared<const rope_table<S>>(detail::build_mixed_table(r.freqs, height, width));
+    if (r.is_mixed()) return std::make_shared<const rope_table<S>>(detail::build_mixed_table(r.freqs, height, width, r.layout));
     const detail::rope_key key = detail::rope_key_of(r, d, height, width);
     std::size_t bytes = 0;  // of the table built by this call (the budget's count)
     auto v = detail::rope_cache().get_or_build(
         key,
         [&]() -> std::shared_ptr<const void> {
-            auto t = std::make_shared<const rope_table<S>>(detail::build_rope_table<S>(*key.policy, d, height, width));
+            auto built = detail::build_rope_table<S>(*key.policy, d, height, width);
+            built.layout = key.layout;
+            auto t = std::make_shared<const rope_table<S>>(std::move(built));
             bytes = (t->cos.size() + t->sin.size()) * sizeof(S) + (t->tx.size() + t->ty.size()) * sizeof(float);
             return t;
         },
         [&](const std::shared_ptr<const void>&) { return bytes; });
     return std::static_pointer_cast<const rope_table<S>>(v);
+}
+
+/// @brief The embedding of the queries alone (key_positions dropped): what a standalone
+/// rotation of q applies.
+template <class S>
+rotary_embedding<S> query_rope(rotary_embedding<S> r) {
+    r.key_positions = {};
+    return r;
+}
+/// @brief The embedding of the keys alone: their key_positions (when given) as positions.
+template <class S>
+rotary_embedding<S> key_rope(rotary_embedding<S> r) {
+    if (r.key_positions.data != nullptr) r.positions = r.key_positions;
+    r.key_positions = {};
+    return r;
+}
+
+/// @brief The table that rotates the queries (or x of a standalone rotation): at
+/// `r.positions` when given (built per call), else the grid's (rope_table_of).
+/// @pre r checked by detail::check_rope; r.enabled().
+template <class S>
+std::shared_ptr<const rope_table<S>> rope_query_table(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
+    if (r.positions.data != nullptr) return std::make_shared<const rope_table<S>>(detail::build_position_table(r, r.positions, d));
+    return rope_table_of(r, d, height, width);
+}
+
+/// @brief The table that rotates the keys of the fused attention: at `r.key_positions` when
+/// given, else the queries' table `query`.
+template <class S>
+std::shared_ptr<const rope_table<S>> rope_key_table(const rotary_embedding<S>& r, std::int64_t d,
+                                                    const std::shared_ptr<const rope_table<S>>& query) {
+    if (r.key_positions.data != nullptr) return std::make_shared<const rope_table<S>>(detail::build_position_table(r, r.key_positions, d));
+    return query;
 }
 
 }  // namespace rpe

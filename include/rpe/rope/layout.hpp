@@ -1,0 +1,35 @@
+/// @file rope/layout.hpp
+/// @brief rpe::rope::layout: which two channels of a head a rotary embedding turns together.
+#pragma once
+
+#include <cstdint>
+
+#include "../config.hpp"
+
+namespace rpe::rope {
+
+/// @brief The channel pairing of every rotary form (rpe::rotary_embedding::layout). A head of D
+/// channels has D/2 pairs; pair j (whose angle is the form's angle of pair j) is the channels
+/// - `pairs`: (2j, 2j+1), rotated as the complex number x_2j + i·x_2j+1 (rope-vit's complex
+///   product; timm's apply_rot_embed_cat with half = false; EVA-02);
+/// - `half`: (j, j + D/2), "rotate-half" (`x·cos + rotate_half(x)·sin` with
+///   `rotate_half(x) = [−x2, x1]`: DINOv3, Qwen2-VL, timm's half = true, GPT-NeoX style).
+/// Either way `y_a = c·x_a − s·x_b`, `y_b = s·x_a + c·x_b` for the pair's channels (a, b).
+enum class layout : unsigned char {
+    pairs = 0,  ///< channels (2j, 2j+1)
+    half = 1,   ///< channels (j, j + D/2)
+};
+
+/// @brief First channel of pair j among `pairs` = D/2 pairs.
+RPE_HOST_DEVICE constexpr std::int64_t first_channel(layout l, std::int64_t j, std::int64_t /*pairs*/) {
+    return l == layout::half ? j : 2 * j;
+}
+/// @brief Distance from the first to the second channel of a pair: 1 (pairs) or D/2 (half).
+RPE_HOST_DEVICE constexpr std::int64_t pair_stride(layout l, std::int64_t pairs) { return l == layout::half ? pairs : 1; }
+
+/// @brief "pairs" or "half" ("?" for a value outside the enumeration).
+constexpr const char* layout_name(layout l) {
+    return l == layout::pairs ? "pairs" : l == layout::half ? "half" : "?";
+}
+
+}  // namespace rpe::rope
