@@ -6,7 +6,7 @@
 #include "../concepts.hpp"
 #include "../config.hpp"
 #include "../detail/bucket_count.hpp"
-#include "../error.hpp"
+#include "../detail/raise.hpp"
 #include "swin.hpp"
 
 namespace rpe::mapping {
@@ -40,10 +40,7 @@ struct beit {
     /// @brief `(2Wh − 1)(2Ww − 1)`: the grid buckets, before the three class-token buckets.
     RPE_HOST_DEVICE constexpr int num_buckets() const {
         const std::int64_t rows = 2 * static_cast<std::int64_t>(window_h) - 1, cols = 2 * static_cast<std::int64_t>(window_w) - 1;
-#if !defined(__CUDA_ARCH__)
-        if (!detail::bucket_count_fits(rows, cols)) bucket_overflow(rows, cols);
-#endif
-        return detail::bucket_count(rows, cols);
+        return detail::mapping_bucket_count(*this, "mapping.beit", "(2*window_h-1)(2*window_w-1)", rows, cols);
     }
     /// @brief Id of the grid offset (dr, dc), as mapping::swin (−1 outside the window).
     RPE_HOST_DEVICE constexpr int bucket(int dr, int dc) const { return window().bucket(dr, dc); }
@@ -62,15 +59,6 @@ struct beit {
     }
 
     friend constexpr bool operator==(const beit&, const beit&) = default;
-
-private:
-    // num_buckets() on the host with parameters whose count overflows int: validate() names the
-    // parameter; parameters that pass it (a custom index function) get the count's message.
-    template <class... E>
-    [[noreturn]] void bucket_overflow(E... extents) const {
-        validate();
-        detail::throw_bucket_overflow("mapping.beit", "(2*window_h-1)(2*window_w-1)", extents...);
-    }
 };
 
 static_assert(Mapping<beit>);
