@@ -22,7 +22,7 @@ namespace rpe::mapping {
 /// the terms and the cache add the three (K = num_buckets() + 3 with skip > 0, + 0 without). With
 /// more than one skip token, a pair of two skip tokens gets K − 1 and the rule above holds per token.
 /// Tables: timm's `relative_position_bias_table` is (K, num_heads); rpe's bias term reads its
-/// transpose (Ht, K) (rpe::table_from_timm in <rpe/swin_bias.hpp>). BEiT's attention bias is
+/// transpose (Ht, K) (rpe::table_from_timm in <rpe/vit/swin_bias.hpp>). BEiT's attention bias is
 /// `rpe::term<mapping::beit, mode::bias, target::key>` with `skip = 1`, `shared_head = false`
 /// (per layer) or one shared table (BEiT's `use_shared_rel_pos_bias`: the same (H, K) table in
 /// every layer). Validation: as mapping::swin (window and grid).

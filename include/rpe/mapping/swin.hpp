@@ -20,7 +20,7 @@ namespace rpe::mapping {
 /// hence by every term and the cache) rejects it. `bucket` returns −1 for such an offset.
 ///
 /// Tables: timm keeps `relative_position_bias_table` as (K, num_heads); an rpe bias term reads
-/// (Ht, K) = its transpose (rpe::table_from_timm in <rpe/swin_bias.hpp> converts). The bias of
+/// (Ht, K) = its transpose (rpe::table_from_timm in <rpe/vit/swin_bias.hpp> converts). The bias of
 /// Swin's attention is then `rpe::term<mapping::swin, mode::bias, target::key>` with per-head
 /// tables (`shared_head = false`): `logits[b,h,i,j] += table[h, id(i,j)]`.
 ///
