@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fuzz_common.hpp"
-#include "rpe/bucket_ids.hpp"
+#include "rpe/bucket_cache.hpp"
 #include "rpe/mapping/cross.hpp"
 #include "rpe/mapping/euclidean.hpp"
 #include "rpe/mapping/product.hpp"

@@ -383,11 +383,8 @@ private:
         const bool same = view.rank == static_cast<int>(shape.size()) &&
                           std::equal(shape.begin(), shape.end(), view.shape.begin());
         if (!same) {
-            std::string want = "(";
-            for (std::size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
-            want += shape.size() == 1 ? ",)" : ")";
             throw rpe::invalid_argument(rpe::detail::message("vit_digits", file_.file_name(), ": tensor '", name, "' has shape ",
-                                                             view.shape_string(), "; expected ", want));
+                                                             view.shape_string(), "; expected ", rpe::detail::shape_string(shape)));
         }
         if constexpr (std::is_same_v<S, float>) {
             return view.data;

@@ -13,7 +13,7 @@
 #include "backend/cpu/isa.hpp"
 #include "backend/cpu/term.hpp"
 #include "bucket_cache.hpp"
-#include "bucket_id_set.hpp"
+#include "bucket_ids.hpp"
 #include "concepts.hpp"
 #include "detail/term_checks.hpp"
 #include "error.hpp"
@@ -79,7 +79,7 @@ public:
 /// @brief The CPU run-time term of a descriptor: five instantiations per scalar in all.
 template <class S>
 std::unique_ptr<any_term<S>> make_runtime_term(term_desc desc) {
-    return cpu::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() -> std::unique_ptr<any_term<S>> {
+    return detail::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() -> std::unique_ptr<any_term<S>> {
         return std::make_unique<runtime_term<S, Bias, Tg>>(std::move(desc));
     });
 }

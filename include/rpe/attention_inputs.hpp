@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "bucket_id_set.hpp"
+#include "bucket_ids.hpp"
 #include "bucket_key.hpp"
 #include "detail/check.hpp"
 #include "detail/validate.hpp"

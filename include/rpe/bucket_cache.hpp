@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "bucket_id_set.hpp"
+#include "bucket_ids.hpp"
 #include "bucket_key.hpp"
 #include "build_bucket_ids.hpp"
 #include "concepts.hpp"

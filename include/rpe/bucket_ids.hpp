@@ -1,10 +1,179 @@
 /// @file bucket_ids.hpp
-/// @brief Bucket ids of every (query, key) token pair of a grid, one header per job: what
-/// determines them (bucket_key.hpp), the ids and their offset math (bucket_id_set.hpp), the
-/// builder (build_bucket_ids.hpp) and the shared single-flight cache (bucket_cache.hpp).
+/// @brief The class rpe::bucket_ids: the bucket ids of every (query, key) token pair of a grid,
+/// compact (per-offset ids, plus (L, L) matrices for table storage), and the rows kernels read.
+/// Built by rpe::build_bucket_ids and shared through rpe::bucket_cache; <rpe/bucket_cache.hpp>
+/// includes all three.
 #pragma once
 
-#include "bucket_cache.hpp"
-#include "bucket_id_set.hpp"
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
 #include "bucket_key.hpp"
-#include "build_bucket_ids.hpp"
+#include "detail/offset_math.hpp"
+#include "error.hpp"
+
+namespace rpe {
+
+/// @brief The one dispatch on the id width: calls `f.template operator()<Id>()` with Id the
+/// unsigned type of `bytes` bytes (std::uint8_t for 1, std::uint16_t for 2, std::uint32_t for 4)
+/// and returns what f returns. Called once per call, so kernels take Id as a template argument
+/// and never switch per element: `rpe::visit_id_width(ids.id_bytes(), [&]<class Id>() { ... })`.
+/// @throws rpe::invalid_argument `[rpe.bucket_ids] id width = ...; expected 1, 2 or 4 bytes`.
+template <class F>
+decltype(auto) visit_id_width(int bytes, F&& f) {
+    switch (bytes) {
+        case 1: return f.template operator()<std::uint8_t>();
+        case 2: return f.template operator()<std::uint16_t>();
+        case 4: return f.template operator()<std::uint32_t>();
+        default: break;
+    }
+    throw invalid_argument(detail::message("bucket_ids", "id width = ", bytes, " bytes; expected 1, 2 or 4 bytes"));
+}
+
+/// @brief Bucket ids of every (query, key) token pair of a grid, one id set per table (two for
+/// Cross), in the smallest unsigned type holding the largest id.
+///
+/// Tokens: `skip` extra tokens, then the grid in row-major order (frame t, row r, column c:
+/// token `skip + (t·H + r)·W + c`); `L = skip + T·H·W`. Id (i, j) of query token i and key token
+/// j is the mapping's id of the offset (t_i − t_j, r_i − r_j, c_i − c_j); with `skip > 0` every pair
+/// that touches an extra token (i < skip or j < skip) has the extra id `num_buckets()−1`, or with
+/// `skip_buckets() == 3` (BEiT) `K−3` (only i extra), `K−2` (only j extra), `K−1` (both).
+/// Id width: 1 byte when `num_buckets() ≤ 256`, 2 when ≤ 65536, else 4.
+///
+/// Storage: every object holds the per-offset ids ((2T−1)(2H−1)(2W−1) per table); `table`
+/// storage also holds the (L, L) matrices, `on_the_fly` makes each row when a kernel reads it
+/// (O(L) per row, the same order as reading a stored row), so grids of any size need no L² memory.
+/// Immutable after construction; share it freely between threads, terms and layers.
+/// Source: reference `get_bucket_ids_2d` in microsoft/Cream `iRPE/DeiT-with-iRPE/irpe.py` (2D).
+class bucket_ids {
+public:
+    /// @brief Largest (L, L) storage (all tables) that `id_storage::table` accepts: 4 GiB.
+    static constexpr std::int64_t max_bytes = std::int64_t{4} << 30;
+    /// @brief Largest (L, L) storage that `id_storage::automatic` keeps as a table: 64 MiB
+    /// (L ≤ 8192 with 1-byte ids); larger grids get on-the-fly ids.
+    static constexpr std::int64_t auto_table_bytes = std::int64_t{64} << 20;
+
+    using storage = std::variant<std::vector<std::uint8_t>, std::vector<std::uint16_t>, std::vector<std::uint32_t>>;
+
+    /// @brief Assembles ids (use build_bucket_ids or bucket_cache::get instead). `offsets`: one
+    /// per-offset id array per table; `tables`: the (L, L) matrices, empty for on-the-fly storage.
+    /// `skip_buckets`: 1 (every pair touching an extra token has id K−1) or 3 (BEiT: K−3, K−2, K−1).
+    bucket_ids(bucket_key key, int num_buckets, std::vector<storage> offsets, std::vector<storage> tables,
+               int skip_buckets = 1)
+        : key_(std::move(key)),
+          num_buckets_(num_buckets),
+          skip_buckets_(skip_buckets),
+          offsets_(std::move(offsets)),
+          tables_(std::move(tables)) {}
+
+    /// @brief The configuration these ids were built for.
+    [[nodiscard]] const bucket_key& key() const { return key_; }
+    [[nodiscard]] int depth() const { return key_.depth; }    ///< grid frames (1 for images)
+    [[nodiscard]] int height() const { return key_.height; }  ///< grid rows
+    [[nodiscard]] int width() const { return key_.width; }    ///< grid columns
+    [[nodiscard]] int skip() const { return key_.skip; }      ///< extra tokens
+    /// @brief The grid as text: "HxW", or "TxHxW" when depth > 1.
+    [[nodiscard]] std::string grid_string() const {
+        return (key_.depth > 1 ? std::to_string(key_.depth) + "x" : std::string()) + std::to_string(key_.height) + "x" +
+               std::to_string(key_.width);
+    }
+    /// @brief Sequence length `L = skip + depth·height·width`.
+    [[nodiscard]] int length() const { return key_.skip + key_.depth * key_.height * key_.width; }
+    /// @brief Buckets per table, the extra skip bucket(s) included (the table's K).
+    [[nodiscard]] int num_buckets() const { return num_buckets_; }
+    /// @brief Extra buckets for pairs touching a skip token: 1, or 3 for BEiT-style mappings
+    /// (see rpe::detail::skip_buckets_of); they are the last ids, used only when skip > 0.
+    [[nodiscard]] int skip_buckets() const { return skip_buckets_; }
+    /// @brief Number of id sets (1, or 2 for Cross).
+    [[nodiscard]] int num_tables() const { return static_cast<int>(offsets_.size()); }
+    /// @brief `id_storage::table` or `id_storage::on_the_fly`.
+    [[nodiscard]] id_storage storage_kind() const { return key_.storage; }
+    /// @brief Bytes per id: 1, 2 or 4.
+    [[nodiscard]] int id_bytes() const {
+        return std::visit([](const auto& v) { return static_cast<int>(sizeof(v[0])); }, offsets_.at(0));
+    }
+    /// @brief Bytes held, all tables: the per-offset ids plus, for table storage, the (L, L) matrices.
+    [[nodiscard]] std::int64_t bytes() const {
+        std::int64_t b = 0;
+        for (const auto* set : {&offsets_, &tables_})
+            for (const auto& v : *set) b += std::visit([](const auto& x) { return static_cast<std::int64_t>(x.size() * sizeof(x[0])); }, v);
+        return b;
+    }
+    /// @brief Id of pair (i, j) in table `table`; bounds-checked; any storage.
+    /// @throws rpe::out_of_range `[rpe.bucket_ids] ...` when an index is outside its range.
+    [[nodiscard]] int at(int table, int i, int j) const {
+        const int n = length();
+        if (table < 0 || table >= num_tables() || i < 0 || i >= n || j < 0 || j >= n)
+            throw out_of_range(detail::message("bucket_ids", "at(table = ", table, ", i = ", i, ", j = ", j,
+                                               ") outside tables [0, ", num_tables(), ") x L = ", n));
+        if (i < skip() || j < skip()) return static_cast<int>(grid().extra_id(i, j));
+        return std::visit([&](const auto& v) { return static_cast<int>(v[static_cast<std::size_t>(grid().offset_index(i, j))]); },
+                          offsets_[static_cast<std::size_t>(table)]);
+    }
+    /// @brief Calls `f(ids)` with `const Id*` pointing at table `table`'s (L, L) ids, row-major,
+    /// Id the stored unsigned type; returns what f returns. Table storage only.
+    /// @throws rpe::invalid_argument for on-the-fly ids (use at() or rows()).
+    template <class F>
+    decltype(auto) visit(int table, F&& f) const {
+        detail::require(key_.storage == id_storage::table, "bucket_ids",
+                        "visit() needs table storage; these ids are computed on the fly (use at() or rows())");
+        if (table < 0 || table >= num_tables())
+            throw out_of_range(detail::message("bucket_ids", "visit(table = ", table, "); expected [0, ", num_tables(), ")"));
+        return std::visit([&](const auto& v) -> decltype(auto) { return f(v.data()); },
+                          tables_.at(static_cast<std::size_t>(table)));
+    }
+
+    /// @brief Rows [i0, i0 + count) of table `table`'s ids as a (count, L) row-major block:
+    /// entry (r, j) is id(i0 + r, j), or with `transposed` id(j, i0 + r) (the query target's
+    /// order). Returns a pointer into the stored matrix when possible (table storage, same Id
+    /// type, not transposed), else fills `buf` (count·L elements) and returns it. No checks (hot path).
+    template <class Id>
+    const Id* rows(int table, std::int64_t i0, std::int64_t count, bool transposed, Id* buf) const {
+        if (!transposed && key_.storage == id_storage::table) {
+            const Id* direct = std::visit(
+                [&](const auto& v) -> const Id* {
+                    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(v[0])>, Id>)
+                        return v.data() + i0 * length();
+                    else
+                        return nullptr;
+                },
+                tables_[static_cast<std::size_t>(table)]);
+            if (direct) return direct;
+        }
+        const detail::id_grid g = grid();
+        std::visit([&](const auto& off) {
+            for (std::int64_t r = 0; r < count; ++r) detail::fill_id_row(g, off.data(), i0 + r, transposed, buf + r * length());
+        }, offsets_[static_cast<std::size_t>(table)]);
+        return buf;
+    }
+
+    /// @brief The grid and extra id of these ids, for the offset math (detail/offset_math.hpp).
+    [[nodiscard]] detail::id_grid grid() const {
+        const bool three = skip_buckets_ == 3;
+        return detail::id_grid{key_.depth, key_.height, key_.width, key_.skip, num_buckets_ - 1,
+                               num_buckets_ - (three ? 3 : 1), num_buckets_ - (three ? 2 : 1)};
+    }
+    /// @brief Table `table`'s per-offset ids ((2T−1)(2H−1)(2W−1) entries, see detail/offset_math.hpp)
+    /// as `f(const Id*, std::size_t count)`; returns what f returns. Any storage.
+    template <class F>
+    decltype(auto) visit_offsets(int table, F&& f) const {
+        if (table < 0 || table >= num_tables())
+            throw out_of_range(detail::message("bucket_ids", "visit_offsets(table = ", table, "); expected [0, ", num_tables(), ")"));
+        return std::visit([&](const auto& v) -> decltype(auto) { return f(v.data(), v.size()); },
+                          offsets_[static_cast<std::size_t>(table)]);
+    }
+
+private:
+    bucket_key key_;
+    int num_buckets_;
+    int skip_buckets_ = 1;
+    std::vector<storage> offsets_;
+    std::vector<storage> tables_;
+};
+
+}  // namespace rpe

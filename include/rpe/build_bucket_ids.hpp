@@ -12,7 +12,7 @@
 #include <variant>
 #include <vector>
 
-#include "bucket_id_set.hpp"
+#include "bucket_ids.hpp"
 #include "bucket_key.hpp"
 #include "concepts.hpp"
 #include "detail/validate.hpp"

@@ -11,7 +11,6 @@
 #include "backend/tags.hpp"
 #include "bucket_cache.hpp"
 #include "caches.hpp"
-#include "bucket_id_set.hpp"
 #include "bucket_ids.hpp"
 #include "bucket_key.hpp"
 #include "build_bucket_ids.hpp"

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "detail/format.hpp"
+#include "detail/raise.hpp"
 
 namespace rpe {
 
@@ -84,10 +85,31 @@ std::string message(const char* component, const Parts&... parts) {
     return s;
 }
 
-/// @brief Throws `rpe::invalid_argument` with `message(component, parts...)` when `!cond`.
-template <class... Parts>
-void require(bool cond, const char* component, const Parts&... parts) {
-    if (!cond) throw invalid_argument(message(component, parts...));
+/// @brief Appends one stored message part (detail::require) to `s`, as append_part formats its value.
+inline void append_part(std::string& s, const message_part& part) {
+    using kind = message_part::kind;
+    switch (part.k) {
+        case kind::text: s.append(part.text, static_cast<std::size_t>(part.length)); break;
+        case kind::signed_int: append_part(s, part.i); break;
+        case kind::unsigned_int: append_part(s, part.u); break;
+        case kind::float32: append_part(s, part.f); break;
+        case kind::float64: append_part(s, part.d); break;
+        case kind::float_long: append_part(s, part.ld); break;
+        case kind::character: append_part(s, part.c); break;
+        case kind::boolean: append_part(s, part.b); break;
+        case kind::pointer: append_part(s, part.p); break;
+    }
+}
+
+/// @brief Definition of the declaration in detail/raise.hpp: throws rpe::invalid_argument
+/// `[rpe.<component>] <parts...>`.
+template <class>
+[[noreturn]] void raise_invalid_argument(const char* component, const message_part* parts, int count) {
+    std::string s = "[rpe.";
+    s += component;
+    s += "] ";
+    for (int i = 0; i < count; ++i) append_part(s, parts[i]);
+    throw invalid_argument(s);
 }
 
 }  // namespace detail

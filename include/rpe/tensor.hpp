@@ -161,15 +161,7 @@ struct tensor_ref {
     [[nodiscard]] constexpr std::int64_t extent(int i) const { return shape[static_cast<std::size_t>(i)]; }
 
     /// @brief The shape as text, e.g. `(2, 3, 46, 8)`.
-    [[nodiscard]] std::string shape_string() const {
-        std::string s = "(";
-        for (int i = 0; i < rank; ++i) {
-            if (i) s += ", ";
-            detail::append_part(s, shape[static_cast<std::size_t>(i)]);
-        }
-        s += rank == 1 ? ",)" : ")";
-        return s;
-    }
+    [[nodiscard]] std::string shape_string() const { return detail::shape_string(shape.data(), static_cast<std::size_t>(rank)); }
 
     /// @brief True when the rank and every extent equal `dims`.
     [[nodiscard]] bool has_shape(std::initializer_list<std::int64_t> dims) const {
@@ -195,16 +187,6 @@ private:
 };
 
 /// @brief Shape text of `dims`, e.g. `(1, 8, 50)`, for error messages.
-inline std::string shape_string(std::initializer_list<std::int64_t> dims) {
-    std::string s = "(";
-    bool first = true;
-    for (std::int64_t d : dims) {
-        if (!first) s += ", ";
-        detail::append_part(s, d);
-        first = false;
-    }
-    s += dims.size() == 1 ? ",)" : ")";
-    return s;
-}
+inline std::string shape_string(std::initializer_list<std::int64_t> dims) { return detail::shape_string(dims.begin(), dims.size()); }
 
 }  // namespace rpe

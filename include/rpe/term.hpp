@@ -14,7 +14,7 @@
 #include "backend/cpu/term.hpp"
 #include "backend/tags.hpp"
 #include "bucket_cache.hpp"
-#include "bucket_id_set.hpp"
+#include "bucket_ids.hpp"
 #include "concepts.hpp"
 #include "detail/check.hpp"
 #include "detail/term_checks.hpp"
@@ -74,7 +74,7 @@ public:
     /// @throws rpe::invalid_argument `[rpe.term] num_heads = ...` (see the class comment).
     term(M mapping, const term_config& config)
         : mapping_(mapping),
-          layout_(make_layout(mapping_, config.num_heads, config.head_dim, config.shared_head, config.skip)) {}
+          layout_(detail::term_layout_of(mapping_, is_bias, Tg, config)) {}
     /// @brief The configuration (heads, head dim, shared tables, skip) as a term_config.
     [[nodiscard]] term_config config() const {
         return term_config{.num_heads = layout_.num_heads, .head_dim = layout_.head_dim,
@@ -167,15 +167,6 @@ public:
     }
 
 private:
-    static detail::term_layout make_layout(const M& m, int num_heads, int head_dim, bool shared_head, int skip) {
-        const auto buckets = [&m] {
-            detail::validate_policy(m);
-            return static_cast<std::int64_t>(m.num_buckets());
-        };
-        return detail::make_term_layout(buckets, num_tables, num_heads, head_dim,
-                                        shared_head, skip, is_bias, Tg, detail::skip_buckets_of<M>());
-    }
-
     M mapping_;
     detail::term_layout layout_;
 };

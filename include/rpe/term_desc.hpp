@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "bucket_cache.hpp"
-#include "bucket_id_set.hpp"
+#include "bucket_ids.hpp"
 #include "bucket_key.hpp"
 #include "concepts.hpp"
 #include "detail/term_checks.hpp"
@@ -60,6 +60,33 @@ private:
     mapping_key<M> key_;
     bucket_cache* cache_;
 };
+
+/// @brief The layout of a compile-time term of mapping `m` (rpe::term on either backend) in bias
+/// (else contextual) mode on target `tg`: make_term_layout's checks of `config`, then the
+/// mapping's validate() and num_buckets().
+/// @throws rpe::invalid_argument as make_term_layout and the mapping's validate().
+template <GridMapping M>
+term_layout term_layout_of(const M& m, bool bias, target tg, const term_config& config) {
+    const auto buckets = [&m] {
+        validate_policy(m);
+        return static_cast<std::int64_t>(m.num_buckets());
+    };
+    return make_term_layout(buckets, num_tables_of<M>(), config.num_heads, config.head_dim, config.shared_head, config.skip,
+                            bias, tg, skip_buckets_of<M>());
+}
+
+/// @brief Calls `f.template operator()<Bias, Tg>()` with the (mode, target) of `d` as template
+/// arguments (five combinations; bias mode on values does not exist and is rejected by
+/// make_term_layout): the one switch from a run-time layout to the kernels of either backend.
+template <class F>
+decltype(auto) visit_mode_target(const term_layout& d, F&& f) {
+    switch (d.target) {
+        case target::query: return d.bias ? f.template operator()<true, target::query>() : f.template operator()<false, target::query>();
+        case target::key: return d.bias ? f.template operator()<true, target::key>() : f.template operator()<false, target::key>();
+        case target::value: break;
+    }
+    return f.template operator()<false, target::value>();
+}
 
 }  // namespace detail
 

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/error.hpp>
 #include <rpe/index/piecewise.hpp>
 #include <rpe/mapping/euclidean.hpp>

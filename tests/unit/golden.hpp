@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/io/npy.hpp>
 #include <rpe/mode.hpp>
 #include <rpe/tensor.hpp>

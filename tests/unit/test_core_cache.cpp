@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/caches.hpp>
 #include <rpe/rope/axial.hpp>
 #include <rpe/detail/single_flight.hpp>

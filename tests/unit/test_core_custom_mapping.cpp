@@ -8,7 +8,7 @@
 #include <vector>
 
 #include <rpe/any_term.hpp>  // make_any_term only (make_term is not instantiated here)
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/concepts.hpp>
 #include <rpe/index/piecewise.hpp>
 #include <rpe/mapping/euclidean.hpp>

@@ -13,8 +13,8 @@
 #include <type_traits>
 #include <vector>
 
-#include <rpe/bucket_ids.hpp>
-#include <rpe/composed_attention.hpp>
+#include <rpe/bucket_cache.hpp>
+#include <rpe/backend/cpu/composed_attention.hpp>
 #include <rpe/error.hpp>
 #include <rpe/index/clip.hpp>
 #include <rpe/index/piecewise.hpp>

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include <rpe/composed_attention.hpp>
+#include <rpe/backend/cpu/composed_attention.hpp>
 #include <rpe/index/piecewise.hpp>
 #include <rpe/mapping/cross.hpp>
 #include <rpe/mapping/euclidean.hpp>

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/index/clip.hpp>
 #include <rpe/index/piecewise.hpp>
 #include <rpe/mapping/cross.hpp>

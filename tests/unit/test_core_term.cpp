@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <rpe/any_term.hpp>
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/make_term.hpp>
 
 #include "golden.hpp"

@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/index/piecewise.hpp>
 #include <rpe/mapping/cross.hpp>
 #include <rpe/mapping/product.hpp>

@@ -3,7 +3,7 @@
 // fused attention are exercised by the example itself (CTest example.custom_mapping).
 #include <doctest/doctest.h>
 
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/concepts.hpp>
 #include <rpe/mapping/product.hpp>
 

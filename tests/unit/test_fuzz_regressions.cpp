@@ -10,7 +10,7 @@
 #include <limits>
 #include <string>
 
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/error.hpp>
 #include <rpe/index/clip.hpp>
 #include <rpe/index/piecewise.hpp>

@@ -12,7 +12,7 @@
 
 #include <rpe/any_term.hpp>
 #include <rpe/attention.hpp>
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/mapping/shaw.hpp>
 #include <rpe/mapping/t5.hpp>
 #include <rpe/term.hpp>

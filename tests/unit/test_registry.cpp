@@ -11,7 +11,7 @@
 #include <vector>
 
 #include <rpe/any_term.hpp>
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/families.hpp>
 #include <rpe/make_term.hpp>
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "golden.hpp"
@@ -255,7 +256,38 @@ TEST_CASE("errors: a bucket count that overflows int throws from num_buckets(), 
     CHECK(mapping::euclidean<rpe::index::clip>{rpe::index::clip{1073741823}}.num_buckets() == 2147483647);
     CHECK(rpe::index::piecewise{1.9, 1e300, 2e300}.beta_int() == 2147483647);  // saturated, no UB
     CHECK(rpe::index::clip{std::nan("")}.beta_int() == 0);
-    CHECK(mapping::cross{rpe::index::piecewise{1.9, std::nan(""), 15.2}}.num_buckets() == 1);  // no overflow: validate() refuses NaN
+    // a NaN β gives beta_int() = 0, a count that fits: num_buckets() still refuses it, naming β
+    CHECK(throws_with([] { (void)mapping::cross{rpe::index::piecewise{1.9, std::nan(""), 15.2}}.num_buckets(); },
+                      "[rpe.index.piecewise] beta = nan must be finite"));
+}
+
+TEST_CASE("errors: num_buckets() and validate() agree (T5 counts, NaN beta, product3d at 2^31 - 1)") {
+    // T5: a negative or too small count throws from num_buckets() as from validate(), naming it
+    for (const int n : {-3, 0, 3}) {
+        const mapping::t5 m{.buckets = n};
+        const std::string msg = "[rpe.mapping.t5] num_buckets = " + std::to_string(n) + "; expected [4, 2^30) for bidirectional buckets";
+        CHECK(throws_with([&] { m.validate(); }, msg.c_str()));
+        CHECK(throws_with([&] { (void)m.num_buckets(); }, msg.c_str()));
+    }
+    CHECK(throws_with([] { (void)mapping::t5{.buckets = -1, .bidirectional = false}.num_buckets(); },
+                      "[rpe.mapping.t5] num_buckets = -1; expected [2, 2^30) for causal buckets"));
+    CHECK(mapping::t5{}.num_buckets() == 32);
+    static_assert(mapping::t5{.buckets = -3}.num_buckets() == -3);  // constant evaluation only multiplies
+    // NaN β, every index-based mapping: both name β
+    const rpe::index::clip nan_clip{std::nan("")};
+    CHECK(throws_with([&] { (void)mapping::euclidean<rpe::index::clip>{nan_clip}.num_buckets(); }, "[rpe.index.clip] beta = nan must be finite"));
+    CHECK(throws_with([&] { (void)mapping::quantization<rpe::index::clip>{nan_clip}.num_buckets(); }, "[rpe.index.clip] beta = nan must be finite"));
+    CHECK(throws_with([&] { (void)mapping::product<rpe::index::clip>{nan_clip}.num_buckets(); }, "[rpe.index.clip] beta = nan must be finite"));
+    CHECK(throws_with([&] { mapping::product<rpe::index::clip>{nan_clip}.validate(); }, "[rpe.index.clip] beta = nan must be finite"));
+    // product3d: exactly 2^31 - 1 buckets (spans 1, 1, 2^31 - 1) is valid for both; one more span is not
+    const mapping::product3d<rpe::index::clip> largest{.time = {0.0}, .row = {0.0}, .col = {1073741823.0}};
+    CHECK_NOTHROW(largest.validate());
+    CHECK(largest.num_buckets() == 2147483647);
+    const mapping::product3d<rpe::index::clip> over{.time = {1.0}, .row = {0.0}, .col = {1073741823.0}};
+    CHECK(throws_with([&] { over.validate(); },
+                      "[rpe.mapping.product3d] beta_int (time, row, col) = (1, 0, 1073741823) gives 3*1*2147483647 buckets; "
+                      "expected at most 2^31 - 1"));
+    CHECK(throws_with([&] { (void)over.num_buckets(); }, "[rpe.mapping.product3d] beta_int (time, row, col) = (1, 0, 1073741823)"));
 }
 
 TEST_CASE_TEMPLATE("numerics: huge logits (1e30) give exact one-hot rows, never NaN", S, float, double) {

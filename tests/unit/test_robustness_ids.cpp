@@ -179,7 +179,7 @@ TEST_CASE("product3d: validation and the depth of 2D mappings") {
     CHECK(throws_with([] { (void)rpe::build_bucket_ids(mapping::product3d<clip>{clip{1}, clip{1}, clip{1}}, 0, 3, 3, 0, id_storage::automatic); },
                       "depth = 0"));
     CHECK(throws_with([] { mapping::product3d<clip>{clip{-1}, clip{1}, clip{1}}.validate(); }, "beta = -1"));
-    CHECK(throws_with([] { mapping::product3d<clip>{clip{2000}, clip{2000}, clip{2000}}.validate(); }, "buckets; expected fewer"));
+    CHECK(throws_with([] { mapping::product3d<clip>{clip{2000}, clip{2000}, clip{2000}}.validate(); }, "buckets; expected at most 2^31 - 1"));
     static_assert(rpe::Mapping3D<mapping::product3d<>> && !rpe::Mapping<mapping::product3d<>>);
     static_assert(!rpe::Mapping3D<mapping::cross<>>);  // Cross's bucket(dr, dc, table) is not a 3D mapping
 }

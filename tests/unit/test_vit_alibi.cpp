@@ -13,7 +13,7 @@
 #include <vector>
 
 #include <rpe/attention.hpp>
-#include <rpe/composed_attention.hpp>
+#include <rpe/backend/cpu/composed_attention.hpp>
 #include <rpe/vit/alibi_2d.hpp>
 
 #include "golden.hpp"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include <rpe/attention.hpp>
-#include <rpe/composed_attention.hpp>
+#include <rpe/backend/cpu/composed_attention.hpp>
 #include <rpe/vit/decomposed_rel_pos.hpp>
 
 #include "golden.hpp"

@@ -18,10 +18,10 @@
 
 #include <rpe/any_term.hpp>
 #include <rpe/attention.hpp>
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/swin.hpp>
-#include <rpe/swin_bias.hpp>
+#include <rpe/vit/swin_bias.hpp>
 #include <rpe/term.hpp>
 
 #include "golden.hpp"

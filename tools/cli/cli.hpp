@@ -17,7 +17,7 @@
 #include <vector>
 
 #include <rpe/any_term.hpp>
-#include <rpe/bucket_ids.hpp>
+#include <rpe/bucket_cache.hpp>
 #include <rpe/io/npy.hpp>
 #include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/shaw.hpp>

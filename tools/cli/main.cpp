@@ -40,7 +40,7 @@
 #include <rpe/mapping/euclidean.hpp>
 #include <rpe/mapping/product.hpp>
 #include <rpe/mapping/quantization.hpp>
-#include <rpe/swin_bias.hpp>
+#include <rpe/vit/swin_bias.hpp>
 #include <rpe/vit/alibi_2d.hpp>
 #include <rpe/vit/decomposed_rel_pos.hpp>
 

@@ -24,12 +24,6 @@ namespace rpe_cli {
 
 namespace {
 
-std::string shape_of(const std::vector<std::int64_t>& s) {
-    std::string t = "(";
-    for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-    return t + (s.size() == 1 ? ",)" : ")");
-}
-
 rpe::tensor_ref<const float> cref(const std::vector<float>& v, const std::vector<std::int64_t>& shape) {
     return rpe::tensor_ref<const float>(v.data(), std::span<const std::int64_t>(shape));
 }
@@ -101,7 +95,7 @@ int run_rope(const rope_options& o) {
         positions = to_float32(p, "--positions", o.positions);
         positions_shape = p.shape;
         if (positions_shape.size() > 4)
-            throw usage_error("--positions", o.positions + " has shape " + shape_of(positions_shape) + "; expected (tokens, 2)");
+            throw usage_error("--positions", o.positions + " has shape " + rpe::detail::shape_string(positions_shape) + "; expected (tokens, 2)");
         r.positions = cref(positions, positions_shape);
     }
     if (dinov3) {
@@ -145,7 +139,7 @@ int run_rope(const rope_options& o) {
             const auto f = rpe::io::load_npy(o.freqs);
             freqs = to_float32(f, "--freqs", o.freqs);
             freqs_shape = f.shape;
-            if (freqs_shape.size() > 4) throw usage_error("--freqs", o.freqs + " has shape " + shape_of(freqs_shape) + "; expected (2, H, D/2)");
+            if (freqs_shape.size() > 4) throw usage_error("--freqs", o.freqs + " has shape " + rpe::detail::shape_string(freqs_shape) + "; expected (2, H, D/2)");
             r.freqs = cref(freqs, freqs_shape);
             what += "frequencies from " + o.freqs;
         } else if (spec.has("theta")) {
@@ -168,7 +162,7 @@ int run_rope(const rope_options& o) {
         }
     }
     const auto x = rpe::io::load_npy(o.input);
-    if (x.shape.size() != 4) throw usage_error("--input", o.input + " has shape " + shape_of(x.shape) + "; expected (B, H, L, D)");
+    if (x.shape.size() != 4) throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L, D)");
     const auto x_data = to_float32(x, "--input", o.input);
     std::vector<float> y(x_data.size());
     try {

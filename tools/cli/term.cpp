@@ -18,7 +18,7 @@
 #include <rpe/io/npy.hpp>
 #include <rpe/term.hpp>
 #include <rpe/make_term.hpp>
-#include <rpe/swin_bias.hpp>
+#include <rpe/vit/swin_bias.hpp>
 #include <rpe/vit/alibi_2d.hpp>
 #include <rpe/vit/decomposed_rel_pos.hpp>
 
@@ -33,19 +33,13 @@ rpe::tensor_ref<T> view(T* data, const std::vector<std::int64_t>& shape) {
     return rpe::tensor_ref<T>(data, std::span<const std::int64_t>(shape));  // checks rank <= 4
 }
 
-std::string shape_text(const std::vector<std::int64_t>& s) {
-    std::string t = "(";
-    for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-    return t + (s.size() == 1 ? ",)" : ")");
-}
-
 // The extents of a file's shape from `first` on, which become ints (heads, head_dim, buckets,
 // L), checked before any cast: an extent above 2^31 - 1 would otherwise be cut.
 void check_int_extents(const std::vector<std::int64_t>& shape, const char* option, const std::string& file,
                        std::size_t first = 0) {
     for (std::size_t i = first; i < shape.size(); ++i)
         if (shape[i] > std::numeric_limits<int>::max())
-            throw usage_error(option, file + " has shape " + shape_text(shape) + "; extent " + std::to_string(i) + " = " +
+            throw usage_error(option, file + " has shape " + rpe::detail::shape_string(shape) + "; extent " + std::to_string(i) + " = " +
                                           std::to_string(shape[i]) + " exceeds the int range (2147483647) of heads, "
                                           "head_dim, buckets and tokens");
 }
@@ -63,12 +57,12 @@ std::size_t checked_elements(const std::vector<std::int64_t>& shape, const char*
     for (const std::int64_t e : shape) {
         if (e == 0) empty = true;
         else if (static_cast<std::uint64_t>(e) > limit / n)
-            throw usage_error(option, what + " " + shape_text(shape) + " has more than " + std::to_string(limit) +
+            throw usage_error(option, what + " " + rpe::detail::shape_string(shape) + " has more than " + std::to_string(limit) +
                                           " float32 elements; expected a buffer this machine can address");
         else n *= static_cast<std::uint64_t>(e);
     }
     if (!empty && n * sizeof(float) > max_output_bytes)
-        throw usage_error(option, what + " " + shape_text(shape) + " would take more than 4 GiB; expected a smaller grid or input");
+        throw usage_error(option, what + " " + rpe::detail::shape_string(shape) + " would take more than 4 GiB; expected a smaller grid or input");
     return empty ? 0 : static_cast<std::size_t>(n);
 }
 
@@ -124,15 +118,15 @@ int run_decomposed_term(const mapping_config& m, const grid_size& g, const term_
     const auto th = rpe::io::load_npy(o.tables[0]), tw = rpe::io::load_npy(o.tables[1]);
     for (const auto* t : {&th, &tw}) {
         const auto& f = o.tables[t == &th ? 0 : 1];
-        if (t->shape.size() != 2) throw usage_error("--table", f + " has shape " + shape_text(t->shape) + "; expected (length, C)");
+        if (t->shape.size() != 2) throw usage_error("--table", f + " has shape " + rpe::detail::shape_string(t->shape) + "; expected (length, C)");
         check_int_extents(t->shape, "--table", f);
     }
     const auto x = rpe::io::load_npy(o.input);
-    if (x.shape.size() != 4) throw usage_error("--input", o.input + " has shape " + shape_text(x.shape) + "; expected (B, H, L, D)");
+    if (x.shape.size() != 4) throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L, D)");
     check_int_extents(x.shape, "--input", o.input, 1);
     const std::int64_t L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
     if (x.shape[2] != L)
-        throw usage_error("--input/--grid/--skip", o.input + " has shape " + shape_text(x.shape) + "; expected L = " + std::to_string(L));
+        throw usage_error("--input/--grid/--skip", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected L = " + std::to_string(L));
     const rpe::vit::decomposed_rel_pos_config c{.height = g.height, .width = g.width, .num_heads = static_cast<int>(x.shape[1]),
                                                 .head_dim = static_cast<int>(x.shape[3]), .skip = o.skip};
     const auto h = to_float32(th, "--table", o.tables[0]), w = to_float32(tw, "--table", o.tables[1]),
@@ -197,7 +191,7 @@ void check_output_options(const std::string& out, const std::string& expect, dou
 
 int write_and_compare(const std::vector<float>& out, const std::vector<std::int64_t>& out_shape, const std::string& out_path,
                       const std::string& expect, double atol, double rtol) {
-    std::cout << "out " << shape_text(out_shape) << " float32\n";
+    std::cout << "out " << rpe::detail::shape_string(out_shape) << " float32\n";
     if (!out_path.empty()) {
         rpe::io::save_npy(out_path, out.data(), out_shape);
         std::cout << "wrote " << out_path << "\n";
@@ -205,7 +199,7 @@ int write_and_compare(const std::vector<float>& out, const std::vector<std::int6
     if (!expect.empty()) {
         const auto ref = rpe::io::load_npy(expect);
         if (ref.shape != out_shape) {
-            std::cout << "expect: " << expect << " has shape " << shape_text(ref.shape) << "; MISMATCH\n";
+            std::cout << "expect: " << expect << " has shape " << rpe::detail::shape_string(ref.shape) << "; MISMATCH\n";
             return 1;
         }
         const auto want = ref.to<double>();
@@ -273,7 +267,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
             throw usage_error("--mode/--target", (swinv2 ? m.family.family : std::string("--timm-table")) +
                                                      " is a bias on keys; use --mode bias --target k");
         if (tables[0].shape.size() != 2)
-            throw usage_error("--table", o.tables[0] + " has shape " + shape_text(tables[0].shape) + "; expected (K, H)");
+            throw usage_error("--table", o.tables[0] + " has shape " + rpe::detail::shape_string(tables[0].shape) + "; expected (K, H)");
         check_int_extents(tables[0].shape, "--table", o.tables[0]);
         const std::vector<std::int64_t> kh = tables[0].shape, hk{kh[1], kh[0]};
         std::vector<float> t(table_data[0].size());
@@ -296,7 +290,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
     const std::size_t want_rank = spec.contextual ? 3 : 2;
     for (std::size_t t = 0; t < tables.size(); ++t) {  // every table (Cross has two), before any view is made
         if (tables[t].shape.size() != want_rank)
-            throw usage_error("--table", o.tables[t] + " has shape " + shape_text(tables[t].shape) + "; expected " +
+            throw usage_error("--table", o.tables[t] + " has shape " + rpe::detail::shape_string(tables[t].shape) + "; expected " +
                                              (spec.contextual ? (spec.target == rpe::target::value ? "(Ht, K, D)" : "(Ht, D, K)") : "(Ht, K)"));
         check_int_extents(tables[t].shape, "--table", o.tables[t]);
     }
@@ -308,7 +302,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
         if (o.input.empty()) throw usage_error("--input", "contextual mode needs an input x");
         x = rpe::io::load_npy(o.input);
         if (x.shape.size() != 4)
-            throw usage_error("--input", o.input + " has shape " + shape_text(x.shape) + "; expected (B, H, L, " +
+            throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L, " +
                                              (spec.target == rpe::target::value ? "L)" : "D)"));
         check_int_extents(x.shape, "--input", o.input, 1);  // H, L, D (or L); B stays int64
         x_data = to_float32(x, "--input", o.input);
@@ -339,10 +333,10 @@ int run_term(const mapping_config& mc, const term_options& o) {
     // here first, so that no output is sized from an extent the term would refuse.
     for (std::size_t t = 0; t < tables.size(); ++t)
         if (tables[t].shape != term->table_shape())
-            throw usage_error("--table", o.tables[t] + " has shape " + shape_text(tables[t].shape) + "; expected " +
-                                             shape_text(term->table_shape()) + " for this mapping, mode, target and skip");
+            throw usage_error("--table", o.tables[t] + " has shape " + rpe::detail::shape_string(tables[t].shape) + "; expected " +
+                                             rpe::detail::shape_string(term->table_shape()) + " for this mapping, mode, target and skip");
     if (spec.contextual && (x.shape[2] != L || x.shape[3] != (spec.target == rpe::target::value ? L : spec.head_dim)))
-        throw usage_error("--input/--grid/--skip", o.input + " has shape " + shape_text(x.shape) + "; expected (B, H, L = " + std::to_string(L) +
+        throw usage_error("--input/--grid/--skip", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L = " + std::to_string(L) +
                                          ", " + (spec.target == rpe::target::value ? "L" : "D") + " = " +
                                          std::to_string(spec.target == rpe::target::value ? L : spec.head_dim) + ")");
     // the output is sized from --grid/--skip (and the input): capped before it is allocated
@@ -350,7 +344,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
     for (const auto e : out_shape) out_elems *= static_cast<double>(e);
     if (out_elems * sizeof(float) > static_cast<double>(max_output_bytes))
         throw usage_error(spec.contextual ? "--input/--grid/--skip" : "--grid/--skip",
-                          "the output " + shape_text(out_shape) + " would take more than 4 GiB; expected a smaller grid or input");
+                          "the output " + rpe::detail::shape_string(out_shape) + " would take more than 4 GiB; expected a smaller grid or input");
     std::vector<float> out(checked_elements(out_shape, "--grid", "the output"));
     std::vector<rpe::tensor_ref<const float>> refs;
     for (std::size_t t = 0; t < tables.size(); ++t) refs.push_back(view<const float>(table_data[t].data(), tables[t].shape));

@@ -65,7 +65,7 @@ private:
     std::vector<T> load_as(const std::string& file, const std::vector<std::int64_t>& shape) const {
         const auto a = load(file);
         if (a.shape != shape)
-            throw mismatch(file + " has shape " + rpe::detail::shape_text(a.shape) + "; expected " + rpe::detail::shape_text(shape));
+            throw mismatch(file + " has shape " + rpe::detail::shape_string(a.shape) + "; expected " + rpe::detail::shape_string(shape));
         return a.to<T>();
     }
 

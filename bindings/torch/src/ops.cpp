@@ -30,7 +30,7 @@
 #include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/swin.hpp>
 #include <rpe/rope/rotary.hpp>
-#include <rpe/swin_bias.hpp>
+#include <rpe/vit/swin_bias.hpp>
 #include <rpe/vit/alibi_2d.hpp>
 #include <rpe/vit/decomposed_rel_pos.hpp>
 
@@ -58,11 +58,7 @@ decltype(auto) translating(F&& f) {
     }
 }
 
-std::string shape_of(const at::Tensor& t) {
-    std::string s = "(";
-    for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-    return s + (t.dim() == 1 ? ",)" : ")");
-}
+std::string shape_of(const at::Tensor& t) { return rpe::detail::shape_string(t.sizes()); }
 
 // Every dimension of t fits the kernels' 32-bit indices (grid sides, lengths, heads, head dims);
 // checked before any copy, so an expanded view with a huge size fails without allocating.

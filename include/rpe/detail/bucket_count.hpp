@@ -3,10 +3,10 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
+#include <type_traits>
 
 #include "../config.hpp"
-#include "../error.hpp"
+#include "raise.hpp"
 
 namespace rpe::detail {
 
@@ -46,10 +46,39 @@ RPE_HOST_DEVICE constexpr int bucket_count(E... extents) {
 /// host for parameters whose count overflows, after its validate() found nothing more precise.
 template <class... E>
 [[noreturn]] void throw_bucket_overflow(const char* component, const char* formula, E... extents) {
-    std::string product;
-    ((product += (product.empty() ? "" : " * ") + std::to_string(extents)), ...);
-    throw invalid_argument(message(component, "num_buckets = ", formula, " = ", product,
-                                   " does not fit in int; expected at most 2^31 - 1 buckets"));
+    message_part parts[3 + 2 * sizeof...(E)];
+    int n = 0;
+    parts[n++] = "num_buckets = ";
+    parts[n++] = formula;
+    parts[n++] = " = ";
+    const auto add = [&](std::int64_t e) {
+        if (n > 3) parts[n++] = " * ";
+        parts[n++] = e;
+    };
+    (add(static_cast<std::int64_t>(extents)), ...);
+    parts[n++] = " does not fit in int; expected at most 2^31 - 1 buckets";
+    raise_invalid_argument(component, parts, n);
+}
+
+/// @brief The bucket count of a mapping's num_buckets(): the product of `extents` (each in
+/// [0, 2^33)) as an int. On the host, outside constant evaluation, it first runs `m.validate()`
+/// (so invalid parameters, e.g. a NaN β or a negative count, throw rpe::invalid_argument naming the
+/// parameter), then throws throw_bucket_overflow's message when the product does not fit in int
+/// (parameters that pass validate(), e.g. a custom index function's beta_int()). In device code
+/// (and in constant expressions) it only multiplies.
+/// @param component the mapping's message id, e.g. `"mapping.product"`.
+/// @param formula the count as the message spells it, e.g. `"(2*beta_int+1)^2"`.
+template <class M, class... E>
+RPE_HOST_DEVICE constexpr int mapping_bucket_count(const M& m, const char* component, const char* formula, E... extents) {
+#if !defined(__CUDA_ARCH__)
+    if (!std::is_constant_evaluated()) {
+        m.validate();
+        if (!bucket_count_fits(extents...)) throw_bucket_overflow(component, formula, extents...);
+    }
+#else
+    (void)m, (void)component, (void)formula;
+#endif
+    return bucket_count(extents...);
 }
 
 }  // namespace rpe::detail

@@ -14,16 +14,6 @@
 
 namespace rpe::detail {
 
-inline std::string shape_text(const std::vector<std::int64_t>& dims) {
-    std::string s = "(";
-    for (std::size_t i = 0; i < dims.size(); ++i) {
-        if (i) s += ", ";
-        append_part(s, dims[i]);
-    }
-    s += dims.size() == 1 ? ",)" : ")";
-    return s;
-}
-
 /// @brief Throws rpe::invalid_argument `[rpe.<component>] <name> is a strided view ...; expected a
 /// contiguous buffer` for a non-contiguous view (only the attention's q, k, v take strides).
 template <class T>
@@ -41,7 +31,7 @@ void check_shape(const tensor_ref<T>& t, const std::vector<std::int64_t>& expect
                  std::string_view name) {
     bool ok = t.rank == static_cast<int>(expected.size());
     for (int i = 0; ok && i < t.rank; ++i) ok = t.extent(i) == expected[static_cast<std::size_t>(i)];
-    if (!ok) throw invalid_argument(message(component, name, " has shape ", t.shape_string(), "; expected ", shape_text(expected)));
+    if (!ok) throw invalid_argument(message(component, name, " has shape ", t.shape_string(), "; expected ", detail::shape_string(expected)));
     check_contiguous(t, component, name);
 }
 

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <charconv>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <concepts>
 #include <type_traits>
 
 namespace rpe::detail {
@@ -40,6 +42,29 @@ void append_part(std::string& s, const T& v) {
     } else {
         static_assert(sizeof(T) == 0, "rpe: a message part must be text, a char, a number, an enum or a pointer");
     }
+}
+
+/// @brief The one shape printer of rpe (error messages, the CLI, the file readers, the PyTorch
+/// operators): `n` extents as `(2, 3, 4)`; rank 1 as `(5,)`, rank 0 as `()` (Python's tuple).
+inline std::string shape_string(const std::int64_t* dims, std::size_t n) {
+    std::string s = "(";
+    for (std::size_t i = 0; i < n; ++i) {
+        if (i) s += ", ";
+        append_part(s, dims[i]);
+    }
+    s += n == 1 ? ",)" : ")";
+    return s;
+}
+
+/// @brief shape_string of a contiguous range of int64 extents (`std::vector<std::int64_t>`,
+/// `std::span`, `std::array`, `at::IntArrayRef`, ...).
+template <class R>
+    requires requires(const R& r) {
+        { r.data() } -> std::convertible_to<const std::int64_t*>;
+        r.size();
+    }
+std::string shape_string(const R& dims) {
+    return shape_string(dims.data(), static_cast<std::size_t>(dims.size()));
 }
 
 /// @brief Concatenates every part (append_part) into one string.

@@ -12,7 +12,7 @@
 #include <span>
 #include <string>
 
-#include "../bucket_id_set.hpp"
+#include "../bucket_ids.hpp"
 #include "../error.hpp"
 #include "../mode.hpp"
 #include "../tensor.hpp"
@@ -109,7 +109,7 @@ template <class T>
 void require_extents(const tensor_ref<T>& t, std::span<const std::int64_t> expected, const char* component, const char* name) {
     if (!has_extents(t, expected))
         throw invalid_argument(message(component, name, " has shape ", t.shape_string(), "; expected ",
-                                       shape_text(std::vector<std::int64_t>(expected.begin(), expected.end()))));
+                                       detail::shape_string(std::vector<std::int64_t>(expected.begin(), expected.end()))));
 }
 
 /// @brief Empty view (`{}`): no data and rank 0, the "skip this argument" value.

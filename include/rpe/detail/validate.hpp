@@ -2,12 +2,10 @@
 /// @brief Host-side parameter checks shared by the policies (not API).
 #pragma once
 
-#include <cmath>
-#include <limits>
-#include <string>
 #include <type_traits>
 
-#include "../error.hpp"
+#include "math.hpp"
+#include "raise.hpp"
 
 namespace rpe::detail {
 
@@ -26,23 +24,23 @@ inline constexpr double max_beta = 1073741824.0;
 /// @throws rpe::invalid_argument `[rpe.<component>] alpha = ... must be ...`, `alpha = 1e-310
 ///   underflows float32 ...`, `gamma / alpha = ... overflows double ...`.
 inline void validate_alpha_beta_gamma(const char* component, double alpha, double beta, double gamma) {
-    require(std::isfinite(alpha), component, "alpha = ", alpha, " must be finite");
-    require(std::isfinite(beta), component, "beta = ", beta, " must be finite");
-    require(std::isfinite(gamma), component, "gamma = ", gamma, " must be finite");
+    require(math::isfinite(alpha), component, "alpha = ", alpha, " must be finite");
+    require(math::isfinite(beta), component, "beta = ", beta, " must be finite");
+    require(math::isfinite(gamma), component, "gamma = ", gamma, " must be finite");
     require(alpha > 0.0, component, "alpha = ", alpha, " must be > 0");
     require(beta >= alpha, component, "beta = ", beta, " must be >= alpha = ", alpha);
     require(gamma > alpha, component, "gamma = ", gamma, " must be > alpha = ", alpha);
     require(beta < max_beta, component, "beta = ", beta, " must be < 2^30");
-    require(static_cast<float>(alpha) >= std::numeric_limits<float>::min(), component, "alpha = ", alpha,
+    require(static_cast<float>(alpha) >= __FLT_MIN__, component, "alpha = ", alpha,
             " underflows float32 (float(alpha) = ", static_cast<float>(alpha),
             ", the index divides by it); expected float(alpha) >= 1.1754943508222875e-38, the smallest normal float32");
-    require(std::isfinite(gamma / alpha), component, "gamma / alpha = ", gamma, " / ", alpha,
+    require(math::isfinite(gamma / alpha), component, "gamma / alpha = ", gamma, " / ", alpha,
             " overflows double (ln(gamma / alpha) would be infinite); expected gamma / alpha <= 1.7976931348623157e+308");
 }
 
 /// @brief Checks the β of the clip index: finite, 0 ≤ β < 2^30.
 inline void validate_clip_beta(const char* component, double beta) {
-    require(std::isfinite(beta), component, "beta = ", beta, " must be finite");
+    require(math::isfinite(beta), component, "beta = ", beta, " must be finite");
     require(beta >= 0.0, component, "beta = ", beta, " must be >= 0");
     require(beta < max_beta, component, "beta = ", beta, " must be < 2^30");
 }

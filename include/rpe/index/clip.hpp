@@ -2,11 +2,11 @@
 /// @brief The clip index function of Shaw et al. (paper eqs. 7–9), as a drop-in for piecewise.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
 #include "../config.hpp"
 #include "../detail/bucket_count.hpp"
+#include "../detail/math.hpp"
 #include "../detail/validate.hpp"
 
 namespace rpe::index {
@@ -35,7 +35,7 @@ struct clip {
     /// an index beyond the table: found by fuzz/fuzz_index.cpp).
     RPE_HOST_DEVICE int operator()(float x) const {
         const double b = static_cast<double>(beta_int());
-        return static_cast<int>(std::fmax(-b, std::fmin(b, std::nearbyint(static_cast<double>(x)))));
+        return static_cast<int>(detail::math::fmax(-b, detail::math::fmin(b, detail::math::nearbyint(static_cast<double>(x)))));
     }
 
     /// @brief Throws rpe::invalid_argument `[rpe.index.clip] ...` for an invalid β.

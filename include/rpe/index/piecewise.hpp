@@ -2,12 +2,12 @@
 /// @brief The piecewise index function of iRPE (paper eq. 18), bit-exact with the reference.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
 #include "../config.hpp"
 #include "../detail/bucket_count.hpp"
 #include "../detail/float.hpp"
+#include "../detail/math.hpp"
 #include "../detail/validate.hpp"
 
 namespace rpe::index {
@@ -47,13 +47,13 @@ struct piecewise {
     /// @brief g at an integer offset (the reference's long input).
     RPE_HOST_DEVICE int operator()(std::int64_t x) const {
         const float xf = static_cast<float>(x);
-        if (std::fabs(xf) <= static_cast<float>(alpha)) return clamp_to_beta(x);
+        if (detail::math::fabs(xf) <= static_cast<float>(alpha)) return clamp_to_beta(x);
         return outer(xf);
     }
 
     /// @brief g at a real input (a distance): `round_half_even(x)` inside `|x| ≤ α`.
     RPE_HOST_DEVICE int operator()(float x) const {
-        if (std::fabs(x) <= static_cast<float>(alpha)) return clamp_to_beta(static_cast<std::int64_t>(std::nearbyint(x)));
+        if (detail::math::fabs(x) <= static_cast<float>(alpha)) return clamp_to_beta(static_cast<std::int64_t>(detail::math::nearbyint(x)));
         return outer(x);
     }
 
@@ -66,15 +66,15 @@ private:
     // |x| > α branch, float32 step by step as the reference.
     RPE_HOST_DEVICE int outer(float x) const {
         const float alpha_f = static_cast<float>(alpha);
-        const float log_gamma_alpha_f = static_cast<float>(std::log(gamma / alpha));
+        const float log_gamma_alpha_f = static_cast<float>(detail::math::log(gamma / alpha));
         const float beta_alpha_f = static_cast<float>(beta - alpha);
         const float beta_f = static_cast<float>(beta);
-        float t = std::fabs(x) / alpha_f;
-        t = std::log(t);  // float overload: logf
+        float t = detail::math::fabs(x) / alpha_f;
+        t = detail::math::log(t);  // float overload: logf
         t = t / log_gamma_alpha_f;
         t = detail::mul_no_contract(t, beta_alpha_f);  // no fused multiply-add: the reference rounds here
         const float v = alpha_f + t;
-        const float r = std::fmin(std::nearbyint(v), beta_f);
+        const float r = detail::math::fmin(detail::math::nearbyint(v), beta_f);
         const float s = x > 0.0f ? r : -r;
         return clamp_to_beta(static_cast<std::int64_t>(s));  // truncation toward zero; |s| <= float(β) <= 2^30
     }

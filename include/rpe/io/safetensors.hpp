@@ -262,7 +262,7 @@ public:
         const tensor_info& ti = checked_info<T>(name);
         if (!std::equal(ti.shape.begin(), ti.shape.end(), expected_shape.begin(), expected_shape.end()))
             throw invalid_argument(rpe::detail::message("safetensors", "tensor '", name, "' in ", name_, " has shape ",
-                                                        shape_text(ti.shape), ", expected ", shape_string(expected_shape)));
+                                                        rpe::detail::shape_string(ti.shape), ", expected ", shape_string(expected_shape)));
         return view<T>(name);
     }
 
@@ -288,12 +288,6 @@ private:
     template <class... Parts>
     [[noreturn]] void fail(Parts&&... parts) const {
         throw runtime_error(rpe::detail::message("safetensors", name_, ": ", std::forward<Parts>(parts)...));
-    }
-
-    static std::string shape_text(const std::vector<std::int64_t>& shape) {
-        std::string s = "(";
-        for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-        return s + (shape.size() == 1 ? ",)" : ")");
     }
 
     template <class T>
@@ -463,7 +457,7 @@ private:
         if (be[1] > size_)
             fail("entry '", key, "': data_offsets [", be[0], ", ", be[1], "] exceed the data buffer of ", size_, " bytes");
         if (be[1] - be[0] != count * item)
-            fail("entry '", key, "': holds ", be[1] - be[0], " bytes, but shape ", shape_text(ti.shape), " of ",
+            fail("entry '", key, "': holds ", be[1] - be[0], " bytes, but shape ", rpe::detail::shape_string(ti.shape), " of ",
                  ti.dtype, " needs ", count * item);
         ti.begin = static_cast<std::int64_t>(be[0]);
         ti.end = static_cast<std::int64_t>(be[1]);

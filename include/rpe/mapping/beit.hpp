@@ -6,7 +6,7 @@
 #include "../concepts.hpp"
 #include "../config.hpp"
 #include "../detail/bucket_count.hpp"
-#include "../error.hpp"
+#include "../detail/raise.hpp"
 #include "swin.hpp"
 
 namespace rpe::mapping {
@@ -22,7 +22,7 @@ namespace rpe::mapping {
 /// the terms and the cache add the three (K = num_buckets() + 3 with skip > 0, + 0 without). With
 /// more than one skip token, a pair of two skip tokens gets K − 1 and the rule above holds per token.
 /// Tables: timm's `relative_position_bias_table` is (K, num_heads); rpe's bias term reads its
-/// transpose (Ht, K) (rpe::table_from_timm in <rpe/swin_bias.hpp>). BEiT's attention bias is
+/// transpose (Ht, K) (rpe::table_from_timm in <rpe/vit/swin_bias.hpp>). BEiT's attention bias is
 /// `rpe::term<mapping::beit, mode::bias, target::key>` with `skip = 1`, `shared_head = false`
 /// (per layer) or one shared table (BEiT's `use_shared_rel_pos_bias`: the same (H, K) table in
 /// every layer). Validation: as mapping::swin (window and grid).
@@ -40,10 +40,7 @@ struct beit {
     /// @brief `(2Wh − 1)(2Ww − 1)`: the grid buckets, before the three class-token buckets.
     RPE_HOST_DEVICE constexpr int num_buckets() const {
         const std::int64_t rows = 2 * static_cast<std::int64_t>(window_h) - 1, cols = 2 * static_cast<std::int64_t>(window_w) - 1;
-#if !defined(__CUDA_ARCH__)
-        if (!detail::bucket_count_fits(rows, cols)) bucket_overflow(rows, cols);
-#endif
-        return detail::bucket_count(rows, cols);
+        return detail::mapping_bucket_count(*this, "mapping.beit", "(2*window_h-1)(2*window_w-1)", rows, cols);
     }
     /// @brief Id of the grid offset (dr, dc), as mapping::swin (−1 outside the window).
     RPE_HOST_DEVICE constexpr int bucket(int dr, int dc) const { return window().bucket(dr, dc); }
@@ -62,15 +59,6 @@ struct beit {
     }
 
     friend constexpr bool operator==(const beit&, const beit&) = default;
-
-private:
-    // num_buckets() on the host with parameters whose count overflows int: validate() names the
-    // parameter; parameters that pass it (a custom index function) get the count's message.
-    template <class... E>
-    [[noreturn]] void bucket_overflow(E... extents) const {
-        validate();
-        detail::throw_bucket_overflow("mapping.beit", "(2*window_h-1)(2*window_w-1)", extents...);
-    }
 };
 
 static_assert(Mapping<beit>);

@@ -25,10 +25,7 @@ struct cross {
     /// @brief `2βi+1` per table.
     RPE_HOST_DEVICE constexpr int num_buckets() const {
         const std::int64_t span = detail::span_of(index.beta_int());
-#if !defined(__CUDA_ARCH__)
-        if (!detail::bucket_count_fits(span)) bucket_overflow(span);
-#endif
-        return detail::bucket_count(span);
+        return detail::mapping_bucket_count(*this, "mapping.cross", "2*beta_int+1", span);
     }
 
     /// @brief Id in table `table` (0 rows, 1 cols) of offset (dr, dc).
@@ -43,15 +40,6 @@ struct cross {
     void validate() const { detail::validate_policy(index); }
 
     friend constexpr bool operator==(const cross&, const cross&) = default;
-
-private:
-    // num_buckets() on the host with parameters whose count overflows int: validate() names the
-    // parameter; parameters that pass it (a custom index function) get the count's message.
-    template <class... E>
-    [[noreturn]] void bucket_overflow(E... extents) const {
-        validate();
-        detail::throw_bucket_overflow("mapping.cross", "2*beta_int+1", extents...);
-    }
 };
 
 template <class I>

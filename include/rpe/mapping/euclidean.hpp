@@ -2,13 +2,13 @@
 /// @brief Euclidean mappings (undirected): the reference code's (rounded distance) and the paper's.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
 #include "../concepts.hpp"
 #include "../config.hpp"
 #include "../detail/bucket_count.hpp"
 #include "../detail/float.hpp"
+#include "../detail/math.hpp"
 #include "../index/piecewise.hpp"
 
 namespace rpe::mapping {
@@ -26,16 +26,13 @@ struct euclidean {
     /// @brief `2βi+1` (only [βi, 2βi] is used).
     RPE_HOST_DEVICE constexpr int num_buckets() const {
         const std::int64_t span = detail::span_of(index.beta_int());
-#if !defined(__CUDA_ARCH__)
-        if (!detail::bucket_count_fits(span)) bucket_overflow(span);
-#endif
-        return detail::bucket_count(span);
+        return detail::mapping_bucket_count(*this, "mapping.euclidean", "2*beta_int+1", span);
     }
 
     /// @brief Id of offset (dr, dc).
     RPE_HOST_DEVICE int bucket(int dr, int dc) const {
         const std::uint64_t sq = detail::square_sum(dr, dc);  // no int64 overflow at INT_MIN
-        const float distance = std::nearbyint(std::sqrt(static_cast<float>(sq)));
+        const float distance = detail::math::nearbyint(detail::math::sqrt(static_cast<float>(sq)));
         return index(distance) + index.beta_int();
     }
 
@@ -43,15 +40,6 @@ struct euclidean {
     void validate() const { detail::validate_policy(index); }
 
     friend constexpr bool operator==(const euclidean&, const euclidean&) = default;
-
-private:
-    // num_buckets() on the host with parameters whose count overflows int: validate() names the
-    // parameter; parameters that pass it (a custom index function) get the count's message.
-    template <class... E>
-    [[noreturn]] void bucket_overflow(E... extents) const {
-        validate();
-        detail::throw_bucket_overflow("mapping.euclidean", "2*beta_int+1", extents...);
-    }
 };
 
 template <class I>
@@ -69,31 +57,19 @@ struct euclidean_paper {
     /// @brief `2βi+1` (only [βi, 2βi] is used).
     RPE_HOST_DEVICE constexpr int num_buckets() const {
         const std::int64_t span = detail::span_of(index.beta_int());
-#if !defined(__CUDA_ARCH__)
-        if (!detail::bucket_count_fits(span)) bucket_overflow(span);
-#endif
-        return detail::bucket_count(span);
+        return detail::mapping_bucket_count(*this, "mapping.euclidean_paper", "2*beta_int+1", span);
     }
 
     /// @brief Id of offset (dr, dc).
     RPE_HOST_DEVICE int bucket(int dr, int dc) const {
         const std::uint64_t sq = detail::square_sum(dr, dc);  // no int64 overflow at INT_MIN
-        return index(std::sqrt(static_cast<float>(sq))) + index.beta_int();
+        return index(detail::math::sqrt(static_cast<float>(sq))) + index.beta_int();
     }
 
     /// @brief Throws rpe::invalid_argument for invalid index parameters.
     void validate() const { detail::validate_policy(index); }
 
     friend constexpr bool operator==(const euclidean_paper&, const euclidean_paper&) = default;
-
-private:
-    // num_buckets() on the host with parameters whose count overflows int: validate() names the
-    // parameter; parameters that pass it (a custom index function) get the count's message.
-    template <class... E>
-    [[noreturn]] void bucket_overflow(E... extents) const {
-        validate();
-        detail::throw_bucket_overflow("mapping.euclidean_paper", "2*beta_int+1", extents...);
-    }
 };
 
 template <class I>

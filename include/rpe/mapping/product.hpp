@@ -7,7 +7,7 @@
 #include "../concepts.hpp"
 #include "../config.hpp"
 #include "../detail/bucket_count.hpp"
-#include "../error.hpp"
+#include "../detail/raise.hpp"
 #include "../index/piecewise.hpp"
 
 namespace rpe::mapping {
@@ -25,10 +25,7 @@ struct product {
     /// @brief `(2βi+1)²`.
     RPE_HOST_DEVICE constexpr int num_buckets() const {
         const std::int64_t span = detail::span_of(index.beta_int());
-#if !defined(__CUDA_ARCH__)
-        if (!detail::bucket_count_fits(span, span)) bucket_overflow(span, span);
-#endif
-        return detail::bucket_count(span, span);
+        return detail::mapping_bucket_count(*this, "mapping.product", "(2*beta_int+1)^2", span, span);
     }
 
     /// @brief Id of offset (dr, dc) in [0, num_buckets()).
@@ -47,15 +44,6 @@ struct product {
     }
 
     friend constexpr bool operator==(const product&, const product&) = default;
-
-private:
-    // num_buckets() on the host with parameters whose count overflows int: validate() names the
-    // parameter; parameters that pass it (a custom index function) get the count's message.
-    template <class... E>
-    [[noreturn]] void bucket_overflow(E... extents) const {
-        validate();
-        detail::throw_bucket_overflow("mapping.product", "(2*beta_int+1)^2", extents...);
-    }
 };
 
 template <class I>

@@ -7,7 +7,7 @@
 #include "../concepts.hpp"
 #include "../config.hpp"
 #include "../detail/bucket_count.hpp"
-#include "../error.hpp"
+#include "../detail/raise.hpp"
 #include "../index/piecewise.hpp"
 
 namespace rpe::mapping {
@@ -33,10 +33,7 @@ struct product3d {
     RPE_HOST_DEVICE constexpr int num_buckets() const {
         const std::int64_t st = detail::span_of(time.beta_int()), sr = detail::span_of(row.beta_int()),
                            sc = detail::span_of(col.beta_int());
-#if !defined(__CUDA_ARCH__)
-        if (!detail::bucket_count_fits(st, sr, sc)) bucket_overflow(st, sr, sc);
-#endif
-        return detail::bucket_count(st, sr, sc);
+        return detail::mapping_bucket_count(*this, "mapping.product3d", "(2*beta_t+1)(2*beta_r+1)(2*beta_c+1)", st, sr, sc);
     }
 
     /// @brief Id of offset (dt, dr, dc) in [0, num_buckets()).
@@ -52,25 +49,15 @@ struct product3d {
         detail::validate_policy(time);
         detail::validate_policy(row);
         detail::validate_policy(col);
-        const std::int64_t st = 2 * static_cast<std::int64_t>(time.beta_int()) + 1;
-        const std::int64_t sr = 2 * static_cast<std::int64_t>(row.beta_int()) + 1;
-        const std::int64_t sc = 2 * static_cast<std::int64_t>(col.beta_int()) + 1;
-        // each span is below 2^31, so check the product stepwise without overflow
-        const bool fits = sr <= 2147483646 / sc && st <= 2147483646 / (sr * sc);
-        detail::require(fits, "mapping.product3d", "beta_int (time, row, col) = (", time.beta_int(), ", ", row.beta_int(),
-                        ", ", col.beta_int(), ") gives ", st, "*", sr, "*", sc, " buckets; expected fewer than 2^31 - 1");
+        const std::int64_t st = detail::span_of(time.beta_int()), sr = detail::span_of(row.beta_int()),
+                           sc = detail::span_of(col.beta_int());
+        // the same bound as num_buckets(): at most 2^31 - 1 buckets
+        detail::require(detail::bucket_count_fits(st, sr, sc), "mapping.product3d", "beta_int (time, row, col) = (",
+                        time.beta_int(), ", ", row.beta_int(), ", ", col.beta_int(), ") gives ", st, "*", sr, "*", sc,
+                        " buckets; expected at most 2^31 - 1");
     }
 
     friend constexpr bool operator==(const product3d&, const product3d&) = default;
-
-private:
-    // num_buckets() on the host with parameters whose count overflows int: validate() names the
-    // parameter; parameters that pass it (a custom index function) get the count's message.
-    template <class... E>
-    [[noreturn]] void bucket_overflow(E... extents) const {
-        validate();
-        detail::throw_bucket_overflow("mapping.product3d", "(2*beta_t+1)(2*beta_r+1)(2*beta_c+1)", extents...);
-    }
 };
 
 static_assert(Mapping3D<product3d<>>);

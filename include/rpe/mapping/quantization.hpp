@@ -4,7 +4,6 @@
 #pragma once
 
 #include <bit>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -12,6 +11,7 @@
 #include "../config.hpp"
 #include "../detail/bucket_count.hpp"
 #include "../detail/float.hpp"
+#include "../detail/math.hpp"
 #include "../index/piecewise.hpp"
 
 
@@ -30,10 +30,7 @@ struct quantization {
     /// @brief `2βi+1` (only [βi, 2βi] is used).
     RPE_HOST_DEVICE constexpr int num_buckets() const {
         const std::int64_t span = detail::span_of(index.beta_int());
-#if !defined(__CUDA_ARCH__)
-        if (!detail::bucket_count_fits(span)) bucket_overflow(span);
-#endif
-        return detail::bucket_count(span);
+        return detail::mapping_bucket_count(*this, "mapping.quantization", "2*beta_int+1", span);
     }
 
     /// @brief Id of offset (dr, dc).
@@ -48,15 +45,6 @@ struct quantization {
     void validate() const { detail::validate_policy(index); }
 
     friend constexpr bool operator==(const quantization&, const quantization&) = default;
-
-private:
-    // num_buckets() on the host with parameters whose count overflows int: validate() names the
-    // parameter; parameters that pass it (a custom index function) get the count's message.
-    template <class... E>
-    [[noreturn]] void bucket_overflow(E... extents) const {
-        validate();
-        detail::throw_bucket_overflow("mapping.quantization", "2*beta_int+1", extents...);
-    }
 };
 
 template <class I>
@@ -81,10 +69,7 @@ struct quantization_paper {
     /// @brief `2βi+1` (only [βi, 2βi] is used).
     RPE_HOST_DEVICE constexpr int num_buckets() const {
         const std::int64_t span = detail::span_of(index.beta_int());
-#if !defined(__CUDA_ARCH__)
-        if (!detail::bucket_count_fits(span)) bucket_overflow(span);
-#endif
-        return detail::bucket_count(span);
+        return detail::mapping_bucket_count(*this, "mapping.quantization_paper", "2*beta_int+1", span);
     }
 
     /// @brief True when m = a² + b² for some integers a, b (m ≥ 0). O(√m).
@@ -140,17 +125,9 @@ struct quantization_paper {
     friend constexpr bool operator==(const quantization_paper&, const quantization_paper&) = default;
 
 private:
-    // num_buckets() on the host with parameters whose count overflows int: validate() names the
-    // parameter; parameters that pass it (a custom index function) get the count's message.
-    template <class... E>
-    [[noreturn]] void bucket_overflow(E... extents) const {
-        validate();
-        detail::throw_bucket_overflow("mapping.quantization_paper", "2*beta_int+1", extents...);
-    }
-
     // floor(√x), exact for every x < 2^64 that square_sum() can produce (x ≤ 2^63).
     RPE_HOST_DEVICE static std::uint64_t isqrt(std::uint64_t x) {
-        auto r = static_cast<std::uint64_t>(std::sqrt(static_cast<double>(x)));
+        auto r = static_cast<std::uint64_t>(detail::math::sqrt(static_cast<double>(x)));
         while (r * r > x) --r;
         while ((r + 1) * (r + 1) <= x) ++r;
         return r;

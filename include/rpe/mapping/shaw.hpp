@@ -13,7 +13,7 @@
 #include "../concepts.hpp"
 #include "../config.hpp"
 #include "../detail/bucket_count.hpp"
-#include "../error.hpp"
+#include "../detail/raise.hpp"
 
 namespace rpe::mapping {
 
@@ -33,10 +33,7 @@ struct shaw {
     /// @brief `2k+1`.
     RPE_HOST_DEVICE constexpr int num_buckets() const {
         const std::int64_t span = detail::span_of(k);
-#if !defined(__CUDA_ARCH__)
-        if (!detail::bucket_count_fits(span)) bucket_overflow(span);
-#endif
-        return detail::bucket_count(span);
+        return detail::mapping_bucket_count(*this, "mapping.shaw", "2*k+1", span);
     }
 
     /// @brief Id of the offset `j − i = −dc` (dr ignored), in [0, 2k].
@@ -53,15 +50,6 @@ struct shaw {
     }
 
     friend constexpr bool operator==(const shaw&, const shaw&) = default;
-
-private:
-    // num_buckets() on the host with parameters whose count overflows int: validate() names the
-    // parameter; parameters that pass it (a custom index function) get the count's message.
-    template <class... E>
-    [[noreturn]] void bucket_overflow(E... extents) const {
-        validate();
-        detail::throw_bucket_overflow("mapping.shaw", "2*k+1", extents...);
-    }
 };
 
 static_assert(Mapping<shaw>);

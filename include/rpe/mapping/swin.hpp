@@ -6,7 +6,7 @@
 #include "../concepts.hpp"
 #include "../config.hpp"
 #include "../detail/bucket_count.hpp"
-#include "../error.hpp"
+#include "../detail/raise.hpp"
 
 namespace rpe::mapping {
 
@@ -20,7 +20,7 @@ namespace rpe::mapping {
 /// hence by every term and the cache) rejects it. `bucket` returns −1 for such an offset.
 ///
 /// Tables: timm keeps `relative_position_bias_table` as (K, num_heads); an rpe bias term reads
-/// (Ht, K) = its transpose (rpe::table_from_timm in <rpe/swin_bias.hpp> converts). The bias of
+/// (Ht, K) = its transpose (rpe::table_from_timm in <rpe/vit/swin_bias.hpp> converts). The bias of
 /// Swin's attention is then `rpe::term<mapping::swin, mode::bias, target::key>` with per-head
 /// tables (`shared_head = false`): `logits[b,h,i,j] += table[h, id(i,j)]`.
 ///
@@ -36,10 +36,7 @@ struct swin {
     /// @brief `(2Wh − 1)(2Ww − 1)`.
     RPE_HOST_DEVICE constexpr int num_buckets() const {
         const std::int64_t rows = 2 * static_cast<std::int64_t>(window_h) - 1, cols = 2 * static_cast<std::int64_t>(window_w) - 1;
-#if !defined(__CUDA_ARCH__)
-        if (!detail::bucket_count_fits(rows, cols)) bucket_overflow(rows, cols);
-#endif
-        return detail::bucket_count(rows, cols);
+        return detail::mapping_bucket_count(*this, "mapping.swin", "(2*window_h-1)(2*window_w-1)", rows, cols);
     }
 
     /// @brief Id of the offset (dr, dc), in [0, num_buckets()); −1 when |dr| ≥ Wh or |dc| ≥ Ww
@@ -67,15 +64,6 @@ struct swin {
     }
 
     friend constexpr bool operator==(const swin&, const swin&) = default;
-
-private:
-    // num_buckets() on the host with parameters whose count overflows int: validate() names the
-    // parameter; parameters that pass it (a custom index function) get the count's message.
-    template <class... E>
-    [[noreturn]] void bucket_overflow(E... extents) const {
-        validate();
-        detail::throw_bucket_overflow("mapping.swin", "(2*window_h-1)(2*window_w-1)", extents...);
-    }
 };
 
 static_assert(Mapping<swin>);

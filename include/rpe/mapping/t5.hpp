@@ -8,12 +8,13 @@
 /// column i) `dc = i − j`, so T5's relative position is `−dc`.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "../concepts.hpp"
 #include "../config.hpp"
-#include "../error.hpp"
+#include "../detail/math.hpp"
+#include "../detail/raise.hpp"
 
 namespace rpe::mapping {
 
@@ -49,8 +50,15 @@ struct t5 {
     int max_distance = 128;      ///< distances ≥ this share the last bucket of their direction
     bool bidirectional = true;   ///< true: encoder (both directions); false: decoder (causal)
 
-    /// @brief `buckets`.
-    RPE_HOST_DEVICE constexpr int num_buckets() const { return buckets; }
+    /// @brief `buckets`. On the host (outside constant evaluation) it runs validate() first, so a
+    /// count outside the valid range (a negative one included) throws rpe::invalid_argument
+    /// `[rpe.mapping.t5] num_buckets = ...; expected [...]` instead of being returned.
+    RPE_HOST_DEVICE constexpr int num_buckets() const {
+#if !defined(__CUDA_ARCH__)
+        if (!std::is_constant_evaluated()) validate();
+#endif
+        return buckets;
+    }
 
     /// @brief `max_exact` of the formula: half of the buckets of one direction.
     RPE_HOST_DEVICE constexpr int max_exact() const {
@@ -73,8 +81,8 @@ struct t5 {
         const int exact = nb / 2;
         if (n < exact) return offset + static_cast<int>(n);
         const float ratio = static_cast<float>(n) / static_cast<float>(exact);
-        const float denom = static_cast<float>(std::log(static_cast<double>(max_distance) / static_cast<double>(exact)));
-        const float v = std::log(ratio) / denom * static_cast<float>(nb - exact);
+        const float denom = static_cast<float>(detail::math::log(static_cast<double>(max_distance) / static_cast<double>(exact)));
+        const float v = detail::math::log(ratio) / denom * static_cast<float>(nb - exact);
         const int cap = nb - 1 - exact;
         if (!(v < static_cast<float>(cap))) return offset + nb - 1;
         return offset + exact + static_cast<int>(v);  // v ∈ [0, cap): truncation toward zero

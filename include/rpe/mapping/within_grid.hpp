@@ -5,7 +5,7 @@
 
 #include "../concepts.hpp"
 #include "../config.hpp"
-#include "../error.hpp"
+#include "../detail/raise.hpp"
 #include "cross.hpp"
 
 namespace rpe::mapping {

@@ -7,7 +7,7 @@
 
 #include "../concepts.hpp"
 #include "../config.hpp"
-#include "../error.hpp"
+#include "../detail/raise.hpp"
 
 namespace rpe::rope {
 

@@ -7,7 +7,7 @@
 
 #include "../concepts.hpp"
 #include "../detail/rope_key.hpp"
-#include "../error.hpp"
+#include "../detail/raise.hpp"
 
 namespace rpe::rope {
 

@@ -8,7 +8,7 @@
 #include <span>
 
 #include "../config.hpp"
-#include "../error.hpp"
+#include "../detail/raise.hpp"
 #include "rounding.hpp"
 
 namespace rpe::rope {

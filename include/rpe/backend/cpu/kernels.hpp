@@ -15,7 +15,7 @@
 #include <limits>
 #include <vector>
 
-#include "../../bucket_id_set.hpp"
+#include "../../bucket_ids.hpp"
 #include "../../detail/term_checks.hpp"
 #include "isa.hpp"
 #include "simd.hpp"

@@ -8,7 +8,7 @@
 
 #include <span>
 
-#include "../../bucket_id_set.hpp"
+#include "../../bucket_ids.hpp"
 #include "../../detail/term_checks.hpp"
 #include "../../mode.hpp"
 #include "../../tensor.hpp"
@@ -68,22 +68,6 @@ void term_backward(const term_dims& d, const bucket_ids& ids, std::span<const te
 }  // namespace RPE_ISA_NS
 }  // namespace rpe::detail::cpu
 
-namespace rpe::detail::cpu {
-
-/// @brief Calls `f.template operator()<Bias, Tg>()` with the (mode, target) of `d` as template
-/// arguments (five combinations; bias mode on values does not exist and is rejected by term_desc).
-template <class F>
-decltype(auto) visit_mode_target(const term_layout& d, F&& f) {
-    switch (d.target) {
-        case target::query: return d.bias ? f.template operator()<true, target::query>() : f.template operator()<false, target::query>();
-        case target::key: return d.bias ? f.template operator()<true, target::key>() : f.template operator()<false, target::key>();
-        case target::value: break;
-    }
-    return f.template operator()<false, target::value>();
-}
-
-}  // namespace rpe::detail::cpu
-
 namespace rpe::cpu {
 inline namespace RPE_ISA_NS {  // see isa.hpp: term_forward / term_backward instantiate the CPU kernels
 
@@ -97,7 +81,7 @@ void term_forward(const term_desc& desc, const bucket_ids& ids, std::span<const 
                   tensor_ref<const S> x, tensor_ref<S> out, write mode) {
     detail::check_write_mode(mode);
     const auto d = detail::check_term_forward<S>(desc.layout(), desc.key(), ids, tables, x, out);
-    detail::cpu::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
+    detail::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
         detail::cpu::term_forward<S, Bias, Tg>(d, ids, tables, x.data, out, mode == write::accumulate);
     });
 }
@@ -111,7 +95,7 @@ void term_backward(const term_desc& desc, const bucket_ids& ids, std::span<const
                    std::span<const tensor_ref<S>> grad_tables, write mode) {
     detail::check_write_mode(mode);
     const auto d = detail::check_term_backward<S>(desc.layout(), desc.key(), ids, tables, x, grad_out, grad_x, grad_tables);
-    detail::cpu::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
+    detail::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
         detail::cpu::term_backward<S, Bias, Tg>(d, ids, tables, x.data, grad_out, Bias ? nullptr : grad_x.data, grad_tables,
                                                 mode == write::accumulate);
     });

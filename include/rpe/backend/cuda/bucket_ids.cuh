@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "../../bucket_id_set.hpp"
+#include "../../bucket_ids.hpp"
 #include "../../detail/offset_math.hpp"
 #include "../../detail/single_flight.hpp"
 #include "error.cuh"

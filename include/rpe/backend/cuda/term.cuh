@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../../bucket_id_set.hpp"
+#include "../../bucket_ids.hpp"
 #include "../../concepts.hpp"
 #include "../../detail/check.hpp"
 #include "../../detail/term_checks.hpp"
@@ -191,13 +191,7 @@ public:
     /// @throws rpe::invalid_argument `[rpe.term] ...` as the CPU term.
     term(M mapping, const term_config& config)
         : mapping_(mapping),
-          layout_(detail::make_term_layout(
-              [this] {
-                  detail::validate_policy(mapping_);
-                  return static_cast<std::int64_t>(mapping_.num_buckets());
-              },
-              num_tables, config.num_heads, config.head_dim, config.shared_head, config.skip, is_bias, Tg,
-              detail::skip_buckets_of<M>())) {}
+          layout_(detail::term_layout_of(mapping_, is_bias, Tg, config)) {}
 
     [[nodiscard]] const M& mapping() const { return mapping_; }  ///< the mapping policy
     [[nodiscard]] int num_heads() const { return layout_.num_heads; }   ///< H
@@ -283,21 +277,6 @@ private:
     detail::term_layout layout_;
 };
 
-namespace detail::gpu {
-
-// Calls f.template operator()<Bias, Tg>() with the (mode, target) of `d` (five combinations).
-template <class F>
-decltype(auto) visit_mode_target(const term_layout& d, F&& f) {
-    switch (d.target) {
-        case target::query: return d.bias ? f.template operator()<true, target::query>() : f.template operator()<false, target::query>();
-        case target::key: return d.bias ? f.template operator()<true, target::key>() : f.template operator()<false, target::key>();
-        case target::value: break;
-    }
-    return f.template operator()<false, target::value>();
-}
-
-}  // namespace detail::gpu
-
 namespace cuda {
 
 /// @brief Forward of term `desc` on the GPU on `stream`, as rpe::cpu::term_forward: writes
@@ -312,7 +291,7 @@ void term_forward(const term_desc& desc, const rpe::bucket_ids& ids, std::span<c
     detail::check_write_mode(mode);
     const auto d = detail::check_term_forward<S>(desc.layout(), desc.key(), ids, tables, x, out);
     const auto dev = device_bucket_cache::global().get(ids, stream);
-    detail::gpu::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
+    detail::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
         detail::gpu::term_forward_run<S, Bias, Tg>(d, *dev, tables, x, out, mode == write::accumulate, stream);
     });
 }
@@ -328,7 +307,7 @@ void term_backward(const term_desc& desc, const rpe::bucket_ids& ids, std::span<
     detail::check_write_mode(mode);
     const auto d = detail::check_term_backward<S>(desc.layout(), desc.key(), ids, tables, x, grad_out, grad_x, grad_tables);
     const auto dev = device_bucket_cache::global().get(ids, stream);
-    detail::gpu::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
+    detail::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
         detail::gpu::term_backward_run<S, Bias, Tg>(d, *dev, tables, x, grad_out, grad_x, grad_tables, mode == write::accumulate,
                                                     stream);
     });

@@ -1,4 +1,4 @@
-/// @file composed_attention.hpp
+/// @file backend/cpu/composed_attention.hpp
 /// @brief The reference's attention step with iRPE (`RPEAttention.forward`), composed from single terms:
 /// logits buffer, RPE terms, key padding mask, softmax, value term — forward and backward.
 ///
@@ -16,16 +16,16 @@
 #include <utility>
 #include <vector>
 
-#include "attention_inputs.hpp"
-#include "backend/cpu/attention.hpp"
-#include "backend/cpu/eigen.hpp"
-#include "backend/cpu/isa.hpp"
-#include "backend/cpu/term.hpp"
-#include "backend/cpu/kernels.hpp"
-#include "backend/cpu/rope.hpp"
-#include "detail/check.hpp"
-#include "error.hpp"
-#include "tensor.hpp"
+#include "../../attention_inputs.hpp"
+#include "attention.hpp"
+#include "eigen.hpp"
+#include "isa.hpp"
+#include "term.hpp"
+#include "kernels.hpp"
+#include "rope.hpp"
+#include "../../detail/check.hpp"
+#include "../../error.hpp"
+#include "../../tensor.hpp"
 
 namespace rpe {
 

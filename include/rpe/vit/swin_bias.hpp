@@ -1,4 +1,4 @@
-/// @file swin_bias.hpp
+/// @file vit/swin_bias.hpp
 /// @brief Swin / BEiT relative position bias tables in timm's layout, and SwinV2's continuous
 /// position bias (CPB): the log-spaced relative coordinates of each Swin bucket, and a bias term
 /// whose table a user callable (the CPB MLP) produces, with gradients back to the MLP's output.
@@ -15,15 +15,15 @@
 #include <utility>
 #include <vector>
 
-#include "bucket_cache.hpp"
-#include "bucket_id_set.hpp"
-#include "detail/check.hpp"
-#include "detail/validate.hpp"
-#include "error.hpp"
-#include "mapping/swin.hpp"
-#include "mode.hpp"
-#include "tensor.hpp"
-#include "term.hpp"
+#include "../bucket_cache.hpp"
+#include "../bucket_ids.hpp"
+#include "../detail/check.hpp"
+#include "../detail/validate.hpp"
+#include "../error.hpp"
+#include "../mapping/swin.hpp"
+#include "../mode.hpp"
+#include "../tensor.hpp"
+#include "../term.hpp"
 
 namespace rpe {
 
