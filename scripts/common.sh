@@ -117,7 +117,8 @@ rpe_jobs() {
 }
 
 # Configure (Release, tests + benchmarks + examples) and build the tree in $1 (default build/);
-# further arguments are passed to the configure step (e.g. -DRPE_BUILD_TORCH=ON).
+# further arguments are passed to the configure step (e.g. -DRPE_BUILD_TORCH=ON). RPE_BUILD_TARGET,
+# when set, builds that target only (default: all).
 # The CUDA sources (when nvcc is found) are compiled for RPE_CUDA_ARCHITECTURES (default 90, the
 # GPUs this project is checked on; CMake's default in CMakeLists.txt is "90 75"): one nvcc pass
 # per translation unit keeps the test build short.
@@ -131,5 +132,5 @@ rpe_configure_and_build() {
         -DRPE_BUILD_BENCHMARKS=ON \
         -DRPE_BUILD_EXAMPLES=ON \
         -DCMAKE_CUDA_ARCHITECTURES="${RPE_CUDA_ARCHITECTURES:-90}" "$@"
-    cmake --build "$build_dir" -j"$(rpe_jobs)"
+    cmake --build "$build_dir" -j"$(rpe_jobs)" ${RPE_BUILD_TARGET:+--target "$RPE_BUILD_TARGET"}
 }

@@ -30,8 +30,9 @@ if ! venv_python="$(rpe_torch_venv_ready)"; then
     setsid bash -c 'source scripts/common.sh && rpe_require_torch_venv' >"$venv_dir/python" 2>"$venv_dir/log" &
     venv_pid=$!
     trap 'kill -- "-$venv_pid" 2>/dev/null || true; rm -rf "$venv_dir"' EXIT
-    rpe_log "making .venv in the background (log: $venv_dir/log); building the C++ targets meanwhile"
-    rpe_configure_and_build build -DRPE_BUILD_TORCH=OFF
+    rpe_log "making .venv in the background (log: $venv_dir/log); building the unit tests meanwhile"
+    # the unit tests only: the rest (the torch operators among them) builds in parallel below
+    RPE_BUILD_TARGET=rpe_unit_tests rpe_configure_and_build build -DRPE_BUILD_TORCH=OFF
     if ! wait "$venv_pid"; then
         cat "$venv_dir/log" >&2
         rpe_log "making .venv failed (log above)"

@@ -107,6 +107,10 @@ def test_rope_golden(case):
     """rope-vit's apply_rotary_emb / timm's apply_rot_embed_cat: y, grad_x (and grad_freqs),
     float32, the C++ test's tolerances."""
     meta = json.loads((case / "meta.json").read_text())
+    if meta.get("layout", "pairs") != "pairs" or meta["form"] == "dinov3":
+        # the C++ library and the CLI check these cases (test_vit_rope.cpp, cli.rope.*); rpe_torch's
+        # modules have no layout or DINOv3 form yet
+        pytest.skip(f"rpe_torch has no module for form {meta['form']} with layout {meta.get('layout', 'pairs')} yet")
     m = rope_module(meta)
     if isinstance(m, rt.RoPEMixed):
         with torch.no_grad():
