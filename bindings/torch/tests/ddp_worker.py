@@ -3,6 +3,7 @@ the digits model A through rpe_torch's fused attention under DistributedDataPara
 fully_shard (gloo, CPU), each rank on its contiguous share of the same global batches, and save
 rank 0's final parameters."""
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -34,11 +35,46 @@ def step_all(model, params, steps, batch, rank=0, world=1):
     return losses
 
 
-def worker(rank, world, port, steps, batch, out):
+def free_port():
+    """A TCP port free on this machine now (the process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_process_group(rank, world, port):
+    """Join the gloo process group of `world` CPU processes (one thread each) on localhost:port."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def two_processes_against_one(worker_fn, out, steps=3, batch=32):
+    """Run worker_fn in two spawned processes (it saves rank 0's final state dict to `out`), then
+    the same steps in this process; assert every parameter equal (float64, rtol 1e-8) and that the
+    run moved most of them. Returns (the workers' state dict, this process's model, its start state)."""
+    import numpy as np
+    import torch.multiprocessing as mp
+
+    mp.spawn(worker_fn, args=(2, free_port(), steps, batch, str(out)), nprocs=2, join=True)
+    state = torch.load(out)
+    model, _ = build(rpe_torch, "a", fused=True)
+    start = {k: v.clone().double() for k, v in model.state_dict().items()}
+    model.double().train()
+    losses = step_all(model, model.parameters(), steps, batch)
+    assert losses[0] != losses[-1]
+    assert state.keys() == model.state_dict().keys()
+    changed = 0
+    for name, p in model.state_dict().items():
+        np.testing.assert_allclose(state[name].numpy(), p.numpy(), rtol=1e-8, atol=1e-10, err_msg=name)
+        changed += int(not torch.equal(p, start[name]))
+    assert changed > len(start) // 2  # the run moved the parameters (rpe tables included)
+    return state, model, start
+
+
+def worker(rank, world, port, steps, batch, out):
+    start_process_group(rank, world, port)
     try:
         model, _ = build(rpe_torch, "a", fused=True)
         model.double().train()
@@ -57,10 +93,7 @@ def fsdp_worker(rank, world, port, steps, batch, out):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    start_process_group(rank, world, port)
     try:
         mesh = init_device_mesh("cpu", (world,))
         model, _ = build(rpe_torch, "a", fused=True)

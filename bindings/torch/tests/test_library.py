@@ -131,7 +131,10 @@ def test_gradcheck(name):
         out = op(*new)
         return out[0] if isinstance(out, list) and name.startswith("attention") else out
 
-    assert torch.autograd.gradcheck(f, tuple(flat), eps=1e-6, atol=1e-7, rtol=1e-6)
+    # The attention operators have ~800 inputs: gradcheck's fast mode (the numerical and analytical
+    # Jacobians compared along random directions, one per side) instead of every column (test time).
+    fast = name.startswith("attention")
+    assert torch.autograd.gradcheck(f, tuple(flat), eps=1e-6, atol=1e-7, rtol=1e-6, fast_mode=fast)
 
 
 def test_no_autograd_function_remains():

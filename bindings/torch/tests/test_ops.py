@@ -121,7 +121,11 @@ def test_attention_gradcheck(name):
     a = torch.softmax(logits, -1)
     ref = a @ v + (mods[2](a, h, w) if mods[2] is not None else 0)
     assert torch.allclose(out, ref, atol=1e-12, rtol=1e-10), (out - ref).abs().max()
-    assert torch.autograd.gradcheck(f, (q, k, v, *params), eps=1e-6, atol=1e-7, rtol=1e-6)
+    # Every Jacobian column for one case with all three per-head slots; the others in gradcheck's
+    # fast mode (the Jacobians compared along random directions: the same failures, a fraction of
+    # the time with ~300 inputs).
+    fast = name != "ctx_qkv_product_perhead"
+    assert torch.autograd.gradcheck(f, (q, k, v, *params), eps=1e-6, atol=1e-7, rtol=1e-6, fast_mode=fast)
 
 
 def test_attention_float32_matches_float64():
@@ -328,7 +332,7 @@ def test_attention_backward_with_and_without_saved_probabilities(rpe_on):
     def f(q, k, v, *ps):
         return irpe.attention(q, k, v, *mods, height=2, width=3, key_padding_mask=kpm, save_attn=False)
 
-    assert torch.autograd.gradcheck(f, (q, k, v, *params), eps=1e-6, atol=1e-7, rtol=1e-6)
+    assert torch.autograd.gradcheck(f, (q, k, v, *params), eps=1e-6, atol=1e-7, rtol=1e-6, fast_mode=True)
 
 
 def test_double_backward_raises_instead_of_dropping_second_order_terms():
