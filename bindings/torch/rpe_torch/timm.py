@@ -292,6 +292,17 @@ def _eva_attention(m, q, k, v, rope, attn_mask, is_causal):
     return _attention(q, k, v, rope=r, height=h, width=w, attn_mask=_mask(attn_mask, is_causal, n, q), scale=m.scale)
 
 
+def _eva_output(self, x, q, k, v, rope, attn_mask, is_causal):
+    """The part of EvaAttention.forward and AttentionRope.forward after q, k, v (B, H, N, D): q/k
+    norms, rpe_torch's attention, the output norm, the optional sigmoid gate of x, the projection."""
+    gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
+    q, k = self.q_norm(q), self.k_norm(k)
+    out = self.norm(_merge(_eva_attention(self, q, k, v, rope, attn_mask, is_causal)))
+    if gate is not None:
+        out = out * gate
+    return self.proj_drop(self.proj(out))
+
+
 class RpeEvaAttention(_eva.EvaAttention):
     """EVA's attention (EVA-02) on rpe_torch.attention, RoPE by rpe's kernels from the model's
     RotaryEmbeddingCat settings (the ``rope`` tensor timm passes is not used)."""
@@ -299,17 +310,12 @@ class RpeEvaAttention(_eva.EvaAttention):
     def forward(self, x, rope=None, attn_mask=None, is_causal=False):
         _check_dropout(self)
         b, n, c = x.shape
-        gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
         if self.qkv is not None:
             q, k, v = _qkv_eva(self, x)
         else:
             q, k, v = (p(x).reshape(b, n, self.num_heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj,
                                                                                             self.v_proj))
-        q, k = self.q_norm(q), self.k_norm(k)
-        x = self.norm(_merge(_eva_attention(self, q, k, v, rope, attn_mask, is_causal)))
-        if gate is not None:
-            x = x * gate
-        return self.proj_drop(self.proj(x))
+        return _eva_output(self, x, q, k, v, rope, attn_mask, is_causal)
 
 
 class RpeAttentionRope(_TimmAttentionRope):
@@ -322,18 +328,13 @@ class RpeAttentionRope(_TimmAttentionRope):
         if getattr(self, "num_kv_groups", 1) > 1:
             _fail(self, "grouped-query attention (num_kv_heads < num_heads)")
         b, n, c = x.shape
-        gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
         if self.qkv is not None:
             q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         else:
             q, k, v = (p(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2) for p in (self.q_proj,
                                                                                                    self.k_proj,
                                                                                                    self.v_proj))
-        q, k = self.q_norm(q), self.k_norm(k)
-        x = self.norm(_merge(_eva_attention(self, q, k, v, rope, attn_mask, is_causal)))
-        if gate is not None:
-            x = x * gate
-        return self.proj_drop(self.proj(x))
+        return _eva_output(self, x, q, k, v, rope, attn_mask, is_causal)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,6 +60,22 @@ bool on_contiguous_qkv(const attention_inputs<S>& in, F&& step) {
     return true;
 }
 
+/// `in` with q and k replaced by their rotations (rpe::rope_forward of in.rope's query and key
+/// settings, written to `qr` and `kr`, resized to q's size, (B, H, L, D) contiguous) and RoPE off.
+template <class S>
+attention_inputs<S> rope_rotated(const attention_inputs<S>& in, std::vector<S>& qr, std::vector<S>& kr) {
+    const std::vector<std::int64_t> shape{in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)};
+    qr.resize(static_cast<std::size_t>(in.q.size()));
+    kr.resize(qr.size());
+    rope_forward(query_rope(in.rope), in.height, in.width, in.q, tensor_ref<S>(qr.data(), shape));
+    rope_forward(key_rope(in.rope), in.height, in.width, in.k, tensor_ref<S>(kr.data(), shape));
+    attention_inputs<S> rotated = in;
+    rotated.rope = {};
+    rotated.q = tensor_ref<const S>(qr.data(), shape);
+    rotated.k = tensor_ref<const S>(kr.data(), shape);
+    return rotated;
+}
+
 }  // namespace detail
 
 inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp: the step calls the CPU kernels
@@ -81,15 +97,8 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
     detail::check_attention_outputs(in, s, out, attn, true);
     if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) { composed_attention_forward(c, out, attn); })) return;
     if (in.rope.enabled()) {  // RoPE: rotate q and k (rpe::rope_forward), then the same step without it
-        std::vector<S> qr(static_cast<std::size_t>(in.q.size())), kr(qr.size());
-        const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
-        rope_forward(query_rope(in.rope), in.height, in.width, in.q, tensor_ref<S>(qr.data(), shape));
-        rope_forward(key_rope(in.rope), in.height, in.width, in.k, tensor_ref<S>(kr.data(), shape));
-        attention_inputs<S> rotated = in;
-        rotated.rope = {};
-        rotated.q = tensor_ref<const S>(qr.data(), shape);
-        rotated.k = tensor_ref<const S>(kr.data(), shape);
-        composed_attention_forward(rotated, out, attn);
+        std::vector<S> qr, kr;
+        composed_attention_forward(detail::rope_rotated(in, qr, kr), out, attn);
         return;
     }
     const auto ids_q = detail::ids_of(in.rpe_q, in);
@@ -154,15 +163,9 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
         return;
     if (in.rope.enabled()) {  // RoPE: the step on rotated q, k, then rpe::rope_backward of both
         const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
-        std::vector<S> qr(static_cast<std::size_t>(in.q.size())), kr(qr.size()), gq(qr.size()), gk(qr.size());
-        rope_forward(query_rope(in.rope), in.height, in.width, in.q, tensor_ref<S>(qr.data(), shape));
-        rope_forward(key_rope(in.rope), in.height, in.width, in.k, tensor_ref<S>(kr.data(), shape));
-        attention_inputs<S> rotated = in;
-        rotated.rope = {};
-        rotated.q = tensor_ref<const S>(qr.data(), shape);
-        rotated.k = tensor_ref<const S>(kr.data(), shape);
-        composed_attention_backward(rotated, attn, grad_out, tensor_ref<S>(gq.data(), shape), tensor_ref<S>(gk.data(), shape),
-                                    grad_v);
+        std::vector<S> qr, kr, gq(static_cast<std::size_t>(in.q.size())), gk(gq.size());
+        composed_attention_backward(detail::rope_rotated(in, qr, kr), attn, grad_out, tensor_ref<S>(gq.data(), shape),
+                                    tensor_ref<S>(gk.data(), shape), grad_v);
         auto r = query_rope(in.rope);
         std::vector<S> fq, fk;
         if (r.grad_freqs.data) {
