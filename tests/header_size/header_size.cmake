@@ -2,7 +2,8 @@
 # nvcc). Run as
 #   cmake -DCXX=<compiler> -DINCLUDE=<include dir> -DWORK=<scratch dir> -DLIMIT=15000
 #         -DFOLDERS="index;mapping" -DREPORT="rope" -P header_size.cmake
-# For each header rpe/<folder>/*.hpp it preprocesses a unit that includes it (`<CXX> -std=c++20
+# FOLDERS and REPORT list folders of rpe/ or single headers (`rope/axial.hpp`). For each header
+# rpe/<folder>/*.hpp it preprocesses a unit that includes it (`<CXX> -std=c++20
 # -E -I <include>`), prints the line count and fails when a header of FOLDERS exceeds LIMIT lines.
 # Headers of REPORT are printed but not enforced.
 cmake_minimum_required(VERSION 3.20)
@@ -13,6 +14,7 @@ foreach(_var CXX INCLUDE WORK LIMIT FOLDERS)
 endforeach()
 file(MAKE_DIRECTORY "${WORK}")
 set(_failed "")
+set(_enforced "")
 foreach(_mode IN ITEMS enforce report)
   if(_mode STREQUAL "enforce")
     set(_folders ${FOLDERS})
@@ -20,10 +22,20 @@ foreach(_mode IN ITEMS enforce report)
     set(_folders ${REPORT})
   endif()
   foreach(_folder IN LISTS _folders)
-    file(GLOB _headers "${INCLUDE}/rpe/${_folder}/*.hpp")
+    if(_folder MATCHES "\\.hpp$")  # one header (rope/axial.hpp) rather than a folder
+      set(_headers "${INCLUDE}/rpe/${_folder}")
+    else()
+      file(GLOB _headers "${INCLUDE}/rpe/${_folder}/*.hpp")
+    endif()
     list(SORT _headers)
     foreach(_header IN LISTS _headers)
       file(RELATIVE_PATH _rel "${INCLUDE}" "${_header}")
+      if(_mode STREQUAL "report" AND _rel IN_LIST _enforced)
+        continue()
+      endif()
+      if(_mode STREQUAL "enforce")
+        list(APPEND _enforced "${_rel}")
+      endif()
       string(MAKE_C_IDENTIFIER "${_rel}" _id)
       set(_tu "${WORK}/${_id}.cpp")
       file(WRITE "${_tu}" "#include <${_rel}>\n")

@@ -26,6 +26,7 @@ RPE_HOST_DEVICE double nearbyint(double x) { return ::nearbyint(x); }
 RPE_HOST_DEVICE float fmin(float a, float b) { return ::fminf(a, b); }
 RPE_HOST_DEVICE double fmin(double a, double b) { return ::fmin(a, b); }
 RPE_HOST_DEVICE double fmax(double a, double b) { return ::fmax(a, b); }
+RPE_HOST_DEVICE float pow(float x, float y) { return ::powf(x, y); }
 #elif defined(_MSC_VER) && !defined(__clang__)
 inline float fabs(float x) { return std::fabs(x); }
 inline float log(float x) { return std::log(x); }
@@ -37,6 +38,7 @@ inline double nearbyint(double x) { return std::nearbyint(x); }
 inline float fmin(float a, float b) { return std::fmin(a, b); }
 inline double fmin(double a, double b) { return std::fmin(a, b); }
 inline double fmax(double a, double b) { return std::fmax(a, b); }
+inline float pow(float x, float y) { return std::pow(x, y); }
 #else
 /// @brief `|x|` (std::fabs).
 RPE_HOST_DEVICE float fabs(float x) { return __builtin_fabsf(x); }
@@ -53,6 +55,8 @@ RPE_HOST_DEVICE double nearbyint(double x) { return __builtin_nearbyint(x); }
 RPE_HOST_DEVICE float fmin(float a, float b) { return __builtin_fminf(a, b); }
 RPE_HOST_DEVICE double fmin(double a, double b) { return __builtin_fmin(a, b); }
 RPE_HOST_DEVICE double fmax(double a, double b) { return __builtin_fmax(a, b); }
+/// @brief `x^y` in float (powf; std::pow(float, float)).
+RPE_HOST_DEVICE float pow(float x, float y) { return __builtin_powf(x, y); }
 #endif
 
 /// @brief std::isfinite, on the host (the policies' validate()).

@@ -3,10 +3,9 @@
 /// frequencies, x and y each on half of the channel pairs).
 #pragma once
 
-#include <cmath>
-
 #include "../concepts.hpp"
 #include "../config.hpp"
+#include "../detail/math.hpp"
 #include "../detail/raise.hpp"
 
 namespace rpe::rope {
@@ -29,7 +28,7 @@ struct axial {
     /// @brief Frequency f_j = 1 / θ^(4j / D) of band j in [0, D/4) (float32).
     RPE_HOST_DEVICE float frequency(int band, int head_dim) const {
         const float e = static_cast<float>(4 * band) / static_cast<float>(head_dim);
-        return 1.0f / powf(theta, e);
+        return 1.0f / detail::math::pow(theta, e);
     }
     /// @brief Angle (radians) of pair `pair` at (row, col); height unused.
     RPE_HOST_DEVICE float angle(int row, int col, int pair, int head_dim, int /*height*/, int /*width*/) const {
@@ -46,7 +45,7 @@ struct axial {
     }
     /// @throws rpe::invalid_argument `[rpe.rope] theta = ...; expected finite and > 0`.
     void validate() const {
-        detail::require(std::isfinite(theta) && theta > 0.0f, "rope", "theta = ", theta, "; expected finite and > 0");
+        detail::require(detail::math::isfinite(theta) && theta > 0.0f, "rope", "theta = ", theta, "; expected finite and > 0");
     }
     friend bool operator==(const axial&, const axial&) = default;
 };

@@ -3,10 +3,9 @@
 /// position embedding).
 #pragma once
 
-#include <cmath>
-
 #include "../concepts.hpp"
 #include "../config.hpp"
+#include "../detail/math.hpp"
 #include "../detail/raise.hpp"
 
 namespace rpe::rope {
@@ -54,11 +53,11 @@ struct cat {
     }
     /// @brief Band b of nb (float32).
     RPE_HOST_DEVICE float band(int b, int nb) const {
-        if (!in_pixels) return 1.0f / powf(temperature, static_cast<float>(b) / static_cast<float>(nb));
+        if (!in_pixels) return 1.0f / detail::math::pow(temperature, static_cast<float>(b) / static_cast<float>(nb));
         const float pi = 3.14159265358979323846f;
         if (linear_bands) return linspace(1.0f, max_res / 2.0f, nb, b) * pi;
-        const float top = static_cast<float>(log(static_cast<double>(max_res)) / log(2.0) - 1.0);
-        return powf(2.0f, linspace(0.0f, top, nb, b)) * pi;
+        const float top = static_cast<float>(detail::math::log(static_cast<double>(max_res)) / detail::math::log(2.0) - 1.0);
+        return detail::math::pow(2.0f, linspace(0.0f, top, nb, b)) * pi;
     }
     /// @brief Coordinate of index i on an axis of s tokens with reference extent ref (0 = none).
     RPE_HOST_DEVICE float coordinate(int i, int s, int ref) const {
@@ -87,10 +86,10 @@ struct cat {
     }
     /// @throws rpe::invalid_argument `[rpe.rope] <field> = ...; expected ...`.
     void validate() const {
-        detail::require(std::isfinite(temperature) && temperature > 0.0f, "rope", "temperature = ", temperature,
+        detail::require(detail::math::isfinite(temperature) && temperature > 0.0f, "rope", "temperature = ", temperature,
                         "; expected finite and > 0");
-        detail::require(std::isfinite(max_res) && max_res > 0.0f, "rope", "max_res = ", max_res, "; expected finite and > 0");
-        detail::require(std::isfinite(grid_offset), "rope", "grid_offset = ", grid_offset, "; expected finite");
+        detail::require(detail::math::isfinite(max_res) && max_res > 0.0f, "rope", "max_res = ", max_res, "; expected finite and > 0");
+        detail::require(detail::math::isfinite(grid_offset), "rope", "grid_offset = ", grid_offset, "; expected finite");
         detail::require(ref_height >= 0 && ref_width >= 0 && (ref_height > 0) == (ref_width > 0), "rope",
                         "ref_height, ref_width = ", ref_height, ", ", ref_width, "; expected both > 0 or both 0");
     }

@@ -24,6 +24,7 @@
 #include "custom.hpp"
 #include "layout.hpp"
 #include "mixed.hpp"
+#include "mixed_init.hpp"
 #include "../tensor.hpp"
 
 namespace rpe {
