@@ -2,7 +2,9 @@
 /// @brief PyTorch operators over rpe (`TORCH_LIBRARY(rpe, ...)`, CPU kernels): every iRPE term
 /// (bias / contextual on q, k, v, shared or per-head tables, Cross's two tables) forward and
 /// backward, and the fused attention step forward and backward (with an optional 2D RoPE of q
-/// and k); the ViT encodings: the Swin, BEiT, SAM-decomposed and 2D-ALiBi mappings selectable by
+/// and k: the registry's forms and DINOv3, channel layout pairs or half, on the grid or at
+/// per-token positions (CPU), with unrotated leading and trailing tokens); the ViT encodings:
+/// the Swin, BEiT, SAM-decomposed and 2D-ALiBi mappings selectable by
 /// name in the term and attention operators, 2D RoPE on its own, and the operators that make
 /// their tables (timm's layout, SwinV2's CPB, SAM's tables and resize, ALiBi's fixed table). The
 /// Python package `rpe_torch` wraps them in functions and modules; docs/torch.md
