@@ -11,7 +11,8 @@ reference's signatures, defaults, parameter names and shapes, so reference check
 padding and additive masks) through rpe's fused kernels, differentiable in q, k, v and every table.
 
 The vision-transformer encodings (``rpe_torch.vit``, re-exported here): 2D RoPE (``RoPEAxial``,
-``RoPEMixed``, ``RoPECat``; ``attention(rope=...)``), Swin / BEiT relative position bias
+``RoPEMixed``, ``RoPECat``, ``RoPEDinoV3``; layout pairs or rotate-half, grid or per-token
+positions; ``attention(rope=..., positions=...)``), Swin / BEiT relative position bias
 (``RelPosBias``, timm's table layout), SwinV2's CPB (``relative_log_coords``, ``cpb_table``,
 ``cpb_bias``), SAM's decomposed relative position (``DecomposedRelPos``, ``resize_rel_pos``) and
 2D ALiBi (``ALiBi2D``).
@@ -31,7 +32,7 @@ from torch import nn
 __all__ = [
     "METHOD", "families", "get_num_buckets", "get_single_rpe_config", "get_rpe_config", "build_rpe", "iRPE", "iRPE_Cross",
     "attention", "term", "bucket_ids", "library_path", "set_cache_budget", "cache_stats", "clear_caches",
-    "RoPEAxial", "RoPEMixed", "RoPECat", "rope", "RelPosBias", "table_from_timm", "table_to_timm",
+    "RoPEAxial", "RoPEMixed", "RoPECat", "RoPEDinoV3", "rope", "RelPosBias", "table_from_timm", "table_to_timm",
     "relative_log_coords", "cpb_table", "cpb_bias", "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
     "ALiBi2D", "alibi_slopes", "TermSlot",
 ]
@@ -438,7 +439,7 @@ def _slot(name, m, L, height, width):
 
 
 def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=None, key_padding_mask=None,
-              attn_mask=None, scale=None, rope=None, save_attn=None):
+              attn_mask=None, scale=None, rope=None, save_attn=None, positions=None, key_positions=None):
     """The attention step of the reference's RPEAttention (after the qkv projection, before the
     output projection) through rpe's fused kernels:
     ``qs = q·scale; logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·scale)ᵀ (+ attn_mask)``, padded keys
@@ -449,16 +450,25 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     TermSlot (SwinV2's CPB table), or None; height, width: the grid (L = skip + height·width;
     square when None; a ViT term's own grid by default); key_padding_mask: (B, L) bool/uint8, true =
     padded key; attn_mask: (L, L) additive float (or bool, true = masked), not differentiated;
-    scale: default D^-1/2; rope: a RoPEAxial / RoPEMixed / RoPECat module: q and k are rotated
-    first (L = rope.skip + height·width) and everything after sees the rotated q and k (the
-    RoPEMixed frequencies get their gradient); save_attn: keep the (B, H, L, L) probabilities for
+    scale: default D^-1/2; rope: a RoPEAxial / RoPEMixed / RoPECat / RoPEDinoV3 module (its
+    ``layout``, ``skip`` and ``suffix``): q and k are rotated first (L = rope.skip + height·width +
+    rope.suffix) and everything after sees the rotated q and k (the RoPEMixed frequencies get their
+    gradient); positions: the rope's per-token (row, col) coordinates of q's (and k's) N = L −
+    skip − suffix rotated tokens instead of the grid, (N, 2) integer or float, CPU only (not
+    differentiated); key_positions: the keys' own (N, 2) positions (e.g. another grid; default:
+    the queries'); save_attn: keep the (B, H, L, L) probabilities for
     the backward, which then does not recompute them (True / False; None: when they take at most
     64 MiB, e.g. DeiT-S at batch 64 in float32). Rows whose keys are all masked give zeros (the
     reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and every table (first
     derivatives only: a backward with create_graph=True through it raises RuntimeError). Raises ValueError / TypeError naming the
     parameter for bad input.
     """
-    from .vit import _RoPE
+    from .vit import _RoPE, _check_positions
+    if rope is None and (positions is not None or key_positions is not None):
+        raise ValueError("[rpe.torch] positions / key_positions are given without rope; expected a RoPE module "
+                         "(they are the rotary embedding's per-token positions)")
+    _check_positions("positions", positions, q)  # first: on CUDA, the clearer message (CPU-only positions)
+    _check_positions("key_positions", key_positions, q)
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_cpu(name, t)
     if q.dim() != 4:
@@ -485,14 +495,16 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         params.extend([alpha, beta, gamma, float(skip)])
         counts.append(len(ts))
         tables.extend(ts)
-    rope_spec, freqs = ("", [], 0), None
+    rope_spec, freqs = ("", [], 0, "pairs", 0), None
     if rope is not None:
         if not isinstance(rope, _RoPE):
-            raise TypeError(f"[rpe.torch] rope is a {type(rope).__name__}; expected an rpe_torch RoPEAxial, RoPEMixed or "
-                            "RoPECat module")
-        form, rope_params, rope_skip, h, w = rope._spec(L, *(grid if grid is not None and height is None else (height, width)))
-        grid = (h, w)
-        rope_spec, freqs = (form, rope_params, rope_skip), rope._freqs()
+            raise TypeError(f"[rpe.torch] rope is a {type(rope).__name__}; expected an rpe_torch RoPEAxial, RoPEMixed, "
+                            "RoPECat or RoPEDinoV3 module")
+        form, rope_params, rope_skip, h, w = rope._spec(L, *(grid if grid is not None and height is None else (height, width)),
+                                                        positions)
+        if positions is None:  # the rope's grid (with positions, the terms' grid or none)
+            grid = (h, w)
+        rope_spec, freqs = (form, rope_params, rope_skip, rope.layout, rope.suffix), rope._freqs()
     if grid is None:
         grid = (height or 1, width or 1) if height is not None else (1, 1)
     if key_padding_mask is not None:
@@ -515,13 +527,14 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     a, b, c = counts
     tq, tk, tv = tables[:a], tables[a:a + b], tables[a + b:a + b + c]
     args = (q, k, v, tq, tk, tv, methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0],
-            grid[1], key_padding_mask, attn_mask, None if scale is None else float(scale), rope_spec[0], rope_spec[1], freqs, rope_spec[2])
+            grid[1], key_padding_mask, attn_mask, None if scale is None else float(scale), rope_spec[0], rope_spec[1], freqs,
+            rope_spec[2], rope_spec[3], positions, key_positions, rope_spec[4])
     if save_attn:  # the backward reads the probabilities instead of recomputing them
         return _ops.attention_forward_attn(*args)[0]
     return _ops.attention_forward(*args)
 
 
 from .vit import (  # noqa: E402  (the ViT encodings use the operators loaded above)
-    ALiBi2D, DecomposedRelPos, RelPosBias, RoPEAxial, RoPECat, RoPEMixed, TermSlot, alibi_slopes, cpb_bias, cpb_table,
+    ALiBi2D, DecomposedRelPos, RelPosBias, RoPEAxial, RoPECat, RoPEDinoV3, RoPEMixed, TermSlot, alibi_slopes, cpb_bias, cpb_table,
     decomposed_rel_pos, relative_log_coords, resize_rel_pos, rope, table_from_timm, table_to_timm,
 )

@@ -96,17 +96,24 @@ torch.library.register_autograd(f"{_lib}::term_forward", _term_backward, setup_c
 # Fused attention
 # ---------------------------------------------------------------------------------------------
 
+#: Defaults of the attention operators' trailing arguments, from ``scale`` on (spec[11:] of
+#: _attention_setup): a call may leave them out.
+_ATTENTION_TAIL = (None, "", [], None, 0, "pairs", None, None, 0)
+
+
 @_fake("attention_forward")
 def _attention_forward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height, width,
                             key_padding_mask, attn_mask, scale=None, rope_form="", rope_params=(), rope_freqs=None,
-                            rope_skip=0):
+                            rope_skip=0, rope_layout="pairs", rope_positions=None, rope_key_positions=None,
+                            rope_suffix=0):
     return _empty(q, q.shape)
 
 
 @_fake("attention_forward_attn")
 def _attention_forward_attn_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height,
                                  width, key_padding_mask, attn_mask, scale=None, rope_form="", rope_params=(),
-                                 rope_freqs=None, rope_skip=0):
+                                 rope_freqs=None, rope_skip=0, rope_layout="pairs", rope_positions=None,
+                                 rope_key_positions=None, rope_suffix=0):
     b, h, n = q.shape[0], q.shape[1], q.shape[2]
     return [_empty(q, q.shape), _empty(q, (b, h, n, n))]
 
@@ -114,7 +121,8 @@ def _attention_forward_attn_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, 
 @_fake("attention_backward")
 def _attention_backward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height, width,
                              key_padding_mask, attn_mask, scale, grad_out, rope_form="", rope_params=(),
-                             rope_freqs=None, rope_skip=0, attn=None):
+                             rope_freqs=None, rope_skip=0, attn=None, rope_layout="pairs", rope_positions=None,
+                             rope_key_positions=None, rope_suffix=0):
     grads = [_empty(q, q.shape), _empty(k, k.shape), _empty(v, v.shape)]
     for slot_tables in (tables_q, tables_k, tables_v):
         grads.extend(_empty(t, t.shape) for t in slot_tables)
@@ -125,14 +133,17 @@ def _attention_backward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, 
 
 def _attention_setup(ctx, inputs, output):
     q, k, v, tq, tk, tv, *spec = inputs
-    # spec: mq, oq, mk, ok, mv, ov, params, height, width, kpm, attn_mask, scale, rope_form,
-    # rope_params, rope_freqs, rope_skip
+    # spec: mq, oq, mk, ok, mv, ov, params, height, width, kpm, attn_mask, then (defaulted, maybe
+    # absent) scale, rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
+    # rope_key_positions, rope_suffix
+    spec = list(spec) + list(_ATTENTION_TAIL[len(spec) - 11:])
     ctx.counts = (len(tq), len(tk), len(tv))
-    kpm, attn_mask, freqs = spec[9], spec[10], spec[14]
+    kpm, attn_mask, freqs, pos, key_pos = spec[9], spec[10], spec[14], spec[17], spec[18]
+    spec[9] = spec[10] = spec[14] = spec[17] = spec[18] = None  # the tensors are saved below
     ctx.spec = spec
-    ctx.has = (kpm is not None, attn_mask is not None, freqs is not None)
+    ctx.has = tuple(t is not None for t in (kpm, attn_mask, freqs, pos, key_pos))
     ctx.with_attn = isinstance(output, (list, tuple))
-    extra = [t for t in (kpm, attn_mask, freqs) if t is not None]
+    extra = [t for t in (kpm, attn_mask, freqs, pos, key_pos) if t is not None]
     if ctx.with_attn:
         ctx.mark_non_differentiable(output[1])
         extra.append(output[1])
@@ -147,19 +158,17 @@ def _attention_backward(ctx, grad_out):
     a, b, c = ctx.counts
     tq, tk, tv, rest = rest[:a], rest[a:a + b], rest[a + b:a + b + c], rest[a + b + c:]
     it = iter(rest)
-    kpm = next(it) if ctx.has[0] else None
-    attn_mask = next(it) if ctx.has[1] else None
-    freqs = next(it) if ctx.has[2] else None
+    kpm, attn_mask, freqs, pos, key_pos = (next(it) if has else None for has in ctx.has)
     attn = next(it) if ctx.with_attn else None
     s = ctx.spec
     grads = _ops.attention_backward(q, k, v, list(tq), list(tk), list(tv), *s[:9], kpm, attn_mask, s[11],
-                                    grad_out.contiguous(), s[12], s[13], freqs, s[15], attn)
+                                    grad_out.contiguous(), s[12], s[13], freqs, s[15], attn, s[16], pos, key_pos, s[19])
     gq, gk, gv = grads[:3]
     g = grads[3:]
     gtq, gtk, gtv = list(g[:a]), list(g[a:a + b]), list(g[a + b:a + b + c])
     gfreqs = g[a + b + c] if freqs is not None and s[12] == "mixed" else None
-    rest = [None] * 16
-    rest[14] = gfreqs  # rope_freqs; the others (methods, modes, params, grid, masks, scale, rope form) have none
+    rest = [None] * len(s)
+    rest[14] = gfreqs  # rope_freqs; the others (methods, modes, params, grid, masks, scale, rope form, positions) have none
     return _masked(ctx, (gq, gk, gv, gtq, gtk, gtv, *rest))
 
 
@@ -172,31 +181,34 @@ for _name in ("attention_forward", "attention_forward_attn"):
 # ---------------------------------------------------------------------------------------------
 
 @_fake("rope_forward")
-def _rope_forward_fake(x, form, params, freqs, skip, height, width):
+def _rope_forward_fake(x, form, params, freqs, skip, height, width, layout="pairs", positions=None, suffix=0):
     return _empty(x, x.shape)
 
 
 @_fake("rope_backward")
-def _rope_backward_fake(x, grad_y, form, params, freqs, skip, height, width):
+def _rope_backward_fake(x, grad_y, form, params, freqs, skip, height, width, layout="pairs", positions=None, suffix=0):
     mixed = form == "mixed" and freqs is not None
     return [_empty(x, x.shape), _empty(freqs, freqs.shape) if mixed else _empty(x, (0,))]
 
 
 def _rope_setup(ctx, inputs, output):
-    x, form, params, freqs, skip, height, width = inputs
-    ctx.spec = (form, params, skip, height, width)
-    ctx.has_freqs = freqs is not None
-    ctx.save_for_backward(x, *([freqs] if freqs is not None else []))
+    x, form, params, freqs, skip, height, width, *tail = inputs
+    layout, positions, suffix = list(tail) + ["pairs", None, 0][len(tail):]
+    ctx.spec = (form, params, skip, height, width, layout, suffix)
+    ctx.has = (freqs is not None, positions is not None)
+    ctx.save_for_backward(x, *(t for t in (freqs, positions) if t is not None))
 
 
 def _rope_backward(ctx, grad_y):
     _first_order()
     x, *rest = ctx.saved_tensors
-    freqs = rest[0] if rest else None
-    form, params, skip, height, width = ctx.spec
-    grad_x, grad_freqs = _ops.rope_backward(x, grad_y.contiguous(), form, params, freqs, skip, height, width)
-    return _masked(ctx, (grad_x, None, None, grad_freqs if ctx.has_freqs and form == "mixed" else None, None, None,
-                         None))
+    it = iter(rest)
+    freqs, positions = (next(it) if has else None for has in ctx.has)
+    form, params, skip, height, width, layout, suffix = ctx.spec
+    grad_x, grad_freqs = _ops.rope_backward(x, grad_y.contiguous(), form, params, freqs, skip, height, width, layout,
+                                            positions, suffix)
+    return _masked(ctx, (grad_x, None, None, grad_freqs if freqs is not None and form == "mixed" else None, None, None,
+                         None, None, None, None))
 
 
 torch.library.register_autograd(f"{_lib}::rope_forward", _rope_backward, setup_context=_rope_setup)

@@ -1,5 +1,6 @@
 """rpe_torch's vision-transformer encodings (rpe's C++ kernels, CPU): 2D RoPE (rope-vit's Axial
-and Mixed, timm's cat form of EVA-02), the Swin / BEiT relative position bias (timm's table
+and Mixed, timm's cat form of EVA-02, DINOv3; channel layout pairs or rotate-half, on the grid or
+at per-token positions), the Swin / BEiT relative position bias (timm's table
 layout), SwinV2's continuous position bias (the table from the user's CPB MLP), SAM's decomposed
 relative position and CROMA's 2D ALiBi.
 
@@ -20,7 +21,7 @@ from torch import nn
 from . import _check_cpu, _ops, term
 
 __all__ = [
-    "RoPEAxial", "RoPEMixed", "RoPECat", "rope",
+    "RoPEAxial", "RoPEMixed", "RoPECat", "RoPEDinoV3", "rope",
     "RelPosBias", "table_from_timm", "table_to_timm",
     "relative_log_coords", "cpb_table", "cpb_bias",
     "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
@@ -65,18 +66,53 @@ def _square_grid(L, skip, height, width):
 # 2D RoPE
 # ---------------------------------------------------------------------------------------------
 
+_LAYOUTS = ("pairs", "half")
+
+
+def _check_positions(name, positions, x=None):
+    """Per-token RoPE positions: None, or an (N, 2) integer / float32 / float64 CPU tensor of
+    (row, col) coordinates (the operators convert them to float32, as the library reads them).
+    CUDA tensors are refused here, before the dispatcher: rpe's CUDA backend has no per-token
+    positions (rpe::not_supported). ValueError / TypeError naming the argument otherwise."""
+    if positions is None:
+        return
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(f"[rpe.torch] {name} is a {type(positions).__name__}; expected a torch.Tensor (N, 2) of "
+                        "(row, col) coordinates")
+    device = positions.device if positions.device.type != "cpu" else (x.device if x is not None else positions.device)
+    if device.type != "cpu":
+        raise ValueError(f"[rpe.torch] {name} is given with tensors on device {device}; expected cpu (per-token RoPE "
+                         "positions are CPU only: rpe's CUDA backend refuses them with rpe::not_supported)")
+    if positions.dtype == torch.bool or positions.is_complex() or (positions.is_floating_point()
+                                                                  and positions.dtype not in (torch.float32, torch.float64)):
+        raise TypeError(f"[rpe.torch] {name} has dtype {positions.dtype}; expected an integer, float32 or float64 tensor "
+                        "of (row, col) coordinates")
+    if positions.dim() != 2 or positions.shape[1] != 2:
+        raise ValueError(f"[rpe.torch] {name} has shape {tuple(positions.shape)}; expected (N, 2) per-token (row, col) "
+                         "coordinates")
+
+
 class _RoPE(nn.Module):
-    """Base of the RoPE modules: ``forward(x, height=None, width=None)`` rotates q or k
-    (B, H, L, D), L = skip + height·width (a square grid when both are None); the first ``skip``
-    tokens (class, register tokens) stay unrotated."""
+    """Base of the RoPE modules: ``forward(x, height=None, width=None, positions=None)`` rotates q
+    or k (B, H, L, D): the first ``skip`` tokens (class, register tokens) and the last ``suffix``
+    ones stay unrotated; the others sit on a height × width grid (L = skip + height·width +
+    suffix; a square grid when both are None) or at ``positions`` (N, 2) (row, col), N = L −
+    skip − suffix, in the form's own coordinate frame (integer or real; CPU only). ``layout``:
+    the channel pairing, ``"pairs"`` (2j, 2j+1) or ``"half"`` (j, j + D/2, rotate-half)."""
 
     form = ""
+    layout = "pairs"  # class defaults: modules pickled before these options load unchanged
+    suffix = 0
 
-    def __init__(self, skip=0):
+    def __init__(self, skip=0, layout="pairs", suffix=0):
         super().__init__()
         if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
             raise ValueError(f"[rpe.torch] skip = {skip!r}; expected an int >= 0")
-        self.skip = skip
+        if not isinstance(suffix, int) or isinstance(suffix, bool) or suffix < 0:
+            raise ValueError(f"[rpe.torch] suffix = {suffix!r}; expected an int >= 0")
+        if layout not in _LAYOUTS:
+            raise ValueError(f"[rpe.torch] layout = {layout!r}; expected 'pairs' or 'half'")
+        self.skip, self.layout, self.suffix = skip, layout, suffix
 
     def _params(self):
         return []
@@ -84,36 +120,48 @@ class _RoPE(nn.Module):
     def _freqs(self):
         return None
 
-    def _spec(self, L, height, width):
-        height, width = _square_grid(L, self.skip, height, width)
+    def _spec(self, L, height, width, positions=None):
+        """(form, params, skip, height, width): the grid is not used (1 × 1) with positions."""
+        if positions is not None:
+            height, width = 1, 1
+        else:
+            height, width = _square_grid(L, self.skip + self.suffix, height, width)
         return self.form, [float(p) for p in self._params()], self.skip, height, width
 
-    def forward(self, x, height=None, width=None):
-        """The rotated x (B, H, L, D). Raises ValueError / TypeError with the library's message
-        (L ≠ skip + height·width, D not a multiple of 4 (axial, cat) or 2 (mixed), bad parameters)."""
+    def forward(self, x, height=None, width=None, positions=None):
+        """The rotated x (B, H, L, D). ``positions``: (N, 2) per-token (row, col) coordinates
+        instead of the grid (height, width then unused). Raises ValueError / TypeError with the
+        library's message (L ≠ skip + height·width + suffix, D not a multiple of 4 (axial, cat,
+        dinov3) or 2 (mixed), bad parameters, positions of the wrong shape, dtype or device)."""
+        _check_positions("positions", positions, x)
         _check_cpu("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D)")
-        form, params, skip, height, width = self._spec(x.shape[2], height, width)
-        return _ops.rope_forward(x, form, params, self._freqs(), skip, height, width)
+        form, params, skip, height, width = self._spec(x.shape[2], height, width, positions)
+        return _ops.rope_forward(x, form, params, self._freqs(), skip, height, width, self.layout, positions, self.suffix)
+
+    def _options_repr(self, default_layout="pairs"):
+        return f"skip={self.skip}" + (f", layout={self.layout!r}" if self.layout != default_layout else "") + (
+            f", suffix={self.suffix}" if self.suffix else "")
 
 
 class RoPEAxial(_RoPE):
     """RoPE-Axial of rope-vit (rpe::rope::axial): pair p < D/4 turns by col·f_p, the others by
     row·f_(p−D/4), f_j = θ^(−4j/D); D a multiple of 4. No parameter. Source: naver-ai/rope-vit
-    ``compute_axial_cis`` (θ = 100 in its models)."""
+    ``compute_axial_cis`` (θ = 100 in its models). ``skip``, ``layout``, ``suffix``: as every RoPE
+    module (rope-vit's layout is ``"pairs"``)."""
 
     form = "axial"
 
-    def __init__(self, theta=100.0, skip=0):
-        super().__init__(skip)
+    def __init__(self, theta=100.0, skip=0, layout="pairs", suffix=0):
+        super().__init__(skip, layout, suffix)
         self.theta = float(theta)
 
     def _params(self):
         return [self.theta]
 
     def extra_repr(self):
-        return f"theta={self.theta}, skip={self.skip}"
+        return f"theta={self.theta}, {self._options_repr()}"
 
 
 class RoPEMixed(_RoPE):
@@ -121,12 +169,14 @@ class RoPEMixed(_RoPE):
     col·fx[h, p] + row·fy[h, p] with the learned ``freqs`` (2, num_heads, head_dim/2) parameter
     ([0] = fx, [1] = fy; rope-vit's ``freqs[:, layer]`` viewed (2, H, D/2)), initialised as
     rope-vit's ``init_random_2d_freqs`` (per-head angles uniform in [0, 2π) when ``rotate``, else
-    0; rpe::rope::init_mixed_frequencies). The frequencies get their gradient."""
+    0; rpe::rope::init_mixed_frequencies). The frequencies get their gradient (also at per-token
+    positions, which then take the place of (col, row)). ``skip``, ``layout``, ``suffix``: as
+    every RoPE module."""
 
     form = "mixed"
 
-    def __init__(self, num_heads, head_dim, theta=10.0, skip=0, rotate=True):
-        super().__init__(skip)
+    def __init__(self, num_heads, head_dim, theta=10.0, skip=0, rotate=True, layout="pairs", suffix=0):
+        super().__init__(skip, layout, suffix)
         _count(num_heads, "num_heads")
         if _count(head_dim, "head_dim", 2) % 2:
             raise ValueError(f"[rpe.torch] head_dim = {head_dim}; expected an even number (RoPE-Mixed rotates pairs)")
@@ -137,20 +187,21 @@ class RoPEMixed(_RoPE):
         return self.freqs
 
     def extra_repr(self):
-        return f"num_heads={self.freqs.shape[1]}, head_dim={2 * self.freqs.shape[2]}, skip={self.skip}"
+        return f"num_heads={self.freqs.shape[1]}, head_dim={2 * self.freqs.shape[2]}, {self._options_repr()}"
 
 
 class RoPECat(_RoPE):
     """timm's RotaryEmbeddingCat with apply_rot_embed_cat (rpe::rope::cat; EVA-02's defaults):
     ``temperature``, ``in_pixels``, ``max_res``, ``linear_bands``, ``grid_offset``,
     ``ref_feat_shape`` (None or (rows, cols)), ``grid_indexing`` 'ij' or 'xy'. D a multiple of 4.
-    No parameter."""
+    No parameter. ``layout="half"`` is timm's ``half=True`` (rotate-half); per-token positions
+    are timm's coordinates after its scaling (rope::cat::angle_at)."""
 
     form = "cat"
 
     def __init__(self, temperature=10000.0, in_pixels=False, max_res=224.0, linear_bands=False, grid_offset=0.0,
-                 ref_feat_shape=None, grid_indexing="ij", skip=0):
-        super().__init__(skip)
+                 ref_feat_shape=None, grid_indexing="ij", skip=0, layout="pairs", suffix=0):
+        super().__init__(skip, layout, suffix)
         if grid_indexing not in ("ij", "xy"):
             raise ValueError(f"[rpe.torch] grid_indexing = {grid_indexing!r}; expected 'ij' or 'xy'")
         self.temperature, self.in_pixels, self.max_res = float(temperature), bool(in_pixels), float(max_res)
@@ -164,15 +215,141 @@ class RoPECat(_RoPE):
 
     def extra_repr(self):
         return (f"temperature={self.temperature}, in_pixels={self.in_pixels}, ref_feat_shape={self.ref_feat_shape}, "
-                f"grid_indexing={self.grid_indexing!r}, skip={self.skip}")
+                f"grid_indexing={self.grid_indexing!r}, {self._options_repr()}")
 
 
-def rope(x, embedding, height=None, width=None):
-    """``embedding(x, height, width)``: x (B, H, L, D) rotated by a RoPEAxial / RoPEMixed /
-    RoPECat module. Raises TypeError for another embedding."""
+_DINOV3_NORMALIZE = {"separate": 0, "max": 1, "min": 2}
+
+
+def _real(v, name):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
+        raise ValueError(f"[rpe.torch] {name} = {v!r}; expected a finite number")
+    return float(v)
+
+
+def _real_pair(v, name):
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        v = (v, v)
+    if not isinstance(v, (tuple, list)) or len(v) != 2:
+        raise ValueError(f"[rpe.torch] {name} = {v!r}; expected a number or a pair (rows, cols)")
+    return _real(v[0], f"{name}[0]"), _real(v[1], f"{name}[1]")
+
+
+class RoPEDinoV3(_RoPE):
+    """DINOv3's RoPE (rpe::rope::dinov3 through ``rope::custom``), with the attribute and buffer
+    names of timm's ``RotaryEmbeddingDinoV3`` (``dim``, ``temperature``, ``min_period``,
+    ``max_period``, ``normalize_coords``, ``shift_coords``, ``jitter_coords``,
+    ``rescale_coords``, ``rotate_half``; the non-persistent buffer ``periods`` (dim/4,)), so a
+    timm state dict (which holds none of them) loads with ``strict=True``. ``dim``: the head dim
+    (a multiple of 4). Coordinates ``2·(i + 0.5)/n − 1`` per axis (``normalize_coords``
+    "separate": n = that axis' size; "max" / "min": the larger / smaller side), then the
+    augmentation ``c = ((c + shift)·jitter)·rescale`` with the **already-sampled** values
+    ``shift`` (dy, dx), ``jitter`` (fy, fx) and ``rescale`` (attributes, defaults 0, 1, 1 = none;
+    :meth:`sample_augmentation` draws them as DINOv3 / timm do in training from the ranges
+    ``shift_coords``, ``jitter_coords``, ``rescale_coords``); periods ``temperature^(2k/(dim/2))``
+    (DINOv3's ``base``) or, with ``min_period`` and ``max_period``, ``min·(max/min)^linspace(0, 1,
+    dim/4)``; angle ``2π·c/period``, rows on pairs j < dim/4. ``layout`` defaults to ``"half"``
+    (DINOv3's rotate-half; timm ``rotate_half=False`` is ``"pairs"``); ``skip`` is DINOv3's CLS +
+    storage tokens (5 in the released models). Per-token ``positions`` are DINOv3's own
+    coordinates, already in its (−1, 1) frame (the augmentation applies to them, the
+    normalisation does not). No parameter; nothing is learned. ``periods`` is for inspection: the
+    kernels compute the same periods in float32 (rpe::rope::dinov3::period). Source:
+    facebookresearch/dinov3 ``dinov3/layers/rope_position_encoding.py``; timm
+    ``timm/layers/pos_embed_sincos.py`` RotaryEmbeddingDinoV3."""
+
+    form = "dinov3"
+
+    def __init__(self, dim, temperature=100.0, min_period=None, max_period=None, normalize_coords="separate",
+                 shift_coords=None, jitter_coords=None, rescale_coords=None, shift=(0.0, 0.0), jitter=(1.0, 1.0),
+                 rescale=1.0, skip=0, layout="half", suffix=0):
+        super().__init__(skip, layout, suffix)
+        if _count(dim, "dim", 4) % 4:
+            raise ValueError(f"[rpe.torch] dim = {dim}; expected a multiple of 4 (DINOv3 splits the pairs over 2 axes)")
+        if (min_period is None) != (max_period is None):
+            raise ValueError(f"[rpe.torch] min_period = {min_period!r}, max_period = {max_period!r}; give both or neither")
+        if min_period is None and temperature is None:
+            raise ValueError("[rpe.torch] temperature = None without min_period, max_period; expected one of them")
+        if normalize_coords not in _DINOV3_NORMALIZE:
+            raise ValueError(f"[rpe.torch] normalize_coords = {normalize_coords!r}; expected 'separate', 'max' or 'min'")
+        for name, v, low in (("shift_coords", shift_coords, 0.0), ("jitter_coords", jitter_coords, 1.0),
+                             ("rescale_coords", rescale_coords, 1.0)):
+            if v is not None and not _real(v, name) >= low:
+                raise ValueError(f"[rpe.torch] {name} = {v!r}; expected None or a number >= {low:g}")
+        self.dim = int(dim)
+        self.temperature = None if temperature is None else float(temperature)
+        self.min_period = None if min_period is None else float(min_period)
+        self.max_period = None if max_period is None else float(max_period)
+        self.normalize_coords = normalize_coords
+        self.shift_coords, self.jitter_coords, self.rescale_coords = shift_coords, jitter_coords, rescale_coords
+        self.shift, self.jitter, self.rescale = _real_pair(shift, "shift"), _real_pair(jitter, "jitter"), _real(rescale, "rescale")
+        self.register_buffer("periods", self._compute_periods(), persistent=False)
+
+    @property
+    def rotate_half(self):
+        """timm's flag: the layout is ``"half"``."""
+        return self.layout == "half"
+
+    def _compute_periods(self):
+        """timm's ``_compute_periods`` (float32): the periods the kernels use, for inspection."""
+        n = self.dim // 4
+        if self.min_period is not None:
+            e = torch.linspace(0, 1, n, dtype=torch.float32)
+            return self.min_period * ((self.max_period / self.min_period) ** e)
+        return self.temperature ** (2.0 * torch.arange(n, dtype=torch.float32) / (self.dim // 2))
+
+    def sample_augmentation(self, generator=None):
+        """Draws and sets ``shift``, ``jitter``, ``rescale`` from the ranges ``shift_coords`` (shift
+        uniform in [−s, s] per axis), ``jitter_coords`` (exp(uniform(−log J, log J)) per axis) and
+        ``rescale_coords`` (one exp(uniform(−log R, log R))), in DINOv3's order and float32, from
+        ``generator`` (default: torch's global one, as timm's training step); a range that is None
+        leaves its value at the identity. Returns ``(shift, jitter, rescale)``. Call it once per
+        training step (and reset with ``m.shift, m.jitter, m.rescale = (0, 0), (1, 1), 1`` for
+        evaluation); forward never draws."""
+        def uniform(n, bound):
+            return torch.empty(n, dtype=torch.float32).uniform_(-bound, bound, generator=generator)
+        shift, jitter, rescale = (0.0, 0.0), (1.0, 1.0), 1.0
+        if self.shift_coords is not None:
+            shift = tuple(uniform(2, float(self.shift_coords)).tolist())
+        if self.jitter_coords is not None:
+            jitter = tuple(uniform(2, math.log(float(self.jitter_coords))).exp().tolist())
+        if self.rescale_coords is not None:
+            rescale = uniform(1, math.log(float(self.rescale_coords))).exp().item()
+        self.shift, self.jitter, self.rescale = shift, jitter, rescale
+        return shift, jitter, rescale
+
+    def _params(self):
+        periods = self.min_period is not None
+        return [self.temperature if self.temperature is not None else 100.0, self.min_period if periods else 0.0,
+                self.max_period if periods else 0.0, _DINOV3_NORMALIZE[self.normalize_coords], *self.shift,
+                *self.jitter, self.rescale]
+
+    @classmethod
+    def from_timm(cls, module, skip=0, suffix=0):
+        """The RoPEDinoV3 of a timm ``RotaryEmbeddingDinoV3`` (its settings and augmentation ranges;
+        no augmentation sampled yet). Raises ValueError for a ``grid_offset`` other than 0 or
+        ``grid_indexing`` other than 'ij' (DINOv3 uses neither)."""
+        if getattr(module, "grid_offset", 0.0) != 0.0 or getattr(module, "grid_indexing", "ij") != "ij":
+            raise ValueError(f"[rpe.torch] module has grid_offset = {module.grid_offset!r}, grid_indexing = "
+                             f"{module.grid_indexing!r}; expected 0 and 'ij' (DINOv3's grid)")
+        return cls(module.dim, module.temperature, module.min_period, module.max_period, module.normalize_coords,
+                   module.shift_coords, module.jitter_coords, module.rescale_coords, skip=skip,
+                   layout="half" if module.rotate_half else "pairs", suffix=suffix)
+
+    def extra_repr(self):
+        periods = (f"min_period={self.min_period}, max_period={self.max_period}" if self.min_period is not None
+                   else f"temperature={self.temperature}")
+        return (f"dim={self.dim}, {periods}, normalize_coords={self.normalize_coords!r}, shift={self.shift}, "
+                f"jitter={self.jitter}, rescale={self.rescale}, {self._options_repr('half')}")
+
+
+def rope(x, embedding, height=None, width=None, positions=None):
+    """``embedding(x, height, width, positions)``: x (B, H, L, D) rotated by a RoPEAxial /
+    RoPEMixed / RoPECat / RoPEDinoV3 module (on the grid, or at per-token ``positions`` (N, 2)).
+    Raises TypeError for another embedding."""
     if not isinstance(embedding, _RoPE):
-        raise TypeError(f"[rpe.torch] embedding is a {type(embedding).__name__}; expected RoPEAxial, RoPEMixed or RoPECat")
-    return embedding(x, height, width)
+        raise TypeError(f"[rpe.torch] embedding is a {type(embedding).__name__}; expected RoPEAxial, RoPEMixed, RoPECat "
+                        "or RoPEDinoV3")
+    return embedding(x, height, width, positions)
 
 
 # ---------------------------------------------------------------------------------------------

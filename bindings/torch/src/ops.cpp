@@ -2,7 +2,9 @@
 /// @brief PyTorch operators over rpe (`TORCH_LIBRARY(rpe, ...)`, CPU kernels): every iRPE term
 /// (bias / contextual on q, k, v, shared or per-head tables, Cross's two tables) forward and
 /// backward, and the fused attention step forward and backward (with an optional 2D RoPE of q
-/// and k); the ViT encodings: the Swin, BEiT, SAM-decomposed and 2D-ALiBi mappings selectable by
+/// and k: the registry's forms and DINOv3, channel layout pairs or half, on the grid or at
+/// per-token positions (CPU), with unrotated leading and trailing tokens); the ViT encodings:
+/// the Swin, BEiT, SAM-decomposed and 2D-ALiBi mappings selectable by
 /// name in the term and attention operators, 2D RoPE on its own, and the operators that make
 /// their tables (timm's layout, SwinV2's CPB, SAM's tables and resize, ALiBi's fixed table). The
 /// Python package `rpe_torch` wraps them in functions and modules; docs/torch.md
@@ -29,6 +31,7 @@
 #include <rpe/caches.hpp>
 #include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/swin.hpp>
+#include <rpe/rope/dinov3.hpp>
 #include <rpe/rope/rotary.hpp>
 #include <rpe/vit/swin_bias.hpp>
 #include <rpe/vit/alibi_2d.hpp>
@@ -335,12 +338,58 @@ std::vector<at::Tensor> term_backward(const c10::optional<at::Tensor>& x, at::Te
 // 2D RoPE
 // ---------------------------------------------------------------------------------------------
 
-// The rotary embedding of (form, params, skip): form "" (none), "axial" (params [theta]), "mixed"
-// (no params; frequencies given with the call) or "cat" (params [temperature, in_pixels, max_res,
-// linear_bands, grid_offset, ref_height, ref_width, xy_indexing], booleans as 0 / 1). The policy's
-// own validate() (through the library's checks) rejects bad values.
+// The channel layout named `value` ("pairs" or "half"; rpe::rope::layout).
+rpe::rope::layout layout_of(c10::string_view value, const char* name) {
+    const std::string v = str(value);
+    if (v == "pairs") return rpe::rope::layout::pairs;
+    TORCH_CHECK_VALUE(v == "half", "[rpe.torch] ", name, " = '", v, "'; expected 'pairs' or 'half'");
+    return rpe::rope::layout::half;
+}
+
+// DINOv3's RoPE (rpe::rope::dinov3) from params [base, min_period, max_period, normalize
+// (0 separate, 1 max, 2 min), shift_y, shift_x, jitter_y, jitter_x, rescale]; the policy's
+// validate() (through the library's checks) rejects bad values.
+rpe::rope::dinov3 dinov3_of(at::ArrayRef<double> p) {
+    rpe::rope::dinov3 d;
+    d.base = static_cast<float>(p[0]);
+    d.min_period = static_cast<float>(p[1]);
+    d.max_period = static_cast<float>(p[2]);
+    TORCH_CHECK_VALUE(p[3] == 0 || p[3] == 1 || p[3] == 2, "[rpe.torch] rope normalize = ", p[3],
+                      "; expected 0 (separate), 1 (max) or 2 (min)");
+    d.normalize = static_cast<rpe::rope::dinov3_normalize>(static_cast<int>(p[3]));
+    d.shift_y = static_cast<float>(p[4]);
+    d.shift_x = static_cast<float>(p[5]);
+    d.jitter_y = static_cast<float>(p[6]);
+    d.jitter_x = static_cast<float>(p[7]);
+    d.rescale = static_cast<float>(p[8]);
+    return d;
+}
+
+// Per-token positions (N, 2) (row, col) of `name`, integer or floating, on the CPU: the float32
+// contiguous tensor the library reads (rpe::rotary_embedding::positions), or undefined when not
+// given. The library checks N against L and that every value is finite.
+at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const char* name) {
+    if (!p || !p->defined()) return {};
+    const at::Tensor& t = *p;
+    TORCH_CHECK_VALUE(t.device().is_cpu(), "[rpe.torch] ", name, " is on device ", t.device().str(),
+                      "; expected cpu (per-token RoPE positions are CPU only: rpe's CUDA backend refuses them)");
+    const auto st = t.scalar_type();
+    TORCH_CHECK_TYPE((at::isIntegralType(st, false) || st == at::kFloat || st == at::kDouble), "[rpe.torch] ", name,
+                     " has dtype ", c10::toString(st), "; expected an integer, float32 or float64 tensor of (row, col) coordinates");
+    TORCH_CHECK_VALUE(t.dim() == 2 && t.size(1) == 2, "[rpe.torch] ", name, " has shape ", shape_of(t),
+                      "; expected (N, 2) per-token (row, col) coordinates");
+    check_int32_sizes(t, name);
+    return t.to(at::kFloat).contiguous();
+}
+
+// The rotary embedding of (form, params, skip, layout, suffix): form "" (none), "axial" (params
+// [theta]), "mixed" (no params; frequencies given with the call), "cat" (params [temperature,
+// in_pixels, max_res, linear_bands, grid_offset, ref_height, ref_width, xy_indexing], booleans as
+// 0 / 1) or "dinov3" (params as dinov3_of). The policy's own validate() (through the library's
+// checks) rejects bad values.
 template <class S>
-rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double> p, int64_t skip) {
+rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double> p, int64_t skip,
+                                   c10::string_view channel_layout = "pairs", int64_t suffix = 0) {
     const std::string form(form_in.data(), form_in.size());
     rpe::rotary_embedding<S> r;
     const auto need = [&](std::size_t n, const char* layout) {
@@ -352,7 +401,15 @@ rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double
         return r;
     }
     TORCH_CHECK_VALUE(skip >= 0 && skip < (int64_t{1} << 30), "[rpe.torch] rope skip = ", skip, "; expected >= 0");
+    TORCH_CHECK_VALUE(suffix >= 0 && suffix < (int64_t{1} << 30), "[rpe.torch] rope suffix = ", suffix, "; expected >= 0");
     r.skip = static_cast<int>(skip);
+    r.suffix = static_cast<int>(suffix);
+    r.layout = layout_of(channel_layout, "rope layout");
+    if (form == "dinov3") {  // not a registry form: rope::custom{rope::dinov3{...}}, as the CLI
+        need(9, "base, min_period, max_period, normalize, shift_y, shift_x, jitter_y, jitter_x, rescale");
+        r.form = rpe::rope::custom{dinov3_of(p)};
+        return r;
+    }
     // the form and its parameters from rpe's registry (<rpe/families.hpp>), params in its order
     auto& reg = rpe::families();
     const auto e = reg.find(form);
@@ -361,6 +418,7 @@ rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double
         std::vector<std::string> all;
         for (const auto& x : reg.entries())
             if (x->info.kind == rpe::family_kind::rope) all.push_back(x->info.name);
+        all.emplace_back("dinov3");
         for (std::size_t i = 0; i < all.size(); ++i) names += (i == 0 ? "" : (i + 1 == all.size() ? " or " : ", ")) + all[i];
         TORCH_CHECK_VALUE(false, "[rpe.torch] rope form = '", form, "'; expected ", names);
     }
@@ -391,47 +449,60 @@ void check_grid(int64_t height, int64_t width) {
 
 /// rope_forward / rope_backward: see the schemas in TORCH_LIBRARY below (rpe::rope_forward,
 /// rpe::rope_backward).
+struct rope_call {
+    c10::string_view form;
+    at::ArrayRef<double> params;
+    const c10::optional<at::Tensor>& freqs;
+    int64_t skip, height, width;
+    c10::string_view layout;
+    const c10::optional<at::Tensor>& positions;
+    int64_t suffix;
+};
+
 template <class S>
-std::vector<at::Tensor> rope_impl(const at::Tensor& x_in, const at::Tensor* grad_y_in, c10::string_view form,
-                                  at::ArrayRef<double> params, const c10::optional<at::Tensor>& freqs_opt, int64_t skip,
-                                  int64_t height, int64_t width, at::ScalarType st) {
+std::vector<at::Tensor> rope_impl(const at::Tensor& x_in, const at::Tensor* grad_y_in, const rope_call& c, at::ScalarType st) {
     const at::Tensor x = prepared(x_in, "x", st);
-    auto r = make_rope<S>(form, params, skip);
-    TORCH_CHECK_VALUE(r.enabled(), "[rpe.torch] rope form = ''; expected axial, mixed or cat");
+    auto r = make_rope<S>(c.form, c.params, c.skip, c.layout, c.suffix);
+    TORCH_CHECK_VALUE(r.enabled(), "[rpe.torch] rope form = ''; expected axial, mixed, cat or dinov3");
     at::Tensor freqs;
-    if (freqs_opt && freqs_opt->defined()) {
-        freqs = prepared(*freqs_opt, "freqs", st);
+    if (c.freqs && c.freqs->defined()) {
+        freqs = prepared(*c.freqs, "freqs", st);
         r.freqs = cref<S>(freqs);
     }
-    check_grid(height, width);
+    const at::Tensor positions = prepared_positions(c.positions, "positions");
+    if (positions.defined()) r.positions = cref<float>(positions);
+    check_grid(c.height, c.width);
+    const int height = static_cast<int>(c.height), width = static_cast<int>(c.width);
     at::Tensor out = at::empty(x.sizes(), x.options());
     if (!grad_y_in) {
-        rpe::rope_forward<S>(r, static_cast<int>(height), static_cast<int>(width), cref<S>(x), mref<S>(out));
+        rpe::rope_forward<S>(r, height, width, cref<S>(x), mref<S>(out));
         return {out};
     }
     const at::Tensor grad_y = prepared(*grad_y_in, "grad_y", st);
     at::Tensor grad_freqs = r.is_mixed() && freqs.defined() ? at::empty(freqs.sizes(), freqs.options()) : at::empty({0}, x.options());
     if (r.is_mixed() && freqs.defined()) r.grad_freqs = mref<S>(grad_freqs);
-    rpe::rope_backward<S>(r, static_cast<int>(height), static_cast<int>(width), cref<S>(x), cref<S>(grad_y), mref<S>(out));
+    rpe::rope_backward<S>(r, height, width, cref<S>(x), cref<S>(grad_y), mref<S>(out));
     return {out, grad_freqs};
 }
 
 at::Tensor rope_forward(const at::Tensor& x, c10::string_view form, at::ArrayRef<double> params,
-                        const c10::optional<at::Tensor>& freqs, int64_t skip, int64_t height, int64_t width) {
+                        const c10::optional<at::Tensor>& freqs, int64_t skip, int64_t height, int64_t width,
+                        c10::string_view layout, const c10::optional<at::Tensor>& positions, int64_t suffix) {
     return translating([&] {
         const auto st = checked_float_type(x, "x");
-        return st == at::kDouble ? rope_impl<double>(x, nullptr, form, params, freqs, skip, height, width, st)[0]
-                                 : rope_impl<float>(x, nullptr, form, params, freqs, skip, height, width, st)[0];
+        const rope_call c{form, params, freqs, skip, height, width, layout, positions, suffix};
+        return st == at::kDouble ? rope_impl<double>(x, nullptr, c, st)[0] : rope_impl<float>(x, nullptr, c, st)[0];
     });
 }
 
 std::vector<at::Tensor> rope_backward(const at::Tensor& x, const at::Tensor& grad_y, c10::string_view form,
                                       at::ArrayRef<double> params, const c10::optional<at::Tensor>& freqs, int64_t skip,
-                                      int64_t height, int64_t width) {
+                                      int64_t height, int64_t width, c10::string_view layout,
+                                      const c10::optional<at::Tensor>& positions, int64_t suffix) {
     return translating([&] {
         const auto st = checked_float_type(x, "x");
-        return st == at::kDouble ? rope_impl<double>(x, &grad_y, form, params, freqs, skip, height, width, st)
-                                 : rope_impl<float>(x, &grad_y, form, params, freqs, skip, height, width, st);
+        const rope_call c{form, params, freqs, skip, height, width, layout, positions, suffix};
+        return st == at::kDouble ? rope_impl<double>(x, &grad_y, c, st) : rope_impl<float>(x, &grad_y, c, st);
     });
 }
 
@@ -464,6 +535,9 @@ struct attention_args {
     std::vector<double> rope_params;
     at::Tensor rope_freqs;
     int64_t rope_skip = 0;
+    c10::string_view rope_layout = "pairs";
+    at::Tensor rope_positions, rope_key_positions;  // (N, 2) as given (prepared in setup_attention), or undefined
+    int64_t rope_suffix = 0;
 };
 
 template <class S>
@@ -542,11 +616,15 @@ attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
         check_rank(m, 2, "attn_mask", "(L, L)");
         s.in.attn_mask = cref<S>(m);
     }
-    s.in.rope = make_rope<S>(a.rope_form, a.rope_params, a.rope_skip);
+    s.in.rope = make_rope<S>(a.rope_form, a.rope_params, a.rope_skip, a.rope_layout, a.rope_suffix);
     if (a.rope_freqs.defined()) {
         a.rope_freqs = prepared(a.rope_freqs, "rope_freqs", st);
         s.in.rope.freqs = cref<S>(a.rope_freqs);
     }
+    a.rope_positions = prepared_positions(a.rope_positions, "rope_positions");
+    a.rope_key_positions = prepared_positions(a.rope_key_positions, "rope_key_positions");
+    if (a.rope_positions.defined()) s.in.rope.positions = cref<float>(a.rope_positions);
+    if (a.rope_key_positions.defined()) s.in.rope.key_positions = cref<float>(a.rope_key_positions);
     (void)B;
     (void)L;
     return s;
@@ -602,7 +680,9 @@ attention_args make_args(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          c10::string_view mv, c10::string_view ov, at::ArrayRef<double> params, int64_t height, int64_t width,
                          const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am, c10::optional<double> scale,
                          c10::string_view rope_form, at::ArrayRef<double> rope_params,
-                         const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip) {
+                         const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip, c10::string_view rope_layout,
+                         const c10::optional<at::Tensor>& rope_positions, const c10::optional<at::Tensor>& rope_key_positions,
+                         int64_t rope_suffix) {
     attention_args a;
     a.q = q;
     a.k = k;
@@ -626,6 +706,10 @@ attention_args make_args(const at::Tensor& q, const at::Tensor& k, const at::Ten
     a.rope_params = rope_params.vec();
     if (rope_freqs) a.rope_freqs = *rope_freqs;
     a.rope_skip = rope_skip;
+    a.rope_layout = rope_layout;
+    if (rope_positions) a.rope_positions = *rope_positions;
+    if (rope_key_positions) a.rope_key_positions = *rope_key_positions;
+    a.rope_suffix = rope_suffix;
     return a;
 }
 
@@ -634,10 +718,12 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
                              c10::string_view mv, c10::string_view ov, at::ArrayRef<double> params, int64_t height, int64_t width,
                              const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am, c10::optional<double> scale,
                              c10::string_view rope_form, at::ArrayRef<double> rope_params,
-                             const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip) {
+                             const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip, c10::string_view rope_layout,
+                             const c10::optional<at::Tensor>& rope_positions,
+                             const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
-                           rope_params, rope_freqs, rope_skip);
+                           rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         const auto st = checked_float_type(q, "q");
         return (st == at::kDouble ? attention_forward_impl<double>(a, st, false) : attention_forward_impl<float>(a, st, false))[0];
     });
@@ -649,10 +735,12 @@ std::vector<at::Tensor> attention_forward_attn(const at::Tensor& q, const at::Te
                                                at::ArrayRef<double> params, int64_t height, int64_t width,
                                                const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
                                                c10::optional<double> scale, c10::string_view rope_form, at::ArrayRef<double> rope_params,
-                                               const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip) {
+                                               const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
+                                               c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
+                                               const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
-                           rope_params, rope_freqs, rope_skip);
+                           rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         const auto st = checked_float_type(q, "q");
         return st == at::kDouble ? attention_forward_impl<double>(a, st, true) : attention_forward_impl<float>(a, st, true);
     });
@@ -665,10 +753,12 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
                                            const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
                                            c10::optional<double> scale, const at::Tensor& grad_out, c10::string_view rope_form,
                                            at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs,
-                                           int64_t rope_skip, const c10::optional<at::Tensor>& attn) {
+                                           int64_t rope_skip, const c10::optional<at::Tensor>& attn, c10::string_view rope_layout,
+                                           const c10::optional<at::Tensor>& rope_positions,
+                                           const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
-                           rope_params, rope_freqs, rope_skip);
+                           rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         a.grad_out = grad_out;
         if (attn) a.attn = *attn;
         const auto st = checked_float_type(q, "q");
@@ -985,25 +1075,31 @@ TORCH_LIBRARY(rpe, m) {
     m.def("attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
           "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
           "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale=None, str rope_form=\"\", "
-          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0) -> Tensor");
+          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, str rope_layout=\"pairs\", "
+          "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) -> Tensor");
     // [out, attn]: attention_forward that also returns the (B, H, L, L) probabilities, for
     // attention_backward's `attn` (the backward then does not recompute them).
     m.def("attention_forward_attn(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
           "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
           "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale=None, str rope_form=\"\", "
-          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0) -> Tensor[]");
+          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, str rope_layout=\"pairs\", "
+          "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) -> Tensor[]");
     // [grad_q, grad_k, grad_v, grad tables of q, then k, then v (, grad_rope_freqs for mixed)];
     // attn: attention_forward_attn's probabilities for the same arguments, or None to recompute.
     m.def("attention_backward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
           "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
           "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale, Tensor grad_out, str rope_form=\"\", "
-          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, Tensor? attn=None) -> Tensor[]");
-    // 2D RoPE of x (B, H, L, D), L = skip + height*width: form axial (params [theta]), mixed
-    // (freqs (2, H, D/2)), cat (8 params, see make_rope). Returns the rotated x.
-    m.def("rope_forward(Tensor x, str form, float[] params, Tensor? freqs, int skip, int height, int width) -> Tensor");
+          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, Tensor? attn=None, "
+          "str rope_layout=\"pairs\", Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) "
+          "-> Tensor[]");
+    // 2D RoPE of x (B, H, L, D), L = skip + height*width + suffix (or skip + N + suffix with
+    // positions (N, 2)): form axial (params [theta]), mixed (freqs (2, H, D/2)), cat (8 params)
+    // or dinov3 (9 params, see make_rope); layout "pairs" or "half". Returns the rotated x.
+    m.def("rope_forward(Tensor x, str form, float[] params, Tensor? freqs, int skip, int height, int width, "
+          "str layout=\"pairs\", Tensor? positions=None, int suffix=0) -> Tensor");
     // [grad_x, grad_freqs (mixed; else empty)] of sum(y * grad_y).
     m.def("rope_backward(Tensor x, Tensor grad_y, str form, float[] params, Tensor? freqs, int skip, int height, "
-          "int width) -> Tensor[]");
+          "int width, str layout=\"pairs\", Tensor? positions=None, int suffix=0) -> Tensor[]");
     // rope-vit's initial RoPE-Mixed frequencies (2, H, D/2) for per-head angles (H,), float32.
     m.def("rope_mixed_init(float theta, int head_dim, Tensor angles) -> Tensor");
     // timm's (K, H) relative_position_bias_table <-> rpe's (H, K) table.

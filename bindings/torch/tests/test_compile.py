@@ -1,7 +1,8 @@
 """torch.compile(fullgraph=True) and torch.export of models built on rpe_torch: the digits DeiT
 with iRPE (model b, 2 blocks, contextual iRPE on q, k, v with a class token), both as the
-reference's module composition and through the fused attention, and a small RoPE-Mixed ViT block
-on rpe_torch.attention. No graph break (fullgraph), logits and gradients equal to eager; the
+reference's module composition and through the fused attention, a small RoPE-Mixed ViT block
+on rpe_torch.attention, and blocks with the newer RoPE options (DINOv3, layout half, per-token
+positions, a suffix). No graph break (fullgraph), logits and gradients equal to eager; the
 exported program saves, loads and gives the same outputs. Shapes are tiny: compiling is the cost."""
 import io
 
@@ -47,7 +48,41 @@ def rope_model():
     return RoPEBlock().double(), torch.randn(2, 10, 16, dtype=torch.float64)
 
 
-MODELS = {"deit_irpe_modules": lambda: digits(False), "deit_irpe_fused": lambda: digits(True), "rope": rope_model}
+class RoPEOptionsBlock(nn.Module):
+    """An attention block with the newer RoPE options: DINOv3 (layout half, a sampled
+    augmentation) or RoPE-Mixed in layout half, at per-token positions (a buffer: real-valued
+    query positions, integer key positions) with one unrotated trailing token."""
+
+    def __init__(self, rope, dim=16, heads=2, tokens=9):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.rope = rope
+        g = torch.Generator().manual_seed(1)
+        self.register_buffer("positions", torch.rand(tokens, 2, generator=g, dtype=torch.float64) * 4 - 1)
+        self.register_buffer("key_positions", torch.randint(0, 3, (tokens, 2), generator=g))
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        out = rpe_torch.attention(q, k, v, rope=self.rope, positions=self.positions, key_positions=self.key_positions)
+        return x + self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+def rope_options_model(kind):
+    torch.manual_seed(0)
+    if kind == "dinov3":
+        rope = rpe_torch.RoPEDinoV3(8, min_period=0.5, max_period=20.0, shift=(0.1, -0.1), jitter=(0.9, 1.1),
+                                    rescale=1.2, skip=1, suffix=1)
+    else:
+        rope = rpe_torch.RoPEMixed(2, 8, skip=1, layout="half", suffix=1)
+    return RoPEOptionsBlock(rope).double(), torch.randn(2, 11, 16, dtype=torch.float64)
+
+
+MODELS = {"deit_irpe_modules": lambda: digits(False), "deit_irpe_fused": lambda: digits(True), "rope": rope_model,
+          "rope_dinov3_positions": lambda: rope_options_model("dinov3"),
+          "rope_mixed_half_positions": lambda: rope_options_model("mixed")}
 
 
 def logits_and_grads(model, x, run=None):

@@ -1,7 +1,9 @@
 """The torch 2.x registration of every ``torch.ops.rpe`` operator: ``torch.library.opcheck`` with
 all its default checks (schema, autograd registration, fake tensor against the real kernel's
 shapes, dtypes and strides, AOT dispatch with dynamic shapes) on small float64 inputs, and
-``torch.autograd.gradcheck`` straight on each differentiable operator."""
+``torch.autograd.gradcheck`` straight on each differentiable operator. The RoPE operators also
+with their newer arguments (layout half, per-token positions and key positions, integer and
+real, a suffix, DINOv3), and the calls of the older signatures (without them)."""
 import pytest
 import torch
 
@@ -47,6 +49,19 @@ def attention_args(save_attn=False, rope=""):
             [*R, 1.0] * 3, h, w, kpm, rnd(L, L, grad=False, seed=8), 0.41, rope, rope_params, freqs, 1 if rope else 0)
 
 
+def rope_positions_attention_args(rope="axial"):
+    """The attention without terms, RoPE with the new options: layout half, skip 1, a suffix of 1,
+    queries at integer positions, keys at real ones (L = 1 + 6 + 1)."""
+    L = 1 + h * w + 1
+    q, k, v = rnd(B, H, L, D, seed=14), rnd(B, H, L, D, seed=15), rnd(B, H, L, D, seed=16)
+    pos = torch.stack([torch.arange(h * w) // w, torch.arange(h * w) % w], 1)
+    key_pos = pos.to(F64) * 0.5 - 0.25
+    freqs = rnd(2, H, D // 2, seed=17) if rope == "mixed" else None
+    params = {"axial": [100.0], "mixed": [], "dinov3": [100.0, 0, 0, 1, 0.1, -0.2, 0.9, 1.1, 1.2]}[rope]
+    return (q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, 1, 1, None, None, None, rope, params, freqs, 1,
+            "half", pos, key_pos, 1)
+
+
 def detached(args):
     def d(a):
         if isinstance(a, torch.Tensor):
@@ -75,6 +90,24 @@ def op_cases():
     cases["rope_forward[cat]"] = (ops.rope_forward, (x, "cat", [10000.0, 0, 224.0, 0, 0.0, 0, 0, 0], None, 1, h, w))
     cases["rope_backward"] = (ops.rope_backward, detached((x, rnd(*x.shape, seed=13), "mixed", [],
                                                            rnd(2, H, D // 2, seed=12), 1, h, w)))
+    # the channel layout, per-token positions (integer, real) and the suffix; DINOv3
+    xs = rnd(B, H, 1 + h * w + 2, D, seed=18)
+    pos = torch.tensor([[0.5, 1.25], [2.0, -1.0], [3.5, 0.0], [-0.75, 2.5], [1.0, 1.0], [0.0, 0.0]], dtype=F64)
+    cases["rope_forward[axial_half_positions]"] = (ops.rope_forward, (xs, "axial", [100.0], None, 1, 1, 1, "half", pos, 2))
+    cases["rope_forward[mixed_half_positions]"] = (ops.rope_forward, (xs, "mixed", [], rnd(2, H, D // 2, seed=19), 1, 1,
+                                                                      1, "half", pos.to(torch.int64), 2))
+    cases["rope_forward[dinov3]"] = (ops.rope_forward, (x, "dinov3", [0.0, 0.5, 40.0, 2, 0.1, -0.2, 0.9, 1.1, 1.2],
+                                                        None, 1, h, w, "half"))
+    cases["rope_backward[positions]"] = (ops.rope_backward, detached((xs, rnd(*xs.shape, seed=20), "mixed", [],
+                                                                      rnd(2, H, D // 2, seed=19), 1, 1, 1, "half",
+                                                                      pos, 2)))
+    cases["attention_forward[rope_positions]"] = (ops.attention_forward, rope_positions_attention_args())
+    cases["attention_forward[rope_mixed_positions]"] = (ops.attention_forward, rope_positions_attention_args("mixed"))
+    cases["attention_forward[rope_dinov3_positions]"] = (ops.attention_forward, rope_positions_attention_args("dinov3"))
+    cases["attention_forward_attn[rope_positions]"] = (ops.attention_forward_attn, rope_positions_attention_args("mixed"))
+    a = detached(rope_positions_attention_args("mixed"))
+    cases["attention_backward[rope_positions]"] = (ops.attention_backward, (*a[:18], rnd(B, H, 8, D, grad=False, seed=21),
+                                                                            *a[18:22], None, *a[22:]))
     cases["rope_mixed_init"] = (ops.rope_mixed_init, (10.0, D, torch.rand(H)))
     cases["table_from_timm"] = (ops.table_from_timm, (rnd(15, H),))
     cases["table_to_timm"] = (ops.table_to_timm, (rnd(H, 15),))
@@ -97,7 +130,7 @@ CASES = op_cases()
 # Variants that differ from a checked case only in a string argument (same shapes, same autograd
 # path): gradcheck only, to keep the suite short.
 GRADCHECK_ONLY = {"term_forward[swin_bias]", "term_forward[alibi_bias]", "attention_forward[rope_axial]",
-                  "rope_forward[cat]"}
+                  "rope_forward[cat]", "attention_forward[rope_dinov3_positions]", "rope_forward[axial_half_positions]"}
 
 
 @pytest.mark.parametrize("name", sorted(set(CASES) - GRADCHECK_ONLY))

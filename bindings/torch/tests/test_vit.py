@@ -32,15 +32,17 @@ def npy(path, dtype=None):
 class Wrap(torch.nn.Module):
     """rpe_torch.attention(q, k, v, *terms, rope=rope) as a module, for functional_call."""
 
-    def __init__(self, rope=None, terms=(None, None, None), scale=None, grid=(2, 3)):
+    def __init__(self, rope=None, terms=(None, None, None), scale=None, grid=(2, 3), positions=None, key_positions=None):
         super().__init__()
         self.rope, self.scale, self.grid = rope, scale, grid
+        self.positions, self.key_positions = positions, key_positions
         self.terms = torch.nn.ModuleList([t if t is not None else torch.nn.Identity() for t in terms])
         self.present = [t is not None for t in terms]
 
     def forward(self, q, k, v):
         terms = [t if p else None for t, p in zip(self.terms, self.present)]
-        return rt.attention(q, k, v, *terms, height=self.grid[0], width=self.grid[1], scale=self.scale, rope=self.rope)
+        return rt.attention(q, k, v, *terms, height=self.grid[0], width=self.grid[1], scale=self.scale, rope=self.rope,
+                            positions=self.positions, key_positions=self.key_positions)
 
 
 def gradcheck(f, inputs):
@@ -57,14 +59,18 @@ ROPES = {
     "cat_pixels_xy": lambda skip: rt.RoPECat(in_pixels=True, max_res=32, linear_bands=True, grid_offset=0.0,
                                              grid_indexing="xy", skip=skip),
     "mixed": lambda skip: rt.RoPEMixed(num_heads=2, head_dim=8, theta=10.0, skip=skip),
+    "dinov3_aug": lambda skip: rt.RoPEDinoV3(8, min_period=0.5, max_period=40.0, normalize_coords="max",
+                                             shift=(0.1, -0.2), jitter=(0.9, 1.2), rescale=1.3, skip=skip),
 }
 
 
 @pytest.mark.parametrize("form", sorted(ROPES))
 @pytest.mark.parametrize("skip", [0, 2])
-def test_rope_gradcheck(form, skip):
+@pytest.mark.parametrize("layout", ["pairs", "half"])
+def test_rope_gradcheck(form, skip, layout):
     torch.manual_seed(0)
     m = ROPES[form](skip).double()
+    m.layout = layout
     x = rand(2, 2, skip + 6, 8, seed=1)
     mixed = isinstance(m, rt.RoPEMixed)
 
@@ -91,26 +97,29 @@ def rope_cases():
 
 
 def rope_module(meta):
-    skip = meta["skip"]
+    skip, layout = meta["skip"], meta.get("layout", "pairs")
     if meta["form"] == "axial":
-        return rt.RoPEAxial(theta=meta["theta"], skip=skip)
+        return rt.RoPEAxial(theta=meta["theta"], skip=skip, layout=layout)
     if meta["form"] == "mixed":
-        return rt.RoPEMixed(num_heads=meta["heads"], head_dim=meta["head_dim"], skip=skip)
+        return rt.RoPEMixed(num_heads=meta["heads"], head_dim=meta["head_dim"], skip=skip, layout=layout)
+    if meta["form"] == "dinov3":
+        return rt.RoPEDinoV3(meta["head_dim"], temperature=meta.get("base"), min_period=meta.get("min_period"),
+                             max_period=meta.get("max_period"), normalize_coords=meta["normalize"],
+                             shift=meta.get("shift", (0.0, 0.0)), jitter=meta.get("jitter", (1.0, 1.0)),
+                             rescale=meta.get("rescale", 1.0), skip=skip, layout=layout)
     return rt.RoPECat(temperature=meta.get("temperature", 10000.0), in_pixels=meta.get("in_pixels", False),
                       max_res=meta.get("max_res", 224.0), linear_bands=meta.get("linear_bands", False),
                       grid_offset=meta.get("grid_offset", 0.0), ref_feat_shape=meta.get("ref_feat_shape"),
-                      grid_indexing=meta.get("grid_indexing", "ij"), skip=skip)
+                      grid_indexing=meta.get("grid_indexing", "ij"), skip=skip, layout=layout)
 
 
 @pytest.mark.parametrize("case", rope_cases(), ids=lambda p: p.name)
 def test_rope_golden(case):
-    """rope-vit's apply_rotary_emb / timm's apply_rot_embed_cat: y, grad_x (and grad_freqs),
-    float32, the C++ test's tolerances."""
+    """rope-vit's apply_rotary_emb / timm's apply_rot_embed_cat (half=False and half=True) / timm's
+    RotaryEmbeddingDinoV3: y, grad_x (and grad_freqs) where the case has them, float32, the C++
+    test's tolerances. Without a golden gradient the backward is checked as the transpose
+    rotation: <y, g> = <x, grad_x> and grad_x = R⁻¹ g (a rotation's inverse is its transpose)."""
     meta = json.loads((case / "meta.json").read_text())
-    if meta.get("layout", "pairs") != "pairs" or meta["form"] == "dinov3":
-        # the C++ library and the CLI check these cases (test_vit_rope.cpp, cli.rope.*); rpe_torch's
-        # modules have no layout or DINOv3 form yet
-        pytest.skip(f"rpe_torch has no module for form {meta['form']} with layout {meta.get('layout', 'pairs')} yet")
     m = rope_module(meta)
     if isinstance(m, rt.RoPEMixed):
         with torch.no_grad():
@@ -118,10 +127,22 @@ def test_rope_golden(case):
     x = npy(case / "x.npy").requires_grad_()
     y = m(x, meta["height"], meta["width"])
     assert_close(y, np.load(case / "y.npy"), 2e-5, 2e-5, "y")
-    y.backward(npy(case / "grad_y.npy"))
-    assert_close(x.grad, np.load(case / "grad_x.npy"), 2e-5, 2e-5, "grad_x")
+    skip = meta["skip"]
+    assert torch.equal(y[:, :, :skip], x[:, :, :skip])  # class / storage tokens unrotated
+    if (case / "grad_y.npy").exists():
+        y.backward(npy(case / "grad_y.npy"))
+        assert_close(x.grad, np.load(case / "grad_x.npy"), 2e-5, 2e-5, "grad_x")
+    else:
+        g = torch.from_numpy(np.load(case / "y.npy"))  # any upstream gradient; the rotated x rotates back to x
+        y.backward(g)
+        assert_close(x.grad, x.detach().numpy(), 2e-5, 2e-5, "grad_x = R^T y = x")
     if isinstance(m, rt.RoPEMixed):
         assert_close(m.freqs.grad, np.load(case / "grad_freqs.npy"), 1e-4, 1e-4, "grad_freqs")
+    if (case / "positions.npy").exists():
+        # DINOv3's own coordinates of the grid as per-token positions: the grid's result exactly
+        pos = npy(case / "positions.npy")
+        assert pos.shape == (meta["height"] * meta["width"], 2)
+        assert torch.equal(m(x.detach(), positions=pos), y.detach())
 
 
 def test_rope_golden_in_attention_equals_rotated_inputs():
@@ -178,6 +199,176 @@ def test_attention_rope_with_irpe_and_scale_gradcheck():
         return functional_call(Wrap(m, mods, scale=0.7), {"rope.freqs": fr}, (q, k, v))
 
     assert gradcheck(f, (q, k, v, fr))
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE: per-token positions, the unrotated suffix, DINOv3 against timm
+# ---------------------------------------------------------------------------------------------
+
+def grid_positions(height, width, times=1, dtype=torch.int64):
+    """(times·height·width, 2) (row, col) of a height × width grid, row-major, `times` over."""
+    rows = torch.arange(height).repeat_interleave(width)
+    cols = torch.arange(width).repeat(height)
+    return torch.stack([rows, cols], 1).repeat(times, 1).to(dtype)
+
+
+#: real-valued (row, col) positions of 5 tokens (off the grid, negative, between cells)
+REAL_POSITIONS = torch.tensor([[0.5, 1.25], [2.0, -1.0], [3.5, 0.0], [-0.75, 2.5], [1.0, 1.0]], dtype=F64)
+
+#: forms whose angle at integer positions (row, col) is the grid's (rpe::rope::*::angle_at)
+GRID_FORMS = {
+    "axial": lambda: rt.RoPEAxial(theta=100.0, skip=1),
+    "mixed": lambda: rt.RoPEMixed(num_heads=2, head_dim=8, theta=10.0, skip=1),
+    "cat": lambda: rt.RoPECat(temperature=10000.0, skip=1),
+}
+
+
+@pytest.mark.parametrize("form", sorted(GRID_FORMS))
+@pytest.mark.parametrize("layout", ["pairs", "half"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.float64], ids=str)
+def test_rope_positions_equal_to_the_grid_give_the_grid_result(form, layout, dtype):
+    """positions = the grid's (row, col): the rotation and its gradients are the grid's bit for
+    bit; the fused attention with positions = key_positions = the grid equals the grid's."""
+    torch.manual_seed(4)
+    m = GRID_FORMS[form]().double()
+    m.layout = layout
+    x = rand(2, 2, 1 + 12, 8, seed=30)
+    pos = grid_positions(3, 4, dtype=dtype)
+    g = rand(*x.shape, seed=31, grad=False)
+    params = [x] + ([m.freqs] if form == "mixed" else [])
+    y, yp = m(x, 3, 4), m(x, positions=pos)
+    assert torch.equal(y, yp)
+    for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(yp, params, g)):
+        assert torch.equal(a, b)
+    q, k, v = (rand(2, 2, 13, 8, seed=s) for s in (32, 33, 34))
+    out = rt.attention(q, k, v, rope=m, height=3, width=4)
+    outp = rt.attention(q, k, v, rope=m, positions=pos, key_positions=pos)
+    assert_close(outp, out.detach().numpy(), 1e-13, 1e-12, "out")
+    for a, b in zip(torch.autograd.grad(out, [q, k, v] + params[1:], g), torch.autograd.grad(outp, [q, k, v] + params[1:], g)):
+        assert_close(b, a.numpy(), 1e-12, 1e-11, "gradient")
+
+
+@pytest.mark.parametrize("form", sorted(ROPES))
+@pytest.mark.parametrize("layout", ["pairs", "half"])
+def test_rope_positions_gradcheck(form, layout):
+    """Real-valued positions, skip 1 and suffix 2: the leading and trailing tokens are copied, the
+    others rotated at their positions; gradcheck in x (and the Mixed frequencies)."""
+    torch.manual_seed(5)
+    m = ROPES[form](1).double()
+    m.layout, m.suffix = layout, 2
+    x = rand(2, 2, 1 + 5 + 2, 8, seed=35)
+    mixed = isinstance(m, rt.RoPEMixed)
+    y = m(x, positions=REAL_POSITIONS)
+    assert torch.equal(y[:, :, :1], x[:, :, :1]) and torch.equal(y[:, :, -2:], x[:, :, -2:])
+    assert not torch.allclose(y[:, :, 1:-2], x[:, :, 1:-2])
+    assert_close(y.norm(dim=-1), x.norm(dim=-1).detach().numpy(), 1e-12, 1e-12, "norms (a rotation)")
+
+    def f(x, *freqs):
+        return functional_call(m, {"freqs": freqs[0]} if mixed else {}, (x,), {"positions": REAL_POSITIONS})
+
+    assert gradcheck(f, (x,) + ((m.freqs.detach().clone().requires_grad_(),) if mixed else ()))
+
+
+def test_rope_repeated_grid_positions_and_suffix():
+    """SAM2's memory keys: two frames of a 2 × 3 grid at the same positions, then 3 unrotated
+    (object pointer) tokens; each frame is rotated as the grid, exactly."""
+    m = rt.RoPEAxial(theta=10000.0, suffix=3, layout="half").double()
+    x = rand(1, 2, 2 * 6 + 3, 8, seed=36, grad=False)
+    y = m(x, positions=grid_positions(2, 3, times=2))
+    grid = rt.RoPEAxial(theta=10000.0, layout="half").double()
+    assert torch.equal(y[:, :, :6], grid(x[:, :, :6], 2, 3))
+    assert torch.equal(y[:, :, 6:12], grid(x[:, :, 6:12], 2, 3))
+    assert torch.equal(y[:, :, 12:], x[:, :, 12:])
+    # the grid with a suffix: L = skip + height·width + suffix
+    assert torch.equal(m(x[:, :, 6:], 2, 3), torch.cat([grid(x[:, :, 6:12], 2, 3), x[:, :, 12:]], 2))
+
+
+@pytest.mark.parametrize("form", ["axial", "mixed", "dinov3_aug"])
+def test_attention_rope_positions_equals_rotated_inputs_and_gradcheck(form):
+    """attention(rope=m, positions=P, key_positions=Pk) with layout half and a suffix equals the
+    softmax attention of m(q, positions=P) and m(k, positions=Pk); gradcheck in q, k, v (and the
+    Mixed frequencies)."""
+    torch.manual_seed(6)
+    m = ROPES[form](1).double()
+    m.layout, m.suffix = "half", 1
+    q, k, v = (rand(2, 2, 7, 8, seed=s) for s in (37, 38, 39))
+    kpos = REAL_POSITIONS.flip(0) * 0.5
+    out = rt.attention(q, k, v, rope=m, positions=REAL_POSITIONS, key_positions=kpos)
+    qr, kr = m(q, positions=REAL_POSITIONS), m(k, positions=kpos)
+    ref = torch.softmax(qr @ kr.transpose(-1, -2) * 8 ** -0.5, -1) @ v
+    assert_close(out, ref.detach().numpy(), 1e-12, 1e-10, "out")
+    other = rt.attention(q, k, v, rope=m, positions=REAL_POSITIONS)  # keys at the queries' positions
+    assert not torch.allclose(other, out)
+    freqs = (m.freqs.detach().clone().requires_grad_(),) if form == "mixed" else ()
+    wrap = Wrap(m, positions=REAL_POSITIONS, key_positions=kpos)
+
+    def f(q, k, v, *fr):
+        return functional_call(wrap, {"rope.freqs": fr[0]} if fr else {}, (q, k, v))
+
+    assert gradcheck(f, (q, k, v) + freqs)
+
+
+def test_attention_rope_key_positions_with_query_grid():
+    """Queries on the grid, keys at their own positions (another grid): equals rotating each."""
+    m = rt.RoPEAxial(theta=10.0, skip=1).double()
+    q, k, v = (rand(1, 2, 7, 8, seed=s, grad=False) for s in (40, 41, 42))
+    kpos = grid_positions(2, 3) * 2 + 1
+    out = rt.attention(q, k, v, rope=m, height=2, width=3, key_positions=kpos)
+    qr, kr = m(q, 2, 3), m(k, positions=kpos)
+    ref = torch.softmax(qr @ kr.transpose(-1, -2) * 8 ** -0.5, -1) @ v
+    assert_close(out, ref.numpy(), 1e-12, 1e-10, "out")
+
+
+def test_dinov3_positions_golden_and_default_layout():
+    """RoPEDinoV3's default layout is half (DINOv3's); the golden case's own coordinates as
+    positions give the golden y, and the layout pairs another result."""
+    case = GOLDEN / "rope" / "dinov3_base100_4x6_skip5"
+    meta = json.loads((case / "meta.json").read_text())
+    m = rt.RoPEDinoV3(meta["head_dim"], skip=meta["skip"])
+    assert m.layout == "half" and m.rotate_half
+    x = npy(case / "x.npy")
+    y = m(x, positions=npy(case / "positions.npy"))
+    assert_close(y, np.load(case / "y.npy"), 2e-5, 2e-5, "y at positions")
+    m.layout = "pairs"
+    assert not torch.allclose(m(x, meta["height"], meta["width"]), y)
+
+
+TIMM_DINOV3 = {
+    "base": dict(temperature=100.0),
+    "minmax_max": dict(temperature=None, min_period=0.5, max_period=40.0, normalize_coords="max"),
+    "aug_min": dict(normalize_coords="min", shift_coords=0.3, jitter_coords=1.5, rescale_coords=2.0),
+    "pairs": dict(temperature=50.0, rotate_half=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TIMM_DINOV3))
+def test_dinov3_module_equals_timm(name):
+    """RoPEDinoV3.from_timm(timm's RotaryEmbeddingDinoV3): the same buffers and state dict (timm's
+    loads with strict=True), the same periods, and the rotation of timm's get_embed +
+    apply_rot_embed_cat; in train mode with augmentation, the values drawn by
+    sample_augmentation from the same seed are timm's draws (float32, ≤ 1e-5)."""
+    pytest.importorskip("timm")
+    from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3, apply_rot_embed_cat
+    t = RotaryEmbeddingDinoV3(16, feat_shape=[3, 5], **TIMM_DINOV3[name])
+    m = rt.RoPEDinoV3.from_timm(t, skip=2)
+    m.load_state_dict(t.state_dict(), strict=True)
+    assert set(m.state_dict()) == set(t.state_dict())
+    assert {n for n, _ in m.named_buffers()} <= {n for n, _ in t.named_buffers()}
+    assert torch.equal(m.periods, t.periods)
+    assert m.rotate_half == t.rotate_half
+    x = torch.randn(2, 3, 2 + 15, 16, generator=torch.Generator().manual_seed(43))
+    t.train()
+    torch.manual_seed(44)
+    emb = t.get_embed([3, 5])
+    torch.manual_seed(44)
+    shift, jitter, rescale = m.sample_augmentation()
+    assert (shift != (0.0, 0.0)) == (t.shift_coords is not None)
+    want = torch.cat([x[:, :, :2], apply_rot_embed_cat(x[:, :, 2:], emb, half=t.rotate_half)], 2)
+    assert_close(m(x, 3, 5), want.numpy(), 1e-5, 1e-5, "y")
+    t.eval()
+    m.shift, m.jitter, m.rescale = (0.0, 0.0), (1.0, 1.0), 1.0
+    want = torch.cat([x[:, :, :2], apply_rot_embed_cat(x[:, :, 2:], t.get_embed(), half=t.rotate_half)], 2)
+    assert_close(m(x, 3, 5), want.numpy(), 1e-5, 1e-5, "y (eval)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,7 +603,7 @@ def test_rope_errors():
         rt.RoPEMixed(num_heads=2, head_dim=8, skip=1)(x.double(), 2, 3)
     with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope freqs is given for a fixed-frequency form"):
         torch.ops.rpe.rope_forward(x, "axial", [100.0], torch.zeros(2, 2, 4), 1, 2, 3)
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope form = 'spiral'; expected axial, mixed or cat"):
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope form = 'spiral'; expected axial, mixed, cat or dinov3"):
         torch.ops.rpe.rope_forward(x, "spiral", [], None, 1, 2, 3)
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_params holds 2 values for form 'axial'; expected 1"):
         torch.ops.rpe.rope_forward(x, "axial", [1.0, 2.0], None, 1, 2, 3)
@@ -426,6 +617,96 @@ def test_rope_errors():
         rt.attention(x, x, x, rope=torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match=r"\[rpe\.attention\] .*L = 7"):
         rt.attention(x, x, x, rope=rt.RoPEAxial(skip=0), height=2, width=3)
+
+
+def test_rope_layout_positions_dinov3_errors():
+    x = torch.randn(1, 2, 7, 8)
+    for make in (lambda: rt.RoPEAxial(layout="rotate"), lambda: rt.RoPEMixed(2, 8, layout="rotate"),
+                 lambda: rt.RoPECat(layout="rotate"), lambda: rt.RoPEDinoV3(8, layout="rotate")):
+        with pytest.raises(ValueError, match=r"\[rpe\.torch\] layout = 'rotate'; expected 'pairs' or 'half'"):
+            make()
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope layout = 'interleaved'; expected 'pairs' or 'half'"):
+        torch.ops.rpe.rope_forward(x, "axial", [100.0], None, 1, 2, 3, "interleaved")
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope layout = 'x'; expected 'pairs' or 'half'"):
+        torch.ops.rpe.attention_forward(x, x, x, [], [], [], "", "", "", "", "", "", [0.0] * 12, 2, 3, None, None,
+                                        rope_form="axial", rope_params=[100.0], rope_skip=1, rope_layout="x")
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] suffix = -1; expected an int >= 0"):
+        rt.RoPEAxial(suffix=-1)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope suffix = -2; expected >= 0"):
+        torch.ops.rpe.rope_forward(x, "axial", [100.0], None, 1, 2, 3, "pairs", None, -2)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] L = 7; expected rope skip \+ height\*width \+ suffix = 1 \+ 2\*3 \+ 1"):
+        rt.RoPEAxial(skip=1, suffix=1)(x, 2, 3)
+    m = rt.RoPEAxial(skip=1)
+    # positions: shape, row count, dtype, values, type, device, and where they do not belong
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions has shape \(6, 3\); expected \(N, 2\) per-token"):
+        m(x, positions=torch.zeros(6, 3))
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions has shape \(12,\); expected \(N, 2\)"):
+        m(x, positions=torch.zeros(12))
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope positions has shape \(5, 2\); expected \(6, 2\)"):
+        m(x, positions=torch.zeros(5, 2))
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] positions has dtype torch\.bool; expected an integer, float32 "
+                                        r"or float64 tensor"):
+        m(x, positions=torch.zeros(6, 2, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] positions has dtype torch\.float16"):
+        m(x, positions=torch.zeros(6, 2, dtype=torch.float16))
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] positions is a list; expected a torch\.Tensor"):
+        m(x, positions=[[0, 0]] * 6)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope positions\[1, 0\] = nan; expected finite"):
+        m(x, positions=torch.tensor([[0.0, 0.0], [math.nan, 0.0]] + [[0.0, 0.0]] * 4))
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is given with tensors on device meta; expected cpu "
+                                         r"\(per-token RoPE positions are CPU only"):
+        m(x, positions=torch.zeros(6, 2, device="meta"))
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] positions has dtype Bool; expected an integer, float32 or float64"):
+        torch.ops.rpe.rope_forward(x, "axial", [100.0], None, 1, 1, 1, "pairs", torch.zeros(6, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions has shape \(6, 1\); expected \(N, 2\)"):
+        torch.ops.rpe.rope_forward(x, "axial", [100.0], None, 1, 1, 1, "pairs", torch.zeros(6, 1))
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] key_positions has shape \(6, 3\); expected \(N, 2\)"):
+        rt.attention(x, x, x, rope=m, height=2, width=3, key_positions=torch.zeros(6, 3))
+    with pytest.raises(ValueError, match=r"\[rpe\.attention\] rope key_positions has shape \(4, 2\); expected \(6, 2\)"):
+        rt.attention(x, x, x, rope=m, height=2, width=3, key_positions=torch.zeros(4, 2))
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions / key_positions are given without rope"):
+        rt.attention(x, x, x, height=2, width=3, positions=grid_positions(2, 3))
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] rope_key_positions has dtype ComplexFloat"):
+        torch.ops.rpe.attention_forward(x, x, x, [], [], [], "", "", "", "", "", "", [0.0] * 12, 2, 3, None, None,
+                                        rope_form="axial", rope_params=[100.0], rope_skip=1,
+                                        rope_key_positions=torch.zeros(6, 2, dtype=torch.complex64))
+    # DINOv3's configuration
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] dim = 6; expected a multiple of 4"):
+        rt.RoPEDinoV3(6)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] min_period = 0\.5, max_period = None; give both or neither"):
+        rt.RoPEDinoV3(8, min_period=0.5)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] normalize_coords = 'mean'; expected 'separate', 'max' or 'min'"):
+        rt.RoPEDinoV3(8, normalize_coords="mean")
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] jitter_coords = 0\.5; expected None or a number >= 1"):
+        rt.RoPEDinoV3(8, jitter_coords=0.5)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] shift\[1\] = nan; expected a finite number"):
+        rt.RoPEDinoV3(8, shift=(0.0, math.nan))
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] rescale = 0; expected finite and > 0"):
+        rt.RoPEDinoV3(8, rescale=0.0, skip=1)(x, 2, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] min_period, max_period = -1, 4; expected both finite and > 0"):
+        rt.RoPEDinoV3(8, min_period=-1.0, max_period=4.0, skip=1)(x, 2, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_params holds 8 values for form 'dinov3'; expected 9"):
+        torch.ops.rpe.rope_forward(x, "dinov3", [100.0, 0, 0, 0, 0, 0, 1, 1], None, 1, 2, 3, "half")
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope normalize = 3; expected 0 \(separate\), 1 \(max\) or 2"):
+        torch.ops.rpe.rope_forward(x, "dinov3", [100.0, 0, 0, 3, 0, 0, 1, 1, 1], None, 1, 2, 3, "half")
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope needs head_dim D = 6 to be a positive multiple of 4"):
+        torch.ops.rpe.rope_forward(torch.randn(1, 2, 7, 6), "dinov3", [100.0, 0, 0, 0, 0, 0, 1, 1, 1], None, 1, 2, 3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (the meta-device case above runs the same check)")
+def test_rope_positions_on_cuda_are_refused():
+    """rpe's CUDA backend refuses per-token positions (rpe::not_supported): rpe_torch says so for
+    a CUDA positions tensor or CUDA q / x, naming the argument, before the dispatcher."""
+    m = rt.RoPEAxial(skip=1)
+    x, pos = torch.randn(1, 2, 7, 8), grid_positions(2, 3)
+    for xx, pp in ((x, pos.cuda()), (x.cuda(), pos), (x.cuda(), pos.cuda())):
+        with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is given with tensors on device cuda:0; expected "
+                                             r"cpu \(per-token RoPE positions are CPU only"):
+            m(xx, positions=pp)
+        with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is given with tensors on device cuda"):
+            rt.attention(xx, xx, xx, rope=m, positions=pp)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] key_positions is given with tensors on device cuda"):
+        rt.attention(x, x, x, rope=m, height=2, width=3, key_positions=pos.cuda())
 
 
 def test_swin_errors():
