@@ -97,9 +97,13 @@ namespace detail {
 
 /// @brief Checks a rotary embedding against (H, L, D) and the grid: parameters of the policy,
 /// skip >= 0, L = skip + height·width, a flat grid (depth 1), D a positive multiple of the
-/// form's head_dim_multiple, and for rope::mixed freqs (2, H, D/2) non-null (grad_freqs, when
-/// given, is checked by check_rope_gradient).
-/// @throws rpe::invalid_argument `[rpe.<component>] rope ...`.
+/// form's head_dim_multiple (and the policy's check_head_dim when it has one: rope::mrope's
+/// sections sum to D/2), positions / key_positions (N, A) with A = rope_position_axes(form),
+/// finite, and for rope::mixed freqs (2, H, D/2) non-null (grad_freqs, when given, is checked by
+/// check_rope_gradient).
+/// @throws rpe::invalid_argument `[rpe.<component>] rope ...` (a position axis count other than
+///   the form's: `rope positions has shape (N, 3); expected 2 axes (row, col)` or
+///   `... (N, 2); expected 3 axes (t, h, w)`).
 template <class S>
 void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, std::int64_t d, int depth, int height,
                 int width, const char* component) {
@@ -118,10 +122,7 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
                 multiple = P::head_dim_multiple;
             require(d >= multiple && d % multiple == 0, component, "rope needs head_dim D = ", d,
                     " to be a positive multiple of ", multiple);
-            if constexpr (std::is_same_v<P, rope::custom>)
-                p.check_head_dim(static_cast<int>(d));
-            else if constexpr (requires { p.check_head_dim(0); })
-                p.check_head_dim(static_cast<int>(d));
+            if constexpr (requires { p.check_head_dim(0); }) p.check_head_dim(static_cast<int>(d));  // mrope: sections vs D/2
         }
     }, r.form);
     require(r.skip >= 0, component, "rope skip = ", r.skip, "; expected >= 0");
