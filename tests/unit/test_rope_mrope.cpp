@@ -258,14 +258,14 @@ TEST_CASE("rope: M-RoPE errors name the parameter, its value and the shapes") {
     CHECK(rpe::rope_position_axes(rpe::rope_form{rpe::rope::axial{}}) == 2);
     // (N, 2) positions to the 3-axis form, and (N, 3) to a 2D form
     r.positions = cview(pos, {n, 2});
-    CHECK(rpe_test::throws_with(fwd, "[rpe.rope] rope positions has shape (4, 2); expected 3 axes (t, h, w)"));
+    CHECK(rpe_test::throws_with(fwd, "[rpe.rope] rope positions has shape (4, 2); expected 3 axes (t, h, w), shape (4, 3)"));
     r.positions = cview(pos, {n - 1, 3});
     CHECK(rpe_test::throws_with(fwd, {"rope positions", "(3, 3)", "(4, 3)"}));
     r.positions = cview(pos, {n, 3});
     auto axial = r;
     axial.form = rpe::rope::axial{};
     CHECK(rpe_test::throws_with([&] { rpe::rope_forward(axial, 2, 2, cview(x, shape), mview(y, shape)); },
-                                "[rpe.rope] rope positions has shape (4, 3); expected 2 axes (row, col)"));
+                                "[rpe.rope] rope positions has shape (4, 3); expected 2 axes (row, col), shape (4, 2)"));
     pos[5] = std::nanf("");
     CHECK(rpe_test::throws_with(fwd, "rope positions[1, 2] = nan; expected finite"));
     pos[5] = 1.0f;
@@ -284,7 +284,7 @@ TEST_CASE("rope: M-RoPE errors name the parameter, its value and the shapes") {
     in.rope = r;
     in.rope.key_positions = cview(pos, {n, 2});
     CHECK(rpe_test::throws_with([&] { rpe::attention_forward(in, mview(y, shape)); },
-                                "[rpe.attention] rope key_positions has shape (4, 2); expected 3 axes (t, h, w)"));
+                                "[rpe.attention] rope key_positions has shape (4, 2); expected 3 axes (t, h, w), shape (4, 3)"));
     // the parameters are the table cache's key
     const rpe::rotary_embedding<float> a{.form = rpe::rope::custom{rpe::rope::mrope{.section_t = 2, .section_h = 2, .section_w = 2}}};
     const rpe::rotary_embedding<float> c{

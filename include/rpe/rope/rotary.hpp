@@ -145,10 +145,10 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
                     p.shape_string(), "; expected (tokens, ", axes, ") coordinates ", axes == 3 ? "(t, h, w)" : "(row, col)");
             if (axes == 2)
                 require(p.extent(1) == 2, component, "rope ", name, " has shape ", p.shape_string(),
-                        "; expected 2 axes (row, col): the 2D forms take no third axis");
+                        "; expected 2 axes (row, col), shape (", rotated, ", 2): the 2D forms take no third axis");
             else
                 require(p.extent(1) == 3, component, "rope ", name, " has shape ", p.shape_string(),
-                        "; expected 3 axes (t, h, w): this form (rope::mrope) takes three position ids per token");
+                        "; expected 3 axes (t, h, w), shape (", rotated, ", 3): this form (rope::mrope) takes three position ids per token");
             check_shape(p, {rotated, axes}, component, (std::string("rope ") + name).c_str());
             check_nonnull(p, component, (std::string("rope ") + name).c_str());
             require(p.contiguous(), component, "rope ", name, " is a strided view; expected a contiguous buffer");
