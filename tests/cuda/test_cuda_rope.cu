@@ -10,6 +10,7 @@
 #include <rpe/cuda.cuh>
 #include <rpe/rpe.hpp>
 #include <rpe/make_term.hpp>
+#include <rpe/rope/mrope.hpp>
 
 #include <cmath>
 #include <functional>
@@ -434,5 +435,34 @@ TEST_CASE("cuda attention: what the backend lacks (attn output, saved probabilit
                          rpe::not_supported);
     CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(out.data(), shape), {}, {.scale = std::nan("")}),
                          doctest::Contains("[rpe.attention] options.scale = "), rpe::invalid_argument);
+}
+
+TEST_CASE("cuda rope: rope::mrope (3-axis positions) is rpe::not_supported, before any CUDA call") {
+    const std::int64_t b = 1, h = 1, l = 7, d = 12;
+    const std::vector<std::int64_t> shape{b, h, l, d};
+    const auto x = random_floats(b * h * l * d, 9);
+    std::vector<float> y(x.size()), g(x.size()), pos(static_cast<std::size_t>(3 * l), 1.0f);
+    rpe::rotary_embedding<float> r{.form = rpe::rope::custom{rpe::rope::mrope{.section_t = 2, .section_h = 2, .section_w = 2}}};
+    r.layout = rpe::rope::layout::half;
+    r.positions = view<const float>(pos.data(), {l, 3});
+    const char* message = "[rpe.rope] rope::mrope (a form with 3-axis positions (t, h, w)) is not supported by the cuda backend";
+    CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
+                         doctest::Contains(message), rpe::not_supported);
+    CHECK_THROWS_WITH_AS(rpe::cuda::rope_backward(r, 1, 1, view<const float>(x.data(), shape), view<const float>(g.data(), shape),
+                                                  view<float>(y.data(), shape)),
+                         doctest::Contains(message), rpe::not_supported);
+    r.positions = {};  // on the grid (ids (0, row, col)) too
+    CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 7, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
+                         doctest::Contains(message), rpe::not_supported);
+    rpe::attention_inputs<float> in;
+    in.q = in.k = in.v = view<const float>(x.data(), shape);
+    in.height = 1;
+    in.width = 7;
+    in.rope = r;
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(y.data(), shape)), doctest::Contains(message), rpe::not_supported);
+    // a bad input is still the CPU's invalid_argument first
+    r.positions = view<const float>(pos.data(), {l, 2});
+    CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
+                         doctest::Contains("rope positions has shape (7, 2); expected 3 axes (t, h, w)"), rpe::invalid_argument);
 }
 }

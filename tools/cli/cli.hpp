@@ -140,6 +140,8 @@ int run_term(const mapping_config& m, const term_options& o);
 struct rope_options {
     std::string form = "axial", grid, input, out, expect, freqs, ref_grid, layout, positions;
     std::string normalize = "separate", shift = "0,0", jitter = "1,1";  // dinov3
+    std::string sections = "16,24,24";  // mrope
+    bool interleaved = false, theta_given = false;  // mrope; theta_given: --theta on the command line
     int skip = 0, suffix = 0;
     double base = 100.0, min_period = 0.0, max_period = 0.0, rescale = 1.0;  // dinov3
     double theta = 100.0, temperature = 10000.0, max_res = 224.0, grid_offset = 0.0;

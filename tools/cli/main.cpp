@@ -4,7 +4,7 @@
 //   rpe show    --mapping product --grid 14x14 --query 7,7 [--png out.png] [--all]
 //   rpe term    --mapping product --mode contextual --target k --grid 5x9 --skip 1
 //               --table t.npy --input x.npy --out y.npy [--expect ref.npy]
-//   rpe rope    --form axial|mixed|cat|dinov3 --grid 14x14 --skip 1 --input q.npy --out q_rot.npy
+//   rpe rope    --form axial|mixed|cat|dinov3|mrope --grid 14x14 --skip 1 --input q.npy --out q_rot.npy
 //               [--theta 100 | --freqs f.npy | --temperature 10000 --ref-grid 16x16 ...] [--expect ref.npy]
 //   rpe bench   --mapping product,euclidean --grid 14x14 [--batch 8 --heads 6 --dim 64]
 //   (swin, beit, swinv2: --window HxW, default the grid; swinv2: --pretrained HxW, --no-sigmoid;
@@ -714,13 +714,14 @@ int run(int argc, char** argv) {
 
     auto* rope = app.add_subcommand("rope", "2D rotary position embedding of a q or k (.npy in, .npy out)");
     rope_options ro;
-    rope->add_option("--form", ro.form, "axial (rope-vit RoPE-Axial), mixed (rope-vit RoPE-Mixed) or cat (timm RotaryEmbeddingCat, EVA-02)")
+    rope->add_option("--form", ro.form, "axial (rope-vit RoPE-Axial), mixed (rope-vit RoPE-Mixed), cat (timm RotaryEmbeddingCat, EVA-02), "
+                                       "dinov3 (DINOv3) or mrope (Qwen-VL M-RoPE)")
         ->capture_default_str();
     rope->add_option("--grid", ro.grid, "HxW: L = skip + H*W + suffix must match the input (or --positions)");
     rope->add_option("--skip", ro.skip, "leading tokens left unrotated (class token)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
     rope->add_option("--input", ro.input, "q or k .npy (B, H, L, D)")->required()->check(CLI::ExistingFile);
     rope->add_option("--out", ro.out, "rotated .npy (float32)")->check(non_empty_path);
-    rope->add_option("--theta", ro.theta, "axial: base of the frequencies")->capture_default_str();
+    rope->add_option("--theta", ro.theta, "axial: base of the frequencies (default 100); mrope: rope_theta (default 1e6, Qwen2-VL)");
     rope->add_option("--freqs", ro.freqs, "mixed: learned frequencies .npy (2, H, D/2)")->check(CLI::ExistingFile);
     rope->add_option("--temperature", ro.temperature, "cat: band base (without --in-pixels)")->capture_default_str();
     rope->add_flag("--in-pixels", ro.in_pixels, "cat: pixel bands and [-1, 1] coordinates (timm's class default; EVA-02: off)");
@@ -732,7 +733,12 @@ int run(int argc, char** argv) {
     rope->add_option("--layout", ro.layout,
                      "channel pairing: pairs ((2j, 2j+1), rope-vit, EVA-02; the default) or half ((j, j+D/2), rotate-half; dinov3's default)");
     rope->add_option("--suffix", ro.suffix, "trailing tokens left unrotated")->capture_default_str()->check(CLI::Range(0, 1 << 30));
-    rope->add_option("--positions", ro.positions, "per-token coordinates .npy (L - skip - suffix, 2) (row, col) instead of --grid")
+    rope->add_option("--sections", ro.sections, "mrope: frequency pairs T,H,W per axis (the source's mrope_section; sum D/2)")
+        ->capture_default_str();
+    rope->add_flag("--interleaved", ro.interleaved, "mrope: Qwen3-VL's interleaved sections");
+    rope->add_option("--positions", ro.positions,
+                     "per-token coordinates .npy (L - skip - suffix, 2) (row, col), or (.., 3) (t, h, w) position ids for mrope, "
+                     "instead of --grid")
         ->check(CLI::ExistingFile);
     rope->add_option("--base", ro.base, "dinov3: period base (timm's temperature)")->capture_default_str();
     rope->add_option("--min-period", ro.min_period, "dinov3: smallest period (with --max-period, instead of --base)");
@@ -780,7 +786,10 @@ int run(int argc, char** argv) {
         to.target_given = term->get_option("--target")->count() > 0;
         return run_term(resolve_mapping(name, mo), to);
     }
-    if (*rope) return run_rope(ro);
+    if (*rope) {
+        ro.theta_given = rope->get_option("--theta")->count() > 0;
+        return run_rope(ro);
+    }
     std::vector<mapping_config> maps;
     for (const auto& n : bench_names) {
         if (n == "all") {

@@ -1,4 +1,4 @@
-// `rpe rope`: a 2D rotary position embedding (rpe::rope_forward) applied to a q or k tensor
+// `rpe rope`: a rotary position embedding (rpe::rope_forward; the 2D forms, DINOv3, Qwen-VL's M-RoPE) applied to a q or k tensor
 // read from .npy, the result written as .npy (atomically, like every output of the tool).
 #include <cmath>
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include <iostream>
 #include <limits>
 #include <span>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -16,6 +17,7 @@
 #include <rpe/backend/cpu/rope.hpp>
 #include <rpe/io/npy.hpp>
 #include <rpe/rope/dinov3.hpp>
+#include <rpe/rope/mrope.hpp>
 #include <rpe/rope/rotary.hpp>
 
 #include "cli.hpp"
@@ -68,6 +70,41 @@ rpe::rope::dinov3 dinov3_of(const rope_options& o, std::string& what) {
     return p;
 }
 
+// The M-RoPE policy from the options. @throws usage_error naming the option and value.
+rpe::rope::mrope mrope_of(const rope_options& o, std::string& what) {
+    rpe::rope::mrope p;
+    if (o.theta_given) p.theta = static_cast<float>(o.theta);
+    int v[3] = {0, 0, 0};
+    {
+        const auto bad = [&] {
+            return usage_error("--sections", "'" + o.sections + "' is not sections T,H,W (three counts of frequency pairs)");
+        };
+        std::size_t at = 0;
+        for (int i = 0; i < 3; ++i) {
+            const auto end = i < 2 ? o.sections.find(',', at) : o.sections.size();
+            if (end == std::string::npos || end == at) throw bad();
+            const std::string t = o.sections.substr(at, end - at);
+            if (t.find_first_not_of("0123456789") != std::string::npos || t.size() > 9) throw bad();
+            v[i] = std::stoi(t);
+            at = end + 1;
+        }
+    }
+    p.section_t = v[0];
+    p.section_h = v[1];
+    p.section_w = v[2];
+    p.interleaved = o.interleaved;
+    try {
+        p.validate();
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error("--theta/--sections", e.what());
+    }
+    std::ostringstream text;
+    text << "mrope (Qwen-VL M-RoPE), theta " << p.theta << ", sections " << v[0] << "," << v[1] << "," << v[2]
+         << (p.interleaved ? ", interleaved" : "");
+    what = text.str();
+    return p;
+}
+
 }  // namespace
 
 int run_rope(const rope_options& o) {
@@ -78,9 +115,12 @@ int run_rope(const rope_options& o) {
     rpe::rotary_embedding<float> r;
     r.skip = o.skip;
     r.suffix = o.suffix;
-    const bool dinov3 = o.form == "dinov3";
+    const bool dinov3 = o.form == "dinov3", mrope = o.form == "mrope";
+    if (!mrope && (o.interleaved || o.sections != rope_options{}.sections))
+        throw usage_error(o.interleaved ? "--interleaved" : "--sections", "only --form mrope reads " +
+                          std::string(o.interleaved ? "--interleaved" : "--sections") + "; drop it");
     if (o.layout.empty())
-        r.layout = dinov3 ? rpe::rope::layout::half : rpe::rope::layout::pairs;
+        r.layout = dinov3 || mrope ? rpe::rope::layout::half : rpe::rope::layout::pairs;
     else if (o.layout == "pairs")
         r.layout = rpe::rope::layout::pairs;
     else if (o.layout == "half")
@@ -95,12 +135,14 @@ int run_rope(const rope_options& o) {
         positions = to_float32(p, "--positions", o.positions);
         positions_shape = p.shape;
         if (positions_shape.size() > 4)
-            throw usage_error("--positions", o.positions + " has shape " + rpe::detail::shape_string(positions_shape) + "; expected (tokens, 2)");
+            throw usage_error("--positions", o.positions + " has shape " + rpe::detail::shape_string(positions_shape) +
+                                                 "; expected (tokens, 2) or, for mrope, (tokens, 3)");
         r.positions = cref(positions, positions_shape);
     }
-    if (dinov3) {
+    if (dinov3 || mrope) {
         if (!o.freqs.empty()) throw usage_error("--freqs", "only --form mixed reads frequencies; drop --freqs");
-        r.form = rpe::rope::custom{dinov3_of(o, what)};
+        if (dinov3) r.form = rpe::rope::custom{dinov3_of(o, what)};
+        else r.form = rpe::rope::custom{mrope_of(o, what)};
     } else {
         // the form and its parameters from rpe's registry (<rpe/families.hpp>) (dinov3 above)
         auto& reg = rpe::families();
@@ -112,6 +154,7 @@ int run_rope(const rope_options& o) {
             for (const auto& e : reg.entries())
                 if (e->info.kind == rpe::family_kind::rope) forms.push_back(e->info.name);
             forms.emplace_back("dinov3");
+            forms.emplace_back("mrope");
             std::string list;
             for (std::size_t i = 0; i < forms.size(); ++i) list += (i == 0 ? "" : (i + 1 == forms.size() ? " or " : ", ")) + forms[i];
             throw usage_error("--form", "'" + o.form + "' is not a RoPE form; expected " + list);
@@ -169,9 +212,11 @@ int run_rope(const rope_options& o) {
         rpe::rope_forward(r, g.height, g.width, cref(x_data, x.shape),
                           rpe::tensor_ref<float>(y.data(), std::span<const std::int64_t>(x.shape)));
     } catch (const rpe::invalid_argument& e) {
-        const char* opts = !o.positions.empty() ? "--input/--positions/--skip/--suffix/--freqs"
-                           : o.suffix != 0      ? "--input/--grid/--skip/--suffix/--freqs"
-                                                : "--input/--grid/--skip/--freqs";
+        const char* opts = mrope ? (!o.positions.empty() ? "--input/--positions/--skip/--suffix/--sections"
+                                                         : "--input/--grid/--skip/--suffix/--sections")
+                           : !o.positions.empty() ? "--input/--positions/--skip/--suffix/--freqs"
+                           : o.suffix != 0        ? "--input/--grid/--skip/--suffix/--freqs"
+                                                  : "--input/--grid/--skip/--freqs";
         throw usage_error(opts, e.what());
     }
     std::cout << "rope: " << what;

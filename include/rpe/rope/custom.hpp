@@ -15,7 +15,9 @@ namespace rpe::rope {
 /// value with `head_dim_multiple`, `float angle(row, col, pair, head_dim, height, width)` and
 /// `validate()`) as a form of rpe::rotary_embedding: `r.form = rpe::rope::custom{my_form{...}}`.
 /// Its cos/sin table is built from P::angle and cached by P's type and value (P's operator==),
-/// on the CPU and the CUDA backend alike; nothing in rpe names P.
+/// on the CPU and the CUDA backend alike; nothing in rpe names P. A policy may also declare
+/// `position_axes = 3` with `float angle_at(float, float, float, int pair, int head_dim) const`
+/// (positions (N, 3), as rope::mrope) and `void check_head_dim(int head_dim) const`.
 /// A default-constructed custom holds no policy and fails validate().
 class custom {
 public:
@@ -33,6 +35,20 @@ public:
     /// a policy without `float angle_at(float y, float x, int pair, int head_dim) const` takes no
     /// positions (has_angle_at() false; rpe::rotary_embedding::positions is then refused).
     [[nodiscard]] float angle_at(float y, float x, int pair, int head_dim) const { return held_->angle_at(y, x, pair, head_dim); }
+    /// @brief The held policy's angle at the ids (a0, a1, a2) of a 3-axis per-token position (a
+    /// policy with `position_axes = 3` and `float angle_at(float, float, float, int pair, int
+    /// head_dim) const`, e.g. rope::mrope's (t, h, w)).
+    [[nodiscard]] float angle_at(float a0, float a1, float a2, int pair, int head_dim) const {
+        return held_->angle_at3(a0, a1, a2, pair, head_dim);
+    }
+    /// @brief The number of axes of the held policy's positions: its `position_axes` (3 for
+    /// rope::mrope), else 2 (also when empty).
+    [[nodiscard]] int position_axes() const { return held_ ? held_->position_axes() : 2; }
+    /// @brief The held policy's check_head_dim(D) when it has one (rope::mrope: the sections sum
+    /// to D/2). @throws rpe::invalid_argument as the policy's.
+    void check_head_dim(int head_dim) const {
+        if (held_) held_->check_head_dim(head_dim);
+    }
     /// @brief Whether the held policy has angle_at (false when empty).
     [[nodiscard]] bool has_angle_at() const { return held_ && held_->has_angle_at(); }
     /// @brief The held policy's head_dim_multiple (1 when empty).

@@ -4,6 +4,8 @@
 /// with the rotate-half layout.
 #pragma once
 
+#include <cmath>
+
 #include "../concepts.hpp"
 #include "../config.hpp"
 #include "../error.hpp"

@@ -51,11 +51,12 @@ struct rotary_embedding {
     tensor_ref<const S> freqs = {};    ///< rope::mixed: (2, H, D/2) learned fx, fy; empty otherwise
     tensor_ref<S> grad_freqs = {};     ///< rope::mixed backward: (2, H, D/2), overwritten; empty = not wanted
     rope::layout layout = rope::layout::pairs;  ///< channel pairing: (2j, 2j+1) or (j, j + D/2)
-    /// Per-token positions instead of the grid: (N, 2) float coordinates (row, col) — integer or
-    /// real — of the N = L − skip − suffix rotated tokens of q (and of x in the standalone
-    /// rotation), in the form's coordinate frame (each policy's angle_at); empty = the grid.
+    /// Per-token positions instead of the grid: (N, A) float coordinates — integer or real — of
+    /// the N = L − skip − suffix rotated tokens of q (and of x in the standalone rotation), in the
+    /// form's coordinate frame (each policy's angle_at); A = rope_position_axes(form): 2 (row, col)
+    /// for the 2D forms, 3 (t, h, w) for rope::mrope. Empty = the grid.
     tensor_ref<const float> positions = {};
-    /// The fused attention's keys: (N, 2) positions of the key tokens (e.g. another grid);
+    /// The fused attention's keys: (N, A) positions of the key tokens (e.g. another grid);
     /// empty = the queries' (positions, or the grid).
     tensor_ref<const float> key_positions = {};
     int suffix = 0;  ///< trailing tokens left unrotated (>= 0; SAM2's memory tokens)
@@ -81,13 +82,29 @@ struct rope_table {
     [[nodiscard]] std::int64_t at(std::int64_t h, std::int64_t t) const { return ((heads == 1 ? 0 : h) * tokens + t) * pairs; }
 };
 
+/// @brief The number of axes of the per-token positions that `form` takes: 3 for a policy that
+/// declares `position_axes = 3` (rope::mrope's (t, h, w), directly or through rope::custom),
+/// else 2 (row, col).
+inline int rope_position_axes(const rope_form& form) {
+    return std::visit([](const auto& p) {
+        using P = std::remove_cvref_t<decltype(p)>;
+        if constexpr (std::is_same_v<P, rope::custom>) return p.position_axes();
+        else if constexpr (std::is_same_v<P, std::monostate>) return 2;
+        else return detail::position_axes_of<P>();
+    }, form);
+}
+
 namespace detail {
 
 /// @brief Checks a rotary embedding against (H, L, D) and the grid: parameters of the policy,
 /// skip >= 0, L = skip + height·width, a flat grid (depth 1), D a positive multiple of the
-/// form's head_dim_multiple, and for rope::mixed freqs (2, H, D/2) non-null (grad_freqs, when
-/// given, is checked by check_rope_gradient).
-/// @throws rpe::invalid_argument `[rpe.<component>] rope ...`.
+/// form's head_dim_multiple (and the policy's check_head_dim when it has one: rope::mrope's
+/// sections sum to D/2), positions / key_positions (N, A) with A = rope_position_axes(form),
+/// finite, and for rope::mixed freqs (2, H, D/2) non-null (grad_freqs, when given, is checked by
+/// check_rope_gradient).
+/// @throws rpe::invalid_argument `[rpe.<component>] rope ...` (a position axis count other than
+///   the form's: `rope positions has shape (N, 3); expected 2 axes (row, col)` or
+///   `... (N, 2); expected 3 axes (t, h, w)`).
 template <class S>
 void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, std::int64_t d, int depth, int height,
                 int width, const char* component) {
@@ -106,6 +123,7 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
                 multiple = P::head_dim_multiple;
             require(d >= multiple && d % multiple == 0, component, "rope needs head_dim D = ", d,
                     " to be a positive multiple of ", multiple);
+            if constexpr (requires { p.check_head_dim(0); }) p.check_head_dim(static_cast<int>(d));  // mrope: sections vs D/2
         }
     }, r.form);
     require(r.skip >= 0, component, "rope skip = ", r.skip, "; expected >= 0");
@@ -121,17 +139,22 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
         require(fixed_has_at, component, "rope positions are given for a form without angle_at(y, x, pair, head_dim); expected the grid");
         require(rotated >= 1, component, "L = ", l, "; expected rope skip + suffix = ", r.skip, " + ", r.suffix,
                 " below L (positions need rotated tokens)");
+        const int axes = rope_position_axes(r.form);
         const auto check_positions = [&](const tensor_ref<const float>& p, const char* name) {
             if (p.data == nullptr && p.rank == 0) return;
             require(p.rank == 2 && p.extent(1) >= 2 && p.extent(1) <= 3, component, "rope ", name, " has shape ",
-                    p.shape_string(), "; expected (tokens, 2) coordinates (row, col)");
-            require(p.extent(1) == 2, component, "rope ", name, " has shape ", p.shape_string(),
-                    "; expected 2 axes (row, col): the 2D forms take no third axis");
-            check_shape(p, {rotated, 2}, component, (std::string("rope ") + name).c_str());
+                    p.shape_string(), "; expected (tokens, ", axes, ") coordinates ", axes == 3 ? "(t, h, w)" : "(row, col)");
+            if (axes == 2)
+                require(p.extent(1) == 2, component, "rope ", name, " has shape ", p.shape_string(),
+                        "; expected 2 axes (row, col), shape (", rotated, ", 2): the 2D forms take no third axis");
+            else
+                require(p.extent(1) == 3, component, "rope ", name, " has shape ", p.shape_string(),
+                        "; expected 3 axes (t, h, w), shape (", rotated, ", 3): this form (rope::mrope) takes three position ids per token");
+            check_shape(p, {rotated, axes}, component, (std::string("rope ") + name).c_str());
             check_nonnull(p, component, (std::string("rope ") + name).c_str());
             require(p.contiguous(), component, "rope ", name, " is a strided view; expected a contiguous buffer");
-            for (std::int64_t i = 0; i < 2 * rotated; ++i)
-                require(std::isfinite(p.data[i]), component, "rope ", name, "[", i / 2, ", ", i % 2, "] = ", p.data[i],
+            for (std::int64_t i = 0; i < axes * rotated; ++i)
+                require(std::isfinite(p.data[i]), component, "rope ", name, "[", i / axes, ", ", i % axes, "] = ", p.data[i],
                         "; expected finite");
         };
         check_positions(r.positions, "positions");
@@ -265,8 +288,8 @@ rope_table<S> build_mixed_table(const tensor_ref<const S>& freqs, int height, in
     return t;
 }
 
-/// @brief The table of `r` at per-token positions p (N, 2) (row, col), checked by check_rope:
-/// heads 1 and the policy's angle_at for the fixed forms; heads H and the angle
+/// @brief The table of `r` at per-token positions p (N, A) (row, col; or (t, h, w) for a 3-axis
+/// form), checked by check_rope: heads 1 and the policy's angle_at for the fixed forms; heads H and the angle
 /// `x·fx + y·fy` (rope::mixed::angle_at) for rope::mixed, with t_x = x, t_y = y for its
 /// frequency gradient. Built at each call (positions are data), never cached.
 template <class S>
@@ -304,12 +327,23 @@ rope_table<S> build_position_table(const rotary_embedding<S>& r, const tensor_re
     std::visit([&](const auto& pol) {
         using P = std::remove_cvref_t<decltype(pol)>;
         if constexpr (!std::is_same_v<P, std::monostate> && !std::is_same_v<P, rope::mixed>) {
-            if constexpr (std::is_same_v<P, rope::custom> ||
-                          requires { { pol.angle_at(0.0f, 0.0f, 0, 4) } -> std::same_as<float>; }) {
+            constexpr bool two = requires { { pol.angle_at(0.0f, 0.0f, 0, 4) } -> std::same_as<float>; };
+            constexpr bool three = requires { { pol.angle_at(0.0f, 0.0f, 0.0f, 0, 4) } -> std::same_as<float>; };
+            if constexpr (std::is_same_v<P, rope::custom> || two || three) {
+                const int axes = rope_position_axes(r.form);
+                // as build_rope_table: the angle in float32, cos and sin in double
+                const auto angle = [&](const float* c, int j) -> double {
+                    if constexpr (std::is_same_v<P, rope::custom>)
+                        return axes == 3 ? pol.angle_at(c[0], c[1], c[2], j, static_cast<int>(d))
+                                         : pol.angle_at(c[0], c[1], j, static_cast<int>(d));
+                    else if constexpr (three)
+                        return pol.angle_at(c[0], c[1], c[2], j, static_cast<int>(d));
+                    else
+                        return pol.angle_at(c[0], c[1], j, static_cast<int>(d));
+                };
                 for (std::int64_t n = 0; n < t.tokens; ++n)
                     for (std::int64_t j = 0; j < t.pairs; ++j) {
-                        // as build_rope_table: the angle in float32, cos and sin in double
-                        const double a = pol.angle_at(pos[2 * n], pos[2 * n + 1], static_cast<int>(j), static_cast<int>(d));
+                        const double a = angle(pos + axes * n, static_cast<int>(j));
                         t.cos[static_cast<std::size_t>(n * t.pairs + j)] = static_cast<S>(std::cos(a));
                         t.sin[static_cast<std::size_t>(n * t.pairs + j)] = static_cast<S>(std::sin(a));
                     }

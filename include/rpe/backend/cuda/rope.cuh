@@ -255,6 +255,9 @@ public:
     rope_call_table(const rotary_embedding<S>& r, std::int64_t heads, std::int64_t d, int height, int width, cudaStream_t stream)
         : cos_(r.is_mixed() ? heads * height * width * (d / 2) : 0, stream),
           sin_(r.is_mixed() ? heads * height * width * (d / 2) : 0, stream) {
+        if (rope_position_axes(r.form) == 3)
+            throw not_supported(message("rope", "rope::mrope (a form with 3-axis positions (t, h, w)) is not supported by the "
+                                                "cuda backend; expected a 2D form (the CPU backend takes rope::mrope)"));
         if (r.has_positions() || r.suffix != 0)
             throw not_supported(message("rope", "rope positions, key_positions and suffix are not supported by the cuda "
                                                 "backend; expected the grid (the CPU backend takes them)"));
