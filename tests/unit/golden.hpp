@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <fstream>
 #include <initializer_list>
 #include <limits>
 #include <memory>
@@ -262,5 +263,30 @@ struct term_problem {
         return out;
     }
 };
+
+/// The parsed meta.json of golden case folder `dir` (Json is nlohmann::json: a template parameter
+/// so that this header does not include it).
+template <class Json>
+Json read_meta(const std::string& dir) {
+    std::ifstream f(dir + "/meta.json");
+    REQUIRE(f.good());
+    return Json::parse(f);
+}
+
+/// The folder of rotary golden case `name`: tests/data/golden_vit/rope/<name>.
+inline std::string rope_golden_dir(const std::string& name) { return std::string(RPE_TEST_DATA_DIR) + "/golden_vit/rope/" + name; }
+
+/// Central difference of `objective()` along entry i of `param`:
+/// (f(param + eps·e_i) − f(param − eps·e_i)) / (2·eps); param[i] is restored.
+template <class F>
+double central_difference(std::vector<double>& param, std::size_t i, double eps, F&& objective) {
+    const double saved = param[i];
+    param[i] = saved + eps;
+    const double up = objective();
+    param[i] = saved - eps;
+    const double down = objective();
+    param[i] = saved;
+    return (up - down) / (2 * eps);
+}
 
 }  // namespace rpe_test

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -35,12 +34,6 @@ namespace mapping = rpe::mapping;
 namespace mode = rpe::mode;
 using rpe_test::cview;
 using rpe_test::mview;
-
-json read_meta(const std::string& dir) {
-    std::ifstream f(dir + "/meta.json");
-    REQUIRE(f.good());
-    return json::parse(f);
-}
 
 template <class M, class Md, target Tg, class S>
 std::unique_ptr<rpe::any_term<S>> wrap(const piecewise& g, const rpe::term_config& config) {
@@ -103,7 +96,7 @@ struct attention_run {
 
 template <class S>
 void run_golden_attention(const std::string& dir) {
-    const json meta = read_meta(dir);
+    const json meta = rpe_test::read_meta<json>(dir);
     attention_run<S> r;
     r.b = meta.at("batch").get<std::int64_t>();
     r.h = meta.at("heads").get<std::int64_t>();

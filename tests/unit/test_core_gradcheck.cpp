@@ -57,13 +57,7 @@ double check_param(std::vector<double>& param, const std::vector<double>& analyt
     std::size_t worst_i = 0;
     double worst_a = 0, worst_n = 0;
     for (std::size_t i = 0; i < param.size(); ++i) {
-        const double saved = param[i];
-        param[i] = saved + step;
-        const double up = loss();
-        param[i] = saved - step;
-        const double down = loss();
-        param[i] = saved;
-        const double numeric = (up - down) / (2 * step);
+        const double numeric = rpe_test::central_difference(param, i, step, loss);
         const double rel = std::fabs(analytic[i] - numeric) / std::max({std::fabs(analytic[i]), std::fabs(numeric), rel_floor});
         if (!(rel <= worst)) {
             worst = std::isnan(rel) ? 1e300 : rel;

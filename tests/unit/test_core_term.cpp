@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -27,12 +26,6 @@ using json = nlohmann::json;
 using rpe::target;
 using rpe_test::cview;
 using rpe_test::mview;
-
-json read_meta(const std::string& dir) {
-    std::ifstream f(dir + "/meta.json");
-    REQUIRE(f.good());
-    return json::parse(f);
-}
 
 /// The term_spec of a golden case (meta.json fields, as the reference's get_single_rpe_config).
 rpe::term_spec spec_of(const json& meta, char letter) {
@@ -52,7 +45,7 @@ rpe::term_spec spec_of(const json& meta, char letter) {
 
 template <class S>
 void run_golden_term(const std::string& dir) {
-    const json meta = read_meta(dir);
+    const json meta = rpe_test::read_meta<json>(dir);
     const rpe::term_spec spec = spec_of(meta, meta.at("target").get<std::string>().at(0));
     const auto term = rpe::make_term<S>(spec);
     REQUIRE(term);
@@ -195,7 +188,7 @@ TEST_CASE("term_spec: parsing, K as the reference, and the terms make_term build
 }
 
 TEST_CASE("errors: bias mode on values is rejected at run time (golden errors/bias_on_v)") {
-    const json meta = read_meta(rpe_test::golden("errors/bias_on_v"));
+    const json meta = rpe_test::read_meta<json>(rpe_test::golden("errors/bias_on_v"));
     rpe::term_spec s = spec_of(meta, 'v');
     CHECK_FALSE(s.contextual);
     CHECK(s.target == target::value);

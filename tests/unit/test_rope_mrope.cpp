@@ -9,7 +9,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -25,14 +24,6 @@ using rpe_test::random_normal;
 
 const char* const kCases[] = {"mrope_qwen2vl_d128", "mrope_qwen25vl_d80_video", "mrope_qwen3vl_d128_interleaved",
                               "mrope_qwen3vl_d64_interleaved"};
-
-std::string case_dir(const std::string& name) { return std::string(RPE_TEST_DATA_DIR) + "/golden_vit/rope/" + name; }
-
-json meta_of(const std::string& dir) {
-    std::ifstream f(dir + "/meta.json");
-    REQUIRE(f.good());
-    return json::parse(f);
-}
 
 rpe::rope::mrope policy_of(const json& m) {
     rpe::rope::mrope p;
@@ -78,8 +69,8 @@ struct mrope_problem {
 TEST_CASE_TEMPLATE("rope: M-RoPE (rope::mrope) against transformers' Qwen2-VL, Qwen2.5-VL and Qwen3-VL", S, float, double) {
     for (const char* name : kCases) {
         CAPTURE(name);
-        const auto dir = case_dir(name);
-        const auto m = meta_of(dir);
+        const auto dir = rpe_test::rope_golden_dir(name);
+        const auto m = rpe_test::read_meta<json>(dir);
         const std::int64_t b = m.at("batch"), h = m.at("heads"), l = m.at("L"), d = m.at("head_dim");
         const std::vector<std::int64_t> shape{b, h, l, d};
         rpe::rotary_embedding<S> r{.form = rpe::rope::custom{policy_of(m)}};
@@ -190,15 +181,8 @@ TEST_CASE("rope: finite-difference gradients of the M-RoPE rotation (real positi
             return s;
         };
         const double eps = 1e-6;
-        for (std::size_t i = 0; i < x.size(); i += 3) {
-            const double x0 = x[i];
-            x[i] = x0 + eps;
-            const double fp = objective();
-            x[i] = x0 - eps;
-            const double fm = objective();
-            x[i] = x0;
-            CHECK(gx[i] == doctest::Approx((fp - fm) / (2 * eps)).epsilon(1e-6));
-        }
+        for (std::size_t i = 0; i < x.size(); i += 3)
+            CHECK(gx[i] == doctest::Approx(rpe_test::central_difference(x, i, eps, objective)).epsilon(1e-6));
     }
 }
 
@@ -295,8 +279,8 @@ TEST_CASE("rope: M-RoPE errors name the parameter, its value and the shapes") {
 TEST_CASE("rope: Qwen2-VL's vision encoder RoPE is rope::cat, layout half, at the patches' (h, w) ids") {
     // not M-RoPE: 2D RoPE on (h, w) in the 2x2 merge-block order (transformers'
     // Qwen2VLVisionRotaryEmbedding + apply_rotary_pos_emb_vision)
-    const auto dir = case_dir("qwen2vl_vision_d80_4x6");
-    const auto m = meta_of(dir);
+    const auto dir = rpe_test::rope_golden_dir("qwen2vl_vision_d80_4x6");
+    const auto m = rpe_test::read_meta<json>(dir);
     const std::int64_t b = m.at("batch"), h = m.at("heads"), l = m.at("L"), d = m.at("head_dim");
     const std::vector<std::int64_t> shape{b, h, l, d};
     rpe::rotary_embedding<float> r{.form = rpe::rope::cat{.temperature = m.at("temperature").get<float>()}};

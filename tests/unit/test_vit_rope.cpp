@@ -13,7 +13,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
@@ -32,14 +31,6 @@ using rpe_test::cview;
 using rpe_test::load;
 using rpe_test::mview;
 using rpe_test::random_normal;
-
-std::string rope_dir(const std::string& name) { return std::string(RPE_TEST_DATA_DIR) + "/golden_vit/rope/" + name; }
-
-json meta_of(const std::string& dir) {
-    std::ifstream f(dir + "/meta.json");
-    REQUIRE(f.good());
-    return json::parse(f);
-}
 
 // The embedding a golden case describes (freqs bound for the mixed form).
 template <class S>
@@ -81,8 +72,8 @@ TEST_CASE_TEMPLATE("rope: golden rotation, table and gradients (rope-vit, timm)"
     const double atol = 2e-5, rtol = 2e-5;
     for (const char* name : golden_cases) {
         CAPTURE(name);
-        const auto dir = rope_dir(name);
-        const auto m = meta_of(dir);
+        const auto dir = rpe_test::rope_golden_dir(name);
+        const auto m = rpe_test::read_meta<json>(dir);
         const std::int64_t b = m.at("batch"), h = m.at("heads"), l = m.at("L"), d = m.at("head_dim");
         const int height = m.at("height"), width = m.at("width");
         const std::vector<std::int64_t> shape{b, h, l, d};
@@ -111,8 +102,8 @@ TEST_CASE_TEMPLATE("rope: golden rotation, table and gradients (rope-vit, timm)"
 TEST_CASE("rope: layout half against timm's rotate-half (apply_rot_embed_cat, half=True)") {
     for (const char* name : {"axial_t100_3x4_skip1_half", "cat_eva02_3x4_ref2x3_skip1_half"}) {
         CAPTURE(name);
-        const auto dir = rope_dir(name);
-        const auto m = meta_of(dir);
+        const auto dir = rpe_test::rope_golden_dir(name);
+        const auto m = rpe_test::read_meta<json>(dir);
         const std::int64_t b = m.at("batch"), h = m.at("heads"), l = m.at("L"), d = m.at("head_dim");
         const std::vector<std::int64_t> shape{b, h, l, d};
         auto r = embedding_of<float>(m, {});
@@ -264,8 +255,8 @@ TEST_CASE("rope: a user-defined form (rope::custom) rotates, caches and checks w
 }
 
 TEST_CASE("rope: init_mixed_frequencies is rope-vit's init_random_2d_freqs") {
-    const auto dir = rope_dir("mixed_t10_4x3_skip1");
-    const auto m = meta_of(dir);
+    const auto dir = rpe_test::rope_golden_dir("mixed_t10_4x3_skip1");
+    const auto m = rpe_test::read_meta<json>(dir);
     const int h = m.at("heads"), d = m.at("head_dim");
     const auto freqs = load<float>(dir, "freqs.npy", {2, h, d / 2});
     // the golden's random per-head angles, read back from band 0 (mag_0 = 1)
@@ -621,15 +612,7 @@ TEST_CASE("rope: finite-difference gradients of the fused attention with RoPE-Mi
         return s;
     };
     const double eps = 1e-6;
-    auto fd = [&](std::vector<double>& x, std::size_t i) {
-        const double x0 = x[i];
-        x[i] = x0 + eps;
-        const double fp = objective();
-        x[i] = x0 - eps;
-        const double fm = objective();
-        x[i] = x0;
-        return (fp - fm) / (2 * eps);
-    };
+    auto fd = [&](std::vector<double>& x, std::size_t i) { return rpe_test::central_difference(x, i, eps, objective); };
     for (std::size_t i = 0; i < p.q.size(); i += 13) {
         CHECK(r.gq[i] == doctest::Approx(fd(p.q, i)).epsilon(1e-5));
         CHECK(r.gk[i] == doctest::Approx(fd(p.k, i)).epsilon(1e-5));
@@ -848,25 +831,11 @@ TEST_CASE("rope: finite-difference gradients at real positions, with a suffix an
             for (std::size_t i = 0; i < y.size(); ++i) s += y[i] * g[i];
             return s;
         };
-        for (std::size_t i = 0; i < x.size(); i += 5) {
-            const double x0 = x[i];
-            x[i] = x0 + eps;
-            const double fp = objective();
-            x[i] = x0 - eps;
-            const double fm = objective();
-            x[i] = x0;
-            CHECK(gx[i] == doctest::Approx((fp - fm) / (2 * eps)).epsilon(1e-6));
-        }
+        for (std::size_t i = 0; i < x.size(); i += 5)
+            CHECK(gx[i] == doctest::Approx(rpe_test::central_difference(x, i, eps, objective)).epsilon(1e-6));
         if (!r.is_mixed()) continue;
-        for (std::size_t i = 0; i < freqs.size(); ++i) {
-            const double f0 = freqs[i];
-            freqs[i] = f0 + eps;
-            const double fp = objective();
-            freqs[i] = f0 - eps;
-            const double fm = objective();
-            freqs[i] = f0;
-            CHECK(gf[i] == doctest::Approx((fp - fm) / (2 * eps)).epsilon(1e-6));
-        }
+        for (std::size_t i = 0; i < freqs.size(); ++i)
+            CHECK(gf[i] == doctest::Approx(rpe_test::central_difference(freqs, i, eps, objective)).epsilon(1e-6));
     }
     // the fused attention with keys at other positions than the queries equals the composed
     // reference (rotate q at positions, k at key_positions, attend), gradients included
@@ -921,8 +890,8 @@ TEST_CASE("rope: per-token position errors name the parameter and its value") {
 TEST_CASE("rope: DINOv3 (rope::dinov3, layout half) against timm's RotaryEmbeddingDinoV3") {
     for (const char* name : {"dinov3_base100_4x6_skip5", "dinov3_minmax_5x3_max_skip1", "dinov3_aug_3x4_min_skip5"}) {
         CAPTURE(name);
-        const auto dir = rope_dir(name);
-        const auto m = meta_of(dir);
+        const auto dir = rpe_test::rope_golden_dir(name);
+        const auto m = rpe_test::read_meta<json>(dir);
         const std::int64_t b = m.at("batch"), h = m.at("heads"), l = m.at("L"), d = m.at("head_dim");
         const int height = m.at("height"), width = m.at("width"), skip = m.at("skip");
         const std::vector<std::int64_t> shape{b, h, l, d};

@@ -5,11 +5,10 @@
 /// rotate-half layout and per-token positions (N, 3).
 #pragma once
 
-#include <cmath>
-
 #include "../concepts.hpp"
 #include "../config.hpp"
-#include "../error.hpp"
+#include "../detail/math.hpp"
+#include "../detail/raise.hpp"
 
 namespace rpe::rope {
 
@@ -46,7 +45,7 @@ struct mrope {
     /// @brief The source's inverse frequency of pair j (float32).
     RPE_HOST_DEVICE float inv_freq(int pair, int head_dim) const {
         const float e = static_cast<float>(2 * pair) / static_cast<float>(head_dim);
-        return 1.0f / powf(theta, e);
+        return 1.0f / detail::math::pow(theta, e);
     }
     /// @brief The axis of pair j: 0 (t), 1 (h) or 2 (w).
     RPE_HOST_DEVICE int axis(int pair) const {
@@ -68,7 +67,7 @@ struct mrope {
     }
     /// @throws rpe::invalid_argument `[rpe.rope] theta = ...` or `[rpe.rope] mrope sections = ...`.
     void validate() const {
-        detail::require(std::isfinite(theta) && theta > 0.0f, "rope", "theta = ", theta, "; expected finite and > 0");
+        detail::require(detail::math::isfinite(theta) && theta > 0.0f, "rope", "theta = ", theta, "; expected finite and > 0");
         detail::require(section_t >= 0 && section_h >= 0 && section_w >= 0 && section_t + section_h + section_w >= 1,
                         "rope", "mrope sections = ", section_t, ",", section_h, ",", section_w,
                         "; expected counts of frequency pairs >= 0 with a positive sum");
