@@ -116,16 +116,19 @@ def rope_module(meta):
 @pytest.mark.parametrize("case", rope_cases(), ids=lambda p: p.name)
 def test_rope_golden(case):
     """rope-vit's apply_rotary_emb / timm's apply_rot_embed_cat (half=False and half=True) / timm's
-    RotaryEmbeddingDinoV3: y, grad_x (and grad_freqs) where the case has them, float32, the C++
+    RotaryEmbeddingDinoV3 / Qwen2-VL's vision RoPE (RoPECat, half, at the patches' positions): y, grad_x (and grad_freqs) where the case has them, float32, the C++
     test's tolerances. Without a golden gradient the backward is checked as the transpose
     rotation: <y, g> = <x, grad_x> and grad_x = R⁻¹ g (a rotation's inverse is its transpose)."""
     meta = json.loads((case / "meta.json").read_text())
+    if meta["form"] == "mrope":
+        pytest.skip("no rpe_torch module for M-RoPE yet (tests/unit/test_rope_mrope.cpp and the CLI tests check it)")
     m = rope_module(meta)
     if isinstance(m, rt.RoPEMixed):
         with torch.no_grad():
             m.freqs.copy_(npy(case / "freqs.npy"))
     x = npy(case / "x.npy").requires_grad_()
-    y = m(x, meta["height"], meta["width"])
+    on_grid = "height" in meta  # else the case is per-token positions only (Qwen2-VL's vision RoPE)
+    y = m(x, meta["height"], meta["width"]) if on_grid else m(x, positions=npy(case / "positions.npy"))
     assert_close(y, np.load(case / "y.npy"), 2e-5, 2e-5, "y")
     skip = meta["skip"]
     assert torch.equal(y[:, :, :skip], x[:, :, :skip])  # class / storage tokens unrotated
@@ -138,7 +141,7 @@ def test_rope_golden(case):
         assert_close(x.grad, x.detach().numpy(), 2e-5, 2e-5, "grad_x = R^T y = x")
     if isinstance(m, rt.RoPEMixed):
         assert_close(m.freqs.grad, np.load(case / "grad_freqs.npy"), 1e-4, 1e-4, "grad_freqs")
-    if (case / "positions.npy").exists():
+    if on_grid and (case / "positions.npy").exists():
         # DINOv3's own coordinates of the grid as per-token positions: the grid's result exactly
         pos = npy(case / "positions.npy")
         assert pos.shape == (meta["height"] * meta["width"], 2)
