@@ -61,12 +61,11 @@ struct attention_case : attention_config {
         const char letters[3] = {'q', 'k', 'v'};
         for (int t = 0; t < 3; ++t) {
             if (rpe_on.find(letters[t]) == std::string::npos) continue;
-            if (t == 0) terms[t] = rpe::make_any_term(ctx_term<rpe::target::query>(m,
-                {.num_heads = h, .head_dim = d, .skip = 1}));
-            if (t == 1) terms[t] = rpe::make_any_term(ctx_term<rpe::target::key>(m,
-                {.num_heads = h, .head_dim = d, .skip = 1}));
-            if (t == 2) terms[t] = rpe::make_any_term(ctx_term<rpe::target::value>(m,
-                {.num_heads = h, .head_dim = d, .skip = 1}));
+            if (t == 0)
+                terms[t] = rpe::make_any_term(ctx_term<rpe::target::query>(m, {.num_heads = h, .head_dim = d, .skip = 1}));
+            if (t == 1) terms[t] = rpe::make_any_term(ctx_term<rpe::target::key>(m, {.num_heads = h, .head_dim = d, .skip = 1}));
+            if (t == 2)
+                terms[t] = rpe::make_any_term(ctx_term<rpe::target::value>(m, {.num_heads = h, .head_dim = d, .skip = 1}));
             const auto shape = terms[t]->table_shape();
             tables[t].resize(static_cast<std::size_t>(shape[0] * shape[1] * shape[2]));
             for (auto& e : tables[t]) e = 0.1f * normal(rng);
@@ -85,7 +84,9 @@ struct attention_case : attention_config {
             std::vector<float> angles(static_cast<std::size_t>(h));
             for (int i = 0; i < h; ++i) angles[static_cast<std::size_t>(i)] = 0.7f * static_cast<float>(i);
             rpe::rope::init_mixed_frequencies(10.0f, d, angles, freqs);
-            in.rope = {.form = rpe::rope::mixed{}, .skip = 1, .freqs = rpe::tensor_ref<const float>(freqs.data(), {2, h, d / 2}),
+            in.rope = {.form = rpe::rope::mixed{},
+                       .skip = 1,
+                       .freqs = rpe::tensor_ref<const float>(freqs.data(), {2, h, d / 2}),
                        .grad_freqs = rpe::tensor_ref<float>(grad_freqs.data(), {2, h, d / 2})};
         }
     }
@@ -127,7 +128,8 @@ void floor_attention(benchmark::State& state, int b, int h, int height, int widt
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (int p = 0; p < planes; ++p)
-        for (auto* x : {&q[p], &k[p], &v[p], &go[p]}) x->resize(l, d), *x = x->unaryExpr([&](float) { return 0.125f * normal(rng); });
+        for (auto* x : {&q[p], &k[p], &v[p], &go[p]})
+            x->resize(l, d), *x = x->unaryExpr([&](float) { return 0.125f * normal(rng); });
     mat s(l, l), dp(l, l);
     for (auto _ : state) {
         for (int p = 0; p < planes; ++p) {
@@ -150,41 +152,56 @@ void floor_attention(benchmark::State& state, int b, int h, int height, int widt
 }
 
 const bool registered = [] {
-    benchmark::RegisterBenchmark("floor/attention/deit_s", floor_attention, 8, 6, 14, 14, 64, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark("floor/attention/deit_s", floor_attention, 8, 6, 14, 14, 64, false)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
     benchmark::RegisterBenchmark("floor/attention_fwd_bwd/deit_s", floor_attention, 8, 6, 14, 14, 64, true)
-        ->Unit(benchmark::kMillisecond)->UseRealTime();
-    benchmark::RegisterBenchmark("floor/attention/grid64", floor_attention, 1, 1, 64, 64, 64, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark("floor/attention/grid64", floor_attention, 1, 1, 64, 64, 64, false)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
     struct shape {
         const char* name;
         int b, h, height, width, d;
     };
-    for (const shape s : {shape{"deit_s", 8, 6, 14, 14, 64}, shape{"grid56", 1, 6, 56, 56, 64}, shape{"grid64", 1, 1, 64, 64, 64}})
+    for (const shape s :
+         {shape{"deit_s", 8, 6, 14, 14, 64}, shape{"grid56", 1, 6, 56, 56, 64}, shape{"grid64", 1, 1, 64, 64, 64}})
         for (const char* on : {"none", "k", "qkv"}) {
             const attention_config c{s.b, s.h, s.height, s.width, s.d, std::string(on) == "none" ? "" : on, ""};
             const std::string tail = std::string(s.name) + "/" + on;
-            benchmark::RegisterBenchmark(("attention/" + tail).c_str(), run, c, what::forward)->Unit(benchmark::kMillisecond)->UseRealTime();
+            benchmark::RegisterBenchmark(("attention/" + tail).c_str(), run, c, what::forward)
+                ->Unit(benchmark::kMillisecond)
+                ->UseRealTime();
             benchmark::RegisterBenchmark(("attention_fwd_bwd/" + tail).c_str(), run, c, what::forward_backward)
-                ->Unit(benchmark::kMillisecond)->UseRealTime();
+                ->Unit(benchmark::kMillisecond)
+                ->UseRealTime();
             if (std::string(s.name) == "deit_s")
                 benchmark::RegisterBenchmark(("attention_composed/" + tail).c_str(), run, c, what::composed)
-                    ->Unit(benchmark::kMillisecond)->UseRealTime();
+                    ->Unit(benchmark::kMillisecond)
+                    ->UseRealTime();
         }
     // 2D RoPE on q and k, DeiT-S shapes (targets, one thread: rope ≤ 1.15x and rope_k ≤ 1.25x of
     // attention/deit_s/none; docs/rope.md)
-    for (const auto& [name, on, form] : {std::array<const char*, 3>{"rope", "", "axial"}, std::array<const char*, 3>{"rope_k", "k", "axial"},
-                                         std::array<const char*, 3>{"rope_mixed", "", "mixed"}}) {
+    for (const auto& [name, on, form] :
+         {std::array<const char*, 3>{"rope", "", "axial"}, std::array<const char*, 3>{"rope_k", "k", "axial"},
+          std::array<const char*, 3>{"rope_mixed", "", "mixed"}}) {
         const attention_config c{8, 6, 14, 14, 64, on, form};
         benchmark::RegisterBenchmark((std::string("attention/deit_s/") + name).c_str(), run, c, what::forward)
-            ->Unit(benchmark::kMillisecond)->UseRealTime();
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
         benchmark::RegisterBenchmark((std::string("attention_fwd_bwd/deit_s/") + name).c_str(), run, c, what::forward_backward)
-            ->Unit(benchmark::kMillisecond)->UseRealTime();
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
     }
     // A 128 x 128 grid (L = 16385): the automatic id storage computes ids on the fly (an (L, L)
     // table would be 268 MB), one head, forward only.
     for (const char* on : {"none", "k"}) {
         const attention_config c{1, 1, 128, 128, 32, std::string(on) == "none" ? "" : on, ""};
         benchmark::RegisterBenchmark(("attention/grid128_on_the_fly/" + std::string(on)).c_str(), run, c, what::forward)
-            ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime()
+            ->Iterations(1);
     }
     return true;
 }();

@@ -63,12 +63,14 @@ const bool registered = [] {
             const std::string kind = storage == rpe::id_storage::table ? "bucket_ids/build/" : "bucket_ids/on_the_fly/";
             benchmark::RegisterBenchmark((kind + "product" + tail).c_str(), build<rpe::mapping::product<>>, product, g, storage)
                 ->Unit(benchmark::kMillisecond);
-            benchmark::RegisterBenchmark((kind + "euclidean" + tail).c_str(), build<rpe::mapping::euclidean<>>, euclidean, g, storage)
+            benchmark::RegisterBenchmark((kind + "euclidean" + tail).c_str(), build<rpe::mapping::euclidean<>>, euclidean, g,
+                                         storage)
                 ->Unit(benchmark::kMillisecond);
             benchmark::RegisterBenchmark((kind + "cross" + tail).c_str(), build<rpe::mapping::cross<>>, cross, g, storage)
                 ->Unit(benchmark::kMillisecond);
         }
-        benchmark::RegisterBenchmark(("bucket_ids/cache_hit/product" + tail).c_str(), cache_hit, g)->Unit(benchmark::kMicrosecond);
+        benchmark::RegisterBenchmark(("bucket_ids/cache_hit/product" + tail).c_str(), cache_hit, g)
+            ->Unit(benchmark::kMicrosecond);
     }
     return true;
 }();

@@ -65,8 +65,8 @@ std::vector<S> random_vector(std::int64_t n, double scale = 1.0, unsigned seed =
 /// x (B, H, L, D); table_kd (K, D) (a shared table, transposed so a bucket's vector is contiguous);
 /// ids (L, L); out (B, H, L, L). Source: paper eq. 15 evaluated pair by pair.
 template <class S, class Id>
-void naive_contextual_key(const S* x, const S* table_kd, const Id* ids, std::int64_t planes, std::int64_t n,
-                          std::int64_t d, S* out) {
+void naive_contextual_key(const S* x, const S* table_kd, const Id* ids, std::int64_t planes, std::int64_t n, std::int64_t d,
+                          S* out) {
     using vec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
@@ -76,7 +76,8 @@ void naive_contextual_key(const S* x, const S* table_kd, const Id* ids, std::int
             const Eigen::Map<const vec> xi(x + (p * n + i) * d, d);
             const Id* idi = ids + i * n;
             S* oi = out + (p * n + i) * n;
-            for (std::int64_t j = 0; j < n; ++j) oi[j] = xi.dot(Eigen::Map<const vec>(table_kd + static_cast<std::int64_t>(idi[j]) * d, d));
+            for (std::int64_t j = 0; j < n; ++j)
+                oi[j] = xi.dot(Eigen::Map<const vec>(table_kd + static_cast<std::int64_t>(idi[j]) * d, d));
         }
 }
 

@@ -44,10 +44,10 @@ void BM_CustomMapping_Attention(benchmark::State& state) {
     const int b = 8, h = 6, d = 64, n = static_cast<int>(state.range(0));
     const std::int64_t l = 1 + static_cast<std::int64_t>(n) * n;
     const M m = make_mapping<M>();
-    const auto rpe_k = rpe::make_any_term(rpe::term<M, rpe::mode::contextual, rpe::target::key>(m,
-        {.num_heads = h, .head_dim = d, .skip = 1}));
-    const auto rpe_v = rpe::make_any_term(rpe::term<M, rpe::mode::contextual, rpe::target::value>(m,
-        {.num_heads = h, .head_dim = d, .skip = 1}));
+    const auto rpe_k =
+        rpe::make_any_term(rpe::term<M, rpe::mode::contextual, rpe::target::key>(m, {.num_heads = h, .head_dim = d, .skip = 1}));
+    const auto rpe_v = rpe::make_any_term(
+        rpe::term<M, rpe::mode::contextual, rpe::target::value>(m, {.num_heads = h, .head_dim = d, .skip = 1}));
     const std::int64_t k = rpe_k->num_buckets();
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -64,8 +64,13 @@ template <class S>
 void run_term(benchmark::State& state, const term_config& c) {
     std::unique_ptr<rpe::any_term<S>> term;
     try {
-        term = rpe::make_term<S>(c.mapping.family, {.contextual = c.mode.contextual, .target = c.mode.target, .num_heads = heads,
-                                                    .head_dim = head_dim, .shared_head = c.shared, .skip = c.g.skip},
+        term = rpe::make_term<S>(c.mapping.family,
+                                 {.contextual = c.mode.contextual,
+                                  .target = c.mode.target,
+                                  .num_heads = heads,
+                                  .head_dim = head_dim,
+                                  .shared_head = c.shared,
+                                  .skip = c.g.skip},
                                  {c.g.height, c.g.width});
     } catch (const rpe::invalid_argument& e) {  // a mode or target the family does not take
         state.SkipWithError(e.what());
@@ -93,8 +98,8 @@ void run_term(benchmark::State& state, const term_config& c) {
         for (std::size_t i = 0; i < shape.size(); ++i) r.shape[i] = shape[i];
         table_refs.push_back(r);
     }
-    const rpe::tensor_ref<const S> x_ref = c.mode.contextual ? rpe::tensor_ref<const S>(x.data(), {b, heads, n, value ? n : head_dim})
-                                                             : rpe::tensor_ref<const S>{};
+    const rpe::tensor_ref<const S> x_ref =
+        c.mode.contextual ? rpe::tensor_ref<const S>(x.data(), {b, heads, n, value ? n : head_dim}) : rpe::tensor_ref<const S>{};
     const rpe::tensor_ref<S> out_ref(out.data(), {b, heads, n, value ? head_dim : n});
 
     for (auto _ : state) {
@@ -109,8 +114,8 @@ void run_term(benchmark::State& state, const term_config& c) {
     state.counters["L"] = static_cast<double>(n);
     state.counters["K"] = static_cast<double>(k);
     if (c.mode.contextual)
-        state.counters["flops"] = benchmark::Counter(2.0 * static_cast<double>(planes * n * k * head_dim * tables) * it,
-                                                     benchmark::Counter::kIsRate);
+        state.counters["flops"] =
+            benchmark::Counter(2.0 * static_cast<double>(planes * n * k * head_dim * tables) * it, benchmark::Counter::kIsRate);
 }
 
 template <class S>
@@ -126,7 +131,9 @@ void run_naive(benchmark::State& state, const grid& g, int batch) {
     const std::vector<S> table_kd = rpe_bench::random_vector<S>(k * head_dim, 0.1, 11u);  // (K, D)
     std::vector<S> out(static_cast<std::size_t>(out_size));
     for (auto _ : state) {
-        ids->visit(0, [&](const auto* id) { rpe_bench::naive_contextual_key(x.data(), table_kd.data(), id, planes, n, head_dim, out.data()); });
+        ids->visit(0, [&](const auto* id) {
+            rpe_bench::naive_contextual_key(x.data(), table_kd.data(), id, planes, n, head_dim, out.data());
+        });
         benchmark::DoNotOptimize(out.data());
         benchmark::ClobberMemory();
     }
@@ -136,14 +143,15 @@ void run_naive(benchmark::State& state, const grid& g, int batch) {
     state.counters["id_bytes"] = static_cast<double>(ids->bytes());
     state.counters["L"] = static_cast<double>(n);
     state.counters["K"] = static_cast<double>(k);
-    state.counters["flops"] = benchmark::Counter(2.0 * static_cast<double>(planes * n * n * head_dim) * it, benchmark::Counter::kIsRate);
+    state.counters["flops"] =
+        benchmark::Counter(2.0 * static_cast<double>(planes * n * n * head_dim) * it, benchmark::Counter::kIsRate);
 }
 
 const bool registered = [] {
     // the reference's ratios per method (rpe::method order: the registry's first six families)
     const std::pair<rpe::method, double> irpe[] = {
-        {rpe::method::product, 1.9},   {rpe::method::euclidean, 20.0},       {rpe::method::quantization, 33.0},
-        {rpe::method::cross, 20.0},    {rpe::method::euclidean_paper, 20.0}, {rpe::method::quantization_paper, 33.0},
+        {rpe::method::product, 1.9}, {rpe::method::euclidean, 20.0},       {rpe::method::quantization, 33.0},
+        {rpe::method::cross, 20.0},  {rpe::method::euclidean_paper, 20.0}, {rpe::method::quantization_paper, 33.0},
     };
     std::vector<mapping_row> mappings;
     for (const auto& [method, ratio] : irpe) {
@@ -166,8 +174,8 @@ const bool registered = [] {
     for (const auto& e : rpe::families().entries())
         if (e->info.group == "user") mappings.push_back({e->info.name, rpe::families().defaults(e->info.name)});
     const mode_row modes[] = {
-        {"bias_k", false, rpe::target::key},   {"bias_q", false, rpe::target::query}, {"ctx_k", true, rpe::target::key},
-        {"ctx_q", true, rpe::target::query},   {"ctx_v", true, rpe::target::value},
+        {"bias_k", false, rpe::target::key}, {"bias_q", false, rpe::target::query}, {"ctx_k", true, rpe::target::key},
+        {"ctx_q", true, rpe::target::query}, {"ctx_v", true, rpe::target::value},
     };
     for (const auto& m : mappings)
         for (const auto& md : modes)
@@ -175,8 +183,8 @@ const bool registered = [] {
                 for (const grid& g : rpe_bench::term_grids())
                     for (const int batch : {1, 8}) {
                         const term_config c{m, md, shared, g, batch};
-                        const std::string name = "term/" + m.name + "/" + md.name + "/" + (shared ? "shared" : "perhead") +
-                                                 "/" + g.name() + "/b" + std::to_string(batch);
+                        const std::string name = "term/" + m.name + "/" + md.name + "/" + (shared ? "shared" : "perhead") + "/" +
+                                                 g.name() + "/b" + std::to_string(batch);
                         benchmark::RegisterBenchmark((name + "/f32").c_str(), run_term<float>, c)->Unit(benchmark::kMicrosecond);
                         benchmark::RegisterBenchmark((name + "/f64").c_str(), run_term<double>, c)->Unit(benchmark::kMicrosecond);
                     }

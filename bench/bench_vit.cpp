@@ -59,7 +59,8 @@ struct vit_case {
             const rpe::vit::decomposed_rel_pos_config c{.height = height, .width = width, .num_heads = h, .head_dim = d};
             const auto t = rpe::vit::make_decomposed_rel_pos_term<float>(c);
             shape = t.table_shape();
-            std::vector<float> rh(static_cast<std::size_t>((2 * height - 1) * d)), rw(static_cast<std::size_t>((2 * width - 1) * d));
+            std::vector<float> rh(static_cast<std::size_t>((2 * height - 1) * d)),
+                rw(static_cast<std::size_t>((2 * width - 1) * d));
             for (auto* x : {&rh, &rw})
                 for (auto& e : *x) e = 0.1f * normal(rng);
             tables.assign(2, std::vector<float>(static_cast<std::size_t>(shape[1] * shape[2])));
@@ -76,7 +77,8 @@ struct vit_case {
         if (!term) return;
         in.rpe_k.term = term.get();
         const std::vector<std::int64_t> s = shape;
-        for (auto& t : tables) in.rpe_k.tables.push_back(rpe::tensor_ref<const float>(t.data(), std::span<const std::int64_t>(s)));
+        for (auto& t : tables)
+            in.rpe_k.tables.push_back(rpe::tensor_ref<const float>(t.data(), std::span<const std::int64_t>(s)));
         if (variant != "alibi2d")  // ALiBi's table is fixed: no gradient
             for (auto& t : tables) {
                 grads.emplace_back(t.size());
@@ -109,7 +111,8 @@ const bool registered = [] {
     for (const shape s : {shape{"sam_14x14", 4, 12, 14, 14, 64}, shape{"croma_15x15", 4, 12, 15, 15, 64}})
         for (const char* variant : {"none", "irpe_product_k", "sam_decomposed", "alibi2d"})
             for (const bool backward : {false, true}) {
-                const std::string name = std::string(backward ? "vit/attention_fwd_bwd/" : "vit/attention/") + s.name + "/" + variant;
+                const std::string name =
+                    std::string(backward ? "vit/attention_fwd_bwd/" : "vit/attention/") + s.name + "/" + variant;
                 benchmark::RegisterBenchmark(name.c_str(), run, s.b, s.h, s.height, s.width, s.d, std::string(variant), backward)
                     ->Unit(benchmark::kMillisecond)
                     ->UseRealTime();

@@ -35,8 +35,7 @@ void ours_only(F&& f) {
         f();
     } catch (const rpe::invalid_argument&) {
     } catch (const rpe::out_of_range&) {
-    } catch (const rpe::runtime_error&) {
-    }
+    } catch (const rpe::runtime_error&) {}
 }
 
 /// @brief A policy parameter: raw double bits (NaN, ±inf, denormals, huge values), a small
@@ -52,11 +51,24 @@ inline double consume_param(FuzzedDataProvider& in) {
         case 1: return in.ConsumeIntegralInRange<int>(0, 4000) / 100.0;
         case 2: return in.ConsumeFloatingPointInRange<double>(-2147483648.0, 2147483648.0);
         default: {
-            static constexpr double special[] = {
-                std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
-                -std::numeric_limits<double>::infinity(), 0.0, -0.0, 1073741824.0, 1073741823.0, 1073741823.5,
-                16777217.0, 16777216.5, 1e-300, std::numeric_limits<double>::denorm_min(),
-                std::numeric_limits<double>::max(), 1.9, 3.8, 15.2, 1000.0, 1e9};
+            static constexpr double special[] = {std::numeric_limits<double>::quiet_NaN(),
+                                                 std::numeric_limits<double>::infinity(),
+                                                 -std::numeric_limits<double>::infinity(),
+                                                 0.0,
+                                                 -0.0,
+                                                 1073741824.0,
+                                                 1073741823.0,
+                                                 1073741823.5,
+                                                 16777217.0,
+                                                 16777216.5,
+                                                 1e-300,
+                                                 std::numeric_limits<double>::denorm_min(),
+                                                 std::numeric_limits<double>::max(),
+                                                 1.9,
+                                                 3.8,
+                                                 15.2,
+                                                 1000.0,
+                                                 1e9};
             return special[in.ConsumeIntegralInRange<std::size_t>(0, std::size(special) - 1)];
         }
     }

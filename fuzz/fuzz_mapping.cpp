@@ -33,8 +33,8 @@ std::int64_t rank_by_definition(std::int64_t n) {
 
 template <class M>
 std::string where(const M& m, int dr, int dc) {
-    return std::string(typeid(M).name()) + " with " + rpe_fuzz::describe(m.index) + " at (dr, dc) = (" +
-           std::to_string(dr) + ", " + std::to_string(dc) + ")";
+    return std::string(typeid(M).name()) + " with " + rpe_fuzz::describe(m.index) + " at (dr, dc) = (" + std::to_string(dr) +
+           ", " + std::to_string(dc) + ")";
 }
 
 template <class M>
@@ -49,7 +49,8 @@ void check(const M& m, FuzzedDataProvider& in) {
     const int k = m.num_buckets();
     if (k < 1) rpe_fuzz::fail(where(m, 0, 0) + ": num_buckets() = " + std::to_string(k));
     constexpr bool paper_rank = requires { M::is_sum_of_two_squares(0); };
-    constexpr bool undirected = !requires { m.bucket(0, 0, 0); } && !std::is_same_v<M, product<decltype(m.index)>>;
+    constexpr bool undirected = !requires { m.bucket(0, 0, 0); }
+    &&!std::is_same_v<M, product<decltype(m.index)>>;
     // quantization_paper costs O(dr^2 + dc^2) per call (until g saturates): keep one input fast.
     const int limit = paper_rank ? 300 : std::numeric_limits<int>::max();
     for (int n = 0; n < 8 && in.remaining_bytes() > 0; ++n) {
@@ -70,8 +71,8 @@ void check(const M& m, FuzzedDataProvider& in) {
             if (sq <= 1000) {
                 const int want = m.index(rank_by_definition(sq)) + m.index.beta_int();
                 if (m.bucket(dr, dc) != want)
-                    rpe_fuzz::fail(where(m, dr, dc) + ": id " + std::to_string(m.bucket(dr, dc)) +
-                                   ", by definition " + std::to_string(want));
+                    rpe_fuzz::fail(where(m, dr, dc) + ": id " + std::to_string(m.bucket(dr, dc)) + ", by definition " +
+                                   std::to_string(want));
             }
         }
     }

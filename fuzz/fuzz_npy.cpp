@@ -35,8 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         return 0;  // the documented error for a malformed file
     }
     if (a.itemsize() == 0 || a.bytes.size() != a.size() * a.itemsize())
-        rpe_fuzz::fail("accepted array of dtype " + a.dtype + " holds " + std::to_string(a.bytes.size()) +
-                       " bytes for " + std::to_string(a.size()) + " elements");
+        rpe_fuzz::fail("accepted array of dtype " + a.dtype + " holds " + std::to_string(a.bytes.size()) + " bytes for " +
+                       std::to_string(a.size()) + " elements");
     rpe_fuzz::ours_only([&] { (void)a.to<float>(); });
     rpe_fuzz::ours_only([&] { (void)a.to<double>(); });
     rpe_fuzz::ours_only([&] { (void)a.to<std::int64_t>(); });

@@ -21,6 +21,7 @@ for arg in "$@"; do
 done
 
 rpe_require_build_packages
+rpe_require_packages clang-format-14  # test format.clang_format (the sources follow .clang-format)
 # The bindings/torch build and tests (CTest label torch) need .venv. When it must be made (a fresh
 # machine downloads torch, 3-4 GB), pip runs in the background while everything that does not
 # need torch is built; the torch operators are added to the same tree once it is there.

@@ -25,7 +25,9 @@ using product = rpe::mapping::product<pw>;
 template <class T>
 struct buffer {
     T* p = nullptr;
-    explicit buffer(std::size_t n) { RPE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(n, 1) * sizeof(T))); }
+    explicit buffer(std::size_t n) {
+        RPE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(n, 1) * sizeof(T)));
+    }
     ~buffer() { (void)cudaFree(p); }
     buffer(const buffer&) = delete;
     buffer& operator=(const buffer&) = delete;
@@ -72,10 +74,14 @@ double time_ms(F&& f, int warm, int runs) {
 
 template <class S>
 const char* type_name() {
-    if constexpr (std::is_same_v<S, float>) return "f32";
-    else if constexpr (std::is_same_v<S, __half>) return "f16";
-    else if constexpr (std::is_same_v<S, __nv_bfloat16>) return "bf16";
-    else return "f64";
+    if constexpr (std::is_same_v<S, float>)
+        return "f32";
+    else if constexpr (std::is_same_v<S, __half>)
+        return "f16";
+    else if constexpr (std::is_same_v<S, __nv_bfloat16>)
+        return "bf16";
+    else
+        return "f64";
 }
 
 double hbm_peak_gbs() {
@@ -89,8 +95,8 @@ double hbm_peak_gbs() {
 template <class S>
 void bench_gather(int b, int h, int grid, int warm, int runs, double peak) {
     using A = rpe::cuda::acc_t<S>;
-    const rpe::term<product, rpe::mode::contextual, rpe::target::key, S, rpe::backend::cuda> t(product{pw::from_ratio(1.9)},
-        {.num_heads = h, .head_dim = 64, .skip = 1});
+    const rpe::term<product, rpe::mode::contextual, rpe::target::key, S, rpe::backend::cuda> t(
+        product{pw::from_ratio(1.9)}, {.num_heads = h, .head_dim = 64, .skip = 1});
     const auto ids = t.bucket_ids(grid, grid);
     const std::int64_t l = ids->length(), k = t.num_buckets(), d = 64, planes = std::int64_t{b} * h;
     buffer<S> x(planes * l * d), table(d * k), out(planes * l * l);
@@ -102,7 +108,8 @@ void bench_gather(int b, int h, int grid, int warm, int runs, double peak) {
     const double ms_gather = time_ms(
         [&] {
             dev->visit(0, false, [&](const auto& id) {
-                rpe::detail::gpu::gather(static_cast<const A*>(tk.p), l * k, false, h, 1, k, false, id, l, planes, false, out.p, nullptr);
+                rpe::detail::gpu::gather(static_cast<const A*>(tk.p), l * k, false, h, 1, k, false, id, l, planes, false, out.p,
+                                         nullptr);
             });
         },
         warm, runs);
@@ -177,7 +184,8 @@ int main(int argc, char** argv) {
         cudaDeviceProp prop{};
         RPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         const double peak = hbm_peak_gbs();
-        std::printf("device: %s, sm_%d%d, HBM peak %.0f GB/s (2 x memory clock x bus width)\n", prop.name, prop.major, prop.minor, peak);
+        std::printf("device: %s, sm_%d%d, HBM peak %.0f GB/s (2 x memory clock x bus width)\n", prop.name, prop.major, prop.minor,
+                    peak);
         const int warm = quick ? 1 : 5, runs = quick ? 2 : 20;
         if (quick) {
             bench_gather<float>(2, 2, 14, warm, runs, peak);

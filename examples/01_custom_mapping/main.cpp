@@ -67,7 +67,8 @@ int main() {
                     double acc = 0;
                     for (int d = 0; d < D; ++d) {
                         const double qs = q[base + static_cast<std::size_t>(i * D + d)] * s;
-                        acc += qs * (k[base + static_cast<std::size_t>(j * D + d)] + table_k[static_cast<std::size_t>(d * K + id_of(i, j))]);
+                        acc += qs * (k[base + static_cast<std::size_t>(j * D + d)] +
+                                     table_k[static_cast<std::size_t>(d * K + id_of(i, j))]);
                     }
                     logit[static_cast<std::size_t>(j)] = acc;
                 }
@@ -78,7 +79,8 @@ int main() {
                     double z = 0;
                     for (int j = 0; j < L; ++j)
                         z += logit[static_cast<std::size_t>(j)] / sum *
-                             (v[base + static_cast<std::size_t>(j * D + d)] + table_v[static_cast<std::size_t>(id_of(i, j) * D + d)]);
+                             (v[base + static_cast<std::size_t>(j * D + d)] +
+                              table_v[static_cast<std::size_t>(id_of(i, j) * D + d)]);
                     worst = std::max(worst, std::fabs(z - out[base + static_cast<std::size_t>(i * D + d)]));
                 }
             }

@@ -35,7 +35,7 @@ namespace {
 
 constexpr double logits_tolerance = 1e-4;  // README: about 20x the float32-vs-float64 gap
 constexpr double debug_tolerance = 1e-5;
-constexpr double f64_tolerance = 1e-9;     // README: a float64 implementation meets ~1e-10
+constexpr double f64_tolerance = 1e-9;  // README: a float64 implementation meets ~1e-10
 
 /// The instruction sets the compiler was allowed to use for this build, from its predefined
 /// macros, the vector paths of rpe's CPU kernels, and how they were chosen: e.g. "AVX-512F AVX2
@@ -106,11 +106,10 @@ bool run_model(const std::string& dir, char name, const std::vector<float>& imag
     const auto model = vit_digits<float>::load(dir + "/deit_irpe_digits_" + tag + ".safetensors");
     const auto& c = model.config();
     const auto n = static_cast<std::int64_t>(labels.size());
-    std::printf("model %c: depth %d, C %d, H %d, D %d, L %d, rpe_method %s, rpe_mode %s, rpe_on %s, K %d, shared_head %s\n",
-                name, c.depth, c.embed_dim, c.num_heads, c.head_dim, c.tokens,
-                model.config().rpe.method == rpe::method::product ? "product" : "euc",
-                c.rpe.contextual ? "contextual" : "bias", c.rpe_on.c_str(), c.rpe_num_buckets,
-                c.rpe.shared_head ? "true" : "false");
+    std::printf("model %c: depth %d, C %d, H %d, D %d, L %d, rpe_method %s, rpe_mode %s, rpe_on %s, K %d, shared_head %s\n", name,
+                c.depth, c.embed_dim, c.num_heads, c.head_dim, c.tokens,
+                model.config().rpe.method == rpe::method::product ? "product" : "euc", c.rpe.contextual ? "contextual" : "bias",
+                c.rpe_on.c_str(), c.rpe_num_buckets, c.rpe.shared_head ? "true" : "false");
 
     const rpe::tensor_ref<const float> in(images.data(), {n, c.in_chans, c.img_size, c.img_size});
     std::vector<float> logits(static_cast<std::size_t>(n * c.num_classes));
@@ -133,8 +132,8 @@ bool run_model(const std::string& dir, char name, const std::vector<float>& imag
     const double diff = max_abs_diff(logits, ref);
     const double acc = static_cast<double>(correct) / static_cast<double>(n);
     const double ref_acc = static_cast<double>(ref_correct) / static_cast<double>(n);
-    std::printf("model %c: accuracy %.4f (%d/%lld), reference %.4f (%d/%lld)\n", name, acc, correct,
-                static_cast<long long>(n), ref_acc, ref_correct, static_cast<long long>(n));
+    std::printf("model %c: accuracy %.4f (%d/%lld), reference %.4f (%d/%lld)\n", name, acc, correct, static_cast<long long>(n),
+                ref_acc, ref_correct, static_cast<long long>(n));
     std::printf("model %c: argmax agreement %d/%lld, max |logits - logits_%c.npy| = %.3g (tolerance %.0e)\n", name, agree,
                 static_cast<long long>(n), name, diff, logits_tolerance);
     std::printf("model %c: %.0f images/s (float, %lld images in %.2f ms, best of 3, chunks of %d)\n", name,
@@ -147,10 +146,12 @@ bool run_model(const std::string& dir, char name, const std::vector<float>& imag
             model.forward(in, rpe::tensor_ref<float>(logits.data(), {n, c.num_classes}), nullptr, &r);
             t = run == 0 ? r : t.min(r);
         }
-        std::printf("model %c: stages (ms per %lld images, each stage's best of 5): patch_embed %.2f, layer_norm %.2f, qkv %.2f, repack %.2f, "
-                    "attention %.2f, proj %.2f, mlp %.2f, gelu %.2f, head %.2f, total %.2f\n",
-                    name, static_cast<long long>(n), t.patch_embed * 1e3, t.layer_norm * 1e3, t.qkv * 1e3, t.repack * 1e3,
-                    t.attention * 1e3, t.proj * 1e3, t.mlp * 1e3, t.gelu * 1e3, t.head * 1e3, t.total() * 1e3);
+        std::printf(
+            "model %c: stages (ms per %lld images, each stage's best of 5): patch_embed %.2f, layer_norm %.2f, qkv %.2f, repack "
+            "%.2f, "
+            "attention %.2f, proj %.2f, mlp %.2f, gelu %.2f, head %.2f, total %.2f\n",
+            name, static_cast<long long>(n), t.patch_embed * 1e3, t.layer_norm * 1e3, t.qkv * 1e3, t.repack * 1e3,
+            t.attention * 1e3, t.proj * 1e3, t.mlp * 1e3, t.gelu * 1e3, t.head * 1e3, t.total() * 1e3);
     }
 
     if (name == 'a') {  // debug tensors: first 4 images
@@ -168,8 +169,9 @@ bool run_model(const std::string& dir, char name, const std::vector<float>& imag
             const double d_tok = max_abs_diff(trace.tokens, tokens.as<float>());
             const double d_blk = max_abs_diff(trace.blocks.at(0), block0);
             const double d_att = max_abs_diff(trace.attn.at(0), attn0);
-            std::printf("model a: debug (first %lld images) max diff: tokens %.3g, block0 %.3g, block0_attn %.3g (tolerance %.0e)\n",
-                        static_cast<long long>(m), d_tok, d_blk, d_att, debug_tolerance);
+            std::printf(
+                "model a: debug (first %lld images) max diff: tokens %.3g, block0 %.3g, block0_attn %.3g (tolerance %.0e)\n",
+                static_cast<long long>(m), d_tok, d_blk, d_att, debug_tolerance);
             const bool sizes = trace.tokens.size() == tokens.size() && trace.blocks.at(0).size() == block0.size() &&
                                trace.attn.at(0).size() == attn0.size();
             ok = ok && sizes && d_tok <= debug_tolerance && d_blk <= debug_tolerance && d_att <= debug_tolerance;
@@ -189,11 +191,13 @@ bool run_model(const std::string& dir, char name, const std::vector<float>& imag
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const auto ref64 = rpe::io::load_npy(f64_path).as<double>();
         double d64 = 0;
-        for (std::size_t i = 0; i < ref64.size() && i < logits64.size(); ++i) d64 = std::max(d64, std::fabs(logits64[i] - ref64[i]));
+        for (std::size_t i = 0; i < ref64.size() && i < logits64.size(); ++i)
+            d64 = std::max(d64, std::fabs(logits64[i] - ref64[i]));
         const int agree64 = count_equal(argmaxes(logits64, c.num_classes), argmaxes(ref64, c.num_classes));
-        std::printf("model %c: float64 max |logits - logits_%c_f64.npy| = %.3g (tolerance %.0e), argmax agreement %d/%lld, "
-                    "%.0f images/s\n",
-                    name, name, d64, f64_tolerance, agree64, static_cast<long long>(n), static_cast<double>(n) / secs);
+        std::printf(
+            "model %c: float64 max |logits - logits_%c_f64.npy| = %.3g (tolerance %.0e), argmax agreement %d/%lld, "
+            "%.0f images/s\n",
+            name, name, d64, f64_tolerance, agree64, static_cast<long long>(n), static_cast<double>(n) / secs);
         ok = ok && ref64.size() == logits64.size() && d64 <= f64_tolerance && agree64 == n;
     }
 
@@ -229,8 +233,9 @@ int main(int argc, char** argv) {
                         images_npy.rank(), labels.size());
             return 2;
         }
-        std::printf("vit_digits: %zu test images (%lld x %lld x %lld)\n", labels.size(), static_cast<long long>(images_npy.shape[1]),
-                    static_cast<long long>(images_npy.shape[2]), static_cast<long long>(images_npy.shape[3]));
+        std::printf("vit_digits: %zu test images (%lld x %lld x %lld)\n", labels.size(),
+                    static_cast<long long>(images_npy.shape[1]), static_cast<long long>(images_npy.shape[2]),
+                    static_cast<long long>(images_npy.shape[3]));
         // The stored inputs are the raw 8x8 digits upsampled and normalised; redo that here.
         const std::string raw_path = dir + "/test_images_raw.npy";
         if (std::FILE* f = std::fopen(raw_path.c_str(), "rb")) {

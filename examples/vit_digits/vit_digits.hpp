@@ -48,21 +48,21 @@ namespace rpe::examples {
 
 /// @brief The model's hyperparameters, all read from the safetensors `__metadata__`.
 struct vit_digits_config {
-    int img_size = 0;        ///< S: input height = width (`img_size`)
-    int patch_size = 0;      ///< P: patch side, conv kernel = stride (`patch_size`)
-    int in_chans = 0;        ///< Cin: input channels (`in_chans`)
-    int embed_dim = 0;       ///< C (`embed_dim`)
-    int depth = 0;           ///< number of blocks (`depth`)
-    int num_heads = 0;       ///< H (`num_heads`)
-    int head_dim = 0;        ///< D = C / H
-    int mlp_hidden_dim = 0;  ///< F (`mlp_hidden_dim`)
-    int num_classes = 0;     ///< outputs of the head (`num_classes`)
-    bool qkv_bias = true;    ///< the qkv Linear has a bias (`qkv_bias`, default true)
+    int img_size = 0;              ///< S: input height = width (`img_size`)
+    int patch_size = 0;            ///< P: patch side, conv kernel = stride (`patch_size`)
+    int in_chans = 0;              ///< Cin: input channels (`in_chans`)
+    int embed_dim = 0;             ///< C (`embed_dim`)
+    int depth = 0;                 ///< number of blocks (`depth`)
+    int num_heads = 0;             ///< H (`num_heads`)
+    int head_dim = 0;              ///< D = C / H
+    int mlp_hidden_dim = 0;        ///< F (`mlp_hidden_dim`)
+    int num_classes = 0;           ///< outputs of the head (`num_classes`)
+    bool qkv_bias = true;          ///< the qkv Linear has a bias (`qkv_bias`, default true)
     double layer_norm_eps = 1e-6;  ///< LayerNorm ε (`layer_norm_eps`)
-    int grid = 0;            ///< G = S / P: patch grid side
-    int tokens = 0;          ///< L = 1 + G² (class token first)
-    std::string rpe_on;      ///< the iRPE targets, a subset of "qkv" (`rpe_on`); empty = no RPE
-    int rpe_num_buckets = 0; ///< K per table, extra class-token bucket included (`rpe_num_buckets`)
+    int grid = 0;                  ///< G = S / P: patch grid side
+    int tokens = 0;                ///< L = 1 + G² (class token first)
+    std::string rpe_on;            ///< the iRPE targets, a subset of "qkv" (`rpe_on`); empty = no RPE
+    int rpe_num_buckets = 0;       ///< K per table, extra class-token bucket included (`rpe_num_buckets`)
     /// @brief The iRPE configuration shared by every target (`rpe_method`, `rpe_mode`,
     /// `rpe_alpha`/`rpe_beta`/`rpe_gamma` or `rpe_ratio`, `rpe_shared_head`, `rpe_skip`, heads,
     /// head dim); `target` is set per term.
@@ -91,9 +91,7 @@ struct vit_digits_stage_times {
     double gelu = 0;         ///< exact-erf GELU over the fc1 output
     double head = 0;         ///< final LN of the class tokens and the head Linear
     /// @brief Sum of the stages.
-    [[nodiscard]] double total() const {
-        return patch_embed + layer_norm + qkv + repack + attention + proj + mlp + gelu + head;
-    }
+    [[nodiscard]] double total() const { return patch_embed + layer_norm + qkv + repack + attention + proj + mlp + gelu + head; }
     /// @brief Stage by stage minimum of two measurements (for a best-of-n under load).
     [[nodiscard]] vit_digits_stage_times min(const vit_digits_stage_times& o) const {
         vit_digits_stage_times m;
@@ -124,8 +122,8 @@ template <class S>
 /// @return (N, 1, out, out) row-major.
 /// @throws rpe::invalid_argument when `raw.size()` is not a multiple of in², or a size < 1.
 template <class S>
-[[nodiscard]] std::vector<S> preprocess_digits(const std::vector<std::uint8_t>& raw, int in, int out,
-                                               double max_value = 16.0, double mean = 0.5, double std_dev = 0.5) {
+[[nodiscard]] std::vector<S> preprocess_digits(const std::vector<std::uint8_t>& raw, int in, int out, double max_value = 16.0,
+                                               double mean = 0.5, double std_dev = 0.5) {
     rpe::detail::require(in >= 1 && out >= 1, "vit_digits", "preprocess sizes in = ", in, ", out = ", out, "; expected >= 1");
     const std::size_t per = static_cast<std::size_t>(in) * in;
     rpe::detail::require(raw.size() % per == 0, "vit_digits", "raw digits hold ", raw.size(), " values; expected a multiple of ",
@@ -147,7 +145,8 @@ template <class S>
         const std::uint8_t* src = raw.data() + img * per;
         for (int o = 0; o < out; ++o)  // rows first
             for (int c = 0; c < in; ++c)
-                rows[o * in + c] = (S(1) - w[o]) * static_cast<S>(src[i0[o] * in + c]) + w[o] * static_cast<S>(src[i1[o] * in + c]);
+                rows[o * in + c] =
+                    (S(1) - w[o]) * static_cast<S>(src[i0[o] * in + c]) + w[o] * static_cast<S>(src[i1[o] * in + c]);
         S* dst = result.data() + img * out * out;
         for (int r = 0; r < out; ++r)  // then columns
             for (int o = 0; o < out; ++o) {
@@ -194,9 +193,7 @@ public:
     ///   not a multiple of num_heads, a Cross method),
     ///   `rpe_num_buckets` differing from the library's K, a missing tensor or one of another
     ///   shape or dtype; and what rpe::make_term throws for an invalid iRPE configuration.
-    [[nodiscard]] static vit_digits load(const std::string& path) {
-        return vit_digits(rpe::io::safetensors_file::load(path));
-    }
+    [[nodiscard]] static vit_digits load(const std::string& path) { return vit_digits(rpe::io::safetensors_file::load(path)); }
 
     /// @brief Builds the model from an already loaded file (the views stay valid: the model keeps
     /// a copy of the file object, which shares its buffer). @throws as load().
@@ -233,10 +230,9 @@ public:
     void forward(rpe::tensor_ref<const S> images, rpe::tensor_ref<S> logits, vit_digits_trace<S>* trace = nullptr,
                  vit_digits_stage_times* times = nullptr) const {
         const int s = cfg_.img_size;
-        rpe::detail::require(images.rank == 4 && images.extent(1) == cfg_.in_chans && images.extent(2) == s &&
-                                 images.extent(3) == s,
-                             "vit_digits", "images have shape ", images.shape_string(), "; expected (N, ", cfg_.in_chans, ", ",
-                             s, ", ", s, ")");
+        rpe::detail::require(
+            images.rank == 4 && images.extent(1) == cfg_.in_chans && images.extent(2) == s && images.extent(3) == s, "vit_digits",
+            "images have shape ", images.shape_string(), "; expected (N, ", cfg_.in_chans, ", ", s, ", ", s, ")");
         const std::int64_t n = images.extent(0);
         rpe::detail::require(logits.has_shape({n, cfg_.num_classes}), "vit_digits", "logits have shape ", logits.shape_string(),
                              "; expected (", n, ", ", cfg_.num_classes, ")");
@@ -292,15 +288,12 @@ public:
 private:
     using clock = std::chrono::steady_clock;
     enum class slot : int { q = 0, k = 1, v = 2 };
-    static slot slot_of(rpe::target t) {
-        return t == rpe::target::query ? slot::q : (t == rpe::target::key ? slot::k : slot::v);
-    }
+    static slot slot_of(rpe::target t) { return t == rpe::target::query ? slot::q : (t == rpe::target::key ? slot::k : slot::v); }
 
     /// Weights of one pre-norm block (pointers into the file's buffer, or into owned_ in double).
     struct block_weights {
-        const S *norm1_w = nullptr, *norm1_b = nullptr, *qkv_w = nullptr, *qkv_b = nullptr, *proj_w = nullptr,
-                *proj_b = nullptr, *norm2_w = nullptr, *norm2_b = nullptr, *fc1_w = nullptr, *fc1_b = nullptr,
-                *fc2_w = nullptr, *fc2_b = nullptr;
+        const S *norm1_w = nullptr, *norm1_b = nullptr, *qkv_w = nullptr, *qkv_b = nullptr, *proj_w = nullptr, *proj_b = nullptr,
+                *norm2_w = nullptr, *norm2_b = nullptr, *fc1_w = nullptr, *fc1_b = nullptr, *fc2_w = nullptr, *fc2_b = nullptr;
         const S* rpe_table[3] = {nullptr, nullptr, nullptr};  ///< q, k, v tables (null when off)
         std::vector<std::int64_t> rpe_shape[3];               ///< their shapes
     };
@@ -338,7 +331,6 @@ private:
         pool_->free.push_back(std::move(ws));
     }
 
-
     // ---------------------------------------------------------------------------------------
     // Loading
     // ---------------------------------------------------------------------------------------
@@ -347,8 +339,9 @@ private:
         try {
             return file_.metadata_value(key);
         } catch (const rpe::invalid_argument&) {
-            throw rpe::invalid_argument(rpe::detail::message("vit_digits", file_.file_name(), ": metadata key '", key,
-                                                             "' is missing; the model reads every hyperparameter from __metadata__"));
+            throw rpe::invalid_argument(
+                rpe::detail::message("vit_digits", file_.file_name(), ": metadata key '", key,
+                                     "' is missing; the model reads every hyperparameter from __metadata__"));
         }
     }
     bool has_meta(const char* key) const { return file_.metadata().count(key) != 0; }
@@ -373,18 +366,19 @@ private:
         const std::string t = meta(key);
         if (t == "true" || t == "True" || t == "1") return true;
         if (t == "false" || t == "False" || t == "0") return false;
-        throw rpe::invalid_argument(rpe::detail::message("vit_digits", file_.file_name(), ": metadata ", key, " = '", t,
-                                                         "'; expected true or false"));
+        throw rpe::invalid_argument(
+            rpe::detail::message("vit_digits", file_.file_name(), ": metadata ", key, " = '", t, "'; expected true or false"));
     }
 
     /// Pointer to tensor `name` (F32 in the file) after checking its shape.
     const S* param(const std::string& name, const std::vector<std::int64_t>& shape) {
         const auto view = file_.view<float>(name);
-        const bool same = view.rank == static_cast<int>(shape.size()) &&
-                          std::equal(shape.begin(), shape.end(), view.shape.begin());
+        const bool same =
+            view.rank == static_cast<int>(shape.size()) && std::equal(shape.begin(), shape.end(), view.shape.begin());
         if (!same) {
             throw rpe::invalid_argument(rpe::detail::message("vit_digits", file_.file_name(), ": tensor '", name, "' has shape ",
-                                                             view.shape_string(), "; expected ", rpe::detail::shape_string(shape)));
+                                                             view.shape_string(), "; expected ",
+                                                             rpe::detail::shape_string(shape)));
         }
         if constexpr (std::is_same_v<S, float>) {
             return view.data;
@@ -397,7 +391,8 @@ private:
     void build() {
         auto& c = cfg_;
         if (has_meta("class_token"))
-            rpe::detail::require(meta_bool("class_token"), "vit_digits", file_.file_name(), ": class_token = false is not supported");
+            rpe::detail::require(meta_bool("class_token"), "vit_digits", file_.file_name(),
+                                 ": class_token = false is not supported");
         if (has_meta("activation"))
             rpe::detail::require(meta("activation") == "gelu_erf", "vit_digits", file_.file_name(), ": activation = '",
                                  meta("activation"), "'; expected gelu_erf");
@@ -445,13 +440,14 @@ private:
             rpe::term_spec spec = c.rpe;
             spec.target = rpe::parse_target(std::string_view(&t, 1));
             auto& term = terms_[static_cast<int>(slot_of(spec.target))];
-            rpe::detail::require(!term, "vit_digits", file_.file_name(), ": rpe_on = '", c.rpe_on, "' names target ", t, " twice");
+            rpe::detail::require(!term, "vit_digits", file_.file_name(), ": rpe_on = '", c.rpe_on, "' names target ", t,
+                                 " twice");
             term = rpe::make_term<S>(spec);
             rpe::detail::require(term->num_buckets() == c.rpe_num_buckets, "vit_digits", file_.file_name(),
-                                 ": metadata rpe_num_buckets = ", c.rpe_num_buckets, " but the library computes K = ",
-                                 term->num_buckets(), " for rpe_method = ", meta("rpe_method"), ", beta = ",
-                                 has_meta("rpe_beta") ? meta("rpe_beta") : "2 * rpe_ratio",
-                                 ", skip = ", c.rpe.skip, "; the file and rpe disagree on the bucket layout");
+                                 ": metadata rpe_num_buckets = ", c.rpe_num_buckets,
+                                 " but the library computes K = ", term->num_buckets(), " for rpe_method = ", meta("rpe_method"),
+                                 ", beta = ", has_meta("rpe_beta") ? meta("rpe_beta") : "2 * rpe_ratio", ", skip = ", c.rpe.skip,
+                                 "; the file and rpe disagree on the bucket layout");
             rpe::detail::require(term->num_tables() == 1, "vit_digits", "a term with ", term->num_tables(),
                                  " tables is not supported by this example");
         }
@@ -584,7 +580,8 @@ private:
         for (std::int64_t img = 0; img < b; ++img) {
             map zi(ws.z.data() + img * L * C, L, C);
             zi = token_init;
-            zi.bottomRows(G * G).noalias() += cmap(ws.patches.data() + img * G * G * patch_len, G * G, patch_len) * patch_w.transpose();
+            zi.bottomRows(G * G).noalias() +=
+                cmap(ws.patches.data() + img * G * G * patch_len, G * G, patch_len) * patch_w.transpose();
         }
         if (trace) trace->tokens.insert(trace->tokens.end(), ws.z.begin(), ws.z.begin() + rows * C);
         lap(at(&vit_digits_stage_times::patch_embed), t0);
@@ -621,8 +618,9 @@ private:
             }
             // fused: no (b, H, L, L) buffer unless the probabilities are traced
             rpe::attention_forward(in, out_ref, trace ? attn_ref : rpe::tensor_ref<S>{});
-            if (trace) trace->attn[static_cast<std::size_t>(i)].insert(trace->attn[static_cast<std::size_t>(i)].end(),
-                                                                       ws.attn.begin(), ws.attn.begin() + b * H * L * L);
+            if (trace)
+                trace->attn[static_cast<std::size_t>(i)].insert(trace->attn[static_cast<std::size_t>(i)].end(), ws.attn.begin(),
+                                                                ws.attn.begin() + b * H * L * L);
             lap(at(&vit_digits_stage_times::attention), t0);
             // The head reads only the class tokens, so unless traced the last block's projection, LN2
             // and MLP run on those b rows alone (z rows L·C apart); otherwise on all b·L rows.
@@ -656,8 +654,8 @@ private:
             if (trace) {
                 map(ws.z.data(), rows, C).rowwise() += crow_map(pending, C);
                 pending = nullptr;
-                trace->blocks[static_cast<std::size_t>(i)].insert(trace->blocks[static_cast<std::size_t>(i)].end(),
-                                                                  ws.z.begin(), ws.z.begin() + rows * C);
+                trace->blocks[static_cast<std::size_t>(i)].insert(trace->blocks[static_cast<std::size_t>(i)].end(), ws.z.begin(),
+                                                                  ws.z.begin() + rows * C);
             }
         }
 
@@ -667,8 +665,8 @@ private:
         lap(at(&vit_digits_stage_times::head), t0);
     }
 
-    rpe::io::safetensors_file file_;            // keeps the float views alive
-    std::deque<std::vector<S>> owned_;          // double: converted weights (stable addresses)
+    rpe::io::safetensors_file file_;    // keeps the float views alive
+    std::deque<std::vector<S>> owned_;  // double: converted weights (stable addresses)
     vit_digits_config cfg_;
     std::unique_ptr<rpe::any_term<S>> terms_[3];  // q, k, v (null when off)
     const S *patch_w_ = nullptr, *patch_b_ = nullptr, *cls_token_ = nullptr, *pos_embed_ = nullptr;

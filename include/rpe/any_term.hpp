@@ -91,13 +91,14 @@ template <class S>
 std::unique_ptr<any_term<S>> make_runtime_term(std::shared_ptr<const id_source> ids, int num_tables, bool contextual,
                                                rpe::target tg, int num_heads, int head_dim, bool shared_head, int skip) {
     if (tg == target::value && !contextual)
-        throw invalid_argument(message("term_spec", "mode = bias with target = v: bias mode on values does not exist "
-                                                    "(paper eq. 17; the reference raises NotImplementedError)"));
+        throw invalid_argument(message("term_spec",
+                                       "mode = bias with target = v: bias mode on values does not exist "
+                                       "(paper eq. 17; the reference raises NotImplementedError)"));
     if (tg != target::query && tg != target::key && tg != target::value)
         throw invalid_argument(message("term_spec", "target = ", static_cast<int>(tg), "; expected query, key or value"));
-    return make_runtime_term<S>(term_desc(std::move(ids), num_tables, contextual, tg,
-                                          term_config{.num_heads = num_heads, .head_dim = head_dim,
-                                                      .shared_head = shared_head, .skip = skip}));
+    return make_runtime_term<S>(
+        term_desc(std::move(ids), num_tables, contextual, tg,
+                  term_config{.num_heads = num_heads, .head_dim = head_dim, .shared_head = shared_head, .skip = skip}));
 }
 
 }  // namespace RPE_ISA_NS

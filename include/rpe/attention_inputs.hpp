@@ -40,9 +40,9 @@ namespace rpe {
 /// gradients go (empty = not wanted). Only the descriptor is used, never a backend's kernels of it.
 template <class S>
 struct attention_term {
-    const term_desc* term = nullptr;                  ///< the configured term, or null
-    std::vector<tensor_ref<const S>> tables = {};        ///< its table(s), shapes term->table_shape()
-    std::vector<tensor_ref<S>> grad_tables = {};         ///< gradients of the tables (backward), or empty
+    const term_desc* term = nullptr;               ///< the configured term, or null
+    std::vector<tensor_ref<const S>> tables = {};  ///< its table(s), shapes term->table_shape()
+    std::vector<tensor_ref<S>> grad_tables = {};   ///< gradients of the tables (backward), or empty
 };
 
 /// @brief Inputs of the attention step.
@@ -66,15 +66,15 @@ struct attention_term {
 /// read (e.g. strided q/k/v on CUDA) is refused by the shared checks (attention_capabilities).
 template <class S>
 struct attention_inputs {
-    using scalar_type = S;                          ///< element type of q, k, v, tables, masks
-    tensor_ref<const S> q, k, v;                    ///< (B, H, L, D), contiguous or strided (rows of D contiguous)
-    int height = 0;                                 ///< grid rows
-    int width = 0;                                  ///< grid columns
-    attention_term<S> rpe_q, rpe_k, rpe_v;          ///< RPE on queries, keys, values (each optional)
-    tensor_ref<const S> attn_mask;                  ///< (L, L) additive, or empty
+    using scalar_type = S;                            ///< element type of q, k, v, tables, masks
+    tensor_ref<const S> q, k, v;                      ///< (B, H, L, D), contiguous or strided (rows of D contiguous)
+    int height = 0;                                   ///< grid rows
+    int width = 0;                                    ///< grid columns
+    attention_term<S> rpe_q, rpe_k, rpe_v;            ///< RPE on queries, keys, values (each optional)
+    tensor_ref<const S> attn_mask;                    ///< (L, L) additive, or empty
     tensor_ref<const std::uint8_t> key_padding_mask;  ///< (B, L) or empty
-    int depth = 1;                                  ///< grid frames (3D mappings on T x H x W video grids)
-    rotary_embedding<S> rope = {};                  ///< RoPE on q and k (form std::monostate = none)
+    int depth = 1;                                    ///< grid frames (3D mappings on T x H x W video grids)
+    rotary_embedding<S> rope = {};                    ///< RoPE on q and k (form std::monostate = none)
 };
 
 /// @brief Options of the attention step, for both backends (each ignores what it does not use).
@@ -103,7 +103,7 @@ struct attention_options {
 /// .saved_attn = attn}, opt)`. All (B, H, L, D) except saved_attn (B, H, L, L).
 template <class S>
 struct attention_gradients {
-    tensor_ref<const S> grad_out;    ///< (B, H, L, D): gradient of the forward's `out`
+    tensor_ref<const S> grad_out;          ///< (B, H, L, D): gradient of the forward's `out`
     tensor_ref<S> grad_q, grad_k, grad_v;  ///< (B, H, L, D), written (overwritten)
     /// (B, H, L, L): the probabilities the forward wrote to its `attn` output for the same
     /// inputs, reused instead of recomputed (same gradients up to float rounding; from other
@@ -116,15 +116,15 @@ struct attention_gradients {
 /// (detail::check_attention, detail::check_attention_features): a feature a backend lacks is an
 /// rpe::not_supported error naming the feature and the backend, never a silent drift.
 struct attention_capabilities {
-    const char* backend = "";           ///< the backend's name in messages ("cpu", "cuda")
-    bool strided_qkv = false;           ///< q, k, v may be strided views (rows of D contiguous)
-    bool saved_probabilities = false;   ///< the forward's `attn` output and the backward from `saved_attn`
-    bool rope = false;                  ///< rotary position embedding of q and k (attention_inputs::rope)
-    bool rope_freqs_grad = false;       ///< the gradient of rope::mixed's frequencies (rope.grad_freqs)
-    bool key_padding_mask = false;      ///< attention_inputs::key_padding_mask
-    bool attn_mask = false;             ///< attention_inputs::attn_mask
-    bool grid_3d = false;               ///< depth > 1 (3D mappings on T × H × W grids)
-    std::int64_t max_head_dim = 0;      ///< the largest D, or 0 for no limit
+    const char* backend = "";          ///< the backend's name in messages ("cpu", "cuda")
+    bool strided_qkv = false;          ///< q, k, v may be strided views (rows of D contiguous)
+    bool saved_probabilities = false;  ///< the forward's `attn` output and the backward from `saved_attn`
+    bool rope = false;                 ///< rotary position embedding of q and k (attention_inputs::rope)
+    bool rope_freqs_grad = false;      ///< the gradient of rope::mixed's frequencies (rope.grad_freqs)
+    bool key_padding_mask = false;     ///< attention_inputs::key_padding_mask
+    bool attn_mask = false;            ///< attention_inputs::attn_mask
+    bool grid_3d = false;              ///< depth > 1 (3D mappings on T × H × W grids)
+    std::int64_t max_head_dim = 0;     ///< the largest D, or 0 for no limit
 };
 
 namespace detail {
@@ -163,11 +163,11 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
             "; expected positive extents");
     // q sets (B, H, L, D); k and v must match it
     if (!in.k.has_shape({s.b, s.h, s.l, s.d}))
-        throw invalid_argument(message("attention", "k has shape ", in.k.shape_string(), "; expected ", in.q.shape_string(),
-                                       ", the shape of q"));
+        throw invalid_argument(
+            message("attention", "k has shape ", in.k.shape_string(), "; expected ", in.q.shape_string(), ", the shape of q"));
     if (!in.v.has_shape({s.b, s.h, s.l, s.d}))
-        throw invalid_argument(message("attention", "v has shape ", in.v.shape_string(), "; expected ", in.q.shape_string(),
-                                       ", the shape of q"));
+        throw invalid_argument(
+            message("attention", "v has shape ", in.v.shape_string(), "; expected ", in.q.shape_string(), ", the shape of q"));
     // q, k, v may be strided views (rows of D contiguous) where the backend reads them so
     // (caps.strided_qkv); elsewhere a strided view is refused as not supported
     if (caps.strided_qkv) {
@@ -216,10 +216,9 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
         require(t.num_heads() == s.h, "attention", names[i], " has num_heads = ", t.num_heads(), "; expected H = ", s.h, " of q");
         require(t.head_dim() == s.d, "attention", names[i], " has head_dim = ", t.head_dim(), "; expected D = ", s.d, " of q");
         if (s.l != t.skip() + static_cast<std::int64_t>(in.depth) * in.height * in.width)
-            throw invalid_argument(message("attention", "L = ", s.l, " of q; expected skip + ", in.depth == 1 ? "" : "depth*",
-                                           "height*width = ", t.skip(), " + ",
-                                           in.depth == 1 ? std::string() : std::to_string(in.depth) + "*", in.height, "*",
-                                           in.width));
+            throw invalid_argument(message(
+                "attention", "L = ", s.l, " of q; expected skip + ", in.depth == 1 ? "" : "depth*", "height*width = ", t.skip(),
+                " + ", in.depth == 1 ? std::string() : std::to_string(in.depth) + "*", in.height, "*", in.width));
         require(static_cast<int>(slot.tables.size()) == t.num_tables(), "attention", names[i], " tables holds ",
                 slot.tables.size(), " tables; expected ", t.num_tables());
         const auto shape = t.table_shape();
@@ -322,7 +321,8 @@ void check_attention_gradients(const In& in, const attention_shape& s, const ten
             check_no_overlap(g, grad_out, "attention", "rope grad_freqs", "grad_out");
             for (int i = 0; i < 3; ++i) check_no_overlap(g, *outs[i], "attention", "rope grad_freqs", names[i]);
             for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
-                for (const auto& t : slot->grad_tables) check_no_overlap(g, t, "attention", "rope grad_freqs", "a grad_tables entry");
+                for (const auto& t : slot->grad_tables)
+                    check_no_overlap(g, t, "attention", "rope grad_freqs", "a grad_tables entry");
         }
     }
 }

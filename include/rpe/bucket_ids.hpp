@@ -63,8 +63,7 @@ public:
     /// @brief Assembles ids (use build_bucket_ids or bucket_cache::get instead). `offsets`: one
     /// per-offset id array per table; `tables`: the (L, L) matrices, empty for on-the-fly storage.
     /// `skip_buckets`: 1 (every pair touching an extra token has id K−1) or 3 (BEiT: K−3, K−2, K−1).
-    bucket_ids(bucket_key key, int num_buckets, std::vector<storage> offsets, std::vector<storage> tables,
-               int skip_buckets = 1)
+    bucket_ids(bucket_key key, int num_buckets, std::vector<storage> offsets, std::vector<storage> tables, int skip_buckets = 1)
         : key_(std::move(key)),
           num_buckets_(num_buckets),
           skip_buckets_(skip_buckets),
@@ -101,7 +100,8 @@ public:
     [[nodiscard]] std::int64_t bytes() const {
         std::int64_t b = 0;
         for (const auto* set : {&offsets_, &tables_})
-            for (const auto& v : *set) b += std::visit([](const auto& x) { return static_cast<std::int64_t>(x.size() * sizeof(x[0])); }, v);
+            for (const auto& v : *set)
+                b += std::visit([](const auto& x) { return static_cast<std::int64_t>(x.size() * sizeof(x[0])); }, v);
         return b;
     }
     /// @brief Id of pair (i, j) in table `table`; bounds-checked; any storage.
@@ -146,24 +146,33 @@ public:
             if (direct) return direct;
         }
         const detail::id_grid g = grid();
-        std::visit([&](const auto& off) {
-            for (std::int64_t r = 0; r < count; ++r) detail::fill_id_row(g, off.data(), i0 + r, transposed, buf + r * length());
-        }, offsets_[static_cast<std::size_t>(table)]);
+        std::visit(
+            [&](const auto& off) {
+                for (std::int64_t r = 0; r < count; ++r)
+                    detail::fill_id_row(g, off.data(), i0 + r, transposed, buf + r * length());
+            },
+            offsets_[static_cast<std::size_t>(table)]);
         return buf;
     }
 
     /// @brief The grid and extra id of these ids, for the offset math (detail/offset_math.hpp).
     [[nodiscard]] detail::id_grid grid() const {
         const bool three = skip_buckets_ == 3;
-        return detail::id_grid{key_.depth, key_.height, key_.width, key_.skip, num_buckets_ - 1,
-                               num_buckets_ - (three ? 3 : 1), num_buckets_ - (three ? 2 : 1)};
+        return detail::id_grid{key_.depth,
+                               key_.height,
+                               key_.width,
+                               key_.skip,
+                               num_buckets_ - 1,
+                               num_buckets_ - (three ? 3 : 1),
+                               num_buckets_ - (three ? 2 : 1)};
     }
     /// @brief Table `table`'s per-offset ids ((2T−1)(2H−1)(2W−1) entries, see detail/offset_math.hpp)
     /// as `f(const Id*, std::size_t count)`; returns what f returns. Any storage.
     template <class F>
     decltype(auto) visit_offsets(int table, F&& f) const {
         if (table < 0 || table >= num_tables())
-            throw out_of_range(detail::message("bucket_ids", "visit_offsets(table = ", table, "); expected [0, ", num_tables(), ")"));
+            throw out_of_range(
+                detail::message("bucket_ids", "visit_offsets(table = ", table, "); expected [0, ", num_tables(), ")"));
         return std::visit([&](const auto& v) -> decltype(auto) { return f(v.data(), v.size()); },
                           offsets_[static_cast<std::size_t>(table)]);
     }

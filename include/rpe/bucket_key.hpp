@@ -54,8 +54,8 @@ struct bucket_key {
 
     /// @brief True when the mapping (type and value), depth, height, width, skip and storage all match.
     [[nodiscard]] bool operator==(const bucket_key& o) const {
-        return height == o.height && width == o.width && skip == o.skip && depth == o.depth && storage == o.storage &&
-               mapping && o.mapping && mapping->equals(*o.mapping);
+        return height == o.height && width == o.width && skip == o.skip && depth == o.depth && storage == o.storage && mapping &&
+               o.mapping && mapping->equals(*o.mapping);
     }
 
     /// @brief True when this key was made from mapping `m` (same type and value).

@@ -50,12 +50,12 @@ bucket_ids::storage narrow_ids(const std::vector<int>& ids) {
 
 /// @brief The sizes of an id build, checked before any mapping call or allocation.
 struct id_plan {
-    std::int64_t length = 0;   ///< L
-    std::int64_t buckets = 0;  ///< K, the extra bucket included
-    int id_bytes = 1;          ///< 1, 2 or 4
+    std::int64_t length = 0;                 ///< L
+    std::int64_t buckets = 0;                ///< K, the extra bucket included
+    int id_bytes = 1;                        ///< 1, 2 or 4
     id_storage storage = id_storage::table;  ///< resolved (never automatic)
-    std::int64_t offsets = 0;  ///< per-offset ids per table, (2T−1)(2H−1)(2W−1)
-    int skip_buckets = 1;      ///< extra buckets for pairs touching a skip token (1, or 3 for BEiT)
+    std::int64_t offsets = 0;                ///< per-offset ids per table, (2T−1)(2H−1)(2W−1)
+    int skip_buckets = 1;                    ///< extra buckets for pairs touching a skip token (1, or 3 for BEiT)
 };
 
 /// @brief Checks the grid of an id build. @throws as build_bucket_ids.
@@ -126,15 +126,17 @@ inline std::shared_ptr<const bucket_ids> assemble_bucket_ids(bucket_key key, con
     const bucket_ids rows_of(std::move(row_key), total, offsets, {}, p.skip_buckets);
     std::vector<bucket_ids::storage> matrices;
     for (int t = 0; t < static_cast<int>(offsets.size()); ++t)
-        matrices.push_back(std::visit([&](const auto& off) -> bucket_ids::storage {
-            using Id = std::remove_cvref_t<decltype(off[0])>;
-            std::vector<Id> v(static_cast<std::size_t>(n * n));
+        matrices.push_back(std::visit(
+            [&](const auto& off) -> bucket_ids::storage {
+                using Id = std::remove_cvref_t<decltype(off[0])>;
+                std::vector<Id> v(static_cast<std::size_t>(n * n));
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (n > 256)
 #endif
-            for (std::int64_t i = 0; i < n; ++i) (void)rows_of.rows<Id>(t, i, 1, false, v.data() + i * n);
-            return v;
-        }, offsets[static_cast<std::size_t>(t)]));
+                for (std::int64_t i = 0; i < n; ++i) (void)rows_of.rows<Id>(t, i, 1, false, v.data() + i * n);
+                return v;
+            },
+            offsets[static_cast<std::size_t>(t)]));
     return std::make_shared<const bucket_ids>(std::move(key), total, std::move(offsets), std::move(matrices), p.skip_buckets);
 }
 
@@ -154,8 +156,7 @@ inline std::shared_ptr<const bucket_ids> assemble_bucket_ids(bucket_key key, con
 ///   or the mapping returns an id outside [0, num_buckets()) (a faulty custom mapping).
 /// Thread-safety: reentrant. Source: reference `get_bucket_ids_2d`, extended to 3D.
 template <GridMapping M>
-std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, int depth, int height, int width, int skip,
-                                                   id_storage storage) {
+std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, int depth, int height, int width, int skip, id_storage storage) {
     detail::require_enum(storage, 3, "bucket_ids", "storage", "automatic, table or on_the_fly");
     detail::check_id_grid(depth, height, width, skip, Mapping3D<M>);
     detail::validate_policy(m);
@@ -174,15 +175,15 @@ std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, int depth, int he
                 for (int dc = -(width - 1); dc <= width - 1; ++dc) {
                     const int id = detail::grid_bucket_of(m, dt, dr, dc, t);
                     if (id < 0 || id >= k)
-                        throw out_of_range(detail::message("bucket_ids", "mapping returned bucket id ", id, " for offset (dt = ",
-                                                           dt, ", dr = ", dr, ", dc = ", dc, ") in table ", t,
-                                                           "; expected [0, ", k, ")"));
+                        throw out_of_range(detail::message("bucket_ids", "mapping returned bucket id ", id,
+                                                           " for offset (dt = ", dt, ", dr = ", dr, ", dc = ", dc, ") in table ",
+                                                           t, "; expected [0, ", k, ")"));
                     ids[static_cast<std::size_t>(((dt + depth - 1) * oh + (dr + height - 1)) * ow + (dc + width - 1))] = id;
                 }
         per_offset.push_back(std::move(ids));
     }
-    return detail::assemble_bucket_ids(bucket_key{std::make_shared<detail::mapping_key<M>>(m), height, width, skip, depth, p.storage},
-                                       p, per_offset);
+    return detail::assemble_bucket_ids(
+        bucket_key{std::make_shared<detail::mapping_key<M>>(m), height, width, skip, depth, p.storage}, p, per_offset);
 }
 
 /// @brief 2D form: `build_bucket_ids(m, 1, height, width, skip, storage)`.

@@ -25,15 +25,14 @@ struct cuda;
 template <class F>
 concept IndexFunction =
     // a policy is a plain value: copied into kernels, compared as part of a cache key
-    std::is_trivially_copyable_v<F> && std::equality_comparable<F> &&
-    requires(const F f, std::int64_t offset, float distance) {
-        // βi: the output half-width, so outputs are in [−βi, βi] and 2βi+1 values exist
-        { f.beta_int() } -> std::same_as<int>;
-        // g at an integer offset (Product, Cross, Quantization feed integers)
-        { f(offset) } -> std::same_as<int>;
-        // g at a real distance (Euclidean feeds a rounded or real distance)
-        { f(distance) } -> std::same_as<int>;
-    };
+    std::is_trivially_copyable_v<F> && std::equality_comparable<F> && requires(const F f, std::int64_t offset, float distance) {
+    // βi: the output half-width, so outputs are in [−βi, βi] and 2βi+1 values exist
+    { f.beta_int() } -> std::same_as<int>;
+    // g at an integer offset (Product, Cross, Quantization feed integers)
+    { f(offset) } -> std::same_as<int>;
+    // g at a real distance (Euclidean feeds a rounded or real distance)
+    { f(distance) } -> std::same_as<int>;
+};
 
 /// @brief A 2D mapping: offset (dr, dc) = (r_i − r_j, c_i − c_j) → bucket id in [0, num_buckets()).
 ///
@@ -47,26 +46,24 @@ concept IndexFunction =
 template <class M>
 concept Mapping =
     // a policy is a plain value: copied into kernels, compared as part of the cache key
-    std::is_trivially_copyable_v<M> && std::equality_comparable<M> &&
-    requires(const M m, int dr, int dc) {
-        // ids per table before the extra (skip) bucket; the table has this many rows (+1 with skip)
-        { m.num_buckets() } -> std::convertible_to<int>;
-        // id of the offset in table 0, in [0, num_buckets())
-        { m.bucket(dr, dc) } -> std::convertible_to<int>;
-    };
+    std::is_trivially_copyable_v<M> && std::equality_comparable<M> && requires(const M m, int dr, int dc) {
+    // ids per table before the extra (skip) bucket; the table has this many rows (+1 with skip)
+    { m.num_buckets() } -> std::convertible_to<int>;
+    // id of the offset in table 0, in [0, num_buckets())
+    { m.bucket(dr, dc) } -> std::convertible_to<int>;
+};
 
 /// @brief A 3D mapping for video tokens: offset (dt, dr, dc) = (t_i − t_j, r_i − r_j, c_i − c_j)
 /// → bucket id in [0, num_buckets()), on a depth × height × width grid (frames × rows × columns).
 /// It declares `static constexpr int dimensions = 3` (this tells it from Cross, whose
 /// `bucket(dr, dc, table)` also takes three ints). One table; optional `void validate() const`.
 template <class M>
-concept Mapping3D =
-    std::is_trivially_copyable_v<M> && std::equality_comparable<M> &&
+concept Mapping3D = std::is_trivially_copyable_v<M> && std::equality_comparable<M> &&
     requires(const M m, int dt, int dr, int dc) {
-        requires M::dimensions == 3;
-        { m.num_buckets() } -> std::convertible_to<int>;
-        { m.bucket(dt, dr, dc) } -> std::convertible_to<int>;
-    };
+    requires M::dimensions == 3;
+    { m.num_buckets() } -> std::convertible_to<int>;
+    { m.bucket(dt, dr, dc) } -> std::convertible_to<int>;
+};
 
 /// @brief Any mapping a term, the bucket ids and the attention accept: a 2D Mapping (images;
 /// sequences as 1 × L grids) or a Mapping3D (video).
@@ -82,13 +79,13 @@ concept RotaryPolicy =
     // a policy is a plain value: copied into kernels, compared as part of the cache key
     std::is_trivially_copyable_v<R> && std::equality_comparable<R> &&
     requires(const R r, int row, int col, int pair, int head_dim, int height, int width) {
-        // head_dim must be a multiple of this (4 for the 2D forms: D/4 bands per axis)
-        { R::head_dim_multiple } -> std::convertible_to<int>;
-        // the angle in radians, float32 as the sources compute it
-        { r.angle(row, col, pair, head_dim, height, width) } -> std::same_as<float>;
-        // host-side parameter check that throws
-        r.validate();
-    };
+    // head_dim must be a multiple of this (4 for the 2D forms: D/4 bands per axis)
+    { R::head_dim_multiple } -> std::convertible_to<int>;
+    // the angle in radians, float32 as the sources compute it
+    { r.angle(row, col, pair, head_dim, height, width) } -> std::same_as<float>;
+    // host-side parameter check that throws
+    r.validate();
+};
 
 /// @brief A mode tag: rpe::mode::bias (eq. 14) or rpe::mode::contextual (eqs. 15–17).
 template <class Md>

@@ -48,11 +48,13 @@
 namespace rpe {
 
 /// @brief The built-in families, in registry order (rpe::registry::entry::builtin).
+// clang-format off
 enum class builtin_family : int {
     euclidean, quantization, cross, product, euclidean_paper, quantization_paper,  // iRPE (rpe::method order)
     shaw, t5, product3d, swin, beit, swinv2, decomposed, alibi2d,                  // other mappings
     axial, mixed, cat,                                                             // RoPE forms
 };
+// clang-format on
 
 /// @brief Mode, target and shape of a run-time term, besides its mapping.
 struct term_options {
@@ -87,6 +89,8 @@ inline std::vector<family_param> window_params(const char* what) {
 }
 
 /// Adds the built-in families (registry order = rpe::builtin_family).
+// (not formatted: the registry reads as a table, one family per entry)
+// clang-format off
 inline void add_builtin_families(registry& r) {
     const family_terms all{}, bias_k{.bias = true, .contextual = false, .key_only = true},
         contextual_k{.bias = false, .contextual = true, .key_only = true};
@@ -148,6 +152,7 @@ inline void add_builtin_families(registry& r) {
                                family_param::flag("xy_indexing", false, "grid_indexing 'xy'")},
                               "timm RotaryEmbeddingCat", family_kind::rope, "rope", all, 0});
 }
+// clang-format on
 
 /// The window or grid of a ViT family: the parameter, or the grid when it is 0.
 inline std::pair<int, int> side_or_grid(const family_spec& s, grid_extent g) {
@@ -222,24 +227,33 @@ decltype(auto) visit_mapping(const family_spec& s, grid_extent g, F&& f) {
     if (e->builtin < 0) return f(registered_mapping{e, s, g});
     using B = builtin_family;
     switch (static_cast<B>(e->builtin)) {
-        case B::euclidean: return detail::with_index(s, "", [&](auto i) -> decltype(auto) { return f(mapping::euclidean<decltype(i)>{i}); });
-        case B::quantization: return detail::with_index(s, "", [&](auto i) -> decltype(auto) { return f(mapping::quantization<decltype(i)>{i}); });
-        case B::cross: return detail::with_index(s, "", [&](auto i) -> decltype(auto) { return f(mapping::cross<decltype(i)>{i}); });
-        case B::product: return detail::with_index(s, "", [&](auto i) -> decltype(auto) { return f(mapping::product<decltype(i)>{i}); });
+        case B::euclidean:
+            return detail::with_index(s, "", [&](auto i) -> decltype(auto) { return f(mapping::euclidean<decltype(i)>{i}); });
+        case B::quantization:
+            return detail::with_index(s, "", [&](auto i) -> decltype(auto) { return f(mapping::quantization<decltype(i)>{i}); });
+        case B::cross:
+            return detail::with_index(s, "", [&](auto i) -> decltype(auto) { return f(mapping::cross<decltype(i)>{i}); });
+        case B::product:
+            return detail::with_index(s, "", [&](auto i) -> decltype(auto) { return f(mapping::product<decltype(i)>{i}); });
         case B::euclidean_paper:
-            return detail::with_index(s, "", [&](auto i) -> decltype(auto) { return f(mapping::euclidean_paper<decltype(i)>{i}); });
+            return detail::with_index(s, "",
+                                      [&](auto i) -> decltype(auto) { return f(mapping::euclidean_paper<decltype(i)>{i}); });
         case B::quantization_paper:
-            return detail::with_index(s, "", [&](auto i) -> decltype(auto) { return f(mapping::quantization_paper<decltype(i)>{i}); });
+            return detail::with_index(s, "",
+                                      [&](auto i) -> decltype(auto) { return f(mapping::quantization_paper<decltype(i)>{i}); });
         case B::shaw: return f(mapping::shaw{.k = s.get_int("k")});
         case B::t5:
-            return f(mapping::t5{.buckets = s.get_int("buckets"), .max_distance = s.get_int("max_distance"),
+            return f(mapping::t5{.buckets = s.get_int("buckets"),
+                                 .max_distance = s.get_int("max_distance"),
                                  .bidirectional = s.get("bidirectional") != 0});
         case B::product3d:
             return detail::with_index(s, "_t", [&](auto t) -> decltype(auto) {
                 using I = decltype(t);
                 const I rc = detail::with_index(s, "", [](auto i) {
-                    if constexpr (std::is_same_v<decltype(i), I>) return i;
-                    else return I{};  // never: one index kind for the three axes
+                    if constexpr (std::is_same_v<decltype(i), I>)
+                        return i;
+                    else
+                        return I{};  // never: one index kind for the three axes
                 });
                 return f(mapping::product3d<I, I, I>{t, rc, rc});
             });
@@ -317,7 +331,8 @@ inline std::shared_ptr<const bucket_ids> bucket_ids_of(const registered_mapping&
 inline void check_family_terms(const family_info& f, bool contextual, target tg) {
     const bool ok = (contextual ? f.terms.contextual : f.terms.bias) && (!f.terms.key_only || tg == target::key);
     detail::require(ok, "term_spec", "mode = ", contextual ? "contextual" : "bias", " with target = ", target_letter(tg), " for ",
-                    f.name, "; expected ", f.terms.bias && f.terms.contextual ? "bias or contextual" : (f.terms.bias ? "bias" : "contextual"),
+                    f.name, "; expected ",
+                    f.terms.bias && f.terms.contextual ? "bias or contextual" : (f.terms.bias ? "bias" : "contextual"),
                     f.terms.key_only ? " on k" : "");
 }
 
@@ -359,5 +374,4 @@ void register_mapping(family_info info, Factory make) {
 /// `factory(const rpe::family_spec&, rpe::grid_extent)` returning the mapping value. `id` names
 /// the registration (any identifier, unique in the unit). A name already taken terminates the
 /// program at load with `[rpe.registry] name = '...'; already registered`.
-#define RPE_REGISTER_MAPPING(id, ...) \
-    static const bool rpe_registered_mapping_##id = (::rpe::register_mapping(__VA_ARGS__), true)
+#define RPE_REGISTER_MAPPING(id, ...) static const bool rpe_registered_mapping_##id = (::rpe::register_mapping(__VA_ARGS__), true)

@@ -139,7 +139,10 @@ struct term_spec {
 inline family_spec to_family_spec(const term_spec& spec) {
     detail::require_enum(spec.index, 2, "term_spec", "index", "piecewise or clip");
     family_spec f = families().defaults(method_name(spec.method));
-    f.set("index", spec.index == index_kind::clip ? 1 : 0).set("alpha", spec.alpha).set("beta", spec.beta).set("gamma", spec.gamma);
+    f.set("index", spec.index == index_kind::clip ? 1 : 0)
+        .set("alpha", spec.alpha)
+        .set("beta", spec.beta)
+        .set("gamma", spec.gamma);
     return f;
 }
 
@@ -167,8 +170,8 @@ template <class S = float>
 std::unique_ptr<any_term<S>> make_term(const term_spec& spec) {
     static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>, "rpe: the scalar type must be float or double");
     (void)spec.num_buckets();  // validates α, β, γ with the term_spec prefix
-    return make_term<S>(to_family_spec(spec), term_options{spec.contextual, spec.target, spec.num_heads, spec.head_dim,
-                                                           spec.shared_head, spec.skip});
+    return make_term<S>(to_family_spec(spec),
+                        term_options{spec.contextual, spec.target, spec.num_heads, spec.head_dim, spec.shared_head, spec.skip});
 }
 
 #if defined(RPE_EXTERN_MAKE_TERM)

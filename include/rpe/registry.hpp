@@ -46,11 +46,11 @@ struct family_param {
         flag,     ///< 0 or 1 (text: true/false, 1/0)
         choice,   ///< one of `choices` (stored as its position)
     };
-    std::string name{};                ///< e.g. "alpha"
-    kind type = kind::number;          ///< its kind
-    double default_value = 0;          ///< the value when the text does not set it
+    std::string name{};                  ///< e.g. "alpha"
+    kind type = kind::number;            ///< its kind
+    double default_value = 0;            ///< the value when the text does not set it
     std::vector<std::string> choices{};  ///< choice: the names, in order
-    std::string help{};                ///< one line for --help and docs
+    std::string help{};                  ///< one line for --help and docs
 
     /// @brief A number parameter.
     static family_param number(std::string name, double def, std::string help = {}) {
@@ -76,7 +76,7 @@ enum class family_kind { mapping, rope };
 /// @brief Another name of a family, with parameters it presets (e.g. `t5_causal` = t5 with
 /// bidirectional = 0; `euc` = euclidean).
 struct family_alias {
-    std::string name{};                                  ///< the alias
+    std::string name{};                                     ///< the alias
     std::vector<std::pair<std::string, double>> presets{};  ///< parameters it sets
 };
 
@@ -97,14 +97,14 @@ struct family_terms {
 
 /// @brief A family's description: name, aliases, parameters, kind, group.
 struct family_info {
-    std::string name{};                ///< canonical name, e.g. "product"
-    std::vector<family_alias> aliases{};  ///< other names (the reference's "euc", "quant", ...)
-    std::vector<family_param> params{};  ///< parameters, in order (the positional order of the torch ops)
-    std::string summary{};             ///< one line for messages and --help
+    std::string name{};                       ///< canonical name, e.g. "product"
+    std::vector<family_alias> aliases{};      ///< other names (the reference's "euc", "quant", ...)
+    std::vector<family_param> params{};       ///< parameters, in order (the positional order of the torch ops)
+    std::string summary{};                    ///< one line for messages and --help
     family_kind kind = family_kind::mapping;  ///< mapping or RoPE form
-    std::string group{};               ///< "irpe" (the reference's four 2D mappings), "irpe_paper", "1d", "3d", "vit", "rope", "user"
-    family_terms terms{};              ///< modes and targets of its terms
-    int num_tables = 1;                ///< tables per term (cross, decomposed: 2)
+    std::string group{};   ///< "irpe" (the reference's four 2D mappings), "irpe_paper", "1d", "3d", "vit", "rope", "user"
+    family_terms terms{};  ///< modes and targets of its terms
+    int num_tables = 1;    ///< tables per term (cross, decomposed: 2)
 };
 
 /// @brief A family and the value of each of its parameters (every one, in the family's order).
@@ -112,7 +112,7 @@ struct family_info {
 /// Equality compares the family and the values; a spec from rpe::parse_family_spec holds every
 /// parameter of its family, defaults included.
 struct family_spec {
-    std::string family{};                                ///< canonical family name
+    std::string family{};                                  ///< canonical family name
     std::vector<std::pair<std::string, double>> params{};  ///< (name, value), the family's order
 
     /// @brief The value of parameter `name`.
@@ -120,7 +120,8 @@ struct family_spec {
     [[nodiscard]] double get(std::string_view name) const {
         for (const auto& [n, v] : params)
             if (n == name) return v;
-        throw invalid_argument(detail::message("term_spec", "parameter = '", name, "' of ", family, "; expected one of ", names()));
+        throw invalid_argument(
+            detail::message("term_spec", "parameter = '", name, "' of ", family, "; expected one of ", names()));
     }
     /// @brief The value of an integer parameter, as int.
     [[nodiscard]] int get_int(std::string_view name) const { return static_cast<int>(get(name)); }
@@ -171,11 +172,11 @@ public:
         std::function<std::shared_ptr<const bucket_ids>(const family_spec&, grid_extent, int depth, int skip)> build_ids;
         /// the run-time term (float) of the mapping of `spec`
         std::function<std::unique_ptr<any_term<float>>(const family_spec&, grid_extent, bool contextual, target, int heads,
-                                                         int head_dim, bool shared_head, int skip)>
+                                                       int head_dim, bool shared_head, int skip)>
             term_f32;
         /// the same in double
         std::function<std::unique_ptr<any_term<double>>(const family_spec&, grid_extent, bool contextual, target, int heads,
-                                                          int head_dim, bool shared_head, int skip)>
+                                                        int head_dim, bool shared_head, int skip)>
             term_f64;
         /// the mapping's num_buckets() (without the skip bucket), which also validates the parameters
         std::function<std::int64_t(const family_spec&, grid_extent)> num_buckets;
@@ -185,9 +186,7 @@ public:
     };
 
     /// @brief Runs `add(*this)` once per process (<rpe/families.hpp> adds the built-ins so).
-    void ensure(void (*add)(registry&)) {
-        std::call_once(builtins_once_, add, *this);
-    }
+    void ensure(void (*add)(registry&)) { std::call_once(builtins_once_, add, *this); }
 
     /// @brief The process-wide registry. Default visibility on purpose: one instance across shared
     /// libraries (a plugin's families are seen by the program that loads it).
@@ -275,9 +274,13 @@ public:
                 break;
             }
             case family_param::kind::flag:
-                if (t == "1" || t == "true") v = 1;
-                else if (t == "0" || t == "false") v = 0;
-                else throw invalid_argument(detail::message("term_spec", name, " = '", text, "'; expected one of true, false, 1, 0"));
+                if (t == "1" || t == "true")
+                    v = 1;
+                else if (t == "0" || t == "false")
+                    v = 0;
+                else
+                    throw invalid_argument(
+                        detail::message("term_spec", name, " = '", text, "'; expected one of true, false, 1, 0"));
                 break;
             default: {
                 const auto r = std::from_chars(t.data(), t.data() + t.size(), v);
@@ -296,10 +299,11 @@ public:
         if (p.type == family_param::kind::integer)
             detail::require(v == std::floor(v) && std::fabs(v) <= (1 << 30), "term_spec", name, " = ", v,
                             "; expected an integer in [-2^30, 2^30]");
-        if (p.type == family_param::kind::flag) detail::require(v == 0 || v == 1, "term_spec", name, " = ", v, "; expected 0 or 1");
+        if (p.type == family_param::kind::flag)
+            detail::require(v == 0 || v == 1, "term_spec", name, " = ", v, "; expected 0 or 1");
         if (p.type == family_param::kind::choice)
-            detail::require(v >= 0 && v < static_cast<double>(p.choices.size()) && v == std::floor(v), "term_spec", name, " = ", v,
-                            "; expected a choice position in [0, ", p.choices.size(), ")");
+            detail::require(v >= 0 && v < static_cast<double>(p.choices.size()) && v == std::floor(v), "term_spec", name, " = ",
+                            v, "; expected a choice position in [0, ", p.choices.size(), ")");
         s.set(name, v);
     }
 
@@ -355,7 +359,8 @@ private:
         detail::require(e != nullptr, "term_spec", "family = '", s.family, "'; not registered");
         for (const auto& p : e->info.params)
             if (p.name == name) return p;
-        throw invalid_argument(detail::message("term_spec", "parameter = '", name, "' of ", s.family, "; expected one of ", s.names()));
+        throw invalid_argument(
+            detail::message("term_spec", "parameter = '", name, "' of ", s.family, "; expected one of ", s.names()));
     }
 
     mutable std::mutex mutex_;

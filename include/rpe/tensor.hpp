@@ -37,11 +37,11 @@ inline constexpr int max_rank = 4;
 /// Thread-safety: a plain value; concurrent reads are safe.
 template <class T>
 struct tensor_ref {
-    T* data = nullptr;                          ///< first element (may be null only when size() == 0)
-    std::array<std::int64_t, max_rank> shape{};  ///< extents; entries past `rank` are 0
-    int rank = 0;                               ///< number of extents in use
+    T* data = nullptr;                             ///< first element (may be null only when size() == 0)
+    std::array<std::int64_t, max_rank> shape{};    ///< extents; entries past `rank` are 0
+    int rank = 0;                                  ///< number of extents in use
     std::array<std::int64_t, max_rank> strides{};  ///< element strides, used only when `strided`
-    bool strided = false;                       ///< false: C-order (strides implied by the shape)
+    bool strided = false;                          ///< false: C-order (strides implied by the shape)
 
     constexpr tensor_ref() = default;
 
@@ -63,8 +63,8 @@ struct tensor_ref {
 
     /// @brief A view of const elements converts implicitly from a view of mutable ones.
     template <class U>
-        requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
-    constexpr tensor_ref(const tensor_ref<U>& other)  // NOLINT(google-explicit-constructor)
+    requires(std::is_same_v<const U, T> &&
+             !std::is_same_v<U, T>) constexpr tensor_ref(const tensor_ref<U>& other)  // NOLINT(google-explicit-constructor)
         : data(other.data), shape(other.shape), rank(other.rank), strides(other.strides), strided(other.strided) {}
 
     /// @brief A strided view: element `(i0, i1, ...)` at `ptr[i0·strides[0] + i1·strides[1] + ...]`
@@ -178,8 +178,7 @@ private:
         for (int i = 0; i < rank; ++i) {
             const std::int64_t d = shape[static_cast<std::size_t>(i)];
             if (d != 0 && n > std::numeric_limits<std::int64_t>::max() / d)
-                throw out_of_range(detail::message("tensor", "element count of shape ", shape_string(),
-                                                   " overflows int64"));
+                throw out_of_range(detail::message("tensor", "element count of shape ", shape_string(), " overflows int64"));
             n *= d;
         }
         return n;
@@ -187,6 +186,8 @@ private:
 };
 
 /// @brief Shape text of `dims`, e.g. `(1, 8, 50)`, for error messages.
-inline std::string shape_string(std::initializer_list<std::int64_t> dims) { return detail::shape_string(dims.begin(), dims.size()); }
+inline std::string shape_string(std::initializer_list<std::int64_t> dims) {
+    return detail::shape_string(dims.begin(), dims.size());
+}
 
 }  // namespace rpe

@@ -52,7 +52,7 @@ namespace rpe {
 /// Source: paper eqs. 13–17; reference `iRPE` module and `build_rpe` in microsoft/Cream
 /// `iRPE/DeiT-with-iRPE/irpe.py`.
 template <GridMapping M, Mode Md, target Tg, class S, Backend B>
-    requires ModeOnTarget<Md, Tg>  // bias mode on values does not exist
+requires ModeOnTarget<Md, Tg>  // bias mode on values does not exist
 class term {
     static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>, "rpe: the scalar type must be float or double");
     static_assert(std::is_same_v<B, backend::cpu>,
@@ -63,9 +63,9 @@ public:
     using mode_type = Md;
     using scalar_type = S;
     using backend_type = B;
-    static constexpr target target_kind = Tg;                       ///< query, key or value
-    static constexpr int num_tables = detail::num_tables_of<M>();   ///< 1, or 2 for Cross
-    static constexpr bool is_bias = std::is_same_v<Md, mode::bias>; ///< bias mode
+    static constexpr target target_kind = Tg;                         ///< query, key or value
+    static constexpr int num_tables = detail::num_tables_of<M>();     ///< 1, or 2 for Cross
+    static constexpr bool is_bias = std::is_same_v<Md, mode::bias>;   ///< bias mode
     using tables_type = std::array<tensor_ref<const S>, num_tables>;  ///< the lookup table(s)
     using grad_tables_type = std::array<tensor_ref<S>, num_tables>;   ///< their gradients
 
@@ -73,19 +73,20 @@ public:
     /// `term(mapping, {.num_heads = 6, .head_dim = 64, .shared_head = true, .skip = 1})`.
     /// @throws rpe::invalid_argument `[rpe.term] num_heads = ...` (see the class comment).
     term(M mapping, const term_config& config)
-        : mapping_(mapping),
-          layout_(detail::term_layout_of(mapping_, is_bias, Tg, config)) {}
+        : mapping_(mapping), layout_(detail::term_layout_of(mapping_, is_bias, Tg, config)) {}
     /// @brief The configuration (heads, head dim, shared tables, skip) as a term_config.
     [[nodiscard]] term_config config() const {
-        return term_config{.num_heads = layout_.num_heads, .head_dim = layout_.head_dim,
-                           .shared_head = layout_.shared_head, .skip = layout_.skip};
+        return term_config{.num_heads = layout_.num_heads,
+                           .head_dim = layout_.head_dim,
+                           .shared_head = layout_.shared_head,
+                           .skip = layout_.skip};
     }
 
-    [[nodiscard]] const M& mapping() const { return mapping_; }  ///< the mapping policy
-    [[nodiscard]] int num_heads() const { return layout_.num_heads; }   ///< H
-    [[nodiscard]] int head_dim() const { return layout_.head_dim; }     ///< D
+    [[nodiscard]] const M& mapping() const { return mapping_; }        ///< the mapping policy
+    [[nodiscard]] int num_heads() const { return layout_.num_heads; }  ///< H
+    [[nodiscard]] int head_dim() const { return layout_.head_dim; }    ///< D
     [[nodiscard]] bool shared_head() const { return layout_.shared_head; }
-    [[nodiscard]] int skip() const { return layout_.skip; }             ///< extra tokens before the grid
+    [[nodiscard]] int skip() const { return layout_.skip; }                  ///< extra tokens before the grid
     [[nodiscard]] int table_heads() const { return layout_.table_heads(); }  ///< Ht
     /// @brief K: buckets per table, the extra skip bucket included (reference `num_buckets`).
     [[nodiscard]] int num_buckets() const { return layout_.num_buckets; }
@@ -124,7 +125,7 @@ public:
     /// logits) the term into `out`; the mode has no default. See the class comment for shapes.
     /// @throws rpe::invalid_argument `[rpe.term] ...` for mismatched ids, shapes or buffers.
     RPE_ISA_TAG void forward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<S> out,
-                 write mode) const {
+                             write mode) const {
         const std::span<const tensor_ref<const S>> ts(tables);
         detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping_);
@@ -134,9 +135,7 @@ public:
 
     /// @brief Single-table convenience overload of forward.
     RPE_ISA_TAG void forward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x, tensor_ref<S> out,
-                 write mode) const
-        requires(num_tables == 1)
-    {
+                             write mode) const requires(num_tables == 1) {
         forward(ids, tables_type{table}, x, out, mode);
     }
 
@@ -146,8 +145,8 @@ public:
     /// `mode` (no default): write::overwrite replaces the gradients, write::accumulate adds to them.
     /// @throws rpe::invalid_argument `[rpe.term] ...` for mismatched ids, shapes or buffers.
     RPE_ISA_TAG void backward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x,
-                  tensor_ref<const S> grad_out, tensor_ref<S> grad_x, const grad_tables_type& grad_tables,
-                  write mode) const {
+                              tensor_ref<const S> grad_out, tensor_ref<S> grad_x, const grad_tables_type& grad_tables,
+                              write mode) const {
         const std::span<const tensor_ref<const S>> ts(tables);
         const std::span<const tensor_ref<S>> gts(grad_tables);
         detail::check_write_mode(mode);
@@ -159,10 +158,8 @@ public:
 
     /// @brief Single-table convenience overload of backward.
     RPE_ISA_TAG void backward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x,
-                  tensor_ref<const S> grad_out, tensor_ref<S> grad_x, tensor_ref<S> grad_table,
-                  write mode) const
-        requires(num_tables == 1)
-    {
+                              tensor_ref<const S> grad_out, tensor_ref<S> grad_x, tensor_ref<S> grad_table, write mode) const
+        requires(num_tables == 1) {
         backward(ids, tables_type{table}, x, grad_out, grad_x, grad_tables_type{grad_table}, mode);
     }
 

@@ -71,8 +71,8 @@ term_layout term_layout_of(const M& m, bool bias, target tg, const term_config& 
         validate_policy(m);
         return static_cast<std::int64_t>(m.num_buckets());
     };
-    return make_term_layout(buckets, num_tables_of<M>(), config.num_heads, config.head_dim, config.shared_head, config.skip,
-                            bias, tg, skip_buckets_of<M>());
+    return make_term_layout(buckets, num_tables_of<M>(), config.num_heads, config.head_dim, config.shared_head, config.skip, bias,
+                            tg, skip_buckets_of<M>());
 }
 
 /// @brief Calls `f.template operator()<Bias, Tg>()` with the (mode, target) of `d` as template
@@ -81,8 +81,10 @@ term_layout term_layout_of(const M& m, bool bias, target tg, const term_config& 
 template <class F>
 decltype(auto) visit_mode_target(const term_layout& d, F&& f) {
     switch (d.target) {
-        case target::query: return d.bias ? f.template operator()<true, target::query>() : f.template operator()<false, target::query>();
-        case target::key: return d.bias ? f.template operator()<true, target::key>() : f.template operator()<false, target::key>();
+        case target::query:
+            return d.bias ? f.template operator()<true, target::query>() : f.template operator()<false, target::query>();
+        case target::key:
+            return d.bias ? f.template operator()<true, target::key>() : f.template operator()<false, target::key>();
         case target::value: break;
     }
     return f.template operator()<false, target::value>();
@@ -106,8 +108,7 @@ public:
     /// @brief A term of `ids`' mapping with `num_tables` tables (1, or 2 for Cross), in
     /// `contextual` (else bias) mode on target `tg`, configured by `config`.
     /// @throws rpe::invalid_argument `[rpe.term] ...` (see the class comment) or when ids is null.
-    term_desc(std::shared_ptr<const detail::id_source> ids, int num_tables, bool contextual, target tg,
-              const term_config& config)
+    term_desc(std::shared_ptr<const detail::id_source> ids, int num_tables, bool contextual, target tg, const term_config& config)
         : ids_(std::move(ids)),
           layout_(detail::make_term_layout(
               [this] {
@@ -117,19 +118,21 @@ public:
               num_tables, config.num_heads, config.head_dim, config.shared_head, config.skip, !contextual, tg,
               ids_ ? ids_->skip_buckets() : 1)) {}
 
-    [[nodiscard]] int num_tables() const { return layout_.num_tables; }    ///< 1, or 2 for Cross
-    [[nodiscard]] int num_buckets() const { return layout_.num_buckets; }  ///< K with the extra bucket
-    [[nodiscard]] int num_heads() const { return layout_.num_heads; }      ///< H
-    [[nodiscard]] int head_dim() const { return layout_.head_dim; }        ///< D
-    [[nodiscard]] int skip() const { return layout_.skip; }                ///< extra tokens
-    [[nodiscard]] bool shared_head() const { return layout_.shared_head; } ///< one table for all heads
+    [[nodiscard]] int num_tables() const { return layout_.num_tables; }      ///< 1, or 2 for Cross
+    [[nodiscard]] int num_buckets() const { return layout_.num_buckets; }    ///< K with the extra bucket
+    [[nodiscard]] int num_heads() const { return layout_.num_heads; }        ///< H
+    [[nodiscard]] int head_dim() const { return layout_.head_dim; }          ///< D
+    [[nodiscard]] int skip() const { return layout_.skip; }                  ///< extra tokens
+    [[nodiscard]] bool shared_head() const { return layout_.shared_head; }   ///< one table for all heads
     [[nodiscard]] int table_heads() const { return layout_.table_heads(); }  ///< Ht
-    [[nodiscard]] bool contextual() const { return !layout_.bias; }        ///< mode
-    [[nodiscard]] rpe::target target() const { return layout_.target; }    ///< q, k or v
+    [[nodiscard]] bool contextual() const { return !layout_.bias; }          ///< mode
+    [[nodiscard]] rpe::target target() const { return layout_.target; }      ///< q, k or v
     /// @brief The configuration (heads, head dim, shared tables, skip) as a term_config.
     [[nodiscard]] term_config config() const {
-        return term_config{.num_heads = layout_.num_heads, .head_dim = layout_.head_dim,
-                           .shared_head = layout_.shared_head, .skip = layout_.skip};
+        return term_config{.num_heads = layout_.num_heads,
+                           .head_dim = layout_.head_dim,
+                           .shared_head = layout_.shared_head,
+                           .skip = layout_.skip};
     }
     /// @brief Each table's shape: (Ht, K) bias; (Ht, D, K) contextual q/k; (Ht, K, D) v.
     [[nodiscard]] std::vector<std::int64_t> table_shape() const {
@@ -144,8 +147,7 @@ public:
     /// @brief The shared bucket ids of this term on a depth × height × width grid (depth > 1
     /// needs a 3D mapping), held as `storage` says, from the id source's cache.
     /// @throws as bucket_cache::get.
-    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int depth, int height, int width,
-                                                                    id_storage storage) const {
+    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int depth, int height, int width, id_storage storage) const {
         return ids_->get(depth, height, width, layout_.skip, storage);
     }
     /// @brief bucket_ids(depth, height, width, id_storage::automatic).

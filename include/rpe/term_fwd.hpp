@@ -36,7 +36,7 @@ struct term_config {
 /// @brief One iRPE term composed at compile time (mapping × mode × target × scalar × backend);
 /// see term.hpp (CPU) and backend/cuda/term.cuh (CUDA). The run-time form is rpe::term_desc.
 template <GridMapping M, Mode Md, target Tg, class S = float, Backend B = backend::cpu>
-    requires ModeOnTarget<Md, Tg>
+requires ModeOnTarget<Md, Tg>
 class term;
 
 }  // namespace rpe

@@ -49,8 +49,8 @@ void check_bad_term_calls(const KeyTerm& key, const BiasTerm& bias, const ValueT
                          Contains("[rpe.term] x is a null buffer of shape (2, 2, 10, 8)"), E);
     CHECK_THROWS_WITH_AS(key.forward(*ids, tab, xq, tensor_ref<S>(x.data(), {2, 2, 10, 10}), rpe::write::overwrite),
                          Contains("[rpe.term] out overlaps x in memory"), E);
-    CHECK_THROWS_WITH_AS(key.forward(*other_ids, tab, xq, o,
-                                     rpe::write::overwrite), Contains("[rpe.term] bucket ids were built for another mapping"), E);
+    CHECK_THROWS_WITH_AS(key.forward(*other_ids, tab, xq, o, rpe::write::overwrite),
+                         Contains("[rpe.term] bucket ids were built for another mapping"), E);
     // backward, contextual key term
     CHECK_THROWS_WITH_AS(key.backward(*ids, tab, xq, go, g_x, tensor_ref<S>(nullptr, {1, 8, 50}), rpe::write::overwrite),
                          Contains("[rpe.term] grad_tables[0] is a null buffer of shape (1, 8, 50)"), E);
@@ -64,18 +64,19 @@ void check_bad_term_calls(const KeyTerm& key, const BiasTerm& bias, const ValueT
                          Contains("[rpe.term] grad_x has shape (2, 2, 10, 9); expected (2, 2, 10, 8)"), E);
     // bias term
     const tensor_ref<const S> btab(table.data(), {1, 50});
-    CHECK_THROWS_WITH_AS(bias.forward(*ids, btab, xq, o, rpe::write::overwrite), Contains("[rpe.term] x must be empty ({}) in bias mode"), E);
+    CHECK_THROWS_WITH_AS(bias.forward(*ids, btab, xq, o, rpe::write::overwrite),
+                         Contains("[rpe.term] x must be empty ({}) in bias mode"), E);
     CHECK_THROWS_WITH_AS(bias.forward(*ids, btab, {}, tensor_ref<S>(out.data(), {2, 3, 10, 10}), rpe::write::overwrite),
                          Contains("[rpe.term] out has shape (2, 3, 10, 10); expected (B >= 1, 2 or 1, L, L) with L = 10"), E);
     CHECK_THROWS_WITH_AS(bias.backward(*ids, btab, {}, go, g_x, tensor_ref<S>(gt.data(), {1, 50}), rpe::write::overwrite),
                          Contains("[rpe.term] grad_x must be empty ({}) in bias mode"), E);
     // contextual value term: x is the attention (B, H, L, L), out (B, H, L, D)
     const tensor_ref<const S> a(x.data(), {2, 2, 10, 10}), vtab(table.data(), {1, 50, 8});
-    CHECK_THROWS_WITH_AS(value.forward(*ids, vtab, tensor_ref<const S>(x.data(), {2, 2, 10, 8}), tensor_ref<S>(out.data(), {2, 2, 10, 8}),
-                                       rpe::write::overwrite),
+    CHECK_THROWS_WITH_AS(value.forward(*ids, vtab, tensor_ref<const S>(x.data(), {2, 2, 10, 8}),
+                                       tensor_ref<S>(out.data(), {2, 2, 10, 8}), rpe::write::overwrite),
                          Contains("[rpe.term] x has shape (2, 2, 10, 8); expected (B >= 1, 2, 10, 10)"), E);
-    CHECK_THROWS_WITH_AS(value.forward(*ids, tensor_ref<const S>(table.data(), {1, 8, 50}), a, tensor_ref<S>(out.data(), {2, 2, 10, 8}),
-                                       rpe::write::overwrite),
+    CHECK_THROWS_WITH_AS(value.forward(*ids, tensor_ref<const S>(table.data(), {1, 8, 50}), a,
+                                       tensor_ref<S>(out.data(), {2, 2, 10, 8}), rpe::write::overwrite),
                          Contains("[rpe.term] table has shape (1, 8, 50); expected (1, 50, 8)"), E);
     // nothing was written by any of these calls
     for (const S v : out) REQUIRE(v == S(0));

@@ -24,7 +24,9 @@ namespace rpe_cuda_test {
 template <class T>
 class device_vec {
 public:
-    explicit device_vec(std::size_t n) : n_(n) { RPE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), std::max<std::size_t>(n, 1) * sizeof(T))); }
+    explicit device_vec(std::size_t n) : n_(n) {
+        RPE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), std::max<std::size_t>(n, 1) * sizeof(T)));
+    }
     explicit device_vec(const std::vector<T>& h) : device_vec(h.size()) {
         RPE_CUDA_CHECK(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
     }

@@ -28,7 +28,7 @@ struct term_case {
     std::vector<std::vector<float>> tables;  // 1 or 2 (Cross)
     std::vector<std::int64_t> table_shape, x_shape, out_shape;
     std::vector<float> x, grad_out;
-    expected_array out, grad_x;         // grad_x empty for bias
+    expected_array out, grad_x;  // grad_x empty for bias
     std::vector<expected_array> grad_tables;
 };
 
@@ -43,7 +43,7 @@ struct attention_case {
     int skip = 0, heads = 1, head_dim = 1, height = 0, width = 0, batch = 1, length = 0;
     std::vector<float> q, k, v, grad_out;
     std::vector<std::uint8_t> key_padding_mask;  // empty when none
-    std::vector<std::vector<float>> tables[3];    // per slot q, k, v
+    std::vector<std::vector<float>> tables[3];   // per slot q, k, v
     expected_array out, grad_q, grad_k, grad_v;
     std::vector<expected_array> grad_tables[3];  // per slot q, k, v
 };

@@ -43,8 +43,8 @@ void compare_attention(const attn_config& cfg, unsigned seed) {
     std::vector<std::uint8_t> mask;
     if (cfg.padding) {
         mask.assign(static_cast<std::size_t>(b * l), 0);
-        for (std::int64_t j = l - 3; j < l; ++j) mask[static_cast<std::size_t>(j)] = 1;        // batch 0: 3 padded keys
-        if (b > 1) std::fill(mask.begin() + l, mask.begin() + 2 * l, std::uint8_t{1});     // batch 1: all masked
+        for (std::int64_t j = l - 3; j < l; ++j) mask[static_cast<std::size_t>(j)] = 1;  // batch 0: 3 padded keys
+        if (b > 1) std::fill(mask.begin() + l, mask.begin() + 2 * l, std::uint8_t{1});   // batch 1: all masked
     }
     std::vector<float> am;
     if (cfg.additive) am = random_floats(l * l, seed + 4, 0.5f);
@@ -68,7 +68,8 @@ void compare_attention(const attn_config& cfg, unsigned seed) {
         cfg_terms[s] = rpe::make_term<float>(spec);
         cpu_terms[s] = rpe::make_term<C>(spec);
         const auto shape = cfg_terms[s]->table_shape();
-        for (int t = 0; t < cfg_terms[s]->num_tables(); ++t) tables[s].push_back(random_floats(count(shape), seed + 10 + 3 * s + t, 0.5f));
+        for (int t = 0; t < cfg_terms[s]->num_tables(); ++t)
+            tables[s].push_back(random_floats(count(shape), seed + 10 + 3 * s + t, 0.5f));
     }
 
     // CPU
@@ -160,8 +161,8 @@ void compare_attention(const attn_config& cfg, unsigned seed) {
     std::size_t u_index = 0;
     for (int s = 0; s < 3; ++s)
         for (std::size_t t = 0; t < cgtables[s].size(); ++t)
-            check_vs(std::string("grad table ") + "qkv"[s] + std::to_string(t), to_double(dgtables[u_index++]->host()), cgtables[s][t],
-                     static_cast<double>(b * h * l * l));
+            check_vs(std::string("grad table ") + "qkv"[s] + std::to_string(t), to_double(dgtables[u_index++]->host()),
+                     cgtables[s][t], static_cast<double>(b * h * l * l));
 }
 
 template <class S>
@@ -174,7 +175,8 @@ void attention_suite(unsigned seed) {
         compare_attention<S>({.on = "qkv", .padding = true}, seed);
     }
     SUBCASE("bias q and k, euclidean, per head, additive mask") {
-        compare_attention<S>({.on = "qk", .method = rpe::method::euclidean, .contextual = false, .shared = false, .additive = true}, seed);
+        compare_attention<S>(
+            {.on = "qk", .method = rpe::method::euclidean, .contextual = false, .shared = false, .additive = true}, seed);
     }
     SUBCASE("cross, contextual q, k, v, per head") {
         compare_attention<S>({.on = "qkv", .method = rpe::method::cross, .shared = false}, seed);
@@ -185,14 +187,24 @@ void attention_suite(unsigned seed) {
     // double at D = 128 needs about 76 KB of shared memory per block: more than sm_75 offers
     if constexpr (!std::is_same_v<S, double>) {
         SUBCASE("D = 128 and DETR's product ratio 2 without class token") {
-            compare_attention<S>({.on = "k", .skip = 0, .batch = 1, .heads = 1, .dim = 128, .height = 6, .width = 9, .padding = true, .ratio = 2.0}, seed);
+            compare_attention<S>({.on = "k",
+                                  .skip = 0,
+                                  .batch = 1,
+                                  .heads = 1,
+                                  .dim = 128,
+                                  .height = 6,
+                                  .width = 9,
+                                  .padding = true,
+                                  .ratio = 2.0},
+                                 seed);
         }
     }
 }
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("cuda fused attention forward and backward match the CPU fused attention", S, float, double, __half, __nv_bfloat16) {
+TEST_CASE_TEMPLATE("cuda fused attention forward and backward match the CPU fused attention", S, float, double, __half,
+                   __nv_bfloat16) {
     attention_suite<S>(300);
 }
 
@@ -263,10 +275,11 @@ TEST_CASE("cuda fused attention rejects bad arguments") {
     in.v = q.cref({2, 2, 9, 8});
     in.height = 3;
     in.width = 3;
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, out.ref({2, 2, 10, 8})), doctest::Contains("[rpe.attention] v has shape"),
-                         rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, out.ref({2, 2, 10, 8})),
+                         doctest::Contains("[rpe.attention] v has shape"), rpe::invalid_argument);
     in.v = q.cref({2, 2, 10, 8});
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, q.ref({2, 2, 10, 8})), doctest::Contains("overlaps"), rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, q.ref({2, 2, 10, 8})), doctest::Contains("overlaps"),
+                         rpe::invalid_argument);
     rpe::cuda::attention_inputs<float> wide;
     wide.q = wide.k = wide.v = big.cref({1, 1, 4, 256});
     wide.height = 2;

@@ -223,7 +223,9 @@ void compare_rope_attention(const rope_attn_config& cfg, unsigned seed) {
     if (mixed) check_vs<S>("grad_freqs", to_double(dgf.host()), cgf, static_cast<double>(b * l * l));
     std::size_t u = 0;
     for (int s = 0; s < 3; ++s)
-        if (cfg_terms[s]) check_vs<S>(std::string("grad table ") + letters[s], to_double(dgtables[u++]->host()), cgtables[s], static_cast<double>(b * h * l * l));
+        if (cfg_terms[s])
+            check_vs<S>(std::string("grad table ") + letters[s], to_double(dgtables[u++]->host()), cgtables[s],
+                        static_cast<double>(b * h * l * l));
 }
 
 }  // namespace
@@ -232,9 +234,13 @@ TEST_CASE_TEMPLATE("cuda rope_forward and rope_backward match the CPU rotation (
                    double, __half) {
     SUBCASE("axial, skip 1") { compare_rope<S>({.form = 0}, 400); }
     SUBCASE("mixed, skip 1") { compare_rope<S>({.form = 1}, 410); }
-    SUBCASE("mixed, skip 0, D = 6, 4 x 5 grid") { compare_rope<S>({.form = 1, .skip = 0, .dim = 6, .height = 4, .width = 5}, 420); }
+    SUBCASE("mixed, skip 0, D = 6, 4 x 5 grid") {
+        compare_rope<S>({.form = 1, .skip = 0, .dim = 6, .height = 4, .width = 5}, 420);
+    }
     SUBCASE("cat (EVA-02, reference grid), skip 2") { compare_rope<S>({.form = 2, .skip = 2}, 430); }
-    SUBCASE("cat in pixels, xy, skip 0, D = 16") { compare_rope<S>({.form = 3, .skip = 0, .dim = 16, .height = 5, .width = 3}, 440); }
+    SUBCASE("cat in pixels, xy, skip 0, D = 16") {
+        compare_rope<S>({.form = 3, .skip = 0, .dim = 16, .height = 5, .width = 3}, 440);
+    }
     SUBCASE("mixed, larger: B 3, H 4, D 64, 7 x 7 grid") {
         compare_rope<S>({.form = 1, .batch = 3, .heads = 4, .dim = 64, .height = 7, .width = 7}, 450);
     }
@@ -246,7 +252,9 @@ TEST_CASE_TEMPLATE("cuda fused attention with RoPE matches the CPU fused attenti
     SUBCASE("axial with iRPE-K") { compare_rope_attention<S>({.form = 0, .on = "k"}, 510); }
     SUBCASE("mixed alone") { compare_rope_attention<S>({.form = 1}, 520); }
     SUBCASE("mixed with iRPE-K") { compare_rope_attention<S>({.form = 1, .on = "k"}, 530); }
-    SUBCASE("mixed with iRPE on q, k, v and key padding") { compare_rope_attention<S>({.form = 1, .on = "qkv", .padding = true}, 540); }
+    SUBCASE("mixed with iRPE on q, k, v and key padding") {
+        compare_rope_attention<S>({.form = 1, .on = "qkv", .padding = true}, 540);
+    }
     SUBCASE("cat (EVA-02) alone, skip 0") { compare_rope_attention<S>({.form = 2, .skip = 0}, 550); }
     SUBCASE("cat (EVA-02) with iRPE-K, skip 2") { compare_rope_attention<S>({.form = 2, .on = "k", .skip = 2}, 560); }
     SUBCASE("mixed, larger: L = 50, D = 64, iRPE-K") {
@@ -325,13 +333,16 @@ TEST_CASE("cuda attention rejects bad RoPE inputs with the CPU attention's excep
             same_error([&] { rpe::attention_forward(cin, view<float>(out.data(), shape)); },
                        [&] { rpe::cuda::attention_forward(gin, view<float>(out.data(), shape)); }, expected);
         } else {
-            same_error([&] {
-                rpe::attention_backward(cin, view<const float>(go.data(), shape), view<float>(gq.data(), shape),
-                                        view<float>(gk.data(), shape), view<float>(gv.data(), shape));
-            }, [&] {
-                rpe::cuda::attention_backward(gin, view<const float>(go.data(), shape), view<float>(gq.data(), shape),
-                                              view<float>(gk.data(), shape), view<float>(gv.data(), shape));
-            }, expected);
+            same_error(
+                [&] {
+                    rpe::attention_backward(cin, view<const float>(go.data(), shape), view<float>(gq.data(), shape),
+                                            view<float>(gk.data(), shape), view<float>(gv.data(), shape));
+                },
+                [&] {
+                    rpe::cuda::attention_backward(gin, view<const float>(go.data(), shape), view<float>(gq.data(), shape),
+                                                  view<float>(gk.data(), shape), view<float>(gv.data(), shape));
+                },
+                expected);
         }
     };
     const auto mixed = [&](auto& in) {
@@ -343,20 +354,47 @@ TEST_CASE("cuda attention rejects bad RoPE inputs with the CPU attention's excep
     check([](auto& in) { in.rope.form = rpe::rope::cat{.ref_height = 3}; }, "ref_height, ref_width = 3, 0", false);
     check([](auto& in) { in.rope.skip = 2; }, "[rpe.attention] L = 13; expected rope skip + height*width = 2 + 3*4", false);
     check([](auto& in) { in.rope.skip = -1; }, "rope skip = -1", false);
-    check([](auto& in) { in.depth = 2; in.width = 2; }, "rope needs a 2D grid; depth = 2", false);
+    check(
+        [](auto& in) {
+            in.depth = 2;
+            in.width = 2;
+        },
+        "rope needs a 2D grid; depth = 2", false);
     check([](auto& in) { in.rope.form = rpe::rope::mixed{}; }, "rope freqs", false);
-    check([&](auto& in) { mixed(in); in.rope.freqs = view<const float>(f.data(), {2, h * d / 2}); }, "rope freqs has shape (2, 8)",
-          false);
-    check([&](auto& in) { in.rope.freqs = view<const float>(f.data(), fshape); }, "rope freqs is given for a fixed-frequency form",
-          false);
-    check([&](auto& in) { mixed(in); in.rope.freqs = view<const float>(out.data(), fshape); }, "out overlaps rope freqs", false);
-    check([&](auto& in) { in.rope.grad_freqs = view<float>(gf.data(), fshape); }, "rope grad_freqs is given for a fixed-frequency form",
-          true);
-    check([&](auto& in) { mixed(in); in.rope.grad_freqs = view<float>(gq.data(), shape); }, "rope grad_freqs has shape (2, 2, 13, 8)",
-          true);
-    check([&](auto& in) { mixed(in); in.rope.grad_freqs = view<float>(gk.data(), fshape); }, "rope grad_freqs overlaps grad_k", true);
-    check([&](auto& in) { mixed(in); in.rope.grad_freqs = view<float>(const_cast<float*>(f.data()), fshape); },
-          "rope grad_freqs overlaps rope freqs", true);
+    check(
+        [&](auto& in) {
+            mixed(in);
+            in.rope.freqs = view<const float>(f.data(), {2, h * d / 2});
+        },
+        "rope freqs has shape (2, 8)", false);
+    check([&](auto& in) { in.rope.freqs = view<const float>(f.data(), fshape); },
+          "rope freqs is given for a fixed-frequency form", false);
+    check(
+        [&](auto& in) {
+            mixed(in);
+            in.rope.freqs = view<const float>(out.data(), fshape);
+        },
+        "out overlaps rope freqs", false);
+    check([&](auto& in) { in.rope.grad_freqs = view<float>(gf.data(), fshape); },
+          "rope grad_freqs is given for a fixed-frequency form", true);
+    check(
+        [&](auto& in) {
+            mixed(in);
+            in.rope.grad_freqs = view<float>(gq.data(), shape);
+        },
+        "rope grad_freqs has shape (2, 2, 13, 8)", true);
+    check(
+        [&](auto& in) {
+            mixed(in);
+            in.rope.grad_freqs = view<float>(gk.data(), fshape);
+        },
+        "rope grad_freqs overlaps grad_k", true);
+    check(
+        [&](auto& in) {
+            mixed(in);
+            in.rope.grad_freqs = view<float>(const_cast<float*>(f.data()), fshape);
+        },
+        "rope grad_freqs overlaps rope freqs", true);
 }
 
 TEST_CASE("cuda attention refuses strided q, k, v (which the CPU attention reads in place): not supported") {
@@ -394,12 +432,16 @@ TEST_CASE("cuda rope_forward and rope_backward reject bad inputs with the CPU ro
     fwd(rank3, x6.data(), odd, y6.data(), 3, "x has shape (13, 6, 1)");
     fwd(ok, x8.data(), odd, y6.data(), 3, "y has shape (1, 1, 13, 6)");
     const auto bwd = [&](const std::vector<std::int64_t>& gs, const std::string& expected) {
-        same_error([&] {
-            rpe::rope_backward(r, 3, 4, view<const float>(x8.data(), ok), view<const float>(g8.data(), gs), view<float>(y8.data(), ok));
-        }, [&] {
-            rpe::cuda::rope_backward(r, 3, 4, view<const float>(x8.data(), ok), view<const float>(g8.data(), gs),
-                                     view<float>(y8.data(), ok));
-        }, expected);
+        same_error(
+            [&] {
+                rpe::rope_backward(r, 3, 4, view<const float>(x8.data(), ok), view<const float>(g8.data(), gs),
+                                   view<float>(y8.data(), ok));
+            },
+            [&] {
+                rpe::cuda::rope_backward(r, 3, 4, view<const float>(x8.data(), ok), view<const float>(g8.data(), gs),
+                                         view<float>(y8.data(), ok));
+            },
+            expected);
     };
     bwd(odd, "grad_y has shape");
     r.grad_freqs = view<float>(gf.data(), fshape);
@@ -412,7 +454,8 @@ TEST_CASE("cuda rope_forward and rope_backward reject bad inputs with the CPU ro
     bwd(ok, "rope grad_freqs has shape (2, 4)");
 }
 
-TEST_CASE("cuda attention: what the backend lacks (attn output, saved probabilities) is rpe::not_supported, before any CUDA call") {
+TEST_CASE(
+    "cuda attention: what the backend lacks (attn output, saved probabilities) is rpe::not_supported, before any CUDA call") {
     const std::int64_t b = 1, h = 2, l = 10, d = 8;
     const std::vector<std::int64_t> shape{b, h, l, d}, ashape{b, h, l, l};
     const auto x = random_floats(b * h * l * d, 5);
@@ -424,15 +467,17 @@ TEST_CASE("cuda attention: what the backend lacks (attn output, saved probabilit
     CHECK_FALSE(rpe::cuda::attention_caps.saved_probabilities);
     CHECK_FALSE(rpe::cuda::attention_caps.strided_qkv);
     CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(out.data(), shape), view<float>(attn.data(), ashape)),
-                         "[rpe.attention] the attn output (probabilities) is not supported by the cuda backend", rpe::not_supported);
+                         "[rpe.attention] the attn output (probabilities) is not supported by the cuda backend",
+                         rpe::not_supported);
     const rpe::attention_gradients<float> g{.grad_out = view<const float>(x.data(), shape),
                                             .grad_q = view<float>(gq.data(), shape),
                                             .grad_k = view<float>(gk.data(), shape),
                                             .grad_v = view<float>(gv.data(), shape),
                                             .saved_attn = view<const float>(attn.data(), ashape)};
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_backward(in, g),
-                         "[rpe.attention] the backward from saved probabilities (saved_attn) is not supported by the cuda backend",
-                         rpe::not_supported);
+    CHECK_THROWS_WITH_AS(
+        rpe::cuda::attention_backward(in, g),
+        "[rpe.attention] the backward from saved probabilities (saved_attn) is not supported by the cuda backend",
+        rpe::not_supported);
     CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(out.data(), shape), {}, {.scale = std::nan("")}),
                          doctest::Contains("[rpe.attention] options.scale = "), rpe::invalid_argument);
 }
@@ -459,10 +504,11 @@ TEST_CASE("cuda rope: rope::mrope (3-axis positions) is rpe::not_supported, befo
     in.height = 1;
     in.width = 7;
     in.rope = r;
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(y.data(), shape)), doctest::Contains(message), rpe::not_supported);
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(y.data(), shape)), doctest::Contains(message),
+                         rpe::not_supported);
     // a bad input is still the CPU's invalid_argument first
     r.positions = view<const float>(pos.data(), {l, 2});
     CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
                          doctest::Contains("rope positions has shape (7, 2); expected 3 axes (t, h, w)"), rpe::invalid_argument);
 }
-}
+}  // TEST_SUITE("host")

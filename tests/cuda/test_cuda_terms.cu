@@ -97,8 +97,9 @@ void compare_term(const M& m, int batch, int heads, int dim, bool shared, int sk
     const auto x = xshape.empty() ? std::vector<float>{} : random_floats(count(xshape), seed + 1);
     const auto out0 = accumulate ? random_floats(count(oshape), seed + 2) : std::vector<float>(count(oshape), 0.f);
     const auto gout = random_floats(count(oshape), seed + 3);
-    const auto gx0 = xshape.empty() ? std::vector<float>{}
-                                    : (accumulate ? random_floats(count(xshape), seed + 4) : std::vector<float>(count(xshape), 0.f));
+    const auto gx0 = xshape.empty()
+                         ? std::vector<float>{}
+                         : (accumulate ? random_floats(count(xshape), seed + 4) : std::vector<float>(count(xshape), 0.f));
 
     // CPU (C, unrounded inputs)
     auto cv = [](const std::vector<float>& v) { return std::vector<C>(v.begin(), v.end()); };
@@ -158,13 +159,27 @@ void random_suite(bool accumulate, unsigned seed) {
     using ctx = rpe::mode::contextual;
     using bias = rpe::mode::bias;
     using rpe::target;
-    SUBCASE("product, contextual key, shared, skip 1") { compare_term<S, P, ctx, target::key>(P{g}, 2, 3, 8, true, 1, 5, 6, accumulate, seed); }
-    SUBCASE("product, contextual query, per head, skip 0") { compare_term<S, P, ctx, target::query>(P{g}, 2, 3, 8, false, 0, 4, 7, accumulate, seed); }
-    SUBCASE("euclidean, contextual value, shared, skip 1") { compare_term<S, E, ctx, target::value>(E{g}, 2, 2, 16, true, 1, 5, 5, accumulate, seed); }
-    SUBCASE("cross, bias key, per head, skip 1") { compare_term<S, X, bias, target::key>(X{g}, 2, 3, 4, false, 1, 6, 5, accumulate, seed); }
-    SUBCASE("quantization, bias query, shared, skip 0") { compare_term<S, Q, bias, target::query>(Q{g}, 1, 2, 4, true, 0, 5, 4, accumulate, seed); }
-    SUBCASE("cross, contextual query, shared, skip 0") { compare_term<S, X, ctx, target::query>(X{g}, 1, 2, 8, true, 0, 5, 7, accumulate, seed); }
-    SUBCASE("cross, contextual value, per head, skip 1") { compare_term<S, X, ctx, target::value>(X{g}, 2, 2, 8, false, 1, 4, 6, accumulate, seed); }
+    SUBCASE("product, contextual key, shared, skip 1") {
+        compare_term<S, P, ctx, target::key>(P{g}, 2, 3, 8, true, 1, 5, 6, accumulate, seed);
+    }
+    SUBCASE("product, contextual query, per head, skip 0") {
+        compare_term<S, P, ctx, target::query>(P{g}, 2, 3, 8, false, 0, 4, 7, accumulate, seed);
+    }
+    SUBCASE("euclidean, contextual value, shared, skip 1") {
+        compare_term<S, E, ctx, target::value>(E{g}, 2, 2, 16, true, 1, 5, 5, accumulate, seed);
+    }
+    SUBCASE("cross, bias key, per head, skip 1") {
+        compare_term<S, X, bias, target::key>(X{g}, 2, 3, 4, false, 1, 6, 5, accumulate, seed);
+    }
+    SUBCASE("quantization, bias query, shared, skip 0") {
+        compare_term<S, Q, bias, target::query>(Q{g}, 1, 2, 4, true, 0, 5, 4, accumulate, seed);
+    }
+    SUBCASE("cross, contextual query, shared, skip 0") {
+        compare_term<S, X, ctx, target::query>(X{g}, 1, 2, 8, true, 0, 5, 7, accumulate, seed);
+    }
+    SUBCASE("cross, contextual value, per head, skip 1") {
+        compare_term<S, X, ctx, target::value>(X{g}, 2, 2, 8, false, 1, 4, 6, accumulate, seed);
+    }
     SUBCASE("SAM decomposed rel pos: cross, clip index, contextual key, shared, 4 x 6 grid") {
         const auto m = rpe::vit::decomposed_rel_pos_mapping(4, 6);
         compare_term<S, decltype(m), ctx, target::key>(m, 2, 3, 8, true, 0, 4, 6, accumulate, seed);
@@ -200,24 +215,34 @@ void with_golden_term(const term_case& c, F&& f) {
         using ctx = rpe::mode::contextual;
         using bias = rpe::mode::bias;
         if (c.contextual) {
-            if (c.target == 'k') f(rpe::term<M, ctx, rpe::target::key, S, cuda>(mapping,
-                {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
-            else if (c.target == 'q') f(rpe::term<M, ctx, rpe::target::query, S, cuda>(mapping,
-                {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
-            else f(rpe::term<M, ctx, rpe::target::value, S, cuda>(mapping,
-                {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
+            if (c.target == 'k')
+                f(rpe::term<M, ctx, rpe::target::key, S, cuda>(
+                    mapping, {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
+            else if (c.target == 'q')
+                f(rpe::term<M, ctx, rpe::target::query, S, cuda>(
+                    mapping, {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
+            else
+                f(rpe::term<M, ctx, rpe::target::value, S, cuda>(
+                    mapping, {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
         } else {
-            if (c.target == 'k') f(rpe::term<M, bias, rpe::target::key, S, cuda>(mapping,
-                {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
-            else f(rpe::term<M, bias, rpe::target::query, S, cuda>(mapping,
-                {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
+            if (c.target == 'k')
+                f(rpe::term<M, bias, rpe::target::key, S, cuda>(
+                    mapping, {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
+            else
+                f(rpe::term<M, bias, rpe::target::query, S, cuda>(
+                    mapping, {.num_heads = c.heads, .head_dim = c.head_dim, .shared_head = c.shared_head, .skip = c.skip}));
         }
     };
-    if (c.method == "product") by_mode(rpe::mapping::product<pw>{g});
-    else if (c.method == "cross") by_mode(rpe::mapping::cross<pw>{g});
-    else if (c.method == "euclidean") by_mode(rpe::mapping::euclidean<pw>{g});
-    else if (c.method == "quantization") by_mode(rpe::mapping::quantization<pw>{g});
-    else FAIL("unknown method " << c.method);
+    if (c.method == "product")
+        by_mode(rpe::mapping::product<pw>{g});
+    else if (c.method == "cross")
+        by_mode(rpe::mapping::cross<pw>{g});
+    else if (c.method == "euclidean")
+        by_mode(rpe::mapping::euclidean<pw>{g});
+    else if (c.method == "quantization")
+        by_mode(rpe::mapping::quantization<pw>{g});
+    else
+        FAIL("unknown method " << c.method);
 }
 
 }  // namespace
@@ -247,7 +272,8 @@ TEST_CASE("cuda term matches the golden term vectors in float32") {
                        rpe::write::overwrite);
             const auto out = dout.host();
             check_close(c.name + " output", as_double(out), c.out.values, c.out.atol, c.out.rtol);
-            if (!c.x.empty()) check_close(c.name + " grad_input", as_double(dgx.host()), c.grad_x.values, c.grad_x.atol, c.grad_x.rtol);
+            if (!c.x.empty())
+                check_close(c.name + " grad_input", as_double(dgx.host()), c.grad_x.values, c.grad_x.atol, c.grad_x.rtol);
             for (int u = 0; u < T::num_tables; ++u)
                 check_close(c.name + " " + c.grad_tables[u].file, as_double(dg[u]->host()), c.grad_tables[u].values,
                             c.grad_tables[u].atol, c.grad_tables[u].rtol);
@@ -287,8 +313,10 @@ TEST_CASE("device bucket ids are cached per configuration and device") {
     auto& cache = rpe::cuda::device_bucket_cache::global();
     cache.clear();
     using P = rpe::mapping::product<pw>;
-    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t1(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 4, .skip = 1});
-    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t0(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 4});
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t1(P{pw::from_ratio(1.9)},
+                                                                          {.num_heads = 2, .head_dim = 4, .skip = 1});
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t0(P{pw::from_ratio(1.9)},
+                                                                          {.num_heads = 2, .head_dim = 4});
     const auto a = cache.get(*t1.bucket_ids(5, 5));
     const auto b = cache.get(*t1.bucket_ids(5, 5));
     CHECK(a.get() == b.get());
@@ -314,7 +342,8 @@ TEST_CASE("device bucket ids are cached per configuration and device") {
 
 TEST_CASE("device ids of a 256 x 256 grid: per-offset ids only, the host's ids through the views") {
     using P = rpe::mapping::product<pw>;
-    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 4, .skip = 1});
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)},
+                                                                         {.num_heads = 2, .head_dim = 4, .skip = 1});
     const auto ids = t.bucket_ids(256, 256);  // L = 65537: on-the-fly on the host
     CHECK(ids->storage_kind() == rpe::id_storage::on_the_fly);
     const auto dev = rpe::cuda::device_bucket_cache::global().get(*ids);
@@ -357,7 +386,8 @@ int device_host_bucket_mismatches(const M& m, int height, int width) {
         RPE_CUDA_CHECK(cudaGetLastError());
         const auto got = d.host();
         for (int e = 0; e < cells; ++e)
-            wrong += got[e] != rpe::detail::bucket_of(m, e / (2 * width - 1) - (height - 1), e % (2 * width - 1) - (width - 1), t);
+            wrong +=
+                got[e] != rpe::detail::bucket_of(m, e / (2 * width - 1) - (height - 1), e % (2 * width - 1) - (width - 1), t);
     }
     return wrong;
 }
@@ -381,18 +411,22 @@ TEST_CASE("mapping math gives the same buckets on the device as on the host") {
 
 TEST_CASE("cuda term rejects bad arguments before any launch") {
     using P = rpe::mapping::product<pw>;
-    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8, .skip = 1});
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)},
+                                                                               {.num_heads = 2, .head_dim = 8, .skip = 1});
     const auto ids = t.bucket_ids(3, 3);  // L = 10, K = 50
     device_vec<float> table(8 * 50), x(2 * 2 * 10 * 8), out(2 * 2 * 10 * 10);
-    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 49}), x.cref({2, 2, 10, 8}), out.ref({2, 2, 10, 10}),
-                              rpe::write::overwrite), rpe::invalid_argument);
-    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 50}), x.cref({2, 2, 9, 8}), out.ref({2, 2, 10, 10}),
-                              rpe::write::overwrite), rpe::invalid_argument);
-    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 50}), x.cref({2, 2, 10, 8}), x.ref({2, 2, 10, 10}),
-                              rpe::write::overwrite), rpe::invalid_argument);
-    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> t0(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8});
-    CHECK_THROWS_WITH_AS(t0.forward(*ids, table.cref({1, 8, 49}), x.cref({2, 2, 10, 8}), out.ref({2, 2, 10, 10}), rpe::write::overwrite),
-                         doctest::Contains("[rpe.term] bucket ids have skip = 1"), rpe::invalid_argument);
+    CHECK_THROWS_AS(
+        t.forward(*ids, table.cref({1, 8, 49}), x.cref({2, 2, 10, 8}), out.ref({2, 2, 10, 10}), rpe::write::overwrite),
+        rpe::invalid_argument);
+    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 50}), x.cref({2, 2, 9, 8}), out.ref({2, 2, 10, 10}), rpe::write::overwrite),
+                    rpe::invalid_argument);
+    CHECK_THROWS_AS(t.forward(*ids, table.cref({1, 8, 50}), x.cref({2, 2, 10, 8}), x.ref({2, 2, 10, 10}), rpe::write::overwrite),
+                    rpe::invalid_argument);
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> t0(P{pw::from_ratio(1.9)},
+                                                                                {.num_heads = 2, .head_dim = 8});
+    CHECK_THROWS_WITH_AS(
+        t0.forward(*ids, table.cref({1, 8, 49}), x.cref({2, 2, 10, 8}), out.ref({2, 2, 10, 10}), rpe::write::overwrite),
+        doctest::Contains("[rpe.term] bucket ids have skip = 1"), rpe::invalid_argument);
     try {
         RPE_CUDA_CHECK(cudaSetDevice(100000));
         FAIL("cudaSetDevice(100000) succeeded");
@@ -409,13 +443,15 @@ TEST_CASE("cuda term rejects bad arguments before any launch") {
 TEST_SUITE("host") {
 TEST_CASE("cuda term rejects the shared list of bad calls with the CPU term's messages") {
     using P = rpe::mapping::product<pw>;
-    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> key(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8, .skip = 1});
-    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> bias(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8, .skip = 1});
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> key(P{pw::from_ratio(1.9)},
+                                                                                 {.num_heads = 2, .head_dim = 8, .skip = 1});
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> bias(P{pw::from_ratio(1.9)},
+                                                                            {.num_heads = 2, .head_dim = 8, .skip = 1});
     const rpe::term<P, rpe::mode::contextual, rpe::target::value, float, cuda> value(P{pw::from_ratio(1.9)},
-        {.num_heads = 2, .head_dim = 8, .skip = 1});
+                                                                                     {.num_heads = 2, .head_dim = 8, .skip = 1});
     rpe_test::check_bad_term_calls<float>(key, bias, value);
 }
-}
+}  // TEST_SUITE("host")
 
 namespace rpe_cuda_test {
 bool has_device(std::string& why, std::string& what) {
@@ -440,7 +476,8 @@ TEST_CASE("cuda Swin and BEiT bias terms match the CPU term (BEiT's three class-
     const rpe::mapping::swin sw{.window_h = 4, .window_w = 5};
     const rpe::mapping::beit be{.window_h = 3, .window_w = 4};
     compare_term<float, rpe::mapping::swin, bias, target::key>(sw, 2, 3, 8, false, 0, 4, 5, false, 300);
-    compare_term<float, rpe::mapping::swin, bias, target::key>(sw, 1, 2, 8, false, 0, 3, 5, true, 310);  // a grid below the window
+    compare_term<float, rpe::mapping::swin, bias, target::key>(sw, 1, 2, 8, false, 0, 3, 5, true,
+                                                               310);  // a grid below the window
     compare_term<float, rpe::mapping::beit, bias, target::key>(be, 2, 3, 8, false, 1, 3, 4, false, 320);
     compare_term<float, rpe::mapping::beit, bias, target::query>(be, 2, 2, 8, true, 1, 3, 4, false, 330);
     CHECK(device_host_bucket_mismatches(rpe::mapping::swin{.window_h = 7, .window_w = 7}, 7, 7) == 0);

@@ -7,10 +7,10 @@
 #include <vector>
 
 struct isa_result {
-    std::vector<float> attention;  ///< rpe::attention_forward output (B, H, L, D)
-    std::vector<float> term;       ///< rpe::term::forward output (B, H, L, L)
-    std::string isa;               ///< rpe::detail::cpu::simd_isa(), called through its address
-    std::string ns;                ///< rpe::detail::cpu::isa_namespace(), through its address
+    std::vector<float> attention;        ///< rpe::attention_forward output (B, H, L, D)
+    std::vector<float> term;             ///< rpe::term::forward output (B, H, L, L)
+    std::string isa;                     ///< rpe::detail::cpu::simd_isa(), called through its address
+    std::string ns;                      ///< rpe::detail::cpu::isa_namespace(), through its address
     const void* attention_fn = nullptr;  ///< &rpe::attention_forward<float> as this unit sees it
 };
 

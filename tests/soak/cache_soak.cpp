@@ -108,12 +108,13 @@ int main(int argc, char** argv) {
     const std::size_t after = resident_bytes();
     const rpe::host_cache_stats st = rpe::cache_statistics();
     const double growth_mib = (static_cast<double>(after) - static_cast<double>(before)) / (1 << 20);
-    std::printf("cache_soak: %d new grids after 100: resident %.1f MiB -> %.1f MiB (growth %.1f MiB, limit 128); "
-                "ids cache %zu entries %.1f MiB (budget %.0f MiB, %zu evictions); RoPE cache %zu entries %.1f MiB (%zu evictions)\n",
-                grids, static_cast<double>(before) / (1 << 20), static_cast<double>(after) / (1 << 20), growth_mib,
-                st.bucket_ids.entries, static_cast<double>(st.bucket_ids.bytes) / (1 << 20),
-                static_cast<double>(st.bucket_ids.budget) / (1 << 20), st.bucket_ids.evictions, st.rope_tables.entries,
-                static_cast<double>(st.rope_tables.bytes) / (1 << 20), st.rope_tables.evictions);
+    std::printf(
+        "cache_soak: %d new grids after 100: resident %.1f MiB -> %.1f MiB (growth %.1f MiB, limit 128); "
+        "ids cache %zu entries %.1f MiB (budget %.0f MiB, %zu evictions); RoPE cache %zu entries %.1f MiB (%zu evictions)\n",
+        grids, static_cast<double>(before) / (1 << 20), static_cast<double>(after) / (1 << 20), growth_mib, st.bucket_ids.entries,
+        static_cast<double>(st.bucket_ids.bytes) / (1 << 20), static_cast<double>(st.bucket_ids.budget) / (1 << 20),
+        st.bucket_ids.evictions, st.rope_tables.entries, static_cast<double>(st.rope_tables.bytes) / (1 << 20),
+        st.rope_tables.evictions);
     bool ok = true;
     if (growth_mib > 128.0) {
         std::printf("cache_soak: FAILED: resident growth %.1f MiB > 128 MiB\n", growth_mib);

@@ -88,7 +88,8 @@ static_assert(rpe::detail::num_tables_of<rpe::mapping::product<>>() == 1);
 // each bounded to its grid by mapping::within_grid (same tables, skip buckets and ids as the inner)
 static_assert(std::is_same_v<decltype(rpe::vit::decomposed_rel_pos_mapping(1, 1)),
                              rpe::mapping::within_grid<rpe::mapping::cross<rpe::index::clip>>>);
-static_assert(std::is_same_v<decltype(rpe::vit::alibi_2d_mapping(1, 1)), rpe::mapping::within_grid<rpe::mapping::product<rpe::index::clip>>>);
+static_assert(std::is_same_v<decltype(rpe::vit::alibi_2d_mapping(1, 1)),
+                             rpe::mapping::within_grid<rpe::mapping::product<rpe::index::clip>>>);
 static_assert(!rpe::Mapping3D<rpe::vit::decomposed_rel_pos_mapping_type> &&
               rpe::detail::skip_buckets_of<rpe::vit::alibi_2d_mapping_type>() == 1);
 static_assert(rpe::Mapping<decltype(rpe::vit::decomposed_rel_pos_mapping(1, 1))>);
@@ -188,14 +189,16 @@ static_assert(!rpe::Backend<void>);
 // is a hard error on g++ 12 (STYLE.md).
 // ---------------------------------------------------------------------------------------------
 template <class M, class Md, rpe::target Tg, class S = float, class B = rpe::backend::cpu>
-concept term_formable = requires { typename rpe::term<M, Md, Tg, S, B>; };
+concept term_formable = requires {
+    typename rpe::term<M, Md, Tg, S, B>;
+};
 
 static_assert(term_formable<rpe::mapping::product<>, rpe::mode::contextual, rpe::target::key>);
 static_assert(term_formable<rpe::mapping::cross<>, rpe::mode::bias, rpe::target::query, double>);
 static_assert(term_formable<mapping_ok, rpe::mode::contextual, rpe::target::value>);
-static_assert(!term_formable<mapping_without_bucket, rpe::mode::contextual, rpe::target::key>);  // not a Mapping
-static_assert(!term_formable<rpe::index::piecewise, rpe::mode::contextual, rpe::target::key>);   // not a Mapping
-static_assert(!term_formable<rpe::mapping::product<>, int, rpe::target::key>);                    // not a Mode
+static_assert(!term_formable<mapping_without_bucket, rpe::mode::contextual, rpe::target::key>);         // not a Mapping
+static_assert(!term_formable<rpe::index::piecewise, rpe::mode::contextual, rpe::target::key>);          // not a Mapping
+static_assert(!term_formable<rpe::mapping::product<>, int, rpe::target::key>);                          // not a Mode
 static_assert(!term_formable<rpe::mapping::product<>, rpe::mode::bias, rpe::target::key, float, int>);  // not a Backend
 
 // Bias mode on values: rejected by rpe::term's requires-clause (concept rpe::ModeOnTarget).

@@ -72,7 +72,8 @@ inline std::vector<int> ids_matrix(const rpe::bucket_ids& ids, int t = 0) {
     const int n = ids.length();
     std::vector<int> v(static_cast<std::size_t>(n) * static_cast<std::size_t>(n));
     for (int i = 0; i < n; ++i)
-        for (int j = 0; j < n; ++j) v[static_cast<std::size_t>(i) * static_cast<std::size_t>(n) + static_cast<std::size_t>(j)] = ids.at(t, i, j);
+        for (int j = 0; j < n; ++j)
+            v[static_cast<std::size_t>(i) * static_cast<std::size_t>(n) + static_cast<std::size_t>(j)] = ids.at(t, i, j);
     return v;
 }
 
@@ -183,7 +184,8 @@ std::vector<S> random_softmax_rows(std::int64_t rows, std::int64_t n, unsigned s
     auto v = random_normal<S>(static_cast<std::size_t>(rows * n), seed);
     for (std::int64_t r = 0; r < rows; ++r) {
         S sum = 0;
-        for (std::int64_t j = 0; j < n; ++j) sum += (v[static_cast<std::size_t>(r * n + j)] = std::exp(v[static_cast<std::size_t>(r * n + j)]));
+        for (std::int64_t j = 0; j < n; ++j)
+            sum += (v[static_cast<std::size_t>(r * n + j)] = std::exp(v[static_cast<std::size_t>(r * n + j)]));
         for (std::int64_t j = 0; j < n; ++j) v[static_cast<std::size_t>(r * n + j)] /= sum;
     }
     return v;
@@ -194,8 +196,7 @@ template <class A, class B>
 double max_abs_diff(const std::vector<A>& a, const std::vector<B>& b) {
     REQUIRE(a.size() == b.size());
     double m = 0;
-    for (std::size_t i = 0; i < a.size(); ++i)
-        m = std::max(m, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+    for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
     return m;
 }
 
@@ -215,8 +216,13 @@ struct term_problem {
     std::vector<S> x, grad_out;
 
     term_problem(Term t, int batch, int height, int width, unsigned seed)
-        : term(std::move(t)), ids(rpe::build_bucket_ids(term.mapping(), height, width, term.skip())), b(batch),
-          h(term.num_heads()), l(ids->length()), d(term.head_dim()), tshape(term.table_shape()) {
+        : term(std::move(t)),
+          ids(rpe::build_bucket_ids(term.mapping(), height, width, term.skip())),
+          b(batch),
+          h(term.num_heads()),
+          l(ids->length()),
+          d(term.head_dim()),
+          tshape(term.table_shape()) {
         std::size_t tsize = 1;
         for (auto e : tshape) tsize *= static_cast<std::size_t>(e);
         for (int i = 0; i < nt; ++i) tables.push_back(random_normal<S>(tsize, seed + 1 + static_cast<unsigned>(i), 0.5));
@@ -274,7 +280,9 @@ Json read_meta(const std::string& dir) {
 }
 
 /// The folder of rotary golden case `name`: tests/data/golden_vit/rope/<name>.
-inline std::string rope_golden_dir(const std::string& name) { return std::string(RPE_TEST_DATA_DIR) + "/golden_vit/rope/" + name; }
+inline std::string rope_golden_dir(const std::string& name) {
+    return std::string(RPE_TEST_DATA_DIR) + "/golden_vit/rope/" + name;
+}
 
 /// Central difference of `objective()` along entry i of `param`:
 /// (f(param + eps·e_i) − f(param − eps·e_i)) / (2·eps); param[i] is restored.

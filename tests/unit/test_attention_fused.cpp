@@ -47,7 +47,8 @@ struct random_attention {
         in.v = {v.data(), {b, h, l, d}};
         in.height = height;
         in.width = width;
-        const rpe::method methods[] = {rpe::method::product, rpe::method::cross, rpe::method::euclidean, rpe::method::quantization};
+        const rpe::method methods[] = {rpe::method::product, rpe::method::cross, rpe::method::euclidean,
+                                       rpe::method::quantization};
         rpe::attention_term<S>* slots[3] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
         const rpe::target targets[3] = {rpe::target::query, rpe::target::key, rpe::target::value};
         tables.reserve(6);
@@ -117,8 +118,7 @@ struct results {
 };
 
 template <class S>
-results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block,
-               rpe::id_storage storage = rpe::id_storage::automatic) {
+results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block, rpe::id_storage storage = rpe::id_storage::automatic) {
     results<S> r;
     const auto n = static_cast<std::size_t>(c.b * c.h * c.l * c.d);
     r.out.assign(n, S(-3));
@@ -240,19 +240,23 @@ TEST_CASE("fused attention rejects bad arguments before writing") {
     random_attention<float> c(5);
     std::vector<float> out(static_cast<std::size_t>(c.b * c.h * c.l * c.d), 42.0f);
     SUBCASE("wrong out shape") {
-        CHECK_THROWS_AS(rpe::attention_forward(c.in, rpe::tensor_ref<float>(out.data(), {c.b, c.h, c.l, c.d + 1})), rpe::invalid_argument);
+        CHECK_THROWS_AS(rpe::attention_forward(c.in, rpe::tensor_ref<float>(out.data(), {c.b, c.h, c.l, c.d + 1})),
+                        rpe::invalid_argument);
     }
     SUBCASE("wrong grid") {
         c.in.height += 1;
         if (c.in.rpe_q.term || c.in.rpe_k.term || c.in.rpe_v.term)
-            CHECK_THROWS_AS(rpe::attention_forward(c.in, rpe::tensor_ref<float>(out.data(), {c.b, c.h, c.l, c.d})), rpe::invalid_argument);
+            CHECK_THROWS_AS(rpe::attention_forward(c.in, rpe::tensor_ref<float>(out.data(), {c.b, c.h, c.l, c.d})),
+                            rpe::invalid_argument);
     }
     SUBCASE("out aliases q") {
-        CHECK_THROWS_AS(rpe::attention_forward(c.in, rpe::tensor_ref<float>(c.q.data(), {c.b, c.h, c.l, c.d})), rpe::invalid_argument);
+        CHECK_THROWS_AS(rpe::attention_forward(c.in, rpe::tensor_ref<float>(c.q.data(), {c.b, c.h, c.l, c.d})),
+                        rpe::invalid_argument);
     }
     SUBCASE("negative row block") {
-        CHECK_THROWS_AS(rpe::attention_forward(c.in, rpe::tensor_ref<float>(out.data(), {c.b, c.h, c.l, c.d}), {}, {.row_block = -1}),
-                        rpe::invalid_argument);
+        CHECK_THROWS_AS(
+            rpe::attention_forward(c.in, rpe::tensor_ref<float>(out.data(), {c.b, c.h, c.l, c.d}), {}, {.row_block = -1}),
+            rpe::invalid_argument);
     }
     for (float x : out) REQUIRE(x == 42.0f);
 }
@@ -389,7 +393,8 @@ TEST_CASE("attention on strided q, k, v with RoPE (axial, mixed with frequency g
         // is rotated by its own angle from the one row
         for (auto* x : {&c.q, &c.k})
             for (std::int64_t p = 0; p < c.b * c.h; ++p)
-                for (std::int64_t i = 1; i < c.l; ++i) std::copy_n(x->data() + p * c.l * c.d, c.d, x->data() + (p * c.l + i) * c.d);
+                for (std::int64_t i = 1; i < c.l; ++i)
+                    std::copy_n(x->data() + p * c.l * c.d, c.d, x->data() + (p * c.l + i) * c.d);
         c.in.q = rpe::tensor_ref<const float>(c.q.data(), shape);
         c.in.k = rpe::tensor_ref<const float>(c.k.data(), shape);
         c.in.v = rpe::tensor_ref<const float>(c.v.data(), shape);
@@ -435,8 +440,9 @@ TEST_CASE("strided views: rejected where not supported, checked where supported"
         rpe::tensor_ref<float> aliased(const_cast<float*>(qkv.data()) + c.h * c.d, {c.b, c.h, c.l, c.d});
         CHECK_THROWS_WITH_AS(rpe::attention_forward(c.in, aliased), doctest::Contains("overlaps q/k/v"), rpe::invalid_argument);
         std::vector<float> attn(static_cast<std::size_t>(c.b * c.h * c.l * c.l));
-        CHECK_THROWS_WITH_AS(rpe::composed_attention_forward(c.in, aliased, rpe::tensor_ref<float>(attn.data(), {c.b, c.h, c.l, c.l})),
-                             doctest::Contains("overlaps q/k/v"), rpe::invalid_argument);
+        CHECK_THROWS_WITH_AS(
+            rpe::composed_attention_forward(c.in, aliased, rpe::tensor_ref<float>(attn.data(), {c.b, c.h, c.l, c.l})),
+            doctest::Contains("overlaps q/k/v"), rpe::invalid_argument);
     }
     SUBCASE("the terms take contiguous buffers only") {
         rpe::term_spec spec;
@@ -453,16 +459,17 @@ TEST_CASE("strided views: rejected where not supported, checked where supported"
         const rpe::tensor_ref<const float> tables[] = {{tab.data(), tshape}};
         std::vector<float> y(static_cast<std::size_t>(c.b * c.h * c.l * c.l));
         view_packed(c, qkv);
-        CHECK_THROWS_WITH_AS(t->forward(*ids, tables, c.in.q, rpe::tensor_ref<float>(y.data(), {c.b, c.h, c.l, c.l}),
-                                        rpe::write::overwrite),
-                             doctest::Contains("x is a strided view"), rpe::invalid_argument);
+        CHECK_THROWS_WITH_AS(
+            t->forward(*ids, tables, c.in.q, rpe::tensor_ref<float>(y.data(), {c.b, c.h, c.l, c.l}), rpe::write::overwrite),
+            doctest::Contains("x is a strided view"), rpe::invalid_argument);
     }
     SUBCASE("with_strides checks its arguments") {
         CHECK_THROWS_WITH_AS(rpe::tensor_ref<const float>::with_strides(c.q.data(), {2, 3}, {3}),
                              doctest::Contains("strides has 1 entries; expected 2"), rpe::invalid_argument);
         CHECK_THROWS_WITH_AS(rpe::tensor_ref<const float>::with_strides(c.q.data(), {2, 3}, {-3, 1}),
                              doctest::Contains("strides[0] = -3 is negative"), rpe::invalid_argument);
-        CHECK_THROWS_AS(rpe::tensor_ref<const float>::with_strides(c.q.data(), {3, 3}, {std::int64_t{1} << 62, 1}), rpe::out_of_range);
+        CHECK_THROWS_AS(rpe::tensor_ref<const float>::with_strides(c.q.data(), {3, 3}, {std::int64_t{1} << 62, 1}),
+                        rpe::out_of_range);
         // a span that fits int64 elements but not int64 bytes
         CHECK_THROWS_WITH_AS(rpe::tensor_ref<const float>::with_strides(c.q.data(), {3, 8}, {(std::int64_t{1} << 61) + 1, 1}),
                              doctest::Contains("overflows int64 bytes"), rpe::out_of_range);
@@ -510,10 +517,12 @@ TEST_CASE("fused attention backward from probabilities: attn is checked before a
     const rpe::tensor_ref<const float> go(c.go.data(), {c.b, c.h, c.l, c.d});
     auto view = [&](std::vector<float>& x) { return rpe::tensor_ref<float>(x.data(), {c.b, c.h, c.l, c.d}); };
     auto grads = [&](rpe::tensor_ref<const float> saved) {
-        return rpe::attention_gradients<float>{.grad_out = go, .grad_q = view(gq), .grad_k = view(gk), .grad_v = view(gv), .saved_attn = saved};
+        return rpe::attention_gradients<float>{
+            .grad_out = go, .grad_q = view(gq), .grad_k = view(gk), .grad_v = view(gv), .saved_attn = saved};
     };
-    CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, grads(rpe::tensor_ref<const float>(attn.data(), {c.b, c.h, c.l, c.l + 1}))),
-                         doctest::Contains("saved_attn has shape"), rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        rpe::attention_backward(c.in, grads(rpe::tensor_ref<const float>(attn.data(), {c.b, c.h, c.l, c.l + 1}))),
+        doctest::Contains("saved_attn has shape"), rpe::invalid_argument);
     CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, grads(rpe::tensor_ref<const float>(nullptr, {c.b, c.h, c.l, c.l}))),
                          doctest::Contains("saved_attn is a null buffer"), rpe::invalid_argument);
     CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, grads(rpe::tensor_ref<const float>(gq.data(), {c.b, c.h, c.l, c.l}))),

@@ -23,8 +23,8 @@ struct scaled_problem {
     static constexpr std::int64_t l = skip + height * width;
     M mapping{rpe::index::piecewise{.alpha = 1.0, .beta = 2.0, .gamma = 4.0}};
     rpe::term_desc tk = rpe::make_term_desc(mapping, true, rpe::target::key, {.num_heads = 2, .head_dim = 4, .skip = 1});
-    rpe::term_desc tq = rpe::make_term_desc(mapping, false, rpe::target::query,
-                                            {.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1});
+    rpe::term_desc tq =
+        rpe::make_term_desc(mapping, false, rpe::target::query, {.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1});
     rpe::term_desc tv = rpe::make_term_desc(mapping, true, rpe::target::value, {.num_heads = 2, .head_dim = 4, .skip = 1});
     std::vector<double> q, k, v, go, tab_k, tab_q, tab_v;
 
@@ -74,7 +74,8 @@ struct scaled_problem {
                     const int idij = ids->at(0, static_cast<int>(i), static_cast<int>(j));
                     const int idji = ids->at(0, static_cast<int>(j), static_cast<int>(i));
                     double x = 0;
-                    for (std::int64_t c = 0; c < d; ++c) x += s * qi[c] * (kj[c] + tab_k[static_cast<std::size_t>(c * kk + idij)]);
+                    for (std::int64_t c = 0; c < d; ++c)
+                        x += s * qi[c] * (kj[c] + tab_k[static_cast<std::size_t>(c * kk + idij)]);
                     x += tab_q[static_cast<std::size_t>(hh * kk + idji)];
                     lg[static_cast<std::size_t>(j)] = x;
                     mx = std::max(mx, x);
@@ -86,7 +87,8 @@ struct scaled_problem {
                     const int idij = ids->at(0, static_cast<int>(i), static_cast<int>(j));
                     for (std::int64_t c = 0; c < d; ++c)
                         out[static_cast<std::size_t>((hh * l + i) * d + c)] +=
-                            a * (v[static_cast<std::size_t>((hh * l + j) * d + c)] + tab_v[static_cast<std::size_t>(idij * d + c)]);
+                            a *
+                            (v[static_cast<std::size_t>((hh * l + j) * d + c)] + tab_v[static_cast<std::size_t>(idij * d + c)]);
                 }
             }
         return out;
@@ -155,15 +157,15 @@ TEST_CASE("attention scale: the fused backward with a non-default scale matches 
         x[e] = x0;
         return (up - down) / (2 * eps);
     };
-    const std::pair<std::vector<double>*, std::vector<double>*> pairs[] = {
-        {&p.q, &gq}, {&p.k, &gk}, {&p.v, &gv}, {&p.tab_k, &gtk}, {&p.tab_q, &gtq}, {&p.tab_v, &gtv}};
+    const std::pair<std::vector<double>*, std::vector<double>*> pairs[] = {{&p.q, &gq},      {&p.k, &gk},      {&p.v, &gv},
+                                                                           {&p.tab_k, &gtk}, {&p.tab_q, &gtq}, {&p.tab_v, &gtv}};
     for (const auto& [x, g] : pairs)
         for (std::size_t e = 0; e < x->size(); ++e) CHECK((*g)[e] == doctest::Approx(fd(*x, e)).epsilon(1e-6).scale(1.0));
 
     // the backward from the saved probabilities (by name) gives the same gradients
     std::vector<double> out(p.q.size()), attn(static_cast<std::size_t>(p.b * p.h * p.l * p.l));
-    rpe::attention_forward(in, rpe::tensor_ref<double>(out.data(), shape), rpe::tensor_ref<double>(attn.data(), {p.b, p.h, p.l, p.l}),
-                           {.scale = s});
+    rpe::attention_forward(in, rpe::tensor_ref<double>(out.data(), shape),
+                           rpe::tensor_ref<double>(attn.data(), {p.b, p.h, p.l, p.l}), {.scale = s});
     std::vector<double> gq2(p.q.size()), gk2(p.q.size()), gv2(p.q.size());
     rpe::attention_backward(in,
                             {.grad_out = {p.go.data(), shape},
@@ -215,24 +217,26 @@ TEST_CASE("attention capabilities: a feature the backend lacks is rpe::not_suppo
     // the saved probabilities by name, on a backend without them
     in = p.inputs();
     const std::vector<std::int64_t> shape{p.b, p.h, p.l, p.d};
-    std::vector<double> go(p.q.size()), gq(p.q.size()), gk(p.q.size()), gv(p.q.size()), attn(static_cast<std::size_t>(p.l * p.l * p.h));
+    std::vector<double> go(p.q.size()), gq(p.q.size()), gk(p.q.size()), gv(p.q.size()),
+        attn(static_cast<std::size_t>(p.l * p.l * p.h));
     const rpe::attention_gradients<double> g{.grad_out = {go.data(), shape},
                                              .grad_q = {gq.data(), shape},
                                              .grad_k = {gk.data(), shape},
                                              .grad_v = {gv.data(), shape},
                                              .saved_attn = {attn.data(), {p.b, p.h, p.l, p.l}}};
     const rpe::attention_capabilities no_saved{.backend = "test", .strided_qkv = true};
-    CHECK_THROWS_WITH_AS(rpe::detail::check_attention_backward(in, g, {}, no_saved),
-                         "[rpe.attention] the backward from saved probabilities (saved_attn) is not supported by the test backend",
-                         rpe::not_supported);
+    CHECK_THROWS_WITH_AS(
+        rpe::detail::check_attention_backward(in, g, {}, no_saved),
+        "[rpe.attention] the backward from saved probabilities (saved_attn) is not supported by the test backend",
+        rpe::not_supported);
     CHECK_NOTHROW(rpe::detail::check_attention_backward(in, g, {}, all));
 }
 
 TEST_CASE("term descriptor: configuration, injectable cache, and the CPU term functions over it") {
     M m{rpe::index::piecewise{.alpha = 1.0, .beta = 2.0, .gamma = 4.0}};
     rpe::bucket_cache cache;
-    const auto d = rpe::make_term_desc(m, false, rpe::target::key, {.num_heads = 3, .head_dim = 8, .shared_head = false, .skip = 1},
-                                       &cache);
+    const auto d =
+        rpe::make_term_desc(m, false, rpe::target::key, {.num_heads = 3, .head_dim = 8, .shared_head = false, .skip = 1}, &cache);
     CHECK(d.num_heads() == 3);
     CHECK(d.head_dim() == 8);
     CHECK(d.skip() == 1);
@@ -245,7 +249,8 @@ TEST_CASE("term descriptor: configuration, injectable cache, and the CPU term fu
     CHECK(cache.size() == 1);
     CHECK(ids->length() == 7);
     // the compile-time term's descriptor and the run-time one agree with the CPU term
-    rpe::term<M, rpe::mode::bias, rpe::target::key, double> t(m, {.num_heads = 3, .head_dim = 8, .shared_head = false, .skip = 1});
+    rpe::term<M, rpe::mode::bias, rpe::target::key, double> t(m,
+                                                              {.num_heads = 3, .head_dim = 8, .shared_head = false, .skip = 1});
     CHECK(t.desc().num_buckets() == d.num_buckets());
     std::vector<double> table(static_cast<std::size_t>(3 * d.num_buckets()));
     for (std::size_t e = 0; e < table.size(); ++e) table[e] = 0.25 * static_cast<double>(e % 7) - 0.5;
@@ -256,7 +261,8 @@ TEST_CASE("term descriptor: configuration, injectable cache, and the CPU term fu
     rpe::cpu::term_forward<double>(d, *ids, tabs, {}, rpe::tensor_ref<double>(out_d.data(), {1, 3, 7, 7}), rpe::write::overwrite);
     for (std::size_t e = 0; e < out_t.size(); ++e) CHECK(out_d[e] == out_t[e]);
     // out(h, i, j) = table[h, id(i, j)]
-    CHECK(out_d[static_cast<std::size_t>(2 * 49 + 3 * 7 + 5)] == table[static_cast<std::size_t>(2 * d.num_buckets() + ids->at(0, 3, 5))]);
+    CHECK(out_d[static_cast<std::size_t>(2 * 49 + 3 * 7 + 5)] ==
+          table[static_cast<std::size_t>(2 * d.num_buckets() + ids->at(0, 3, 5))]);
     // bias mode on values does not exist
     CHECK_THROWS_WITH_AS(rpe::make_term_desc(m, false, rpe::target::value, {.num_heads = 1, .head_dim = 1}),
                          doctest::Contains("[rpe.term] mode = bias with target = v"), rpe::invalid_argument);

@@ -49,23 +49,28 @@ std::unique_ptr<rpe::any_term<S>> term_for(const json& meta, char letter) {
     const int heads = meta.at("heads").get<int>(), dim = meta.at("head_dim").get<int>(), skip = meta.at("skip").get<int>();
     const bool shared = meta.at("shared_head").get<bool>();
     if (method == "product" && md == "contextual") {
-        if (letter == 'q') return wrap<mapping::product<>, mode::contextual, target::query, S>(g,
-            {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
-        if (letter == 'k') return wrap<mapping::product<>, mode::contextual, target::key, S>(g,
-            {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
-        return wrap<mapping::product<>, mode::contextual, target::value, S>(g,
-            {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
+        if (letter == 'q')
+            return wrap<mapping::product<>, mode::contextual, target::query, S>(
+                g, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
+        if (letter == 'k')
+            return wrap<mapping::product<>, mode::contextual, target::key, S>(
+                g, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
+        return wrap<mapping::product<>, mode::contextual, target::value, S>(
+            g, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
     }
     if (method == "cross" && md == "contextual") {
-        if (letter == 'q') return wrap<mapping::cross<>, mode::contextual, target::query, S>(g,
-            {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
-        if (letter == 'k') return wrap<mapping::cross<>, mode::contextual, target::key, S>(g,
-            {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
-        return wrap<mapping::cross<>, mode::contextual, target::value, S>(g,
-            {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
+        if (letter == 'q')
+            return wrap<mapping::cross<>, mode::contextual, target::query, S>(
+                g, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
+        if (letter == 'k')
+            return wrap<mapping::cross<>, mode::contextual, target::key, S>(
+                g, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
+        return wrap<mapping::cross<>, mode::contextual, target::value, S>(
+            g, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
     }
     if (method == "euclidean" && md == "bias" && letter == 'k')
-        return wrap<mapping::euclidean<>, mode::bias, target::key, S>(g, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
+        return wrap<mapping::euclidean<>, mode::bias, target::key, S>(
+            g, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
     FAIL("golden attention case with an unexpected configuration: " << method << " " << md << " " << letter);
     return nullptr;
 }
@@ -134,8 +139,8 @@ void run_golden_attention(const std::string& dir) {
         const auto ids = r.terms[t]->bucket_ids(r.in.height, r.in.width);
         for (std::size_t e = 0; e < list.size(); ++e) {
             const std::string id_file = list[e].at("bucket_ids").get<std::string>();
-            rpe_test::check_exact(rpe_test::ids_matrix(*ids, static_cast<int>(e)), rpe_test::load<std::int64_t>(dir, id_file, {r.l, r.l}),
-                                  id_file);
+            rpe_test::check_exact(rpe_test::ids_matrix(*ids, static_cast<int>(e)),
+                                  rpe_test::load<std::int64_t>(dir, id_file, {r.l, r.l}), id_file);
             r.tables.push_back(rpe_test::load<S>(dir, list[e].at("table").get<std::string>(), shape));
             r.grads.emplace_back(r.tables.back().size(), S(-7));  // garbage: backward overwrites
             slots[t]->tables.push_back(cview(r.tables.back(), shape));
@@ -163,14 +168,17 @@ void run_golden_attention(const std::string& dir) {
                 for (std::int64_t hh = 0; hh < r.h; ++hh) {
                     if (is_padded)
                         for (std::int64_t i = 0; i < r.l; ++i)
-                            attn_zero = attn_zero && r.attn[static_cast<std::size_t>(((bb * r.h + hh) * r.l + i) * r.l + j)] == S(0);
+                            attn_zero =
+                                attn_zero && r.attn[static_cast<std::size_t>(((bb * r.h + hh) * r.l + i) * r.l + j)] == S(0);
                     double row = 0;
                     for (std::int64_t dd = 0; dd < r.d; ++dd) {
                         const std::size_t e = static_cast<std::size_t>(((bb * r.h + hh) * r.l + j) * r.d + dd);
                         row += std::fabs(static_cast<double>(r.gk[e])) + std::fabs(static_cast<double>(r.gv[e]));
                     }
-                    if (is_padded) grads_zero = grads_zero && row == 0.0;
-                    else others_nonzero = others_nonzero && row > 0.0;
+                    if (is_padded)
+                        grads_zero = grads_zero && row == 0.0;
+                    else
+                        others_nonzero = others_nonzero && row > 0.0;
                 }
             }
         CHECK(padded > 0);
@@ -228,7 +236,8 @@ attention_run<S> random_run(int skip, int height, int width, unsigned seed) {
     r.grads.reserve(3);
     for (int t = 0; t < 3; ++t) {
         const auto shape = r.terms[t]->table_shape();
-        r.tables.push_back(rpe_test::random_normal<S>(static_cast<std::size_t>(shape[0] * shape[1] * shape[2]), seed + 10 + static_cast<unsigned>(t), 0.5));
+        r.tables.push_back(rpe_test::random_normal<S>(static_cast<std::size_t>(shape[0] * shape[1] * shape[2]),
+                                                      seed + 10 + static_cast<unsigned>(t), 0.5));
         r.grads.emplace_back(r.tables.back().size());
         slots[t]->term = r.terms[t].get();
         slots[t]->tables = {cview(r.tables.back(), shape)};
@@ -245,7 +254,7 @@ TEST_CASE("a row whose keys are all masked gives zeros, not NaN as in the refere
     attention_run<S> r = random_run<S>(0, 3, 3, 500);
     r.mask.assign(static_cast<std::size_t>(r.b * r.l), 0);
     for (std::int64_t j = 0; j < r.l; ++j) r.mask[static_cast<std::size_t>(r.l + j)] = 1;  // batch 1: all padded
-    r.mask[3] = 1;  // batch 0: one padded key
+    r.mask[3] = 1;                                                                         // batch 0: one padded key
     r.in.key_padding_mask = cview(r.mask, {r.b, r.l});
     r.forward();
     r.backward();
@@ -258,7 +267,8 @@ TEST_CASE("a row whose keys are all masked gives zeros, not NaN as in the refere
     CHECK(finite);
     bool zeros = true;
     for (std::size_t e = half_a; e < r.attn.size(); ++e) zeros = zeros && r.attn[e] == 0.0;
-    for (std::size_t e = half_o; e < r.out.size(); ++e) zeros = zeros && r.out[e] == 0.0 && r.gq[e] == 0.0 && r.gk[e] == 0.0 && r.gv[e] == 0.0;
+    for (std::size_t e = half_o; e < r.out.size(); ++e)
+        zeros = zeros && r.out[e] == 0.0 && r.gq[e] == 0.0 && r.gk[e] == 0.0 && r.gv[e] == 0.0;
     CHECK(zeros);
     // batch element 0 is an ordinary softmax: rows sum to 1, masked key 3 has probability 0
     double worst = 0;
@@ -329,7 +339,8 @@ TEST_CASE_TEMPLATE("attention without RPE equals softmax(q k^T / sqrt(D)) v", S,
             for (std::int64_t j = 0; j < r.l; ++j)
                 for (std::int64_t dd = 0; dd < r.d; ++dd)
                     out[static_cast<std::size_t>((p * r.l + i) * r.d + dd)] +=
-                        logit[static_cast<std::size_t>(j)] / sum * static_cast<double>(r.v[static_cast<std::size_t>((p * r.l + j) * r.d + dd)]);
+                        logit[static_cast<std::size_t>(j)] / sum *
+                        static_cast<double>(r.v[static_cast<std::size_t>((p * r.l + j) * r.d + dd)]);
         }
     CHECK(rpe_test::max_abs_diff(r.out, out) <= (std::is_same_v<S, float> ? 1e-5 : 1e-13));
 }

@@ -63,8 +63,8 @@ TEST_CASE("bucket_cache: the same configuration gives the same object, built onc
     CHECK(same_ids(*a, *rpe::build_bucket_ids(prod, 7, 7, 1)));
 
     // a term asks the cache it is given
-    const rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::key> t(prod,
-        {.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1});
+    const rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::key> t(
+        prod, {.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1});
     CHECK(t.bucket_ids(7, 7, cache).get() == a.get());
     CHECK(cache.builds() == 1);
 
@@ -122,9 +122,10 @@ TEST_CASE("bucket_cache: the reference's stale-id scenario (L = 50 with skip 1, 
     CHECK(ids49.get() != ids50.get());
     CHECK(cache.builds() == 2);
     // the skip-0 ids are the golden ones
-    rpe_test::check_exact(rpe_test::ids_matrix(*ids49),
-                          rpe_test::load<std::int64_t>(rpe_test::golden("bucket_ids/product_7x7_skip0_r1.9"), "bucket_ids.npy", {49, 49}),
-                          "product 7x7 skip 0");
+    rpe_test::check_exact(
+        rpe_test::ids_matrix(*ids49),
+        rpe_test::load<std::int64_t>(rpe_test::golden("bucket_ids/product_7x7_skip0_r1.9"), "bucket_ids.npy", {49, 49}),
+        "product 7x7 skip 0");
     CHECK(ids49->num_buckets() == 49);
     // a skip-1 term given skip-0 ids (of a matching length for its x) rejects them
     std::vector<double> table(1 * 2 * 50), x(1 * 1 * 49 * 2, 1.0), out(49 * 49, 7.0);
@@ -253,7 +254,8 @@ TEST_CASE("bucket_cache: past its byte budget the least recently used grids are 
 TEST_CASE("bucket_cache: the default budget is 64 MiB or RPE_CACHE_BUDGET_MB") {
     // CTest runs this case twice: as is, and with RPE_CACHE_BUDGET_MB=3 (test cache.budget_from_environment)
     const char* env = std::getenv("RPE_CACHE_BUDGET_MB");
-    const std::size_t expected = env != nullptr && *env != '\0' ? static_cast<std::size_t>(std::stoull(env)) << 20 : std::size_t{64} << 20;
+    const std::size_t expected =
+        env != nullptr && *env != '\0' ? static_cast<std::size_t>(std::stoull(env)) << 20 : std::size_t{64} << 20;
     CHECK(rpe::detail::default_cache_budget() == expected);
     CHECK(rpe::bucket_cache{}.budget() == expected);
     CHECK(rpe::bucket_cache::global().budget() == expected);

@@ -53,7 +53,7 @@ TEST_CASE("custom mapping: Manhattan distance ids") {
     rpe::bucket_cache cache;
     const auto ids = cache.get(m19, 3, 4, 1);
     CHECK(ids->num_buckets() == 5);
-    CHECK(ids->at(0, 0, 5) == 4);  // class token: the extra id K
+    CHECK(ids->at(0, 0, 5) == 4);                                  // class token: the extra id K
     CHECK(ids->at(0, token(0, 0, 4, 1), token(2, 3, 4, 1)) == 3);  // |−2| + |−3| = 5 → 3
     CHECK(ids->at(0, token(1, 1, 4, 1), token(1, 2, 4, 1)) == 1);
     CHECK(ids->at(0, token(1, 1, 4, 1), token(0, 2, 4, 1)) == 2);
@@ -65,8 +65,8 @@ TEST_CASE("custom mapping: Manhattan distance ids") {
 
 TEST_CASE("custom mapping: a contextual key term over it equals the hand loop") {
     const int H = 2, D = 3, B = 2, skip = 1, height = 3, width = 4;
-    rpe_test::term_problem<manhattan_key_term> p(manhattan_key_term(m19,
-        {.num_heads = H, .head_dim = D, .shared_head = false, .skip = skip}), B, height, width, 4242);
+    rpe_test::term_problem<manhattan_key_term> p(
+        manhattan_key_term(m19, {.num_heads = H, .head_dim = D, .shared_head = false, .skip = skip}), B, height, width, 4242);
     const std::int64_t L = p.l, K = p.term.num_buckets();
     REQUIRE(K == 5);
     CHECK(p.term.table_shape() == std::vector<std::int64_t>{H, D, K});

@@ -92,7 +92,7 @@ TEST_CASE("errors: invalid alpha, beta, gamma name the parameter and its value")
         CHECK(throws_with([] { piecewise{1.0, 3.0, pinf}.validate(); }, "gamma = inf"));
         CHECK(throws_with([] { piecewise{1.0, 3.0, -pinf}.validate(); }, "gamma = -inf"));
         CHECK(throws_with([] { piecewise{1.0, 2e9, 4e9}.validate(); }, "beta = 2000000000"));  // beyond 2^30
-        CHECK_NOTHROW((piecewise{2.0, 2.0, 8.0}.validate()));  // β = α is allowed
+        CHECK_NOTHROW((piecewise{2.0, 2.0, 8.0}.validate()));                                  // β = α is allowed
         CHECK_NOTHROW(r19.validate());
     }
     SUBCASE("through clip::validate") {
@@ -106,7 +106,11 @@ TEST_CASE("errors: invalid alpha, beta, gamma name the parameter and its value")
         CHECK(throws_with([&] { (void)rpe::build_bucket_ids(bad, 3, 3, 1); }, "beta = 1"));
         rpe::bucket_cache cache;
         CHECK(throws_with([&] { (void)cache.get(mapping::euclidean<>{piecewise{qnan, 3.0, 8.0}}, 3, 3, 1); }, "alpha = nan"));
-        CHECK(throws_with([&] { (void)rpe::build_bucket_ids(mapping::cross<>{piecewise{1.0, 3.0, 0.5}}, 3, 3, 1); }, "gamma = 0.5"));
+        CHECK(throws_with(
+            [&] {
+                (void)rpe::build_bucket_ids(mapping::cross<>{piecewise{1.0, 3.0, 0.5}}, 3, 3, 1);
+            },
+            "gamma = 0.5"));
     }
 }
 
@@ -141,8 +145,8 @@ TEST_CASE("errors: a custom mapping returning an id outside 0..num_buckets-1 is 
 
 TEST_CASE("errors: forward and backward reject mismatched ids, shapes and buffers, and write nothing") {
     // a valid key-term problem: H = 2, D = 4, per-head tables, skip 1, 3x4 grid (L = 13), B = 2
-    rpe_test::term_problem<key_term> p(key_term(mapping::product<>{r19},
-                                                {.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1}), 2, 3, 4, 77);
+    rpe_test::term_problem<key_term> p(
+        key_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1}), 2, 3, 4, 77);
     REQUIRE(p.l == 13);
     std::vector<double> out(static_cast<std::size_t>(p.out_size()), 42.0);
     const auto out_ref = mview(out, p.oshape);
@@ -156,75 +160,110 @@ TEST_CASE("errors: forward and backward reject mismatched ids, shapes and buffer
 
     SUBCASE("ids of another grid: height*width + skip != L of x") {
         const auto ids = p.term.bucket_ids(4, 4);  // L = 17
-        CHECK(throws_with([&] { p.term.forward(*ids, p.table_refs(), p.x_ref(), out_ref,
-                                               rpe::write::overwrite); }, {"x has shape (2, 2, 13, 4)", "17"}));
+        CHECK(throws_with([&] { p.term.forward(*ids, p.table_refs(), p.x_ref(), out_ref, rpe::write::overwrite); },
+                          {"x has shape (2, 2, 13, 4)", "17"}));
     }
     SUBCASE("ids of another mapping: different alpha") {
         const auto ids = rpe::build_bucket_ids(mapping::product<>{piecewise{1.0, 3.8, 15.2}}, 3, 4, 1);
-        CHECK(throws_with([&] { p.term.forward(*ids, p.table_refs(), p.x_ref(), out_ref, rpe::write::overwrite); }, "another mapping"));
+        CHECK(throws_with([&] { p.term.forward(*ids, p.table_refs(), p.x_ref(), out_ref, rpe::write::overwrite); },
+                          "another mapping"));
     }
     SUBCASE("ids of another mapping type") {
         const auto ids = rpe::build_bucket_ids(mapping::euclidean<>{r19}, 3, 4, 1);
-        CHECK(throws_with([&] { p.term.forward(*ids, p.table_refs(), p.x_ref(), out_ref, rpe::write::overwrite); }, "another mapping"));
+        CHECK(throws_with([&] { p.term.forward(*ids, p.table_refs(), p.x_ref(), out_ref, rpe::write::overwrite); },
+                          "another mapping"));
     }
     SUBCASE("ids of another skip") {
         const auto ids = rpe::build_bucket_ids(mapping::product<>{r19}, 3, 4, 0);
-        CHECK(throws_with([&] { p.term.forward(*ids, p.table_refs(), p.x_ref(), out_ref, rpe::write::overwrite); }, {"skip = 0", "skip = 1"}));
+        CHECK(throws_with([&] { p.term.forward(*ids, p.table_refs(), p.x_ref(), out_ref, rpe::write::overwrite); },
+                          {"skip = 0", "skip = 1"}));
     }
     SUBCASE("table with the wrong K") {
         std::vector<double> t(2 * 4 * 49);
-        CHECK(throws_with([&] { p.term.forward(*p.ids, {cview(t, {2, 4, 49})}, p.x_ref(), out_ref, rpe::write::overwrite); },
-                          {"table has shape (2, 4, 49)", "expected (2, 4, 50)"}));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, {cview(t, {2, 4, 49})}, p.x_ref(), out_ref, rpe::write::overwrite);
+            },
+            {"table has shape (2, 4, 49)", "expected (2, 4, 50)"}));
     }
     SUBCASE("table with the wrong D") {
         std::vector<double> t(2 * 5 * 50);
-        CHECK(throws_with([&] { p.term.forward(*p.ids, {cview(t, {2, 5, 50})}, p.x_ref(), out_ref,
-                                               rpe::write::overwrite); }, "table has shape (2, 5, 50)"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, {cview(t, {2, 5, 50})}, p.x_ref(), out_ref, rpe::write::overwrite);
+            },
+            "table has shape (2, 5, 50)"));
     }
     SUBCASE("table with the wrong Ht (shared layout for a per-head term)") {
         std::vector<double> t(1 * 4 * 50);
-        CHECK(throws_with([&] { p.term.forward(*p.ids, {cview(t, {1, 4, 50})}, p.x_ref(), out_ref,
-                                               rpe::write::overwrite); }, "table has shape (1, 4, 50)"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, {cview(t, {1, 4, 50})}, p.x_ref(), out_ref, rpe::write::overwrite);
+            },
+            "table has shape (1, 4, 50)"));
     }
     SUBCASE("table in the value layout (Ht, K, D)") {
-        CHECK(throws_with([&] { p.term.forward(*p.ids, {cview(p.tables[0], {2, 50, 4})}, p.x_ref(), out_ref,
-                                               rpe::write::overwrite); }, "(2, 50, 4)"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, {cview(p.tables[0], {2, 50, 4})}, p.x_ref(), out_ref, rpe::write::overwrite);
+            },
+            "(2, 50, 4)"));
     }
     SUBCASE("x with the wrong head count") {
         std::vector<double> x(2 * 3 * 13 * 4);
-        CHECK(throws_with([&] { p.term.forward(*p.ids, p.table_refs(), cview(x, {2, 3, 13, 4}), out_ref,
-                                               rpe::write::overwrite); }, "x has shape (2, 3, 13, 4)"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, p.table_refs(), cview(x, {2, 3, 13, 4}), out_ref, rpe::write::overwrite);
+            },
+            "x has shape (2, 3, 13, 4)"));
     }
     SUBCASE("x with the wrong head dim") {
         std::vector<double> x(2 * 2 * 13 * 5);
-        CHECK(throws_with([&] { p.term.forward(*p.ids, p.table_refs(), cview(x, {2, 2, 13, 5}), out_ref,
-                                               rpe::write::overwrite); }, "x has shape (2, 2, 13, 5)"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, p.table_refs(), cview(x, {2, 2, 13, 5}), out_ref, rpe::write::overwrite);
+            },
+            "x has shape (2, 2, 13, 5)"));
     }
     SUBCASE("out with the wrong shape") {
         std::vector<double> o(2 * 2 * 13 * 12);
-        CHECK(throws_with([&] { p.term.forward(*p.ids, p.table_refs(), p.x_ref(), mview(o, {2, 2, 13, 12}),
-                                               rpe::write::overwrite); }, "out has shape (2, 2, 13, 12)"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, p.table_refs(), p.x_ref(), mview(o, {2, 2, 13, 12}), rpe::write::overwrite);
+            },
+            "out has shape (2, 2, 13, 12)"));
     }
     SUBCASE("null buffers") {
-        CHECK(throws_with([&] { p.term.forward(*p.ids, p.table_refs(), p.x_ref(), rpe_test::view<double>(nullptr, p.oshape),
-                                               rpe::write::overwrite); },
-                          "out is a null buffer"));
-        CHECK(throws_with([&] { p.term.forward(*p.ids, p.table_refs(), rpe_test::view<const double>(nullptr, p.xshape), out_ref,
-                                               rpe::write::overwrite); },
-                          "x is a null buffer"));
-        CHECK(throws_with([&] { p.term.forward(*p.ids, {rpe_test::view<const double>(nullptr, p.tshape)}, p.x_ref(), out_ref,
-                                               rpe::write::overwrite); },
-                          "table is a null buffer"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, p.table_refs(), p.x_ref(), rpe_test::view<double>(nullptr, p.oshape),
+                               rpe::write::overwrite);
+            },
+            "out is a null buffer"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, p.table_refs(), rpe_test::view<const double>(nullptr, p.xshape), out_ref,
+                               rpe::write::overwrite);
+            },
+            "x is a null buffer"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, {rpe_test::view<const double>(nullptr, p.tshape)}, p.x_ref(), out_ref,
+                               rpe::write::overwrite);
+            },
+            "table is a null buffer"));
     }
     SUBCASE("out aliasing an input") {
         // out (2, 2, 13, 13) laid over x's buffer (x has 2·2·13·4 elements; give it room)
         std::vector<double> big(static_cast<std::size_t>(p.out_size()));
         std::copy(p.x.begin(), p.x.end(), big.begin());
         const auto x_alias = cview(big, p.xshape);
-        CHECK(throws_with([&] { p.term.forward(*p.ids, p.table_refs(), x_alias, mview(big, p.oshape), rpe::write::overwrite); }, "out overlaps x"));
+        CHECK(throws_with([&] { p.term.forward(*p.ids, p.table_refs(), x_alias, mview(big, p.oshape), rpe::write::overwrite); },
+                          "out overlaps x"));
         std::vector<double> t_big(static_cast<std::size_t>(p.out_size()));
-        CHECK(throws_with([&] { p.term.forward(*p.ids, {cview(t_big, p.tshape)}, p.x_ref(), mview(t_big, p.oshape), rpe::write::overwrite); },
-                          "out overlaps table"));
+        CHECK(throws_with(
+            [&] { p.term.forward(*p.ids, {cview(t_big, p.tshape)}, p.x_ref(), mview(t_big, p.oshape), rpe::write::overwrite); },
+            "out overlaps table"));
     }
     SUBCASE("backward: gradient buffers aliasing inputs, wrong shapes; gradients untouched") {
         std::vector<double> gx(p.x.size(), 42.0), gt(p.tables[0].size(), 42.0);
@@ -239,28 +278,44 @@ TEST_CASE("errors: forward and backward reject mismatched ids, shapes and buffer
         };
         std::vector<double> g_big(p.grad_out.size());
         std::copy(p.grad_out.begin(), p.grad_out.end(), g_big.begin());
-        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(g_big, p.oshape), mview(g_big, p.xshape), {gt_ref},
-                                                rpe::write::overwrite); },
-                          "grad_x overlaps grad_out"));
+        CHECK(throws_with(
+            [&] {
+                p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(g_big, p.oshape), mview(g_big, p.xshape), {gt_ref},
+                                rpe::write::overwrite);
+            },
+            "grad_x overlaps grad_out"));
         CHECK(untouched());
         std::vector<double> tab = p.tables[0];
-        CHECK(throws_with([&] { p.term.backward(*p.ids, {cview(tab, p.tshape)}, p.x_ref(), cview(p.grad_out, p.oshape), gx_ref, {mview(tab, p.tshape)},
-                                                rpe::write::overwrite); },
-                          "grad_tables[0] overlaps tables[0]"));
+        CHECK(throws_with(
+            [&] {
+                p.term.backward(*p.ids, {cview(tab, p.tshape)}, p.x_ref(), cview(p.grad_out, p.oshape), gx_ref,
+                                {mview(tab, p.tshape)}, rpe::write::overwrite);
+            },
+            "grad_tables[0] overlaps tables[0]"));
         CHECK(untouched());
         std::vector<double> gt_wrong(1 * 4 * 50);
-        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), gx_ref, {mview(gt_wrong, {1, 4, 50})},
-                                                rpe::write::overwrite); },
-                          "grad_tables[0] has shape (1, 4, 50)"));
+        CHECK(throws_with(
+            [&] {
+                p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), gx_ref,
+                                {mview(gt_wrong, {1, 4, 50})}, rpe::write::overwrite);
+            },
+            "grad_tables[0] has shape (1, 4, 50)"));
         CHECK(untouched());
         std::vector<double> gx_wrong(2 * 2 * 13 * 3);
-        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(gx_wrong, {2, 2, 13, 3}), {gt_ref},
-                                                rpe::write::overwrite); },
-                          "grad_x has shape (2, 2, 13, 3)"));
+        CHECK(throws_with(
+            [&] {
+                p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(gx_wrong, {2, 2, 13, 3}),
+                                {gt_ref}, rpe::write::overwrite);
+            },
+            "grad_x has shape (2, 2, 13, 3)"));
         CHECK(untouched());
         const auto other = rpe::build_bucket_ids(mapping::product<>{r19}, 3, 4, 2);
-        CHECK(throws_with([&] { p.term.backward(*other, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), gx_ref, {gt_ref},
-                                                rpe::write::overwrite); }, "skip = 2"));
+        CHECK(throws_with(
+            [&] {
+                p.term.backward(*other, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), gx_ref, {gt_ref},
+                                rpe::write::overwrite);
+            },
+            "skip = 2"));
         CHECK(untouched());
     }
     CHECK(unchanged());  // no partial write (for the backward subcase, out was never passed)
@@ -268,29 +323,42 @@ TEST_CASE("errors: forward and backward reject mismatched ids, shapes and buffer
 
 TEST_CASE("errors: bias and value terms check their own shapes") {
     SUBCASE("bias: out heads must be Ht or H, x must be empty") {
-        rpe_test::term_problem<bias_term> p(bias_term(mapping::product<>{r19},
-            {.num_heads = 3, .head_dim = 4, .shared_head = false, .skip = 1}), 1, 3, 3, 78);
+        rpe_test::term_problem<bias_term> p(
+            bias_term(mapping::product<>{r19}, {.num_heads = 3, .head_dim = 4, .shared_head = false, .skip = 1}), 1, 3, 3, 78);
         std::vector<double> out(static_cast<std::size_t>(2 * 2 * p.l * p.l), 42.0);
-        CHECK(throws_with([&] { p.term.forward(*p.ids, p.table_refs(), {}, mview(out, {2, 2, p.l, p.l}),
-                                               rpe::write::overwrite); }, "out has shape (2, 2, 10, 10)"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, p.table_refs(), {}, mview(out, {2, 2, p.l, p.l}), rpe::write::overwrite);
+            },
+            "out has shape (2, 2, 10, 10)"));
         std::vector<double> x(static_cast<std::size_t>(3 * p.l * 4));
         std::vector<double> out_ok(static_cast<std::size_t>(3 * p.l * p.l), 42.0);
-        CHECK(throws_with([&] { p.term.forward(*p.ids, p.table_refs(), cview(x, {1, 3, p.l, 4}), mview(out_ok, {1, 3, p.l, p.l}),
-                                               rpe::write::overwrite); },
-                          "x must be empty"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, p.table_refs(), cview(x, {1, 3, p.l, 4}), mview(out_ok, {1, 3, p.l, p.l}),
+                               rpe::write::overwrite);
+            },
+            "x must be empty"));
         for (double e : out) CHECK_EQ(e, 42.0);
         bool untouched = true;
         for (double e : out_ok) untouched = untouched && e == 42.0;
         CHECK(untouched);
     }
     SUBCASE("value: x is (B, H, L, L), out (B, H, L, D), table (Ht, K, D)") {
-        rpe_test::term_problem<value_term> p(value_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 4, .skip = 1}), 1, 3, 3, 79);
+        rpe_test::term_problem<value_term> p(value_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 4, .skip = 1}), 1,
+                                             3, 3, 79);
         std::vector<double> out(static_cast<std::size_t>(p.out_size()), 42.0);
         std::vector<double> x_qk(static_cast<std::size_t>(2 * p.l * 4));
-        CHECK(throws_with([&] { p.term.forward(*p.ids, p.table_refs(), cview(x_qk, {1, 2, p.l, 4}), mview(out, p.oshape), rpe::write::overwrite); },
-                          "x has shape (1, 2, 10, 4)"));
-        CHECK(throws_with([&] { p.term.forward(*p.ids, {cview(p.tables[0], {1, 4, 50})}, p.x_ref(), mview(out, p.oshape), rpe::write::overwrite); },
-                          "table has shape (1, 4, 50)"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, p.table_refs(), cview(x_qk, {1, 2, p.l, 4}), mview(out, p.oshape), rpe::write::overwrite);
+            },
+            "x has shape (1, 2, 10, 4)"));
+        CHECK(throws_with(
+            [&] {
+                p.term.forward(*p.ids, {cview(p.tables[0], {1, 4, 50})}, p.x_ref(), mview(out, p.oshape), rpe::write::overwrite);
+            },
+            "table has shape (1, 4, 50)"));
         bool untouched = true;
         for (double e : out) untouched = untouched && e == 42.0;
         CHECK(untouched);
@@ -306,8 +374,10 @@ struct attention_setup {
     static constexpr std::int64_t B = 1, H = 2, L = 10, D = 4;
     std::vector<S> q = rpe_test::random_normal<S>(B * H * L * D, 1), k = rpe_test::random_normal<S>(B * H * L * D, 2),
                    v = rpe_test::random_normal<S>(B * H * L * D, 3), g = rpe_test::random_normal<S>(B * H * L * D, 4);
-    std::unique_ptr<rpe::any_term<S>> tk = rpe::make_any_term(key_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 4, .skip = 1}));
-    std::unique_ptr<rpe::any_term<S>> tv = rpe::make_any_term(value_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 4, .skip = 1}));
+    std::unique_ptr<rpe::any_term<S>> tk =
+        rpe::make_any_term(key_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 4, .skip = 1}));
+    std::unique_ptr<rpe::any_term<S>> tv =
+        rpe::make_any_term(value_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 4, .skip = 1}));
     std::vector<S> table_k = std::vector<S>(4 * 50, 0.25), table_v = std::vector<S>(50 * 4, 0.25);
     std::vector<S> out = std::vector<S>(B * H * L * D, 42.0), attn = std::vector<S>(B * H * L * L, 42.0);
     std::vector<S> gq = out, gk = out, gv = out;
@@ -373,8 +443,12 @@ TEST_CASE("errors: composed attention checks its inputs before writing") {
         CHECK(throws_with(forward, "q is a null buffer"));
     }
     SUBCASE("output of the wrong shape") {
-        CHECK(throws_with([&] { rpe::composed_attention_forward(a.in, mview(a.out, {a.B, a.H, a.L, a.D}), mview(a.attn, {a.B, a.H, a.L, a.L - 1})); },
-                          "attn has shape (1, 2, 10, 9)"));
+        CHECK(throws_with(
+            [&] {
+                rpe::composed_attention_forward(a.in, mview(a.out, {a.B, a.H, a.L, a.D}),
+                                                mview(a.attn, {a.B, a.H, a.L, a.L - 1}));
+            },
+            "attn has shape (1, 2, 10, 9)"));
     }
     SUBCASE("backward: grad table of the wrong shape") {
         std::vector<double> gt(4 * 49);
@@ -394,8 +468,8 @@ TEST_CASE("errors: composed attention writes nothing when a term's tables are wr
         CHECK(a.untouched());
     }
     SUBCASE("Cross term given one table, forward") {
-        const auto tc = rpe::make_any_term(rpe::term<mapping::cross<>, mode::contextual, target::key, double>({r19},
-            {.num_heads = 2, .head_dim = 4, .skip = 1}));
+        const auto tc = rpe::make_any_term(rpe::term<mapping::cross<>, mode::contextual, target::key, double>(
+            {r19}, {.num_heads = 2, .head_dim = 4, .skip = 1}));
         a.in.rpe_k.term = tc.get();
         CHECK(throws_with([&] { a.forward(); }, "tables holds 1 tables; expected 2"));
         CHECK(a.untouched());
@@ -424,6 +498,10 @@ TEST_CASE("errors: composed attention rejects an output aliasing an input") {
     in.v = rpe_test::view<const S>(qkv.data() + 2 * L * D, {B, H, L, D});
     in.height = 2;
     in.width = 2;
-    CHECK(throws_with([&] { rpe::composed_attention_forward(in, rpe_test::view<S>(qkv.data() + 2 * L * D, {B, H, L, D}), mview(attn, {B, H, L, L})); },
-                      "overlaps"));
+    CHECK(throws_with(
+        [&] {
+            rpe::composed_attention_forward(in, rpe_test::view<S>(qkv.data() + 2 * L * D, {B, H, L, D}),
+                                            mview(attn, {B, H, L, L}));
+        },
+        "overlaps"));
 }

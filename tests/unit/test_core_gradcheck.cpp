@@ -106,8 +106,9 @@ TEST_CASE_TEMPLATE("gradient check of each (mode, target) term", T,
     const single_thread guard;
     for (bool shared : {true, false}) {
         CAPTURE(shared);
-        rpe_test::term_problem<T> p(T(typename T::mapping_type{r19},
-                                      {.num_heads = 2, .head_dim = 3, .shared_head = shared, .skip = 1}), 2, 3, 3, shared ? 900 : 901);
+        rpe_test::term_problem<T> p(
+            T(typename T::mapping_type{r19}, {.num_heads = 2, .head_dim = 3, .shared_head = shared, .skip = 1}), 2, 3, 3,
+            shared ? 900 : 901);
         if constexpr (T::is_bias) {  // broadcast output (B, H, L, L): the table collects batch and heads
             p.oshape = {2, 2, p.l, p.l};
             p.grad_out = rpe_test::random_normal<double>(static_cast<std::size_t>(p.out_size()), 905);
@@ -116,7 +117,8 @@ TEST_CASE_TEMPLATE("gradient check of each (mode, target) term", T,
         std::vector<std::vector<double>> gt;
         std::vector<double> gx(p.x.size());
         p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape),
-                        p.xshape.empty() ? rpe::tensor_ref<double>{} : mview(gx, p.xshape), p.grad_refs(gt), rpe::write::overwrite);
+                        p.xshape.empty() ? rpe::tensor_ref<double>{} : mview(gx, p.xshape), p.grad_refs(gt),
+                        rpe::write::overwrite);
         if (!p.xshape.empty()) check_param(p.x, gx, loss, "x");
         for (std::size_t t = 0; t < gt.size(); ++t) check_param(p.tables[t], gt[t], loss, "table " + std::to_string(t));
         // the check has teeth: an analytic gradient off by 1e-4 in one entry is caught
@@ -148,20 +150,21 @@ TEST_CASE("gradient check of the composed attention with q, k, v RPE and a key p
         for (int c = 0; c < width; ++c)
             if (r == height - 1 || c == width - 1) mask[static_cast<std::size_t>(L + skip + r * width + c)] = 1;
     // per-head tables on keys (Product), shared on queries (Cross, two tables), per-head on values
-    const auto tk = rpe::make_any_term(rpe::term<mapping::product<>, mode::contextual, target::key, S>({r19},
-        {.num_heads = 2, .head_dim = 3, .shared_head = false, .skip = 1}));
-    const auto tq = rpe::make_any_term(rpe::term<mapping::cross<>, mode::contextual, target::query, S>({r19},
-        {.num_heads = 2, .head_dim = 3, .skip = 1}));
-    const auto tv = rpe::make_any_term(rpe::term<mapping::product<>, mode::contextual, target::value, S>({r19},
-        {.num_heads = 2, .head_dim = 3, .shared_head = false, .skip = 1}));
+    const auto tk = rpe::make_any_term(rpe::term<mapping::product<>, mode::contextual, target::key, S>(
+        {r19}, {.num_heads = 2, .head_dim = 3, .shared_head = false, .skip = 1}));
+    const auto tq = rpe::make_any_term(
+        rpe::term<mapping::cross<>, mode::contextual, target::query, S>({r19}, {.num_heads = 2, .head_dim = 3, .skip = 1}));
+    const auto tv = rpe::make_any_term(rpe::term<mapping::product<>, mode::contextual, target::value, S>(
+        {r19}, {.num_heads = 2, .head_dim = 3, .shared_head = false, .skip = 1}));
     auto size_of = [](const std::vector<std::int64_t>& s) {
         std::size_t z = 1;
         for (auto e : s) z *= static_cast<std::size_t>(e);
         return z;
     };
-    std::vector<std::vector<S>> tables = {
-        rpe_test::random_normal<S>(size_of(tk->table_shape()), 1010, 0.5), rpe_test::random_normal<S>(size_of(tq->table_shape()), 1011, 0.5),
-        rpe_test::random_normal<S>(size_of(tq->table_shape()), 1012, 0.5), rpe_test::random_normal<S>(size_of(tv->table_shape()), 1013, 0.5)};
+    std::vector<std::vector<S>> tables = {rpe_test::random_normal<S>(size_of(tk->table_shape()), 1010, 0.5),
+                                          rpe_test::random_normal<S>(size_of(tq->table_shape()), 1011, 0.5),
+                                          rpe_test::random_normal<S>(size_of(tq->table_shape()), 1012, 0.5),
+                                          rpe_test::random_normal<S>(size_of(tv->table_shape()), 1013, 0.5)};
     std::vector<std::vector<S>> grads;
     for (const auto& t : tables) grads.emplace_back(t.size());
 
@@ -173,7 +176,8 @@ TEST_CASE("gradient check of the composed attention with q, k, v RPE and a key p
     in.width = width;
     in.key_padding_mask = cview(mask, {B, L});
     in.rpe_k = {tk.get(), {cview(tables[0], tk->table_shape())}, {mview(grads[0], tk->table_shape())}};
-    in.rpe_q = {tq.get(), {cview(tables[1], tq->table_shape()), cview(tables[2], tq->table_shape())},
+    in.rpe_q = {tq.get(),
+                {cview(tables[1], tq->table_shape()), cview(tables[2], tq->table_shape())},
                 {mview(grads[1], tq->table_shape()), mview(grads[2], tq->table_shape())}};
     in.rpe_v = {tv.get(), {cview(tables[3], tv->table_shape())}, {mview(grads[3], tv->table_shape())}};
 

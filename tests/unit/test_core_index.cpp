@@ -24,10 +24,8 @@ struct index_case {
 // Every case of tests/data/golden/index (README "What is in this set"); the parameters are
 // the meta.json's alpha/beta/gamma (α = r, β = 2r, γ = 8r for the ratio cases).
 const index_case golden_index_cases[] = {
-    {"index/r1.9", piecewise::from_ratio(1.9)},
-    {"index/r2.0", piecewise::from_ratio(2.0)},
-    {"index/r1.0", piecewise::from_ratio(1.0)},
-    {"index/r20.0", piecewise::from_ratio(20.0)},
+    {"index/r1.9", piecewise::from_ratio(1.9)},         {"index/r2.0", piecewise::from_ratio(2.0)},
+    {"index/r1.0", piecewise::from_ratio(1.0)},         {"index/r20.0", piecewise::from_ratio(20.0)},
     {"index/a1.0_b2.0_g4.0", piecewise{1.0, 2.0, 4.0}},
 };
 
@@ -138,7 +136,7 @@ TEST_CASE("index::clip values and range") {
             CAPTURE(x);
             CHECK(g(std::int64_t{x}) == expected[x + 5]);
         }
-        CHECK(g(std::int64_t{1} << 40) == 3);     // no overflow on large offsets
+        CHECK(g(std::int64_t{1} << 40) == 3);  // no overflow on large offsets
         CHECK(g(-(std::int64_t{1} << 40)) == -3);
     }
     SUBCASE("non-integer beta truncates: beta = 3.8 gives range [-3, 3]") {

@@ -28,10 +28,14 @@ const piecewise r19 = piecewise::from_ratio(1.9);
 // Name of a mapping type in the golden folder names (bucket_ids/<name>_<h>x<w>_skip<s>_r1.9).
 template <class M>
 constexpr const char* golden_name() {
-    if constexpr (std::is_same_v<M, mapping::euclidean<>>) return "euclidean";
-    else if constexpr (std::is_same_v<M, mapping::quantization<>>) return "quantization";
-    else if constexpr (std::is_same_v<M, mapping::cross<>>) return "cross";
-    else return "product";
+    if constexpr (std::is_same_v<M, mapping::euclidean<>>)
+        return "euclidean";
+    else if constexpr (std::is_same_v<M, mapping::quantization<>>)
+        return "quantization";
+    else if constexpr (std::is_same_v<M, mapping::cross<>>)
+        return "cross";
+    else
+        return "product";
 }
 
 /// Token index of grid cell (r, c) in a grid of width w after `skip` extra tokens.
@@ -39,8 +43,8 @@ int token(int r, int c, int w, int skip) { return skip + r * w + c; }
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("bucket ids match every golden bucket_ids case exactly", M, mapping::euclidean<>,
-                   mapping::quantization<>, mapping::cross<>, mapping::product<>) {
+TEST_CASE_TEMPLATE("bucket ids match every golden bucket_ids case exactly", M, mapping::euclidean<>, mapping::quantization<>,
+                   mapping::cross<>, mapping::product<>) {
     const M m{r19};
     const int grids[2][2] = {{7, 7}, {5, 9}};
     int cases = 0;
@@ -60,13 +64,14 @@ TEST_CASE_TEMPLATE("bucket ids match every golden bucket_ids case exactly", M, m
             CHECK(ids->num_buckets() == m.num_buckets() + (skip > 0 ? 1 : 0));
             if constexpr (rpe::detail::num_tables_of<M>() == 2) {
                 REQUIRE(ids->num_tables() == 2);
-                rpe_test::check_exact(rpe_test::ids_matrix(*ids, 0), rpe_test::load<std::int64_t>(dir, "bucket_ids_rows.npy", {n, n}),
-                                      "rows");
-                rpe_test::check_exact(rpe_test::ids_matrix(*ids, 1), rpe_test::load<std::int64_t>(dir, "bucket_ids_cols.npy", {n, n}),
-                                      "cols");
+                rpe_test::check_exact(rpe_test::ids_matrix(*ids, 0),
+                                      rpe_test::load<std::int64_t>(dir, "bucket_ids_rows.npy", {n, n}), "rows");
+                rpe_test::check_exact(rpe_test::ids_matrix(*ids, 1),
+                                      rpe_test::load<std::int64_t>(dir, "bucket_ids_cols.npy", {n, n}), "cols");
             } else {
                 REQUIRE(ids->num_tables() == 1);
-                rpe_test::check_exact(rpe_test::ids_matrix(*ids), rpe_test::load<std::int64_t>(dir, "bucket_ids.npy", {n, n}), "ids");
+                rpe_test::check_exact(rpe_test::ids_matrix(*ids), rpe_test::load<std::int64_t>(dir, "bucket_ids.npy", {n, n}),
+                                      "ids");
             }
             ++cases;
         }
@@ -115,8 +120,8 @@ TEST_CASE_TEMPLATE("undirected mappings: ids from beta_int to 2 beta_int, symmet
                 symmetric = symmetric && id == ids->at(0, j, i);
             }
         CAPTURE(g.alpha);
-        CHECK(lo == b);       // distance 0 → g(0) + βi
-        CHECK(hi == 2 * b);   // a 9x11 grid reaches saturation for these ratios
+        CHECK(lo == b);      // distance 0 → g(0) + βi
+        CHECK(hi == 2 * b);  // a 9x11 grid reaches saturation for these ratios
         CHECK(symmetric);
     }
 }
@@ -236,8 +241,10 @@ TEST_CASE_TEMPLATE("extra bucket on every pair touching a skip token", M, mappin
                     } else {
                         const int ri = (i - skip) / w, ci = (i - skip) % w, rj = (j - skip) / w, cj = (j - skip) % w;
                         int expected = 0;
-                        if constexpr (rpe::detail::num_tables_of<M>() == 2) expected = m.bucket(ri - rj, ci - cj, t);
-                        else expected = m.bucket(ri - rj, ci - cj);
+                        if constexpr (rpe::detail::num_tables_of<M>() == 2)
+                            expected = m.bucket(ri - rj, ci - cj, t);
+                        else
+                            expected = m.bucket(ri - rj, ci - cj);
                         ok = ok && id == expected && id < k;
                     }
                 }

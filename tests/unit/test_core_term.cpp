@@ -93,8 +93,8 @@ void run_golden_term(const std::string& dir) {
     std::vector<S> out(grad_out.size(), S(-99));
     const auto x_ref = xshape.empty() ? rpe::tensor_ref<const S>{} : cview(x, xshape);
     term->forward(*ids, tab_refs, x_ref, mview(out, oshape), rpe::write::overwrite);
-    term->backward(*ids, tab_refs, x_ref, cview(grad_out, oshape),
-                   xshape.empty() ? rpe::tensor_ref<S>{} : mview(grad_x, xshape), grad_refs, rpe::write::overwrite);
+    term->backward(*ids, tab_refs, x_ref, cview(grad_out, oshape), xshape.empty() ? rpe::tensor_ref<S>{} : mview(grad_x, xshape),
+                   grad_refs, rpe::write::overwrite);
 
     rpe_test::check_golden(dir, meta, "output.npy", out);
     if (!xshape.empty()) rpe_test::check_golden(dir, meta, "grad_input.npy", grad_x);

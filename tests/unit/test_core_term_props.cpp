@@ -19,8 +19,8 @@
 
 namespace {
 
-using rpe::index::piecewise;
 using rpe::target;
+using rpe::index::piecewise;
 namespace mapping = rpe::mapping;
 namespace mode = rpe::mode;
 using rpe_test::cview;
@@ -37,8 +37,9 @@ const piecewise r19 = piecewise::from_ratio(1.9);
 
 template <class M, class Md, target Tg, class S>
 rpe_test::term_problem<rpe::term<M, Md, Tg, S>> make_problem(int heads, int dim, bool shared, int skip, int height, int width,
-                                                            int batch, unsigned seed) {
-    return {rpe::term<M, Md, Tg, S>(M{r19}, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip}), batch, height, width, seed};
+                                                             int batch, unsigned seed) {
+    return {rpe::term<M, Md, Tg, S>(M{r19}, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip}), batch,
+            height, width, seed};
 }
 
 }  // namespace
@@ -54,8 +55,8 @@ TEST_CASE_TEMPLATE("write::accumulate adds: forward and backward into prefilled 
                    rpe::term<mapping::cross<>, mode::contextual, target::key, float>,
                    rpe::term<mapping::cross<>, mode::contextual, target::value, double>) {
     using S = typename T::scalar_type;
-    const rpe_test::term_problem<T> p(T(typename T::mapping_type{r19},
-                                        {.num_heads = 3, .head_dim = 4, .shared_head = false, .skip = 1}), 2, 3, 4, 101);
+    const rpe_test::term_problem<T> p(
+        T(typename T::mapping_type{r19}, {.num_heads = 3, .head_dim = 4, .shared_head = false, .skip = 1}), 2, 3, 4, 101);
     const std::vector<S> fresh = p.forward();
     const auto prefill = rpe_test::random_normal<S>(fresh.size(), 7);
     std::vector<S> acc = prefill;
@@ -103,8 +104,8 @@ TEST_CASE_TEMPLATE("bias output broadcast to (B, H, L, L) equals the (1, Ht, L, 
     for (bool shared : {true, false}) {
         CAPTURE(shared);
         const int H = 3, B = 2;
-        const rpe_test::term_problem<T> p(T(typename T::mapping_type{r19},
-                                            {.num_heads = H, .head_dim = 4, .shared_head = shared, .skip = 1}), 1, 3, 4, 202);
+        const rpe_test::term_problem<T> p(
+            T(typename T::mapping_type{r19}, {.num_heads = H, .head_dim = 4, .shared_head = shared, .skip = 1}), 1, 3, 4, 202);
         const std::int64_t l = p.l, ht = shared ? 1 : H, plane = l * l;
         const std::vector<S> small = p.forward();  // (1, Ht, L, L)
         REQUIRE(static_cast<std::int64_t>(small.size()) == ht * plane);
@@ -133,7 +134,8 @@ TEST_CASE_TEMPLATE("bias output broadcast to (B, H, L, L) equals the (1, Ht, L, 
                         g_big[static_cast<std::size_t>((bb * H + hh) * plane + e)];
         std::vector<std::vector<S>> gt_big, gt_small;
         p.term.backward(*p.ids, p.table_refs(), {}, cview(g_big, {B, H, l, l}), {}, p.grad_refs(gt_big), rpe::write::overwrite);
-        p.term.backward(*p.ids, p.table_refs(), {}, cview(g_small, {1, ht, l, l}), {}, p.grad_refs(gt_small), rpe::write::overwrite);
+        p.term.backward(*p.ids, p.table_refs(), {}, cview(g_small, {1, ht, l, l}), {}, p.grad_refs(gt_small),
+                        rpe::write::overwrite);
         for (std::size_t t = 0; t < gt_big.size(); ++t)
             CHECK(rpe_test::max_abs_diff(gt_big[t], gt_small[t]) <= (std::is_same_v<S, float> ? 1e-4 : 1e-12));
     }
@@ -176,7 +178,8 @@ TEST_CASE_TEMPLATE("contextual terms equal the naive loops", M, mapping::product
         p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(gx_lib, p.xshape), p.grad_refs(g),
                         rpe::write::overwrite);
         CHECK(rpe_test::max_abs_diff(gx_lib, gx) <= 1e-12);
-        for (int t = 0; t < nt; ++t) CHECK(rpe_test::max_abs_diff(g[static_cast<std::size_t>(t)], gt[static_cast<std::size_t>(t)]) <= 1e-12);
+        for (int t = 0; t < nt; ++t)
+            CHECK(rpe_test::max_abs_diff(g[static_cast<std::size_t>(t)], gt[static_cast<std::size_t>(t)]) <= 1e-12);
     }
     SUBCASE("query: out[b,h,i,j] = sum_d x[b,h,j,d] table[h,d,id(j,i)] (the transposed pair)") {
         auto p = make_problem<M, mode::contextual, target::query, S>(H, D, false, skip, height, width, B, 12);
@@ -208,7 +211,8 @@ TEST_CASE_TEMPLATE("contextual terms equal the naive loops", M, mapping::product
         p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(gx_lib, p.xshape), p.grad_refs(g),
                         rpe::write::overwrite);
         CHECK(rpe_test::max_abs_diff(gx_lib, gx) <= 1e-12);
-        for (int t = 0; t < nt; ++t) CHECK(rpe_test::max_abs_diff(g[static_cast<std::size_t>(t)], gt[static_cast<std::size_t>(t)]) <= 1e-12);
+        for (int t = 0; t < nt; ++t)
+            CHECK(rpe_test::max_abs_diff(g[static_cast<std::size_t>(t)], gt[static_cast<std::size_t>(t)]) <= 1e-12);
     }
     SUBCASE("value: out[b,h,i,d] = sum_j a[b,h,i,j] table[h,id(i,j),d]") {
         auto p = make_problem<M, mode::contextual, target::value, S>(H, D, false, skip, height, width, B, 13);
@@ -237,7 +241,8 @@ TEST_CASE_TEMPLATE("contextual terms equal the naive loops", M, mapping::product
         p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(ga_lib, p.xshape), p.grad_refs(g),
                         rpe::write::overwrite);
         CHECK(rpe_test::max_abs_diff(ga_lib, ga) <= 1e-12);
-        for (int t = 0; t < nt; ++t) CHECK(rpe_test::max_abs_diff(g[static_cast<std::size_t>(t)], gt[static_cast<std::size_t>(t)]) <= 1e-12);
+        for (int t = 0; t < nt; ++t)
+            CHECK(rpe_test::max_abs_diff(g[static_cast<std::size_t>(t)], gt[static_cast<std::size_t>(t)]) <= 1e-12);
     }
 }
 
@@ -263,7 +268,7 @@ TEST_CASE("a shared table collects every head and batch element") {
                       mview(g_h, tshape_h), rpe::write::overwrite);
     std::vector<double> summed(static_cast<std::size_t>(tsize), 0.0);
     for (int h = 0; h < H; ++h)
-        for (std::int64_t e = 0; e < tsize; ++e) summed[static_cast<std::size_t>(e)] += g_h[static_cast<std::size_t>(h * tsize + e)];
+        for (std::int64_t e = 0; e < tsize; ++e)
+            summed[static_cast<std::size_t>(e)] += g_h[static_cast<std::size_t>(h * tsize + e)];
     CHECK(rpe_test::max_abs_diff(g[0], summed) <= 1e-12);
 }
-

@@ -67,8 +67,8 @@ TEST_CASE("cpu softmax row: values, masks, -inf, NaN, +inf, all masked, lengths 
         std::vector<std::uint8_t> mask(row.size(), 0);
         for (std::int64_t j = 0; j < n; ++j) row[static_cast<std::size_t>(j)] = static_cast<float>(std::sin(0.7 * j) * 5);
         if (n > 2) {
-            mask[1] = 1;                          // a padded key
-            row[2] = -inf;                        // an attn_mask −∞
+            mask[1] = 1;                                      // a padded key
+            row[2] = -inf;                                    // an attn_mask −∞
             row[static_cast<std::size_t>(n - 1)] = -1000.0f;  // exp underflows to 0 after the max
         }
         double m = -1e300, sum = 0;
@@ -88,8 +88,15 @@ TEST_CASE("cpu softmax row: values, masks, -inf, NaN, +inf, all masked, lengths 
             CHECK(row[static_cast<std::size_t>(n - 1)] == 0.0f);
         }
     }
-    std::vector<float> nan_row{1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f,
-                               8.0f, 9.0f, 10.0f, 11.0f, 12.0f, 13.0f, 14.0f, 15.0f, 16.0f, 17.0f};
+    std::vector<float> nan_row{1.0f,  std::numeric_limits<float>::quiet_NaN(),
+                               2.0f,  3.0f,
+                               4.0f,  5.0f,
+                               6.0f,  7.0f,
+                               8.0f,  9.0f,
+                               10.0f, 11.0f,
+                               12.0f, 13.0f,
+                               14.0f, 15.0f,
+                               16.0f, 17.0f};
     softmax_row(nan_row.data(), static_cast<std::int64_t>(nan_row.size()), nullptr);
     for (float x : nan_row) CHECK(std::isnan(x));
     std::vector<float> inf_row(20, 1.0f);
@@ -111,7 +118,8 @@ TEST_CASE("cpu softmax backward row equals the formula and does not depend on th
     for (auto& e : dp) e = normal(rng);
     const std::int64_t n = 37;
     double dot = 0;
-    for (std::int64_t j = 0; j < n; ++j) dot += static_cast<double>(p[static_cast<std::size_t>(j)]) * dp[static_cast<std::size_t>(j)];
+    for (std::int64_t j = 0; j < n; ++j)
+        dot += static_cast<double>(p[static_cast<std::size_t>(j)]) * dp[static_cast<std::size_t>(j)];
     std::vector<float> a(dp.begin(), dp.begin() + n);
     softmax_backward_row(p.data(), a.data(), n);
     for (std::int64_t j = 0; j < n; ++j) {
@@ -131,7 +139,8 @@ TEST_CASE("cpu workspace: reused across calls, released on request, results unch
     rpe::release_cpu_workspace();
     CHECK(cpu::arena::of_this_thread().capacity() == 0);
     const rpe::mapping::product<> m{rpe::index::piecewise::from_ratio(1.9)};
-    const rpe::term<rpe::mapping::product<>, rpe::mode::contextual, rpe::target::key> t(m, {.num_heads = 2, .head_dim = 4, .skip = 1});
+    const rpe::term<rpe::mapping::product<>, rpe::mode::contextual, rpe::target::key> t(
+        m, {.num_heads = 2, .head_dim = 4, .skip = 1});
     const auto ids = t.bucket_ids(3, 3);
     const int l = ids->length(), k = t.num_buckets();
     std::vector<float> x(static_cast<std::size_t>(2 * l * 4), 0.25f), table(static_cast<std::size_t>(4 * k), 0.5f);

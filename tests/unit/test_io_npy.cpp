@@ -82,8 +82,7 @@ std::vector<std::byte> read_file(const std::string& path) {
 std::string temp_path(const std::string& stem) {
     std::random_device rd;
     const auto tag = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-    return (std::filesystem::temp_directory_path() / ("rpe_test_io_npy_" + stem + "_" + std::to_string(tag) + ".npy"))
-        .string();
+    return (std::filesystem::temp_directory_path() / ("rpe_test_io_npy_" + stem + "_" + std::to_string(tag) + ".npy")).string();
 }
 
 }  // namespace
@@ -132,13 +131,13 @@ TEST_CASE("npy: golden index.npy (int32) holds the piecewise index of ratio 1.9"
     CHECK(a.dtype == "<i4");
     REQUIRE(a.shape == std::vector<std::int64_t>{4001});
     const auto v = a.as<std::int32_t>();
-    CHECK(v[0] == -3);       // x = -2000 saturates at -floor(3.8)
-    CHECK(v[1998] == -2);    // x = -2
-    CHECK(v[1999] == -1);    // x = -1
-    CHECK(v[2000] == 0);     // x = 0
-    CHECK(v[2001] == 1);     // x = 1
-    CHECK(v[2003] == 2);     // x = 3
-    CHECK(v[4000] == 3);     // x = 2000
+    CHECK(v[0] == -3);     // x = -2000 saturates at -floor(3.8)
+    CHECK(v[1998] == -2);  // x = -2
+    CHECK(v[1999] == -1);  // x = -1
+    CHECK(v[2000] == 0);   // x = 0
+    CHECK(v[2001] == 1);   // x = 1
+    CHECK(v[2003] == 2);   // x = 3
+    CHECK(v[4000] == 3);   // x = 2000
     const auto v64 = a.to<std::int64_t>();
     const auto vu = a.to<std::int8_t>();  // all in [-3, 3]
     for (std::size_t i = 0; i < v.size(); ++i) {
@@ -224,13 +223,16 @@ TEST_CASE("npy: encode_npy writes byte-identical files to numpy's") {
         const auto file = read_file(path);
         const auto a = rpe::io::load_npy(path);
         std::vector<std::byte> enc;
-        if (a.dtype == "<i8") enc = rpe::io::encode_npy(a.as<std::int64_t>().data(), std::span<const std::int64_t>(a.shape));
-        else if (a.dtype == "<i4") enc = rpe::io::encode_npy(a.as<std::int32_t>().data(), std::span<const std::int64_t>(a.shape));
-        else enc = rpe::io::encode_npy(a.as<float>().data(), std::span<const std::int64_t>(a.shape));
+        if (a.dtype == "<i8")
+            enc = rpe::io::encode_npy(a.as<std::int64_t>().data(), std::span<const std::int64_t>(a.shape));
+        else if (a.dtype == "<i4")
+            enc = rpe::io::encode_npy(a.as<std::int32_t>().data(), std::span<const std::int64_t>(a.shape));
+        else
+            enc = rpe::io::encode_npy(a.as<float>().data(), std::span<const std::int64_t>(a.shape));
         CHECK(enc == file);
     }
-    const auto m = rpe::io::load_npy(
-        golden + "/attention/product_ctx_k_shared_5x7_skip0_r2.0_B2H2D8_masked/key_padding_mask.npy");
+    const auto m =
+        rpe::io::load_npy(golden + "/attention/product_ctx_k_shared_5x7_skip0_r2.0_B2H2D8_masked/key_padding_mask.npy");
     const auto mv = m.as<std::uint8_t>();
     CHECK(rpe::io::encode_npy(mv.data(), std::span<const std::int64_t>(m.shape)) ==
           read_file(golden + "/attention/product_ctx_k_shared_5x7_skip0_r2.0_B2H2D8_masked/key_padding_mask.npy"));
@@ -334,7 +336,7 @@ TEST_CASE("npy: floating conversions") {
     const auto f = a.to<float>();
     CHECK(f[0] == 1.5f);
     CHECK(f[1] == -0.25f);
-    CHECK(f[2] == std::numeric_limits<float>::infinity());   // beyond float: +inf, no UB
+    CHECK(f[2] == std::numeric_limits<float>::infinity());  // beyond float: +inf, no UB
     CHECK(f[3] == -std::numeric_limits<float>::infinity());
     CHECK(f[4] == std::numeric_limits<float>::infinity());
     CHECK(a.to<long double>()[5] == 3.0L);
@@ -344,8 +346,8 @@ TEST_CASE("npy: floating conversions") {
 }
 
 TEST_CASE("npy: |b1 bytes other than 0/1 read as true") {
-    auto file = make_npy("{'descr': '|b1', 'fortran_order': False, 'shape': (3,), }",
-                         {std::byte{0}, std::byte{2}, std::byte{255}});
+    auto file =
+        make_npy("{'descr': '|b1', 'fortran_order': False, 'shape': (3,), }", {std::byte{0}, std::byte{2}, std::byte{255}});
     const auto a = rpe::io::parse_npy(file, "b.npy");
     CHECK(a.as<bool>() == std::vector<bool>{false, true, true});
     CHECK(a.to<int>() == std::vector<int>{0, 1, 1});
@@ -355,18 +357,17 @@ TEST_CASE("npy: format versions 2.0 and 3.0, double quotes and loose spacing") {
     const std::vector<std::int32_t> v = {5, -6, 7, -8};
     for (int major : {2, 3}) {
         CAPTURE(major);
-        const auto a = rpe::io::parse_npy(
-            make_npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 2), }", raw(v), major), "v.npy");
+        const auto a =
+            rpe::io::parse_npy(make_npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 2), }", raw(v), major), "v.npy");
         CHECK(a.shape == std::vector<std::int64_t>{2, 2});
         CHECK(a.as<std::int32_t>() == v);
     }
-    const auto b = rpe::io::parse_npy(
-        make_npy("{ \"shape\" : ( 4 , ) ,\"fortran_order\":False,'descr':\"<i4\"}", raw(v)), "w.npy");
+    const auto b =
+        rpe::io::parse_npy(make_npy("{ \"shape\" : ( 4 , ) ,\"fortran_order\":False,'descr':\"<i4\"}", raw(v)), "w.npy");
     CHECK(b.shape == std::vector<std::int64_t>{4});
     CHECK(b.as<std::int32_t>() == v);
-    const auto c = rpe::io::parse_npy(make_npy("{'descr': '<i4', 'fortran_order': False, 'shape': ()}",
-                                               raw(std::vector<std::int32_t>{9})),
-                                      "c.npy");
+    const auto c = rpe::io::parse_npy(
+        make_npy("{'descr': '<i4', 'fortran_order': False, 'shape': ()}", raw(std::vector<std::int32_t>{9})), "c.npy");
     CHECK(c.shape.empty());
     CHECK(c.as<std::int32_t>() == std::vector<std::int32_t>{9});
 }
@@ -383,8 +384,7 @@ TEST_CASE("npy: errors name the file and the problem") {
     auto dict_err = [&](const std::string& dict) { return err(make_npy(dict, four_floats)); };
 
     SUBCASE("file cannot be opened") {
-        const std::string e = npy_error_of<rpe::runtime_error>(
-            [] { (void)rpe::io::load_npy("/nonexistent/dir/missing.npy"); });
+        const std::string e = npy_error_of<rpe::runtime_error>([] { (void)rpe::io::load_npy("/nonexistent/dir/missing.npy"); });
         CHECK(e == "[rpe.npy] /nonexistent/dir/missing.npy: cannot open file");
     }
     SUBCASE("bad magic") {
@@ -433,16 +433,16 @@ TEST_CASE("npy: errors name the file and the problem") {
                        "structured dtypes are not supported"));
         CHECK(contains(dict_err("{'descr': '<f4, 'fortran_order': False, 'shape': (4,)}"), "not a valid dict literal"));
         CHECK(contains(dict_err("{'descr': '<f\\x34', 'fortran_order': False, 'shape': (4,)}"), "escape sequences"));
-        CHECK(contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), 'extra': 1}"),
-                       "unexpected key 'extra'"));
+        CHECK(
+            contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), 'extra': 1}"), "unexpected key 'extra'"));
         CHECK(contains(dict_err("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (4,)}"),
                        "duplicate key 'descr'"));
         CHECK(contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (4,)} x"), "unexpected text after"));
         CHECK(contains(dict_err("{descr: '<f4', 'fortran_order': False, 'shape': (4,)}"), "expected a quoted string"));
         CHECK(contains(dict_err(""), "expected '{'"));
         CHECK(contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (-4,)}"), "negative extent"));
-        CHECK(contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}"),
-                       "overflows int64"));
+        CHECK(
+            contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}"), "overflows int64"));
     }
     SUBCASE("missing keys") {
         CHECK(contains(dict_err("{'fortran_order': False, 'shape': (4,), }"), "missing key 'descr'"));
@@ -472,8 +472,7 @@ TEST_CASE("npy: errors name the file and the problem") {
               "[rpe.npy] bad.npy: trailing bytes: shape needs 12 bytes, file holds 16");
         CHECK(contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (0,), }"), "trailing bytes"));
         CHECK(contains(dict_err("{'descr': '<f8', 'fortran_order': False, 'shape': (), }"), "trailing bytes"));
-        CHECK(contains(dict_err("{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000,), }"),
-                       "data truncated"));
+        CHECK(contains(dict_err("{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000,), }"), "data truncated"));
     }
     SUBCASE("shape product overflow") {
         CHECK(contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }"),
@@ -487,8 +486,7 @@ TEST_CASE("npy: errors name the file and the problem") {
         CHECK(contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 9223372036854775807), }"),
                        "shape product overflows: 1 * 9223372036854775807"));
         // a 0-element array whose non-zero extents fit: here with trailing data
-        CHECK(contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 2147483648), }"),
-                       "trailing bytes"));
+        CHECK(contains(dict_err("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 2147483648), }"), "trailing bytes"));
     }
 }
 
@@ -513,10 +511,10 @@ TEST_CASE("npy: encode_npy argument errors") {
     const std::int64_t huge[] = {std::numeric_limits<std::int64_t>::max(), 2};
     CHECK_THROWS_AS((void)rpe::io::encode_npy(&x, huge), rpe::invalid_argument);
     const std::int64_t s[] = {1};
-    const std::string e = npy_error_of<rpe::runtime_error>(
-        [&] { rpe::io::save_npy("/nonexistent/dir/out.npy", &x, s); });
-    CHECK(e == "[rpe.npy] /nonexistent/dir/out.npy: cannot create a temporary file in its folder (No such file or "
-               "directory); /nonexistent/dir/out.npy is unchanged");
+    const std::string e = npy_error_of<rpe::runtime_error>([&] { rpe::io::save_npy("/nonexistent/dir/out.npy", &x, s); });
+    CHECK(e ==
+          "[rpe.npy] /nonexistent/dir/out.npy: cannot create a temporary file in its folder (No such file or "
+          "directory); /nonexistent/dir/out.npy is unchanged");
 }
 
 TEST_CASE("npy: hand-built npy_array inconsistencies are reported, not read out of bounds") {
@@ -566,7 +564,7 @@ TEST_CASE("npy: malformed variants of a valid file never crash") {
             }
         }
     }
-    CHECK(parsed > 0);    // e.g. padding spaces replaced by other whitespace-free-but-harmless bytes
+    CHECK(parsed > 0);  // e.g. padding spaces replaced by other whitespace-free-but-harmless bytes
     CHECK(rejected > 0);
 }
 

@@ -52,9 +52,7 @@ std::vector<std::byte> st_raw(const std::string& header, const std::vector<std::
     return out;
 }
 
-std::vector<std::byte> st_bytes(const json& header, const std::vector<std::byte>& data) {
-    return st_raw(header.dump(), data);
-}
+std::vector<std::byte> st_bytes(const json& header, const std::vector<std::byte>& data) { return st_raw(header.dump(), data); }
 
 template <class T>
 void append(std::vector<std::byte>& buf, const std::vector<T>& v) {
@@ -212,12 +210,14 @@ TEST_CASE("safetensors: lookup and type errors are invalid_argument with exact m
           "[rpe.safetensors] tensor 'm' in mem.safetensors has dtype U8, expected I8");
     CHECK(st_error_of<rpe::invalid_argument>([&] { (void)f.view<std::uint16_t>("h"); }) ==
           "[rpe.safetensors] tensor 'h' in mem.safetensors has dtype F16, expected U16");
-    CHECK(st_error_of<rpe::invalid_argument>([&] { (void)f.view<float>("w", {3, 2}); }) ==
-          "[rpe.safetensors] tensor 'w' in mem.safetensors has shape (2, 3), expected (3, 2)");
+    CHECK(st_error_of<rpe::invalid_argument>([&] {
+              (void)f.view<float>("w", {3, 2});
+          }) == "[rpe.safetensors] tensor 'w' in mem.safetensors has shape (2, 3), expected (3, 2)");
     CHECK(st_error_of<rpe::invalid_argument>([&] { (void)f.view<float>("w", {6}); }) ==
           "[rpe.safetensors] tensor 'w' in mem.safetensors has shape (2, 3), expected (6,)");
-    CHECK(st_error_of<rpe::invalid_argument>([&] { (void)f.view<std::int64_t>("idx", {1, 4}); }) ==
-          "[rpe.safetensors] tensor 'idx' in mem.safetensors has shape (4,), expected (1, 4)");
+    CHECK(st_error_of<rpe::invalid_argument>([&] {
+              (void)f.view<std::int64_t>("idx", {1, 4});
+          }) == "[rpe.safetensors] tensor 'idx' in mem.safetensors has shape (4,), expected (1, 4)");
     // dtype is checked before shape
     CHECK(has(st_error_of<rpe::invalid_argument>([&] { (void)f.view<double>("w", {3, 2}); }), "expected F64"));
 }
@@ -255,10 +255,12 @@ TEST_CASE("safetensors: a misaligned offset is an error for view, not UB; to_vec
                     {"d", {{"dtype", "F64"}, {"shape", {1}}, {"data_offsets", {12, 20}}}}};
     const auto f = safetensors_file::parse(st_bytes(h, data), "mis.safetensors");
     const std::string e = st_error_of<rpe::runtime_error>([&] { (void)f.view<float>("f"); });
-    CHECK(e == "[rpe.safetensors] tensor 'f' in mis.safetensors: data offset 2 is not aligned for F32 (needs a "
-               "multiple of 4); use to_vector() to copy it");
+    CHECK(e ==
+          "[rpe.safetensors] tensor 'f' in mis.safetensors: data offset 2 is not aligned for F32 (needs a "
+          "multiple of 4); use to_vector() to copy it");
     CHECK(f.to_vector<float>("f") == std::vector<float>{1.5f});
-    CHECK(has(st_error_of<rpe::runtime_error>([&] { (void)f.view<double>("d"); }), "data offset 12 is not aligned for F64 (needs a multiple of 8)"));
+    CHECK(has(st_error_of<rpe::runtime_error>([&] { (void)f.view<double>("d"); }),
+              "data offset 12 is not aligned for F64 (needs a multiple of 8)"));
     CHECK(f.to_vector<double>("d") == std::vector<double>{-2.0});
     CHECK(f.view<std::uint8_t>("pad").data[1] == 9);
     CHECK(f.names() == std::vector<std::string>{"pad", "f", "d"});  // the gap [6, 12) is allowed
@@ -305,8 +307,7 @@ TEST_CASE("safetensors: load from disk and copies share the buffer") {
         const auto bytes = st_raw("{\"a\": 1", {});
         out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     }
-    CHECK(has(st_error_of<rpe::runtime_error>([&] { (void)safetensors_file::load(short_path); }),
-              "header is not valid JSON"));
+    CHECK(has(st_error_of<rpe::runtime_error>([&] { (void)safetensors_file::load(short_path); }), "header is not valid JSON"));
     {
         std::ofstream out(short_path, std::ios::binary);
         const auto bytes = st_raw("{}", {});
@@ -374,11 +375,11 @@ TEST_CASE("safetensors: malformed files are runtime_error with the file name") {
         CHECK(has(st_err(st_raw("{\"__metadata__\": {\"format\": \"pt\", \"format\": \"np\"}}", {})),
                   "key 'format' appears twice in one object"));
         // the same key in two different objects is fine
-        CHECK_NOTHROW(rpe::io::safetensors_file::parse(
-            st_raw("{\"a\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]}, "
-                   "\"b\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [1, 2]}}",
-                   std::vector<std::byte>(2)),
-            "ok.safetensors"));
+        CHECK_NOTHROW(
+            rpe::io::safetensors_file::parse(st_raw("{\"a\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]}, "
+                                                    "\"b\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [1, 2]}}",
+                                                    std::vector<std::byte>(2)),
+                                             "ok.safetensors"));
     }
     SUBCASE("entry missing a field or of the wrong JSON type") {
         CHECK(with("x", 5) == "[rpe.safetensors] bad.safetensors: entry 'x' is not an object");
@@ -388,14 +389,10 @@ TEST_CASE("safetensors: malformed files are runtime_error with the file name") {
         CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {0}}}), "entry 'x' has no 'data_offsets'"));
         CHECK(has(with("x", {{"dtype", 4}, {"shape", {0}}, {"data_offsets", {92, 92}}}), "'dtype' is not a string"));
         CHECK(has(with("x", {{"dtype", "U8"}, {"shape", "0"}, {"data_offsets", {92, 92}}}), "'shape' is not an array"));
-        CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {0}}, {"data_offsets", {{"a", 1}}}}),
-                  "'data_offsets' is not an array"));
-        CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {1.0}}, {"data_offsets", {91, 92}}}),
-                  "'shape' holds a non-integer"));
-        CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {"1"}}, {"data_offsets", {91, 92}}}),
-                  "'shape' holds a non-integer"));
-        CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {0}}, {"data_offsets", {92}}}),
-                  "'data_offsets' does not hold 2 values"));
+        CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {0}}, {"data_offsets", {{"a", 1}}}}), "'data_offsets' is not an array"));
+        CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {1.0}}, {"data_offsets", {91, 92}}}), "'shape' holds a non-integer"));
+        CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {"1"}}, {"data_offsets", {91, 92}}}), "'shape' holds a non-integer"));
+        CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {0}}, {"data_offsets", {92}}}), "'data_offsets' does not hold 2 values"));
         CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {0}}, {"data_offsets", {92, 92, 92}}}),
                   "'data_offsets' does not hold 2 values"));
         CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {1}}, {"data_offsets", {91.0, 92}}}),
@@ -412,27 +409,28 @@ TEST_CASE("safetensors: malformed files are runtime_error with the file name") {
     SUBCASE("negative or overflowing shape") {
         CHECK(with("x", {{"dtype", "U8"}, {"shape", {-1}}, {"data_offsets", {92, 92}}}) ==
               "[rpe.safetensors] bad.safetensors: entry 'x': negative extent -1");
-        CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {std::numeric_limits<std::uint64_t>::max()}},
-                             {"data_offsets", {92, 92}}}),
-                  "extent 18446744073709551615 overflows int64"));
+        CHECK(
+            has(with("x", {{"dtype", "U8"}, {"shape", {std::numeric_limits<std::uint64_t>::max()}}, {"data_offsets", {92, 92}}}),
+                "extent 18446744073709551615 overflows int64"));
         CHECK(has(with("x", {{"dtype", "F32"}, {"shape", {4294967296LL, 4294967296LL}}, {"data_offsets", {92, 92}}}),
                   "entry 'x': shape product overflows"));
-        CHECK(has(with("x", {{"dtype", "F64"}, {"shape", {std::numeric_limits<std::int64_t>::max()}},
-                             {"data_offsets", {92, 92}}}),
-                  "shape product overflows"));
+        CHECK(
+            has(with("x", {{"dtype", "F64"}, {"shape", {std::numeric_limits<std::int64_t>::max()}}, {"data_offsets", {92, 92}}}),
+                "shape product overflows"));
         // a zero extent keeps the element count 0, but the non-zero extents must still fit (issue 16)
-        CHECK(has(with("x", {{"dtype", "F64"}, {"shape", {0, std::numeric_limits<std::int64_t>::max()}},
-                             {"data_offsets", {92, 92}}}),
-                  "entry 'x': shape product overflows: 1 * 9223372036854775807"));
+        CHECK(has(
+            with("x", {{"dtype", "F64"}, {"shape", {0, std::numeric_limits<std::int64_t>::max()}}, {"data_offsets", {92, 92}}}),
+            "entry 'x': shape product overflows: 1 * 9223372036854775807"));
         CHECK(accepts("x", {{"dtype", "F64"}, {"shape", {0, 2147483648LL}}, {"data_offsets", {92, 92}}}));
     }
     SUBCASE("data_offsets out of the buffer, reversed or negative") {
         CHECK(with("x", {{"dtype", "U8"}, {"shape", {4}}, {"data_offsets", {92, 96}}}) ==
               "[rpe.safetensors] bad.safetensors: entry 'x': data_offsets [92, 96] exceed the data buffer of 92 bytes");
         CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {0}}, {"data_offsets", {93, 93}}}), "exceed the data buffer"));
-        CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {1}},
-                             {"data_offsets", {std::numeric_limits<std::uint64_t>::max() - 1,
-                                               std::numeric_limits<std::uint64_t>::max()}}}),
+        CHECK(has(with("x", {{"dtype", "U8"},
+                             {"shape", {1}},
+                             {"data_offsets",
+                              {std::numeric_limits<std::uint64_t>::max() - 1, std::numeric_limits<std::uint64_t>::max()}}}),
                   "exceed the data buffer"));
         CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {1}}, {"data_offsets", {92, 91}}}),
                   "entry 'x': data_offsets begin 92 > end 91"));
@@ -451,8 +449,7 @@ TEST_CASE("safetensors: malformed files are runtime_error with the file name") {
         CHECK(with("x", {{"dtype", "U8"}, {"shape", {4}}, {"data_offsets", {20, 24}}}) ==
               "[rpe.safetensors] bad.safetensors: tensors 'w' and 'x' overlap (byte 20 < 24)");
         CHECK(has(with("x", {{"dtype", "F32"}, {"shape", {6}}, {"data_offsets", {0, 24}}}), "overlap"));  // same range
-        CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {1}}, {"data_offsets", {30, 31}}}),
-                  "tensors 'idx' and 'x' overlap"));
+        CHECK(has(with("x", {{"dtype", "U8"}, {"shape", {1}}, {"data_offsets", {30, 31}}}), "tensors 'idx' and 'x' overlap"));
         // empty tensors overlap nothing
         CHECK(accepts("x", {{"dtype", "U8"}, {"shape", {0}}, {"data_offsets", {30, 30}}}));
         CHECK(accepts("x", {{"dtype", "U8"}, {"shape", {0}}, {"data_offsets", {92, 92}}}));
@@ -507,8 +504,7 @@ TEST_CASE("safetensors: truncations and byte changes of a valid file never crash
 }
 
 TEST_CASE("safetensors: the digits model, when examples/data holds it") {
-    const std::string path =
-        std::string(RPE_TEST_DATA_DIR) + "/../../examples/data/digits/deit_irpe_digits_a.safetensors";
+    const std::string path = std::string(RPE_TEST_DATA_DIR) + "/../../examples/data/digits/deit_irpe_digits_a.safetensors";
     if (!std::filesystem::exists(path)) {
         MESSAGE("skipped: " << path << " is not present");
         return;

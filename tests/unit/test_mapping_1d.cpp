@@ -52,13 +52,13 @@ int t5_at(const rpe::mapping::t5& m, int relative_position) { return m.bucket(0,
 
 TEST_CASE("t5 buckets equal the T5 formula at every offset in -1000..1000") {
     const rpe::mapping::t5 configs[] = {
-        {},                                                        // T5: 32, 128, bidirectional
+        {},                                                            // T5: 32, 128, bidirectional
         {.buckets = 32, .max_distance = 128, .bidirectional = false},  // T5 decoder
         {.buckets = 64, .max_distance = 256, .bidirectional = true},
         {.buckets = 16, .max_distance = 50, .bidirectional = false},
-        {.buckets = 11, .max_distance = 20, .bidirectional = true},    // odd: last id unused
-        {.buckets = 4, .max_distance = 2, .bidirectional = true},      // smallest bidirectional
-        {.buckets = 2, .max_distance = 3, .bidirectional = false},     // smallest causal
+        {.buckets = 11, .max_distance = 20, .bidirectional = true},  // odd: last id unused
+        {.buckets = 4, .max_distance = 2, .bidirectional = true},    // smallest bidirectional
+        {.buckets = 2, .max_distance = 3, .bidirectional = false},   // smallest causal
     };
     for (const auto& m : configs) {
         CAPTURE(m.buckets);
@@ -145,8 +145,8 @@ TEST_CASE("t5 bucket ids on a 1 x L grid and the cache key") {
 TEST_CASE("t5 and shaw reject invalid parameters") {
     using rpe_test::throws_with;
     CHECK(throws_with([] { rpe::mapping::t5{.buckets = 3}.validate(); }, {"[rpe.mapping.t5] num_buckets = 3", "[4, 2^30)"}));
-    CHECK(throws_with([] { rpe::mapping::t5{.buckets = 1, .bidirectional = false}.validate(); },
-                      {"num_buckets = 1", "[2, 2^30)"}));
+    CHECK(
+        throws_with([] { rpe::mapping::t5{.buckets = 1, .bidirectional = false}.validate(); }, {"num_buckets = 1", "[2, 2^30)"}));
     CHECK(throws_with([] { rpe::mapping::t5{.buckets = 32, .max_distance = 8}.validate(); },
                       {"[rpe.mapping.t5] max_distance = 8", "max_exact = 8"}));
     CHECK(throws_with([] { (void)rpe::build_bucket_ids(rpe::mapping::t5{.max_distance = -1}, 1, 4, 0); }, "max_distance = -1"));
@@ -223,7 +223,8 @@ TEST_CASE("shaw: the article's loop formulas equal the contextual key and value 
     SUBCASE("contextual key term: (q·s)kᵀ + term = the article's scores") {
         std::vector<double> qs(q), logits(L * L);
         for (auto& x : qs) x *= inv_sqrt_d;
-        tk.forward(*ids, rpe_test::cview(table_k, {1, D, K}), rpe_test::cview(qs, xshape), rpe_test::mview(logits, lshape), rpe::write::overwrite);
+        tk.forward(*ids, rpe_test::cview(table_k, {1, D, K}), rpe_test::cview(qs, xshape), rpe_test::mview(logits, lshape),
+                   rpe::write::overwrite);
         for (int i = 0; i < L; ++i)
             for (int j = 0; j < L; ++j)
                 for (int d = 0; d < D; ++d) logits[i * L + j] += qs[i * D + d] * kk[j * D + d];
@@ -231,7 +232,8 @@ TEST_CASE("shaw: the article's loop formulas equal the contextual key and value 
     }
     SUBCASE("contextual value term: α·v + term = the article's z") {
         std::vector<double> out(L * D);
-        tv.forward(*ids, rpe_test::cview(table_v, {1, K, D}), rpe_test::cview(alpha, lshape), rpe_test::mview(out, xshape), rpe::write::overwrite);
+        tv.forward(*ids, rpe_test::cview(table_v, {1, K, D}), rpe_test::cview(alpha, lshape), rpe_test::mview(out, xshape),
+                   rpe::write::overwrite);
         for (int i = 0; i < L; ++i)
             for (int j = 0; j < L; ++j)
                 for (int d = 0; d < D; ++d) out[i * D + d] += alpha[i * L + j] * v[j * D + d];

@@ -65,7 +65,8 @@ TEST_CASE("registry: every family's spec round-trips through its text") {
     CHECK(rpe::parse_family_spec(rpe::to_string(p)) == p);
     const auto c = rpe::parse_family_spec("cat:in_pixels=true,max_res=0.1,ref_height=16,ref_width=16", rpe::family_kind::rope);
     CHECK(rpe::to_string(c) ==
-          "cat:temperature=10000,in_pixels=true,max_res=0.1,linear_bands=false,grid_offset=0,ref_height=16,ref_width=16,xy_indexing=false");
+          "cat:temperature=10000,in_pixels=true,max_res=0.1,linear_bands=false,grid_offset=0,ref_height=16,ref_width=16,xy_"
+          "indexing=false");
     CHECK(rpe::parse_family_spec(rpe::to_string(c), rpe::family_kind::rope) == c);
 }
 
@@ -83,10 +84,12 @@ TEST_CASE("registry: the reference's names are aliases, with their presets") {
 }
 
 TEST_CASE("registry: errors name the parameter and the value") {
-    CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("hexagonal"); },
-                                {"[rpe.term_spec] family = 'hexagonal'; expected one of euclidean (euc), quantization (quant), cross",
-                                 "t5 (t5_causal)", "decomposed (sam)", "test_taxicab (test_l1)"}));
-    CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("axial"); }, "[rpe.term_spec] family = 'axial'; expected one of"));
+    CHECK(rpe_test::throws_with(
+        [] { (void)rpe::parse_family_spec("hexagonal"); },
+        {"[rpe.term_spec] family = 'hexagonal'; expected one of euclidean (euc), quantization (quant), cross", "t5 (t5_causal)",
+         "decomposed (sam)", "test_taxicab (test_l1)"}));
+    CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("axial"); },
+                                "[rpe.term_spec] family = 'axial'; expected one of"));
     CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("spiral", rpe::family_kind::rope); },
                                 "[rpe.term_spec] form = 'spiral'; expected one of axial, mixed, cat"));
     CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("product:delta=1"); },
@@ -103,15 +106,26 @@ TEST_CASE("registry: errors name the parameter and the value") {
                                 "[rpe.term_spec] parameter = 'beta' of product; expected name=value"));
     CHECK(rpe_test::throws_with([] { (void)rpe::parse_method("test_taxicab"); }, "method = 'test_taxicab'"));
     // a name already taken, and a name the text form could not read back
-    CHECK(rpe_test::throws_with([] { rpe::register_mapping(rpe::family_info{.name = "product"}, [](const rpe::family_spec&, rpe::grid_extent) { return taxicab{}; }); },
-                                "[rpe.registry] name = 'product'; already registered"));
-    CHECK(rpe_test::throws_with([] { rpe::register_mapping(rpe::family_info{.name = "a:b"}, [](const rpe::family_spec&, rpe::grid_extent) { return taxicab{}; }); },
-                                "[rpe.registry] name = 'a:b'; expected a non-empty name without"));
+    CHECK(rpe_test::throws_with(
+        [] {
+            rpe::register_mapping(rpe::family_info{.name = "product"},
+                                  [](const rpe::family_spec&, rpe::grid_extent) { return taxicab{}; });
+        },
+        "[rpe.registry] name = 'product'; already registered"));
+    CHECK(rpe_test::throws_with(
+        [] {
+            rpe::register_mapping(rpe::family_info{.name = "a:b"},
+                                  [](const rpe::family_spec&, rpe::grid_extent) { return taxicab{}; });
+        },
+        "[rpe.registry] name = 'a:b'; expected a non-empty name without"));
     // a ViT family without window and grid, a mode the family does not take
     CHECK(rpe_test::throws_with([] { (void)rpe::make_term<float>(rpe::parse_family_spec("swin"), {.contextual = false}); },
                                 "[rpe.term_spec] window_h = 0 of swin: the grid was not given"));
-    CHECK(rpe_test::throws_with([] { (void)rpe::make_term<float>(rpe::parse_family_spec("decomposed"), {.contextual = false}, {4, 4}); },
-                                "[rpe.term_spec] mode = bias with target = k for decomposed; expected contextual on k"));
+    CHECK(rpe_test::throws_with(
+        [] {
+            (void)rpe::make_term<float>(rpe::parse_family_spec("decomposed"), {.contextual = false}, {4, 4});
+        },
+        "[rpe.term_spec] mode = bias with target = k for decomposed; expected contextual on k"));
 }
 
 TEST_CASE("registry: visit_mapping gives the concrete policy of a spec") {
@@ -120,13 +134,20 @@ TEST_CASE("registry: visit_mapping gives the concrete policy of a spec") {
     const auto type_of = [](const char* text, rpe::grid_extent g = {}) {
         return rpe::visit_mapping(rpe::parse_family_spec(text), g, [](const auto& m) -> std::string {
             using M = std::remove_cvref_t<decltype(m)>;
-            if constexpr (std::is_same_v<M, rpe::mapping::product<piecewise>>) return "product<piecewise> beta=" + std::to_string(m.index.beta);
-            else if constexpr (std::is_same_v<M, rpe::mapping::product<clip>>) return "product<clip> beta=" + std::to_string(m.index.beta);
-            else if constexpr (std::is_same_v<M, rpe::mapping::swin>) return "swin " + std::to_string(m.window_h) + "x" + std::to_string(m.window_w);
-            else if constexpr (std::is_same_v<M, rpe::mapping::t5>) return "t5 bidirectional=" + std::to_string(m.bidirectional);
-            else if constexpr (std::is_same_v<M, rpe::vit::alibi_2d_mapping_type>) return "alibi2d beta=" + std::to_string(m.inner.index.beta);
-            else if constexpr (std::is_same_v<M, rpe::registered_mapping>) return "registered " + m.spec.family;
-            else return "other";
+            if constexpr (std::is_same_v<M, rpe::mapping::product<piecewise>>)
+                return "product<piecewise> beta=" + std::to_string(m.index.beta);
+            else if constexpr (std::is_same_v<M, rpe::mapping::product<clip>>)
+                return "product<clip> beta=" + std::to_string(m.index.beta);
+            else if constexpr (std::is_same_v<M, rpe::mapping::swin>)
+                return "swin " + std::to_string(m.window_h) + "x" + std::to_string(m.window_w);
+            else if constexpr (std::is_same_v<M, rpe::mapping::t5>)
+                return "t5 bidirectional=" + std::to_string(m.bidirectional);
+            else if constexpr (std::is_same_v<M, rpe::vit::alibi_2d_mapping_type>)
+                return "alibi2d beta=" + std::to_string(m.inner.index.beta);
+            else if constexpr (std::is_same_v<M, rpe::registered_mapping>)
+                return "registered " + m.spec.family;
+            else
+                return "other";
         });
     };
     CHECK(type_of("product") == "product<piecewise> beta=3.800000");
@@ -137,8 +158,10 @@ TEST_CASE("registry: visit_mapping gives the concrete policy of a spec") {
     CHECK(type_of("alibi", {3, 5}) == "alibi2d beta=4.000000");  // beta = max(H, W) - 1
     CHECK(type_of("test_taxicab") == "registered test_taxicab");
     const auto theta = rpe::visit_rope(rpe::parse_family_spec("axial:theta=10", rpe::family_kind::rope), [](const auto& f) {
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(f)>, rpe::rope::axial>) return f.theta;
-        else return -1.0f;
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(f)>, rpe::rope::axial>)
+            return f.theta;
+        else
+            return -1.0f;
     });
     CHECK(theta == 10.0f);
 }
@@ -183,5 +206,6 @@ TEST_CASE("registry: a user's mapping registered from this unit is reached by na
     const auto v = rpe::make_term<double>(rpe::parse_family_spec("test_l1"), {.target = rpe::target::value, .head_dim = 2});
     CHECK(v->table_shape() == std::vector<std::int64_t>{1, 4, 2});
     // invalid parameters: the index's own check
-    CHECK(rpe_test::throws_with([] { (void)rpe::make_term<float>(rpe::parse_family_spec("test_taxicab:alpha=-1"), {}); }, "alpha = -1"));
+    CHECK(rpe_test::throws_with([] { (void)rpe::make_term<float>(rpe::parse_family_spec("test_taxicab:alpha=-1"), {}); },
+                                "alpha = -1"));
 }

@@ -43,10 +43,10 @@ struct attention_setup {
     std::vector<S> q, k, v, go, tab_k, tab_v;
     rpe::attention_inputs<S> in;
     explicit attention_setup(double scale = 1.0) {
-        tk = rpe::make_any_term(rpe::term<mapping::product<>, mode::contextual, target::key, S>(mapping::product<>{r19},
-            {.num_heads = 2, .head_dim = 3, .skip = 1}));
-        tv = rpe::make_any_term(rpe::term<mapping::product<>, mode::contextual, target::value, S>(mapping::product<>{r19},
-            {.num_heads = 2, .head_dim = 3, .skip = 1}));
+        tk = rpe::make_any_term(rpe::term<mapping::product<>, mode::contextual, target::key, S>(
+            mapping::product<>{r19}, {.num_heads = 2, .head_dim = 3, .skip = 1}));
+        tv = rpe::make_any_term(rpe::term<mapping::product<>, mode::contextual, target::value, S>(
+            mapping::product<>{r19}, {.num_heads = 2, .head_dim = 3, .skip = 1}));
         auto gen = [&](std::size_t n, unsigned seed) {
             const auto r = rpe_test::random_normal<double>(n, seed);
             std::vector<S> out(n);
@@ -73,8 +73,8 @@ struct attention_setup {
 }  // namespace
 
 TEST_CASE("errors: term backward rejects every aliasing between its outputs and inputs, and writes nothing") {
-    rpe_test::term_problem<key_term> p(key_term(mapping::product<>{r19},
-                                                {.num_heads = 2, .head_dim = 3, .shared_head = false, .skip = 1}), 2, 3, 4, 7);
+    rpe_test::term_problem<key_term> p(
+        key_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 3, .shared_head = false, .skip = 1}), 2, 3, 4, 7);
     std::vector<std::vector<double>> gt;
     auto grads = p.grad_refs(gt);
     std::vector<double> gx(p.x.size(), -5.0);
@@ -85,32 +85,41 @@ TEST_CASE("errors: term backward rejects every aliasing between its outputs and 
         tab.resize(std::max(tab.size(), p.x.size()));
         auto tab_ref = p.table_refs();
         tab_ref[0].data = tab.data();
-        CHECK(throws_with([&] { p.term.backward(*p.ids, tab_ref, p.x_ref(), g_out, mview(tab, p.xshape), grads, rpe::write::overwrite); },
-                          "grad_x overlaps tables[0]"));
+        CHECK(throws_with(
+            [&] { p.term.backward(*p.ids, tab_ref, p.x_ref(), g_out, mview(tab, p.xshape), grads, rpe::write::overwrite); },
+            "grad_x overlaps tables[0]"));
     }
     SUBCASE("grad_x over grad_tables") {
         grads[0].data = big.data() + 8;
-        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), g_out, mview(big, p.xshape), grads, rpe::write::overwrite); },
-                          "grad_x overlaps grad_tables[0]"));
+        CHECK(throws_with(
+            [&] {
+                p.term.backward(*p.ids, p.table_refs(), p.x_ref(), g_out, mview(big, p.xshape), grads, rpe::write::overwrite);
+            },
+            "grad_x overlaps grad_tables[0]"));
         CHECK(all_equal(big, -5.0));
     }
     SUBCASE("grad_tables over x") {
         std::vector<double> x = p.x;
         x.resize(x.size() + gt[0].size());
         grads[0].data = x.data() + 1;
-        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), cview(x, p.xshape), g_out, mview(gx, p.xshape), grads,
-                                                rpe::write::overwrite); },
-                          "grad_tables[0] overlaps x"));
+        CHECK(throws_with(
+            [&] {
+                p.term.backward(*p.ids, p.table_refs(), cview(x, p.xshape), g_out, mview(gx, p.xshape), grads,
+                                rpe::write::overwrite);
+            },
+            "grad_tables[0] overlaps x"));
         CHECK(all_equal(gx, -5.0));
     }
     SUBCASE("a null gradient buffer that carries a shape is an error, not skipped") {
         grads[0].data = nullptr;
-        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), g_out, mview(gx, p.xshape), grads, rpe::write::overwrite); },
-                          "grad_tables[0] is a null buffer"));
+        CHECK(throws_with(
+            [&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), g_out, mview(gx, p.xshape), grads, rpe::write::overwrite); },
+            "grad_tables[0] is a null buffer"));
         rpe::tensor_ref<double> null_gx = mview(gx, p.xshape);
         null_gx.data = nullptr;
-        CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), g_out, null_gx, p.grad_refs(gt), rpe::write::overwrite); },
-                          "grad_x is a null buffer"));
+        CHECK(throws_with(
+            [&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), g_out, null_gx, p.grad_refs(gt), rpe::write::overwrite); },
+            "grad_x is a null buffer"));
         CHECK(all_equal(gx, -5.0));
     }
 }
@@ -121,16 +130,22 @@ TEST_CASE("errors: Cross gradient tables must not share memory; bias backward ta
     auto grads = p.grad_refs(gt);
     grads[1].data = grads[0].data;
     std::vector<double> gx(p.x.size());
-    CHECK(throws_with([&] { p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(gx, p.xshape), grads,
-                                            rpe::write::overwrite); },
-                      "grad_tables[1] overlaps grad_tables[0]"));
+    CHECK(throws_with(
+        [&] {
+            p.term.backward(*p.ids, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape), mview(gx, p.xshape), grads,
+                            rpe::write::overwrite);
+        },
+        "grad_tables[1] overlaps grad_tables[0]"));
 
     rpe_test::term_problem<bias_term> b(bias_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 3}), 1, 3, 3, 9);
     std::vector<std::vector<double>> bg;
     std::vector<double> junk(16);
-    CHECK(throws_with([&] { b.term.backward(*b.ids, b.table_refs(), {}, cview(b.grad_out, b.oshape), mview(junk, {16}), b.grad_refs(bg),
-                                            rpe::write::overwrite); },
-                      "grad_x must be empty"));
+    CHECK(throws_with(
+        [&] {
+            b.term.backward(*b.ids, b.table_refs(), {}, cview(b.grad_out, b.oshape), mview(junk, {16}), b.grad_refs(bg),
+                            rpe::write::overwrite);
+        },
+        "grad_x must be empty"));
 }
 
 TEST_CASE("errors: attention backward rejects gradient tables aliasing outputs or each other, before writing") {
@@ -143,13 +158,15 @@ TEST_CASE("errors: attention backward rejects gradient tables aliasing outputs o
     std::vector<double> gtk(a.tab_k.size(), -5.0), gtv(a.tab_v.size(), -5.0);
     const auto tk_shape = a.tk->table_shape(), tv_shape = a.tv->table_shape();
     auto both = [&](const char* expected) {
-        CHECK(throws_with([&] { rpe::attention_backward(a.in, cview(a.go, shape), mview(gq, shape), mview(gk, shape), mview(gv, shape)); },
-                          expected));
-        CHECK(throws_with([&] {
-                  rpe::composed_attention_backward(a.in, cview(attn, {a.b, a.h, a.l, a.l}), cview(a.go, shape), mview(gq, shape),
-                                                   mview(gk, shape), mview(gv, shape));
-              },
-                          expected));
+        CHECK(throws_with(
+            [&] { rpe::attention_backward(a.in, cview(a.go, shape), mview(gq, shape), mview(gk, shape), mview(gv, shape)); },
+            expected));
+        CHECK(throws_with(
+            [&] {
+                rpe::composed_attention_backward(a.in, cview(attn, {a.b, a.h, a.l, a.l}), cview(a.go, shape), mview(gq, shape),
+                                                 mview(gk, shape), mview(gv, shape));
+            },
+            expected));
         CHECK(all_equal(gq, -5.0));
         CHECK(all_equal(gk, -5.0));
         CHECK(all_equal(gv, -5.0));
@@ -158,8 +175,9 @@ TEST_CASE("errors: attention backward rejects gradient tables aliasing outputs o
         std::vector<double> shared(std::max(n, gtk.size()) + 8, -5.0);
         a.in.rpe_k.grad_tables = {rpe::tensor_ref<double>(shared.data(), {1, 3, a.tk->num_buckets()})};
         gq.assign(n, -5.0);
-        CHECK(throws_with([&] { rpe::attention_backward(a.in, cview(a.go, shape), mview(shared, shape), mview(gk, shape), mview(gv, shape)); },
-                          "overlaps grad_q"));
+        CHECK(throws_with(
+            [&] { rpe::attention_backward(a.in, cview(a.go, shape), mview(shared, shape), mview(gk, shape), mview(gv, shape)); },
+            "overlaps grad_q"));
     }
     SUBCASE("two terms' table gradients in one buffer") {
         std::vector<double> one(gtk.size() + gtv.size(), -5.0);
@@ -172,11 +190,12 @@ TEST_CASE("errors: attention backward rejects gradient tables aliasing outputs o
         std::vector<double> go2 = a.go;
         go2.resize(n + gtv.size());
         a.in.rpe_v.grad_tables = {rpe::tensor_ref<double>(go2.data() + 2, {tv_shape[0], tv_shape[1], tv_shape[2]})};
-        CHECK(throws_with([&] {
-                  rpe::composed_attention_backward(a.in, cview(attn, {a.b, a.h, a.l, a.l}), cview(go2, shape), mview(gq, shape),
-                                                   mview(gk, shape), mview(gv, shape));
-              },
-                          "rpe_v grad_tables[0] overlaps grad_out"));
+        CHECK(throws_with(
+            [&] {
+                rpe::composed_attention_backward(a.in, cview(attn, {a.b, a.h, a.l, a.l}), cview(go2, shape), mview(gq, shape),
+                                                 mview(gk, shape), mview(gv, shape));
+            },
+            "rpe_v grad_tables[0] overlaps grad_out"));
         CHECK(all_equal(gv, -5.0));  // grad_v is not written before the check (it was)
     }
     SUBCASE("a null table gradient that carries a shape") {
@@ -190,16 +209,26 @@ TEST_CASE("errors: messages name the right parameter (k blamed for q's shape, br
     std::vector<double> q2(a.q.size());
     a.in.q = cview(q2, {2, 1, 13, 6});  // q has another head count: k must match q
     std::vector<double> out(a.q.size());
-    CHECK(throws_with([&] { rpe::attention_forward(a.in, mview(out, {2, 1, 13, 6})); },
-                      "k has shape (2, 2, 13, 3); expected (2, 1, 13, 6), the shape of q"));
-    rpe_test::term_problem<bias_term> b(bias_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 3, .shared_head = false}), 1, 3, 3, 9);
+    CHECK(throws_with(
+        [&] {
+            rpe::attention_forward(a.in, mview(out, {2, 1, 13, 6}));
+        },
+        "k has shape (2, 2, 13, 3); expected (2, 1, 13, 6), the shape of q"));
+    rpe_test::term_problem<bias_term> b(bias_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 3, .shared_head = false}),
+                                        1, 3, 3, 9);
     std::vector<double> o(9 * 9 * 3);
-    CHECK(throws_with([&] { b.term.forward(*b.ids, b.table_refs(), {}, mview(o, {1, 3, 9, 9}),
-                                           rpe::write::overwrite); }, "expected (B >= 1, 2, L, L)"));
+    CHECK(throws_with(
+        [&] {
+            b.term.forward(*b.ids, b.table_refs(), {}, mview(o, {1, 3, 9, 9}), rpe::write::overwrite);
+        },
+        "expected (B >= 1, 2, L, L)"));
     rpe_test::term_problem<key_term> k(key_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 3}), 1, 3, 3, 9);
     std::vector<double> none;
-    CHECK(throws_with([&] { k.term.forward(*k.ids, k.table_refs(), cview(none, {0, 2, 9, 3}), mview(none, {0, 2, 9, 9}), rpe::write::overwrite); },
-                      "x has shape (0, 2, 9, 3); expected (B >= 1, 2, 9, 3)"));
+    CHECK(throws_with(
+        [&] {
+            k.term.forward(*k.ids, k.table_refs(), cview(none, {0, 2, 9, 3}), mview(none, {0, 2, 9, 9}), rpe::write::overwrite);
+        },
+        "x has shape (0, 2, 9, 3); expected (B >= 1, 2, 9, 3)"));
 }
 
 namespace {
@@ -214,9 +243,12 @@ struct huge_mapping {
 TEST_CASE("errors: K too large for the id type or for int") {
     CHECK(throws_with<rpe::out_of_range>([] { (void)rpe::build_bucket_ids(huge_mapping{}, 2, 2, 1); },
                                          "num_buckets = 2147483648 does not fit the id type"));
-    CHECK(throws_with([] { (void)rpe::term<huge_mapping, mode::contextual, target::key>(huge_mapping{},
-        {.num_heads = 1, .head_dim = 1, .skip = 1}); },
-                      "num_buckets = 2147483648"));
+    CHECK(throws_with(
+        [] {
+            (void)rpe::term<huge_mapping, mode::contextual, target::key>(huge_mapping{},
+                                                                         {.num_heads = 1, .head_dim = 1, .skip = 1});
+        },
+        "num_buckets = 2147483648"));
     CHECK(throws_with([] { mapping::product<rpe::index::clip>{rpe::index::clip{40000}}.validate(); }, "beta_int = 40000"));
 }
 
@@ -224,7 +256,9 @@ TEST_CASE("errors: K too large for the id type or for int") {
 struct lenient_clip {
     double beta = 0;
     constexpr int beta_int() const { return rpe::detail::saturating_int(beta); }
-    constexpr int operator()(std::int64_t x) const { return static_cast<int>(x < -beta_int() ? -beta_int() : (x > beta_int() ? beta_int() : x)); }
+    constexpr int operator()(std::int64_t x) const {
+        return static_cast<int>(x < -beta_int() ? -beta_int() : (x > beta_int() ? beta_int() : x));
+    }
     int operator()(float x) const { return (*this)(static_cast<std::int64_t>(x)); }
     void validate() const {}
     friend constexpr bool operator==(const lenient_clip&, const lenient_clip&) = default;
@@ -233,12 +267,20 @@ struct lenient_clip {
 TEST_CASE("errors: a bucket count that overflows int throws from num_buckets(), before validate() is called") {
     // β beyond int (undefined conversion before) and counts beyond 2^31 (wrapped before): the
     // mapping's own validate() names the parameter
-    CHECK(throws_with([] { (void)mapping::product{rpe::index::piecewise{1.9, 1e300, 2e300}}.num_buckets(); },
-                      "[rpe.index.piecewise] beta = 1.0000000000000001e+300 must be < 2^30"));
-    CHECK(throws_with([] { (void)mapping::euclidean{rpe::index::clip{3e9}}.num_buckets(); }, "[rpe.index.clip] beta = 3000000000"));
+    CHECK(throws_with(
+        [] {
+            (void)mapping::product{rpe::index::piecewise{1.9, 1e300, 2e300}}.num_buckets();
+        },
+        "[rpe.index.piecewise] beta = 1.0000000000000001e+300 must be < 2^30"));
+    CHECK(
+        throws_with([] { (void)mapping::euclidean{rpe::index::clip{3e9}}.num_buckets(); }, "[rpe.index.clip] beta = 3000000000"));
     CHECK(throws_with([] { (void)mapping::product<rpe::index::clip>{rpe::index::clip{40000}}.num_buckets(); },
                       "[rpe.mapping.product] beta_int = 40000 gives (2*beta_int+1)^2 = 6400160001 buckets"));
-    CHECK(throws_with([] { (void)mapping::product3d<>{.time = {1.9, 5e7, 6e7}}.num_buckets(); }, "[rpe.mapping.product3d] beta_int (time, row, col) = (50000000, 3, 3)"));
+    CHECK(throws_with(
+        [] {
+            (void)mapping::product3d<>{.time = {1.9, 5e7, 6e7}}.num_buckets();
+        },
+        "[rpe.mapping.product3d] beta_int (time, row, col) = (50000000, 3, 3)"));
     CHECK(throws_with([] { (void)mapping::shaw{.k = 2000000000}.num_buckets(); }, "[rpe.mapping.shaw] k = 2000000000"));
     CHECK(throws_with([] { (void)mapping::swin{.window_h = 100000, .window_w = 100000}.num_buckets(); },
                       "[rpe.mapping.swin] window_h = 100000"));
@@ -257,15 +299,19 @@ TEST_CASE("errors: a bucket count that overflows int throws from num_buckets(), 
     CHECK(rpe::index::piecewise{1.9, 1e300, 2e300}.beta_int() == 2147483647);  // saturated, no UB
     CHECK(rpe::index::clip{std::nan("")}.beta_int() == 0);
     // a NaN β gives beta_int() = 0, a count that fits: num_buckets() still refuses it, naming β
-    CHECK(throws_with([] { (void)mapping::cross{rpe::index::piecewise{1.9, std::nan(""), 15.2}}.num_buckets(); },
-                      "[rpe.index.piecewise] beta = nan must be finite"));
+    CHECK(throws_with(
+        [] {
+            (void)mapping::cross{rpe::index::piecewise{1.9, std::nan(""), 15.2}}.num_buckets();
+        },
+        "[rpe.index.piecewise] beta = nan must be finite"));
 }
 
 TEST_CASE("errors: num_buckets() and validate() agree (T5 counts, NaN beta, product3d at 2^31 - 1)") {
     // T5: a negative or too small count throws from num_buckets() as from validate(), naming it
     for (const int n : {-3, 0, 3}) {
         const mapping::t5 m{.buckets = n};
-        const std::string msg = "[rpe.mapping.t5] num_buckets = " + std::to_string(n) + "; expected [4, 2^30) for bidirectional buckets";
+        const std::string msg =
+            "[rpe.mapping.t5] num_buckets = " + std::to_string(n) + "; expected [4, 2^30) for bidirectional buckets";
         CHECK(throws_with([&] { m.validate(); }, msg.c_str()));
         CHECK(throws_with([&] { (void)m.num_buckets(); }, msg.c_str()));
     }
@@ -275,10 +321,14 @@ TEST_CASE("errors: num_buckets() and validate() agree (T5 counts, NaN beta, prod
     static_assert(mapping::t5{.buckets = -3}.num_buckets() == -3);  // constant evaluation only multiplies
     // NaN β, every index-based mapping: both name β
     const rpe::index::clip nan_clip{std::nan("")};
-    CHECK(throws_with([&] { (void)mapping::euclidean<rpe::index::clip>{nan_clip}.num_buckets(); }, "[rpe.index.clip] beta = nan must be finite"));
-    CHECK(throws_with([&] { (void)mapping::quantization<rpe::index::clip>{nan_clip}.num_buckets(); }, "[rpe.index.clip] beta = nan must be finite"));
-    CHECK(throws_with([&] { (void)mapping::product<rpe::index::clip>{nan_clip}.num_buckets(); }, "[rpe.index.clip] beta = nan must be finite"));
-    CHECK(throws_with([&] { mapping::product<rpe::index::clip>{nan_clip}.validate(); }, "[rpe.index.clip] beta = nan must be finite"));
+    CHECK(throws_with([&] { (void)mapping::euclidean<rpe::index::clip>{nan_clip}.num_buckets(); },
+                      "[rpe.index.clip] beta = nan must be finite"));
+    CHECK(throws_with([&] { (void)mapping::quantization<rpe::index::clip>{nan_clip}.num_buckets(); },
+                      "[rpe.index.clip] beta = nan must be finite"));
+    CHECK(throws_with([&] { (void)mapping::product<rpe::index::clip>{nan_clip}.num_buckets(); },
+                      "[rpe.index.clip] beta = nan must be finite"));
+    CHECK(throws_with([&] { mapping::product<rpe::index::clip>{nan_clip}.validate(); },
+                      "[rpe.index.clip] beta = nan must be finite"));
     // product3d: exactly 2^31 - 1 buckets (spans 1, 1, 2^31 - 1) is valid for both; one more span is not
     const mapping::product3d<rpe::index::clip> largest{.time = {0.0}, .row = {0.0}, .col = {1073741823.0}};
     CHECK_NOTHROW(largest.validate());
@@ -287,7 +337,8 @@ TEST_CASE("errors: num_buckets() and validate() agree (T5 counts, NaN beta, prod
     CHECK(throws_with([&] { over.validate(); },
                       "[rpe.mapping.product3d] beta_int (time, row, col) = (1, 0, 1073741823) gives 3*1*2147483647 buckets; "
                       "expected at most 2^31 - 1"));
-    CHECK(throws_with([&] { (void)over.num_buckets(); }, "[rpe.mapping.product3d] beta_int (time, row, col) = (1, 0, 1073741823)"));
+    CHECK(
+        throws_with([&] { (void)over.num_buckets(); }, "[rpe.mapping.product3d] beta_int (time, row, col) = (1, 0, 1073741823)"));
 }
 
 TEST_CASE_TEMPLATE("numerics: huge logits (1e30) give exact one-hot rows, never NaN", S, float, double) {
@@ -296,7 +347,7 @@ TEST_CASE_TEMPLATE("numerics: huge logits (1e30) give exact one-hot rows, never 
     const std::int64_t l = a.l;
     std::vector<S> mask(static_cast<std::size_t>(l * l), S(0));
     for (std::int64_t i = 0; i < l; ++i) {
-        mask[static_cast<std::size_t>(i * l + (i * 5) % l)] = S(1e30);         // one huge logit per row
+        mask[static_cast<std::size_t>(i * l + (i * 5) % l)] = S(1e30);              // one huge logit per row
         if (i % 2) mask[static_cast<std::size_t>(i * l + (i + 1) % l)] = S(-1e30);  // and a hugely negative one
     }
     a.in.attn_mask = cview(mask, {l, l});
@@ -375,8 +426,11 @@ TEST_CASE("errors: outputs over the masks, null attn or grad_out, visit() and ru
     CHECK(throws_with([&] { rpe::attention_forward(a.in, mview(buf, shape)); }, "out overlaps attn_mask"));
     std::vector<double> attn(static_cast<std::size_t>(a.b * a.h * l * l));
     std::vector<double> out(a.q.size());
-    CHECK(throws_with([&] { rpe::composed_attention_forward(a.in, mview(out, shape), mview(buf, {a.b, a.h, l, l})); },
-                      "attn overlaps attn_mask"));
+    CHECK(throws_with(
+        [&] {
+            rpe::composed_attention_forward(a.in, mview(out, shape), mview(buf, {a.b, a.h, l, l}));
+        },
+        "attn overlaps attn_mask"));
     std::vector<std::uint8_t> pad(static_cast<std::size_t>(a.b * l) * sizeof(double), 0);
     a.in.attn_mask = {};
     a.in.key_padding_mask = rpe::tensor_ref<const std::uint8_t>(pad.data(), {a.b, l});
@@ -390,16 +444,18 @@ TEST_CASE("errors: outputs over the masks, null attn or grad_out, visit() and ru
     std::vector<double> gq(a.q.size()), gk(a.q.size()), gv(a.q.size());
     // null attn or grad_out in the composed backward: an error, not a crash
     rpe::composed_attention_forward(a.in, mview(out, shape), mview(attn, {a.b, a.h, l, l}));
-    CHECK(throws_with([&] {
-              rpe::composed_attention_backward(a.in, rpe::tensor_ref<const double>(nullptr, {a.b, a.h, l, l}), cview(a.go, shape),
-                                               mview(gq, shape), mview(gk, shape), mview(gv, shape));
-          },
-                      "attn is a null buffer"));
-    CHECK(throws_with([&] {
-              rpe::composed_attention_backward(a.in, cview(attn, {a.b, a.h, l, l}), rpe::tensor_ref<const double>(nullptr, shape),
-                                               mview(gq, shape), mview(gk, shape), mview(gv, shape));
-          },
-                      "grad_out is a null buffer"));
+    CHECK(throws_with(
+        [&] {
+            rpe::composed_attention_backward(a.in, rpe::tensor_ref<const double>(nullptr, {a.b, a.h, l, l}), cview(a.go, shape),
+                                             mview(gq, shape), mview(gk, shape), mview(gv, shape));
+        },
+        "attn is a null buffer"));
+    CHECK(throws_with(
+        [&] {
+            rpe::composed_attention_backward(a.in, cview(attn, {a.b, a.h, l, l}), rpe::tensor_ref<const double>(nullptr, shape),
+                                             mview(gq, shape), mview(gk, shape), mview(gv, shape));
+        },
+        "grad_out is a null buffer"));
     // visit() of a table that does not exist
     const auto ids = rpe::build_bucket_ids(mapping::product<>{r19}, 3, 4, 1, rpe::id_storage::table);
     CHECK(throws_with<rpe::out_of_range>([&] { ids->visit(3, [](const auto*) { return 0; }); }, "visit(table = 3)"));

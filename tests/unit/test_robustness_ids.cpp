@@ -42,8 +42,10 @@ void check_rows_equal(const rpe::bucket_ids& a, const rpe::bucket_ids& b) {
                 for (std::int64_t j = 0; j < n; ++j) {
                     const int expected = transposed ? b.at(t, static_cast<int>(j), static_cast<int>(i))
                                                     : b.at(t, static_cast<int>(i), static_cast<int>(j));
-                    bad += (static_cast<int>(copy[static_cast<std::size_t>(i * n + j)]) != expected) + (static_cast<int>(r[j]) != expected) +
-                           (a.at(t, static_cast<int>(i), static_cast<int>(j)) != b.at(t, static_cast<int>(i), static_cast<int>(j)));
+                    bad +=
+                        (static_cast<int>(copy[static_cast<std::size_t>(i * n + j)]) != expected) +
+                        (static_cast<int>(r[j]) != expected) +
+                        (a.at(t, static_cast<int>(i), static_cast<int>(j)) != b.at(t, static_cast<int>(i), static_cast<int>(j)));
                 }
             }
             CHECK(bad == 0);
@@ -51,8 +53,9 @@ void check_rows_equal(const rpe::bucket_ids& a, const rpe::bucket_ids& b) {
 }
 
 // Contextual key term by its definition: out[b,h,i,j] = Σ_d x[b,h,i,d]·table[h', d, id(i, j)].
-std::vector<double> key_term_by_definition(const rpe::bucket_ids& ids, const std::vector<double>& x, const std::vector<double>& table,
-                                           std::int64_t b, std::int64_t h, std::int64_t d, std::int64_t k, bool shared) {
+std::vector<double> key_term_by_definition(const rpe::bucket_ids& ids, const std::vector<double>& x,
+                                           const std::vector<double>& table, std::int64_t b, std::int64_t h, std::int64_t d,
+                                           std::int64_t k, bool shared) {
     const std::int64_t n = ids.length();
     std::vector<double> out(static_cast<std::size_t>(b * h * n * n));
     for (std::int64_t p = 0; p < b * h; ++p)
@@ -61,7 +64,9 @@ std::vector<double> key_term_by_definition(const rpe::bucket_ids& ids, const std
                 const std::int64_t id = ids.at(0, static_cast<int>(i), static_cast<int>(j));
                 const std::int64_t th = shared ? 0 : p % h;
                 double s = 0;
-                for (std::int64_t e = 0; e < d; ++e) s += x[static_cast<std::size_t>((p * n + i) * d + e)] * table[static_cast<std::size_t>((th * d + e) * k + id)];
+                for (std::int64_t e = 0; e < d; ++e)
+                    s +=
+                        x[static_cast<std::size_t>((p * n + i) * d + e)] * table[static_cast<std::size_t>((th * d + e) * k + id)];
                 out[static_cast<std::size_t>((p * n + i) * n + j)] = s;
             }
     return out;
@@ -113,7 +118,8 @@ TEST_CASE("terms give the same results with table and on-the-fly ids (every mode
     const auto fly = rpe::build_bucket_ids(m, 3, 5, 1, id_storage::on_the_fly);
     auto run = [&]<class Md, rpe::target Tg>() {
         using term_type = rpe::term<mapping::cross<>, Md, Tg, double>;
-        rpe_test::term_problem<term_type> p(term_type(m, {.num_heads = 2, .head_dim = 3, .shared_head = false, .skip = 1}), 2, 3, 5, 17);
+        rpe_test::term_problem<term_type> p(term_type(m, {.num_heads = 2, .head_dim = 3, .shared_head = false, .skip = 1}), 2, 3,
+                                            5, 17);
         const auto& table = p.ids;
         REQUIRE(table->storage_kind() == id_storage::table);
         auto gt_a = std::vector<std::vector<double>>{};
@@ -121,11 +127,13 @@ TEST_CASE("terms give the same results with table and on-the-fly ids (every mode
         const auto out_a = p.forward();
         std::vector<double> gx_a(p.x.size()), gx_b(p.x.size());
         p.term.backward(*table, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape),
-                        p.xshape.empty() ? rpe::tensor_ref<double>{} : mview(gx_a, p.xshape), p.grad_refs(gt_a), rpe::write::overwrite);
+                        p.xshape.empty() ? rpe::tensor_ref<double>{} : mview(gx_a, p.xshape), p.grad_refs(gt_a),
+                        rpe::write::overwrite);
         std::vector<double> out_b(out_a.size());
         p.term.forward(*fly, p.table_refs(), p.x_ref(), mview(out_b, p.oshape), rpe::write::overwrite);
         p.term.backward(*fly, p.table_refs(), p.x_ref(), cview(p.grad_out, p.oshape),
-                        p.xshape.empty() ? rpe::tensor_ref<double>{} : mview(gx_b, p.xshape), p.grad_refs(gt_b), rpe::write::overwrite);
+                        p.xshape.empty() ? rpe::tensor_ref<double>{} : mview(gx_b, p.xshape), p.grad_refs(gt_b),
+                        rpe::write::overwrite);
         CHECK(out_a == out_b);
         CHECK(gx_a == gx_b);
         CHECK(gt_a == gt_b);
@@ -146,13 +154,13 @@ TEST_CASE("product3d: hand-checked ids on a 2 x 3 x 3 grid with a class token") 
     CHECK(ids->num_buckets() == 28);
     CHECK(ids->grid_string() == "2x3x3");
     auto tok = [](int t, int r, int c) { return 1 + (t * 3 + r) * 3 + c; };
-    CHECK(ids->at(0, 0, 5) == 27);                          // class token query
-    CHECK(ids->at(0, 7, 0) == 27);                          // class token key
-    CHECK(ids->at(0, tok(0, 0, 0), tok(1, 2, 2)) == 0);     // offset (-1, -2, -2) → (-1, -1, -1)
-    CHECK(ids->at(0, tok(1, 1, 1), tok(0, 0, 0)) == 26);    // (1, 1, 1)
-    CHECK(ids->at(0, tok(0, 1, 2), tok(1, 1, 0)) == 5);     // (-1, 0, 2 → 1): (0·3 + 1)·3 + 2
-    CHECK(ids->at(0, tok(1, 0, 1), tok(1, 0, 1)) == 13);    // (0, 0, 0), the centre
-    CHECK(ids->at(0, tok(1, 2, 0), tok(0, 2, 1)) == 21);    // (1, 0, -1): (2·3 + 1)·3 + 0
+    CHECK(ids->at(0, 0, 5) == 27);                        // class token query
+    CHECK(ids->at(0, 7, 0) == 27);                        // class token key
+    CHECK(ids->at(0, tok(0, 0, 0), tok(1, 2, 2)) == 0);   // offset (-1, -2, -2) → (-1, -1, -1)
+    CHECK(ids->at(0, tok(1, 1, 1), tok(0, 0, 0)) == 26);  // (1, 1, 1)
+    CHECK(ids->at(0, tok(0, 1, 2), tok(1, 1, 0)) == 5);   // (-1, 0, 2 → 1): (0·3 + 1)·3 + 2
+    CHECK(ids->at(0, tok(1, 0, 1), tok(1, 0, 1)) == 13);  // (0, 0, 0), the centre
+    CHECK(ids->at(0, tok(1, 2, 0), tok(0, 2, 1)) == 21);  // (1, 0, -1): (2·3 + 1)·3 + 0
     // every pair against the mapping called directly
     const auto fly = rpe::build_bucket_ids(m, 2, 3, 3, 1, id_storage::on_the_fly);
     int bad = 0;
@@ -176,10 +184,17 @@ TEST_CASE("product3d: hand-checked ids on a 2 x 3 x 3 grid with a class token") 
 TEST_CASE("product3d: validation and the depth of 2D mappings") {
     CHECK(throws_with([] { (void)rpe::build_bucket_ids(mapping::product<>{r19}, 2, 3, 3, 0, id_storage::automatic); },
                       "depth = 2 with a 2D mapping"));
-    CHECK(throws_with([] { (void)rpe::build_bucket_ids(mapping::product3d<clip>{clip{1}, clip{1}, clip{1}}, 0, 3, 3, 0, id_storage::automatic); },
-                      "depth = 0"));
+    CHECK(throws_with(
+        [] {
+            (void)rpe::build_bucket_ids(mapping::product3d<clip>{clip{1}, clip{1}, clip{1}}, 0, 3, 3, 0, id_storage::automatic);
+        },
+        "depth = 0"));
     CHECK(throws_with([] { mapping::product3d<clip>{clip{-1}, clip{1}, clip{1}}.validate(); }, "beta = -1"));
-    CHECK(throws_with([] { mapping::product3d<clip>{clip{2000}, clip{2000}, clip{2000}}.validate(); }, "buckets; expected at most 2^31 - 1"));
+    CHECK(throws_with(
+        [] {
+            mapping::product3d<clip>{clip{2000}, clip{2000}, clip{2000}}.validate();
+        },
+        "buckets; expected at most 2^31 - 1"));
     static_assert(rpe::Mapping3D<mapping::product3d<>> && !rpe::Mapping<mapping::product3d<>>);
     static_assert(!rpe::Mapping3D<mapping::cross<>>);  // Cross's bucket(dr, dc, table) is not a 3D mapping
 }
@@ -225,8 +240,11 @@ TEST_CASE("product3d: the contextual key term equals its definition; fused equal
         CHECK(rpe_test::max_abs_diff(fused, composed) < 1e-12);
     }
     in.depth = 3;  // L no longer matches the grid
-    CHECK(throws_with([&] { rpe::attention_forward(in, mview(composed, {b, h, n, d})); },
-                      "L = 25 of q; expected skip + depth*height*width = 1 + 3*3*4"));
+    CHECK(throws_with(
+        [&] {
+            rpe::attention_forward(in, mview(composed, {b, h, n, d}));
+        },
+        "L = 25 of q; expected skip + depth*height*width = 1 + 3*3*4"));
 }
 
 TEST_CASE("a 256 x 256 grid (L = 65537) works with on-the-fly ids and no L^2 memory") {
@@ -285,13 +303,15 @@ TEST_CASE("fused attention on a 64 x 64 grid: on-the-fly ids give bit-identical 
     in.rpe_k = {tk.get(), {cview(tab_k, {1, k})}, {}};
     in.rpe_q = {tq.get(), {cview(tab_q, {1, d, k})}, {}};
     in.rpe_v = {tv.get(), {cview(tab_v, {1, k, d})}, {}};
-    std::vector<std::vector<float>> r(2, std::vector<float>(q.size())), gq = r, gk = r, gv = r, gt(2, std::vector<float>(tab_q.size()));
+    std::vector<std::vector<float>> r(2, std::vector<float>(q.size())), gq = r, gk = r, gv = r,
+                                                                        gt(2, std::vector<float>(tab_q.size()));
     for (int s = 0; s < 2; ++s) {
         const rpe::attention_options opt{.row_block = 0, .storage = s == 0 ? id_storage::table : id_storage::on_the_fly};
         in.rpe_q.grad_tables = {mview(gt[static_cast<std::size_t>(s)], {1, d, k})};
         rpe::attention_forward(in, mview(r[static_cast<std::size_t>(s)], {1, 1, n, d}), {}, opt);
         rpe::attention_backward(in, cview(go, {1, 1, n, d}), mview(gq[static_cast<std::size_t>(s)], {1, 1, n, d}),
-                                mview(gk[static_cast<std::size_t>(s)], {1, 1, n, d}), mview(gv[static_cast<std::size_t>(s)], {1, 1, n, d}), opt);
+                                mview(gk[static_cast<std::size_t>(s)], {1, 1, n, d}),
+                                mview(gv[static_cast<std::size_t>(s)], {1, 1, n, d}), opt);
     }
     CHECK(r[0] == r[1]);
     CHECK(gq[0] == gq[1]);

@@ -101,8 +101,7 @@ std::string in_child(const std::function<std::string()>& f) {
     ::close(fds[0]);
     int status = 0;
     ::waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        return "child exited with status " + std::to_string(status) + ": " + got;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "child exited with status " + std::to_string(status) + ": " + got;
     return got;
 }
 
@@ -174,8 +173,8 @@ TEST_CASE("atomic writes: a missing folder, a read-only folder or a directory in
     SUBCASE("read-only folder (in a child that is not root: root writes anywhere)") {
         const std::string path = dir.file("out.npy");
         write_text(path, "old");
-        fs::permissions(dir.path, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
-                                      fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+        fs::permissions(dir.path, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read | fs::perms::group_exec |
+                                      fs::perms::others_read | fs::perms::others_exec);
         const std::string e = in_child([&]() -> std::string {
             if (::geteuid() == 0 && ::setuid(65534) != 0) return "setuid failed";  // nobody
             try {
@@ -262,13 +261,14 @@ TEST_CASE("atomic writes: links are followed, descriptors and devices are writte
             CHECK(all.substr(all.size() - 5) == ":tail");
             struct ::stat after {};
             REQUIRE(::stat(path.c_str(), &after) == 0);
-            CHECK(after.st_ino == before.st_ino);  // the same file, not a replacement
+            CHECK(after.st_ino == before.st_ino);                           // the same file, not a replacement
             CHECK(dir.names() == std::set<std::string>{"redirected.bin"});  // no temporary file, not replaced
             fs::remove(path);
         }
     }
     SUBCASE("an empty path: a clear error, nothing written") {
-        CHECK(error_of<rpe::invalid_argument>([&] { rpe::io::save_npy("", x, s); }) == "[rpe.npy] path = ''; expected a file name");
+        CHECK(error_of<rpe::invalid_argument>([&] { rpe::io::save_npy("", x, s); }) ==
+              "[rpe.npy] path = ''; expected a file name");
     }
     SUBCASE("a closed descriptor: a clear error") {
         CHECK(error_of<rpe::runtime_error>([&] { rpe::io::save_npy("/dev/fd/987654", x, s); }) ==
@@ -320,9 +320,7 @@ TEST_CASE("npy: load_npy reads no further than the data its header announces (+1
         CHECK(error_of<rpe::runtime_error>([&] { (void)rpe::io::load_npy(path); }) ==
               "[rpe.npy] " + path + ": trailing bytes: shape needs 12 bytes, the file holds more");
     }
-    SUBCASE("the exact file still reads") {
-        CHECK(rpe::io::load_npy(path).as<float>() == std::vector<float>{1.0f, 2.0f, 3.0f});
-    }
+    SUBCASE("the exact file still reads") { CHECK(rpe::io::load_npy(path).as<float>() == std::vector<float>{1.0f, 2.0f, 3.0f}); }
     SUBCASE("a header announcing more than 1 MiB of header text") {
         std::string bytes("\x93NUMPY\x02\x00\xff\xff\xff\x7f", 12);
         write_text(path, bytes + std::string(100, ' '));
@@ -372,8 +370,9 @@ namespace {
 
 /// Forks a child that calls remove_temporaries_on_signals(), opens an atomic_file on `path` and
 /// runs `body` with it (which should end by a signal); returns the child's wait status.
-int status_of_child_writer(const std::string& path, const std::function<void(rpe::io::atomic_file&)>& body,
-                           const std::function<void()>& before = [] {}) {
+int status_of_child_writer(
+    const std::string& path, const std::function<void(rpe::io::atomic_file&)>& body,
+    const std::function<void()>& before = [] {}) {
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
@@ -430,7 +429,7 @@ TEST_CASE("atomic writes: SIGINT, SIGTERM and SIGHUP remove the temporary file a
                 ::waitpid(pid, &status, 0);
             }
             CHECK(WIFSIGNALED(status));
-            CHECK(WTERMSIG(status) == sig);  // the default disposition still ends the process
+            CHECK(WTERMSIG(status) == sig);                          // the default disposition still ends the process
             CHECK(dir.names() == std::set<std::string>{"out.npy"});  // no temporary file left
             CHECK(read_text(path) == "old");
         }
@@ -459,18 +458,20 @@ TEST_CASE("atomic writes: an ignored signal stays ignored, a program's own handl
         static const std::string* watched = nullptr;
         watched = &path;
         const int status = status_of_child_writer(
-            path, [](rpe::io::atomic_file& f) {
+            path,
+            [](rpe::io::atomic_file& f) {
                 f.write(std::string_view("new"));
                 ::raise(SIGTERM);
             },
             [] {
-                std::signal(SIGTERM, +[](int) {
-                    // the temporary file is already removed when the program's handler runs
-                    std::error_code ec;
-                    int files = 0;
-                    for (const auto& e : fs::directory_iterator(fs::path(*watched).parent_path(), ec)) (void)e, ++files;
-                    ::_exit(files == 1 ? 42 : 43);
-                });
+                std::signal(
+                    SIGTERM, +[](int) {
+                        // the temporary file is already removed when the program's handler runs
+                        std::error_code ec;
+                        int files = 0;
+                        for (const auto& e : fs::directory_iterator(fs::path(*watched).parent_path(), ec)) (void)e, ++files;
+                        ::_exit(files == 1 ? 42 : 43);
+                    });
             });
         CHECK(WIFEXITED(status));
         CHECK(WEXITSTATUS(status) == 42);
@@ -527,12 +528,15 @@ TEST_CASE("npy: extents 0, 2^31, 2^63-1 and overflowing products are checked bef
         CHECK(error_of<rpe::runtime_error>([] { (void)parse_npy(npy_with_shape("(9223372036854775807,)"), "m.npy"); }) ==
               "[rpe.npy] m.npy: shape product overflows: 1 * 9223372036854775807 elements of 4 bytes exceed int64 (the "
               "product of the non-zero extents must fit, as numpy requires, even when an extent is 0)");
-        CHECK(contains(error_of<rpe::runtime_error>([] { (void)parse_npy(npy_with_shape("(9223372036854775807, 0)"), "m0.npy"); }),
-                       "[rpe.npy] m0.npy: shape product overflows: 1 * 9223372036854775807"));
-        CHECK(contains(error_of<rpe::runtime_error>([] { (void)parse_npy(npy_with_shape("(4294967296, 4294967296, 0)"), "p.npy"); }),
-                       "[rpe.npy] p.npy: shape product overflows: 4294967296 * 4294967296"));
-        CHECK(contains(error_of<rpe::runtime_error>([] { (void)parse_npy(npy_with_shape("(0, 3037000500, 3037000500)"), "q.npy"); }),
-                       "shape product overflows: 3037000500 * 3037000500"));
+        CHECK(
+            contains(error_of<rpe::runtime_error>([] { (void)parse_npy(npy_with_shape("(9223372036854775807, 0)"), "m0.npy"); }),
+                     "[rpe.npy] m0.npy: shape product overflows: 1 * 9223372036854775807"));
+        CHECK(contains(
+            error_of<rpe::runtime_error>([] { (void)parse_npy(npy_with_shape("(4294967296, 4294967296, 0)"), "p.npy"); }),
+            "[rpe.npy] p.npy: shape product overflows: 4294967296 * 4294967296"));
+        CHECK(contains(
+            error_of<rpe::runtime_error>([] { (void)parse_npy(npy_with_shape("(0, 3037000500, 3037000500)"), "q.npy"); }),
+            "shape product overflows: 3037000500 * 3037000500"));
         CHECK(contains(error_of<rpe::runtime_error>([] { (void)parse_npy(npy_with_shape("(9223372036854775808,)"), "o.npy"); }),
                        "extent in 'shape' overflows int64"));
     }
@@ -541,7 +545,8 @@ TEST_CASE("npy: extents 0, 2^31, 2^63-1 and overflowing products are checked bef
         CHECK(error_of<rpe::invalid_argument>([&] { (void)rpe::io::encode_npy<float>(nullptr, s); }) ==
               "[rpe.npy] element count overflows int64");
         const std::int64_t ok[] = {0, 2147483648};
-        CHECK(rpe::io::parse_npy(rpe::io::encode_npy<float>(nullptr, ok), "ok.npy").shape == std::vector<std::int64_t>{0, 2147483648});
+        CHECK(rpe::io::parse_npy(rpe::io::encode_npy<float>(nullptr, ok), "ok.npy").shape ==
+              std::vector<std::int64_t>{0, 2147483648});
     }
 }
 
@@ -554,22 +559,25 @@ TEST_CASE("safetensors: extents 0, 2^31, 2^63-1 and overflowing products are che
         CHECK(f.to_vector<float>("t").empty());
     }
     SUBCASE("an extent of 2^31 with no data does not match its offsets") {
-        CHECK(error_of<rpe::runtime_error>([] { (void)safetensors_file::parse(safetensors_with_shape(json::array({2147483648LL})), "b.st"); }) ==
-              "[rpe.safetensors] b.st: entry 't': holds 0 bytes, but shape (2147483648,) of F32 needs 8589934592");
+        CHECK(error_of<rpe::runtime_error>([] {
+                  (void)safetensors_file::parse(safetensors_with_shape(json::array({2147483648LL})), "b.st");
+              }) == "[rpe.safetensors] b.st: entry 't': holds 0 bytes, but shape (2147483648,) of F32 needs 8589934592");
     }
     SUBCASE("2^63 - 1, or a product of non-zero extents beyond int64, with or without a 0") {
-        CHECK(error_of<rpe::runtime_error>([] {
-                  (void)safetensors_file::parse(safetensors_with_shape(json::array({9223372036854775807LL})), "m.st");
-              }) == "[rpe.safetensors] m.st: entry 't': shape product overflows: 1 * 9223372036854775807 elements of 4 bytes "
-                    "exceed int64 (the product of the non-zero extents must fit, even when an extent is 0)");
-        CHECK(contains(error_of<rpe::runtime_error>([] {
-                           (void)safetensors_file::parse(safetensors_with_shape(json::array({4294967296LL, 4294967296LL, 0})), "p.st");
-                       }),
-                       "entry 't': shape product overflows: 4294967296 * 4294967296"));
-        CHECK(contains(error_of<rpe::runtime_error>([] {
-                           (void)safetensors_file::parse(safetensors_with_shape(json::array({0, 3037000500LL, 3037000500LL})), "q.st");
-                       }),
-                       "shape product overflows: 3037000500 * 3037000500"));
+        CHECK(error_of<rpe::runtime_error>(
+                  [] { (void)safetensors_file::parse(safetensors_with_shape(json::array({9223372036854775807LL})), "m.st"); }) ==
+              "[rpe.safetensors] m.st: entry 't': shape product overflows: 1 * 9223372036854775807 elements of 4 bytes "
+              "exceed int64 (the product of the non-zero extents must fit, even when an extent is 0)");
+        CHECK(contains(
+            error_of<rpe::runtime_error>([] {
+                (void)safetensors_file::parse(safetensors_with_shape(json::array({4294967296LL, 4294967296LL, 0})), "p.st");
+            }),
+            "entry 't': shape product overflows: 4294967296 * 4294967296"));
+        CHECK(contains(
+            error_of<rpe::runtime_error>([] {
+                (void)safetensors_file::parse(safetensors_with_shape(json::array({0, 3037000500LL, 3037000500LL})), "q.st");
+            }),
+            "shape product overflows: 3037000500 * 3037000500"));
         CHECK(contains(error_of<rpe::runtime_error>([] {
                            (void)safetensors_file::parse(safetensors_with_shape(json::array({9223372036854775808ULL})), "o.st");
                        }),
@@ -591,8 +599,9 @@ TEST_CASE("errors: enum parameters outside their enumerators are refused, naming
     const std::string storage_msg = "[rpe.bucket_ids] storage = 7; expected automatic, table or on_the_fly";
     SUBCASE("id_storage in build_bucket_ids: no 4.3 GB table attempted") {
         CHECK(error_of<rpe::invalid_argument>([&] { (void)rpe::build_bucket_ids(m, 256, 256, 1, bad_storage); }) == storage_msg);
-        CHECK(error_of<rpe::invalid_argument>([&] { (void)rpe::build_bucket_ids(m, 1, 3, 3, 0, static_cast<rpe::id_storage>(-1)); }) ==
-              "[rpe.bucket_ids] storage = -1; expected automatic, table or on_the_fly");
+        CHECK(error_of<rpe::invalid_argument>([&] {
+                  (void)rpe::build_bucket_ids(m, 1, 3, 3, 0, static_cast<rpe::id_storage>(-1));
+              }) == "[rpe.bucket_ids] storage = -1; expected automatic, table or on_the_fly");
     }
     SUBCASE("id_storage in bucket_cache::get: no entry is made") {
         rpe::bucket_cache cache;
@@ -619,8 +628,8 @@ TEST_CASE("errors: enum parameters outside their enumerators are refused, naming
         std::vector<float> grad_x(x.size(), -3.0f), grad_t(table.size(), -3.0f);
         CHECK(error_of<rpe::invalid_argument>([&] {
                   t.backward(*ids, {tab}, xs, rpe::tensor_ref<const float>(logits.data(), {1, 1, L, L}),
-                             rpe::tensor_ref<float>(grad_x.data(), {1, 1, L, D}), {rpe::tensor_ref<float>(grad_t.data(), {1, D, K})},
-                             static_cast<rpe::write>(9));
+                             rpe::tensor_ref<float>(grad_x.data(), {1, 1, L, D}),
+                             {rpe::tensor_ref<float>(grad_t.data(), {1, D, K})}, static_cast<rpe::write>(9));
               }) == "[rpe.term] mode = 9; expected write::overwrite or write::accumulate");
         CHECK(std::all_of(grad_x.begin(), grad_x.end(), [](float v) { return v == -3.0f; }));
         CHECK(std::all_of(grad_t.begin(), grad_t.end(), [](float v) { return v == -3.0f; }));
@@ -638,13 +647,15 @@ TEST_CASE("errors: enum parameters outside their enumerators are refused, naming
         rpe::attention_options opt;
         opt.storage = bad_storage;
         const std::size_t cached = rpe::bucket_cache::global().size();
-        CHECK(error_of<rpe::invalid_argument>([&] { rpe::attention_forward(in, rpe::tensor_ref<float>(out.data(), {1, 1, L, D}), {}, opt); }) ==
-              "[rpe.attention] options.storage = 7; expected automatic, table or on_the_fly");
+        CHECK(error_of<rpe::invalid_argument>([&] {
+                  rpe::attention_forward(in, rpe::tensor_ref<float>(out.data(), {1, 1, L, D}), {}, opt);
+              }) == "[rpe.attention] options.storage = 7; expected automatic, table or on_the_fly");
         CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == -3.0f; }));
         std::vector<float> gq(q.size(), -3.0f), gk(q.size(), -3.0f), gv(q.size(), -3.0f);
         CHECK(error_of<rpe::invalid_argument>([&] {
-                  rpe::attention_backward(in, rpe::tensor_ref<const float>(q.data(), {1, 1, L, D}), rpe::tensor_ref<float>(gq.data(), {1, 1, L, D}),
-                                          rpe::tensor_ref<float>(gk.data(), {1, 1, L, D}), rpe::tensor_ref<float>(gv.data(), {1, 1, L, D}), opt);
+                  rpe::attention_backward(
+                      in, rpe::tensor_ref<const float>(q.data(), {1, 1, L, D}), rpe::tensor_ref<float>(gq.data(), {1, 1, L, D}),
+                      rpe::tensor_ref<float>(gk.data(), {1, 1, L, D}), rpe::tensor_ref<float>(gv.data(), {1, 1, L, D}), opt);
               }) == "[rpe.attention] options.storage = 7; expected automatic, table or on_the_fly");
         CHECK(std::all_of(gq.begin(), gq.end(), [](float v) { return v == -3.0f; }));
         CHECK(rpe::bucket_cache::global().size() == cached);
@@ -653,10 +664,12 @@ TEST_CASE("errors: enum parameters outside their enumerators are refused, naming
         rpe::term_spec s;
         s.method = static_cast<rpe::method>(6);
         CHECK(error_of<rpe::invalid_argument>([&] { (void)rpe::make_term<float>(s); }) ==
-              "[rpe.term_spec] method = 6; expected euclidean, quantization, cross, product, euclidean_paper or quantization_paper");
+              "[rpe.term_spec] method = 6; expected euclidean, quantization, cross, product, euclidean_paper or "
+              "quantization_paper");
         s = {};
         s.index = static_cast<rpe::index_kind>(7);  // was taken as clip
-        CHECK(error_of<rpe::invalid_argument>([&] { (void)s.num_buckets(); }) == "[rpe.term_spec] index = 7; expected piecewise or clip");
+        CHECK(error_of<rpe::invalid_argument>([&] { (void)s.num_buckets(); }) ==
+              "[rpe.term_spec] index = 7; expected piecewise or clip");
         s = {};
         s.target = static_cast<rpe::target>(3);
         CHECK(error_of<rpe::invalid_argument>([&] { (void)rpe::make_term<double>(s); }) ==
@@ -672,27 +685,37 @@ TEST_CASE("errors: alpha whose float32 underflows, gamma / alpha that overflows 
     using rpe::index::piecewise;
     constexpr float flt_min = std::numeric_limits<float>::min();
     SUBCASE("float(alpha) = 0: the index would divide by zero") {
-        CHECK(error_of<rpe::invalid_argument>([] { piecewise{1e-310, 3.8, 15.2}.validate(); }) ==
+        CHECK(error_of<rpe::invalid_argument>([] {
+                  piecewise{1e-310, 3.8, 15.2}.validate();
+              }) ==
               "[rpe.index.piecewise] alpha = 9.9999999999999694e-311 underflows float32 (float(alpha) = 0, the index "
               "divides by it); expected float(alpha) >= 1.1754943508222875e-38, the smallest normal float32");
-        CHECK(contains(error_of<rpe::invalid_argument>([] { piecewise{4.9406564584124654e-324, 244199215.5, 244223557.4}.validate(); }),
+        CHECK(contains(error_of<rpe::invalid_argument>([] {
+                           piecewise{4.9406564584124654e-324, 244199215.5, 244223557.4}.validate();
+                       }),
                        "underflows float32 (float(alpha) = 0"));
     }
     SUBCASE("float(alpha) subnormal: 0 wherever subnormals are flushed") {
-        CHECK(contains(error_of<rpe::invalid_argument>([] { piecewise{1e-39, 3.8, 15.2}.validate(); }),
+        CHECK(contains(error_of<rpe::invalid_argument>([] {
+                           piecewise{1e-39, 3.8, 15.2}.validate();
+                       }),
                        "alpha = 9.9999999999999993e-40 underflows float32 (float(alpha) = 1.0000002153053333e-39"));
-        CHECK(contains(error_of<rpe::invalid_argument>([] { piecewise{static_cast<double>(flt_min) * 0.5, 1.0, 2.0}.validate(); }),
+        CHECK(contains(error_of<rpe::invalid_argument>([] {
+                           piecewise{static_cast<double>(flt_min) * 0.5, 1.0, 2.0}.validate();
+                       }),
                        "underflows float32"));
     }
     SUBCASE("the smallest normal float32 is accepted and gives in-range indices") {
         const piecewise g{static_cast<double>(flt_min), 3.8, 15.2};
         CHECK_NOTHROW(g.validate());
         CHECK(g(std::int64_t{0}) == 0);
-        CHECK(g(std::int64_t{1}) == 3);   // |x| / α overflows float to inf: the cap, as the math says
+        CHECK(g(std::int64_t{1}) == 3);  // |x| / α overflows float to inf: the cap, as the math says
         CHECK(g(std::int64_t{-7}) == -3);
     }
     SUBCASE("gamma / alpha beyond double: ln(gamma / alpha) would be infinite") {
-        CHECK(error_of<rpe::invalid_argument>([] { piecewise{1e-10, 3.8, 1e300}.validate(); }) ==
+        CHECK(error_of<rpe::invalid_argument>([] {
+                  piecewise{1e-10, 3.8, 1e300}.validate();
+              }) ==
               "[rpe.index.piecewise] gamma / alpha = 1.0000000000000001e+300 / 1e-10 overflows double (ln(gamma / alpha) "
               "would be infinite); expected gamma / alpha <= 1.7976931348623157e+308");
         CHECK_NOTHROW((piecewise{1.0, 3.8, 1e300}.validate()));

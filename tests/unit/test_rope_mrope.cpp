@@ -146,8 +146,9 @@ TEST_CASE("rope: M-RoPE on the grid equals positions (0, row, col); text ids (n,
     for (std::int64_t e = 0; e < skip * d; ++e) CHECK(grid[static_cast<std::size_t>(e)] == x[static_cast<std::size_t>(e)]);
     // equal ids on the three axes (text tokens): every pair turns by n·inv_freq_j, whatever the
     // sections or interleaving
-    for (int t = 0; t < n; ++t) pos[static_cast<std::size_t>(3 * t)] = pos[static_cast<std::size_t>(3 * t + 1)] =
-        pos[static_cast<std::size_t>(3 * t + 2)] = static_cast<float>(t + 1);
+    for (int t = 0; t < n; ++t)
+        pos[static_cast<std::size_t>(3 * t)] = pos[static_cast<std::size_t>(3 * t + 1)] =
+            pos[static_cast<std::size_t>(3 * t + 2)] = static_cast<float>(t + 1);
     std::vector<float> a(x.size()), c(x.size());
     rpe::rope_forward(r, 1, 1, cview(x, shape), mview(a, shape));
     r.form = rpe::rope::custom{rpe::rope::mrope{.section_t = 4, .section_h = 2, .section_w = 2, .interleaved = true}};
@@ -165,8 +166,8 @@ TEST_CASE("rope: finite-difference gradients of the M-RoPE rotation (real positi
         const auto g = random_normal<double>(x.size(), 102);
         const auto pos = random_normal<float>(static_cast<std::size_t>(3 * n), 103, 4.0);
         rpe::rotary_embedding<double> r{
-            .form = rpe::rope::custom{rpe::rope::mrope{.theta = 50.0f, .section_t = 2, .section_h = 2, .section_w = 2,
-                                                       .interleaved = interleaved}},
+            .form = rpe::rope::custom{rpe::rope::mrope{
+                .theta = 50.0f, .section_t = 2, .section_h = 2, .section_w = 2, .interleaved = interleaved}},
             .skip = skip};
         r.layout = rpe::rope::layout::half;
         r.suffix = suffix;
@@ -200,8 +201,8 @@ TEST_CASE("rope: fused attention with M-RoPE equals rotate-then-attend (query an
             std::vector<double> attn(static_cast<std::size_t>(p.b * p.h * p.l * p.l));
             const std::vector<std::int64_t> ashape{p.b, p.h, p.l, p.l};
             rpe::composed_attention_forward(p.in, mview(r[0], shape), mview(attn, ashape));
-            rpe::composed_attention_backward(p.in, cview(attn, ashape), cview(p.go, shape), mview(r[1], shape), mview(r[2], shape),
-                                             mview(r[3], shape));
+            rpe::composed_attention_backward(p.in, cview(attn, ashape), cview(p.go, shape), mview(r[1], shape),
+                                             mview(r[2], shape), mview(r[3], shape));
         }
         return r;
     };
@@ -255,7 +256,8 @@ TEST_CASE("rope: M-RoPE errors name the parameter, its value and the shapes") {
     pos[5] = 1.0f;
     // the sections against the head: D/2 = 6 pairs
     r.form = rpe::rope::custom{rpe::rope::mrope{.section_t = 2, .section_h = 3, .section_w = 3}};
-    CHECK(rpe_test::throws_with(fwd, "[rpe.rope] mrope sections = 2,3,3 sum to 8 frequency pairs; expected D/2 = 6 (head_dim D = 12)"));
+    CHECK(rpe_test::throws_with(
+        fwd, "[rpe.rope] mrope sections = 2,3,3 sum to 8 frequency pairs; expected D/2 = 6 (head_dim D = 12)"));
     r.form = rpe::rope::custom{rpe::rope::mrope{.section_t = -1, .section_h = 4, .section_w = 3}};
     CHECK(rpe_test::throws_with(fwd, "[rpe.rope] mrope sections = -1,4,3; expected counts of frequency pairs >= 0"));
     r.form = rpe::rope::custom{rpe::rope::mrope{.theta = 0.0f, .section_t = 2, .section_h = 2, .section_w = 2}};
@@ -270,7 +272,8 @@ TEST_CASE("rope: M-RoPE errors name the parameter, its value and the shapes") {
     CHECK(rpe_test::throws_with([&] { rpe::attention_forward(in, mview(y, shape)); },
                                 "[rpe.attention] rope key_positions has shape (4, 2); expected 3 axes (t, h, w), shape (4, 3)"));
     // the parameters are the table cache's key
-    const rpe::rotary_embedding<float> a{.form = rpe::rope::custom{rpe::rope::mrope{.section_t = 2, .section_h = 2, .section_w = 2}}};
+    const rpe::rotary_embedding<float> a{.form =
+                                             rpe::rope::custom{rpe::rope::mrope{.section_t = 2, .section_h = 2, .section_w = 2}}};
     const rpe::rotary_embedding<float> c{
         .form = rpe::rope::custom{rpe::rope::mrope{.section_t = 2, .section_h = 2, .section_w = 2, .interleaved = true}}};
     CHECK(rpe::rope_table_of(a, 12, 2, 2)->cos != rpe::rope_table_of(c, 12, 2, 2)->cos);

@@ -23,8 +23,8 @@ struct any_view {
     const rpe::any_term<S>& t;
     [[nodiscard]] int num_buckets() const { return t.num_buckets(); }
     [[nodiscard]] auto bucket_ids(int h, int w) const { return t.bucket_ids(h, w); }
-    void forward(const rpe::bucket_ids& ids, rpe::tensor_ref<const S> table, rpe::tensor_ref<const S> x,
-                 rpe::tensor_ref<S> out, rpe::write mode) const {
+    void forward(const rpe::bucket_ids& ids, rpe::tensor_ref<const S> table, rpe::tensor_ref<const S> x, rpe::tensor_ref<S> out,
+                 rpe::write mode) const {
         t.forward(ids, std::span<const rpe::tensor_ref<const S>>(&table, 1), x, out, mode);
     }
     void backward(const rpe::bucket_ids& ids, rpe::tensor_ref<const S> table, rpe::tensor_ref<const S> x,
@@ -38,17 +38,23 @@ struct any_view {
 }  // namespace
 
 TEST_CASE_TEMPLATE("bad term calls get the shared checks' message on the CPU term", S, float, double) {
-    const rpe::term<P, rpe::mode::contextual, rpe::target::key, S> key(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8, .skip = 1});
-    const rpe::term<P, rpe::mode::bias, rpe::target::key, S> bias(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8, .skip = 1});
-    const rpe::term<P, rpe::mode::contextual, rpe::target::value, S> value(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8, .skip = 1});
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key, S> key(P{pw::from_ratio(1.9)},
+                                                                       {.num_heads = 2, .head_dim = 8, .skip = 1});
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, S> bias(P{pw::from_ratio(1.9)},
+                                                                  {.num_heads = 2, .head_dim = 8, .skip = 1});
+    const rpe::term<P, rpe::mode::contextual, rpe::target::value, S> value(P{pw::from_ratio(1.9)},
+                                                                           {.num_heads = 2, .head_dim = 8, .skip = 1});
     rpe_test::check_bad_term_calls<S>(key, bias, value);
 }
 
 TEST_CASE("bad term calls get the same messages from make_any_term and make_term terms") {
     using S = float;
-    const rpe::term<P, rpe::mode::contextual, rpe::target::key, S> key(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8, .skip = 1});
-    const rpe::term<P, rpe::mode::bias, rpe::target::key, S> bias(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8, .skip = 1});
-    const rpe::term<P, rpe::mode::contextual, rpe::target::value, S> value(P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 8, .skip = 1});
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key, S> key(P{pw::from_ratio(1.9)},
+                                                                       {.num_heads = 2, .head_dim = 8, .skip = 1});
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, S> bias(P{pw::from_ratio(1.9)},
+                                                                  {.num_heads = 2, .head_dim = 8, .skip = 1});
+    const rpe::term<P, rpe::mode::contextual, rpe::target::value, S> value(P{pw::from_ratio(1.9)},
+                                                                           {.num_heads = 2, .head_dim = 8, .skip = 1});
     const auto ak = rpe::make_any_term(key), ab = rpe::make_any_term(bias), av = rpe::make_any_term(value);
     rpe_test::check_bad_term_calls<S>(any_view<S>{*ak}, any_view<S>{*ab}, any_view<S>{*av});
 
@@ -69,10 +75,12 @@ TEST_CASE("bad term calls get the same messages from make_any_term and make_term
 TEST_CASE("make_term rejects enum values outside their enums") {
     rpe::term_spec spec;
     spec.method = static_cast<rpe::method>(9);
-    CHECK_THROWS_WITH_AS((void)rpe::make_term<float>(spec), doctest::Contains("[rpe.term_spec] method = 9"), rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)rpe::make_term<float>(spec), doctest::Contains("[rpe.term_spec] method = 9"),
+                         rpe::invalid_argument);
     spec = {};
     spec.index = static_cast<rpe::index_kind>(5);
-    CHECK_THROWS_WITH_AS((void)rpe::make_term<float>(spec), doctest::Contains("[rpe.term_spec] index = 5"), rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)rpe::make_term<float>(spec), doctest::Contains("[rpe.term_spec] index = 5"),
+                         rpe::invalid_argument);
     spec = {};
     spec.target = static_cast<rpe::target>(7);
     CHECK_THROWS_WITH_AS((void)rpe::make_term<float>(spec), doctest::Contains("target = 7"), rpe::invalid_argument);
@@ -89,8 +97,10 @@ TEST_CASE("every rpe exception is an rpe::error whose id() is its message's pref
         }
         return "no exception";
     };
-    CHECK(id_of([] { (void)rpe::term<P, rpe::mode::bias, rpe::target::key>(P{pw::from_ratio(1.9)},
-        {.num_heads = 0, .head_dim = 8, .skip = 1}); }) == "rpe.term");
+    CHECK(id_of([] {
+              (void)rpe::term<P, rpe::mode::bias, rpe::target::key>(P{pw::from_ratio(1.9)},
+                                                                    {.num_heads = 0, .head_dim = 8, .skip = 1});
+          }) == "rpe.term");
     const auto ids = rpe::build_bucket_ids(P{pw::from_ratio(1.9)}, 3, 3, 1);
     CHECK(id_of([&] { (void)ids->at(0, 10, 0); }) == "rpe.bucket_ids");
     CHECK(id_of([] { (void)rpe::build_bucket_ids(P{pw::from_ratio(1.9)}, 0, 3, 1); }) == "rpe.bucket_ids");
@@ -108,16 +118,25 @@ static_assert(!std::is_constructible_v<rpe::term<P, rpe::mode::bias, rpe::target
 // The write mode has no default: forward/backward without it do not compile (term and any_term).
 template <class T, class S = float>
 concept forward_without_mode = requires(const T& t, const rpe::bucket_ids& ids, rpe::tensor_ref<const S> tab,
-                                        rpe::tensor_ref<S> out) { t.forward(ids, tab, tab, out); };
+                                        rpe::tensor_ref<S> out) {
+    t.forward(ids, tab, tab, out);
+};
 template <class T, class S = float>
 concept forward_with_mode = requires(const T& t, const rpe::bucket_ids& ids, rpe::tensor_ref<const S> tab,
-                                     rpe::tensor_ref<S> out) { t.forward(ids, tab, tab, out, rpe::write::overwrite); };
+                                     rpe::tensor_ref<S> out) {
+    t.forward(ids, tab, tab, out, rpe::write::overwrite);
+};
 template <class T, class S = float>
 concept backward_without_mode = requires(const T& t, const rpe::bucket_ids& ids, rpe::tensor_ref<const S> tab,
-                                         rpe::tensor_ref<S> g) { t.backward(ids, tab, tab, tab, g, g); };
+                                         rpe::tensor_ref<S> g) {
+    t.backward(ids, tab, tab, tab, g, g);
+};
 template <class T, class S = float>
-concept any_forward_without_mode = requires(const T& t, const rpe::bucket_ids& ids, std::span<const rpe::tensor_ref<const S>> tabs,
-                                            rpe::tensor_ref<const S> x, rpe::tensor_ref<S> out) { t.forward(ids, tabs, x, out); };
+concept any_forward_without_mode = requires(const T& t, const rpe::bucket_ids& ids,
+                                            std::span<const rpe::tensor_ref<const S>> tabs, rpe::tensor_ref<const S> x,
+                                            rpe::tensor_ref<S> out) {
+    t.forward(ids, tabs, x, out);
+};
 template <class T, class S = float>
 concept any_forward_with_mode = requires(const T& t, const rpe::bucket_ids& ids, std::span<const rpe::tensor_ref<const S>> tabs,
                                          rpe::tensor_ref<const S> x, rpe::tensor_ref<S> out) {
@@ -140,7 +159,8 @@ TEST_CASE("term_config: the named configuration reaches the term, and a missing 
     const rpe::term_config c = named.config();
     CHECK((c.num_heads == 6 && c.head_dim == 64 && !c.shared_head && c.skip == 1));
     // defaults: shared_head = true (the reference's shared_head=True), skip = 0
-    const rpe::term<P, rpe::mode::contextual, rpe::target::key> defaults(P{pw::from_ratio(1.9)}, {.num_heads = 6, .head_dim = 64});
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key> defaults(P{pw::from_ratio(1.9)},
+                                                                         {.num_heads = 6, .head_dim = 64});
     CHECK(defaults.shared_head());
     CHECK(defaults.skip() == 0);
     CHECK(defaults.table_shape() == std::vector<std::int64_t>{1, 64, 49});

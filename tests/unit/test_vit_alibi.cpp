@@ -99,7 +99,8 @@ TEST_CASE("2D ALiBi: slopes as ALiBi's get_slopes") {
     REQUIRE(s8.size() == 8);
     for (int i = 0; i < 8; ++i) CHECK(s8[static_cast<std::size_t>(i)] == std::ldexp(1.0, -(i + 1)));
     const auto s16 = rpe::vit::alibi_slopes(16);
-    for (int i = 0; i < 16; ++i) CHECK(s16[static_cast<std::size_t>(i)] == doctest::Approx(std::pow(2.0, -0.5 * (i + 1))).epsilon(1e-15));
+    for (int i = 0; i < 16; ++i)
+        CHECK(s16[static_cast<std::size_t>(i)] == doctest::Approx(std::pow(2.0, -0.5 * (i + 1))).epsilon(1e-15));
     // 12 = 8 + 4: the 8 slopes of 8 heads, then slopes 0, 2, 4, 6 of 16 heads
     const auto s12 = rpe::vit::alibi_slopes(12);
     REQUIRE(s12.size() == 12);
@@ -110,10 +111,10 @@ TEST_CASE("2D ALiBi: slopes as ALiBi's get_slopes") {
     for (const auto& c : bias_cases) {
         CAPTURE(c.heads);
         const std::int64_t n = c.side * c.side;
-        const auto bias = rpe_test::load<float>(dir("bias"), bias_file(c.heads, c.side),
-                                                {c.heads, n, n});
+        const auto bias = rpe_test::load<float>(dir("bias"), bias_file(c.heads, c.side), {c.heads, n, n});
         const auto s = rpe::vit::alibi_slopes(c.heads);
-        for (int h = 0; h < c.heads; ++h) CHECK(-static_cast<float>(s[static_cast<std::size_t>(h)]) == bias[static_cast<std::size_t>(h * n * n + 1)]);
+        for (int h = 0; h < c.heads; ++h)
+            CHECK(-static_cast<float>(s[static_cast<std::size_t>(h)]) == bias[static_cast<std::size_t>(h * n * n + 1)]);
     }
 }
 
@@ -122,8 +123,7 @@ TEST_CASE_TEMPLATE("2D ALiBi: the term's bias is CROMA's get_2dalibi", S, float,
         CAPTURE(c.heads);
         CAPTURE(c.side);
         const std::int64_t n = c.side * c.side;
-        const auto want = rpe_test::load<double>(dir("bias"), bias_file(c.heads, c.side),
-                                                 {c.heads, n, n});
+        const auto want = rpe_test::load<double>(dir("bias"), bias_file(c.heads, c.side), {c.heads, n, n});
         const auto got = bias_of<S>({.height = c.side, .width = c.side, .num_heads = c.heads, .head_dim = 4});
         // float: bit-exact (same float product); double: to float32 rounding of CROMA's values
         if constexpr (std::is_same_v<S, float>)
@@ -164,7 +164,8 @@ TEST_CASE_TEMPLATE("2D ALiBi: CROMA's whole attention (forward and q/k/v gradien
         const std::string cd = dir(c.name);
         const std::int64_t n = c.side * c.side;
         const std::vector<std::int64_t> qs{c.b, c.heads, n, c.d};
-        const auto q = rpe_test::load<S>(cd, "q.npy", qs), k = rpe_test::load<S>(cd, "k.npy", qs), v = rpe_test::load<S>(cd, "v.npy", qs);
+        const auto q = rpe_test::load<S>(cd, "q.npy", qs), k = rpe_test::load<S>(cd, "k.npy", qs),
+                   v = rpe_test::load<S>(cd, "v.npy", qs);
         const auto g = rpe_test::load<S>(cd, "grad_out.npy", qs);
         const rpe::vit::alibi_2d_config cfg{.height = c.side, .width = c.side, .num_heads = c.heads, .head_dim = c.d};
         for (bool fused : {true, false}) {
@@ -240,11 +241,15 @@ TEST_CASE("2D ALiBi: errors name the parameter and its value") {
     CHECK(rpe::vit::alibi_2d_mapping(1, 23170).num_buckets() == 46339 * 46339);
     CHECK(throws_with([] { (void)rpe::vit::alibi_2d_table<float>({.height = 2, .width = 2, .num_heads = -1, .head_dim = 2}); },
                       {"num_heads = -1"}));
-    CHECK(throws_with([] { (void)rpe::vit::alibi_2d_table<float>({.height = 2, .width = 2, .num_heads = 2, .head_dim = 2, .skip = -1}); },
-                      {"skip = -1"}));
+    CHECK(throws_with(
+        [] { (void)rpe::vit::alibi_2d_table<float>({.height = 2, .width = 2, .num_heads = 2, .head_dim = 2, .skip = -1}); },
+        {"skip = -1"}));
     std::vector<float> t(2 * 8);
-    CHECK(throws_with([&] { rpe::vit::alibi_2d_table<float>({.height = 2, .width = 2, .num_heads = 2, .head_dim = 2}, mview(t, {2, 8})); },
-                      {"[rpe.vit.alibi] table has shape (2, 8)", "expected (2, 9)"}));
+    CHECK(throws_with(
+        [&] {
+            rpe::vit::alibi_2d_table<float>({.height = 2, .width = 2, .num_heads = 2, .head_dim = 2}, mview(t, {2, 8}));
+        },
+        {"[rpe.vit.alibi] table has shape (2, 8)", "expected (2, 9)"}));
     CHECK(throws_with([] { (void)rpe::vit::make_alibi_2d_term<float>({.height = 2, .width = 2, .num_heads = 2, .head_dim = 0}); },
                       {"[rpe.term]", "head_dim = 0"}));
 }
@@ -264,8 +269,11 @@ TEST_CASE("2D ALiBi: a term is bounded to its grid (a larger grid is refused, a 
     const std::int64_t lbig = 4 * 5;
     std::vector<double> out(static_cast<std::size_t>(2 * lbig * lbig));
     const auto unbounded = rpe::build_bucket_ids(term.mapping().inner, 4, 5, 0);
-    CHECK(throws_with([&] { term.forward(*unbounded, cview(table, term.table_shape()), {}, mview(out, {1, 2, lbig, lbig}), rpe::write::overwrite); },
-                      {"[rpe.term]", "built for another mapping"}));
+    CHECK(throws_with(
+        [&] {
+            term.forward(*unbounded, cview(table, term.table_shape()), {}, mview(out, {1, 2, lbig, lbig}), rpe::write::overwrite);
+        },
+        {"[rpe.term]", "built for another mapping"}));
     // the fused and the composed attention on the larger grid
     const auto any = rpe::make_any_term(term);
     std::vector<double> x(static_cast<std::size_t>(2 * lbig * 2), 0.5), o(x.size());
@@ -274,9 +282,16 @@ TEST_CASE("2D ALiBi: a term is bounded to its grid (a larger grid is refused, a 
     in.height = 4;
     in.width = 5;
     in.rpe_k = {any.get(), {cview(table, term.table_shape())}, {}};
-    CHECK(throws_with([&] { rpe::attention_forward<double>(in, mview(o, {1, 2, lbig, 2})); }, {"[rpe.mapping.within_grid]", "grid = 4x5"}));
-    CHECK(throws_with([&] { rpe::composed_attention_forward<double>(in, mview(o, {1, 2, lbig, 2}), mview(out, {1, 2, lbig, lbig})); },
-                      {"grid = 4x5"}));
+    CHECK(throws_with(
+        [&] {
+            rpe::attention_forward<double>(in, mview(o, {1, 2, lbig, 2}));
+        },
+        {"[rpe.mapping.within_grid]", "grid = 4x5"}));
+    CHECK(throws_with(
+        [&] {
+            rpe::composed_attention_forward<double>(in, mview(o, {1, 2, lbig, 2}), mview(out, {1, 2, lbig, lbig}));
+        },
+        {"grid = 4x5"}));
 
     // a smaller grid (2 x 3) with the 3 x 5 term: the bias of the full grid at the same tokens, which
     // is -m_h times the Euclidean distance

@@ -160,7 +160,8 @@ TEST_CASE("vit_digits: logits do not depend on the chunk size, the thread count 
         CHECK(digits_max_abs_diff(run(64, nullptr), base) <= 1e-5);
         rpe::examples::vit_digits_trace<float> trace;
         CHECK(digits_max_abs_diff(run(16, &trace), base) <= 1e-5);
-        CHECK(trace.blocks.at(static_cast<std::size_t>(c.depth - 1)).size() == static_cast<std::size_t>(n * c.tokens * c.embed_dim));
+        CHECK(trace.blocks.at(static_cast<std::size_t>(c.depth - 1)).size() ==
+              static_cast<std::size_t>(n * c.tokens * c.embed_dim));
 #if defined(_OPENMP)
         const int threads = omp_get_max_threads();
         omp_set_num_threads(1);
@@ -184,7 +185,8 @@ TEST_CASE("vit_digits: the models' bucket ids equal bucket_ids_{a,b}.npy") {
             const auto ids = term->bucket_ids(c.grid, c.grid);
             int mismatches = 0;
             for (int i = 0; i < c.tokens; ++i)
-                for (int j = 0; j < c.tokens; ++j) mismatches += ids->at(0, i, j) != expected[static_cast<std::size_t>(i * c.tokens + j)];
+                for (int j = 0; j < c.tokens; ++j)
+                    mismatches += ids->at(0, i, j) != expected[static_cast<std::size_t>(i * c.tokens + j)];
             CHECK(mismatches == 0);
         }
     }
@@ -205,12 +207,12 @@ TEST_CASE("vit_digits: shapes and metadata are checked") {
     CHECK(model.rpe_term(rpe::target::key) != nullptr);
     CHECK(model.rpe_term(rpe::target::query) == nullptr);
     std::vector<float> images(2 * 16 * 16), logits(2 * 10);
-    CHECK_THROWS_AS(model.forward(rpe::tensor_ref<const float>(images.data(), {2, 1, 8, 32}),
-                                  rpe::tensor_ref<float>(logits.data(), {2, 10})),
-                    rpe::invalid_argument);
-    CHECK_THROWS_AS(model.forward(rpe::tensor_ref<const float>(images.data(), {2, 1, 16, 16}),
-                                  rpe::tensor_ref<float>(logits.data(), {2, 5})),
-                    rpe::invalid_argument);
+    CHECK_THROWS_AS(
+        model.forward(rpe::tensor_ref<const float>(images.data(), {2, 1, 8, 32}), rpe::tensor_ref<float>(logits.data(), {2, 10})),
+        rpe::invalid_argument);
+    CHECK_THROWS_AS(
+        model.forward(rpe::tensor_ref<const float>(images.data(), {2, 1, 16, 16}), rpe::tensor_ref<float>(logits.data(), {2, 5})),
+        rpe::invalid_argument);
     CHECK_THROWS_AS(rpe::examples::vit_digits<float>::load(digits_dir + "/no_such_model.safetensors"), rpe::runtime_error);
 }
 
@@ -244,7 +246,8 @@ std::string digits_error_with_metadata(const std::string& key, const std::string
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     REQUIRE(text.size() >= 8);
     std::uint64_t n = 0;
-    for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(static_cast<unsigned char>(text[static_cast<std::size_t>(i)])) << (8 * i);
+    for (int i = 0; i < 8; ++i)
+        n |= static_cast<std::uint64_t>(static_cast<unsigned char>(text[static_cast<std::size_t>(i)])) << (8 * i);
     auto header = nlohmann::json::parse(text.substr(8, static_cast<std::size_t>(n)));
     header["__metadata__"][key] = value;
     std::string h = header.dump();

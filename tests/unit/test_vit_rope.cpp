@@ -61,7 +61,7 @@ rpe::rotary_embedding<S> embedding_of(const json& m, const std::vector<S>& freqs
     return r;
 }
 
-const char* const golden_cases[] = {"axial_t100_3x4_skip1", "mixed_t10_4x3_skip1", "cat_eva02_3x4_ref2x3_skip1",
+const char* const golden_cases[] = {"axial_t100_3x4_skip1",    "mixed_t10_4x3_skip1",  "cat_eva02_3x4_ref2x3_skip1",
                                     "cat_offset_xy_4x3_skip2", "cat_pixels_3x5_skip0", "cat_pixels_linear_2x3_ref4x4_skip1"};
 
 }  // namespace
@@ -153,7 +153,7 @@ TEST_CASE("rope: the table cache keys a fixed form by every parameter of its pol
         {.temperature = 100.0f, .max_res = 64.0f, .xy_indexing = true},
     };
     for (const auto& c : one_each) CHECK(table(c) != t0);
-    CHECK(table(base, 12) != t0);     // D
+    CHECK(table(base, 12) != t0);       // D
     CHECK(table(base, 8, 5, 3) != t0);  // grid
     const rpe::rotary_embedding<double> rd{.form = base};
     CHECK(static_cast<const void*>(rpe::rope_table_of(rd, 8, 3, 5).get()) != static_cast<const void*>(t0));  // scalar type
@@ -171,9 +171,7 @@ struct diagonal_form {
     float angle(int row, int col, int pair, int /*head_dim*/, int /*height*/, int /*width*/) const {
         return static_cast<float>(row + col) * rate / static_cast<float>(1 + pair);
     }
-    void validate() const {
-        rpe::detail::require(std::isfinite(rate), "rope", "rate = ", rate, "; expected finite");
-    }
+    void validate() const { rpe::detail::require(std::isfinite(rate), "rope", "rate = ", rate, "; expected finite"); }
     friend bool operator==(const diagonal_form&, const diagonal_form&) = default;
 };
 static_assert(rpe::RotaryPolicy<diagonal_form>);
@@ -200,8 +198,9 @@ TEST_CASE("rope: a user-defined form (rope::custom) rotates, caches and checks w
             for (int j = 0; j < D / 2; ++j) {
                 const std::size_t e = static_cast<std::size_t>((p * L + i) * D + 2 * j);
                 double a = 0;
-                if (i >= skip) a = static_cast<double>(static_cast<float>((i - skip) / width + (i - skip) % width) * 0.5f /
-                                                       static_cast<float>(1 + j));
+                if (i >= skip)
+                    a = static_cast<double>(static_cast<float>((i - skip) / width + (i - skip) % width) * 0.5f /
+                                            static_cast<float>(1 + j));
                 const double c = std::cos(a), sn = std::sin(a);
                 CHECK(y[e] == doctest::Approx(c * x[e] - sn * x[e + 1]).epsilon(1e-6));
                 CHECK(y[e + 1] == doctest::Approx(sn * x[e] + c * x[e + 1]).epsilon(1e-6));
@@ -225,7 +224,8 @@ TEST_CASE("rope: a user-defined form (rope::custom) rotates, caches and checks w
 
     // the fused attention takes it like the built-in forms: equal to rotating q and k first
     rpe::attention_inputs<float> in;
-    const auto q = random_normal<float>(x.size(), 8), k = random_normal<float>(x.size(), 9), v = random_normal<float>(x.size(), 10);
+    const auto q = random_normal<float>(x.size(), 8), k = random_normal<float>(x.size(), 9),
+               v = random_normal<float>(x.size(), 10);
     in.q = cview(q, shape);
     in.k = cview(k, shape);
     in.v = cview(v, shape);
@@ -302,7 +302,8 @@ TEST_CASE("rope: RoPE-Mixed angles round each product, then the sum, as rope-vit
                     }
                     // the table holds cos/sin of exactly that angle
                     const auto e = static_cast<std::size_t>(t->at(h, row * width + col) + j);
-                    if (t->cos[e] != std::cos(expected) || t->sin[e] != std::sin(expected)) CHECK(t->cos[e] == std::cos(expected));
+                    if (t->cos[e] != std::cos(expected) || t->sin[e] != std::sin(expected))
+                        CHECK(t->cos[e] == std::cos(expected));
                     fused_differs += std::fma(static_cast<float>(col), fx, py) != expected;
                     ++checked;
                 }
@@ -483,7 +484,8 @@ rope_results<S> run_rope(rope_problem<S>& p, bool fused, std::int64_t row_block)
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("rope: layout half is layout pairs on permuted channels, exactly (forward, backward, fused)", S, float, double) {
+TEST_CASE_TEMPLATE("rope: layout half is layout pairs on permuted channels, exactly (forward, backward, fused)", S, float,
+                   double) {
     // half pairs channel j with j + D/2; pairs pairs 2j with 2j+1. Moving channel 2j to j and
     // 2j+1 to j + D/2 turns one into the other, the same arithmetic on the same values.
     const int height = 3, width = 4, skip = 2;
@@ -503,7 +505,8 @@ TEST_CASE_TEMPLATE("rope: layout half is layout pairs on permuted channels, exac
     const auto g = random_normal<S>(x.size(), 32);
     const auto freqs = random_normal<S>(static_cast<std::size_t>(2 * h * pairs), 33, 0.7);
     const auto xh = permute(x), gh = permute(g);
-    rpe::rope_form forms[] = {rpe::rope::axial{.theta = 100.0f}, rpe::rope::mixed{}, rpe::rope::cat{.ref_height = 2, .ref_width = 2},
+    rpe::rope_form forms[] = {rpe::rope::axial{.theta = 100.0f}, rpe::rope::mixed{},
+                              rpe::rope::cat{.ref_height = 2, .ref_width = 2},
                               rpe::rope::cat{.in_pixels = true, .max_res = 32.0f}};
     for (const auto& form : forms) {
         CAPTURE(form.index());
@@ -653,15 +656,15 @@ TEST_CASE("rope: errors name the parameter and its value") {
     in = p.in;
     in.rope.grad_freqs = mview(gf, {2, p.h, p.d / 2});
     std::vector<float> gq(out.size()), gk(out.size()), gv(out.size());
-    CHECK(rpe_test::throws_with([&] {
-        rpe::attention_backward(in, cview(p.go, shape), mview(gq, shape), mview(gk, shape), mview(gv, shape));
-    }, "rope grad_freqs is given for a fixed-frequency form"));
+    CHECK(rpe_test::throws_with(
+        [&] { rpe::attention_backward(in, cview(p.go, shape), mview(gq, shape), mview(gk, shape), mview(gv, shape)); },
+        "rope grad_freqs is given for a fixed-frequency form"));
     in.rope.form = rpe::rope::mixed{};
     in.rope.freqs = cview(p.freqs, {2, p.h, p.d / 2});
     in.rope.grad_freqs = mview(gq, shape);  // overlaps grad_q
-    CHECK(rpe_test::throws_with([&] {
-        rpe::attention_backward(in, cview(p.go, shape), mview(gq, shape), mview(gk, shape), mview(gv, shape));
-    }, "rope grad_freqs has shape"));
+    CHECK(rpe_test::throws_with(
+        [&] { rpe::attention_backward(in, cview(p.go, shape), mview(gq, shape), mview(gk, shape), mview(gv, shape)); },
+        "rope grad_freqs has shape"));
     // head_dim: a multiple of 4 for the 2D fixed forms, of 2 for mixed
     const std::vector<std::int64_t> odd{1, 1, 13, 6};
     std::vector<float> x6(78), y6(78);
@@ -790,7 +793,8 @@ TEST_CASE("rope: SAM2-style keys: the query grid repeated twice, then unrotated 
             rpe::rope_forward(grid, height, width, cview(part, half_shape), mview(rotated, half_shape));
             for (std::int64_t p = 0; p < b * h; ++p)
                 for (std::int64_t e = 0; e < n * d; ++e)
-                    if (y[p * lk * d + frame * n * d + e] != rotated[p * n * d + e]) CHECK(y[p * lk * d + frame * n * d + e] == rotated[p * n * d + e]);
+                    if (y[p * lk * d + frame * n * d + e] != rotated[p * n * d + e])
+                        CHECK(y[p * lk * d + frame * n * d + e] == rotated[p * n * d + e]);
         }
         // the suffix is copied
         for (std::int64_t p = 0; p < b * h; ++p)
@@ -903,8 +907,9 @@ TEST_CASE("rope: DINOv3 (rope::dinov3, layout half) against timm's RotaryEmbeddi
             p.max_period = m.at("max_period").get<float>();
         }
         const std::string norm = m.at("normalize");
-        p.normalize = norm == "max" ? rpe::rope::dinov3_normalize::max
-                      : norm == "min" ? rpe::rope::dinov3_normalize::min : rpe::rope::dinov3_normalize::separate;
+        p.normalize = norm == "max"   ? rpe::rope::dinov3_normalize::max
+                      : norm == "min" ? rpe::rope::dinov3_normalize::min
+                                      : rpe::rope::dinov3_normalize::separate;
         if (m.contains("shift")) {
             p.shift_y = m.at("shift")[0].get<float>();
             p.shift_x = m.at("shift")[1].get<float>();

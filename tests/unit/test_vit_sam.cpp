@@ -173,8 +173,8 @@ TEST_CASE("decomposed rel pos: Cross ids are SAM's get_rel_pos rows, shifted int
 
 TEST_CASE_TEMPLATE("decomposed rel pos: resize_rel_pos and its backward match get_rel_pos's F.interpolate", S, float, double) {
     const double tol = std::is_same_v<S, double> ? 1e-12 : 2e-6;
-    for (const auto& [lin, lout, c] : std::vector<std::array<std::int64_t, 3>>{
-             {5, 7, 3}, {15, 11, 2}, {3, 27, 4}, {27, 7, 3}, {2, 3, 1}, {1, 5, 2}}) {
+    for (const auto& [lin, lout, c] :
+         std::vector<std::array<std::int64_t, 3>>{{5, 7, 3}, {15, 11, 2}, {3, 27, 4}, {27, 7, 3}, {2, 3, 1}, {1, 5, 2}}) {
         const std::string cd = dir("resize/" + std::to_string(lin) + "_to_" + std::to_string(lout));
         CAPTURE(cd);
         const auto rel = cast<S>(rpe_test::load<double>(cd, "rel_pos.npy", {lin, c}));
@@ -206,24 +206,28 @@ TEST_CASE("decomposed rel pos: the loader places SAM's rows, scaled by D^1/2 for
         cfg.unscaled_query = unscaled;
         const double f = unscaled ? 2.0 : 1.0;  // 1 / (4^-1/2)
         std::vector<double> t0(20, 9.0), t1(20, 9.0);
-        rpe::vit::load_decomposed_rel_pos<double>(cfg, cview(rh, {3, 4}), cview(rw, {5, 4}), {mview(t0, {1, 4, 5}), mview(t1, {1, 4, 5})});
+        rpe::vit::load_decomposed_rel_pos<double>(cfg, cview(rh, {3, 4}), cview(rw, {5, 4}),
+                                                  {mview(t0, {1, 4, 5}), mview(t1, {1, 4, 5})});
         for (int ch = 0; ch < 4; ++ch) {
             CHECK(t0[static_cast<std::size_t>(ch * 5 + 0)] == 0.0);
             CHECK(t0[static_cast<std::size_t>(ch * 5 + 4)] == 0.0);
-            for (int r = 0; r < 3; ++r) CHECK(t0[static_cast<std::size_t>(ch * 5 + r + 1)] == f * rh[static_cast<std::size_t>(r * 4 + ch)]);
-            for (int r = 0; r < 5; ++r) CHECK(t1[static_cast<std::size_t>(ch * 5 + r)] == f * rw[static_cast<std::size_t>(r * 4 + ch)]);
+            for (int r = 0; r < 3; ++r)
+                CHECK(t0[static_cast<std::size_t>(ch * 5 + r + 1)] == f * rh[static_cast<std::size_t>(r * 4 + ch)]);
+            for (int r = 0; r < 5; ++r)
+                CHECK(t1[static_cast<std::size_t>(ch * 5 + r)] == f * rw[static_cast<std::size_t>(r * 4 + ch)]);
         }
     }
     // with a skip token: K = 6, the extra bucket is 0
     cfg.skip = 1;
     std::vector<double> t0(24, 9.0), t1(24, 9.0);
-    rpe::vit::load_decomposed_rel_pos<double>(cfg, cview(rh, {3, 4}), cview(rw, {5, 4}), {mview(t0, {1, 4, 6}), mview(t1, {1, 4, 6})});
+    rpe::vit::load_decomposed_rel_pos<double>(cfg, cview(rh, {3, 4}), cview(rw, {5, 4}),
+                                              {mview(t0, {1, 4, 6}), mview(t1, {1, 4, 6})});
     for (int ch = 0; ch < 4; ++ch) CHECK(t1[static_cast<std::size_t>(ch * 6 + 5)] == 0.0);
     CHECK(t1[0] == -1.0);
 }
 
-TEST_CASE_TEMPLATE("decomposed rel pos: SAM's whole attention (forward, q/k/v and table gradients), fused and composed",
-                   S, float, double) {
+TEST_CASE_TEMPLATE("decomposed rel pos: SAM's whole attention (forward, q/k/v and table gradients), fused and composed", S, float,
+                   double) {
     // float: the golden data is float64; the float run rounds q, k, v, the tables and every product
     const double atol = std::is_same_v<S, double> ? 1e-10 : 2e-5, rtol = std::is_same_v<S, double> ? 1e-9 : 1e-4;
     for (const auto& c : attn_cases) {
@@ -312,30 +316,58 @@ TEST_CASE("decomposed rel pos: errors name the parameter and its value") {
     using rpe_test::throws_with;
     CHECK(throws_with([] { (void)rpe::vit::decomposed_rel_pos_mapping(0, 4); }, {"[rpe.vit.decomposed]", "height = 0"}));
     CHECK(throws_with([] { (void)rpe::vit::decomposed_rel_pos_mapping(4, -2); }, {"[rpe.vit.decomposed]", "width = -2"}));
-    CHECK(throws_with([] { (void)rpe::vit::make_decomposed_rel_pos_term<float>({.height = 2, .width = 2, .num_heads = 0, .head_dim = 2}); },
-                      {"[rpe.term]", "num_heads = 0"}));
+    CHECK(throws_with(
+        [] { (void)rpe::vit::make_decomposed_rel_pos_term<float>({.height = 2, .width = 2, .num_heads = 0, .head_dim = 2}); },
+        {"[rpe.term]", "num_heads = 0"}));
     std::vector<float> a(12), b(10), c(12);
-    CHECK(throws_with([&] { rpe::vit::resize_rel_pos<float>(cview(a, {6, 2}), mview(b, {2, 5})); }, {"out has shape (2, 5)", "C = 2"}));
+    CHECK(throws_with(
+        [&] {
+            rpe::vit::resize_rel_pos<float>(cview(a, {6, 2}), mview(b, {2, 5}));
+        },
+        {"out has shape (2, 5)", "C = 2"}));
     CHECK(throws_with([&] { rpe::vit::resize_rel_pos<float>(cview(a, {12}), mview(b, {5, 2})); }, {"rel_pos has shape (12,)"}));
     CHECK(throws_with([&] { rpe::vit::resize_rel_pos<float>(cview(a, {6, 2}), mview(a, {6, 2})); }, {"out overlaps rel_pos"}));
-    CHECK(throws_with([&] { rpe::vit::resize_rel_pos_backward<float>(cview(a, {6, 2}), mview(b, {2, 5}), rpe::write::overwrite); },
-                      {"grad_rel_pos has shape (2, 5)"}));
+    CHECK(throws_with(
+        [&] {
+            rpe::vit::resize_rel_pos_backward<float>(cview(a, {6, 2}), mview(b, {2, 5}), rpe::write::overwrite);
+        },
+        {"grad_rel_pos has shape (2, 5)"}));
     // loader: a table of the wrong K, C that is not head_dim; nothing written on failure
     const rpe::vit::decomposed_rel_pos_config cfg{.height = 2, .width = 3, .num_heads = 1, .head_dim = 2};
     std::vector<float> rh(6, 1.f), rw(10, 1.f), t0(10, 5.f), t1(10, 5.f), bad(8, 5.f);
-    CHECK(throws_with([&] { rpe::vit::load_decomposed_rel_pos<float>(cfg, cview(rh, {3, 2}), cview(rw, {5, 2}), {mview(t0, {1, 2, 5}), mview(bad, {1, 2, 4})}); },
-                      {"[rpe.vit.decomposed] tables[1] has shape (1, 2, 4)", "expected (1, 2, 5)"}));
+    CHECK(throws_with(
+        [&] {
+            rpe::vit::load_decomposed_rel_pos<float>(cfg, cview(rh, {3, 2}), cview(rw, {5, 2}),
+                                                     {mview(t0, {1, 2, 5}), mview(bad, {1, 2, 4})});
+        },
+        {"[rpe.vit.decomposed] tables[1] has shape (1, 2, 4)", "expected (1, 2, 5)"}));
     CHECK(std::all_of(t0.begin(), t0.end(), [](float x) { return x == 5.f; }));
-    CHECK(throws_with([&] { rpe::vit::load_decomposed_rel_pos<float>(cfg, cview(rh, {2, 3}), cview(rw, {5, 2}), {mview(t0, {1, 2, 5}), mview(t1, {1, 2, 5})}); },
-                      {"rel_pos_h has shape (2, 3)", "head_dim = 2"}));
-    CHECK(throws_with([&] { rpe::vit::load_decomposed_rel_pos<float>(cfg, cview(rh, {3, 2}), cview(rw, {5, 2}), {mview(t0, {1, 2, 5}), mview(t0, {1, 2, 5})}); },
-                      {"tables[0] overlaps tables[1]"}));
+    CHECK(throws_with(
+        [&] {
+            rpe::vit::load_decomposed_rel_pos<float>(cfg, cview(rh, {2, 3}), cview(rw, {5, 2}),
+                                                     {mview(t0, {1, 2, 5}), mview(t1, {1, 2, 5})});
+        },
+        {"rel_pos_h has shape (2, 3)", "head_dim = 2"}));
+    CHECK(throws_with(
+        [&] {
+            rpe::vit::load_decomposed_rel_pos<float>(cfg, cview(rh, {3, 2}), cview(rw, {5, 2}),
+                                                     {mview(t0, {1, 2, 5}), mview(t0, {1, 2, 5})});
+        },
+        {"tables[0] overlaps tables[1]"}));
     auto cfg0 = cfg;
     cfg0.head_dim = 0;
-    CHECK(throws_with([&] { rpe::vit::load_decomposed_rel_pos<float>(cfg0, cview(rh, {3, 2}), cview(rw, {5, 2}), {mview(t0, {1, 2, 5}), mview(t1, {1, 2, 5})}); },
-                      {"head_dim = 0"}));
-    CHECK(throws_with([&] { rpe::vit::load_decomposed_rel_pos_backward<float>(cfg, {cview(t0, {1, 2, 5}), cview(t1, {1, 2, 5})}, mview(rh, {3, 2}), mview(rh, {3, 2})); },
-                      {"grad_rel_pos_h overlaps grad_rel_pos_w"}));
+    CHECK(throws_with(
+        [&] {
+            rpe::vit::load_decomposed_rel_pos<float>(cfg0, cview(rh, {3, 2}), cview(rw, {5, 2}),
+                                                     {mview(t0, {1, 2, 5}), mview(t1, {1, 2, 5})});
+        },
+        {"head_dim = 0"}));
+    CHECK(throws_with(
+        [&] {
+            rpe::vit::load_decomposed_rel_pos_backward<float>(cfg, {cview(t0, {1, 2, 5}), cview(t1, {1, 2, 5})},
+                                                              mview(rh, {3, 2}), mview(rh, {3, 2}));
+        },
+        {"grad_rel_pos_h overlaps grad_rel_pos_w"}));
 }
 
 TEST_CASE("decomposed rel pos: a term is bounded to its grid (a larger grid is refused, a smaller one reads its buckets)") {
@@ -346,13 +378,15 @@ TEST_CASE("decomposed rel pos: a term is bounded to its grid (a larger grid is r
     const auto shape = term.table_shape();  // (1, 3, 11)
     std::vector<double> t0(33), t1(33);
     const auto rel_h = rpe_test::random_normal<double>(7 * 3, 41), rel_w = rpe_test::random_normal<double>(11 * 3, 42);
-    rpe::vit::load_decomposed_rel_pos<double>(cfg, cview(rel_h, {7, 3}), cview(rel_w, {11, 3}), {mview(t0, shape), mview(t1, shape)});
+    rpe::vit::load_decomposed_rel_pos<double>(cfg, cview(rel_h, {7, 3}), cview(rel_w, {11, 3}),
+                                              {mview(t0, shape), mview(t1, shape)});
     const auto tables = std::array<rpe::tensor_ref<const double>, 2>{cview(t0, shape), cview(t1, shape)};
 
     // taller (5 x 6, still within beta) or wider (4 x 7): the bucket ids, the cache and the term refuse
     CHECK(throws_with([&] { (void)term.bucket_ids(5, 6); },
                       {"[rpe.mapping.within_grid]", "grid = 5x6 is larger than the 4x6 grid the term was built for"}));
-    CHECK(throws_with([&] { (void)term.bucket_ids(4, 7); }, {"[rpe.mapping.within_grid]", "grid = 4x7", "expected height <= 4 and width <= 6"}));
+    CHECK(throws_with([&] { (void)term.bucket_ids(4, 7); },
+                      {"[rpe.mapping.within_grid]", "grid = 4x7", "expected height <= 4 and width <= 6"}));
     CHECK(throws_with([&] { (void)rpe::bucket_cache::global().get(term.mapping(), 6, 6, 0); }, {"grid = 6x6"}));
     CHECK(throws_with([&] { (void)rpe::build_bucket_ids(term.mapping(), 5, 5, 1); }, {"grid = 5x5"}));
     // ids of the unbounded Cross (or of another bound) on the larger grid are another mapping's
@@ -361,8 +395,11 @@ TEST_CASE("decomposed rel pos: a term is bounded to its grid (a larger grid is r
     const auto unbounded = rpe::build_bucket_ids(term.mapping().inner, 5, 6, 0);
     const auto other_bound = rpe::build_bucket_ids(rpe::vit::decomposed_rel_pos_mapping(5, 6), 5, 6, 0);
     for (const auto* ids : {unbounded.get(), other_bound.get()})
-        CHECK(throws_with([&] { term.forward(*ids, tables, cview(x, {1, 2, lbig, 3}), mview(out, {1, 2, lbig, lbig}), rpe::write::overwrite); },
-                          {"[rpe.term]", "built for another mapping"}));
+        CHECK(throws_with(
+            [&] {
+                term.forward(*ids, tables, cview(x, {1, 2, lbig, 3}), mview(out, {1, 2, lbig, lbig}), rpe::write::overwrite);
+            },
+            {"[rpe.term]", "built for another mapping"}));
     // the fused and the composed attention on the larger grid
     const auto any = rpe::make_any_term(term);
     rpe::attention_inputs<double> in;
@@ -371,9 +408,16 @@ TEST_CASE("decomposed rel pos: a term is bounded to its grid (a larger grid is r
     in.width = 6;
     in.rpe_k = {any.get(), {tables[0], tables[1]}, {}};
     std::vector<double> o(x.size()), attn(out.size());
-    CHECK(throws_with([&] { rpe::attention_forward<double>(in, mview(o, {1, 2, lbig, 3})); }, {"[rpe.mapping.within_grid]", "grid = 5x6"}));
-    CHECK(throws_with([&] { rpe::composed_attention_forward<double>(in, mview(o, {1, 2, lbig, 3}), mview(attn, {1, 2, lbig, lbig})); },
-                      {"grid = 5x6"}));
+    CHECK(throws_with(
+        [&] {
+            rpe::attention_forward<double>(in, mview(o, {1, 2, lbig, 3}));
+        },
+        {"[rpe.mapping.within_grid]", "grid = 5x6"}));
+    CHECK(throws_with(
+        [&] {
+            rpe::composed_attention_forward<double>(in, mview(o, {1, 2, lbig, 3}), mview(attn, {1, 2, lbig, lbig}));
+        },
+        {"grid = 5x6"}));
 
     // a smaller grid (3 x 4) reads the 4 x 6 grid's buckets: the term on it equals the full grid's
     // term at the same tokens (query/key token (r, c) -> r * 6 + c)
@@ -385,7 +429,8 @@ TEST_CASE("decomposed rel pos: a term is bounded to its grid (a larger grid is r
     for (std::int64_t h = 0; h < 2; ++h)
         for (std::int64_t i = 0; i < ls; ++i)
             for (std::int64_t d = 0; d < 3; ++d)
-                xs[static_cast<std::size_t>((h * ls + i) * 3 + d)] = xb[static_cast<std::size_t>((h * lb + big_token(i)) * 3 + d)];
+                xs[static_cast<std::size_t>((h * ls + i) * 3 + d)] =
+                    xb[static_cast<std::size_t>((h * lb + big_token(i)) * 3 + d)];
     std::vector<double> ob(static_cast<std::size_t>(2 * lb * lb)), os(static_cast<std::size_t>(2 * ls * ls));
     term.forward(*big_ids, tables, cview(xb, {1, 2, lb, 3}), mview(ob, {1, 2, lb, lb}), rpe::write::overwrite);
     term.forward(*small_ids, tables, cview(xs, {1, 2, ls, 3}), mview(os, {1, 2, ls, ls}), rpe::write::overwrite);
@@ -398,7 +443,8 @@ TEST_CASE("decomposed rel pos: a term is bounded to its grid (a larger grid is r
             id_mismatches += rows_small[s] != rows_big[b] || cols_small[s] != cols_big[b];
             id_mismatches += rows_small[s] != (i / 4 - j / 4) + 5 || cols_small[s] != (i % 4 - j % 4) + 5;
             for (std::size_t h = 0; h < 2; ++h)
-                value_mismatches += std::fabs(os[h * ls * ls + s] - ob[h * lb * lb + b]) > 1e-12;  // rounding of q·T may vary with L
+                value_mismatches +=
+                    std::fabs(os[h * ls * ls + s] - ob[h * lb * lb + b]) > 1e-12;  // rounding of q·T may vary with L
         }
     CHECK(id_mismatches == 0);
     CHECK(value_mismatches == 0);
@@ -410,6 +456,7 @@ TEST_CASE("decomposed rel pos: a term is bounded to its grid (a larger grid is r
     const auto wider_ids = wider.bucket_ids(3, 4);
     CHECK(wider_ids.get() != small_ids.get());
     CHECK(rpe_test::ids_matrix(*wider_ids, 0) == rows_small);
-    CHECK(throws_with([] { rpe::mapping::within_grid<rpe::mapping::cross<rpe::index::clip>>{.height = 0, .width = 2}.validate(); },
-                      {"[rpe.mapping.within_grid]", "height = 0"}));
+    CHECK(
+        throws_with([] { rpe::mapping::within_grid<rpe::mapping::cross<rpe::index::clip>>{.height = 0, .width = 2}.validate(); },
+                    {"[rpe.mapping.within_grid]", "height = 0"}));
 }

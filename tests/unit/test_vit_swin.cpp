@@ -85,8 +85,8 @@ TEST_CASE("swin: bucket ids equal timm's relative position index") {
         INFO("window " << wh << "x" << ww);
         const mapping::swin m{.window_h = wh, .window_w = ww};
         CHECK(m.num_buckets() == (2 * wh - 1) * (2 * ww - 1));
-        const auto expected = rpe_test::load<int>(d, "index_" + std::to_string(wh) + "x" + std::to_string(ww) + ".npy",
-                                                  {wh * ww, wh * ww});
+        const auto expected =
+            rpe_test::load<int>(d, "index_" + std::to_string(wh) + "x" + std::to_string(ww) + ".npy", {wh * ww, wh * ww});
         for (auto storage : {rpe::id_storage::table, rpe::id_storage::on_the_fly}) {
             const auto ids = rpe::build_bucket_ids(m, wh, ww, 0, storage);
             CHECK(ids->num_buckets() == m.num_buckets());
@@ -111,16 +111,21 @@ TEST_CASE("swin: grids larger than the window and bad windows are rejected") {
     const mapping::swin w{.window_h = 7, .window_w = 7};
     CHECK(rpe_test::throws_with([&] { (void)rpe::build_bucket_ids(w, 8, 7, 0); },
                                 {"[rpe.mapping.swin]", "grid = 8x7", "larger than the window 7x7"}));
-    CHECK(rpe_test::throws_with([&] { (void)rpe::bucket_cache::global().get(w, 7, 9, 0); },
-                                {"[rpe.mapping.swin]", "grid = 7x9"}));
+    CHECK(
+        rpe_test::throws_with([&] { (void)rpe::bucket_cache::global().get(w, 7, 9, 0); }, {"[rpe.mapping.swin]", "grid = 7x9"}));
     const rpe::term<mapping::swin, mode::bias, target::key> t(w, {.num_heads = 2, .head_dim = 4, .shared_head = false});
     CHECK(rpe_test::throws_with([&] { (void)t.bucket_ids(14, 14); }, {"grid = 14x14"}));
-    CHECK(rpe_test::throws_with([] { mapping::swin{.window_h = 0, .window_w = 7}.validate(); }, {"[rpe.mapping.swin]", "window_h = 0"}));
+    CHECK(rpe_test::throws_with([] { mapping::swin{.window_h = 0, .window_w = 7}.validate(); },
+                                {"[rpe.mapping.swin]", "window_h = 0"}));
     CHECK(rpe_test::throws_with([] { mapping::swin{.window_h = 7, .window_w = 9000}.validate(); }, {"window_w = 9000"}));
     CHECK(rpe_test::throws_with(
-        [] { (void)rpe::term<mapping::swin, mode::bias, target::key>(mapping::swin{.window_h = -1, .window_w = 2}, {.num_heads = 1, .head_dim = 1}); },
+        [] {
+            (void)rpe::term<mapping::swin, mode::bias, target::key>(mapping::swin{.window_h = -1, .window_w = 2},
+                                                                    {.num_heads = 1, .head_dim = 1});
+        },
         {"window_h = -1"}));
-    CHECK(rpe_test::throws_with([] { mapping::beit{.window_h = 3, .window_w = 0}.validate(); }, {"[rpe.mapping.beit]", "window_w = 0"}));
+    CHECK(rpe_test::throws_with([] { mapping::beit{.window_h = 3, .window_w = 0}.validate(); },
+                                {"[rpe.mapping.beit]", "window_w = 0"}));
     CHECK(rpe_test::throws_with([] { (void)rpe::build_bucket_ids(mapping::beit{.window_h = 3, .window_w = 3}, 3, 4, 1); },
                                 {"[rpe.mapping.beit]", "grid = 3x4"}));
 }
@@ -144,10 +149,16 @@ TEST_CASE("swin: bias term with timm's table equals timm's relative position bia
     t.forward(*t.bucket_ids(3, 5), cview(table, {h, k}), {}, mview(out, {1, h, n, n}), rpe::write::overwrite);
     rpe_test::check_exact(out, rpe_test::load<float>(d, "bias_3x5.npy", {1, h, n, n}), "swin bias");  // a gather: bit-exact
 
-    CHECK(rpe_test::throws_with([&] { rpe::table_from_timm<float>(cview(timm_table, {k, h}), mview(table, {k, h})); },
-                                {"[rpe.swin_bias]", "table has shape (45, 2); expected (2, 45)"}));
-    CHECK(rpe_test::throws_with([&] { rpe::table_to_timm<float>(cview(table, {h, k}), mview(table, {k, h})); },
-                                {"timm_table overlaps table"}));
+    CHECK(rpe_test::throws_with(
+        [&] {
+            rpe::table_from_timm<float>(cview(timm_table, {k, h}), mview(table, {k, h}));
+        },
+        {"[rpe.swin_bias]", "table has shape (45, 2); expected (2, 45)"}));
+    CHECK(rpe_test::throws_with(
+        [&] {
+            rpe::table_to_timm<float>(cview(table, {h, k}), mview(table, {k, h}));
+        },
+        {"timm_table overlaps table"}));
 }
 
 TEST_CASE("beit: three class-token buckets equal timm's index, every storage and order") {
@@ -175,9 +186,9 @@ TEST_CASE("beit: three class-token buckets equal timm's index, every storage and
                 for (int j = 0; j < n; ++j) rows_t.push_back(rt[j * n + i]);  // transposed rows hold id(j, i) at (i, j)
             rpe_test::check_exact(rows_t, expected, "beit ids (transposed rows)");
         }
-        CHECK(expected[1] == kk - 3);      // class → token
-        CHECK(expected[n] == kk - 2);      // token → class
-        CHECK(expected[0] == kk - 1);      // class → class
+        CHECK(expected[1] == kk - 3);  // class → token
+        CHECK(expected[n] == kk - 2);  // token → class
+        CHECK(expected[0] == kk - 1);  // class → class
     }
     // no class token: the grid buckets only; two skip tokens: K−1 between them
     const mapping::beit m{.window_h = 2, .window_w = 2};
@@ -216,7 +227,8 @@ TEST_CASE("beit: bias term (class token, per-head tables) equals timm's relative
     rpe_test::check_exact(out, expected, "beit bias");
     rpe_test::check_exact(out_any, expected, "beit bias (any_term)");
     // the query target reads id(j, i): class → token and token → class swap
-    const rpe::term<mapping::beit, mode::bias, target::query> tq(m, {.num_heads = h, .head_dim = 4, .shared_head = false, .skip = 1});
+    const rpe::term<mapping::beit, mode::bias, target::query> tq(
+        m, {.num_heads = h, .head_dim = 4, .shared_head = false, .skip = 1});
     std::vector<float> out_q(out.size());
     tq.forward(*tq.bucket_ids(3, 4), cview(table, {h, k}), {}, mview(out_q, {1, h, n, n}), rpe::write::overwrite);
     int swapped = 0;
@@ -229,7 +241,8 @@ TEST_CASE("beit: bias term (class token, per-head tables) equals timm's relative
 TEST_CASE("beit: table gradient by central differences") {
     const mapping::beit m{.window_h = 2, .window_w = 3};
     const int h = 2, k = m.num_buckets() + 3, n = 7;
-    const rpe::term<mapping::beit, mode::bias, target::key, double> t(m, {.num_heads = h, .head_dim = 1, .shared_head = false, .skip = 1});
+    const rpe::term<mapping::beit, mode::bias, target::key, double> t(
+        m, {.num_heads = h, .head_dim = 1, .shared_head = false, .skip = 1});
     const auto ids = t.bucket_ids(2, 3);
     std::mt19937 rng(5);
     std::normal_distribution<double> nd;
@@ -295,15 +308,27 @@ TEST_CASE("swinv2: log-spaced coordinates equal timm's gen_relative_log_coords")
 }
 
 TEST_CASE("swinv2: coordinate errors") {
-    CHECK(rpe_test::throws_with([] { (void)rpe::relative_log_coords({1, 4}); },
-                                {"[rpe.log_coords]", "window_h = 1 with pretrained_h = 0 divides by zero"}));
+    CHECK(rpe_test::throws_with(
+        [] {
+            (void)rpe::relative_log_coords({1, 4});
+        },
+        {"[rpe.log_coords]", "window_h = 1 with pretrained_h = 0 divides by zero"}));
     CHECK(rpe_test::throws_with([] { (void)rpe::relative_log_coords({4, 1}); }, {"window_w = 1"}));
-    CHECK(rpe_test::throws_with([] { (void)rpe::relative_log_coords({4, 4}, {.pretrained_h = 12, .pretrained_w = 0}); },
-                                {"pretrained_h = 12, pretrained_w = 0", "both 0"}));
-    CHECK(rpe_test::throws_with([] { (void)rpe::relative_log_coords({4, 4}, {.pretrained_h = 1, .pretrained_w = 1}); },
-                                {"pretrained_h = 1"}));
-    CHECK(rpe_test::throws_with([] { (void)rpe::relative_log_coords({4, 4}, {.mode = static_cast<rpe::log_coords>(5)}); },
-                                {"mode = 5"}));
+    CHECK(rpe_test::throws_with(
+        [] {
+            (void)rpe::relative_log_coords({4, 4}, {.pretrained_h = 12, .pretrained_w = 0});
+        },
+        {"pretrained_h = 12, pretrained_w = 0", "both 0"}));
+    CHECK(rpe_test::throws_with(
+        [] {
+            (void)rpe::relative_log_coords({4, 4}, {.pretrained_h = 1, .pretrained_w = 1});
+        },
+        {"pretrained_h = 1"}));
+    CHECK(rpe_test::throws_with(
+        [] {
+            (void)rpe::relative_log_coords({4, 4}, {.mode = static_cast<rpe::log_coords>(5)});
+        },
+        {"mode = 5"}));
     CHECK(rpe_test::throws_with([] { (void)rpe::relative_log_coords({0, 4}); }, {"[rpe.mapping.swin]", "window_h = 0"}));
     // a 1-wide window is fine with a pre-training window, or in cr mode
     CHECK(rpe::relative_log_coords({1, 4}, {.pretrained_h = 8, .pretrained_w = 8}).size() == 14);
@@ -331,8 +356,7 @@ TEST_CASE("swinv2: CPB bias from the MLP equals timm's, and its gradient w.r.t. 
     const auto g = rpe_test::load<float>(d, "cpb_grad_out.npy", {1, h, n, n});
     std::vector<float> grad_raw(raw.size(), 7.0f);
     cpb.backward(*ids, cview(raw, {k, h}), cview(g, {1, h, n, n}), mview(grad_raw, {k, h}), rpe::write::overwrite);
-    rpe_test::check_close(grad_raw, to_double(rpe_test::load<float>(d, "cpb_grad_raw.npy", {k, h})), 1e-5, 1e-4,
-                          "cpb grad raw");
+    rpe_test::check_close(grad_raw, to_double(rpe_test::load<float>(d, "cpb_grad_raw.npy", {k, h})), 1e-5, 1e-4, "cpb grad raw");
     std::vector<float> acc(raw.size(), 1.0f);
     cpb.backward(*ids, cview(raw, {k, h}), cview(g, {1, h, n, n}), mview(acc, {k, h}), rpe::write::accumulate);
     CHECK(acc[3] == doctest::Approx(grad_raw[3] + 1.0f));
@@ -403,7 +427,8 @@ TEST_CASE("swinv2: CPB gradient by central differences, with and without 16*sigm
             raw[i] = saved;
             const double nt = (up_t - down_t) / (2 * step), na = (up_a - down_a) / (2 * step);
             worst_term = std::max(worst_term, std::fabs(nt - grad[i]) / std::max({std::fabs(nt), std::fabs(grad[i]), 1e-2}));
-            worst_attn = std::max(worst_attn, std::fabs(na - grad_attn[i]) / std::max({std::fabs(na), std::fabs(grad_attn[i]), 1e-2}));
+            worst_attn =
+                std::max(worst_attn, std::fabs(na - grad_attn[i]) / std::max({std::fabs(na), std::fabs(grad_attn[i]), 1e-2}));
         }
         CHECK(worst_term < 1e-6);
         CHECK(worst_attn < 1e-6);
@@ -414,8 +439,11 @@ TEST_CASE("swinv2: CPB gradient by central differences, with and without 16*sigm
 TEST_CASE("swinv2: CPB errors name the argument") {
     const rpe::cpb_bias<float> cpb({3, 5}, {.num_heads = 2});
     std::vector<float> raw(90), table(90), small(10);
-    CHECK(rpe_test::throws_with([&] { cpb.make_table(cview(raw, {2, 45}), mview(table, {2, 45})); },
-                                {"[rpe.cpb]", "raw has shape (2, 45); expected (45, 2)"}));
+    CHECK(rpe_test::throws_with(
+        [&] {
+            cpb.make_table(cview(raw, {2, 45}), mview(table, {2, 45}));
+        },
+        {"[rpe.cpb]", "raw has shape (2, 45); expected (45, 2)"}));
     CHECK(rpe_test::throws_with([&] { cpb.make_table(cview(raw, {45, 2}), mview(small, {2, 5})); }, {"table has shape (2, 5)"}));
     CHECK(rpe_test::throws_with([&] { cpb.make_table(cview(raw, {45, 2}), mview(raw, {2, 45})); }, {"table overlaps raw"}));
     bool called = false;
@@ -426,11 +454,21 @@ TEST_CASE("swinv2: CPB errors name the argument") {
         },
         {"table has shape"}));
     CHECK(!called);  // checked before the MLP runs
-    CHECK(rpe_test::throws_with([&] { cpb.backward_table(cview(raw, {45, 2}), cview(table, {2, 45}), mview(small, {5, 2}), rpe::write::overwrite); },
-                                {"grad_raw has shape (5, 2); expected (45, 2)"}));
+    CHECK(rpe_test::throws_with(
+        [&] {
+            cpb.backward_table(cview(raw, {45, 2}), cview(table, {2, 45}), mview(small, {5, 2}), rpe::write::overwrite);
+        },
+        {"grad_raw has shape (5, 2); expected (45, 2)"}));
     CHECK(rpe_test::throws_with([] { (void)rpe::cpb_bias<float>({3, 5}, {.num_heads = 0}); }, {"[rpe.term]", "num_heads = 0"}));
-    CHECK(rpe_test::throws_with([] { (void)rpe::cpb_bias<float>({1, 5}, {.num_heads = 2}); }, {"[rpe.log_coords]", "window_h = 1"}));
+    CHECK(rpe_test::throws_with(
+        [] {
+            (void)rpe::cpb_bias<float>({1, 5}, {.num_heads = 2});
+        },
+        {"[rpe.log_coords]", "window_h = 1"}));
     std::vector<float> out(2 * 15 * 15);
-    CHECK(rpe_test::throws_with([&] { cpb.forward(*cpb.bucket_ids(), cview(small, {5, 2}), mview(out, {1, 2, 15, 15}), rpe::write::overwrite); },
-                                {"raw has shape (5, 2)"}));
+    CHECK(rpe_test::throws_with(
+        [&] {
+            cpb.forward(*cpb.bucket_ids(), cview(small, {5, 2}), mview(out, {1, 2, 15, 15}), rpe::write::overwrite);
+        },
+        {"raw has shape (5, 2)"}));
 }

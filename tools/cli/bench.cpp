@@ -116,8 +116,8 @@ int run_bench(const std::vector<mapping_config>& maps, const bench_options& o) {
                                                         " logits exceed the 8 GiB this benchmark allows for (B, H, L, L)");
     const double inputs = 4.0 * static_cast<double>(B) * H * L * D;  // q, k, v, out
     if (inputs * sizeof(float) > bench_budget_bytes)
-        throw usage_error("--dim/--grid/--batch/--heads", "4*B*H*L*D = " + std::to_string(inputs) +
-                                                                " floats exceed the 8 GiB this benchmark allows");
+        throw usage_error("--dim/--grid/--batch/--heads",
+                          "4*B*H*L*D = " + std::to_string(inputs) + " floats exceed the 8 GiB this benchmark allows");
     const auto q = random_values(static_cast<std::size_t>(B * H * L * D), 1, 1.0f);
     const auto k = random_values(q.size(), 2, 1.0f);
     const auto v = random_values(q.size(), 3, 1.0f);
@@ -136,8 +136,7 @@ int run_bench(const std::vector<mapping_config>& maps, const bench_options& o) {
     base.v = view<const float>(v.data(), qshape);
     base.height = g.height;
     base.width = g.width;
-    const double t_plain =
-        median_ms(o.repeat, [&] { rpe::attention_forward(base, view<float>(out.data(), qshape)); });
+    const double t_plain = median_ms(o.repeat, [&] { rpe::attention_forward(base, view<float>(out.data(), qshape)); });
     std::printf("attention without RPE: %.3f ms\n", t_plain);
     std::printf("%-62s %6s %9s %11s %12s %10s %10s %10s\n", "variant", "K", "ids ms", "ids bytes", "table bytes", "+k ms",
                 contextual ? "+qkv ms" : "+qk ms", "qkv/none");

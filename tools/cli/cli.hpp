@@ -36,15 +36,15 @@ struct usage_error : std::runtime_error {
 
 /// The mapping options as typed (shared by every subcommand).
 struct mapping_options {
-    std::string index = "piecewise";  ///< --index piecewise|clip (2D mappings)
-    double ratio = 1.9;               ///< --ratio r: α = r, β = 2r, γ = 8r (the reference's)
+    std::string index = "piecewise";           ///< --index piecewise|clip (2D mappings)
+    double ratio = 1.9;                        ///< --ratio r: α = r, β = 2r, γ = 8r (the reference's)
     std::optional<double> alpha, beta, gamma;  ///< --alpha/--beta/--gamma override the ratio's
-    int k = 16;                       ///< --k (shaw)
-    int buckets = 32;                 ///< --buckets (t5)
-    int max_distance = 128;           ///< --max-distance (t5)
-    std::string window;               ///< --window HxW (swin, beit, swinv2; default: the grid)
-    std::string pretrained;           ///< --pretrained HxW (swinv2's pre-training window; default: none)
-    bool no_sigmoid = false;          ///< --no-sigmoid (swinv2: the table is the MLP output itself)
+    int k = 16;                                ///< --k (shaw)
+    int buckets = 32;                          ///< --buckets (t5)
+    int max_distance = 128;                    ///< --max-distance (t5)
+    std::string window;                        ///< --window HxW (swin, beit, swinv2; default: the grid)
+    std::string pretrained;                    ///< --pretrained HxW (swinv2's pre-training window; default: none)
+    bool no_sigmoid = false;                   ///< --no-sigmoid (swinv2: the table is the MLP output itself)
 };
 
 /// A grid `HxW` (or `L`, meaning 1xL). @throws usage_error naming `option`.
@@ -64,21 +64,21 @@ enum class vit_kind { none, decomposed, alibi2d };
 /// A resolved, validated mapping: its registry spec (rpe::family_spec, which builds its ids and
 /// terms through rpe::visit_mapping), and the same read into the fields the commands print.
 struct mapping_config {
-    std::string name;            ///< as typed, e.g. "product", "t5_causal" (without ":params")
-    rpe::family_spec family;     ///< the registry spec (window_h/w set by for_grid)
+    std::string name;         ///< as typed, e.g. "product", "t5_causal" (without ":params")
+    rpe::family_spec family;  ///< the registry spec (window_h/w set by for_grid)
     mapping_kind kind = mapping_kind::two_d;
-    rpe::term_spec spec;         ///< method, index, α, β, γ (2D); mode/target/heads set per command
-    rpe::mapping::shaw shaw{};   ///< kind == shaw
-    rpe::mapping::t5 t5{};       ///< kind == t5
-    grid_size window{};          ///< swin, beit, swinv2: the window; 0x0 = the grid of the command (for_grid)
-    grid_size pretrained{};      ///< swinv2: pre-training window, 0x0 = none
-    bool sigmoid16 = true;       ///< swinv2: table = 16*sigmoid(MLP output)
+    rpe::term_spec spec;        ///< method, index, α, β, γ (2D); mode/target/heads set per command
+    rpe::mapping::shaw shaw{};  ///< kind == shaw
+    rpe::mapping::t5 t5{};      ///< kind == t5
+    grid_size window{};         ///< swin, beit, swinv2: the window; 0x0 = the grid of the command (for_grid)
+    grid_size pretrained{};     ///< swinv2: pre-training window, 0x0 = none
+    bool sigmoid16 = true;      ///< swinv2: table = 16*sigmoid(MLP output)
     /// The same mapping for the grid `g`: an unset window taken from it (swin, beit, swinv2), β =
     /// max(H, W) − 1 (decomposed, alibi2d). @throws usage_error("--grid") for a grid they refuse.
     [[nodiscard]] mapping_config for_grid(const grid_size& g) const;
     /// The Swin window (kinds swin, swinv2; beit's grid index).
     [[nodiscard]] rpe::mapping::swin swin() const { return {window.height, window.width}; }
-    vit_kind vit = vit_kind::none;  ///< decomposed / alibi2d: spec.beta is set per grid (for_grid)
+    vit_kind vit = vit_kind::none;               ///< decomposed / alibi2d: spec.beta is set per grid (for_grid)
     [[nodiscard]] std::string describe() const;  ///< one line, e.g. "product (piecewise alpha=1.9 ...)"
     [[nodiscard]] int num_tables() const { return kind == mapping_kind::two_d && spec.method == rpe::method::cross ? 2 : 1; }
 };
@@ -128,9 +128,9 @@ struct term_options {
     std::vector<std::string> tables;
     std::string input, out, expect;
     double atol = 1e-5, rtol = 1e-4;
-    bool timm_table = false;  ///< --timm-table: the bias table is timm's (K, H) layout
-    int heads = 0;            ///< --heads (alibi2d: one slope per head; its table is generated)
-    bool mode_given = false;  ///< --mode was typed (alibi2d accepts only bias)
+    bool timm_table = false;    ///< --timm-table: the bias table is timm's (K, H) layout
+    int heads = 0;              ///< --heads (alibi2d: one slope per head; its table is generated)
+    bool mode_given = false;    ///< --mode was typed (alibi2d accepts only bias)
     bool target_given = false;  ///< --target was typed
 };
 int run_term(const mapping_config& m, const term_options& o);
@@ -140,8 +140,8 @@ int run_term(const mapping_config& m, const term_options& o);
 struct rope_options {
     std::string form = "axial", grid, input, out, expect, freqs, ref_grid, layout, positions;
     std::string normalize = "separate", shift = "0,0", jitter = "1,1";  // dinov3
-    std::string sections = "16,24,24";  // mrope
-    bool interleaved = false, theta_given = false;  // mrope; theta_given: --theta on the command line
+    std::string sections = "16,24,24";                                  // mrope
+    bool interleaved = false, theta_given = false;                      // mrope; theta_given: --theta on the command line
     int skip = 0, suffix = 0;
     double base = 100.0, min_period = 0.0, max_period = 0.0, rescale = 1.0;  // dinov3
     double theta = 100.0, temperature = 10000.0, max_res = 224.0, grid_offset = 0.0;

@@ -79,7 +79,8 @@ std::string mapping_config::describe() const {
             os << name << " (";
             const auto& reg = rpe::families();
             for (std::size_t i = 0; i < family.params.size(); ++i)
-                os << (i ? " " : "") << family.params[i].first << "=" << reg.value_text(family, family.params[i].first, family.params[i].second);
+                os << (i ? " " : "") << family.params[i].first << "="
+                   << reg.value_text(family, family.params[i].first, family.params[i].second);
             os << ")";
             break;
         }
@@ -184,8 +185,8 @@ mapping_config resolve_mapping(const std::string& typed, const mapping_options& 
                 const std::string item = rest.substr(at, comma - at);
                 const auto eq = item.find('=');
                 if (eq == std::string::npos)
-                    throw usage_error("--mapping", "'" + item + "' in '" + typed + "' is not param=value; " + name +
-                                                       " takes " + f.names());
+                    throw usage_error("--mapping",
+                                      "'" + item + "' in '" + typed + "' is not param=value; " + name + " takes " + f.names());
                 reg.set_param(f, item.substr(0, eq), item.substr(eq + 1));
                 at = comma + 1;
             }
@@ -208,7 +209,8 @@ mapping_config resolve_mapping(const std::string& typed, const mapping_options& 
             return m;
         case static_cast<int>(B::t5):
             m.kind = mapping_kind::t5;
-            m.t5 = rpe::mapping::t5{.buckets = f.get_int("buckets"), .max_distance = f.get_int("max_distance"),
+            m.t5 = rpe::mapping::t5{.buckets = f.get_int("buckets"),
+                                    .max_distance = f.get_int("max_distance"),
                                     .bidirectional = f.get("bidirectional") != 0};
             try {
                 m.t5.validate();
@@ -219,7 +221,9 @@ mapping_config resolve_mapping(const std::string& typed, const mapping_options& 
         case static_cast<int>(B::swin):
         case static_cast<int>(B::beit):
         case static_cast<int>(B::swinv2):
-            m.kind = id == static_cast<int>(B::swin) ? mapping_kind::swin : (id == static_cast<int>(B::beit) ? mapping_kind::beit : mapping_kind::swinv2);
+            m.kind = id == static_cast<int>(B::swin)
+                         ? mapping_kind::swin
+                         : (id == static_cast<int>(B::beit) ? mapping_kind::beit : mapping_kind::swinv2);
             if (m.window.height != 0 || m.window.width != 0) {
                 try {
                     m.swin().validate();
@@ -292,8 +296,9 @@ grid_size parse_grid(const std::string& text, const char* option) {
     grid_size g;
     auto number = [&](const std::string& s) {
         if (s.empty() || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
-            throw usage_error(option, "'" + text + "' is not a grid; expected HxW (e.g. 14x14) or L (a 1xL sequence), "
-                                                   "positive integers");
+            throw usage_error(option, "'" + text +
+                                          "' is not a grid; expected HxW (e.g. 14x14) or L (a 1xL sequence), "
+                                          "positive integers");
         if (s.size() > 9)  // beyond any grid the ids could hold; keeps stoi in range
             throw usage_error(option, "'" + text + "': side " + s + " is too large; expected at most 999999999 per side");
         return std::stoi(s);
@@ -356,7 +361,8 @@ int run_buckets(const mapping_config& mc, const buckets_options& o) {
                                            " would take more than 4 GiB; use a smaller --grid");
     }
     if (!o.expect.empty() && !o.out.empty() && same_file(o.out, o.expect))
-        throw usage_error("--out/--expect", "'" + o.out + "' and '" + o.expect + "' are the same file; the comparison would read what was just written");
+        throw usage_error("--out/--expect", "'" + o.out + "' and '" + o.expect +
+                                                "' are the same file; the comparison would read what was just written");
     const mapping_config m = mc.for_grid(g);  // swin, beit, swinv2: the window defaults to the grid
     const auto ids = build_ids(m, g.height, g.width, o.skip);
     const int n = ids->length(), k = ids->num_buckets(), tables = ids->num_tables();
@@ -385,7 +391,8 @@ int run_buckets(const mapping_config& mc, const buckets_options& o) {
     }
     std::cout << "ids: " << (tables > 1 ? "2x" : "") << n << "x" << n << ", " << ids->id_bytes() << " byte"
               << (ids->id_bytes() > 1 ? "s" : "") << " each, " << ids->bytes() << " bytes held ("
-              << (ids->storage_kind() == rpe::id_storage::table ? "(L, L) table + per-offset ids" : "per-offset ids only, rows computed on the fly")
+              << (ids->storage_kind() == rpe::id_storage::table ? "(L, L) table + per-offset ids"
+                                                                : "per-offset ids only, rows computed on the fly")
               << ")\n";
 
     std::vector<std::int64_t> shape{n, n};
@@ -393,8 +400,9 @@ int run_buckets(const mapping_config& mc, const buckets_options& o) {
     if (!o.out.empty()) {
         const std::size_t total = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
         if (static_cast<double>(total) * tables * ids->id_bytes() > static_cast<double>(rpe::bucket_ids::max_bytes))
-            throw usage_error("--out", "the (L, L) ids of L = " + std::to_string(n) + " would take more than 4 GiB; "
-                                       "use a smaller --grid");
+            throw usage_error("--out", "the (L, L) ids of L = " + std::to_string(n) +
+                                           " would take more than 4 GiB; "
+                                           "use a smaller --grid");
         auto write = [&](auto id_type) {  // rows(): table and on-the-fly ids alike, streamed in blocks
             using Id = decltype(id_type);
             rpe::io::atomic_file f(o.out, "cli");
@@ -428,7 +436,8 @@ int run_buckets(const mapping_config& mc, const buckets_options& o) {
             throw usage_error("--window/--pretrained", e.what());
         }
         rpe::io::save_npy(o.coords, c.data(), std::vector<std::int64_t>{static_cast<std::int64_t>(c.size() / 2), 2});
-        std::cout << "wrote " << o.coords << " (" << c.size() / 2 << ", 2) float32 log-spaced coordinates (the CPB MLP's input)\n";
+        std::cout << "wrote " << o.coords << " (" << c.size() / 2
+                  << ", 2) float32 log-spaced coordinates (the CPB MLP's input)\n";
     }
     if (!o.expect.empty()) {
         const auto ref = rpe::io::load_npy(o.expect);
@@ -440,8 +449,7 @@ int run_buckets(const mapping_config& mc, const buckets_options& o) {
         std::int64_t differ = 0;
         for (int t = 0; t < tables; ++t)
             for (int i = 0; i < n; ++i)
-                for (int j = 0; j < n; ++j)
-                    differ += ids->at(t, i, j) != want[(static_cast<std::size_t>(t) * n + i) * n + j];
+                for (int j = 0; j < n; ++j) differ += ids->at(t, i, j) != want[(static_cast<std::size_t>(t) * n + i) * n + j];
         std::cout << "expect: " << differ << " of " << want.size() << " ids differ from " << o.expect << "; "
                   << (differ == 0 ? "match" : "MISMATCH") << "\n";
         return differ == 0 ? 0 : 1;
@@ -536,7 +544,8 @@ std::array<unsigned char, 3> viridis(double t) {
     const double f = t - i;
     std::array<unsigned char, 3> c{};
     for (int ch = 0; ch < 3; ++ch)
-        c[static_cast<std::size_t>(ch)] = static_cast<unsigned char>(anchors[i][ch] + f * (anchors[i + 1][ch] - anchors[i][ch]) + 0.5);
+        c[static_cast<std::size_t>(ch)] =
+            static_cast<unsigned char>(anchors[i][ch] + f * (anchors[i + 1][ch] - anchors[i][ch]) + 0.5);
     return c;
 }
 
@@ -567,15 +576,17 @@ void write_png(const std::vector<panel>& panels, const std::string& path) {
                 }
                 const std::string label = std::to_string(id);
                 const double lum = 0.299 * col[0] + 0.587 * col[1] + 0.114 * col[2];
-                const std::array<unsigned char, 3> ink = lum < 128 ? std::array<unsigned char, 3>{255, 255, 255}
-                                                                   : std::array<unsigned char, 3>{0, 0, 0};
+                const std::array<unsigned char, 3> ink =
+                    lum < 128 ? std::array<unsigned char, 3>{255, 255, 255} : std::array<unsigned char, 3>{0, 0, 0};
                 img.text(x + (cell - 1 - canvas::text_width(label, 1)) / 2, y + 8, label, ink, 1);
             }
         x0 += std::max(p.width * cell, canvas::text_width(p.title, 2)) + margin;
     }
     // encode in memory (stbi_write_png ignores fwrite errors), then write all or nothing
     std::string png;
-    const auto append = [](void* ctx, void* data, int size) { static_cast<std::string*>(ctx)->append(static_cast<const char*>(data), static_cast<std::size_t>(size)); };
+    const auto append = [](void* ctx, void* data, int size) {
+        static_cast<std::string*>(ctx)->append(static_cast<const char*>(data), static_cast<std::size_t>(size));
+    };
     if (stbi_write_png_to_func(append, &png, img.width, img.height, 3, img.rgb.data(), img.width * 3) == 0)
         throw rpe::runtime_error(rpe::detail::message("cli", "--png = '", path, "': cannot encode the PNG image"));
     rpe::io::write_file_atomically(path, png, "cli");
@@ -638,17 +649,20 @@ int run_show(const mapping_config& m, const mapping_options& mo, const show_opti
 
 void add_mapping_options(CLI::App* app, mapping_options& mo, std::string* name) {
     if (name)
-        app->add_option("--mapping", *name, "mapping: NAME or NAME:param=value,... (rpe::family_spec), one of " + mapping_names() +
-                                                "; --plugin adds a library's own")
+        app->add_option("--mapping", *name,
+                        "mapping: NAME or NAME:param=value,... (rpe::family_spec), one of " + mapping_names() +
+                            "; --plugin adds a library's own")
             ->capture_default_str();
     app->add_option("--index", mo.index, "index function of the 2D mappings: piecewise or clip")->capture_default_str();
-    app->add_option("--ratio", mo.ratio, "alpha = ratio, beta = 2 ratio, gamma = 8 ratio (the reference's)")->capture_default_str();
+    app->add_option("--ratio", mo.ratio, "alpha = ratio, beta = 2 ratio, gamma = 8 ratio (the reference's)")
+        ->capture_default_str();
     app->add_option("--alpha", mo.alpha, "alpha of the piecewise index (overrides the ratio's)");
     app->add_option("--beta", mo.beta, "beta of the index (overrides the ratio's)");
     app->add_option("--gamma", mo.gamma, "gamma of the piecewise index (overrides the ratio's)");
     app->add_option("--k", mo.k, "shaw: clipping distance k (2k+1 buckets)")->capture_default_str();
     app->add_option("--buckets", mo.buckets, "t5: number of buckets")->capture_default_str();
-    app->add_option("--max-distance", mo.max_distance, "t5: distance from which the last bucket is shared")->capture_default_str();
+    app->add_option("--max-distance", mo.max_distance, "t5: distance from which the last bucket is shared")
+        ->capture_default_str();
     app->add_option("--window", mo.window, "swin, beit, swinv2: the attention window HxW (default: the grid)");
     app->add_option("--pretrained", mo.pretrained, "swinv2: pre-training window HxW of the log coordinates (default: none)");
     app->add_flag("--no-sigmoid", mo.no_sigmoid, "swinv2: the bias table is the MLP output itself (no 16*sigmoid)");
@@ -660,12 +674,15 @@ const std::function<std::string(const std::string&)> non_empty_path = [](const s
 };
 
 int run(int argc, char** argv) {
-    CLI::App app{"rpe: bucket ids, pictures, terms and benchmarks of relative position encodings (iRPE, Shaw, T5, Swin, BEiT, SwinV2)", "rpe"};
+    CLI::App app{
+        "rpe: bucket ids, pictures, terms and benchmarks of relative position encodings (iRPE, Shaw, T5, Swin, BEiT, SwinV2)",
+        "rpe"};
     app.require_subcommand(1);
     app.fallthrough();  // --plugin after the command too
     std::vector<std::string> plugins;
-    app.add_option("--plugin", plugins, "shared library registering its own mappings (RPE_REGISTER_MAPPING), loaded "
-                                        "before --mapping is read; repeatable (docs/custom_mapping.md)")
+    app.add_option("--plugin", plugins,
+                   "shared library registering its own mappings (RPE_REGISTER_MAPPING), loaded "
+                   "before --mapping is read; repeatable (docs/custom_mapping.md)")
         ->check(CLI::ExistingFile);
     app.set_version_flag("--version", std::string("rpe ") + std::to_string(RPE_VERSION_MAJOR) + "." +
                                           std::to_string(RPE_VERSION_MINOR) + "." + std::to_string(RPE_VERSION_PATCH));
@@ -678,10 +695,14 @@ int run(int argc, char** argv) {
     buckets_options bo;
     add_mapping_options(buckets, mo, &name);
     buckets->add_option("--grid", bo.grid, "HxW, or L for a 1xL sequence")->capture_default_str();
-    buckets->add_option("--skip", bo.skip, "extra tokens before the grid (class token)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+    buckets->add_option("--skip", bo.skip, "extra tokens before the grid (class token)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 30));
     buckets->add_option("--out", bo.out, "write the (L, L) ids ((2, L, L) for cross) as .npy")->check(non_empty_path);
-    buckets->add_option("--expect", bo.expect, "compare the ids with this .npy (exit 1 on a difference)")->check(CLI::ExistingFile);
-    buckets->add_option("--coords", bo.coords, "swin/swinv2: write the (K, 2) log-spaced coordinates (SwinV2 CPB MLP input) as .npy")
+    buckets->add_option("--expect", bo.expect, "compare the ids with this .npy (exit 1 on a difference)")
+        ->check(CLI::ExistingFile);
+    buckets
+        ->add_option("--coords", bo.coords, "swin/swinv2: write the (K, 2) log-spaced coordinates (SwinV2 CPB MLP input) as .npy")
         ->check(non_empty_path);
 
     auto* show = app.add_subcommand("show", "bucket id of every key around one query: ASCII map, optional PNG");
@@ -699,8 +720,10 @@ int run(int argc, char** argv) {
     term->add_option("--target", to.target, "q, k or v")->capture_default_str();
     term->add_option("--grid", to.grid, "HxW (or L): L = skip + H*W must match the input")->required();
     term->add_option("--skip", to.skip, "extra tokens before the grid")->capture_default_str()->check(CLI::Range(0, 1 << 30));
-    term->add_option("--table", to.tables, "lookup table .npy (twice for cross: rows, cols; decomposed: SAM's rel_pos_h, "
-                                           "rel_pos_w; none for alibi2d)")->check(CLI::ExistingFile);
+    term->add_option("--table", to.tables,
+                     "lookup table .npy (twice for cross: rows, cols; decomposed: SAM's rel_pos_h, "
+                     "rel_pos_w; none for alibi2d)")
+        ->check(CLI::ExistingFile);
     term->add_option("--heads", to.heads, "alibi2d: number of heads (its table is generated)")->check(CLI::Range(1, 1 << 20));
     term->add_option("--input", to.input, "x .npy: (B,H,L,D) scaled q or k, or (B,H,L,L) probabilities; none for bias")
         ->check(CLI::ExistingFile);
@@ -709,19 +732,24 @@ int run(int argc, char** argv) {
         ->check(CLI::ExistingFile);
     term->add_option("--atol", to.atol, "absolute tolerance of --expect")->capture_default_str();
     term->add_option("--rtol", to.rtol, "relative tolerance of --expect")->capture_default_str();
-    term->add_flag("--timm-table", to.timm_table, "bias: the table is in timm's (K, H) layout (swin, beit); swinv2's is always "
-                                                  "the CPB MLP's (K, H) output");
+    term->add_flag("--timm-table", to.timm_table,
+                   "bias: the table is in timm's (K, H) layout (swin, beit); swinv2's is always "
+                   "the CPB MLP's (K, H) output");
 
     auto* rope = app.add_subcommand("rope", "2D rotary position embedding of a q or k (.npy in, .npy out)");
     rope_options ro;
-    rope->add_option("--form", ro.form, "axial (rope-vit RoPE-Axial), mixed (rope-vit RoPE-Mixed), cat (timm RotaryEmbeddingCat, EVA-02), "
-                                       "dinov3 (DINOv3) or mrope (Qwen-VL M-RoPE)")
+    rope->add_option("--form", ro.form,
+                     "axial (rope-vit RoPE-Axial), mixed (rope-vit RoPE-Mixed), cat (timm RotaryEmbeddingCat, EVA-02), "
+                     "dinov3 (DINOv3) or mrope (Qwen-VL M-RoPE)")
         ->capture_default_str();
     rope->add_option("--grid", ro.grid, "HxW: L = skip + H*W + suffix must match the input (or --positions)");
-    rope->add_option("--skip", ro.skip, "leading tokens left unrotated (class token)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+    rope->add_option("--skip", ro.skip, "leading tokens left unrotated (class token)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 30));
     rope->add_option("--input", ro.input, "q or k .npy (B, H, L, D)")->required()->check(CLI::ExistingFile);
     rope->add_option("--out", ro.out, "rotated .npy (float32)")->check(non_empty_path);
-    rope->add_option("--theta", ro.theta, "axial: base of the frequencies (default 100); mrope: rope_theta (default 1e6, Qwen2-VL)");
+    rope->add_option("--theta", ro.theta,
+                     "axial: base of the frequencies (default 100); mrope: rope_theta (default 1e6, Qwen2-VL)");
     rope->add_option("--freqs", ro.freqs, "mixed: learned frequencies .npy (2, H, D/2)")->check(CLI::ExistingFile);
     rope->add_option("--temperature", ro.temperature, "cat: band base (without --in-pixels)")->capture_default_str();
     rope->add_flag("--in-pixels", ro.in_pixels, "cat: pixel bands and [-1, 1] coordinates (timm's class default; EVA-02: off)");
@@ -730,9 +758,12 @@ int run(int argc, char** argv) {
     rope->add_option("--grid-offset", ro.grid_offset, "cat: added to the integer coordinates")->capture_default_str();
     rope->add_option("--ref-grid", ro.ref_grid, "cat: reference grid HxW (timm's ref_feat_shape; EVA-02 patch14: 16x16)");
     rope->add_flag("--xy", ro.xy, "cat: grid_indexing 'xy' (columns first)");
-    rope->add_option("--layout", ro.layout,
-                     "channel pairing: pairs ((2j, 2j+1), rope-vit, EVA-02; the default) or half ((j, j+D/2), rotate-half; dinov3's default)");
-    rope->add_option("--suffix", ro.suffix, "trailing tokens left unrotated")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+    rope->add_option(
+        "--layout", ro.layout,
+        "channel pairing: pairs ((2j, 2j+1), rope-vit, EVA-02; the default) or half ((j, j+D/2), rotate-half; dinov3's default)");
+    rope->add_option("--suffix", ro.suffix, "trailing tokens left unrotated")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 30));
     rope->add_option("--sections", ro.sections, "mrope: frequency pairs T,H,W per axis (the source's mrope_section; sum D/2)")
         ->capture_default_str();
     rope->add_flag("--interleaved", ro.interleaved, "mrope: Qwen3-VL's interleaved sections");
@@ -764,11 +795,14 @@ int run(int argc, char** argv) {
     bench->add_option("--batch", be.batch, "B")->capture_default_str()->check(CLI::Range(1, 1 << 30));
     bench->add_option("--heads", be.heads, "H")->capture_default_str()->check(CLI::Range(1, 1 << 30));
     bench->add_option("--dim", be.dim, "D (head dim)")->capture_default_str()->check(CLI::Range(1, 1 << 30));
-    bench->add_option("--repeat", be.repeat, "runs per measurement (median)")->capture_default_str()->check(CLI::Range(1, 1 << 30));
+    bench->add_option("--repeat", be.repeat, "runs per measurement (median)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1 << 30));
 
     const std::set<std::string> commands{"buckets", "show", "term", "rope", "bench"};
     if (argc > 1 && argv[1][0] != '-' && commands.count(argv[1]) == 0)
-        throw usage_error("command", std::string("'") + argv[1] + "' is not a command; expected buckets, show, term, rope or bench");
+        throw usage_error("command",
+                          std::string("'") + argv[1] + "' is not a command; expected buckets, show, term, rope or bench");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

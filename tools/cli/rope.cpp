@@ -51,10 +51,14 @@ rpe::rope::dinov3 dinov3_of(const rope_options& o, std::string& what) {
     p.base = static_cast<float>(o.base);
     p.min_period = static_cast<float>(o.min_period);
     p.max_period = static_cast<float>(o.max_period);
-    if (o.normalize == "separate") p.normalize = rpe::rope::dinov3_normalize::separate;
-    else if (o.normalize == "max") p.normalize = rpe::rope::dinov3_normalize::max;
-    else if (o.normalize == "min") p.normalize = rpe::rope::dinov3_normalize::min;
-    else throw usage_error("--normalize", "'" + o.normalize + "' is not a normalisation; expected separate, max or min");
+    if (o.normalize == "separate")
+        p.normalize = rpe::rope::dinov3_normalize::separate;
+    else if (o.normalize == "max")
+        p.normalize = rpe::rope::dinov3_normalize::max;
+    else if (o.normalize == "min")
+        p.normalize = rpe::rope::dinov3_normalize::min;
+    else
+        throw usage_error("--normalize", "'" + o.normalize + "' is not a normalisation; expected separate, max or min");
     std::tie(p.shift_y, p.shift_x) = parse_two(o.shift, "--shift", "a shift DY,DX");
     std::tie(p.jitter_y, p.jitter_x) = parse_two(o.jitter, "--jitter", "jitter multipliers FY,FX");
     p.rescale = static_cast<float>(o.rescale);
@@ -117,8 +121,8 @@ int run_rope(const rope_options& o) {
     r.suffix = o.suffix;
     const bool dinov3 = o.form == "dinov3", mrope = o.form == "mrope";
     if (!mrope && (o.interleaved || o.sections != rope_options{}.sections))
-        throw usage_error(o.interleaved ? "--interleaved" : "--sections", "only --form mrope reads " +
-                          std::string(o.interleaved ? "--interleaved" : "--sections") + "; drop it");
+        throw usage_error(o.interleaved ? "--interleaved" : "--sections",
+                          "only --form mrope reads " + std::string(o.interleaved ? "--interleaved" : "--sections") + "; drop it");
     if (o.layout.empty())
         r.layout = dinov3 || mrope ? rpe::rope::layout::half : rpe::rope::layout::pairs;
     else if (o.layout == "pairs")
@@ -141,8 +145,10 @@ int run_rope(const rope_options& o) {
     }
     if (dinov3 || mrope) {
         if (!o.freqs.empty()) throw usage_error("--freqs", "only --form mixed reads frequencies; drop --freqs");
-        if (dinov3) r.form = rpe::rope::custom{dinov3_of(o, what)};
-        else r.form = rpe::rope::custom{mrope_of(o, what)};
+        if (dinov3)
+            r.form = rpe::rope::custom{dinov3_of(o, what)};
+        else
+            r.form = rpe::rope::custom{mrope_of(o, what)};
     } else {
         // the form and its parameters from rpe's registry (<rpe/families.hpp>) (dinov3 above)
         auto& reg = rpe::families();
@@ -156,7 +162,8 @@ int run_rope(const rope_options& o) {
             forms.emplace_back("dinov3");
             forms.emplace_back("mrope");
             std::string list;
-            for (std::size_t i = 0; i < forms.size(); ++i) list += (i == 0 ? "" : (i + 1 == forms.size() ? " or " : ", ")) + forms[i];
+            for (std::size_t i = 0; i < forms.size(); ++i)
+                list += (i == 0 ? "" : (i + 1 == forms.size() ? " or " : ", ")) + forms[i];
             throw usage_error("--form", "'" + o.form + "' is not a RoPE form; expected " + list);
         }
         const auto set = [&](const char* param, double v) {
@@ -178,11 +185,14 @@ int run_rope(const rope_options& o) {
         const bool learned = std::holds_alternative<rpe::rope::mixed>(r.form);  // frequencies from --freqs
         what = spec.family + " (" + rpe::family_of(spec.family, rpe::family_kind::rope).summary + "), ";
         if (learned) {
-            if (o.freqs.empty()) throw usage_error("--freqs", "--form " + spec.family + " needs the learned frequencies (2, H, D/2) as .npy");
+            if (o.freqs.empty())
+                throw usage_error("--freqs", "--form " + spec.family + " needs the learned frequencies (2, H, D/2) as .npy");
             const auto f = rpe::io::load_npy(o.freqs);
             freqs = to_float32(f, "--freqs", o.freqs);
             freqs_shape = f.shape;
-            if (freqs_shape.size() > 4) throw usage_error("--freqs", o.freqs + " has shape " + rpe::detail::shape_string(freqs_shape) + "; expected (2, H, D/2)");
+            if (freqs_shape.size() > 4)
+                throw usage_error("--freqs",
+                                  o.freqs + " has shape " + rpe::detail::shape_string(freqs_shape) + "; expected (2, H, D/2)");
             r.freqs = cref(freqs, freqs_shape);
             what += "frequencies from " + o.freqs;
         } else if (spec.has("theta")) {
@@ -193,35 +203,41 @@ int run_rope(const rope_options& o) {
         if (!o.freqs.empty() && !learned) {
             std::string with;
             for (const auto& e : reg.entries())
-                if (e->info.kind == rpe::family_kind::rope && e->info.params.empty()) with += (with.empty() ? "" : ", ") + e->info.name;
+                if (e->info.kind == rpe::family_kind::rope && e->info.params.empty())
+                    with += (with.empty() ? "" : ", ") + e->info.name;
             throw usage_error("--freqs", "only --form " + with + " reads frequencies; drop --freqs");
         }
         try {
-            std::visit([](const auto& p) {
-                if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(p)>, std::monostate>) p.validate();
-            }, r.form);
+            std::visit(
+                [](const auto& p) {
+                    if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(p)>, std::monostate>) p.validate();
+                },
+                r.form);
         } catch (const rpe::invalid_argument& e) {
             throw usage_error("--theta/--temperature/--max-res/--grid-offset/--ref-grid", e.what());
         }
     }
     const auto x = rpe::io::load_npy(o.input);
-    if (x.shape.size() != 4) throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L, D)");
+    if (x.shape.size() != 4)
+        throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L, D)");
     const auto x_data = to_float32(x, "--input", o.input);
     std::vector<float> y(x_data.size());
     try {
         rpe::rope_forward(r, g.height, g.width, cref(x_data, x.shape),
                           rpe::tensor_ref<float>(y.data(), std::span<const std::int64_t>(x.shape)));
     } catch (const rpe::invalid_argument& e) {
-        const char* opts = mrope ? (!o.positions.empty() ? "--input/--positions/--skip/--suffix/--sections"
-                                                         : "--input/--grid/--skip/--suffix/--sections")
+        const char* opts = mrope                  ? (!o.positions.empty() ? "--input/--positions/--skip/--suffix/--sections"
+                                                                          : "--input/--grid/--skip/--suffix/--sections")
                            : !o.positions.empty() ? "--input/--positions/--skip/--suffix/--freqs"
                            : o.suffix != 0        ? "--input/--grid/--skip/--suffix/--freqs"
                                                   : "--input/--grid/--skip/--freqs";
         throw usage_error(opts, e.what());
     }
     std::cout << "rope: " << what;
-    if (o.positions.empty()) std::cout << ", grid " << g.height << "x" << g.width;
-    else std::cout << ", positions " << o.positions;
+    if (o.positions.empty())
+        std::cout << ", grid " << g.height << "x" << g.width;
+    else
+        std::cout << ", positions " << o.positions;
     std::cout << ", skip " << o.skip << ", suffix " << o.suffix << ", layout " << rpe::rope::layout_name(r.layout) << "\n";
     return write_and_compare(y, x.shape, o.out, o.expect, o.atol, o.rtol);
 }

@@ -39,8 +39,9 @@ void check_int_extents(const std::vector<std::int64_t>& shape, const char* optio
                        std::size_t first = 0) {
     for (std::size_t i = first; i < shape.size(); ++i)
         if (shape[i] > std::numeric_limits<int>::max())
-            throw usage_error(option, file + " has shape " + rpe::detail::shape_string(shape) + "; extent " + std::to_string(i) + " = " +
-                                          std::to_string(shape[i]) + " exceeds the int range (2147483647) of heads, "
+            throw usage_error(option, file + " has shape " + rpe::detail::shape_string(shape) + "; extent " + std::to_string(i) +
+                                          " = " + std::to_string(shape[i]) +
+                                          " exceeds the int range (2147483647) of heads, "
                                           "head_dim, buckets and tokens");
 }
 
@@ -55,14 +56,17 @@ std::size_t checked_elements(const std::vector<std::int64_t>& shape, const char*
     std::uint64_t n = 1;
     bool empty = false;
     for (const std::int64_t e : shape) {
-        if (e == 0) empty = true;
+        if (e == 0)
+            empty = true;
         else if (static_cast<std::uint64_t>(e) > limit / n)
             throw usage_error(option, what + " " + rpe::detail::shape_string(shape) + " has more than " + std::to_string(limit) +
                                           " float32 elements; expected a buffer this machine can address");
-        else n *= static_cast<std::uint64_t>(e);
+        else
+            n *= static_cast<std::uint64_t>(e);
     }
     if (!empty && n * sizeof(float) > max_output_bytes)
-        throw usage_error(option, what + " " + rpe::detail::shape_string(shape) + " would take more than 4 GiB; expected a smaller grid or input");
+        throw usage_error(option, what + " " + rpe::detail::shape_string(shape) +
+                                      " would take more than 4 GiB; expected a smaller grid or input");
     return empty ? 0 : static_cast<std::size_t>(n);
 }
 
@@ -75,7 +79,8 @@ int finish(const std::vector<float>& out, const std::vector<std::int64_t>& out_s
 // generated table; no --table, no --input.
 int run_alibi_term(const mapping_config& m, const grid_size& g, const term_options& o) {
     if ((o.mode_given && o.mode != "bias") || (o.target_given && o.target != "k" && o.target != "key"))
-        throw usage_error("--mode/--target", m.family.family + " is a bias term on keys; drop --mode/--target or pass --mode bias --target k");
+        throw usage_error("--mode/--target",
+                          m.family.family + " is a bias term on keys; drop --mode/--target or pass --mode bias --target k");
     if (!o.tables.empty()) throw usage_error("--table", m.family.family + " has a fixed, generated table; drop --table");
     if (!o.input.empty()) throw usage_error("--input", "bias mode reads no input; drop --input");
     if (o.heads < 1) throw usage_error("--heads", m.family.family + " needs --heads >= 1 (one slope per head)");
@@ -113,22 +118,29 @@ int run_decomposed_term(const mapping_config& m, const grid_size& g, const term_
     if ((o.mode_given && o.mode != "contextual" && o.mode != "ctx") || (o.target_given && o.target != "k" && o.target != "key"))
         throw usage_error("--mode/--target", m.family.family + " is a contextual term on keys; drop --mode/--target");
     if (o.tables.size() != 2)
-        throw usage_error("--table", "got " + std::to_string(o.tables.size()) + " table(s); " + m.family.family + " needs 2 (SAM's rel_pos_h, then rel_pos_w)");
+        throw usage_error("--table", "got " + std::to_string(o.tables.size()) + " table(s); " + m.family.family +
+                                         " needs 2 (SAM's rel_pos_h, then rel_pos_w)");
     if (o.input.empty()) throw usage_error("--input", m.family.family + " needs an input x = q*s (B, H, L, D)");
     const auto th = rpe::io::load_npy(o.tables[0]), tw = rpe::io::load_npy(o.tables[1]);
     for (const auto* t : {&th, &tw}) {
         const auto& f = o.tables[t == &th ? 0 : 1];
-        if (t->shape.size() != 2) throw usage_error("--table", f + " has shape " + rpe::detail::shape_string(t->shape) + "; expected (length, C)");
+        if (t->shape.size() != 2)
+            throw usage_error("--table", f + " has shape " + rpe::detail::shape_string(t->shape) + "; expected (length, C)");
         check_int_extents(t->shape, "--table", f);
     }
     const auto x = rpe::io::load_npy(o.input);
-    if (x.shape.size() != 4) throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L, D)");
+    if (x.shape.size() != 4)
+        throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L, D)");
     check_int_extents(x.shape, "--input", o.input, 1);
     const std::int64_t L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
     if (x.shape[2] != L)
-        throw usage_error("--input/--grid/--skip", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected L = " + std::to_string(L));
-    const rpe::vit::decomposed_rel_pos_config c{.height = g.height, .width = g.width, .num_heads = static_cast<int>(x.shape[1]),
-                                                .head_dim = static_cast<int>(x.shape[3]), .skip = o.skip};
+        throw usage_error("--input/--grid/--skip",
+                          o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected L = " + std::to_string(L));
+    const rpe::vit::decomposed_rel_pos_config c{.height = g.height,
+                                                .width = g.width,
+                                                .num_heads = static_cast<int>(x.shape[1]),
+                                                .head_dim = static_cast<int>(x.shape[3]),
+                                                .skip = o.skip};
     const auto h = to_float32(th, "--table", o.tables[0]), w = to_float32(tw, "--table", o.tables[1]),
                xd = to_float32(x, "--input", o.input);
     std::unique_ptr<rpe::any_term<float>> term;
@@ -151,9 +163,9 @@ int run_decomposed_term(const mapping_config& m, const grid_size& g, const term_
     const std::vector<std::int64_t> out_shape{x.shape[0], x.shape[1], L, L};
     std::vector<float> out(checked_elements(out_shape, "--grid", "the output"));
     const auto shape = term->table_shape();
-    const std::vector<rpe::tensor_ref<const float>> refs{view<const float>(t0.data(), shape), view<const float>(t1.data(), shape)};
-    term->forward(*ids, refs, view<const float>(xd.data(), x.shape), view<float>(out.data(), out_shape),
-                  rpe::write::overwrite);
+    const std::vector<rpe::tensor_ref<const float>> refs{view<const float>(t0.data(), shape),
+                                                         view<const float>(t1.data(), shape)};
+    term->forward(*ids, refs, view<const float>(xd.data(), x.shape), view<float>(out.data(), out_shape), rpe::write::overwrite);
     std::cout << "term: " << m.describe() << ", contextual on k, grid " << g.height << "x" << g.width << ", skip " << o.skip
               << ", K = " << term->num_buckets() << " per table, tables x D^1/2 (SAM's unscaled q)\n";
     return finish(out, out_shape, o);
@@ -186,7 +198,8 @@ void check_output_options(const std::string& out, const std::string& expect, dou
             throw usage_error(option, text.str());
         }
     if (!expect.empty() && !out.empty() && same_file(out, expect))
-        throw usage_error("--out/--expect", "'" + out + "' and '" + expect + "' are the same file; the comparison would read what was just written");
+        throw usage_error("--out/--expect", "'" + out + "' and '" + expect +
+                                                "' are the same file; the comparison would read what was just written");
 }
 
 int write_and_compare(const std::vector<float>& out, const std::vector<std::int64_t>& out_shape, const std::string& out_path,
@@ -227,11 +240,16 @@ int write_and_compare(const std::vector<float>& out, const std::vector<std::int6
 
 std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, const rpe::term_spec& spec) {
     if (!spec.contextual && spec.target == rpe::target::value)
-        throw usage_error("--mode/--target", "bias mode on values does not exist (paper eq. 17); use --mode contextual or --target q/k");
+        throw usage_error("--mode/--target",
+                          "bias mode on values does not exist (paper eq. 17); use --mode contextual or --target q/k");
     // every family through the registry: the mapping of m.family, in any mode and target (rpe
     // bench times decomposed and alibi2d on every slot)
-    const rpe::term_options o{.contextual = spec.contextual, .target = spec.target, .num_heads = spec.num_heads,
-                              .head_dim = spec.head_dim, .shared_head = spec.shared_head, .skip = spec.skip};
+    const rpe::term_options o{.contextual = spec.contextual,
+                              .target = spec.target,
+                              .num_heads = spec.num_heads,
+                              .head_dim = spec.head_dim,
+                              .shared_head = spec.shared_head,
+                              .skip = spec.skip};
     return rpe::visit_mapping(m.family, {m.window.height, m.window.width},
                               [&](const auto& mapping) { return rpe::term_of<float>(mapping, o); });
 }
@@ -267,14 +285,17 @@ int run_term(const mapping_config& mc, const term_options& o) {
             throw usage_error("--mode/--target", (swinv2 ? m.family.family : std::string("--timm-table")) +
                                                      " is a bias on keys; use --mode bias --target k");
         if (tables[0].shape.size() != 2)
-            throw usage_error("--table", o.tables[0] + " has shape " + rpe::detail::shape_string(tables[0].shape) + "; expected (K, H)");
+            throw usage_error("--table",
+                              o.tables[0] + " has shape " + rpe::detail::shape_string(tables[0].shape) + "; expected (K, H)");
         check_int_extents(tables[0].shape, "--table", o.tables[0]);
         const std::vector<std::int64_t> kh = tables[0].shape, hk{kh[1], kh[0]};
         std::vector<float> t(table_data[0].size());
         try {
             if (swinv2) {
-                const rpe::cpb_bias<float> cpb(m.swin(), {.num_heads = static_cast<int>(kh[1]), .sigmoid16 = m.sigmoid16,
-                                                          .pretrained_h = m.pretrained.height, .pretrained_w = m.pretrained.width});
+                const rpe::cpb_bias<float> cpb(m.swin(), {.num_heads = static_cast<int>(kh[1]),
+                                                          .sigmoid16 = m.sigmoid16,
+                                                          .pretrained_h = m.pretrained.height,
+                                                          .pretrained_w = m.pretrained.width});
                 cpb.make_table(view<const float>(table_data[0].data(), kh), view<float>(t.data(), hk));
             } else {
                 rpe::table_from_timm(view<const float>(table_data[0].data(), kh), view<float>(t.data(), hk));
@@ -290,8 +311,9 @@ int run_term(const mapping_config& mc, const term_options& o) {
     const std::size_t want_rank = spec.contextual ? 3 : 2;
     for (std::size_t t = 0; t < tables.size(); ++t) {  // every table (Cross has two), before any view is made
         if (tables[t].shape.size() != want_rank)
-            throw usage_error("--table", o.tables[t] + " has shape " + rpe::detail::shape_string(tables[t].shape) + "; expected " +
-                                             (spec.contextual ? (spec.target == rpe::target::value ? "(Ht, K, D)" : "(Ht, D, K)") : "(Ht, K)"));
+            throw usage_error(
+                "--table", o.tables[t] + " has shape " + rpe::detail::shape_string(tables[t].shape) + "; expected " +
+                               (spec.contextual ? (spec.target == rpe::target::value ? "(Ht, K, D)" : "(Ht, D, K)") : "(Ht, K)"));
         check_int_extents(tables[t].shape, "--table", o.tables[t]);
     }
 
@@ -333,18 +355,21 @@ int run_term(const mapping_config& mc, const term_options& o) {
     // here first, so that no output is sized from an extent the term would refuse.
     for (std::size_t t = 0; t < tables.size(); ++t)
         if (tables[t].shape != term->table_shape())
-            throw usage_error("--table", o.tables[t] + " has shape " + rpe::detail::shape_string(tables[t].shape) + "; expected " +
-                                             rpe::detail::shape_string(term->table_shape()) + " for this mapping, mode, target and skip");
+            throw usage_error("--table", o.tables[t] + " has shape " + rpe::detail::shape_string(tables[t].shape) +
+                                             "; expected " + rpe::detail::shape_string(term->table_shape()) +
+                                             " for this mapping, mode, target and skip");
     if (spec.contextual && (x.shape[2] != L || x.shape[3] != (spec.target == rpe::target::value ? L : spec.head_dim)))
-        throw usage_error("--input/--grid/--skip", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L = " + std::to_string(L) +
-                                         ", " + (spec.target == rpe::target::value ? "L" : "D") + " = " +
-                                         std::to_string(spec.target == rpe::target::value ? L : spec.head_dim) + ")");
+        throw usage_error("--input/--grid/--skip",
+                          o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L = " +
+                              std::to_string(L) + ", " + (spec.target == rpe::target::value ? "L" : "D") + " = " +
+                              std::to_string(spec.target == rpe::target::value ? L : spec.head_dim) + ")");
     // the output is sized from --grid/--skip (and the input): capped before it is allocated
     double out_elems = 1.0;
     for (const auto e : out_shape) out_elems *= static_cast<double>(e);
     if (out_elems * sizeof(float) > static_cast<double>(max_output_bytes))
         throw usage_error(spec.contextual ? "--input/--grid/--skip" : "--grid/--skip",
-                          "the output " + rpe::detail::shape_string(out_shape) + " would take more than 4 GiB; expected a smaller grid or input");
+                          "the output " + rpe::detail::shape_string(out_shape) +
+                              " would take more than 4 GiB; expected a smaller grid or input");
     std::vector<float> out(checked_elements(out_shape, "--grid", "the output"));
     std::vector<rpe::tensor_ref<const float>> refs;
     for (std::size_t t = 0; t < tables.size(); ++t) refs.push_back(view<const float>(table_data[t].data(), tables[t].shape));
@@ -355,8 +380,10 @@ int run_term(const mapping_config& mc, const term_options& o) {
         throw usage_error(culprits, e.what());
     }
     std::cout << "term: " << m.describe() << ", " << (spec.contextual ? "contextual" : "bias") << " on "
-              << (spec.target == rpe::target::query ? "q" : spec.target == rpe::target::key ? "k" : "v") << ", grid "
-              << g.height << "x" << g.width << ", skip " << o.skip << ", K = " << term->num_buckets() << "\n";
+              << (spec.target == rpe::target::query ? "q"
+                  : spec.target == rpe::target::key ? "k"
+                                                    : "v")
+              << ", grid " << g.height << "x" << g.width << ", skip " << o.skip << ", K = " << term->num_buckets() << "\n";
     return finish(out, out_shape, o);
 }
 

@@ -34,8 +34,8 @@ struct mismatch : std::runtime_error {
 };
 
 struct score {
-    double max_abs = 0;     // largest |actual - expected| over every compared element
-    double worst_ratio = 0; // largest |actual - expected| / (atol + rtol |expected|)
+    double max_abs = 0;      // largest |actual - expected| over every compared element
+    double worst_ratio = 0;  // largest |actual - expected| / (atol + rtol |expected|)
 };
 
 class case_runner {
@@ -44,17 +44,22 @@ public:
 
     score run() {
         const std::string kind = meta_.at("kind").get<std::string>();
-        if (kind == "index") run_index();
-        else if (kind == "bucket_ids") run_bucket_ids();
-        else if (kind == "term") { run_term<float>(); run_term<double>(); }
-        else if (kind == "attention") {
+        if (kind == "index")
+            run_index();
+        else if (kind == "bucket_ids")
+            run_bucket_ids();
+        else if (kind == "term") {
+            run_term<float>();
+            run_term<double>();
+        } else if (kind == "attention") {
             for (bool fused : {false, true}) {
                 run_attention<float>(fused);
                 run_attention<double>(fused);
             }
-        }
-        else if (kind == "error") run_error();
-        else throw mismatch("unknown kind '" + kind + "'");
+        } else if (kind == "error")
+            run_error();
+        else
+            throw mismatch("unknown kind '" + kind + "'");
         return score_;
     }
 
@@ -65,14 +70,16 @@ private:
     std::vector<T> load_as(const std::string& file, const std::vector<std::int64_t>& shape) const {
         const auto a = load(file);
         if (a.shape != shape)
-            throw mismatch(file + " has shape " + rpe::detail::shape_string(a.shape) + "; expected " + rpe::detail::shape_string(shape));
+            throw mismatch(file + " has shape " + rpe::detail::shape_string(a.shape) + "; expected " +
+                           rpe::detail::shape_string(shape));
         return a.to<T>();
     }
 
     void exact(const std::string& file, const std::vector<int>& actual) {
         const auto expected = load(file).to<std::int64_t>();
         if (expected.size() != actual.size())
-            throw mismatch(file + ": " + std::to_string(actual.size()) + " values computed, " + std::to_string(expected.size()) + " expected");
+            throw mismatch(file + ": " + std::to_string(actual.size()) + " values computed, " + std::to_string(expected.size()) +
+                           " expected");
         for (std::size_t i = 0; i < actual.size(); ++i)
             if (expected[i] != actual[i]) {
                 std::ostringstream os;
@@ -99,7 +106,8 @@ private:
         }
         const auto expected = load(file).to<double>();
         if (expected.size() != actual.size())
-            throw mismatch(file + ": " + std::to_string(actual.size()) + " values computed, " + std::to_string(expected.size()) + " expected");
+            throw mismatch(file + ": " + std::to_string(actual.size()) + " values computed, " + std::to_string(expected.size()) +
+                           " expected");
         for (std::size_t i = 0; i < actual.size(); ++i) {
             const double a = static_cast<double>(actual[i]), e = expected[i];
             const double diff = std::fabs(a - e), bound = atol + rtol * std::fabs(e);
@@ -132,7 +140,8 @@ private:
 
     void check_num_buckets(const rpe::term_spec& s) const {
         if (meta_.contains("num_buckets") && s.num_buckets() != meta_.at("num_buckets").get<int>())
-            throw mismatch("num_buckets " + std::to_string(s.num_buckets()) + ", expected " + std::to_string(meta_.at("num_buckets").get<int>()));
+            throw mismatch("num_buckets " + std::to_string(s.num_buckets()) + ", expected " +
+                           std::to_string(meta_.at("num_buckets").get<int>()));
     }
 
     // Checks our ids against every bucket_ids*.npy named in `tables` (list of {bucket_ids: file}).
@@ -147,7 +156,8 @@ private:
     }
 
     void run_index() {
-        const rpe::index::piecewise g{meta_.at("alpha").get<double>(), meta_.at("beta").get<double>(), meta_.at("gamma").get<double>()};
+        const rpe::index::piecewise g{meta_.at("alpha").get<double>(), meta_.at("beta").get<double>(),
+                                      meta_.at("gamma").get<double>()};
         g.validate();
         for (const auto& c : meta_.at("compare")) {
             const std::string input = c.at("inputs").at(0).get<std::string>();
@@ -218,8 +228,7 @@ private:
         const auto x_ref = xshape.empty() ? rpe::tensor_ref<const S>{} : view(static_cast<const S*>(x.data()), xshape);
         term->forward(*ids, tab_refs, x_ref, view(out.data(), oshape), rpe::write::overwrite);
         term->backward(*ids, tab_refs, x_ref, view(grad_out.data(), oshape),
-                       xshape.empty() ? rpe::tensor_ref<S>{} : view(grad_x.data(), xshape), grad_refs,
-                           rpe::write::overwrite);
+                       xshape.empty() ? rpe::tensor_ref<S>{} : view(grad_x.data(), xshape), grad_refs, rpe::write::overwrite);
         close("output.npy", out);
         if (!xshape.empty()) close("grad_input.npy", grad_x);
         for (std::size_t t = 0; t < tables.size(); ++t) close(tables[t].at("grad").get<std::string>(), grad_tab[t]);
@@ -283,7 +292,8 @@ private:
         std::vector<S> gq(q.size()), gk(q.size()), gv(q.size());
         const rpe::tensor_ref<S> out_ref(out.data(), {b, h, l, d}), attn_ref(attn.data(), {b, h, l, l});
         const rpe::tensor_ref<const S> grad_out_ref(grad_out.data(), {b, h, l, d});
-        const rpe::tensor_ref<S> gq_ref(gq.data(), {b, h, l, d}), gk_ref(gk.data(), {b, h, l, d}), gv_ref(gv.data(), {b, h, l, d});
+        const rpe::tensor_ref<S> gq_ref(gq.data(), {b, h, l, d}), gk_ref(gk.data(), {b, h, l, d}),
+            gv_ref(gv.data(), {b, h, l, d});
         if (fused) {
             const rpe::attention_options opt{.row_block = 7};
             rpe::attention_forward(in, out_ref, attn_ref, opt);
@@ -309,7 +319,8 @@ private:
         } catch (const rpe::out_of_range&) {
             return;
         }
-        throw mismatch("the call was accepted; expected an rpe exception (" + meta_.value("what", std::string("error case")) + ")");
+        throw mismatch("the call was accepted; expected an rpe exception (" + meta_.value("what", std::string("error case")) +
+                       ")");
     }
 
     fs::path dir_;

@@ -76,8 +76,8 @@ at::Tensor prepared(const at::Tensor& t, const char* name, at::ScalarType want) 
     TORCH_CHECK_VALUE(t.defined(), "[rpe.torch] ", name, " is undefined; expected a tensor");
     TORCH_CHECK_VALUE(t.device().is_cpu(), "[rpe.torch] ", name, " is on device ", t.device().str(),
                       "; expected cpu (the rpe_torch operators have CPU kernels only)");
-    TORCH_CHECK_TYPE(t.scalar_type() == want, "[rpe.torch] ", name, " has dtype ", c10::toString(t.scalar_type()),
-                     "; expected ", c10::toString(want), " (the dtype of the first input)");
+    TORCH_CHECK_TYPE(t.scalar_type() == want, "[rpe.torch] ", name, " has dtype ", c10::toString(t.scalar_type()), "; expected ",
+                     c10::toString(want), " (the dtype of the first input)");
     check_int32_sizes(t, name);
     return t.contiguous();
 }
@@ -108,9 +108,9 @@ rpe::tensor_ref<const S> cref(const at::Tensor& t) {
 template <class S>
 rpe::tensor_ref<const S> sref(const at::Tensor& t) {
     if (t.is_contiguous()) return cref<S>(t);
-    return rpe::tensor_ref<const S>::with_strides(t.data_ptr<S>(),
-                                                  std::span<const int64_t>(t.sizes().data(), static_cast<std::size_t>(t.dim())),
-                                                  std::span<const int64_t>(t.strides().data(), static_cast<std::size_t>(t.dim())));
+    return rpe::tensor_ref<const S>::with_strides(
+        t.data_ptr<S>(), std::span<const int64_t>(t.sizes().data(), static_cast<std::size_t>(t.dim())),
+        std::span<const int64_t>(t.strides().data(), static_cast<std::size_t>(t.dim())));
 }
 template <class S>
 rpe::tensor_ref<S> mref(at::Tensor& t) {
@@ -147,11 +147,11 @@ rpe::family_spec spec_of(c10::string_view method, double alpha, double beta, dou
         if (n == 3) break;
         if (p.type != rpe::family_param::kind::number && p.type != rpe::family_param::kind::integer) continue;
         if (p.type == rpe::family_param::kind::integer)
-            TORCH_CHECK_VALUE(std::isfinite(v[n]) && v[n] == std::floor(v[n]) && std::fabs(v[n]) <= (1 << 30), "[rpe.torch] ",
-                              names[n], " = ", v[n], " (method '", name, "', ",
-                              info.group == "vit" ? (n == 0 ? "the window or grid rows" : "the window or grid columns")
-                                                  : "parameter " + p.name,
-                              "); expected an integer");
+            TORCH_CHECK_VALUE(
+                std::isfinite(v[n]) && v[n] == std::floor(v[n]) && std::fabs(v[n]) <= (1 << 30), "[rpe.torch] ", names[n], " = ",
+                v[n], " (method '", name, "', ",
+                info.group == "vit" ? (n == 0 ? "the window or grid rows" : "the window or grid columns") : "parameter " + p.name,
+                "); expected an integer");
         reg.set_value(s, p.name, v[n]);
         ++n;
     }
@@ -187,9 +187,8 @@ rpe::term_spec irpe_spec(c10::string_view method, double alpha, double beta, dou
 }
 
 template <class S>
-std::unique_ptr<rpe::any_term<S>> make(c10::string_view method, c10::string_view mode, rpe::target tg, double alpha,
-                                       double beta, double gamma, int64_t skip, int64_t heads, int64_t head_dim,
-                                       bool shared) {
+std::unique_ptr<rpe::any_term<S>> make(c10::string_view method, c10::string_view mode, rpe::target tg, double alpha, double beta,
+                                       double gamma, int64_t skip, int64_t heads, int64_t head_dim, bool shared) {
     TORCH_CHECK_VALUE(skip >= 0 && skip < (int64_t{1} << 30), "[rpe.torch] skip = ", skip, "; expected >= 0");
     const bool contextual = rpe::parse_contextual(std::string_view(mode.data(), mode.size()));
     if (const int id = family_id(method); id >= 0 && id < 6) {  // alpha, beta, gamma as given: term_spec checks them
@@ -210,8 +209,12 @@ std::unique_ptr<rpe::any_term<S>> make(c10::string_view method, c10::string_view
                           "' with mode = ", contextual ? "contextual" : "bias", ", target = ", rpe::target_letter(tg),
                           "; expected mode = ", want_contextual ? "contextual" : "bias", " on k");
     }
-    const rpe::term_options o{.contextual = contextual, .target = tg, .num_heads = narrow(heads, "num_heads"),
-                              .head_dim = narrow(head_dim, "head_dim"), .shared_head = shared, .skip = static_cast<int>(skip)};
+    const rpe::term_options o{.contextual = contextual,
+                              .target = tg,
+                              .num_heads = narrow(heads, "num_heads"),
+                              .head_dim = narrow(head_dim, "head_dim"),
+                              .shared_head = shared,
+                              .skip = static_cast<int>(skip)};
     return rpe::make_term<S>(f, o);
 }
 
@@ -311,14 +314,15 @@ std::vector<at::Tensor> term_backward_impl(const c10::optional<at::Tensor>& x_op
     return result;
 }
 
-at::Tensor term_forward(const c10::optional<at::Tensor>& x, at::TensorList tables, c10::string_view method,
-                        c10::string_view mode, c10::string_view target, double alpha, double beta, double gamma,
-                        int64_t skip, int64_t height, int64_t width) {
+at::Tensor term_forward(const c10::optional<at::Tensor>& x, at::TensorList tables, c10::string_view method, c10::string_view mode,
+                        c10::string_view target, double alpha, double beta, double gamma, int64_t skip, int64_t height,
+                        int64_t width) {
     return translating([&] {
         TORCH_CHECK_VALUE(!tables.empty(), "[rpe.torch] tables is empty; expected 1 (or 2 for cross) tables");
         const auto st = checked_float_type(tables[0], "tables[0]");
-        return st == at::kDouble ? term_forward_impl<double>(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width, st)
-                                 : term_forward_impl<float>(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width, st);
+        return st == at::kDouble
+                   ? term_forward_impl<double>(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width, st)
+                   : term_forward_impl<float>(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width, st);
     });
 }
 
@@ -328,9 +332,10 @@ std::vector<at::Tensor> term_backward(const c10::optional<at::Tensor>& x, at::Te
     return translating([&] {
         TORCH_CHECK_VALUE(!tables.empty(), "[rpe.torch] tables is empty; expected 1 (or 2 for cross) tables");
         const auto st = checked_float_type(tables[0], "tables[0]");
-        return st == at::kDouble
-                   ? term_backward_impl<double>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width, st)
-                   : term_backward_impl<float>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width, st);
+        return st == at::kDouble ? term_backward_impl<double>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip,
+                                                              height, width, st)
+                                 : term_backward_impl<float>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip,
+                                                             height, width, st);
     });
 }
 
@@ -375,7 +380,8 @@ at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const char* na
                       "; expected cpu (per-token RoPE positions are CPU only: rpe's CUDA backend refuses them)");
     const auto st = t.scalar_type();
     TORCH_CHECK_TYPE((at::isIntegralType(st, false) || st == at::kFloat || st == at::kDouble), "[rpe.torch] ", name,
-                     " has dtype ", c10::toString(st), "; expected an integer, float32 or float64 tensor of (row, col) coordinates");
+                     " has dtype ", c10::toString(st),
+                     "; expected an integer, float32 or float64 tensor of (row, col) coordinates");
     TORCH_CHECK_VALUE(t.dim() == 2 && t.size(1) == 2, "[rpe.torch] ", name, " has shape ", shape_of(t),
                       "; expected (N, 2) per-token (row, col) coordinates");
     check_int32_sizes(t, name);
@@ -479,7 +485,8 @@ std::vector<at::Tensor> rope_impl(const at::Tensor& x_in, const at::Tensor* grad
         return {out};
     }
     const at::Tensor grad_y = prepared(*grad_y_in, "grad_y", st);
-    at::Tensor grad_freqs = r.is_mixed() && freqs.defined() ? at::empty(freqs.sizes(), freqs.options()) : at::empty({0}, x.options());
+    at::Tensor grad_freqs =
+        r.is_mixed() && freqs.defined() ? at::empty(freqs.sizes(), freqs.options()) : at::empty({0}, x.options());
     if (r.is_mixed() && freqs.defined()) r.grad_freqs = mref<S>(grad_freqs);
     rpe::rope_backward<S>(r, height, width, cref<S>(x), cref<S>(grad_y), mref<S>(out));
     return {out, grad_freqs};
@@ -513,9 +520,10 @@ at::Tensor rope_mixed_init(double theta, int64_t head_dim, const at::Tensor& ang
         check_rank(angles, 1, "angles", "(H,) per-head rotations");
         const int d = narrow(head_dim, "head_dim");
         at::Tensor out = at::empty({2, angles.size(0), std::max(d, 0) / 2}, angles.options());
-        rpe::rope::init_mixed_frequencies(static_cast<float>(theta), d,
-                                          std::span<const float>(angles.data_ptr<float>(), static_cast<std::size_t>(angles.numel())),
-                                          std::span<float>(out.data_ptr<float>(), static_cast<std::size_t>(out.numel())));
+        rpe::rope::init_mixed_frequencies(
+            static_cast<float>(theta), d,
+            std::span<const float>(angles.data_ptr<float>(), static_cast<std::size_t>(angles.numel())),
+            std::span<float>(out.data_ptr<float>(), static_cast<std::size_t>(out.numel())));
         return out;
     });
 }
@@ -525,7 +533,8 @@ at::Tensor rope_mixed_init(double theta, int64_t head_dim, const at::Tensor& ang
 // ---------------------------------------------------------------------------------------------
 
 struct attention_args {
-    at::Tensor q, k, v, grad_out, key_padding_mask, attn_mask, attn;  // attn: the forward's probabilities (backward), or undefined
+    at::Tensor q, k, v, grad_out, key_padding_mask, attn_mask,
+        attn;  // attn: the forward's probabilities (backward), or undefined
     std::vector<at::Tensor> tables[3];
     c10::string_view methods[3], modes[3];
     std::vector<double> params;  // per slot: alpha, beta, gamma, skip
@@ -562,7 +571,8 @@ attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
     attention_setup<S> s;
     if (a.scale) {
         const double scale = *a.scale;
-        TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0, "[rpe.torch] scale = ", scale, "; expected a positive finite number");
+        TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0, "[rpe.torch] scale = ", scale,
+                          "; expected a positive finite number");
         // Python's D**-0.5 may differ from the library's 1/sqrt(D) in the last bit: within 4 ulp
         // it is the default (the same results as scale = None).
         const double ratio = scale * std::sqrt(static_cast<double>(D));
@@ -583,8 +593,8 @@ attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
         TORCH_CHECK_VALUE(!tabs.empty(), "[rpe.torch] ", slot_names[i], " is empty; expected 1 (or 2 for cross) tables");
         TORCH_CHECK_VALUE(tabs[0].dim() >= 1, "[rpe.torch] ", slot_names[i], "[0] is a scalar; expected a table");
         const double* p = a.params.data() + 4 * i;
-        TORCH_CHECK_VALUE(p[3] >= 0 && p[3] < (1 << 30) && p[3] == std::floor(p[3]), "[rpe.torch] skip = ", p[3],
-                          " (", slot_names[i], "); expected an integer >= 0");
+        TORCH_CHECK_VALUE(p[3] >= 0 && p[3] < (1 << 30) && p[3] == std::floor(p[3]), "[rpe.torch] skip = ", p[3], " (",
+                          slot_names[i], "); expected an integer >= 0");
         s.terms[i] = make<S>(a.methods[i], a.modes[i], targets[i], p[0], p[1], p[2], static_cast<int64_t>(p[3]), H, D,
                              tabs[0].size(0) == 1);
         slots[i]->term = s.terms[i].get();
@@ -593,8 +603,8 @@ attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
     s.in.q = sref<S>(a.q);
     s.in.k = sref<S>(a.k);
     s.in.v = sref<S>(a.v);
-    TORCH_CHECK_VALUE(a.height >= 1 && a.width >= 1 && a.height < (1 << 30) && a.width < (1 << 30), "[rpe.torch] height = ",
-                      a.height, ", width = ", a.width, "; expected >= 1");
+    TORCH_CHECK_VALUE(a.height >= 1 && a.width >= 1 && a.height < (1 << 30) && a.width < (1 << 30),
+                      "[rpe.torch] height = ", a.height, ", width = ", a.width, "; expected >= 1");
     s.in.height = static_cast<int>(a.height);
     s.in.width = static_cast<int>(a.width);
     if (a.key_padding_mask.defined()) {
@@ -660,16 +670,16 @@ std::vector<at::Tensor> attention_backward_impl(attention_args& a, at::ScalarTyp
     }
     if (a.attn.defined()) {  // the forward's probabilities: not recomputed
         a.attn = prepared(a.attn, "attn", st);
-        rpe::attention_backward<S>(s.in, {.grad_out = cref<S>(a.grad_out),
-                                          .grad_q = mref<S>(gq),
-                                          .grad_k = mref<S>(gk),
-                                          .grad_v = mref<S>(gv),
-                                          .saved_attn = cref<S>(a.attn)},
+        rpe::attention_backward<S>(s.in,
+                                   {.grad_out = cref<S>(a.grad_out),
+                                    .grad_q = mref<S>(gq),
+                                    .grad_k = mref<S>(gk),
+                                    .grad_v = mref<S>(gv),
+                                    .saved_attn = cref<S>(a.attn)},
                                    s.opt);
     } else {
-        rpe::attention_backward<S>(s.in, {.grad_out = cref<S>(a.grad_out), .grad_q = mref<S>(gq), .grad_k = mref<S>(gk),
-                                          .grad_v = mref<S>(gv)},
-                                   s.opt);
+        rpe::attention_backward<S>(
+            s.in, {.grad_out = cref<S>(a.grad_out), .grad_q = mref<S>(gq), .grad_k = mref<S>(gk), .grad_v = mref<S>(gv)}, s.opt);
     }
     if (grad_freqs.defined()) result.push_back(grad_freqs);  // last: the rope frequencies' gradient
     return result;
@@ -714,18 +724,19 @@ attention_args make_args(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk,
-                             at::TensorList tv, c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok,
-                             c10::string_view mv, c10::string_view ov, at::ArrayRef<double> params, int64_t height, int64_t width,
-                             const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am, c10::optional<double> scale,
-                             c10::string_view rope_form, at::ArrayRef<double> rope_params,
-                             const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip, c10::string_view rope_layout,
-                             const c10::optional<at::Tensor>& rope_positions,
+                             at::TensorList tv, c10::string_view mq, c10::string_view oq, c10::string_view mk,
+                             c10::string_view ok, c10::string_view mv, c10::string_view ov, at::ArrayRef<double> params,
+                             int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
+                             const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
+                             at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
+                             c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
                              const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         const auto st = checked_float_type(q, "q");
-        return (st == at::kDouble ? attention_forward_impl<double>(a, st, false) : attention_forward_impl<float>(a, st, false))[0];
+        return (st == at::kDouble ? attention_forward_impl<double>(a, st, false)
+                                  : attention_forward_impl<float>(a, st, false))[0];
     });
 }
 
@@ -734,9 +745,10 @@ std::vector<at::Tensor> attention_forward_attn(const at::Tensor& q, const at::Te
                                                c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
                                                at::ArrayRef<double> params, int64_t height, int64_t width,
                                                const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
-                                               c10::optional<double> scale, c10::string_view rope_form, at::ArrayRef<double> rope_params,
-                                               const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
-                                               c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
+                                               c10::optional<double> scale, c10::string_view rope_form,
+                                               at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs,
+                                               int64_t rope_skip, c10::string_view rope_layout,
+                                               const c10::optional<at::Tensor>& rope_positions,
                                                const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
@@ -852,7 +864,8 @@ at::Tensor relative_log_coords(int64_t window_h, int64_t window_w, int64_t pretr
         const auto c = rpe::relative_log_coords(
             rpe::mapping::swin{.window_h = narrow(window_h, "window_h"), .window_w = narrow(window_w, "window_w")},
             rpe::log_coords_config{.pretrained_h = narrow(pretrained_h, "pretrained_h"),
-                                   .pretrained_w = narrow(pretrained_w, "pretrained_w"), .mode = parse_log_coords(mode)});
+                                   .pretrained_w = narrow(pretrained_w, "pretrained_w"),
+                                   .mode = parse_log_coords(mode)});
         at::Tensor out = at::empty({static_cast<int64_t>(c.size() / 2), 2}, at::TensorOptions().dtype(at::kFloat));
         std::copy(c.begin(), c.end(), out.data_ptr<float>());
         return out;
@@ -864,9 +877,14 @@ at::Tensor relative_log_coords(int64_t window_h, int64_t window_w, int64_t pretr
 template <class S>
 rpe::cpb_bias<S> make_cpb(const at::Tensor& raw, int64_t window_h, int64_t window_w, bool sigmoid16) {
     check_rank(raw, 2, "raw", "(K, H), the CPB MLP's output");
-    return rpe::cpb_bias<S>(rpe::mapping::swin{.window_h = narrow(window_h, "window_h"), .window_w = narrow(window_w, "window_w")},
-                            rpe::cpb_config{.num_heads = narrow(raw.size(1), "H"), .head_dim = 1, .sigmoid16 = sigmoid16,
-                                            .pretrained_h = 0, .pretrained_w = 0, .mode = rpe::log_coords::cr});
+    return rpe::cpb_bias<S>(
+        rpe::mapping::swin{.window_h = narrow(window_h, "window_h"), .window_w = narrow(window_w, "window_w")},
+        rpe::cpb_config{.num_heads = narrow(raw.size(1), "H"),
+                        .head_dim = 1,
+                        .sigmoid16 = sigmoid16,
+                        .pretrained_h = 0,
+                        .pretrained_w = 0,
+                        .mode = rpe::log_coords::cr});
 }
 
 // cpb_table: the (H, K) table from raw (cpb_bias::make_table); cpb_table_backward: grad_raw.
@@ -951,8 +969,12 @@ at::Tensor resize_rel_pos_backward(const at::Tensor& grad_out_in, int64_t in_len
 
 rpe::vit::decomposed_rel_pos_config decomposed_config(int64_t height, int64_t width, int64_t channels, int64_t skip,
                                                       bool unscaled_query) {
-    return {.height = narrow(height, "height"), .width = narrow(width, "width"), .num_heads = 1,
-            .head_dim = narrow(channels, "C"), .skip = narrow(skip, "skip"), .unscaled_query = unscaled_query};
+    return {.height = narrow(height, "height"),
+            .width = narrow(width, "width"),
+            .num_heads = 1,
+            .head_dim = narrow(channels, "C"),
+            .skip = narrow(skip, "skip"),
+            .unscaled_query = unscaled_query};
 }
 
 // SAM's rel_pos_h (Lh, C), rel_pos_w (Lw, C) -> the decomposed term's two (1, C, K) tables
@@ -992,8 +1014,10 @@ std::vector<at::Tensor> decomposed_tables_backward(const at::Tensor& g0_in, cons
 // 2D ALiBi's fixed (H, K) table (rpe::vit::alibi_2d_table) in float32 or float64.
 at::Tensor alibi_2d_table(int64_t num_heads, int64_t height, int64_t width, int64_t skip, bool float64) {
     return translating([&] {
-        const rpe::vit::alibi_2d_config cfg{.height = narrow(height, "height"), .width = narrow(width, "width"),
-                                            .num_heads = narrow(num_heads, "num_heads"), .head_dim = 1,
+        const rpe::vit::alibi_2d_config cfg{.height = narrow(height, "height"),
+                                            .width = narrow(width, "width"),
+                                            .num_heads = narrow(num_heads, "num_heads"),
+                                            .head_dim = 1,
                                             .skip = narrow(skip, "skip")};
         const auto fill = [&]<class S>(at::ScalarType st) {
             const auto t = rpe::vit::alibi_2d_table<S>(cfg);
@@ -1023,7 +1047,8 @@ std::vector<int64_t> cache_stats() {
     const rpe::host_cache_stats s = rpe::cache_statistics();
     std::vector<int64_t> out;
     for (const rpe::cache_stats& c : {s.bucket_ids, s.rope_tables})
-        for (const std::size_t v : {c.hits, c.misses, c.evictions, c.entries, c.bytes, c.budget}) out.push_back(static_cast<int64_t>(v));
+        for (const std::size_t v : {c.hits, c.misses, c.evictions, c.entries, c.bytes, c.budget})
+            out.push_back(static_cast<int64_t>(v));
     return out;
 }
 
@@ -1063,43 +1088,50 @@ TORCH_LIBRARY(rpe, m) {
     // for contextual q/k (scaled q or k), (B, H, L, L) probabilities for v, None for bias;
     // tables: [(Ht, K)] bias, [(Ht, D, K)] contextual q/k, [(Ht, K, D)] v; two for cross (rows,
     // cols). Returns (1, Ht, L, L) bias, (B, H, L, L) contextual q/k, (B, H, L, D) v.
-    m.def("term_forward(Tensor? x, Tensor[] tables, str method, str mode, str target, float alpha, float beta, "
-          "float gamma, int skip, int height, int width) -> Tensor");
+    m.def(
+        "term_forward(Tensor? x, Tensor[] tables, str method, str mode, str target, float alpha, float beta, "
+        "float gamma, int skip, int height, int width) -> Tensor");
     // Gradients of sum(out * grad_out): [grad_x (empty for bias), grad_table_0, (grad_table_1)].
-    m.def("term_backward(Tensor? x, Tensor[] tables, Tensor grad_out, str method, str mode, str target, float alpha, "
-          "float beta, float gamma, int skip, int height, int width) -> Tensor[]");
+    m.def(
+        "term_backward(Tensor? x, Tensor[] tables, Tensor grad_out, str method, str mode, str target, float alpha, "
+        "float beta, float gamma, int skip, int height, int width) -> Tensor[]");
     // The attention step: q, k, v (B, H, L, D) unscaled; method_* "" = no term on that slot;
     // params: (alpha, beta, gamma, skip) for q, k, v (12 values); scale: the softmax scale
     // (rpe::attention_options::scale, > 0; None = 1/sqrt(D)), applied by the kernels (q·scale
     // for q·kᵀ and the contextual k term, k·scale for the contextual q term; nothing is copied).
-    m.def("attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
-          "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
-          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale=None, str rope_form=\"\", "
-          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, str rope_layout=\"pairs\", "
-          "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) -> Tensor");
+    m.def(
+        "attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
+        "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
+        "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale=None, str rope_form=\"\", "
+        "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, str rope_layout=\"pairs\", "
+        "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) -> Tensor");
     // [out, attn]: attention_forward that also returns the (B, H, L, L) probabilities, for
     // attention_backward's `attn` (the backward then does not recompute them).
-    m.def("attention_forward_attn(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
-          "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
-          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale=None, str rope_form=\"\", "
-          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, str rope_layout=\"pairs\", "
-          "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) -> Tensor[]");
+    m.def(
+        "attention_forward_attn(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
+        "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
+        "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale=None, str rope_form=\"\", "
+        "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, str rope_layout=\"pairs\", "
+        "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) -> Tensor[]");
     // [grad_q, grad_k, grad_v, grad tables of q, then k, then v (, grad_rope_freqs for mixed)];
     // attn: attention_forward_attn's probabilities for the same arguments, or None to recompute.
-    m.def("attention_backward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
-          "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
-          "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale, Tensor grad_out, str rope_form=\"\", "
-          "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, Tensor? attn=None, "
-          "str rope_layout=\"pairs\", Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) "
-          "-> Tensor[]");
+    m.def(
+        "attention_backward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
+        "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
+        "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale, Tensor grad_out, str rope_form=\"\", "
+        "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, Tensor? attn=None, "
+        "str rope_layout=\"pairs\", Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) "
+        "-> Tensor[]");
     // 2D RoPE of x (B, H, L, D), L = skip + height*width + suffix (or skip + N + suffix with
     // positions (N, 2)): form axial (params [theta]), mixed (freqs (2, H, D/2)), cat (8 params)
     // or dinov3 (9 params, see make_rope); layout "pairs" or "half". Returns the rotated x.
-    m.def("rope_forward(Tensor x, str form, float[] params, Tensor? freqs, int skip, int height, int width, "
-          "str layout=\"pairs\", Tensor? positions=None, int suffix=0) -> Tensor");
+    m.def(
+        "rope_forward(Tensor x, str form, float[] params, Tensor? freqs, int skip, int height, int width, "
+        "str layout=\"pairs\", Tensor? positions=None, int suffix=0) -> Tensor");
     // [grad_x, grad_freqs (mixed; else empty)] of sum(y * grad_y).
-    m.def("rope_backward(Tensor x, Tensor grad_y, str form, float[] params, Tensor? freqs, int skip, int height, "
-          "int width, str layout=\"pairs\", Tensor? positions=None, int suffix=0) -> Tensor[]");
+    m.def(
+        "rope_backward(Tensor x, Tensor grad_y, str form, float[] params, Tensor? freqs, int skip, int height, "
+        "int width, str layout=\"pairs\", Tensor? positions=None, int suffix=0) -> Tensor[]");
     // rope-vit's initial RoPE-Mixed frequencies (2, H, D/2) for per-head angles (H,), float32.
     m.def("rope_mixed_init(float theta, int head_dim, Tensor angles) -> Tensor");
     // timm's (K, H) relative_position_bias_table <-> rpe's (H, K) table.
@@ -1119,10 +1151,12 @@ TORCH_LIBRARY(rpe, m) {
     m.def("resize_rel_pos_backward(Tensor grad_out, int in_length) -> Tensor");
     // SAM rel_pos_h (Lh, C), rel_pos_w (Lw, C) -> the "decomposed" term's tables [(1, C, K)] x 2,
     // and back (grad_rel_pos_h (length_h, C), grad_rel_pos_w (length_w, C)).
-    m.def("decomposed_tables(Tensor rel_pos_h, Tensor rel_pos_w, int height, int width, int skip, bool unscaled_query) "
-          "-> Tensor[]");
-    m.def("decomposed_tables_backward(Tensor grad_rows, Tensor grad_cols, int length_h, int length_w, int height, "
-          "int width, int skip, bool unscaled_query) -> Tensor[]");
+    m.def(
+        "decomposed_tables(Tensor rel_pos_h, Tensor rel_pos_w, int height, int width, int skip, bool unscaled_query) "
+        "-> Tensor[]");
+    m.def(
+        "decomposed_tables_backward(Tensor grad_rows, Tensor grad_cols, int length_h, int length_w, int height, "
+        "int width, int skip, bool unscaled_query) -> Tensor[]");
     // 2D ALiBi: the fixed (H, K) table of the "alibi" term and the per-head slopes.
     m.def("alibi_2d_table(int num_heads, int height, int width, int skip, bool float64) -> Tensor", &alibi_2d_table);
     m.def("alibi_slopes(int num_heads) -> float[]", &alibi_slopes);
@@ -1143,8 +1177,7 @@ TORCH_LIBRARY(rpe, m) {
     // K with the extra bucket (skip > 0), as the reference's get_single_rpe_config.
     m.def("num_buckets(str method, float alpha, float beta, float gamma, int skip) -> int", &num_buckets);
     // The (T, L, L) int32 bucket ids (T = 2 for cross), for inspection and tests only.
-    m.def("bucket_ids(str method, float alpha, float beta, float gamma, int skip, int height, int width) -> Tensor",
-          &bucket_ids);
+    m.def("bucket_ids(str method, float alpha, float beta, float gamma, int skip, int height, int width) -> Tensor", &bucket_ids);
 }
 
 TORCH_LIBRARY_IMPL(rpe, CPU, m) {

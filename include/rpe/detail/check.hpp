@@ -31,7 +31,9 @@ void check_shape(const tensor_ref<T>& t, const std::vector<std::int64_t>& expect
                  std::string_view name) {
     bool ok = t.rank == static_cast<int>(expected.size());
     for (int i = 0; ok && i < t.rank; ++i) ok = t.extent(i) == expected[static_cast<std::size_t>(i)];
-    if (!ok) throw invalid_argument(message(component, name, " has shape ", t.shape_string(), "; expected ", detail::shape_string(expected)));
+    if (!ok)
+        throw invalid_argument(
+            message(component, name, " has shape ", t.shape_string(), "; expected ", detail::shape_string(expected)));
     check_contiguous(t, component, name);
 }
 

@@ -59,13 +59,11 @@ inline std::string shape_string(const std::int64_t* dims, std::size_t n) {
 /// @brief shape_string of a contiguous range of int64 extents (`std::vector<std::int64_t>`,
 /// `std::span`, `std::array`, `at::IntArrayRef`, ...).
 template <class R>
-    requires requires(const R& r) {
-        { r.data() } -> std::convertible_to<const std::int64_t*>;
-        r.size();
-    }
-std::string shape_string(const R& dims) {
-    return shape_string(dims.data(), static_cast<std::size_t>(dims.size()));
+requires requires(const R& r) {
+    { r.data() } -> std::convertible_to<const std::int64_t*>;
+    r.size();
 }
+std::string shape_string(const R& dims) { return shape_string(dims.data(), static_cast<std::size_t>(dims.size())); }
 
 /// @brief Concatenates every part (append_part) into one string.
 template <class... Parts>

@@ -16,11 +16,11 @@ namespace rpe::detail {
 
 /// @brief The grid of a bucket id set: frames, rows, columns, extra tokens, and the extra ids.
 struct id_grid {
-    std::int64_t depth = 1;   ///< T
-    std::int64_t height = 1;  ///< H
-    std::int64_t width = 1;   ///< W
-    std::int64_t skip = 0;    ///< extra tokens before the grid
-    std::int64_t extra = 0;   ///< id of a pair whose query and key are both extra tokens (K − 1)
+    std::int64_t depth = 1;        ///< T
+    std::int64_t height = 1;       ///< H
+    std::int64_t width = 1;        ///< W
+    std::int64_t skip = 0;         ///< extra tokens before the grid
+    std::int64_t extra = 0;        ///< id of a pair whose query and key are both extra tokens (K − 1)
     std::int64_t extra_query = 0;  ///< id when only the query is an extra token (K − 1; BEiT: K − 3)
     std::int64_t extra_key = 0;    ///< id when only the key is an extra token (K − 1; BEiT: K − 2)
 
@@ -68,7 +68,7 @@ RPE_HOST_DEVICE void fill_id_row(const id_grid& g, const Src* off, std::int64_t 
             if (!transposed) {  // offsets (.., ci − cj) for cj = 0..W−1 run backwards through one offset row
                 const Src* src = off + ((ti - tj + t - 1) * oh + (ri - rj + h - 1)) * ow + (ci + w - 1);
                 for (std::int64_t cj = 0; cj < w; ++cj) out[cj] = static_cast<Id>(src[-cj]);
-            } else {            // offsets (.., cj − ci) run forwards
+            } else {  // offsets (.., cj − ci) run forwards
                 const Src* src = off + ((tj - ti + t - 1) * oh + (rj - ri + h - 1)) * ow + (w - 1 - ci);
                 for (std::int64_t cj = 0; cj < w; ++cj) out[cj] = static_cast<Id>(src[cj]);
             }

@@ -24,17 +24,17 @@ namespace rpe::detail {
 struct message_part {
     /// @brief What the part holds.
     enum class kind : unsigned char { text, signed_int, unsigned_int, float32, float64, float_long, character, boolean, pointer };
-    kind k = kind::text;              ///< the alternative held
-    const char* text = "";            ///< kind::text: the characters (not null-terminated)
-    unsigned long long length = 0;    ///< kind::text: their number
-    long long i = 0;                  ///< kind::signed_int
-    unsigned long long u = 0;         ///< kind::unsigned_int
-    double d = 0.0;                   ///< kind::float64
-    float f = 0.0f;                   ///< kind::float32
-    long double ld = 0.0L;            ///< kind::float_long
-    char c = '\0';                    ///< kind::character
-    bool b = false;                   ///< kind::boolean
-    const void* p = nullptr;          ///< kind::pointer
+    kind k = kind::text;            ///< the alternative held
+    const char* text = "";          ///< kind::text: the characters (not null-terminated)
+    unsigned long long length = 0;  ///< kind::text: their number
+    long long i = 0;                ///< kind::signed_int
+    unsigned long long u = 0;       ///< kind::unsigned_int
+    double d = 0.0;                 ///< kind::float64
+    float f = 0.0f;                 ///< kind::float32
+    long double ld = 0.0L;          ///< kind::float_long
+    char c = '\0';                  ///< kind::character
+    bool b = false;                 ///< kind::boolean
+    const void* p = nullptr;        ///< kind::pointer
 
     message_part() = default;
 
@@ -43,11 +43,15 @@ struct message_part {
     message_part(const T& v) {  // NOLINT(google-explicit-constructor): built from each argument of require
         using U = std::remove_cvref_t<T>;
         if constexpr (std::is_array_v<U>) {
-            static_assert(std::is_same_v<std::remove_cv_t<std::remove_extent_t<U>>, char>, "rpe: an array message part must be text");
+            static_assert(std::is_same_v<std::remove_cv_t<std::remove_extent_t<U>>, char>,
+                          "rpe: an array message part must be text");
             set_text(v, __builtin_strlen(v));
         } else if constexpr (std::is_same_v<U, const char*> || std::is_same_v<U, char*>) {
             set_text(v, __builtin_strlen(v));
-        } else if constexpr (requires { static_cast<const char*>(v.data()); v.size(); }) {
+        } else if constexpr (requires {
+                                 static_cast<const char*>(v.data());
+                                 v.size();
+                             }) {
             set_text(v.data(), static_cast<unsigned long long>(v.size()));
         } else if constexpr (std::is_same_v<U, char>) {
             k = kind::character;

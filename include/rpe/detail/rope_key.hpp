@@ -63,20 +63,27 @@ struct rope_policy_value final : rope_policy_base {
         return policy.angle(row, col, pair, head_dim, height, width);
     }
     [[nodiscard]] bool has_angle_at() const override {
-        if constexpr (position_axes_of<P>() == 3)
-            return requires(float a, int p, int d) { { policy.angle_at(a, a, a, p, d) } -> std::same_as<float>; };
+        if constexpr (position_axes_of<P>() == 3) return requires(float a, int p, int d) {
+                { policy.angle_at(a, a, a, p, d) } -> std::same_as<float>;
+            };
         else
-            return requires(float y, float x, int p, int d) { { policy.angle_at(y, x, p, d) } -> std::same_as<float>; };
+            return requires(float y, float x, int p, int d) {
+                { policy.angle_at(y, x, p, d) } -> std::same_as<float>;
+            };
     }
     [[nodiscard]] float angle_at(float y, float x, int pair, int head_dim) const override {
-        if constexpr (requires { { policy.angle_at(y, x, pair, head_dim) } -> std::same_as<float>; })
+        if constexpr (requires {
+                          { policy.angle_at(y, x, pair, head_dim) } -> std::same_as<float>;
+                      })
             return policy.angle_at(y, x, pair, head_dim);
         else
             return 0.0f;
     }
     [[nodiscard]] int position_axes() const override { return position_axes_of<P>(); }
     [[nodiscard]] float angle_at3(float a0, float a1, float a2, int pair, int head_dim) const override {
-        if constexpr (requires { { policy.angle_at(a0, a1, a2, pair, head_dim) } -> std::same_as<float>; })
+        if constexpr (requires {
+                          { policy.angle_at(a0, a1, a2, pair, head_dim) } -> std::same_as<float>;
+                      })
             return policy.angle_at(a0, a1, a2, pair, head_dim);
         else
             return 0.0f;

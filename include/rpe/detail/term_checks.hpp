@@ -34,13 +34,13 @@ struct term_dims {
 
 /// @brief A term's configuration as run-time values: what every backend checks calls against.
 struct term_layout {
-    int num_heads = 1;    ///< H
-    int head_dim = 1;     ///< D
-    bool shared_head = true;  ///< one table for all heads (Ht = 1)
-    int skip = 0;         ///< extra tokens before the grid
-    int num_buckets = 0;  ///< K, the extra skip bucket included
-    int num_tables = 1;   ///< 1, or 2 for Cross
-    bool bias = false;    ///< bias (true) or contextual (false) mode
+    int num_heads = 1;                      ///< H
+    int head_dim = 1;                       ///< D
+    bool shared_head = true;                ///< one table for all heads (Ht = 1)
+    int skip = 0;                           ///< extra tokens before the grid
+    int num_buckets = 0;                    ///< K, the extra skip bucket included
+    int num_tables = 1;                     ///< 1, or 2 for Cross
+    bool bias = false;                      ///< bias (true) or contextual (false) mode
     rpe::target target = rpe::target::key;  ///< q, k or v
 
     [[nodiscard]] int table_heads() const { return shared_head ? 1 : num_heads; }  ///< Ht
@@ -60,8 +60,8 @@ struct term_layout {
 /// @throws rpe::invalid_argument `[rpe.term] num_heads = ...; expected >= 1` (also head_dim,
 ///   skip, bias mode on values, K outside [1, 2^31 − 1)), and what `mapping_buckets` throws.
 template <class BucketsFn>
-term_layout make_term_layout(BucketsFn&& mapping_buckets, int num_tables, int num_heads, int head_dim, bool shared_head,
-                             int skip, bool bias, rpe::target target, int skip_buckets = 1) {
+term_layout make_term_layout(BucketsFn&& mapping_buckets, int num_tables, int num_heads, int head_dim, bool shared_head, int skip,
+                             bool bias, rpe::target target, int skip_buckets = 1) {
     require(num_heads >= 1, "term", "num_heads = ", num_heads, "; expected >= 1");
     require(head_dim >= 1, "term", "head_dim = ", head_dim, "; expected >= 1");
     require(skip >= 0, "term", "skip = ", skip, "; expected >= 0");
@@ -77,9 +77,7 @@ term_layout make_term_layout(BucketsFn&& mapping_buckets, int num_tables, int nu
 
 /// @brief Checks that `mode` is write::overwrite or write::accumulate (not a value cast from an int).
 /// @throws rpe::invalid_argument `[rpe.term] mode = 7; expected write::overwrite or write::accumulate`.
-inline void check_write_mode(write mode) {
-    require_enum(mode, 2, "term", "mode", "write::overwrite or write::accumulate");
-}
+inline void check_write_mode(write mode) { require_enum(mode, 2, "term", "mode", "write::overwrite or write::accumulate"); }
 
 /// @brief Name of table argument `t` in messages: "table" for single-table terms, else "tables[t]".
 inline const char* table_name(int num_tables, int t) {
@@ -125,11 +123,12 @@ template <class S>
 term_dims check_term_call(const term_layout& lay, const mapping_key_base& mapping, const bucket_ids& ids,
                           std::span<const tensor_ref<const S>> tables, tensor_ref<const S> x, tensor_ref<const S> y,
                           const char* y_name) {
-    require(static_cast<int>(tables.size()) == lay.num_tables, "term", "tables holds ", tables.size(),
-            " tables; expected ", lay.num_tables);
+    require(static_cast<int>(tables.size()) == lay.num_tables, "term", "tables holds ", tables.size(), " tables; expected ",
+            lay.num_tables);
     if (!(ids.key().mapping && ids.key().mapping->equals(mapping)))
-        throw invalid_argument(message("term", "bucket ids were built for another mapping (type or alpha/beta/gamma); "
-                                               "expected this term's mapping"));
+        throw invalid_argument(message("term",
+                                       "bucket ids were built for another mapping (type or alpha/beta/gamma); "
+                                       "expected this term's mapping"));
     require(ids.skip() == lay.skip, "term", "bucket ids have skip = ", ids.skip(), "; expected this term's skip = ", lay.skip);
     require(ids.num_tables() == lay.num_tables, "term", "bucket ids hold ", ids.num_tables(), " tables; expected ",
             lay.num_tables);
@@ -145,20 +144,21 @@ term_dims check_term_call(const term_layout& lay, const mapping_key_base& mappin
     for (int t = 0; t < lay.num_tables; ++t)
         require_extents(tables[static_cast<std::size_t>(t)], table_shape, "term", table_name(lay.num_tables, t));
     if (lay.bias) {
-        if (!(y.rank == 4 && y.extent(0) >= 1 && (y.extent(1) == d.table_heads || y.extent(1) == d.heads) &&
-              y.extent(2) == n && y.extent(3) == n))
-            throw invalid_argument(message("term", y_name, " has shape ", y.shape_string(), "; expected (B >= 1, ",
-                                           (d.heads == d.table_heads ? std::to_string(d.heads)
-                                                                     : std::to_string(d.heads) + " or " + std::to_string(d.table_heads)),
-                                           ", L, L) with L = ", n, " (bucket ids: skip ", ids.skip(), " + ", ids.grid_string(), ")"));
+        if (!(y.rank == 4 && y.extent(0) >= 1 && (y.extent(1) == d.table_heads || y.extent(1) == d.heads) && y.extent(2) == n &&
+              y.extent(3) == n))
+            throw invalid_argument(
+                message("term", y_name, " has shape ", y.shape_string(), "; expected (B >= 1, ",
+                        (d.heads == d.table_heads ? std::to_string(d.heads)
+                                                  : std::to_string(d.heads) + " or " + std::to_string(d.table_heads)),
+                        ", L, L) with L = ", n, " (bucket ids: skip ", ids.skip(), " + ", ids.grid_string(), ")"));
         require(is_empty_view(x), "term", "x must be empty ({}) in bias mode: the bias term does not read an input");
         d.batch = y.extent(0);
     } else {
         const bool value = lay.target == rpe::target::value;
         const std::int64_t x_last = value ? n : d.dim;
         if (!(x.rank == 4 && x.extent(0) >= 1 && x.extent(1) == d.heads && x.extent(2) == n && x.extent(3) == x_last))
-            throw invalid_argument(message("term", "x has shape ", x.shape_string(), "; expected (B >= 1, ", d.heads, ", ",
-                                           n, ", ", x_last, ") with L = ", n, " = skip ", ids.skip(), " + ", ids.grid_string()));
+            throw invalid_argument(message("term", "x has shape ", x.shape_string(), "; expected (B >= 1, ", d.heads, ", ", n,
+                                           ", ", x_last, ") with L = ", n, " = skip ", ids.skip(), " + ", ids.grid_string()));
         d.batch = x.extent(0);
         const std::array<std::int64_t, 4> y_shape{d.batch, d.heads, n, value ? d.dim : n};
         require_extents(y, y_shape, "term", y_name);
@@ -188,8 +188,8 @@ term_dims check_term_forward(const term_layout& lay, const mapping_key_base& map
 /// mode. Returns the kernel sizes. @throws rpe::invalid_argument `[rpe.term] ...`.
 template <class S>
 term_dims check_term_backward(const term_layout& lay, const mapping_key_base& mapping, const bucket_ids& ids,
-                              std::span<const tensor_ref<const S>> tables, tensor_ref<const S> x,
-                              tensor_ref<const S> grad_out, tensor_ref<S> grad_x, std::span<const tensor_ref<S>> grad_tables) {
+                              std::span<const tensor_ref<const S>> tables, tensor_ref<const S> x, tensor_ref<const S> grad_out,
+                              tensor_ref<S> grad_x, std::span<const tensor_ref<S>> grad_tables) {
     const term_dims d = check_term_call<S>(lay, mapping, ids, tables, x, grad_out, "grad_out");
     require(static_cast<int>(grad_tables.size()) == lay.num_tables, "term", "grad_tables holds ", grad_tables.size(),
             " tables; expected ", lay.num_tables);
@@ -211,14 +211,14 @@ term_dims check_term_backward(const term_layout& lay, const mapping_key_base& ma
     if (lay.bias) {
         require(is_empty_view(grad_x), "term", "grad_x must be empty ({}) in bias mode: the bias term has no input");
     } else if (!is_empty_view(grad_x)) {
-        require_extents(grad_x, std::span<const std::int64_t>(x.shape.data(), static_cast<std::size_t>(x.rank)), "term", "grad_x");
+        require_extents(grad_x, std::span<const std::int64_t>(x.shape.data(), static_cast<std::size_t>(x.rank)), "term",
+                        "grad_x");
         check_nonnull(grad_x, "term", "grad_x");
         check_no_overlap(grad_x, grad_out, "term", "grad_x", "grad_out");
         check_no_overlap(grad_x, x, "term", "grad_x", "x");
         for (int t = 0; t < lay.num_tables; ++t) {
             check_no_overlap(grad_x, tables[static_cast<std::size_t>(t)], "term", "grad_x", indexed_table_name(t));
-            check_no_overlap(grad_x, grad_tables[static_cast<std::size_t>(t)], "term", "grad_x",
-                             indexed_table_name(t, true));
+            check_no_overlap(grad_x, grad_tables[static_cast<std::size_t>(t)], "term", "grad_x", indexed_table_name(t, true));
         }
     }
     return d;

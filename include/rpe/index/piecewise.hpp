@@ -53,7 +53,8 @@ struct piecewise {
 
     /// @brief g at a real input (a distance): `round_half_even(x)` inside `|x| ≤ α`.
     RPE_HOST_DEVICE int operator()(float x) const {
-        if (detail::math::fabs(x) <= static_cast<float>(alpha)) return clamp_to_beta(static_cast<std::int64_t>(detail::math::nearbyint(x)));
+        if (detail::math::fabs(x) <= static_cast<float>(alpha))
+            return clamp_to_beta(static_cast<std::int64_t>(detail::math::nearbyint(x)));
         return outer(x);
     }
 

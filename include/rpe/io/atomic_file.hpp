@@ -51,7 +51,7 @@ namespace detail {
 /// allocation, no lock). A slot is free (0), being filled (1) or holds a path (2).
 class temporary_registry {
 public:
-    static constexpr int slots = 32;          ///< concurrent writes covered; more are written unprotected
+    static constexpr int slots = 32;               ///< concurrent writes covered; more are written unprotected
     static constexpr std::size_t max_path = 4096;  ///< longer paths are written unprotected
 
     static temporary_registry& instance() {
@@ -299,8 +299,8 @@ public:
 private:
     std::string target_;
     const char* component_;
-    std::string real_;       // target_, or the file a symbolic link target_ names
-    std::string temp_;       // empty when written in place or once committed / discarded
+    std::string real_;  // target_, or the file a symbolic link target_ names
+    std::string temp_;  // empty when written in place or once committed / discarded
     std::FILE* file_ = nullptr;
     bool in_place_ = false;  // a device, FIFO or socket
     int slot_ = -1;          // temp_'s slot in detail::temporary_registry, or -1
@@ -402,12 +402,14 @@ private:
 
     void require_open() const {
         if (file_ == nullptr)
-            throw runtime_error(rpe::detail::message(component_, target_, ": the temporary file is already committed or discarded"));
+            throw runtime_error(
+                rpe::detail::message(component_, target_, ": the temporary file is already committed or discarded"));
     }
 
     [[noreturn]] void fail(const char* what, int err) const {
         if (in_place_)  // a device or FIFO: what was written is gone, there is no old content to keep
-            throw runtime_error(rpe::detail::message(component_, target_, ": ", what, " (", std::generic_category().message(err), ")"));
+            throw runtime_error(
+                rpe::detail::message(component_, target_, ": ", what, " (", std::generic_category().message(err), ")"));
         throw runtime_error(rpe::detail::message(component_, target_, ": ", what, " (", std::generic_category().message(err),
                                                  "); ", target_, " is unchanged"));
     }

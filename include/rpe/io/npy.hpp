@@ -51,9 +51,8 @@ inline bool npy_decode_dtype(std::string_view descr, npy_dtype& out) {
         std::size_t size;
     };
     static constexpr entry table[] = {
-        {"<f4", 'f', 4}, {"<f8", 'f', 8}, {"<i4", 'i', 4}, {"<i8", 'i', 8},
-        {"|u1", 'u', 1}, {"|b1", 'b', 1}, {"<u2", 'u', 2}, {"<u4", 'u', 4},
-        {"<i2", 'i', 2}, {"|i1", 'i', 1}, {"<u8", 'u', 8},
+        {"<f4", 'f', 4}, {"<f8", 'f', 8}, {"<i4", 'i', 4}, {"<i8", 'i', 8}, {"|u1", 'u', 1}, {"|b1", 'b', 1},
+        {"<u2", 'u', 2}, {"<u4", 'u', 4}, {"<i2", 'i', 2}, {"|i1", 'i', 1}, {"<u8", 'u', 8},
     };
     for (const entry& e : table) {
         if (e.descr == descr) {
@@ -72,22 +71,35 @@ constexpr std::string_view npy_descr_of() {
     if constexpr (std::is_same_v<U, bool>) {
         return "|b1";
     } else if constexpr (std::is_floating_point_v<U>) {
-        if constexpr (std::is_same_v<U, float>) return "<f4";
-        else if constexpr (std::is_same_v<U, double>) return "<f8";
-        else return "";
+        if constexpr (std::is_same_v<U, float>)
+            return "<f4";
+        else if constexpr (std::is_same_v<U, double>)
+            return "<f8";
+        else
+            return "";
     } else if constexpr (std::is_integral_v<U>) {
         if constexpr (std::is_signed_v<U>) {
-            if constexpr (sizeof(U) == 1) return "|i1";
-            else if constexpr (sizeof(U) == 2) return "<i2";
-            else if constexpr (sizeof(U) == 4) return "<i4";
-            else if constexpr (sizeof(U) == 8) return "<i8";
-            else return "";
+            if constexpr (sizeof(U) == 1)
+                return "|i1";
+            else if constexpr (sizeof(U) == 2)
+                return "<i2";
+            else if constexpr (sizeof(U) == 4)
+                return "<i4";
+            else if constexpr (sizeof(U) == 8)
+                return "<i8";
+            else
+                return "";
         } else {
-            if constexpr (sizeof(U) == 1) return "|u1";
-            else if constexpr (sizeof(U) == 2) return "<u2";
-            else if constexpr (sizeof(U) == 4) return "<u4";
-            else if constexpr (sizeof(U) == 8) return "<u8";
-            else return "";
+            if constexpr (sizeof(U) == 1)
+                return "|u1";
+            else if constexpr (sizeof(U) == 2)
+                return "<u2";
+            else if constexpr (sizeof(U) == 4)
+                return "<u4";
+            else if constexpr (sizeof(U) == 8)
+                return "<u8";
+            else
+                return "";
         }
     } else {
         return "";
@@ -221,8 +233,8 @@ private:
     std::size_t pos_ = 0;
 
     [[noreturn]] void fail(const std::string& what) const {
-        throw runtime_error(rpe::detail::message("npy", name_, ": header is not a valid dict literal: ", what,
-                                                 " (at offset ", pos_, ")"));
+        throw runtime_error(
+            rpe::detail::message("npy", name_, ": header is not a valid dict literal: ", what, " (at offset ", pos_, ")"));
     }
     bool at(char c) const { return pos_ < s_.size() && s_[pos_] == c; }
     void expect(char c) {
@@ -230,8 +242,7 @@ private:
         ++pos_;
     }
     void skip_ws() {
-        while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
-            ++pos_;
+        while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
     }
     std::string parse_string() {
         if (!at('\'') && !at('"')) fail("expected a quoted string");
@@ -349,29 +360,38 @@ struct npy_array {
         const detail::npy_dtype d = checked_dtype();
         const std::size_t n = size();
         if (d.kind == 'f' && std::is_integral_v<T>)
-            throw invalid_argument(rpe::detail::message("npy", source, ": dtype ", dtype,
-                                                        " cannot be read as an integer type (",
+            throw invalid_argument(rpe::detail::message("npy", source, ": dtype ", dtype, " cannot be read as an integer type (",
                                                         detail::npy_type_name<T>(), ")"));
         std::vector<T> out(n);
         switch (d.kind) {
             case 'f':
                 if constexpr (std::is_floating_point_v<T>) {
-                    if (d.size == 4) convert<float, T>(out);
-                    else convert<double, T>(out);
+                    if (d.size == 4)
+                        convert<float, T>(out);
+                    else
+                        convert<double, T>(out);
                 }
                 break;
             case 'b': convert<std::uint8_t, T>(out, true); break;
             case 'u':
-                if (d.size == 1) convert<std::uint8_t, T>(out);
-                else if (d.size == 2) convert<std::uint16_t, T>(out);
-                else if (d.size == 4) convert<std::uint32_t, T>(out);
-                else convert<std::uint64_t, T>(out);
+                if (d.size == 1)
+                    convert<std::uint8_t, T>(out);
+                else if (d.size == 2)
+                    convert<std::uint16_t, T>(out);
+                else if (d.size == 4)
+                    convert<std::uint32_t, T>(out);
+                else
+                    convert<std::uint64_t, T>(out);
                 break;
             default:  // 'i'
-                if (d.size == 1) convert<std::int8_t, T>(out);
-                else if (d.size == 2) convert<std::int16_t, T>(out);
-                else if (d.size == 4) convert<std::int32_t, T>(out);
-                else convert<std::int64_t, T>(out);
+                if (d.size == 1)
+                    convert<std::int8_t, T>(out);
+                else if (d.size == 2)
+                    convert<std::int16_t, T>(out);
+                else if (d.size == 4)
+                    convert<std::int32_t, T>(out);
+                else
+                    convert<std::int64_t, T>(out);
                 break;
         }
         return out;
@@ -411,8 +431,8 @@ private:
             throw runtime_error(rpe::detail::message("npy", source, ": shape product overflows"));
         }));
         if (n * d.size != bytes.size())
-            throw runtime_error(rpe::detail::message("npy", source, ": holds ", bytes.size(), " bytes, shape needs ",
-                                                     n * d.size));
+            throw runtime_error(
+                rpe::detail::message("npy", source, ": holds ", bytes.size(), " bytes, shape needs ", n * d.size));
         return d;
     }
 
@@ -428,9 +448,8 @@ private:
                 if (is_bool) v = static_cast<S>(v != 0);
                 if constexpr (std::is_integral_v<T>) {
                     if (!detail::npy_int_fits<T>(v))
-                        throw out_of_range(rpe::detail::message("npy", source, ": element ", i, " (value ", +v,
-                                                                ") of dtype ", dtype, " does not fit ",
-                                                                detail::npy_type_name<T>()));
+                        throw out_of_range(rpe::detail::message("npy", source, ": element ", i, " (value ", +v, ") of dtype ",
+                                                                dtype, " does not fit ", detail::npy_type_name<T>()));
                 }
                 out[i] = static_cast<T>(v);
             }
@@ -455,7 +474,7 @@ namespace detail {
 /// @brief What a .npy header says: the array without its data bytes, where the data starts and
 /// how many bytes it takes. `bytes` must hold at least the header (the data may be missing).
 struct npy_layout {
-    npy_array array;             ///< source, dtype, shape; bytes empty
+    npy_array array;                ///< source, dtype, shape; bytes empty
     std::uint64_t data_offset = 0;  ///< prefix + header length
     std::uint64_t data_bytes = 0;   ///< elements × item size
 };
@@ -481,9 +500,7 @@ inline bool npy_header_complete(std::span<const std::byte> bytes) {
 /// @brief Parses the magic, version and header of a .npy file (see parse_npy()).
 /// @throws rpe::runtime_error as parse_npy() for everything before the data.
 inline npy_layout parse_npy_layout(std::span<const std::byte> bytes, const std::string& name) {
-    auto fail = [&](const auto&... parts) -> void {
-        throw runtime_error(rpe::detail::message("npy", name, ": ", parts...));
-    };
+    auto fail = [&](const auto&... parts) -> void { throw runtime_error(rpe::detail::message("npy", name, ": ", parts...)); };
     static constexpr unsigned char magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
     const std::size_t nmagic = bytes.size() < 6 ? bytes.size() : 6;
     for (std::size_t i = 0; i < nmagic; ++i)
@@ -504,8 +521,7 @@ inline npy_layout parse_npy_layout(std::span<const std::byte> bytes, const std::
     if (header_len > bytes.size() - prefix)
         fail("truncated header (header length ", header_len, ", only ", bytes.size() - prefix, " bytes follow)");
 
-    const std::string_view text(reinterpret_cast<const char*>(bytes.data() + prefix),
-                                static_cast<std::size_t>(header_len));
+    const std::string_view text(reinterpret_cast<const char*>(bytes.data() + prefix), static_cast<std::size_t>(header_len));
     npy_layout out;
     npy_array& a = out.array;
     a.source = name;
@@ -533,9 +549,11 @@ inline npy_array parse_npy(std::span<const std::byte> bytes, const std::string& 
     const std::uint64_t need = l.data_bytes;
     const std::size_t have = bytes.size() - static_cast<std::size_t>(l.data_offset);
     if (have < need)
-        throw runtime_error(rpe::detail::message("npy", name, ": data truncated: shape needs ", need, " bytes, file holds ", have));
+        throw runtime_error(
+            rpe::detail::message("npy", name, ": data truncated: shape needs ", need, " bytes, file holds ", have));
     if (have > need)
-        throw runtime_error(rpe::detail::message("npy", name, ": trailing bytes: shape needs ", need, " bytes, file holds ", have));
+        throw runtime_error(
+            rpe::detail::message("npy", name, ": trailing bytes: shape needs ", need, " bytes, file holds ", have));
     const std::byte* data = bytes.data() + l.data_offset;
     l.array.bytes.assign(data, data + need);
     return std::move(l.array);
@@ -564,7 +582,8 @@ inline npy_array load_npy(const std::string& path) {
     constexpr std::uint64_t unknown = std::numeric_limits<std::uint64_t>::max();
     std::uint64_t limit = unknown, data_bytes = 0;
     while (in && (limit == unknown || buf.size() <= limit)) {
-        const std::uint64_t want = limit == unknown ? chunk.size() : std::min<std::uint64_t>(chunk.size(), limit - buf.size() + 1);
+        const std::uint64_t want =
+            limit == unknown ? chunk.size() : std::min<std::uint64_t>(chunk.size(), limit - buf.size() + 1);
         in.read(chunk.data(), static_cast<std::streamsize>(want));
         const auto got = static_cast<std::size_t>(in.gcount());
         const auto* first = reinterpret_cast<const std::byte*>(chunk.data());
@@ -582,8 +601,8 @@ inline npy_array load_npy(const std::string& path) {
     }
     if (in.bad()) throw runtime_error(rpe::detail::message("npy", path, ": read failed"));
     if (limit != unknown && buf.size() > limit)
-        throw runtime_error(rpe::detail::message("npy", path, ": trailing bytes: shape needs ", data_bytes,
-                                                 " bytes, the file holds more"));
+        throw runtime_error(
+            rpe::detail::message("npy", path, ": trailing bytes: shape needs ", data_bytes, " bytes, the file holds more"));
     return parse_npy(buf, path);
 }
 
@@ -619,8 +638,7 @@ std::vector<std::byte> encode_npy_header(std::span<const std::int64_t> shape) {
     header.append((64 - unpadded % 64) % 64, ' ');
     header += '\n';
     if (header.size() > 65535)
-        throw invalid_argument(rpe::detail::message("npy", "header of ", header.size(),
-                                                    " bytes does not fit format 1.0"));
+        throw invalid_argument(rpe::detail::message("npy", "header of ", header.size(), " bytes does not fit format 1.0"));
     std::vector<std::byte> out(10 + header.size());
     static constexpr unsigned char prefix[8] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
     std::memcpy(out.data(), prefix, 8);

@@ -49,9 +49,8 @@ inline std::size_t safetensors_dtype_size(std::string_view dtype) {
         std::size_t size;
     };
     static constexpr entry table[] = {
-        {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2},
-        {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},     {"U32", 4},     {"F32", 4},
-        {"F64", 8},  {"I64", 8}, {"U64", 8},  {"C64", 8},
+        {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+        {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8}, {"C64", 8},
     };
     for (const entry& e : table)
         if (e.name == dtype) return e.size;
@@ -72,17 +71,27 @@ constexpr std::string_view safetensors_dtype_of() {
         return "F64";
     } else if constexpr (std::is_integral_v<U> && !std::is_same_v<U, char>) {
         if constexpr (std::is_signed_v<U>) {
-            if constexpr (sizeof(U) == 1) return "I8";
-            else if constexpr (sizeof(U) == 2) return "I16";
-            else if constexpr (sizeof(U) == 4) return "I32";
-            else if constexpr (sizeof(U) == 8) return "I64";
-            else return "";
+            if constexpr (sizeof(U) == 1)
+                return "I8";
+            else if constexpr (sizeof(U) == 2)
+                return "I16";
+            else if constexpr (sizeof(U) == 4)
+                return "I32";
+            else if constexpr (sizeof(U) == 8)
+                return "I64";
+            else
+                return "";
         } else {
-            if constexpr (sizeof(U) == 1) return "U8";
-            else if constexpr (sizeof(U) == 2) return "U16";
-            else if constexpr (sizeof(U) == 4) return "U32";
-            else if constexpr (sizeof(U) == 8) return "U64";
-            else return "";
+            if constexpr (sizeof(U) == 1)
+                return "U8";
+            else if constexpr (sizeof(U) == 2)
+                return "U16";
+            else if constexpr (sizeof(U) == 4)
+                return "U32";
+            else if constexpr (sizeof(U) == 8)
+                return "U64";
+            else
+                return "";
         }
     } else {
         return "";
@@ -244,9 +253,9 @@ public:
             throw invalid_argument(rpe::detail::message("safetensors", "tensor '", name, "' in ", name_, " has rank ",
                                                         ti.shape.size(), ", rank > ", max_rank, " cannot be viewed"));
         if (ti.begin % static_cast<std::int64_t>(alignof(T)) != 0)
-            throw runtime_error(rpe::detail::message("safetensors", "tensor '", name, "' in ", name_, ": data offset ",
-                                                     ti.begin, " is not aligned for ", ti.dtype, " (needs a multiple of ",
-                                                     alignof(T), "); use to_vector() to copy it"));
+            throw runtime_error(rpe::detail::message("safetensors", "tensor '", name, "' in ", name_, ": data offset ", ti.begin,
+                                                     " is not aligned for ", ti.dtype, " (needs a multiple of ", alignof(T),
+                                                     "); use to_vector() to copy it"));
         tensor_ref<const T> r;
         r.data = reinterpret_cast<const T*>(data_.get() + ti.begin);
         r.rank = static_cast<int>(ti.shape.size());
@@ -262,7 +271,8 @@ public:
         const tensor_info& ti = checked_info<T>(name);
         if (!std::equal(ti.shape.begin(), ti.shape.end(), expected_shape.begin(), expected_shape.end()))
             throw invalid_argument(rpe::detail::message("safetensors", "tensor '", name, "' in ", name_, " has shape ",
-                                                        rpe::detail::shape_string(ti.shape), ", expected ", shape_string(expected_shape)));
+                                                        rpe::detail::shape_string(ti.shape), ", expected ",
+                                                        shape_string(expected_shape)));
         return view<T>(name);
     }
 
@@ -296,8 +306,8 @@ private:
         static_assert(!want.empty(), "safetensors_file: T has no safetensors dtype that can be read in place");
         const tensor_info& ti = info(name);
         if (ti.dtype != want)
-            throw invalid_argument(rpe::detail::message("safetensors", "tensor '", name, "' in ", name_, " has dtype ",
-                                                        ti.dtype, ", expected ", want));
+            throw invalid_argument(rpe::detail::message("safetensors", "tensor '", name, "' in ", name_, " has dtype ", ti.dtype,
+                                                        ", expected ", want));
         return ti;
     }
 
@@ -438,8 +448,10 @@ private:
             if (d != 0 && nonzero > int64_max / item / d)
                 fail("entry '", key, "': shape product overflows: ", nonzero, " * ", d, " elements of ", item,
                      " bytes exceed int64 (the product of the non-zero extents must fit, even when an extent is 0)");
-            if (d == 0) empty = true;
-            else nonzero *= d;
+            if (d == 0)
+                empty = true;
+            else
+                nonzero *= d;
             ti.shape.push_back(static_cast<std::int64_t>(d));
         }
         const std::uint64_t count = empty ? 0 : nonzero;

@@ -31,8 +31,7 @@ struct product {
     /// @brief Id of offset (dr, dc) in [0, num_buckets()).
     RPE_HOST_DEVICE int bucket(int dr, int dc) const {
         const int b = index.beta_int();
-        return (index(static_cast<std::int64_t>(dr)) + b) * (2 * b + 1) +
-               (index(static_cast<std::int64_t>(dc)) + b);
+        return (index(static_cast<std::int64_t>(dr)) + b) * (2 * b + 1) + (index(static_cast<std::int64_t>(dc)) + b);
     }
 
     /// @brief Throws rpe::invalid_argument for invalid index parameters or too many buckets.

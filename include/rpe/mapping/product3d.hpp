@@ -25,9 +25,9 @@ namespace rpe::mapping {
 template <IndexFunction It = index::piecewise, IndexFunction Ir = It, IndexFunction Ic = Ir>
 struct product3d {
     static constexpr int dimensions = 3;  ///< marks a Mapping3D
-    It time{};  ///< g_t, applied to the frame offset dt
-    Ir row{};   ///< g_r, applied to the row offset dr
-    Ic col{};   ///< g_c, applied to the column offset dc
+    It time{};                            ///< g_t, applied to the frame offset dt
+    Ir row{};                             ///< g_r, applied to the row offset dr
+    Ic col{};                             ///< g_c, applied to the column offset dc
 
     /// @brief `(2βt+1)(2βr+1)(2βc+1)`.
     RPE_HOST_DEVICE constexpr int num_buckets() const {

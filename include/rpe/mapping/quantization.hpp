@@ -14,7 +14,6 @@
 #include "../detail/math.hpp"
 #include "../index/piecewise.hpp"
 
-
 namespace rpe::mapping {
 
 /// @brief Quantization as the reference code: `id = g(dr² + dc²) + βi` (g on the *squared*

@@ -45,9 +45,7 @@ struct shaw {
     }
 
     /// @brief Throws rpe::invalid_argument `[rpe.mapping.shaw] k = ...` unless `0 ≤ k < 2^30`.
-    void validate() const {
-        detail::require(k >= 0 && k < (1 << 30), "mapping.shaw", "k = ", k, "; expected 0 <= k < 2^30");
-    }
+    void validate() const { detail::require(k >= 0 && k < (1 << 30), "mapping.shaw", "k = ", k, "; expected 0 <= k < 2^30"); }
 
     friend constexpr bool operator==(const shaw&, const shaw&) = default;
 };

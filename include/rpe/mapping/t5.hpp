@@ -46,9 +46,9 @@ namespace rpe::mapping {
 /// the latter run in PyTorch at every offset in −1000..1000 for nine configurations).
 /// Defaults are T5's: 32 buckets, max_distance 128, bidirectional.
 struct t5 {
-    int buckets = 32;          ///< number of buckets (rows of the table), both directions together
-    int max_distance = 128;      ///< distances ≥ this share the last bucket of their direction
-    bool bidirectional = true;   ///< true: encoder (both directions); false: decoder (causal)
+    int buckets = 32;           ///< number of buckets (rows of the table), both directions together
+    int max_distance = 128;     ///< distances ≥ this share the last bucket of their direction
+    bool bidirectional = true;  ///< true: encoder (both directions); false: decoder (causal)
 
     /// @brief `buckets`. On the host (outside constant evaluation) it runs validate() first, so a
     /// count outside the valid range (a negative one included) throws rpe::invalid_argument
@@ -61,9 +61,7 @@ struct t5 {
     }
 
     /// @brief `max_exact` of the formula: half of the buckets of one direction.
-    RPE_HOST_DEVICE constexpr int max_exact() const {
-        return (bidirectional ? buckets / 2 : buckets) / 2;
-    }
+    RPE_HOST_DEVICE constexpr int max_exact() const { return (bidirectional ? buckets / 2 : buckets) / 2; }
 
     /// @brief Id of T5's relative position `j − i = −dc` (dr ignored), in [0, num_buckets()).
     RPE_HOST_DEVICE int bucket(int dr, int dc) const {
@@ -92,9 +90,8 @@ struct t5 {
     /// `... max_distance = ...` for the parameters the class comment excludes.
     void validate() const {
         const int least = bidirectional ? 4 : 2;
-        detail::require(buckets >= least && buckets < (1 << 30), "mapping.t5",
-                        "num_buckets = ", buckets, "; expected [", least, ", 2^30) for ",
-                        bidirectional ? "bidirectional" : "causal", " buckets");
+        detail::require(buckets >= least && buckets < (1 << 30), "mapping.t5", "num_buckets = ", buckets, "; expected [", least,
+                        ", 2^30) for ", bidirectional ? "bidirectional" : "causal", " buckets");
         detail::require(max_distance > max_exact(), "mapping.t5", "max_distance = ", max_distance,
                         "; expected > max_exact = ", max_exact(), " (half of the buckets of one direction)");
     }

@@ -26,7 +26,7 @@ template <Mapping M>
 struct within_grid {
     static constexpr int num_tables = detail::num_tables_of<M>();      ///< the inner mapping's
     static constexpr int skip_buckets = detail::skip_buckets_of<M>();  ///< the inner mapping's
-    M inner{};       ///< the mapping whose ids are used
+    M inner{};                                                         ///< the mapping whose ids are used
     int height = 1;  ///< the largest grid height it accepts (the grid it was built for)
     int width = 1;   ///< the largest grid width it accepts
 
@@ -55,9 +55,9 @@ struct within_grid {
     /// @brief Throws rpe::invalid_argument `[rpe.mapping.within_grid] grid = 9x9 is larger than
     /// the 8x8 grid the term was built for; ...` when the grid is taller or wider than the bound.
     void validate_grid(int grid_height, int grid_width) const {
-        detail::require(grid_height <= height && grid_width <= width, "mapping.within_grid", "grid = ", grid_height, "x", grid_width,
-                        " is larger than the ", height, "x", width, " grid the term was built for; expected height <= ", height,
-                        " and width <= ", width,
+        detail::require(grid_height <= height && grid_width <= width, "mapping.within_grid", "grid = ", grid_height, "x",
+                        grid_width, " is larger than the ", height, "x", width,
+                        " grid the term was built for; expected height <= ", height, " and width <= ", width,
                         " (its buckets cover the offsets of that grid only: build the term for the largest grid it runs on)");
         detail::validate_grid_of(inner, grid_height, grid_width);
     }

@@ -88,7 +88,8 @@ struct cat {
     void validate() const {
         detail::require(detail::math::isfinite(temperature) && temperature > 0.0f, "rope", "temperature = ", temperature,
                         "; expected finite and > 0");
-        detail::require(detail::math::isfinite(max_res) && max_res > 0.0f, "rope", "max_res = ", max_res, "; expected finite and > 0");
+        detail::require(detail::math::isfinite(max_res) && max_res > 0.0f, "rope", "max_res = ", max_res,
+                        "; expected finite and > 0");
         detail::require(detail::math::isfinite(grid_offset), "rope", "grid_offset = ", grid_offset, "; expected finite");
         detail::require(ref_height >= 0 && ref_width >= 0 && (ref_height > 0) == (ref_width > 0), "rope",
                         "ref_height, ref_width = ", ref_height, ", ", ref_width, "; expected both > 0 or both 0");

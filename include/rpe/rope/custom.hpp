@@ -24,8 +24,8 @@ public:
     custom() = default;
     /// @brief Holds a copy of `p`.
     template <RotaryPolicy P>
-        requires(!std::is_same_v<P, custom>)
-    explicit custom(const P& p) : held_(std::make_shared<const detail::rope_policy_value<P>>(p)) {}
+    requires(!std::is_same_v<P, custom>) explicit custom(const P& p)
+        : held_(std::make_shared<const detail::rope_policy_value<P>>(p)) {}
 
     /// @brief The held policy's angle (radians) of pair `pair` at (row, col).
     [[nodiscard]] float angle(int row, int col, int pair, int head_dim, int height, int width) const {

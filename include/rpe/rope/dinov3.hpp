@@ -38,13 +38,13 @@ enum class dinov3_normalize : unsigned char {
 /// Source: facebookresearch/dinov3 `dinov3/layers/rope_position_encoding.py`,
 /// RopePositionEmbedding; timm `timm/layers/pos_embed_sincos.py`, RotaryEmbeddingDinoV3.
 struct dinov3 {
-    float base = 100.0f;         ///< period base (used unless min_period and max_period are given)
-    float min_period = 0.0f;     ///< with max_period: the min/max period schedule (0 = none)
-    float max_period = 0.0f;     ///< with min_period (0 = none)
+    float base = 100.0f;                                      ///< period base (used unless min_period and max_period are given)
+    float min_period = 0.0f;                                  ///< with max_period: the min/max period schedule (0 = none)
+    float max_period = 0.0f;                                  ///< with min_period (0 = none)
     dinov3_normalize normalize = dinov3_normalize::separate;  ///< coordinate normalisation
-    float shift_y = 0.0f, shift_x = 0.0f;    ///< sampled shift per axis (DINOv3's shift_hw)
-    float jitter_y = 1.0f, jitter_x = 1.0f;  ///< sampled jitter multipliers per axis (jitter_hw)
-    float rescale = 1.0f;                    ///< sampled rescale multiplier (both axes)
+    float shift_y = 0.0f, shift_x = 0.0f;                     ///< sampled shift per axis (DINOv3's shift_hw)
+    float jitter_y = 1.0f, jitter_x = 1.0f;                   ///< sampled jitter multipliers per axis (jitter_hw)
+    float rescale = 1.0f;                                     ///< sampled rescale multiplier (both axes)
 
     static constexpr int head_dim_multiple = 4;
 
@@ -62,8 +62,8 @@ struct dinov3 {
     /// grid, in (−1, 1), before the augmentations.
     RPE_HOST_DEVICE float grid_coordinate(int i, int s, int height, int width) const {
         const int n = normalize == dinov3_normalize::separate ? s
-                      : normalize == dinov3_normalize::max   ? (height > width ? height : width)
-                                                             : (height < width ? height : width);
+                      : normalize == dinov3_normalize::max    ? (height > width ? height : width)
+                                                              : (height < width ? height : width);
         const float t = (static_cast<float>(i) + 0.5f) / static_cast<float>(n);
         return 2.0f * t - 1.0f;
     }
@@ -94,15 +94,14 @@ struct dinov3 {
     void validate() const {
         const bool periods = min_period != 0.0f || max_period != 0.0f;
         if (periods)
-            detail::require(std::isfinite(min_period) && std::isfinite(max_period) && min_period > 0.0f &&
-                                max_period > 0.0f,
+            detail::require(std::isfinite(min_period) && std::isfinite(max_period) && min_period > 0.0f && max_period > 0.0f,
                             "rope", "min_period, max_period = ", min_period, ", ", max_period,
                             "; expected both finite and > 0 (or both 0 for base)");
         else
             detail::require(std::isfinite(base) && base > 0.0f, "rope", "base = ", base, "; expected finite and > 0");
-        detail::require(normalize == dinov3_normalize::separate || normalize == dinov3_normalize::max ||
-                            normalize == dinov3_normalize::min,
-                        "rope", "normalize = ", static_cast<int>(normalize), "; expected separate, max or min");
+        detail::require(
+            normalize == dinov3_normalize::separate || normalize == dinov3_normalize::max || normalize == dinov3_normalize::min,
+            "rope", "normalize = ", static_cast<int>(normalize), "; expected separate, max or min");
         detail::require(std::isfinite(shift_y) && std::isfinite(shift_x), "rope", "shift = ", shift_y, ", ", shift_x,
                         "; expected finite");
         detail::require(std::isfinite(jitter_y) && std::isfinite(jitter_x) && jitter_y > 0.0f && jitter_x > 0.0f, "rope",

@@ -28,8 +28,6 @@ RPE_HOST_DEVICE constexpr std::int64_t first_channel(layout l, std::int64_t j, s
 RPE_HOST_DEVICE constexpr std::int64_t pair_stride(layout l, std::int64_t pairs) { return l == layout::half ? pairs : 1; }
 
 /// @brief "pairs" or "half" ("?" for a value outside the enumeration).
-constexpr const char* layout_name(layout l) {
-    return l == layout::pairs ? "pairs" : l == layout::half ? "half" : "?";
-}
+constexpr const char* layout_name(layout l) { return l == layout::pairs ? "pairs" : l == layout::half ? "half" : "?"; }
 
 }  // namespace rpe::rope

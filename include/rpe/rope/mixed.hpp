@@ -36,7 +36,9 @@ struct mixed {
     /// angle(row, col, fx, fy) at (row, col).
     RPE_HOST_DEVICE static float angle_at(float y, float x, float fx, float fy) { return detail::rounded_dot2(x, fx, y, fy); }
     /// @brief As angle_at(float, float, float, float), in double.
-    RPE_HOST_DEVICE static double angle_at(double y, double x, double fx, double fy) { return detail::rounded_dot2(x, fx, y, fy); }
+    RPE_HOST_DEVICE static double angle_at(double y, double x, double fx, double fy) {
+        return detail::rounded_dot2(x, fx, y, fy);
+    }
     /// @brief As angle(int, int, float, float), in double.
     RPE_HOST_DEVICE static double angle(int row, int col, double fx, double fy) {
         return detail::rounded_dot2(static_cast<double>(col), fx, static_cast<double>(row), fy);

@@ -68,16 +68,16 @@ struct mrope {
     /// @throws rpe::invalid_argument `[rpe.rope] theta = ...` or `[rpe.rope] mrope sections = ...`.
     void validate() const {
         detail::require(detail::math::isfinite(theta) && theta > 0.0f, "rope", "theta = ", theta, "; expected finite and > 0");
-        detail::require(section_t >= 0 && section_h >= 0 && section_w >= 0 && section_t + section_h + section_w >= 1,
-                        "rope", "mrope sections = ", section_t, ",", section_h, ",", section_w,
+        detail::require(section_t >= 0 && section_h >= 0 && section_w >= 0 && section_t + section_h + section_w >= 1, "rope",
+                        "mrope sections = ", section_t, ",", section_h, ",", section_w,
                         "; expected counts of frequency pairs >= 0 with a positive sum");
     }
     /// @brief The sections against the head: their sum is D/2.
     /// @throws rpe::invalid_argument `[rpe.rope] mrope sections = t,h,w sum to S; expected D/2 = ...`.
     void check_head_dim(int head_dim) const {
         const long long sum = static_cast<long long>(section_t) + section_h + section_w;
-        detail::require(2 * sum == head_dim, "rope", "mrope sections = ", section_t, ",", section_h, ",", section_w,
-                        " sum to ", sum, " frequency pairs; expected D/2 = ", head_dim / 2, " (head_dim D = ", head_dim, ")");
+        detail::require(2 * sum == head_dim, "rope", "mrope sections = ", section_t, ",", section_h, ",", section_w, " sum to ",
+                        sum, " frequency pairs; expected D/2 = ", head_dim / 2, " (head_dim D = ", head_dim, ")");
     }
     friend bool operator==(const mrope&, const mrope&) = default;
 };

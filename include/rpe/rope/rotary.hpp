@@ -46,10 +46,10 @@ using rope_form = std::variant<std::monostate, rope::axial, rope::mixed, rope::c
 /// @tparam S element type of the frequencies (float or double).
 template <class S>
 struct rotary_embedding {
-    rope_form form;               ///< std::monostate (no rotation) or a rope:: policy
-    int skip = 0;                 ///< leading tokens left unrotated (>= 0)
-    tensor_ref<const S> freqs = {};    ///< rope::mixed: (2, H, D/2) learned fx, fy; empty otherwise
-    tensor_ref<S> grad_freqs = {};     ///< rope::mixed backward: (2, H, D/2), overwritten; empty = not wanted
+    rope_form form;                             ///< std::monostate (no rotation) or a rope:: policy
+    int skip = 0;                               ///< leading tokens left unrotated (>= 0)
+    tensor_ref<const S> freqs = {};             ///< rope::mixed: (2, H, D/2) learned fx, fy; empty otherwise
+    tensor_ref<S> grad_freqs = {};              ///< rope::mixed backward: (2, H, D/2), overwritten; empty = not wanted
     rope::layout layout = rope::layout::pairs;  ///< channel pairing: (2j, 2j+1) or (j, j + D/2)
     /// Per-token positions instead of the grid: (N, A) float coordinates — integer or real — of
     /// the N = L − skip − suffix rotated tokens of q (and of x in the standalone rotation), in the
@@ -76,8 +76,8 @@ template <class S>
 struct rope_table {
     std::int64_t heads = 1, tokens = 0, pairs = 0;
     rope::layout layout = rope::layout::pairs;  ///< the channels of pair j (rotary_embedding::layout)
-    std::vector<S> cos, sin;    // (heads, tokens, pairs)
-    std::vector<float> tx, ty;  // (tokens): rope::mixed only
+    std::vector<S> cos, sin;                    // (heads, tokens, pairs)
+    std::vector<float> tx, ty;                  // (tokens): rope::mixed only
     /// @brief Offset of (head h of the call, grid token t, pair 0).
     [[nodiscard]] std::int64_t at(std::int64_t h, std::int64_t t) const { return ((heads == 1 ? 0 : h) * tokens + t) * pairs; }
 };
@@ -86,12 +86,17 @@ struct rope_table {
 /// declares `position_axes = 3` (rope::mrope's (t, h, w), directly or through rope::custom),
 /// else 2 (row, col).
 inline int rope_position_axes(const rope_form& form) {
-    return std::visit([](const auto& p) {
-        using P = std::remove_cvref_t<decltype(p)>;
-        if constexpr (std::is_same_v<P, rope::custom>) return p.position_axes();
-        else if constexpr (std::is_same_v<P, std::monostate>) return 2;
-        else return detail::position_axes_of<P>();
-    }, form);
+    return std::visit(
+        [](const auto& p) {
+            using P = std::remove_cvref_t<decltype(p)>;
+            if constexpr (std::is_same_v<P, rope::custom>)
+                return p.position_axes();
+            else if constexpr (std::is_same_v<P, std::monostate>)
+                return 2;
+            else
+                return detail::position_axes_of<P>();
+        },
+        form);
 }
 
 namespace detail {
@@ -106,37 +111,47 @@ namespace detail {
 ///   the form's: `rope positions has shape (N, 3); expected 2 axes (row, col)` or
 ///   `... (N, 2); expected 3 axes (t, h, w)`).
 template <class S>
-void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, std::int64_t d, int depth, int height,
-                int width, const char* component) {
+void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, std::int64_t d, int depth, int height, int width,
+                const char* component) {
     if (!r.enabled()) return;
     require(r.form.index() < std::variant_size_v<rope_form>, component, "rope form is valueless; expected a rope:: policy");
-    require(r.layout == rope::layout::pairs || r.layout == rope::layout::half, component, "rope layout = ",
-            static_cast<int>(r.layout), "; expected rope::layout::pairs or rope::layout::half");
-    std::visit([&](const auto& p) {
-        using P = std::remove_cvref_t<decltype(p)>;
-        if constexpr (!std::is_same_v<P, std::monostate>) {
-            p.validate();
-            int multiple = 1;
-            if constexpr (std::is_same_v<P, rope::custom>)
-                multiple = p.head_dim_multiple();
-            else
-                multiple = P::head_dim_multiple;
-            require(d >= multiple && d % multiple == 0, component, "rope needs head_dim D = ", d,
-                    " to be a positive multiple of ", multiple);
-            if constexpr (requires { p.check_head_dim(0); }) p.check_head_dim(static_cast<int>(d));  // mrope: sections vs D/2
-        }
-    }, r.form);
+    require(r.layout == rope::layout::pairs || r.layout == rope::layout::half, component,
+            "rope layout = ", static_cast<int>(r.layout), "; expected rope::layout::pairs or rope::layout::half");
+    std::visit(
+        [&](const auto& p) {
+            using P = std::remove_cvref_t<decltype(p)>;
+            if constexpr (!std::is_same_v<P, std::monostate>) {
+                p.validate();
+                int multiple = 1;
+                if constexpr (std::is_same_v<P, rope::custom>)
+                    multiple = p.head_dim_multiple();
+                else
+                    multiple = P::head_dim_multiple;
+                require(d >= multiple && d % multiple == 0, component, "rope needs head_dim D = ", d,
+                        " to be a positive multiple of ", multiple);
+                if constexpr (requires { p.check_head_dim(0); }) p.check_head_dim(static_cast<int>(d));  // mrope: sections vs D/2
+            }
+        },
+        r.form);
     require(r.skip >= 0, component, "rope skip = ", r.skip, "; expected >= 0");
     require(r.suffix >= 0, component, "rope suffix = ", r.suffix, "; expected >= 0");
     const std::int64_t rotated = l - r.skip - r.suffix;
     if (r.has_positions()) {
-        const bool fixed_has_at = std::visit([](const auto& p) {
-            using P = std::remove_cvref_t<decltype(p)>;
-            if constexpr (std::is_same_v<P, rope::custom>) return p.has_angle_at();
-            else if constexpr (std::is_same_v<P, rope::mixed> || std::is_same_v<P, std::monostate>) return true;
-            else return requires { { p.angle_at(0.0f, 0.0f, 0, 4) } -> std::same_as<float>; };
-        }, r.form);
-        require(fixed_has_at, component, "rope positions are given for a form without angle_at(y, x, pair, head_dim); expected the grid");
+        const bool fixed_has_at = std::visit(
+            [](const auto& p) {
+                using P = std::remove_cvref_t<decltype(p)>;
+                if constexpr (std::is_same_v<P, rope::custom>)
+                    return p.has_angle_at();
+                else if constexpr (std::is_same_v<P, rope::mixed> || std::is_same_v<P, std::monostate>)
+                    return true;
+                else
+                    return requires {
+                        { p.angle_at(0.0f, 0.0f, 0, 4) } -> std::same_as<float>;
+                    };
+            },
+            r.form);
+        require(fixed_has_at, component,
+                "rope positions are given for a form without angle_at(y, x, pair, head_dim); expected the grid");
         require(rotated >= 1, component, "L = ", l, "; expected rope skip + suffix = ", r.skip, " + ", r.suffix,
                 " below L (positions need rotated tokens)");
         const int axes = rope_position_axes(r.form);
@@ -149,7 +164,8 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
                         "; expected 2 axes (row, col), shape (", rotated, ", 2): the 2D forms take no third axis");
             else
                 require(p.extent(1) == 3, component, "rope ", name, " has shape ", p.shape_string(),
-                        "; expected 3 axes (t, h, w), shape (", rotated, ", 3): this form (rope::mrope) takes three position ids per token");
+                        "; expected 3 axes (t, h, w), shape (", rotated,
+                        ", 3): this form (rope::mrope) takes three position ids per token");
             check_shape(p, {rotated, axes}, component, (std::string("rope ") + name).c_str());
             check_nonnull(p, component, (std::string("rope ") + name).c_str());
             require(p.contiguous(), component, "rope ", name, " is a strided view; expected a contiguous buffer");
@@ -168,11 +184,11 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
         require(depth == 1, component, "rope needs a 2D grid; depth = ", depth, "; expected 1");
         require(height >= 1 && width >= 1, component, "rope grid height, width = ", height, ", ", width, "; expected >= 1");
         if (r.suffix == 0 && l != r.skip + static_cast<std::int64_t>(height) * width)
-            throw invalid_argument(message(component, "L = ", l, "; expected rope skip + height*width = ", r.skip, " + ",
-                                           height, "*", width));
+            throw invalid_argument(
+                message(component, "L = ", l, "; expected rope skip + height*width = ", r.skip, " + ", height, "*", width));
         if (r.suffix != 0 && l != r.skip + static_cast<std::int64_t>(height) * width + r.suffix)
-            throw invalid_argument(message(component, "L = ", l, "; expected rope skip + height*width + suffix = ", r.skip,
-                                           " + ", height, "*", width, " + ", r.suffix));
+            throw invalid_argument(message(component, "L = ", l, "; expected rope skip + height*width + suffix = ", r.skip, " + ",
+                                           height, "*", width, " + ", r.suffix));
     }
     if (r.is_mixed()) {
         check_shape(r.freqs, {2, h, d / 2}, component, "rope freqs");
@@ -205,7 +221,8 @@ std::int64_t check_rope_call(const rotary_embedding<S>& r, int height, int width
     check_no_overlap(out, x, "rope", out_name, "x");
     if (grad_y) check_no_overlap(out, *grad_y, "rope", out_name, "grad_y");
     check_no_overlap(out, r.freqs, "rope", out_name, "rope freqs");
-    require(r.key_positions.data == nullptr, "rope", "rope key_positions is given to a standalone rotation; expected "
+    require(r.key_positions.data == nullptr, "rope",
+            "rope key_positions is given to a standalone rotation; expected "
             "positions (key_positions is the fused attention's)");
     return b * h;
 }
@@ -324,32 +341,38 @@ rope_table<S> build_position_table(const rotary_embedding<S>& r, const tensor_re
                 }
         return t;
     }
-    std::visit([&](const auto& pol) {
-        using P = std::remove_cvref_t<decltype(pol)>;
-        if constexpr (!std::is_same_v<P, std::monostate> && !std::is_same_v<P, rope::mixed>) {
-            constexpr bool two = requires { { pol.angle_at(0.0f, 0.0f, 0, 4) } -> std::same_as<float>; };
-            constexpr bool three = requires { { pol.angle_at(0.0f, 0.0f, 0.0f, 0, 4) } -> std::same_as<float>; };
-            if constexpr (std::is_same_v<P, rope::custom> || two || three) {
-                const int axes = rope_position_axes(r.form);
-                // as build_rope_table: the angle in float32, cos and sin in double
-                const auto angle = [&](const float* c, int j) -> double {
-                    if constexpr (std::is_same_v<P, rope::custom>)
-                        return axes == 3 ? pol.angle_at(c[0], c[1], c[2], j, static_cast<int>(d))
-                                         : pol.angle_at(c[0], c[1], j, static_cast<int>(d));
-                    else if constexpr (three)
-                        return pol.angle_at(c[0], c[1], c[2], j, static_cast<int>(d));
-                    else
-                        return pol.angle_at(c[0], c[1], j, static_cast<int>(d));
+    std::visit(
+        [&](const auto& pol) {
+            using P = std::remove_cvref_t<decltype(pol)>;
+            if constexpr (!std::is_same_v<P, std::monostate> && !std::is_same_v<P, rope::mixed>) {
+                constexpr bool two = requires {
+                    { pol.angle_at(0.0f, 0.0f, 0, 4) } -> std::same_as<float>;
                 };
-                for (std::int64_t n = 0; n < t.tokens; ++n)
-                    for (std::int64_t j = 0; j < t.pairs; ++j) {
-                        const double a = angle(pos + axes * n, static_cast<int>(j));
-                        t.cos[static_cast<std::size_t>(n * t.pairs + j)] = static_cast<S>(std::cos(a));
-                        t.sin[static_cast<std::size_t>(n * t.pairs + j)] = static_cast<S>(std::sin(a));
-                    }
+                constexpr bool three = requires {
+                    { pol.angle_at(0.0f, 0.0f, 0.0f, 0, 4) } -> std::same_as<float>;
+                };
+                if constexpr (std::is_same_v<P, rope::custom> || two || three) {
+                    const int axes = rope_position_axes(r.form);
+                    // as build_rope_table: the angle in float32, cos and sin in double
+                    const auto angle = [&](const float* c, int j) -> double {
+                        if constexpr (std::is_same_v<P, rope::custom>)
+                            return axes == 3 ? pol.angle_at(c[0], c[1], c[2], j, static_cast<int>(d))
+                                             : pol.angle_at(c[0], c[1], j, static_cast<int>(d));
+                        else if constexpr (three)
+                            return pol.angle_at(c[0], c[1], c[2], j, static_cast<int>(d));
+                        else
+                            return pol.angle_at(c[0], c[1], j, static_cast<int>(d));
+                    };
+                    for (std::int64_t n = 0; n < t.tokens; ++n)
+                        for (std::int64_t j = 0; j < t.pairs; ++j) {
+                            const double a = angle(pos + axes * n, static_cast<int>(j));
+                            t.cos[static_cast<std::size_t>(n * t.pairs + j)] = static_cast<S>(std::cos(a));
+                            t.sin[static_cast<std::size_t>(n * t.pairs + j)] = static_cast<S>(std::sin(a));
+                        }
+                }
             }
-        }
-    }, r.form);
+        },
+        r.form);
     return t;
 }
 
@@ -364,8 +387,7 @@ struct rope_key {
     rope::layout layout = rope::layout::pairs;
     friend bool operator==(const rope_key& a, const rope_key& b) {
         return a.scalar_bytes == b.scalar_bytes && a.d == b.d && a.height == b.height && a.width == b.width &&
-               a.layout == b.layout &&
-               a.policy && b.policy && (a.policy == b.policy || a.policy->equals(*b.policy));
+               a.layout == b.layout && a.policy && b.policy && (a.policy == b.policy || a.policy->equals(*b.policy));
     }
 };
 /// @brief Hash of a rope_key: the policy's type and the sizes (equal policy types are told apart
@@ -389,11 +411,15 @@ struct rope_key_hash {
 template <class S>
 rope_key rope_key_of(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
     rope_key key{nullptr, static_cast<int>(sizeof(S)), d, height, width, r.layout};
-    std::visit([&](const auto& p) {
-        using P = std::remove_cvref_t<decltype(p)>;
-        if constexpr (std::is_same_v<P, rope::custom>) key.policy = p.policy();
-        else if constexpr (RotaryPolicy<P>) key.policy = std::make_shared<const rope_policy_value<P>>(p);
-    }, r.form);
+    std::visit(
+        [&](const auto& p) {
+            using P = std::remove_cvref_t<decltype(p)>;
+            if constexpr (std::is_same_v<P, rope::custom>)
+                key.policy = p.policy();
+            else if constexpr (RotaryPolicy<P>)
+                key.policy = std::make_shared<const rope_policy_value<P>>(p);
+        },
+        r.form);
     require(key.policy != nullptr, "rope", "no fixed table for this form");
     return key;
 }
@@ -449,7 +475,8 @@ rotary_embedding<S> key_rope(rotary_embedding<S> r) {
 /// @pre r checked by detail::check_rope; r.enabled().
 template <class S>
 std::shared_ptr<const rope_table<S>> rope_query_table(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
-    if (r.positions.data != nullptr) return std::make_shared<const rope_table<S>>(detail::build_position_table(r, r.positions, d));
+    if (r.positions.data != nullptr)
+        return std::make_shared<const rope_table<S>>(detail::build_position_table(r, r.positions, d));
     return rope_table_of(r, d, height, width);
 }
 
@@ -458,7 +485,8 @@ std::shared_ptr<const rope_table<S>> rope_query_table(const rotary_embedding<S>&
 template <class S>
 std::shared_ptr<const rope_table<S>> rope_key_table(const rotary_embedding<S>& r, std::int64_t d,
                                                     const std::shared_ptr<const rope_table<S>>& query) {
-    if (r.key_positions.data != nullptr) return std::make_shared<const rope_table<S>>(detail::build_position_table(r, r.key_positions, d));
+    if (r.key_positions.data != nullptr)
+        return std::make_shared<const rope_table<S>>(detail::build_position_table(r, r.key_positions, d));
     return query;
 }
 

@@ -54,7 +54,8 @@ static_assert(Mapping<decomposed_rel_pos_mapping_type> && decomposed_rel_pos_map
 /// or wider grid.
 /// @throws rpe::invalid_argument `[rpe.vit.decomposed] height = ...` for a side < 1 or > 2^29.
 inline decomposed_rel_pos_mapping_type decomposed_rel_pos_mapping(int height, int width) {
-    rpe::detail::require(height >= 1 && height <= (1 << 29), "vit.decomposed", "height = ", height, "; expected 1 <= height <= 2^29");
+    rpe::detail::require(height >= 1 && height <= (1 << 29), "vit.decomposed", "height = ", height,
+                         "; expected 1 <= height <= 2^29");
     rpe::detail::require(width >= 1 && width <= (1 << 29), "vit.decomposed", "width = ", width, "; expected 1 <= width <= 2^29");
     return {.inner = mapping::cross<index::clip>{index::clip{static_cast<double>((height > width ? height : width) - 1)}},
             .height = height,
@@ -83,8 +84,9 @@ struct decomposed_rel_pos_config {
 ///   bad heads, head_dim or skip.
 template <class S = float>
 decomposed_rel_pos_term<S> make_decomposed_rel_pos_term(const decomposed_rel_pos_config& c) {
-    return decomposed_rel_pos_term<S>(decomposed_rel_pos_mapping(c.height, c.width),
-                                      term_config{.num_heads = c.num_heads, .head_dim = c.head_dim, .shared_head = true, .skip = c.skip});
+    return decomposed_rel_pos_term<S>(
+        decomposed_rel_pos_mapping(c.height, c.width),
+        term_config{.num_heads = c.num_heads, .head_dim = c.head_dim, .shared_head = true, .skip = c.skip});
 }
 
 namespace detail_decomposed {
@@ -112,8 +114,8 @@ resize_tap<S> resize_tap_of(std::int64_t o, std::int64_t in, std::int64_t out) {
 
 template <class T>
 void check_rel_pos_table(const tensor_ref<T>& t, const char* name) {
-    rpe::detail::require(t.rank == 2 && t.extent(0) >= 1 && t.extent(1) >= 1, "vit.decomposed", name, " has shape ", t.shape_string(),
-            "; expected (length, C) with length, C >= 1");
+    rpe::detail::require(t.rank == 2 && t.extent(0) >= 1 && t.extent(1) >= 1, "vit.decomposed", name, " has shape ",
+                         t.shape_string(), "; expected (length, C) with length, C >= 1");
     rpe::detail::check_nonnull(t, "vit.decomposed", name);
 }
 
@@ -130,7 +132,7 @@ void resize_rel_pos(tensor_ref<const S> rel_pos, tensor_ref<S> out) {
     detail_decomposed::check_rel_pos_table(rel_pos, "rel_pos");
     detail_decomposed::check_rel_pos_table(out, "out");
     rpe::detail::require(out.extent(1) == rel_pos.extent(1), "vit.decomposed", "out has shape ", out.shape_string(),
-                    "; expected C = ", rel_pos.extent(1), " columns as rel_pos");
+                         "; expected C = ", rel_pos.extent(1), " columns as rel_pos");
     rpe::detail::check_no_overlap(out, rel_pos, "vit.decomposed", "out", "rel_pos");
     const std::int64_t in = rel_pos.extent(0), n = out.extent(0), c = rel_pos.extent(1);
     for (std::int64_t o = 0; o < n; ++o) {
@@ -149,7 +151,7 @@ void resize_rel_pos_backward(tensor_ref<const S> grad_out, tensor_ref<S> grad_re
     detail_decomposed::check_rel_pos_table(grad_out, "grad_out");
     detail_decomposed::check_rel_pos_table(grad_rel_pos, "grad_rel_pos");
     rpe::detail::require(grad_rel_pos.extent(1) == grad_out.extent(1), "vit.decomposed", "grad_rel_pos has shape ",
-                    grad_rel_pos.shape_string(), "; expected C = ", grad_out.extent(1), " columns as grad_out");
+                         grad_rel_pos.shape_string(), "; expected C = ", grad_out.extent(1), " columns as grad_out");
     rpe::detail::check_no_overlap(grad_rel_pos, grad_out, "vit.decomposed", "grad_rel_pos", "grad_out");
     rpe::detail::check_write_mode(mode);
     const std::int64_t in = grad_rel_pos.extent(0), n = grad_out.extent(0), c = grad_out.extent(1);
@@ -175,10 +177,10 @@ std::int64_t check_decomposed_load(const decomposed_rel_pos_config& c, const ten
     rpe::detail::require(c.skip >= 0, "vit.decomposed", "skip = ", c.skip, "; expected >= 0");
     check_rel_pos_table(h, h_name);
     check_rel_pos_table(w, w_name);
-    rpe::detail::require(h.extent(1) == c.head_dim, "vit.decomposed", h_name, " has shape ", h.shape_string(), "; expected C = head_dim = ",
-            c.head_dim, " columns");
-    rpe::detail::require(w.extent(1) == c.head_dim, "vit.decomposed", w_name, " has shape ", w.shape_string(), "; expected C = head_dim = ",
-            c.head_dim, " columns");
+    rpe::detail::require(h.extent(1) == c.head_dim, "vit.decomposed", h_name, " has shape ", h.shape_string(),
+                         "; expected C = head_dim = ", c.head_dim, " columns");
+    rpe::detail::require(w.extent(1) == c.head_dim, "vit.decomposed", w_name, " has shape ", w.shape_string(),
+                         "; expected C = head_dim = ", c.head_dim, " columns");
     const std::int64_t k = m.num_buckets() + (c.skip > 0 ? 1 : 0);
     for (int t = 0; t < 2; ++t) {
         const std::string name = std::string(tables_name) + "[" + std::to_string(t) + "]";
@@ -212,7 +214,8 @@ S decomposed_table_factor(const decomposed_rel_pos_config& c) {
 template <class S>
 void load_decomposed_rel_pos(const decomposed_rel_pos_config& c, tensor_ref<const S> rel_pos_h, tensor_ref<const S> rel_pos_w,
                              const std::array<tensor_ref<S>, 2>& tables) {
-    const std::int64_t k = detail_decomposed::check_decomposed_load(c, rel_pos_h, rel_pos_w, tables, "rel_pos_h", "rel_pos_w", "tables");
+    const std::int64_t k =
+        detail_decomposed::check_decomposed_load(c, rel_pos_h, rel_pos_w, tables, "rel_pos_h", "rel_pos_w", "tables");
     const std::int64_t m = c.height > c.width ? c.height : c.width, d = c.head_dim;
     const S f = detail_decomposed::decomposed_table_factor<S>(c);
     const int sides[2] = {c.height, c.width};
@@ -242,8 +245,8 @@ void load_decomposed_rel_pos(const decomposed_rel_pos_config& c, tensor_ref<cons
 template <class S>
 void load_decomposed_rel_pos_backward(const decomposed_rel_pos_config& c, const std::array<tensor_ref<const S>, 2>& grad_tables,
                                       tensor_ref<S> grad_rel_pos_h, tensor_ref<S> grad_rel_pos_w) {
-    const std::int64_t k =
-        detail_decomposed::check_decomposed_load(c, grad_rel_pos_h, grad_rel_pos_w, grad_tables, "grad_rel_pos_h", "grad_rel_pos_w", "grad_tables");
+    const std::int64_t k = detail_decomposed::check_decomposed_load(c, grad_rel_pos_h, grad_rel_pos_w, grad_tables,
+                                                                    "grad_rel_pos_h", "grad_rel_pos_w", "grad_tables");
     rpe::detail::check_no_overlap(grad_rel_pos_h, grad_rel_pos_w, "vit.decomposed", "grad_rel_pos_h", "grad_rel_pos_w");
     const std::int64_t m = c.height > c.width ? c.height : c.width, d = c.head_dim;
     const S f = detail_decomposed::decomposed_table_factor<S>(c);

@@ -69,8 +69,8 @@ enum class log_coords {
 
 /// @brief Options of relative_log_coords, by name: `{.pretrained_h = 12, .pretrained_w = 12}`.
 struct log_coords_config {
-    int pretrained_h = 0;  ///< pre-training window rows; 0 (with pretrained_w 0): normalise by this window
-    int pretrained_w = 0;  ///< pre-training window columns
+    int pretrained_h = 0;                ///< pre-training window rows; 0 (with pretrained_w 0): normalise by this window
+    int pretrained_w = 0;                ///< pre-training window columns
     log_coords mode = log_coords::swin;  ///< swin (SwinV2) or cr
 };
 
@@ -129,11 +129,11 @@ inline std::vector<float> relative_log_coords(const mapping::swin& window, const
 
 /// @brief Configuration of a cpb_bias, by name: `{.num_heads = 4, .head_dim = 32, .pretrained_h = 12, .pretrained_w = 12}`.
 struct cpb_config {
-    int num_heads = 0;           ///< H ≥ 1: the MLP's outputs per bucket
-    int head_dim = 1;            ///< D of the attention the term joins (checked there; the bias ignores it)
-    bool sigmoid16 = true;       ///< table = 16·sigmoid(MLP output) (SwinV2); false: the output itself
-    int pretrained_h = 0;        ///< pre-training window (log_coords_config), 0: this window
-    int pretrained_w = 0;        ///< pre-training window columns
+    int num_heads = 0;                   ///< H ≥ 1: the MLP's outputs per bucket
+    int head_dim = 1;                    ///< D of the attention the term joins (checked there; the bias ignores it)
+    bool sigmoid16 = true;               ///< table = 16·sigmoid(MLP output) (SwinV2); false: the output itself
+    int pretrained_h = 0;                ///< pre-training window (log_coords_config), 0: this window
+    int pretrained_w = 0;                ///< pre-training window columns
     log_coords mode = log_coords::swin;  ///< coordinate recipe
 };
 
@@ -163,16 +163,17 @@ public:
     /// @brief The bias of `window` with `config`. @throws as relative_log_coords and the term.
     cpb_bias(mapping::swin window, const cpb_config& config)
         : config_(config),
-          term_(window, term_config{.num_heads = config.num_heads, .head_dim = config.head_dim, .shared_head = false, .skip = 0}) {
+          term_(window,
+                term_config{.num_heads = config.num_heads, .head_dim = config.head_dim, .shared_head = false, .skip = 0}) {
         const auto c = relative_log_coords(window, {config.pretrained_h, config.pretrained_w, config.mode});
         coords_.assign(c.begin(), c.end());
     }
 
     [[nodiscard]] const term_type& term() const { return term_; }                  ///< the Swin bias term
     [[nodiscard]] const mapping::swin& window() const { return term_.mapping(); }  ///< the window
-    [[nodiscard]] int num_heads() const { return config_.num_heads; }                ///< H
-    [[nodiscard]] int num_buckets() const { return term_.num_buckets(); }            ///< K = (2Wh−1)(2Ww−1)
-    [[nodiscard]] const cpb_config& config() const { return config_; }               ///< the configuration
+    [[nodiscard]] int num_heads() const { return config_.num_heads; }              ///< H
+    [[nodiscard]] int num_buckets() const { return term_.num_buckets(); }          ///< K = (2Wh−1)(2Ww−1)
+    [[nodiscard]] const cpb_config& config() const { return config_; }             ///< the configuration
     /// @brief The MLP's input: (K, 2) coordinates (relative_log_coords, float32 values in S).
     [[nodiscard]] tensor_ref<const S> coords() const { return {coords_.data(), {num_buckets(), 2}}; }
     /// @brief The window's bucket ids (L = Wh·Ww), shared through `cache`. @throws as bucket_cache::get.
@@ -208,8 +209,7 @@ public:
     /// `grad_raw[k, h] (+)= grad_table[h, k] · 16·σ(raw[k, h])·(1 − σ(raw[k, h]))` (or `· 1`
     /// without sigmoid16); `mode` (required): write::overwrite (=) or write::accumulate (+=).
     /// @throws rpe::invalid_argument `[rpe.cpb] ...` as make_table.
-    void backward_table(tensor_ref<const S> raw, tensor_ref<const S> grad_table, tensor_ref<S> grad_raw,
-                        write mode) const {
+    void backward_table(tensor_ref<const S> raw, tensor_ref<const S> grad_table, tensor_ref<S> grad_raw, write mode) const {
         detail::check_write_mode(mode);
         check_raw(raw, "raw");
         check_table(grad_table, "grad_table");
@@ -237,8 +237,8 @@ public:
 
     /// @brief Backward of forward: `grad_raw` (K, H) of `sum(out · grad_out)`.
     /// @throws as backward_table and term_type::backward.
-    RPE_ISA_TAG void backward(const rpe::bucket_ids& ids, tensor_ref<const S> raw, tensor_ref<const S> grad_out, tensor_ref<S> grad_raw,
-                  write mode) const {
+    RPE_ISA_TAG void backward(const rpe::bucket_ids& ids, tensor_ref<const S> raw, tensor_ref<const S> grad_out,
+                              tensor_ref<S> grad_raw, write mode) const {
         check_raw(raw, "raw");
         check_raw(grad_raw, "grad_raw");
         const std::int64_t n = static_cast<std::int64_t>(num_heads()) * num_buckets();

@@ -47,15 +47,15 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 /// One lookup table of one term, prepared for the fused kernels.
 template <class S, class Id>
 struct fused_table {
-    cpu::id_rows<Id> rows;    // id(i, j) for k and v; id(j, i) at [i, j] for q (transposed)
-    int slot = 0;             // index of this table's block of ids (see load_block_ids)
-    const Id* full = nullptr; // (L, L) ids made once per call (see materialise_ids), or null
-    const S* table = nullptr; // bias (Ht, K); contextual q/k (Ht, D, K); v (Ht, K, D)
-    S* grad = nullptr;        // same shape as table, or null
+    cpu::id_rows<Id> rows;     // id(i, j) for k and v; id(j, i) at [i, j] for q (transposed)
+    int slot = 0;              // index of this table's block of ids (see load_block_ids)
+    const Id* full = nullptr;  // (L, L) ids made once per call (see materialise_ids), or null
+    const S* table = nullptr;  // bias (Ht, K); contextual q/k (Ht, D, K); v (Ht, K, D)
+    S* grad = nullptr;         // same shape as table, or null
     std::int64_t table_heads = 1;
-    std::int64_t k = 0;       // buckets of this table (extra bucket included)
+    std::int64_t k = 0;  // buckets of this table (extra bucket included)
     bool bias = false;
-    S* partial = nullptr;     // (items, table size): per-(plane, chunk) gradient partials (backward)
+    S* partial = nullptr;  // (items, table size): per-(plane, chunk) gradient partials (backward)
     [[nodiscard]] std::int64_t head(std::int64_t h) const { return table_heads == 1 ? 0 : h; }
 };
 
@@ -64,17 +64,19 @@ struct fused_plan {
     std::int64_t b = 0, h = 0, l = 0, d = 0, k = 0, rb = 0;
     S scale = 1;
     std::vector<fused_table<S, Id>> on_q, on_k, on_v;
-    int tables = 0;  // tables in on_q, on_k, on_v together
-    cpu::plane_rows<S> qv, kv, vv;                  // q, v as given (maybe strided); k as given, or the rotated copy with RoPE
-    std::shared_ptr<const rope_table<S>> rope;     // cos/sin of the queries with RoPE, else null
-    std::shared_ptr<const rope_table<S>> rope_k;   // of the keys (== rope unless key_positions)
+    int tables = 0;                               // tables in on_q, on_k, on_v together
+    cpu::plane_rows<S> qv, kv, vv;                // q, v as given (maybe strided); k as given, or the rotated copy with RoPE
+    std::shared_ptr<const rope_table<S>> rope;    // cos/sin of the queries with RoPE, else null
+    std::shared_ptr<const rope_table<S>> rope_k;  // of the keys (== rope unless key_positions)
     std::int64_t rope_skip = 0;
 
     // The scaled (and, with RoPE, rotated) queries of rows [i0, i0 + rb) of plane p into qs (rb, D).
     void load_queries(std::int64_t p, std::int64_t i0, std::int64_t rb, S* qs) const {
         const S* src = qv.plane(p) + i0 * qv.sl;
-        if (rope) cpu::rope_rotate_rows(*rope, p % h, rope_skip, i0, rb, d, src, qs, scale, false, qv.sl);
-        else cpu::map<S>(qs, rb, d) = qv.rows(p, i0, rb, d) * scale;
+        if (rope)
+            cpu::rope_rotate_rows(*rope, p % h, rope_skip, i0, rb, d, src, qs, scale, false, qv.sl);
+        else
+            cpu::map<S>(qs, rb, d) = qv.rows(p, i0, rb, d) * scale;
     }
 };
 
@@ -93,8 +95,8 @@ void rotate_keys(fused_plan<S, Id>& plan, S* kr) {
 }
 
 template <class S, class Id>
-void add_tables(fused_plan<S, Id>& plan, const attention_term<S>& slot,
-                const std::shared_ptr<const bucket_ids>& ids, std::vector<fused_table<S, Id>>& out, bool want_grads) {
+void add_tables(fused_plan<S, Id>& plan, const attention_term<S>& slot, const std::shared_ptr<const bucket_ids>& ids,
+                std::vector<fused_table<S, Id>>& out, bool want_grads) {
     if (!slot.term) return;
     const auto shape = slot.term->table_shape();
     const int n = slot.term->num_tables();
@@ -201,8 +203,7 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
             else
                 cpu::gather_add_strided(row, tq + static_cast<std::int64_t>(q) * n * plan.k, t.k, ids, n);
         }
-        if (in.attn_mask.data)
-            map<S>(row, 1, n).array() += cmap<S>(in.attn_mask.data + (i0 + i) * n, 1, n).array();
+        if (in.attn_mask.data) map<S>(row, 1, n).array() += cmap<S>(in.attn_mask.data + (i0 + i) * n, 1, n).array();
         cpu::softmax_row(row, n, mask);
     }
 }
@@ -235,8 +236,7 @@ bool has_contextual_query(const fused_plan<S, Id>& plan) {
 // The contextual q products of every plane, (planes, nq, L, K), into tq, computed once before
 // the row blocks (which may run on different threads); ks_s: (L, D) per thread.
 template <class S, class Id>
-void all_query_products(const fused_plan<S, Id>& plan, const cpu::thread_scratch<S>& ks_s,
-                        S* tq) {
+void all_query_products(const fused_plan<S, Id>& plan, const cpu::thread_scratch<S>& ks_s, S* tq) {
     const std::int64_t n = plan.l, planes = plan.b * plan.h;
     const std::int64_t per_plane = static_cast<std::int64_t>(plan.on_q.size()) * n * plan.k;
 #if defined(_OPENMP)
@@ -262,7 +262,8 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     add_tables(plan, in.rpe_k, ids[1], plan.on_k, want_grads);
     add_tables(plan, in.rpe_v, ids[2], plan.on_v, want_grads);
     require(opt.row_block >= 0, "attention", "row_block = ", opt.row_block, "; expected >= 0");
-    plan.rb = opt.row_block > 0 ? opt.row_block : std::max<std::int64_t>(32, (std::int64_t{1} << 17) / std::max<std::int64_t>(s.l, 1));
+    plan.rb =
+        opt.row_block > 0 ? opt.row_block : std::max<std::int64_t>(32, (std::int64_t{1} << 17) / std::max<std::int64_t>(s.l, 1));
     plan.rb = std::min(plan.rb, s.l);
     plan.qv = cpu::plane_rows<S>(in.q);
     plan.kv = cpu::plane_rows<S>(in.k);
@@ -352,8 +353,7 @@ void plane_query_gradients(fused_plan<S, Id>& plan, S* gq_part, std::int64_t p, 
         gk.noalias() += plan.scale * (g * tab.transpose());
         // table partial of plane p lives in its chunk-0 item: Σ (k·s)ᵀ·g = s·kᵀ·g
         if (t.grad)
-            map<S>(t.partial + p * chunks * d * tk, d, tk).noalias() +=
-                plan.scale * (plan.kv.rows(p, 0, n, d).transpose() * g);
+            map<S>(t.partial + p * chunks * d * tk, d, tk).noalias() += plan.scale * (plan.kv.rows(p, 0, n, d).transpose() * g);
     }
 }
 
@@ -446,8 +446,10 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 load_block_ids(plan, i0, rb, idbuf, blk);
                 plan.load_queries(p, i0, rb, qs);
                 const S* pr = lg;  // the block's probabilities: given, or recomputed into lg
-                if (attn.data) pr = attn.data + (p * n + i0) * n;
-                else block_probabilities(plan, in, p, i0, rb, qs, tqp, blk, lg, work);
+                if (attn.data)
+                    pr = attn.data + (p * n + i0) * n;
+                else
+                    block_probabilities(plan, in, p, i0, rb, qs, tqp, blk, lg, work);
                 const auto P = cmap<S>(pr, rb, n);
                 const auto go = cmap<S>(grad_out.data + (p * n + i0) * d, rb, d);
                 auto dP = map<S>(dp, rb, n);
@@ -482,7 +484,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
                         dq.noalias() += cmap<S>(work, rb, tk) * tab.transpose();
                         if (t.grad)
-                            map<S>(t.partial + item * d * tk, d, tk).noalias() += cmap<S>(qs, rb, d).transpose() * cmap<S>(work, rb, tk);
+                            map<S>(t.partial + item * d * tk, d, tk).noalias() +=
+                                cmap<S>(qs, rb, d).transpose() * cmap<S>(work, rb, tk);
                     }
                 }
                 for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
@@ -499,8 +502,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 }
                 S* gq_rows = grad_q.data + (p * n + i0) * d;
                 if (plan.rope) {  // dq is the gradient of the rotated, scaled queries qs
-                    if (rope_freqs) cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, i0, rb, qs, dqs, ga_s.data() + p * rope_n * rope_pairs,
-                                                               plan.rope->layout, rope_n);
+                    if (rope_freqs)
+                        cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, i0, rb, qs, dqs,
+                                                  ga_s.data() + p * rope_n * rope_pairs, plan.rope->layout, rope_n);
                     cpu::rope_rotate_rows(*plan.rope, h, plan.rope_skip, i0, rb, d, dqs, gq_rows, plan.scale, true);
                 } else {
                     map<S>(gq_rows, rb, d) = dq * plan.scale;
@@ -528,8 +532,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
             if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back
                 S* g = grad_k.data + p * n * d;
                 if (rope_freqs)
-                    cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, n, plan.kv.plane(p), g, ga_k() + p * rope_nk * rope_pairs,
-                                              plan.rope_k->layout, rope_nk);
+                    cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, n, plan.kv.plane(p), g,
+                                              ga_k() + p * rope_nk * rope_pairs, plan.rope_k->layout, rope_nk);
                 cpu::rope_rotate_rows(*plan.rope_k, h, plan.rope_skip, 0, n, d, g, g, S(1), true);
             }
         }
@@ -622,10 +626,10 @@ void attention_backward(const attention_inputs<S>& in, const attention_gradients
 /// `attention_backward(in, {.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k,
 /// .grad_v = grad_v}, opt)`. @throws as attention_backward.
 template <class S>
-void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
-                        tensor_ref<S> grad_k, tensor_ref<S> grad_v, const attention_options& opt = {}) {
-    rpe::cpu::attention_backward(in, attention_gradients<S>{.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k, .grad_v = grad_v},
-                                 opt);
+void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k,
+                        tensor_ref<S> grad_v, const attention_options& opt = {}) {
+    rpe::cpu::attention_backward(
+        in, attention_gradients<S>{.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k, .grad_v = grad_v}, opt);
 }
 
 /// @brief The standalone RoPE rotation under the backend's name (as rpe::cuda::rope_forward /
@@ -648,9 +652,8 @@ extern template void attention_backward<double>(const attention_inputs<double>&,
                                                 const attention_options&);
 extern template void attention_backward<float>(const attention_inputs<float>&, tensor_ref<const float>, tensor_ref<float>,
                                                tensor_ref<float>, tensor_ref<float>, const attention_options&);
-extern template void attention_backward<double>(const attention_inputs<double>&, tensor_ref<const double>,
-                                                tensor_ref<double>, tensor_ref<double>, tensor_ref<double>,
-                                                const attention_options&);
+extern template void attention_backward<double>(const attention_inputs<double>&, tensor_ref<const double>, tensor_ref<double>,
+                                                tensor_ref<double>, tensor_ref<double>, const attention_options&);
 #endif
 
 }  // namespace RPE_ISA_NS

@@ -115,8 +115,8 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
             cmap<S>(qs.data() + p * n * s.d, n, s.d) * cmap<S>(in.k.data + p * n * s.d, n, s.d).transpose();
     const tensor_ref<const S> qs_ref(qs.data(), {s.b, s.h, s.l, s.d});
     if (in.rpe_k.term)
-        cpu::term_forward<S>(*in.rpe_k.term, *ids_k, in.rpe_k.tables, in.rpe_k.term->contextual() ? qs_ref : tensor_ref<const S>{}, attn,
-                               write::accumulate);
+        cpu::term_forward<S>(*in.rpe_k.term, *ids_k, in.rpe_k.tables,
+                             in.rpe_k.term->contextual() ? qs_ref : tensor_ref<const S>{}, attn, write::accumulate);
     if (in.rpe_q.term) {
         tensor_ref<const S> ks_ref;
         if (in.rpe_q.term->contextual()) {
@@ -157,9 +157,8 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
     detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
     detail::check_nonnull(attn, "attention", "attn");
     detail::check_attention_gradients(in, s, attn, grad_out, grad_q, grad_k, grad_v);
-    if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) {
-            composed_attention_backward(c, attn, grad_out, grad_q, grad_k, grad_v);
-        }))
+    if (detail::on_contiguous_qkv(
+            in, [&](const attention_inputs<S>& c) { composed_attention_backward(c, attn, grad_out, grad_q, grad_k, grad_v); }))
         return;
     if (in.rope.enabled()) {  // RoPE: the step on rotated q, k, then rpe::rope_backward of both
         const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
@@ -233,7 +232,7 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
         const auto g = grad_tables_of(in.rpe_k);
         const bool ctx = in.rpe_k.term->contextual();
         cpu::term_backward<S>(*in.rpe_k.term, *ids_k, in.rpe_k.tables, ctx ? qs_ref : tensor_ref<const S>{}, grad_logits,
-                                ctx ? grad_q : tensor_ref<S>{}, g, write::accumulate);
+                              ctx ? grad_q : tensor_ref<S>{}, g, write::accumulate);
     }
     for (std::int64_t e = 0; e < grad_q.size(); ++e) grad_q.data[e] *= scale;
     if (in.rpe_q.term) {
@@ -241,7 +240,7 @@ void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const
         if (in.rpe_q.term->contextual()) {
             std::vector<S> grad_ks(static_cast<std::size_t>(in.k.size()));
             cpu::term_backward<S>(*in.rpe_q.term, *ids_q, in.rpe_q.tables, ks_ref, grad_logits,
-                                    tensor_ref<S>(grad_ks.data(), {s.b, s.h, s.l, s.d}), g, write::accumulate);
+                                  tensor_ref<S>(grad_ks.data(), {s.b, s.h, s.l, s.d}), g, write::accumulate);
             for (std::int64_t e = 0; e < grad_k.size(); ++e) grad_k.data[e] += scale * grad_ks[e];
         } else {
             cpu::term_backward<S>(*in.rpe_q.term, *ids_q, in.rpe_q.tables, {}, grad_logits, {}, g, write::accumulate);

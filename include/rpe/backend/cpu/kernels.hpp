@@ -134,8 +134,7 @@ void scatter_rows(const S* g, const Id* idb, std::int64_t rows, std::int64_t n, 
 /// or with `per_token` false one row (K) shared by all tokens (bias). Vectorised (gather_row), one
 /// pass over the output (written, or added to when `accumulate`).
 template <class S, class Id>
-void gather(const S* t, const id_rows<Id>& ids, std::int64_t n, std::int64_t k, bool per_token, bool accumulate, Id* row,
-            S* o) {
+void gather(const S* t, const id_rows<Id>& ids, std::int64_t n, std::int64_t k, bool per_token, bool accumulate, Id* row, S* o) {
     for (std::int64_t i = 0; i < n; ++i) {
         S* oi = o + i * n;
         const Id* r = ids(i, 1, row);
@@ -162,8 +161,8 @@ void gather(const S* t, const id_rows<Id>& ids, std::int64_t n, std::int64_t k, 
 /// With `chunks` > 1, partial holds planes·chunks entries, plane p's at [p·chunks, (p+1)·chunks),
 /// summed in that order.
 template <class S>
-void reduce_partials(const S* partial, std::int64_t planes, std::int64_t heads, std::int64_t table_heads,
-                     std::int64_t size, bool accumulate, S* grad_table, std::int64_t chunks = 1) {
+void reduce_partials(const S* partial, std::int64_t planes, std::int64_t heads, std::int64_t table_heads, std::int64_t size,
+                     bool accumulate, S* grad_table, std::int64_t chunks = 1) {
     if (!accumulate) std::fill(grad_table, grad_table + table_heads * size, S(0));
     for (std::int64_t e = 0; e < planes * chunks; ++e) {
         S* dst = grad_table + (table_heads == 1 ? 0 : (e / chunks) % heads) * size;
@@ -174,8 +173,8 @@ void reduce_partials(const S* partial, std::int64_t planes, std::int64_t heads, 
 
 /// @brief Bias forward. table (Ht, K); out (Bo, Ho, L, L) with Ho ∈ {Ht, H}: out[b,h,i,j] (+)= table[h', id].
 template <class S, class Id>
-void bias_forward(const dims& d, const id_rows<Id>& ids, const S* table, std::int64_t out_batch,
-                  std::int64_t out_heads, bool accumulate, S* out) {
+void bias_forward(const dims& d, const id_rows<Id>& ids, const S* table, std::int64_t out_batch, std::int64_t out_heads,
+                  bool accumulate, S* out) {
     const std::int64_t n = d.length, planes = out_batch * out_heads;
     workspace ws;
     thread_scratch<Id> row(ws, n);
@@ -193,8 +192,8 @@ void bias_forward(const dims& d, const id_rows<Id>& ids, const S* table, std::in
 /// @brief Bias backward. grad (Bo, Ho, L, L) → grad_table (Ht, K) (+)= Σ over pairs, batch and
 /// (for a shared table) heads, accumulated in plane order.
 template <class S, class Id>
-void bias_backward(const dims& d, const id_rows<Id>& ids, const S* grad, std::int64_t grad_batch,
-                   std::int64_t grad_heads, bool accumulate, S* grad_table) {
+void bias_backward(const dims& d, const id_rows<Id>& ids, const S* grad, std::int64_t grad_batch, std::int64_t grad_heads,
+                   bool accumulate, S* grad_table) {
     const std::int64_t n = d.length, k = d.buckets;
     const std::int64_t planes = grad_batch * grad_heads;
     workspace ws;
@@ -240,8 +239,8 @@ void contextual_qk_forward(const dims& d, const id_rows<Id>& ids, const S* x, co
 /// grad_x (+)= G·table[h']ᵀ (added when `accumulate_x`); grad_table[h'] (+)= Σ_b,(h) xᵀ·G (added
 /// when `accumulate_table`). Either output may be null (not wanted).
 template <class S, class Id>
-void contextual_qk_backward(const dims& d, const id_rows<Id>& ids, const S* x, const S* table, const S* grad,
-                            bool accumulate_x, bool accumulate_table, S* grad_x, S* grad_table) {
+void contextual_qk_backward(const dims& d, const id_rows<Id>& ids, const S* x, const S* table, const S* grad, bool accumulate_x,
+                            bool accumulate_table, S* grad_x, S* grad_table) {
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
     workspace ws;
     thread_scratch<S> work(ws, n * k);
@@ -298,8 +297,8 @@ void contextual_v_forward(const dims& d, const id_rows<Id>& ids, const S* a, con
 /// @brief Contextual value backward: grad_a[i,j] (+)= (grad_out·table[h']ᵀ)[i, id(i,j)];
 /// grad_table[h'] (+)= Σ Sᵀ·grad_out. Either output may be null.
 template <class S, class Id>
-void contextual_v_backward(const dims& d, const id_rows<Id>& ids, const S* a, const S* table, const S* grad_out,
-                           bool accumulate, S* grad_a, S* grad_table) {
+void contextual_v_backward(const dims& d, const id_rows<Id>& ids, const S* a, const S* table, const S* grad_out, bool accumulate,
+                           S* grad_a, S* grad_table) {
     const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
     workspace ws;
     thread_scratch<S> work(ws, n * k);

@@ -86,8 +86,8 @@ void rope_half_to_pairs(const S* x, std::int64_t np, S* out) {
 /// interleaved). src and dst are (rb, D), src rows `src_stride` apart (−1: D, contiguous; 0 is
 /// a real stride: one row repeated); they may be the same buffer.
 template <class S>
-void rope_rotate_rows(const rope_table<S>& t, std::int64_t h, std::int64_t skip, std::int64_t i0, std::int64_t rb,
-                      std::int64_t d, const S* src, S* dst, S scale, bool inverse, std::int64_t src_stride = -1) {
+void rope_rotate_rows(const rope_table<S>& t, std::int64_t h, std::int64_t skip, std::int64_t i0, std::int64_t rb, std::int64_t d,
+                      const S* src, S* dst, S scale, bool inverse, std::int64_t src_stride = -1) {
     const S sign = inverse ? S(-1) : S(1);
     const std::int64_t ss = src_stride < 0 ? d : src_stride, np = t.pairs;
     const bool half = t.layout == rope::layout::half;
@@ -120,8 +120,8 @@ void rope_rotate_rows(const rope_table<S>& t, std::int64_t h, std::int64_t skip,
 /// (a, b) of `layout`, added into ga (rotated tokens, D/2) at row i − skip (skip tokens and the
 /// suffix, from skip + tokens on, have none).
 template <class S>
-void rope_angle_grad_rows(std::int64_t pairs, std::int64_t skip, std::int64_t i0, std::int64_t rb, const S* y, const S* g,
-                          S* ga, rope::layout layout, std::int64_t tokens) {
+void rope_angle_grad_rows(std::int64_t pairs, std::int64_t skip, std::int64_t i0, std::int64_t rb, const S* y, const S* g, S* ga,
+                          rope::layout layout, std::int64_t tokens) {
     const std::int64_t d = 2 * pairs;
     const bool half = layout == rope::layout::half;
     std::vector<S> buf(half ? static_cast<std::size_t>(2 * d) : 0);  // y, g interleaved
@@ -161,7 +161,8 @@ void rope_frequency_grad(const rope_table<S>& t, std::int64_t planes, std::int64
         for (std::int64_t p = h; p < planes; p += heads)
             for (std::int64_t i = 0; i < n; ++i) {
                 const S* a = ga + (p * n + i) * pairs;
-                const S tx = static_cast<S>(t.tx[static_cast<std::size_t>(i)]), ty = static_cast<S>(t.ty[static_cast<std::size_t>(i)]);
+                const S tx = static_cast<S>(t.tx[static_cast<std::size_t>(i)]),
+                        ty = static_cast<S>(t.ty[static_cast<std::size_t>(i)]);
                 for (std::int64_t j = 0; j < pairs; ++j) {
                     gx[j] += tx * a[j];
                     gy[j] += ty * a[j];
@@ -190,7 +191,8 @@ inline namespace RPE_ISA_NS {  // see isa.hpp
 /// Source: rope-vit apply_rotary_emb; timm apply_rot_embed_cat (see rpe::rope).
 template <class S>
 void rope_forward(const rotary_embedding<S>& r, int height, int width, tensor_ref<const S> x, tensor_ref<S> y) {
-    const std::int64_t planes = detail::check_rope_call(r, height, width, x, static_cast<const tensor_ref<const S>*>(nullptr), y, "y");
+    const std::int64_t planes =
+        detail::check_rope_call(r, height, width, x, static_cast<const tensor_ref<const S>*>(nullptr), y, "y");
     const std::int64_t l = x.extent(2), d = x.extent(3), heads = x.extent(1);
     if (!r.enabled()) {
         std::copy(x.data, x.data + x.size(), y.data);
@@ -236,8 +238,8 @@ void rope_backward(const rotary_embedding<S>& r, int height, int width, tensor_r
             const std::int64_t h = p % heads;
             if (want_freqs) {
                 detail::cpu::rope_rotate_rows(*t, h, r.skip, 0, l, d, x.data + p * l * d, y.data(), S(1), false);
-                detail::cpu::rope_angle_grad_rows(pairs, r.skip, 0, l, y.data(), grad_y.data + p * l * d, ga.data() + p * n * pairs,
-                                                  t->layout, n);
+                detail::cpu::rope_angle_grad_rows(pairs, r.skip, 0, l, y.data(), grad_y.data + p * l * d,
+                                                  ga.data() + p * n * pairs, t->layout, n);
             }
             detail::cpu::rope_rotate_rows(*t, h, r.skip, 0, l, d, grad_y.data + p * l * d, grad_x.data + p * l * d, S(1), true);
         }

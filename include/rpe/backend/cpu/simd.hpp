@@ -144,7 +144,8 @@ inline void gather_row_strided(S* row, const S* w, std::int64_t k, const Id* ids
 #elif defined(__AVX2__)
     if constexpr (std::is_same_v<S, float>) {
         if (8 * k < (std::int64_t{1} << 30)) {
-            const __m256i lane_k = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(k)));
+            const __m256i lane_k =
+                _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(k)));
             for (; j + 8 <= n; j += 8) {
                 const __m256i idx = _mm256_add_epi32(lane_k, simd::load_ids8(ids + j));
                 const __m256 v = _mm256_i32gather_ps(w + j * k, idx, 4);

@@ -40,7 +40,7 @@ public:
         if (bytes > capacity_) {
             buffer_.reset();
             capacity_ = 0;
-            buffer_.reset(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{64})));
+            buffer_.reset(static_cast<std::byte*>(::operator new (bytes, std::align_val_t{64})));
             capacity_ = bytes;
         }
         return buffer_.get();
@@ -57,7 +57,7 @@ public:
 
 private:
     struct aligned_delete {
-        void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t{64}); }
+        void operator()(std::byte* p) const { ::operator delete (p, std::align_val_t{64}); }
     };
     std::unique_ptr<std::byte, aligned_delete> buffer_;
     std::size_t capacity_ = 0;
@@ -93,12 +93,15 @@ private:
 template <class T>
 struct thread_scratch {
     static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>);
-    static constexpr std::int64_t per_line = 64 / static_cast<std::int64_t>(sizeof(T)) > 0 ? 64 / static_cast<std::int64_t>(sizeof(T)) : 1;
+    static constexpr std::int64_t per_line = 64 / static_cast<std::int64_t>(sizeof(T)) > 0
+                                                 ? 64 / static_cast<std::int64_t>(sizeof(T))
+                                                 : 1;
     const workspace* ws;
     std::int64_t per_thread;  ///< elements per thread: n rounded up to whole 64-byte lines
     std::size_t offset;
     thread_scratch(workspace& w, std::int64_t n)
-        : ws(&w), per_thread((n + per_line - 1) / per_line * per_line),
+        : ws(&w),
+          per_thread((n + per_line - 1) / per_line * per_line),
           offset(w.add(static_cast<std::size_t>(w.threads()) * static_cast<std::size_t>(per_thread), sizeof(T))) {}
     T* mine() const { return reinterpret_cast<T*>(ws->base() + offset) + thread_id() * per_thread; }
 };

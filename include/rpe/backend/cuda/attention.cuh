@@ -71,9 +71,9 @@ struct attn_ids {
 struct attn_table {
     attn_ids ids;                 // row and column kernels alike: ids(i, j) of pair (i, j)
     const void* table = nullptr;  // bias (Ht, K); contextual q/k (Ht, D, K); v (Ht, K, D); storage type S
-    const void* prod = nullptr;   // acc-type (B·H, L, K): q: (k·s)·table; k (backward): qs·table; v (backward): grad_out·tableᵀ
-    void* rows = nullptr;         // backward, acc-type (B·H, L, K) per-row bucket sums: k: of dlogits by id(i, j);
-                                  // q: of dlogits by id(j, i), per key j; v: of probabilities
+    const void* prod = nullptr;  // acc-type (B·H, L, K): q: (k·s)·table; k (backward): qs·table; v (backward): grad_out·tableᵀ
+    void* rows = nullptr;        // backward, acc-type (B·H, L, K) per-row bucket sums: k: of dlogits by id(i, j);
+                                 // q: of dlogits by id(j, i), per key j; v: of probabilities
     int k = 0;
     int table_heads = 1;
     bool bias = false;
@@ -153,7 +153,8 @@ template <class S, class A>
 __device__ inline void load_query_row(const attn_args& a, std::int64_t p, std::int64_t h, std::int64_t i, A* qs, A* scratch,
                                       int lane) {
     const std::int64_t dd = a.d;
-    for (std::int64_t c = lane; c < dd; c += 32) qs[c] = to_acc(static_cast<const S*>(a.q)[(p * a.n + i) * dd + c]) * static_cast<A>(a.scale);
+    for (std::int64_t c = lane; c < dd; c += 32)
+        qs[c] = to_acc(static_cast<const S*>(a.q)[(p * a.n + i) * dd + c]) * static_cast<A>(a.scale);
     __syncwarp();
     for (int t = 0; t < a.nk; ++t) {
         const attn_table& tb = a.on_k[t];
@@ -292,7 +293,8 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
         const bool active = i < n;
         if (active) {
             load_query_row<S, A>(args, p, h, i, qs, scratch, lane);
-            for (std::int64_t c = lane; c < dd; c += 32) go[c] = to_acc(static_cast<const S*>(args.grad_out)[(p * n + i) * dd + c]);
+            for (std::int64_t c = lane; c < dd; c += 32)
+                go[c] = to_acc(static_cast<const S*>(args.grad_out)[(p * n + i) * dd + c]);
             for (int t = 0; t < args.nk; ++t)
                 for (int c = lane; c < args.on_k[t].k; c += 32) scratch[args.on_k[t].hist + c] = 0;
             for (int t = 0; t < args.nv; ++t)
@@ -432,12 +434,14 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
                 for (int t = 0; t < args.nk; ++t) {
                     const attn_table& tb = args.on_k[t];
                     const std::int64_t id = load_id<Id>(tb.ids, i, j);  // id(i, j)
-                    s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + id];
+                    s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id])
+                                 : static_cast<const A*>(tb.prod)[(p * n + i) * tb.k + id];
                 }
                 for (int t = 0; t < args.nq; ++t) {
                     const attn_table& tb = args.on_q[t];
                     const std::int64_t id = load_id<Id>(tb.ids, i, j);  // id(j, i)
-                    s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * n + j) * tb.k + id];
+                    s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id])
+                                 : static_cast<const A*>(tb.prod)[(p * n + j) * tb.k + id];
                 }
                 if (args.attn_mask) s += to_acc(static_cast<const S*>(args.attn_mask)[i * n + j]);
                 const A* st = static_cast<const A*>(args.stats) + (p * n + i) * 3;
@@ -549,10 +553,11 @@ void launch_attention(Kernel kernel, const attn_args& args, cudaStream_t stream,
     int device = 0, smem_max = 0;
     RPE_CUDA_CHECK(cudaGetDevice(&device));
     RPE_CUDA_CHECK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    require(smem <= smem_max, "attention", "shared memory need = ", smem, " bytes (D = ", args.d, ", bucket slots per row = ",
-            args.scratch, "); expected at most ", smem_max, " on this device");
+    require(smem <= smem_max, "attention", "shared memory need = ", smem, " bytes (D = ", args.d,
+            ", bucket slots per row = ", args.scratch, "); expected at most ", smem_max, " on this device");
     RPE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    const dim3 grid(static_cast<unsigned>((args.n + attn_warps - 1) / attn_warps), static_cast<unsigned>(std::min<std::int64_t>(args.planes, 65535)));
+    const dim3 grid(static_cast<unsigned>((args.n + attn_warps - 1) / attn_warps),
+                    static_cast<unsigned>(std::min<std::int64_t>(args.planes, 65535)));
     kernel<<<grid, attn_warps * 32, static_cast<std::size_t>(smem), stream>>>(args);
     check_launch(what);
 }
@@ -710,11 +715,13 @@ void attention_backward_impl(const rpe::attention_inputs<S>& in, tensor_ref<cons
             } else if (s < 2) {  // grad_table (D, K) = Σ s · xᵀ · G, x = q (k tables) or k (q tables)
                 detail::gpu::gemm_shape gs{dd, k, n, planes, n * dd, n * k, dd * k, false, h, at.table_heads};
                 detail::gpu::gemm<true, false, A>(gs, s == 1 ? in.q.data : in.k.data, g, part.get(), false, scale, stream);
-                detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, h, at.table_heads, 1, dd * k, false, grads[s][t], stream);
+                detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, h, at.table_heads, 1, dd * k, false,
+                                             grads[s][t], stream);
             } else {  // value table (K, D) = Σ Svᵀ · grad_out
                 detail::gpu::gemm_shape gs{k, dd, n, planes, n * k, n * dd, k * dd, false, h, at.table_heads};
                 detail::gpu::gemm<true, false, A>(gs, g, grad_out.data, part.get(), false, A(1), stream);
-                detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, h, at.table_heads, 1, k * dd, false, grads[s][t], stream);
+                detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, h, at.table_heads, 1, k * dd, false,
+                                             grads[s][t], stream);
             }
         }
 }
@@ -723,10 +730,11 @@ void attention_backward_impl(const rpe::attention_inputs<S>& in, tensor_ref<cons
 // exit) and the inputs that the kernels then read: `in` with those q, k and no rope.
 template <class S>
 struct rotated_inputs {
-    device_buffer<S> q, k;              // (B, H, L, D)
+    device_buffer<S> q, k;  // (B, H, L, D)
     rpe::attention_inputs<S> inputs;
 
-    rotated_inputs(const rpe::attention_inputs<S>& in, const attention_shape& s, const rope_view<acc_t<S>>& t, cudaStream_t stream)
+    rotated_inputs(const rpe::attention_inputs<S>& in, const attention_shape& s, const rope_view<acc_t<S>>& t,
+                   cudaStream_t stream)
         : q(s.b * s.h * s.l * s.d, stream), k(s.b * s.h * s.l * s.d, stream), inputs(in) {
         rope_rotate<S>(t, in.q.data, q.get(), s.b * s.h, s.h, s.l, false, stream);
         rope_rotate<S>(t, in.k.data, k.get(), s.b * s.h, s.h, s.l, false, stream);
@@ -783,8 +791,8 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 /// @brief Deprecated form of attention_forward with the stream by position: use
 /// `attention_forward(in, out, {}, {.stream = stream})`.
 template <class S>
-[[deprecated("use rpe::cuda::attention_forward(in, out, {}, {.stream = stream})")]]
-void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, cudaStream_t stream) {
+[[deprecated("use rpe::cuda::attention_forward(in, out, {}, {.stream = stream})")]] void attention_forward(
+    const attention_inputs<S>& in, tensor_ref<S> out, cudaStream_t stream) {
     rpe::cuda::attention_forward(in, out, tensor_ref<S>{}, attention_options{.stream = stream});
 }
 
@@ -827,8 +835,8 @@ void attention_backward(const attention_inputs<S>& in, const attention_gradients
     // grad_q, grad_k now hold the gradients of the rotated q and k
     const std::int64_t planes = shape.b * shape.h;
     if (in.rope.grad_freqs.data != nullptr)
-        detail::gpu::rope_frequency_grad<S>(table.view(), rot.q.get(), grad_q.data, rot.k.get(), grad_k.data, false, planes, shape.h,
-                                            shape.l, in.rope.grad_freqs.data, stream);
+        detail::gpu::rope_frequency_grad<S>(table.view(), rot.q.get(), grad_q.data, rot.k.get(), grad_k.data, false, planes,
+                                            shape.h, shape.l, in.rope.grad_freqs.data, stream);
     detail::gpu::rope_rotate<S>(table.view(), grad_q.data, grad_q.data, planes, shape.h, shape.l, true, stream);
     detail::gpu::rope_rotate<S>(table.view(), grad_k.data, grad_k.data, planes, shape.h, shape.l, true, stream);
 }
@@ -839,16 +847,16 @@ void attention_backward(const attention_inputs<S>& in, const attention_gradients
 template <class S>
 void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k,
                         tensor_ref<S> grad_v, const attention_options& opt = {}) {
-    rpe::cuda::attention_backward(in, attention_gradients<S>{.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k, .grad_v = grad_v},
-                                  opt);
+    rpe::cuda::attention_backward(
+        in, attention_gradients<S>{.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k, .grad_v = grad_v}, opt);
 }
 
 /// @brief Deprecated form with the stream by position: use
 /// `attention_backward(in, grad_out, grad_q, grad_k, grad_v, {.stream = stream})`.
 template <class S>
-[[deprecated("use rpe::cuda::attention_backward(in, grad_out, grad_q, grad_k, grad_v, {.stream = stream})")]]
-void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k,
-                        tensor_ref<S> grad_v, cudaStream_t stream) {
+[[deprecated("use rpe::cuda::attention_backward(in, grad_out, grad_q, grad_k, grad_v, {.stream = stream})")]] void
+attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k,
+                   tensor_ref<S> grad_v, cudaStream_t stream) {
     rpe::cuda::attention_backward(in, grad_out, grad_q, grad_k, grad_v, attention_options{.stream = stream});
 }
 

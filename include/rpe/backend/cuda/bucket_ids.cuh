@@ -54,8 +54,11 @@ public:
     /// @throws rpe::cuda_error when an allocation or copy fails; rpe::invalid_argument for a
     ///   width other than 0, 1, 2 or 4.
     device_bucket_ids(const rpe::bucket_ids& host, cudaStream_t stream, int id_bytes = 0)
-        : length_(host.length()), num_buckets_(host.num_buckets()), num_tables_(host.num_tables()),
-          id_bytes_(std::max(host.id_bytes(), id_bytes)), grid_(host.grid()) {
+        : length_(host.length()),
+          num_buckets_(host.num_buckets()),
+          num_tables_(host.num_tables()),
+          id_bytes_(std::max(host.id_bytes(), id_bytes)),
+          grid_(host.grid()) {
         RPE_CUDA_CHECK(cudaGetDevice(&device_));
         try {
             for (int t = 0; t < num_tables_; ++t) {
@@ -89,11 +92,11 @@ public:
     device_bucket_ids& operator=(const device_bucket_ids&) = delete;
     ~device_bucket_ids() { release(); }
 
-    [[nodiscard]] int length() const { return length_; }        ///< L
-    [[nodiscard]] int num_buckets() const { return num_buckets_; }  ///< K, extra bucket included
-    [[nodiscard]] int num_tables() const { return num_tables_; }    ///< 1, or 2 for Cross
-    [[nodiscard]] int id_bytes() const { return id_bytes_; }        ///< 1, 2 or 4
-    [[nodiscard]] int device() const { return device_; }            ///< the CUDA device holding the ids
+    [[nodiscard]] int length() const { return length_; }                 ///< L
+    [[nodiscard]] int num_buckets() const { return num_buckets_; }       ///< K, extra bucket included
+    [[nodiscard]] int num_tables() const { return num_tables_; }         ///< 1, or 2 for Cross
+    [[nodiscard]] int id_bytes() const { return id_bytes_; }             ///< 1, 2 or 4
+    [[nodiscard]] int device() const { return device_; }                 ///< the CUDA device holding the ids
     [[nodiscard]] const detail::id_grid& grid() const { return grid_; }  ///< grid and extra id
     /// @brief Device bytes held: the per-offset ids of every table.
     [[nodiscard]] std::int64_t bytes() const { return offset_bytes_; }

@@ -36,7 +36,9 @@ template <class T>
 class device_buffer {
 public:
     device_buffer(std::int64_t count, cudaStream_t stream) : stream_(stream) {
-        if (count > 0) RPE_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&data_), static_cast<std::size_t>(count) * sizeof(T), stream));
+        if (count > 0)
+            RPE_CUDA_CHECK(
+                cudaMallocAsync(reinterpret_cast<void**>(&data_), static_cast<std::size_t>(count) * sizeof(T), stream));
     }
     device_buffer(const device_buffer&) = delete;
     device_buffer& operator=(const device_buffer&) = delete;
@@ -69,9 +71,8 @@ inline void check_launch(const char* what) { detail::cuda_check(cudaGetLastError
 // division per row.
 template <class S, class T, class Ids>
 __global__ void gather_kernel(const T* __restrict__ t, std::int64_t plane_stride, bool by_head, std::int64_t heads,
-                              std::int64_t table_heads, std::int64_t row_stride, bool transposed,
-                              Ids ids, std::int64_t n, std::int64_t planes, bool accumulate,
-                              S* __restrict__ out) {
+                              std::int64_t table_heads, std::int64_t row_stride, bool transposed, Ids ids, std::int64_t n,
+                              std::int64_t planes, bool accumulate, S* __restrict__ out) {
     const std::int64_t rows = planes * n;
     for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.y) + threadIdx.y; r < rows;
          r += static_cast<std::int64_t>(gridDim.x) * blockDim.y) {
@@ -92,7 +93,7 @@ void gather(const T* t, std::int64_t plane_stride, bool by_head, std::int64_t he
             S* out, cudaStream_t stream) {
     const dim3 block(32, 8);
     gather_kernel<<<grid_for(planes * n, 8), block, 0, stream>>>(t, plane_stride, by_head, heads, table_heads, row_stride,
-                                                                  transposed, ids, n, planes, accumulate, out);
+                                                                 transposed, ids, n, planes, accumulate, out);
     check_launch("gather_kernel");
 }
 
@@ -103,8 +104,8 @@ void gather(const T* t, std::int64_t plane_stride, bool by_head, std::int64_t he
 inline constexpr std::int64_t scatter_shared_bytes = 32 * 1024;
 
 template <class S, class A, class Ids>
-__global__ void scatter_rows_kernel(const S* __restrict__ g, Ids ids, std::int64_t n,
-                                    std::int64_t k, std::int64_t rows, bool use_shared, A* __restrict__ out) {
+__global__ void scatter_rows_kernel(const S* __restrict__ g, Ids ids, std::int64_t n, std::int64_t k, std::int64_t rows,
+                                    bool use_shared, A* __restrict__ out) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     A* hist = reinterpret_cast<A*>(smem_raw);
     for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -123,13 +124,12 @@ __global__ void scatter_rows_kernel(const S* __restrict__ g, Ids ids, std::int64
 
 /// @brief out (rows, K) = per-row bucket sums of g (rows, L); row r reads ids row r % L.
 template <class S, class A, class Ids>
-void scatter_rows(const S* g, const Ids& ids, std::int64_t n, std::int64_t k, std::int64_t rows, A* out,
-                  cudaStream_t stream) {
+void scatter_rows(const S* g, const Ids& ids, std::int64_t n, std::int64_t k, std::int64_t rows, A* out, cudaStream_t stream) {
     const bool use_shared = k * static_cast<std::int64_t>(sizeof(A)) <= scatter_shared_bytes;
     const int threads = n >= 256 ? 256 : (n >= 128 ? 128 : 64);
     const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(std::max<std::int64_t>(rows, 1), 1 << 20));
-    scatter_rows_kernel<<<blocks, threads, use_shared ? static_cast<std::size_t>(k) * sizeof(A) : 0, stream>>>(
-        g, ids, n, k, rows, use_shared, out);
+    scatter_rows_kernel<<<blocks, threads, use_shared ? static_cast<std::size_t>(k) * sizeof(A) : 0, stream>>>(g, ids, n, k, rows,
+                                                                                                               use_shared, out);
     check_launch("scatter_rows_kernel");
 }
 
@@ -139,8 +139,8 @@ void scatter_rows(const S* g, const Ids& ids, std::int64_t n, std::int64_t k, st
 // One thread per (p, j), a serial loop over i: coalesced reads, no atomics, deterministic.
 // ---------------------------------------------------------------------------------------------
 template <class S, class A, class Ids>
-__global__ void scatter_cols_kernel(const S* __restrict__ g, Ids ids_t, std::int64_t n,
-                                    std::int64_t k, std::int64_t planes, A* __restrict__ out) {
+__global__ void scatter_cols_kernel(const S* __restrict__ g, Ids ids_t, std::int64_t n, std::int64_t k, std::int64_t planes,
+                                    A* __restrict__ out) {
     const std::int64_t total = planes * n;
     for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
          e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -257,11 +257,11 @@ constexpr cudaDataType_t cublas_type() {
 /// fp64 for double.
 template <class TAe, class TBe, class TC, class Acc>
 inline constexpr bool cublas_gemm_types =
-    std::is_same_v<TAe, TBe> &&
-    ((std::is_same_v<Acc, double> && std::is_same_v<TAe, double> && std::is_same_v<TC, double>) ||
-     (std::is_same_v<Acc, float> && std::is_same_v<TAe, float> && std::is_same_v<TC, float>) ||
-     (std::is_same_v<Acc, float> && (std::is_same_v<TAe, __half> || std::is_same_v<TAe, __nv_bfloat16>) &&
-      (std::is_same_v<TC, TAe> || std::is_same_v<TC, float>)));
+    std::is_same_v<TAe, TBe> && ((std::is_same_v<Acc, double> && std::is_same_v<TAe, double> && std::is_same_v<TC, double>) ||
+                                 (std::is_same_v<Acc, float> && std::is_same_v<TAe, float> && std::is_same_v<TC, float>) ||
+                                 (std::is_same_v<Acc, float> &&
+                                  (std::is_same_v<TAe, __half> ||
+                                   std::is_same_v<TAe, __nv_bfloat16>)&&(std::is_same_v<TC, TAe> || std::is_same_v<TC, float>)));
 
 // One strided-batched call: row-major C (M, N) = op(A)·op(B) is column-major Cᵀ (N, M) =
 // op(B)ᵀ·op(A)ᵀ, so cuBLAS gets B as its first operand and A as its second.
@@ -271,13 +271,13 @@ void gemm_cublas(const gemm_shape& s, const TAe* a, const TBe* b, TC* c, bool ac
     const Acc beta = accumulate ? Acc(1) : Acc(0);
     const int m = static_cast<int>(s.n), n = static_cast<int>(s.m), k = static_cast<int>(s.kd);
     const int ldb_first = static_cast<int>(TB ? s.kd : s.n), lda_second = static_cast<int>(TA ? s.m : s.kd);
-    cublas_check(cublasGemmStridedBatchedEx(cublas_handle(stream), TB ? CUBLAS_OP_T : CUBLAS_OP_N, TA ? CUBLAS_OP_T : CUBLAS_OP_N, m, n,
-                                            k, &alpha, b, cublas_type<TBe>(), ldb_first, stride_b, a, cublas_type<TAe>(), lda_second,
-                                            static_cast<long long>(s.a_plane), &beta, c, cublas_type<TC>(), m,
-                                            static_cast<long long>(s.c_plane), static_cast<int>(batches),
-                                            std::is_same_v<Acc, double> ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT),
-                 "cublasGemmStridedBatchedEx");
+    cublas_check(
+        cublasGemmStridedBatchedEx(cublas_handle(stream), TB ? CUBLAS_OP_T : CUBLAS_OP_N, TA ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+                                   &alpha, b, cublas_type<TBe>(), ldb_first, stride_b, a, cublas_type<TAe>(), lda_second,
+                                   static_cast<long long>(s.a_plane), &beta, c, cublas_type<TC>(), m,
+                                   static_cast<long long>(s.c_plane), static_cast<int>(batches),
+                                   std::is_same_v<Acc, double> ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmStridedBatchedEx");
 }
 
 template <bool TA, bool TB, class Acc, class TAe, class TBe, class TC>
@@ -286,7 +286,8 @@ void gemm(const gemm_shape& s, const TAe* a, const TBe* b, TC* c, bool accumulat
     if constexpr (cublas_gemm_types<TAe, TBe, TC, Acc>) {
         constexpr std::int64_t int_max = std::numeric_limits<int>::max();
         const bool per_head = s.b_by_head && s.table_heads != 1;
-        if (s.m <= int_max && s.n <= int_max && s.kd <= int_max && s.planes <= int_max && (!per_head || s.planes % s.heads == 0)) {
+        if (s.m <= int_max && s.n <= int_max && s.kd <= int_max && s.planes <= int_max &&
+            (!per_head || s.planes % s.heads == 0)) {
             if (!s.b_by_head) {  // one B per plane
                 gemm_cublas<TA, TB>(s, a, b, c, accumulate, alpha, s.planes, static_cast<long long>(s.b_plane), stream);
             } else if (!per_head) {  // one shared table: stride 0
@@ -300,7 +301,8 @@ void gemm(const gemm_shape& s, const TAe* a, const TBe* b, TC* c, bool accumulat
         }
     }
     const dim3 block(gemm_tile, gemm_tile);
-    const dim3 grid(static_cast<unsigned>((s.n + gemm_tile - 1) / gemm_tile), static_cast<unsigned>((s.m + gemm_tile - 1) / gemm_tile),
+    const dim3 grid(static_cast<unsigned>((s.n + gemm_tile - 1) / gemm_tile),
+                    static_cast<unsigned>((s.m + gemm_tile - 1) / gemm_tile),
                     static_cast<unsigned>(std::min<std::int64_t>(s.planes, 65535)));
     gemm_kernel<TA, TB, Acc><<<grid, block, 0, stream>>>(s, a, b, c, accumulate, alpha);
     check_launch("gemm_kernel");

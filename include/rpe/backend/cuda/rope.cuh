@@ -149,7 +149,9 @@ private:
         bool operator==(const entry_key& o) const { return device == o.device && key == o.key; }
     };
     struct entry_hash {
-        std::size_t operator()(const entry_key& k) const { return detail::rope_key_hash{}(k.key) * 31u ^ std::hash<int>{}(k.device); }
+        std::size_t operator()(const entry_key& k) const {
+            return detail::rope_key_hash{}(k.key) * 31u ^ std::hash<int>{}(k.device);
+        }
     };
     detail::single_flight_cache<entry_key, std::shared_ptr<const void>, entry_hash> entries_;
 };
@@ -223,8 +225,8 @@ __device__ inline A rope_angle_grad(const S* y, const S* g, std::int64_t c0, std
 // a the angle gradient of (y0, g0) plus, when y1 is given, of (y1, g1) (q and k in the attention).
 template <class S, class A>
 __global__ void rope_angle_partials_kernel(rope_view<A> t, const S* __restrict__ y0, const S* __restrict__ g0,
-                                           const S* __restrict__ y1, const S* __restrict__ g1, bool rotate,
-                                           std::int64_t planes, std::int64_t heads, std::int64_t n, A* __restrict__ part) {
+                                           const S* __restrict__ y1, const S* __restrict__ g1, bool rotate, std::int64_t planes,
+                                           std::int64_t heads, std::int64_t n, A* __restrict__ part) {
     const std::int64_t pairs = t.pairs, total = planes * pairs;
     for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
          e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -256,17 +258,19 @@ public:
         : cos_(r.is_mixed() ? heads * height * width * (d / 2) : 0, stream),
           sin_(r.is_mixed() ? heads * height * width * (d / 2) : 0, stream) {
         if (rope_position_axes(r.form) == 3)
-            throw not_supported(message("rope", "rope::mrope (a form with 3-axis positions (t, h, w)) is not supported by the "
-                                                "cuda backend; expected a 2D form (the CPU backend takes rope::mrope)"));
+            throw not_supported(message("rope",
+                                        "rope::mrope (a form with 3-axis positions (t, h, w)) is not supported by the "
+                                        "cuda backend; expected a 2D form (the CPU backend takes rope::mrope)"));
         if (r.has_positions() || r.suffix != 0)
-            throw not_supported(message("rope", "rope positions, key_positions and suffix are not supported by the cuda "
-                                                "backend; expected the grid (the CPU backend takes them)"));
+            throw not_supported(message("rope",
+                                        "rope positions, key_positions and suffix are not supported by the cuda "
+                                        "backend; expected the grid (the CPU backend takes them)"));
         const std::int64_t tokens = static_cast<std::int64_t>(height) * width, pairs = d / 2;
         if (r.is_mixed()) {
             view_ = {cos_.get(), sin_.get(), heads, tokens, pairs, r.skip, width, r.layout};
             const std::int64_t total = heads * tokens * pairs;
-            rope_mixed_table_kernel<S, A><<<grid_for(total, 256), 256, 0, stream>>>(r.freqs.data, heads, tokens, pairs, width,
-                                                                                     cos_.get(), sin_.get());
+            rope_mixed_table_kernel<S, A>
+                <<<grid_for(total, 256), 256, 0, stream>>>(r.freqs.data, heads, tokens, pairs, width, cos_.get(), sin_.get());
             check_launch("rope_mixed_table_kernel");
         } else {
             rotary_embedding<A> fixed;  // the same form and skip in A (float or double): the host table's type
@@ -303,8 +307,8 @@ void rope_frequency_grad(const rope_view<acc_t<S>>& t, const S* y0, const S* g0,
     using A = acc_t<S>;
     const std::int64_t pairs = t.pairs;
     device_buffer<A> part(2 * planes * pairs, stream);  // (2, planes, D/2)
-    rope_angle_partials_kernel<S, A><<<grid_for(planes * pairs, 128), 128, 0, stream>>>(t, y0, g0, y1, g1, rotate, planes, heads,
-                                                                                          n, part.get());
+    rope_angle_partials_kernel<S, A>
+        <<<grid_for(planes * pairs, 128), 128, 0, stream>>>(t, y0, g0, y1, g1, rotate, planes, heads, n, part.get());
     check_launch("rope_angle_partials_kernel");
     for (int axis = 0; axis < 2; ++axis)  // out[axis, h, j] = Σ_b part[axis, b·H + h, j]
         reduce_partials(static_cast<const A*>(part.get() + axis * planes * pairs), planes, heads, heads, 1, pairs, false,
@@ -336,7 +340,8 @@ void rope_forward(const rotary_embedding<S>& r, int height, int width, tensor_re
         detail::check_rope_call(r, height, width, x, static_cast<const tensor_ref<const S>*>(nullptr), y, "y");
     const std::int64_t heads = x.extent(1), l = x.extent(2), d = x.extent(3);
     if (!r.enabled()) {
-        RPE_CUDA_CHECK(cudaMemcpyAsync(y.data, x.data, static_cast<std::size_t>(x.size()) * sizeof(S), cudaMemcpyDeviceToDevice, stream));
+        RPE_CUDA_CHECK(
+            cudaMemcpyAsync(y.data, x.data, static_cast<std::size_t>(x.size()) * sizeof(S), cudaMemcpyDeviceToDevice, stream));
         return;
     }
     const detail::gpu::rope_call_table<S> table(r, heads, d, height, width, stream);

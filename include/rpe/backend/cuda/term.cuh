@@ -43,24 +43,27 @@ void term_forward_run(const term_dims& d, const cuda::device_bucket_ids& ids_dev
     if constexpr (Bias) {
         for (int t = 0; t < num_tables; ++t)
             dev->visit(t, Tg == target::query, [&](const auto& id) {
-                detail::gpu::gather(tables[static_cast<std::size_t>(t)].data, k, true, out.extent(1), d.table_heads, 0, false, id, n,
-                                    out.extent(0) * out.extent(1), acc || t > 0, out.data, stream);
+                detail::gpu::gather(tables[static_cast<std::size_t>(t)].data, k, true, out.extent(1), d.table_heads, 0, false, id,
+                                    n, out.extent(0) * out.extent(1), acc || t > 0, out.data, stream);
             });
     } else if constexpr (Tg == target::value) {
         detail::gpu::device_buffer<A> s(planes * n * k, stream);  // (B,H,L,K) bucket sums of a
         for (int t = 0; t < num_tables; ++t) {
-            dev->visit(t, false, [&](const auto& id) { detail::gpu::scatter_rows(x.data, id, n, k, planes * n, s.get(), stream); });
+            dev->visit(t, false,
+                       [&](const auto& id) { detail::gpu::scatter_rows(x.data, id, n, k, planes * n, s.get(), stream); });
             detail::gpu::gemm_shape g{n, dd, k, planes, n * k, k * dd, n * dd, true, d.heads, d.table_heads};
-            detail::gpu::gemm<false, false, A>(g, s.get(), tables[static_cast<std::size_t>(t)].data, out.data, acc || t > 0, A(1), stream);
+            detail::gpu::gemm<false, false, A>(g, s.get(), tables[static_cast<std::size_t>(t)].data, out.data, acc || t > 0, A(1),
+                                               stream);
         }
     } else {
         detail::gpu::device_buffer<A> tk(planes * n * k, stream);  // (B,H,L,K) T = x·table
         for (int t = 0; t < num_tables; ++t) {
             detail::gpu::gemm_shape g{n, k, dd, planes, n * dd, dd * k, n * k, true, d.heads, d.table_heads};
-            detail::gpu::gemm<false, false, A>(g, x.data, tables[static_cast<std::size_t>(t)].data, tk.get(), false, A(1), stream);
+            detail::gpu::gemm<false, false, A>(g, x.data, tables[static_cast<std::size_t>(t)].data, tk.get(), false, A(1),
+                                               stream);
             dev->visit(t, Tg == target::query, [&](const auto& id) {
-                detail::gpu::gather(static_cast<const A*>(tk.get()), n * k, false, d.heads, d.table_heads, k,
-                                    Tg == target::query, id, n, planes, acc || t > 0, out.data, stream);
+                detail::gpu::gather(static_cast<const A*>(tk.get()), n * k, false, d.heads, d.table_heads, k, Tg == target::query,
+                                    id, n, planes, acc || t > 0, out.data, stream);
             });
         }
     }
@@ -83,11 +86,10 @@ void term_backward_run(const term_dims& d, const cuda::device_bucket_ids& ids_de
         for (int t = 0; t < num_tables; ++t) {
             if (!grad_tables[static_cast<std::size_t>(t)].data) continue;
             // the sum runs over every (i, j): each row of grad with its row of (possibly transposed) ids
-            dev->visit(t, Tg == target::query, [&](const auto& id) {
-                detail::gpu::scatter_rows(grad_out.data, id, n, k, gplanes * n, g.get(), stream);
-            });
-            detail::gpu::reduce_partials(static_cast<const A*>(g.get()), gplanes, grad_out.extent(1), d.table_heads, n, k,
-                                         acc, grad_tables[static_cast<std::size_t>(t)].data, stream);
+            dev->visit(t, Tg == target::query,
+                       [&](const auto& id) { detail::gpu::scatter_rows(grad_out.data, id, n, k, gplanes * n, g.get(), stream); });
+            detail::gpu::reduce_partials(static_cast<const A*>(g.get()), gplanes, grad_out.extent(1), d.table_heads, n, k, acc,
+                                         grad_tables[static_cast<std::size_t>(t)].data, stream);
         }
     } else if constexpr (Tg == target::value) {
         detail::gpu::device_buffer<A> w(planes * n * k, stream);  // (B,H,L,K)
@@ -100,22 +102,24 @@ void term_backward_run(const term_dims& d, const cuda::device_bucket_ids& ids_de
         for (int t = 0; t < num_tables; ++t) {
             if (want_x) {  // grad_a[i, j] (+)= (grad_out·table[h']ᵀ)[i, id(i, j)]
                 detail::gpu::gemm_shape g{n, k, dd, planes, n * dd, k * dd, n * k, true, d.heads, d.table_heads};
-                detail::gpu::gemm<false, true, A>(g, grad_out.data, tables[static_cast<std::size_t>(t)].data, w.get(), false, A(1), stream);
+                detail::gpu::gemm<false, true, A>(g, grad_out.data, tables[static_cast<std::size_t>(t)].data, w.get(), false,
+                                                  A(1), stream);
                 dev->visit(t, false, [&](const auto& id) {
                     detail::gpu::gather(static_cast<const A*>(w.get()), n * k, false, d.heads, d.table_heads, k, false, id, n,
                                         planes, acc || t > 0, grad_x.data, stream);
                 });
             }
             if (grad_tables[static_cast<std::size_t>(t)].data) {  // grad_table[h'] (+)= Σ Sᵀ·grad_out
-                dev->visit(t, false, [&](const auto& id) { detail::gpu::scatter_rows(x.data, id, n, k, planes * n, w.get(), stream); });
+                dev->visit(t, false,
+                           [&](const auto& id) { detail::gpu::scatter_rows(x.data, id, n, k, planes * n, w.get(), stream); });
                 detail::gpu::gemm_shape g{k, dd, n, planes, n * k, n * dd, k * dd, false, d.heads, d.table_heads};
                 detail::gpu::gemm<true, false, A>(g, w.get(), grad_out.data, part.get(), false, A(1), stream);
-                detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, d.heads, d.table_heads, 1, k * dd,
-                                             acc, grad_tables[static_cast<std::size_t>(t)].data, stream);
+                detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, d.heads, d.table_heads, 1, k * dd, acc,
+                                             grad_tables[static_cast<std::size_t>(t)].data, stream);
             }
         }
     } else {
-        detail::gpu::device_buffer<A> g(planes * n * k, stream);  // (B,H,L,K) G = bucket sums of grad
+        detail::gpu::device_buffer<A> g(planes * n * k, stream);      // (B,H,L,K) G = bucket sums of grad
         detail::gpu::device_buffer<A> part(planes * dd * k, stream);  // (B·H, D, K)
         for (int t = 0; t < num_tables; ++t) {
             if (!want_x && !grad_tables[static_cast<std::size_t>(t)].data) continue;
@@ -127,13 +131,14 @@ void term_backward_run(const term_dims& d, const cuda::device_bucket_ids& ids_de
             });
             if (want_x) {  // grad_x (+)= G·table[h']ᵀ
                 detail::gpu::gemm_shape s{n, dd, k, planes, n * k, dd * k, n * dd, true, d.heads, d.table_heads};
-                detail::gpu::gemm<false, true, A>(s, g.get(), tables[static_cast<std::size_t>(t)].data, grad_x.data, acc || t > 0, A(1), stream);
+                detail::gpu::gemm<false, true, A>(s, g.get(), tables[static_cast<std::size_t>(t)].data, grad_x.data, acc || t > 0,
+                                                  A(1), stream);
             }
             if (grad_tables[static_cast<std::size_t>(t)].data) {  // grad_table[h'] (+)= Σ xᵀ·G
                 detail::gpu::gemm_shape s{dd, k, n, planes, n * dd, n * k, dd * k, false, d.heads, d.table_heads};
                 detail::gpu::gemm<true, false, A>(s, x.data, g.get(), part.get(), false, A(1), stream);
-                detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, d.heads, d.table_heads, 1, dd * k,
-                                             acc, grad_tables[static_cast<std::size_t>(t)].data, stream);
+                detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, d.heads, d.table_heads, 1, dd * k, acc,
+                                             grad_tables[static_cast<std::size_t>(t)].data, stream);
             }
         }
     }
@@ -170,7 +175,7 @@ namespace rpe {
 /// concurrently on distinct outputs.
 /// Source: paper eqs. 13–17; reference `iRPE` in microsoft/Cream `iRPE/DeiT-with-iRPE/irpe.py`.
 template <Mapping M, Mode Md, target Tg, class S>
-    requires ModeOnTarget<Md, Tg>
+requires ModeOnTarget<Md, Tg>
 class term<M, Md, Tg, S, backend::cuda> {
     static_assert(cuda::DeviceScalar<S>, "rpe: the CUDA term's scalar type must be float, double, __half or __nv_bfloat16");
 
@@ -179,10 +184,10 @@ public:
     using mode_type = Md;
     using scalar_type = S;
     using backend_type = backend::cuda;
-    using accumulator_type = cuda::acc_t<S>;                         ///< float, or double for double
-    static constexpr target target_kind = Tg;                       ///< query, key or value
-    static constexpr int num_tables = detail::num_tables_of<M>();   ///< 1, or 2 for Cross
-    static constexpr bool is_bias = std::is_same_v<Md, mode::bias>; ///< bias mode
+    using accumulator_type = cuda::acc_t<S>;                          ///< float, or double for double
+    static constexpr target target_kind = Tg;                         ///< query, key or value
+    static constexpr int num_tables = detail::num_tables_of<M>();     ///< 1, or 2 for Cross
+    static constexpr bool is_bias = std::is_same_v<Md, mode::bias>;   ///< bias mode
     using tables_type = std::array<tensor_ref<const S>, num_tables>;  ///< the lookup table(s), device memory
     using grad_tables_type = std::array<tensor_ref<S>, num_tables>;   ///< their gradients, device memory
 
@@ -190,20 +195,21 @@ public:
     /// `term(mapping, {.num_heads = 6, .head_dim = 64, .shared_head = true, .skip = 1})`.
     /// @throws rpe::invalid_argument `[rpe.term] ...` as the CPU term.
     term(M mapping, const term_config& config)
-        : mapping_(mapping),
-          layout_(detail::term_layout_of(mapping_, is_bias, Tg, config)) {}
+        : mapping_(mapping), layout_(detail::term_layout_of(mapping_, is_bias, Tg, config)) {}
 
-    [[nodiscard]] const M& mapping() const { return mapping_; }  ///< the mapping policy
-    [[nodiscard]] int num_heads() const { return layout_.num_heads; }   ///< H
-    [[nodiscard]] int head_dim() const { return layout_.head_dim; }     ///< D
+    [[nodiscard]] const M& mapping() const { return mapping_; }        ///< the mapping policy
+    [[nodiscard]] int num_heads() const { return layout_.num_heads; }  ///< H
+    [[nodiscard]] int head_dim() const { return layout_.head_dim; }    ///< D
     [[nodiscard]] bool shared_head() const { return layout_.shared_head; }
-    [[nodiscard]] int skip() const { return layout_.skip; }             ///< extra tokens
+    [[nodiscard]] int skip() const { return layout_.skip; }                  ///< extra tokens
     [[nodiscard]] int table_heads() const { return layout_.table_heads(); }  ///< Ht
-    [[nodiscard]] int num_buckets() const { return layout_.num_buckets; }  ///< K, extra bucket included
+    [[nodiscard]] int num_buckets() const { return layout_.num_buckets; }    ///< K, extra bucket included
     /// @brief The configuration (heads, head dim, shared tables, skip) as a term_config.
     [[nodiscard]] term_config config() const {
-        return term_config{.num_heads = layout_.num_heads, .head_dim = layout_.head_dim,
-                           .shared_head = layout_.shared_head, .skip = layout_.skip};
+        return term_config{.num_heads = layout_.num_heads,
+                           .head_dim = layout_.head_dim,
+                           .shared_head = layout_.shared_head,
+                           .skip = layout_.skip};
     }
     /// @brief Shape of each lookup table: (Ht, K) bias; (Ht, D, K) contextual q/k; (Ht, K, D) v.
     [[nodiscard]] std::vector<std::int64_t> table_shape() const {
@@ -229,8 +235,8 @@ public:
     /// term into `out` (device memory); the mode has no default, the stream defaults to the legacy one.
     /// @throws rpe::invalid_argument `[rpe.term] ...` for mismatched ids, shapes or buffers;
     ///   rpe::cuda_error when a CUDA call fails.
-    void forward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<S> out,
-                 write mode, cudaStream_t stream = nullptr) const {
+    void forward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<S> out, write mode,
+                 cudaStream_t stream = nullptr) const {
         detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping());
         const auto d = detail::check_term_forward<S>(layout_, key, ids, std::span<const tensor_ref<const S>>(tables), x, out);
@@ -240,23 +246,20 @@ public:
     }
 
     /// @brief Single-table convenience overload of forward.
-    void forward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x, tensor_ref<S> out,
-                 write mode, cudaStream_t stream = nullptr) const
-        requires(num_tables == 1)
-    {
+    void forward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x, tensor_ref<S> out, write mode,
+                 cudaStream_t stream = nullptr) const requires(num_tables == 1) {
         forward(ids, tables_type{table}, x, out, mode, stream);
     }
 
     /// @brief Backward of `sum(out · grad_out)` on `stream`, as the CPU term: `grad_x` (pass `{}`
     /// to skip, and in bias mode) and `grad_tables` (`{}` entries skip), device memory.
     /// @throws rpe::invalid_argument `[rpe.term] ...`; rpe::cuda_error when a CUDA call fails.
-    void backward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x,
-                  tensor_ref<const S> grad_out, tensor_ref<S> grad_x, const grad_tables_type& grad_tables,
-                  write mode, cudaStream_t stream = nullptr) const {
+    void backward(const rpe::bucket_ids& ids, const tables_type& tables, tensor_ref<const S> x, tensor_ref<const S> grad_out,
+                  tensor_ref<S> grad_x, const grad_tables_type& grad_tables, write mode, cudaStream_t stream = nullptr) const {
         detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping());
-        const auto d = detail::check_term_backward<S>(layout_, key, ids, std::span<const tensor_ref<const S>>(tables),
-                                                      x, grad_out, grad_x, std::span<const tensor_ref<S>>(grad_tables));
+        const auto d = detail::check_term_backward<S>(layout_, key, ids, std::span<const tensor_ref<const S>>(tables), x,
+                                                      grad_out, grad_x, std::span<const tensor_ref<S>>(grad_tables));
         const auto dev = cuda::device_bucket_cache::global().get(ids, stream);
         detail::gpu::term_backward_run<S, is_bias, Tg>(d, *dev, std::span<const tensor_ref<const S>>(tables), x, grad_out, grad_x,
                                                        std::span<const tensor_ref<S>>(grad_tables), mode == write::accumulate,
@@ -264,11 +267,9 @@ public:
     }
 
     /// @brief Single-table convenience overload of backward.
-    void backward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x,
-                  tensor_ref<const S> grad_out, tensor_ref<S> grad_x, tensor_ref<S> grad_table,
-                  write mode, cudaStream_t stream = nullptr) const
-        requires(num_tables == 1)
-    {
+    void backward(const rpe::bucket_ids& ids, tensor_ref<const S> table, tensor_ref<const S> x, tensor_ref<const S> grad_out,
+                  tensor_ref<S> grad_x, tensor_ref<S> grad_table, write mode, cudaStream_t stream = nullptr) const
+        requires(num_tables == 1) {
         backward(ids, tables_type{table}, x, grad_out, grad_x, grad_tables_type{grad_table}, mode, stream);
     }
 

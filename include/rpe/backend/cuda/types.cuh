@@ -15,8 +15,8 @@ namespace rpe::cuda {
 /// @brief The storage scalar types of the CUDA backend: float, double, __half and __nv_bfloat16.
 /// fp16 and bf16 are storage only: every sum is accumulated in float (double for double).
 template <class S>
-concept DeviceScalar = std::is_same_v<S, float> || std::is_same_v<S, double> || std::is_same_v<S, __half> ||
-                       std::is_same_v<S, __nv_bfloat16>;
+concept DeviceScalar =
+    std::is_same_v<S, float> || std::is_same_v<S, double> || std::is_same_v<S, __half> || std::is_same_v<S, __nv_bfloat16>;
 
 /// @brief Accumulation type of storage type S: double for double, float otherwise.
 template <class S>
