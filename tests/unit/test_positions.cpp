@@ -376,6 +376,7 @@ TEST_CASE_TEMPLATE("positions: the fused attention at a permuted grid's position
     struct grads {
         std::vector<S> q, k, v, tk, tq, tv0, tv1;
     };
+    const std::vector<std::int32_t>* key_pos = nullptr;  // the keys' own positions, when set
     const auto run = [&](const std::vector<S>& qq, const std::vector<S>& kk, const std::vector<S>& vv, const std::vector<S>& gg,
                          bool at_positions, bool composed, std::vector<S>& out, grads& g) {
         rpe::attention_inputs<S> in;
@@ -384,6 +385,7 @@ TEST_CASE_TEMPLATE("positions: the fused attention at a permuted grid's position
         in.v = {vv.data(), {b, h, l, d}};
         if (at_positions) {
             in.positions = pos_ref(p.data(), {n, 2});
+            if (key_pos) in.key_positions = pos_ref(key_pos->data(), {n, 2});
         } else {
             in.height = height;
             in.width = width;
@@ -442,6 +444,21 @@ TEST_CASE_TEMPLATE("positions: the fused attention at a permuted grid's position
     CHECK(max_abs_diff(to_double(outc), to_double(outp)) <= tol);
     CHECK(max_abs_diff(to_double(gc.q), to_double(gp.q)) <= tol);
     CHECK(max_abs_diff(to_double(gc.tk), to_double(gp.tk)) <= 10 * tol);
+    // keys at positions of their own (same count): fused and composed agree (ids qpos_i - kpos_j,
+    // the query target's rows transposed), and the result differs from the keys at the queries' positions
+    auto other = permuted(grid_positions(1, height, width, 2), random_permutation(n, 22), 2);
+    for (std::size_t i = 0; i < other.size(); ++i) other[i] += static_cast<std::int32_t>(i % 2 == 0 ? 1 : -2);
+    key_pos = &other;
+    std::vector<S> outk, outkc;
+    grads gk, gkc;
+    run(qp, kp, vp, gop, true, false, outk, gk);
+    run(qp, kp, vp, gop, true, true, outkc, gkc);
+    CHECK(max_abs_diff(to_double(outk), to_double(outkc)) <= tol);
+    CHECK(max_abs_diff(to_double(gk.q), to_double(gkc.q)) <= tol);
+    CHECK(max_abs_diff(to_double(gk.k), to_double(gkc.k)) <= tol);
+    CHECK(max_abs_diff(to_double(gk.tq), to_double(gkc.tq)) <= 10 * tol);
+    CHECK(max_abs_diff(to_double(gk.tv0), to_double(gkc.tv0)) <= 10 * tol);
+    CHECK(max_abs_diff(to_double(outk), to_double(outp)) > 1e-3);
 }
 
 TEST_CASE("positions: bad positions throw naming the parameter and its value") {
