@@ -21,7 +21,9 @@
 
 #include "bucket_ids.hpp"
 #include "bucket_key.hpp"
+#include "build_bucket_ids.hpp"
 #include "detail/check.hpp"
+#include "detail/term_checks.hpp"
 #include "detail/validate.hpp"
 #include "error.hpp"
 #include "mode.hpp"
@@ -61,20 +63,28 @@ struct attention_term {
 /// `L = rope.skip + height*width`): q and k are rotated first, and everything after (q·kᵀ and
 /// the iRPE terms, contextual ones included) sees the rotated q and k, as if rpe::rope_forward
 /// had been applied to both before the attention.
+/// positions: optional per-token positions of the iRPE terms instead of the grid (RoPE takes
+/// its own, rope.positions): (L − skip, 2) int32 (row, col) — (L − skip, 3) (t, row, col) for 3D
+/// mappings — of the tokens after each term's `skip` extra tokens, in any order; the terms' ids
+/// are those of rpe::build_bucket_ids(m, positions, key_positions, skip) and height, width, depth
+/// are then not read by the terms. key_positions: the keys' positions (same shape), or empty for
+/// the queries'. A backend without attention_capabilities::positions refuses them.
 /// One type for both backends: views point at host memory for the CPU backend and at device
 /// memory for the CUDA one (rpe::cuda::attention_inputs is this type). What a backend cannot
 /// read (e.g. strided q/k/v on CUDA) is refused by the shared checks (attention_capabilities).
 template <class S>
 struct attention_inputs {
-    using scalar_type = S;                            ///< element type of q, k, v, tables, masks
-    tensor_ref<const S> q, k, v;                      ///< (B, H, L, D), contiguous or strided (rows of D contiguous)
-    int height = 0;                                   ///< grid rows
-    int width = 0;                                    ///< grid columns
-    attention_term<S> rpe_q, rpe_k, rpe_v;            ///< RPE on queries, keys, values (each optional)
-    tensor_ref<const S> attn_mask;                    ///< (L, L) additive, or empty
-    tensor_ref<const std::uint8_t> key_padding_mask;  ///< (B, L) or empty
-    int depth = 1;                                    ///< grid frames (3D mappings on T x H x W video grids)
-    rotary_embedding<S> rope = {};                    ///< RoPE on q and k (form std::monostate = none)
+    using scalar_type = S;                              ///< element type of q, k, v, tables, masks
+    tensor_ref<const S> q, k, v;                        ///< (B, H, L, D), contiguous or strided (rows of D contiguous)
+    int height = 0;                                     ///< grid rows
+    int width = 0;                                      ///< grid columns
+    attention_term<S> rpe_q, rpe_k, rpe_v;              ///< RPE on queries, keys, values (each optional)
+    tensor_ref<const S> attn_mask;                      ///< (L, L) additive, or empty
+    tensor_ref<const std::uint8_t> key_padding_mask;    ///< (B, L) or empty
+    int depth = 1;                                      ///< grid frames (3D mappings on T x H x W video grids)
+    rotary_embedding<S> rope = {};                      ///< RoPE on q and k (form std::monostate = none)
+    tensor_ref<const std::int32_t> positions = {};      ///< (L − skip, 2 or 3) iRPE positions, or empty = the grid
+    tensor_ref<const std::int32_t> key_positions = {};  ///< the keys' (L − skip, 2 or 3), or empty = positions
 };
 
 /// @brief Options of the attention step, for both backends (each ignores what it does not use).
@@ -125,6 +135,7 @@ struct attention_capabilities {
     bool attn_mask = false;            ///< attention_inputs::attn_mask
     bool grid_3d = false;              ///< depth > 1 (3D mappings on T × H × W grids)
     std::int64_t max_head_dim = 0;     ///< the largest D, or 0 for no limit
+    bool positions = false;            ///< per-token positions of the iRPE terms (attention_inputs::positions)
 };
 
 namespace detail {
@@ -191,6 +202,10 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
                     "key_padding_mask");
     require_feature(in.depth > 1, caps.grid_3d, caps, "a 3D grid (depth > 1)");
     require_feature(in.rope.enabled(), caps.rope, caps, "rope");
+    const bool at_positions = !is_empty_view(in.positions) || !is_empty_view(in.key_positions);
+    require_feature(at_positions, caps.positions, caps, "per-token positions of the iRPE terms (positions)");
+    require(!at_positions || !is_empty_view(in.positions), "attention",
+            "key_positions is given without positions; expected positions too (the queries' positions)");
     if (caps.max_head_dim > 0 && s.d > caps.max_head_dim)
         throw not_supported(message("attention", "head dim D = ", s.d, " is not supported by the ", caps.backend,
                                     " backend; expected D <= ", caps.max_head_dim));
@@ -215,7 +230,15 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
                 "; expected ", target_letter(wanted[i]));
         require(t.num_heads() == s.h, "attention", names[i], " has num_heads = ", t.num_heads(), "; expected H = ", s.h, " of q");
         require(t.head_dim() == s.d, "attention", names[i], " has head_dim = ", t.head_dim(), "; expected D = ", s.d, " of q");
-        if (s.l != t.skip() + static_cast<std::int64_t>(in.depth) * in.height * in.width)
+        if (at_positions) {
+            const std::string what = "L - skip = " + std::to_string(s.l) + " - " + std::to_string(t.skip()) + " of " + names[i];
+            const int axes = t.position_axes();
+            require(s.l > t.skip(), "attention", "L = ", s.l, " of q; expected more than skip = ", t.skip(), " of ", names[i],
+                    " (positions need grid tokens)");
+            (void)check_positions(in.positions, axes, s.l - t.skip(), "attention", "positions", what.c_str());
+            if (!is_empty_view(in.key_positions))
+                (void)check_positions(in.key_positions, axes, s.l - t.skip(), "attention", "key_positions", what.c_str());
+        } else if (s.l != t.skip() + static_cast<std::int64_t>(in.depth) * in.height * in.width)
             throw invalid_argument(message(
                 "attention", "L = ", s.l, " of q; expected skip + ", in.depth == 1 ? "" : "depth*", "height*width = ", t.skip(),
                 " + ", in.depth == 1 ? std::string() : std::to_string(in.depth) + "*", in.height, "*", in.width));
@@ -363,10 +386,13 @@ attention_shape check_attention_backward(const attention_inputs<S>& in, const at
     return s;
 }
 
-/// @brief The host bucket ids of an attached term on the inputs' grid (null without a term).
+/// @brief The host bucket ids of an attached term on the inputs' grid, or at the inputs'
+/// positions when given (null without a term).
 template <class Slot, class In>
 std::shared_ptr<const bucket_ids> ids_of(const Slot& slot, const In& in, id_storage storage = id_storage::automatic) {
-    return slot.term ? slot.term->bucket_ids(in.depth, in.height, in.width, storage) : nullptr;
+    if (!slot.term) return nullptr;
+    if (!is_empty_view(in.positions)) return slot.term->bucket_ids(in.positions, in.key_positions);
+    return slot.term->bucket_ids(in.depth, in.height, in.width, storage);
 }
 
 }  // namespace detail

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "bucket_ids.hpp"
 #include "bucket_key.hpp"
@@ -13,6 +14,7 @@
 #include "concepts.hpp"
 #include "detail/single_flight.hpp"
 #include "detail/validate.hpp"
+#include "tensor.hpp"
 
 namespace rpe {
 
@@ -54,6 +56,28 @@ public:
     std::shared_ptr<const bucket_ids> get(const M& m, int height, int width, int skip,
                                           id_storage storage = id_storage::automatic) {
         return get(m, 1, height, width, skip, storage);
+    }
+
+    /// @brief The ids of mapping `m` for `skip` extra tokens followed by tokens at per-token
+    /// positions (`key_positions`: the keys', or empty for the queries'), as
+    /// build_bucket_ids(m, positions, key_positions, skip), with the per-offset ids of the
+    /// positions' bounding box taken from this cache: one entry per (mapping, box T × H × W, skip),
+    /// the entry of that grid's on-the-fly ids, shared by every layout of tokens in the same box.
+    /// The returned object (the N linear positions) is not cached: a new layout adds no entry.
+    /// @throws as build_bucket_ids(m, positions, key_positions, skip).
+    template <GridMapping M>
+    std::shared_ptr<const bucket_ids> get(const M& m, tensor_ref<const std::int32_t> positions,
+                                          tensor_ref<const std::int32_t> key_positions, int skip) {
+        detail::validate_policy(m);  // before the positions, as the grid form
+        detail::position_plan p = detail::check_id_positions<M>(positions, key_positions, skip);
+        auto box = get(m, p.depth, p.height, p.width, skip, id_storage::on_the_fly);
+        return std::make_shared<const bucket_ids>(std::move(box), std::move(p.query), std::move(p.key));
+    }
+
+    /// @brief Self-attention form: `get(m, positions, {}, skip)` (keys at the queries' positions).
+    template <GridMapping M>
+    std::shared_ptr<const bucket_ids> get(const M& m, tensor_ref<const std::int32_t> positions, int skip) {
+        return get(m, positions, tensor_ref<const std::int32_t>{}, skip);
     }
 
     /// @brief Number of configurations held.

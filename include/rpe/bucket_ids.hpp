@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -48,6 +49,13 @@ decltype(auto) visit_id_width(int bytes, F&& f) {
 /// Storage: every object holds the per-offset ids ((2T−1)(2H−1)(2W−1) per table); `table`
 /// storage also holds the (L, L) matrices, `on_the_fly` makes each row when a kernel reads it
 /// (O(L) per row, the same order as reading a stored row), so grids of any size need no L² memory.
+///
+/// Tokens at per-token positions (at_positions(); made by rpe::build_bucket_ids(m, positions,
+/// skip) or bucket_cache::get(m, positions, skip)): `skip` extra tokens, then N tokens at integer
+/// coordinates (row, col) — (t, row, col) for 3D mappings — in any order, `L = skip + N`; id
+/// (i, j) is the mapping's id of the offset pos_i − pos_j (with key positions apart, of
+/// qpos_i − kpos_j). Such ids share the per-offset ids of the positions' bounding box T × H × W
+/// (a grid's ids, on the fly; key() is that grid's key) and hold N positions: always on the fly.
 /// Immutable after construction; share it freely between threads, terms and layers.
 /// Source: reference `get_bucket_ids_2d` in microsoft/Cream `iRPE/DeiT-with-iRPE/irpe.py` (2D).
 class bucket_ids {
@@ -70,34 +78,63 @@ public:
           offsets_(std::move(offsets)),
           tables_(std::move(tables)) {}
 
-    /// @brief The configuration these ids were built for.
+    /// @brief Ids of tokens at positions (use build_bucket_ids(m, positions, skip) instead): they
+    /// read the per-offset ids of `box` (the ids of the positions' bounding box grid, any storage,
+    /// shared, not copied); `query` and `key` (N each; `key` empty: the queries') are each grid
+    /// token's linear position in the box, `t·(2H−1)(2W−1) + r·(2W−1) + c` (see
+    /// detail::id_positions).
+    bucket_ids(std::shared_ptr<const bucket_ids> box, std::vector<std::int64_t> query, std::vector<std::int64_t> key)
+        : key_(box->key_),
+          num_buckets_(box->num_buckets_),
+          skip_buckets_(box->skip_buckets_),
+          box_(std::move(box)),
+          query_(std::move(query)),
+          key_positions_(std::move(key)) {
+        key_.storage = id_storage::on_the_fly;
+        const detail::id_grid g = grid();
+        base_ = ((g.depth - 1) * (2 * g.height - 1) + (g.height - 1)) * (2 * g.width - 1) + (g.width - 1);
+    }
+
+    /// @brief The configuration these ids were built for (ids at positions: the key of their
+    /// bounding box grid's per-offset ids, storage on_the_fly).
     [[nodiscard]] const bucket_key& key() const { return key_; }
-    [[nodiscard]] int depth() const { return key_.depth; }    ///< grid frames (1 for images)
-    [[nodiscard]] int height() const { return key_.height; }  ///< grid rows
-    [[nodiscard]] int width() const { return key_.width; }    ///< grid columns
+    [[nodiscard]] int depth() const { return key_.depth; }    ///< grid frames (1 for images); at positions: the box's
+    [[nodiscard]] int height() const { return key_.height; }  ///< grid rows; at positions: the bounding box's
+    [[nodiscard]] int width() const { return key_.width; }    ///< grid columns; at positions: the bounding box's
     [[nodiscard]] int skip() const { return key_.skip; }      ///< extra tokens
-    /// @brief The grid as text: "HxW", or "TxHxW" when depth > 1.
+    /// @brief True for ids of tokens at per-token positions (see the class comment), false on a grid.
+    [[nodiscard]] bool at_positions() const { return box_ != nullptr; }
+    /// @brief True when the keys have positions of their own (at_positions() only).
+    [[nodiscard]] bool has_key_positions() const { return !key_positions_.empty(); }
+    /// @brief The grid as text: "HxW", or "TxHxW" when depth > 1; at positions "N positions".
     [[nodiscard]] std::string grid_string() const {
+        if (box_) return std::to_string(query_.size()) + " positions";
         return (key_.depth > 1 ? std::to_string(key_.depth) + "x" : std::string()) + std::to_string(key_.height) + "x" +
                std::to_string(key_.width);
     }
-    /// @brief Sequence length `L = skip + depth·height·width`.
-    [[nodiscard]] int length() const { return key_.skip + key_.depth * key_.height * key_.width; }
+    /// @brief Sequence length `L = skip + depth·height·width`, or at positions `skip + N`.
+    [[nodiscard]] int length() const {
+        return key_.skip + (box_ ? static_cast<int>(query_.size()) : key_.depth * key_.height * key_.width);
+    }
     /// @brief Buckets per table, the extra skip bucket(s) included (the table's K).
     [[nodiscard]] int num_buckets() const { return num_buckets_; }
     /// @brief Extra buckets for pairs touching a skip token: 1, or 3 for BEiT-style mappings
     /// (see rpe::detail::skip_buckets_of); they are the last ids, used only when skip > 0.
     [[nodiscard]] int skip_buckets() const { return skip_buckets_; }
     /// @brief Number of id sets (1, or 2 for Cross).
-    [[nodiscard]] int num_tables() const { return static_cast<int>(offsets_.size()); }
+    [[nodiscard]] int num_tables() const { return static_cast<int>(offs().size()); }
     /// @brief `id_storage::table` or `id_storage::on_the_fly`.
     [[nodiscard]] id_storage storage_kind() const { return key_.storage; }
     /// @brief Bytes per id: 1, 2 or 4.
     [[nodiscard]] int id_bytes() const {
-        return std::visit([](const auto& v) { return static_cast<int>(sizeof(v[0])); }, offsets_.at(0));
+        return std::visit([](const auto& v) { return static_cast<int>(sizeof(v[0])); }, offs().at(0));
     }
-    /// @brief Bytes held, all tables: the per-offset ids plus, for table storage, the (L, L) matrices.
+    /// @brief Bytes held, all tables: the per-offset ids plus, for table storage, the (L, L)
+    /// matrices; at positions the positions (8 bytes per token, queries and keys) and the
+    /// bounding box's ids that they share.
     [[nodiscard]] std::int64_t bytes() const {
+        if (box_)
+            return box_->bytes() + static_cast<std::int64_t>((query_.size() + key_positions_.size()) * sizeof(std::int64_t));
         std::int64_t b = 0;
         for (const auto* set : {&offsets_, &tables_})
             for (const auto& v : *set)
@@ -112,8 +149,11 @@ public:
             throw out_of_range(detail::message("bucket_ids", "at(table = ", table, ", i = ", i, ", j = ", j,
                                                ") outside tables [0, ", num_tables(), ") x L = ", n));
         if (i < skip() || j < skip()) return static_cast<int>(grid().extra_id(i, j));
-        return std::visit([&](const auto& v) { return static_cast<int>(v[static_cast<std::size_t>(grid().offset_index(i, j))]); },
-                          offsets_[static_cast<std::size_t>(table)]);
+        const std::int64_t index =
+            box_ ? base_ + query_[static_cast<std::size_t>(i - skip())] - key_lin()[static_cast<std::size_t>(j - skip())]
+                 : grid().offset_index(i, j);
+        return std::visit([&](const auto& v) { return static_cast<int>(v[static_cast<std::size_t>(index)]); },
+                          offs()[static_cast<std::size_t>(table)]);
     }
     /// @brief Calls `f(ids)` with `const Id*` pointing at table `table`'s (L, L) ids, row-major,
     /// Id the stored unsigned type; returns what f returns. Table storage only.
@@ -146,6 +186,17 @@ public:
             if (direct) return direct;
         }
         const detail::id_grid g = grid();
+        if (box_) {
+            const detail::id_positions p{query_.data(), key_lin(), base_};
+            const std::int64_t n = length();
+            std::visit(
+                [&](const auto& off) {
+                    for (std::int64_t r = 0; r < count; ++r)
+                        detail::fill_position_row(g, p, n, off.data(), i0 + r, transposed, buf + r * n);
+                },
+                offs()[static_cast<std::size_t>(table)]);
+            return buf;
+        }
         std::visit(
             [&](const auto& off) {
                 for (std::int64_t r = 0; r < count; ++r)
@@ -155,7 +206,8 @@ public:
         return buf;
     }
 
-    /// @brief The grid and extra id of these ids, for the offset math (detail/offset_math.hpp).
+    /// @brief The grid and extra id of these ids, for the offset math (detail/offset_math.hpp);
+    /// at positions the bounding box grid (its length() is not these ids' L).
     [[nodiscard]] detail::id_grid grid() const {
         const bool three = skip_buckets_ == 3;
         return detail::id_grid{key_.depth,
@@ -174,15 +226,23 @@ public:
             throw out_of_range(
                 detail::message("bucket_ids", "visit_offsets(table = ", table, "); expected [0, ", num_tables(), ")"));
         return std::visit([&](const auto& v) -> decltype(auto) { return f(v.data(), v.size()); },
-                          offsets_[static_cast<std::size_t>(table)]);
+                          offs()[static_cast<std::size_t>(table)]);
     }
 
 private:
+    const std::vector<storage>& offs() const { return box_ ? box_->offsets_ : offsets_; }
+    const std::int64_t* key_lin() const { return key_positions_.empty() ? query_.data() : key_positions_.data(); }
+
     bucket_key key_;
     int num_buckets_;
     int skip_buckets_ = 1;
     std::vector<storage> offsets_;
     std::vector<storage> tables_;
+    // ids at positions: the bounding box grid's ids (per-offset ids shared), the grid tokens'
+    // linear positions in its offset space (queries; keys when they differ) and offset (0, 0, 0)
+    std::shared_ptr<const bucket_ids> box_;
+    std::vector<std::int64_t> query_, key_positions_;
+    std::int64_t base_ = 0;
 };
 
 }  // namespace rpe

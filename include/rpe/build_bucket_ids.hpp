@@ -15,8 +15,10 @@
 #include "bucket_ids.hpp"
 #include "bucket_key.hpp"
 #include "concepts.hpp"
+#include "detail/check.hpp"
 #include "detail/validate.hpp"
 #include "error.hpp"
+#include "tensor.hpp"
 
 namespace rpe {
 
@@ -184,6 +186,163 @@ std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, int depth, int he
     }
     return detail::assemble_bucket_ids(
         bucket_key{std::make_shared<detail::mapping_key<M>>(m), height, width, skip, depth, p.storage}, p, per_offset);
+}
+
+/// @brief Largest |coordinate| of a per-token position (rpe::build_bucket_ids(m, positions, skip),
+/// attention_inputs::positions): 2^20. The positions' bounding box is bounded further by its
+/// per-offset ids ((2T−1)(2H−1)(2W−1) ≤ bucket_ids::max_bytes / 16).
+inline constexpr std::int32_t max_position = std::int32_t{1} << 20;
+
+namespace detail {
+
+/// @brief Checks per-token positions: `p` is (N, axes) int32, N ≥ 1 (N = `tokens` when
+/// `tokens` ≥ 0), contiguous, non-null, every |value| ≤ max_position. `what` names L − skip in
+/// the shape message (e.g. "L - skip = 9 - 1"). Returns N.
+/// @throws rpe::invalid_argument `[rpe.<component>] <name> has shape (...); expected (N, 2)
+///   integer (row, col) coordinates ...`, `<name>[i, a] = v; expected |value| <= rpe::max_position = 1048576`.
+inline std::int64_t check_positions(const tensor_ref<const std::int32_t>& p, int axes, std::int64_t tokens, const char* component,
+                                    const char* name, const char* what = "tokens") {
+    const char* coords = axes == 3 ? "(t, row, col) for a 3D mapping" : "(row, col) for a 2D mapping";
+    const bool ok = p.rank == 2 && p.extent(1) == axes && p.extent(0) >= 1 && (tokens < 0 || p.extent(0) == tokens);
+    if (!ok)
+        throw invalid_argument(message(component, name, " has shape ", p.shape_string(), "; expected (",
+                                       tokens < 0 ? std::string("N >= 1") : std::to_string(tokens) + " = " + what, ", ", axes,
+                                       ") integer coordinates ", coords));
+    check_nonnull(p, component, name);
+    for (std::int64_t i = 0; i < p.extent(0) * axes; ++i) {
+        const std::int32_t v = p.data[i];
+        if (v > max_position || v < -max_position)
+            throw invalid_argument(message(component, name, "[", i / axes, ", ", i % axes, "] = ", v,
+                                           "; expected |value| <= rpe::max_position = ", max_position));
+    }
+    return p.extent(0);
+}
+
+/// @brief The bounding box of checked positions (queries and keys together) and each grid
+/// token's linear position in its offset space (detail::id_positions).
+struct position_plan {
+    int depth = 1, height = 1, width = 1;  ///< the box T × H × W
+    std::vector<std::int64_t> query, key;  ///< (N) linear positions; key empty: the queries'
+};
+
+/// @brief The box and linear positions of checked positions `q` and `k` (k empty: q) with
+/// `axes` coordinates (2: row, col; 3: t, row, col).
+/// @throws rpe::out_of_range `[rpe.bucket_ids] positions span a TxHxW box ...` when its
+///   per-offset ids would exceed bucket_ids::max_bytes / 16.
+inline position_plan plan_positions(const tensor_ref<const std::int32_t>& q, const tensor_ref<const std::int32_t>& k, int axes) {
+    std::int64_t lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0};
+    bool first = true;
+    for (const auto* p : {&q, &k}) {
+        if (p->data == nullptr) continue;
+        for (std::int64_t i = 0; i < p->extent(0); ++i)
+            for (int a = 0; a < axes; ++a) {
+                const std::int64_t v = p->data[i * axes + a], at = a + 3 - axes;  // 2D: axis 0 is t = 0
+                lo[at] = first ? v : std::min(lo[at], v);
+                hi[at] = first ? v : std::max(hi[at], v);
+                if (a == axes - 1) first = false;
+            }
+    }
+    const std::int64_t t = hi[0] - lo[0] + 1, h = hi[1] - lo[1] + 1, w = hi[2] - lo[2] + 1;
+    if ((2 * t - 1) * (2 * h - 1) > bucket_ids::max_bytes / 16 / (2 * w - 1))
+        throw out_of_range(
+            message("bucket_ids", "positions span a ", t, "x", h, "x", w,
+                    " box: its per-offset ids number (2T-1)(2H-1)(2W-1) = ", (2 * t - 1) * (2 * h - 1) * (2 * w - 1),
+                    "; expected at most bucket_ids::max_bytes / 16 = ", bucket_ids::max_bytes / 16));
+    position_plan plan;
+    plan.depth = static_cast<int>(t);
+    plan.height = static_cast<int>(h);
+    plan.width = static_cast<int>(w);
+    const std::int64_t plane = (2 * h - 1) * (2 * w - 1), row = 2 * w - 1;
+    const auto linear = [&](const tensor_ref<const std::int32_t>& p) {
+        std::vector<std::int64_t> out(static_cast<std::size_t>(p.extent(0)));
+        for (std::int64_t i = 0; i < p.extent(0); ++i) {
+            std::int64_t c[3] = {lo[0], 0, 0};
+            for (int a = 0; a < axes; ++a) c[a + 3 - axes] = p.data[i * axes + a];
+            out[static_cast<std::size_t>(i)] = (c[0] - lo[0]) * plane + (c[1] - lo[1]) * row + (c[2] - lo[2]);
+        }
+        return out;
+    };
+    plan.query = linear(q);
+    if (k.data != nullptr) plan.key = linear(k);
+    return plan;
+}
+
+/// @brief Checks the positions of an id build for mapping type M (2 axes, or 3 for a
+/// Mapping3D), `key_positions` (empty: the queries') of the same count, and skip; returns the
+/// plan. @throws as build_bucket_ids(m, positions, key_positions, skip).
+inline position_plan check_id_positions(const tensor_ref<const std::int32_t>& positions,
+                                        const tensor_ref<const std::int32_t>& key_positions, int skip, int axes) {
+    require(skip >= 0, "bucket_ids", "skip = ", skip, "; expected >= 0");
+    const std::int64_t n = check_positions(positions, axes, -1, "bucket_ids", "positions");
+    if (key_positions.data != nullptr || key_positions.rank != 0) {
+        if (key_positions.rank == 2 && key_positions.extent(1) == axes && key_positions.extent(0) >= 1 &&
+            key_positions.extent(0) != n)
+            throw not_supported(message("bucket_ids", "key_positions has shape ", key_positions.shape_string(), " and positions ",
+                                        positions.shape_string(),
+                                        ": queries and keys of different lengths (rectangular ids) are not supported; expected ",
+                                        n, " key positions"));
+        (void)check_positions(key_positions, axes, n, "bucket_ids", "key_positions", "the number of positions");
+    }
+    if (skip + n > std::numeric_limits<int>::max())
+        throw out_of_range(message("bucket_ids", "L = skip + N = ", skip, " + ", n, "; expected L < 2^31"));
+    return plan_positions(positions, key_positions.data != nullptr ? key_positions : tensor_ref<const std::int32_t>{}, axes);
+}
+
+/// @brief check_id_positions for mapping type M: 2 axes, or 3 for a Mapping3D.
+template <GridMapping M>
+position_plan check_id_positions(const tensor_ref<const std::int32_t>& positions,
+                                 const tensor_ref<const std::int32_t>& key_positions, int skip) {
+    return check_id_positions(positions, key_positions, skip, Mapping3D<M> ? 3 : 2);
+}
+
+}  // namespace detail
+
+/// @brief Builds the bucket ids of mapping `m` for `skip` extra tokens followed by N tokens at
+/// per-token integer positions, without any cache for the per-offset ids (prefer
+/// bucket_cache::get(m, positions, skip), which shares them per mapping and bounding box).
+///
+/// `positions`: (N, 2) int32 (row, col) for a 2D mapping, (N, 3) (t, row, col) for a Mapping3D,
+/// contiguous, in any order (repeats allowed); `key_positions`: the keys' (N, A), or empty for
+/// the queries' (self-attention). Id (i, j) of grid tokens is the mapping's id of the offset
+/// `pos_i − kpos_j` (t, row, col); pairs touching an extra token get the extra ids, as on a
+/// grid. Positions equal to a grid's coordinates (token skip + r·W + c at (r, c)) give that
+/// grid's ids exactly; any translation of all positions gives the same ids.
+/// Cost: the mapping once per offset of the positions' bounding box T × H × W, (2T−1)(2H−1)(2W−1)
+/// calls and ids (what a T × H × W grid's on-the-fly ids hold), plus N linear positions; no
+/// (L, L) table: every row is made when read, O(L) each (storage always on_the_fly).
+/// @throws rpe::invalid_argument `[rpe.bucket_ids] positions has shape ...; expected (N >= 1, 2)
+///   integer coordinates (row, col) for a 2D mapping` (also key_positions, a null or strided
+///   buffer), `positions[i, a] = v; expected |value| <= rpe::max_position = 1048576`, skip < 0,
+///   invalid mapping parameters, a box the mapping rejects (its validate_grid, e.g. larger than a
+///   Swin window); rpe::not_supported when key_positions holds another number of tokens
+///   (rectangular ids); rpe::out_of_range for L ≥ 2^31 or a box whose per-offset ids exceed
+///   bucket_ids::max_bytes / 16, or as build_bucket_ids for a faulty custom mapping.
+/// Thread-safety: reentrant.
+template <GridMapping M>
+std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, tensor_ref<const std::int32_t> positions,
+                                                   tensor_ref<const std::int32_t> key_positions, int skip) {
+    detail::position_plan p = detail::check_id_positions<M>(positions, key_positions, skip);
+    auto box = build_bucket_ids(m, p.depth, p.height, p.width, skip, id_storage::on_the_fly);
+    return std::make_shared<const bucket_ids>(std::move(box), std::move(p.query), std::move(p.key));
+}
+
+/// @brief Ids at positions for a mapping known only at run time (a registry family): as
+/// build_bucket_ids(m, positions, key_positions, skip) with `axes` coordinates per position (2, or
+/// 3 for a 3D mapping), the bounding box's ids from `box(depth, height, width)` (any storage: only
+/// their per-offset ids are read). @throws as build_bucket_ids and as `box`.
+template <class BoxFn>
+std::shared_ptr<const bucket_ids> bucket_ids_at_positions(tensor_ref<const std::int32_t> positions,
+                                                          tensor_ref<const std::int32_t> key_positions, int skip, int axes,
+                                                          BoxFn&& box) {
+    detail::position_plan p = detail::check_id_positions(positions, key_positions, skip, axes);
+    std::shared_ptr<const bucket_ids> ids = box(p.depth, p.height, p.width);
+    return std::make_shared<const bucket_ids>(std::move(ids), std::move(p.query), std::move(p.key));
+}
+
+/// @brief Self-attention form: `build_bucket_ids(m, positions, {}, skip)` (keys at the queries' positions).
+template <GridMapping M>
+std::shared_ptr<const bucket_ids> build_bucket_ids(const M& m, tensor_ref<const std::int32_t> positions, int skip) {
+    return build_bucket_ids(m, positions, tensor_ref<const std::int32_t>{}, skip);
 }
 
 /// @brief 2D form: `build_bucket_ids(m, 1, height, width, skip, storage)`.

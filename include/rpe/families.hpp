@@ -326,6 +326,22 @@ inline std::shared_ptr<const bucket_ids> bucket_ids_of(const registered_mapping&
     return m.entry->build_ids(m.spec, grid_extent{height, width}, depth, skip);
 }
 
+/// @brief Fresh bucket ids (per-offset ids without cache) of mapping `m` for `skip` extra tokens
+/// followed by tokens at per-token positions (rpe::build_bucket_ids(m, positions, skip)).
+template <GridMapping M>
+std::shared_ptr<const bucket_ids> bucket_ids_of(const M& m, tensor_ref<const std::int32_t> positions, int skip) {
+    return build_bucket_ids(m, positions, skip);
+}
+
+/// @brief The same for a mapping added at run time: its bounding box's ids from the family's
+/// build_ids (automatic storage), positions (N, 3) for a 3D family, else (N, 2).
+inline std::shared_ptr<const bucket_ids> bucket_ids_of(const registered_mapping& m, tensor_ref<const std::int32_t> positions,
+                                                       int skip) {
+    return bucket_ids_at_positions(positions, {}, skip, m.entry->mapping_3d ? 3 : 2, [&](int depth, int height, int width) {
+        return m.entry->build_ids(m.spec, grid_extent{height, width}, depth, skip);
+    });
+}
+
 /// @brief Whether a family's terms take `contextual` mode on target `tg`.
 /// @throws rpe::invalid_argument `[rpe.term_spec] mode = ... with target = ... for <family>; expected ...`.
 inline void check_family_terms(const family_info& f, bool contextual, target tg) {
@@ -350,6 +366,7 @@ void register_mapping(family_info info, Factory make) {
     if (info.group.empty()) info.group = "user";
     registry::entry e;
     e.info = std::move(info);
+    e.mapping_3d = Mapping3D<M>;
     e.build_ids = [make](const family_spec& s, grid_extent g, int depth, int skip) {
         return build_bucket_ids(make(s, g), depth, g.height, g.width, skip, id_storage::automatic);
     };

@@ -183,6 +183,8 @@ public:
         /// a built-in family's position in <rpe/families.hpp> (its operations are compiled into
         /// the visitor there); -1 for a family added at run time
         int builtin = -1;
+        /// true when the family's mapping is 3D (rpe::Mapping3D: positions (N, 3) (t, row, col))
+        bool mapping_3d = false;
     };
 
     /// @brief Runs `add(*this)` once per process (<rpe/families.hpp> adds the built-ins so).

@@ -121,6 +121,23 @@ public:
         return cache.get(mapping_, depth, height, width, layout_.skip, storage);
     }
 
+    /// @brief The bucket ids of this term's skip tokens followed by tokens at per-token positions
+    /// (N, 2) int32 (row, col) — (N, 3) (t, row, col) for a 3D mapping —, any order; the bounding
+    /// box's per-offset ids shared through `cache`, the returned ids not cached (see
+    /// rpe::build_bucket_ids(m, positions, skip)). Use them with forward/backward like a grid's.
+    /// @throws as bucket_cache::get(m, positions, skip).
+    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(tensor_ref<const std::int32_t> positions,
+                                                                    bucket_cache& cache = bucket_cache::global()) const {
+        return cache.get(mapping_, positions, layout_.skip);
+    }
+    /// @brief As above with the keys at `key_positions` (same N; queries at `positions`).
+    /// @throws as bucket_cache::get(m, positions, key_positions, skip).
+    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(tensor_ref<const std::int32_t> positions,
+                                                                    tensor_ref<const std::int32_t> key_positions,
+                                                                    bucket_cache& cache = bucket_cache::global()) const {
+        return cache.get(mapping_, positions, key_positions, layout_.skip);
+    }
+
     /// @brief Forward: writes (`write::overwrite`) or adds (`write::accumulate`, to sum terms into
     /// logits) the term into `out`; the mode has no default. See the class comment for shapes.
     /// @throws rpe::invalid_argument `[rpe.term] ...` for mismatched ids, shapes or buffers.

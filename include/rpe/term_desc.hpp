@@ -18,6 +18,7 @@
 #include "detail/validate.hpp"
 #include "error.hpp"
 #include "mode.hpp"
+#include "tensor.hpp"
 #include "term_fwd.hpp"
 
 namespace rpe {
@@ -39,6 +40,12 @@ public:
     /// @brief The shared ids on a depth × height × width grid. @throws as bucket_cache::get.
     [[nodiscard]] virtual std::shared_ptr<const bucket_ids> get(int depth, int height, int width, int skip,
                                                                 id_storage storage) const = 0;
+    /// @brief The ids of tokens at per-token positions (key_positions empty: the queries'), the
+    /// bounding box's per-offset ids shared through the cache. @throws as bucket_cache::get.
+    [[nodiscard]] virtual std::shared_ptr<const bucket_ids> get(tensor_ref<const std::int32_t> positions,
+                                                                tensor_ref<const std::int32_t> key_positions, int skip) const = 0;
+    /// @brief Coordinates per position: 2 (row, col), or 3 (t, row, col) for a 3D mapping.
+    [[nodiscard]] virtual int position_axes() const = 0;
 };
 
 /// @brief The id source of one mapping value M; its ids come from `cache` (the process-wide
@@ -55,6 +62,12 @@ public:
         bucket_cache& c = cache_ ? *cache_ : bucket_cache::global();
         return c.get(key_.mapping, depth, height, width, skip, storage);
     }
+    [[nodiscard]] std::shared_ptr<const bucket_ids> get(tensor_ref<const std::int32_t> positions,
+                                                        tensor_ref<const std::int32_t> key_positions, int skip) const override {
+        bucket_cache& c = cache_ ? *cache_ : bucket_cache::global();
+        return c.get(key_.mapping, positions, key_positions, skip);
+    }
+    [[nodiscard]] int position_axes() const override { return Mapping3D<M> ? 3 : 2; }
 
 private:
     mapping_key<M> key_;
@@ -158,6 +171,17 @@ public:
     [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int height, int width) const {
         return bucket_ids(1, height, width, id_storage::automatic);
     }
+    /// @brief The bucket ids of this term's skip tokens followed by tokens at per-token positions:
+    /// `positions` (N, position_axes()) int32, `key_positions` the keys' (same N) or empty for the
+    /// queries'; see rpe::build_bucket_ids(m, positions, key_positions, skip). The bounding box's
+    /// per-offset ids come from the id source's cache; the returned ids are not cached.
+    /// @throws as bucket_cache::get(m, positions, key_positions, skip).
+    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(tensor_ref<const std::int32_t> positions,
+                                                                    tensor_ref<const std::int32_t> key_positions = {}) const {
+        return ids_->get(positions, key_positions, layout_.skip);
+    }
+    /// @brief Coordinates per position this term takes: 2 (row, col), or 3 (t, row, col) for a 3D mapping.
+    [[nodiscard]] int position_axes() const { return ids_->position_axes(); }
 
 private:
     std::shared_ptr<const detail::id_source> ids_;

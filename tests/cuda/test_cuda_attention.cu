@@ -267,6 +267,24 @@ TEST_CASE("cuda fused attention matches the golden attention outputs and gradien
     }
 }
 
+TEST_SUITE("host") {
+TEST_CASE("cuda fused attention refuses per-token positions of the iRPE terms before any CUDA call") {
+    // host buffers: the shared front refuses the feature from cuda::attention_caps before any CUDA call
+    std::vector<float> q(1 * 1 * 4 * 2), out(q.size()), table(2 * 50);
+    const std::vector<std::int32_t> pos = {0, 0, 1, 2, 3, 1};
+    using P = rpe::mapping::product<rpe::index::piecewise>;
+    const rpe::term_desc tk = rpe::make_term_desc(P{rpe::index::piecewise::from_ratio(1.9)}, true, rpe::target::key,
+                                                  {.num_heads = 1, .head_dim = 2, .skip = 1});
+    rpe::cuda::attention_inputs<float> in;
+    in.q = in.k = in.v = {q.data(), {1, 1, 4, 2}};
+    in.rpe_k = {.term = &tk, .tables = {{table.data(), {1, 2, 50}}}};
+    in.positions = rpe::tensor_ref<const std::int32_t>(pos.data(), {3, 2});
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, {out.data(), {1, 1, 4, 2}}),
+                         "[rpe.attention] per-token positions of the iRPE terms (positions) is not supported by the cuda backend",
+                         rpe::not_supported);
+}
+}  // TEST_SUITE("host")
+
 TEST_CASE("cuda fused attention rejects bad arguments") {
     device_vec<float> q(2 * 2 * 10 * 8), out(2 * 2 * 10 * 8), big(1 * 1 * 4 * 256);
     rpe::cuda::attention_inputs<float> in;

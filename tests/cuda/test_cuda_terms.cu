@@ -451,6 +451,24 @@ TEST_CASE("cuda term rejects the shared list of bad calls with the CPU term's me
                                                                                      {.num_heads = 2, .head_dim = 8, .skip = 1});
     rpe_test::check_bad_term_calls<float>(key, bias, value);
 }
+
+TEST_CASE("cuda term refuses bucket ids at per-token positions before any CUDA call") {
+    // host buffers: the refusal comes after the shared checks and before the device cache's first CUDA call
+    using P = rpe::mapping::product<pw>;
+    const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> key(P{pw::from_ratio(1.9)},
+                                                                                 {.num_heads = 1, .head_dim = 2, .skip = 1});
+    const std::vector<std::int32_t> pos = {0, 0, 1, 2, 3, 1};
+    const auto ids = rpe::build_bucket_ids(P{pw::from_ratio(1.9)}, rpe::tensor_ref<const std::int32_t>(pos.data(), {3, 2}), 1);
+    std::vector<float> table(2 * 50), x(4 * 2), out(4 * 4);
+    try {
+        key.forward(*ids, {table.data(), {1, 2, 50}}, {x.data(), {1, 1, 4, 2}}, {out.data(), {1, 1, 4, 4}},
+                    rpe::write::overwrite);
+        FAIL("ids at positions were accepted by the cuda term");
+    } catch (const rpe::not_supported& e) {
+        CHECK(std::string(e.what()).find(
+                  "[rpe.bucket_ids] bucket ids at per-token positions (3 positions) are not supported by the cuda backend") == 0);
+    }
+}
 }  // TEST_SUITE("host")
 
 namespace rpe_cuda_test {

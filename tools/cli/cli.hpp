@@ -53,6 +53,24 @@ struct grid_size {
 };
 grid_size parse_grid(const std::string& text, const char* option);
 
+/// The tokens of `--positions P.npy`: (N, A) integer coordinates, (row, col) or (t, row, col),
+/// as int32, and their bounding box (rows x cols) as the grid of the grid-dependent mappings
+/// (swin's default window, decomposed's and alibi2d's β).
+struct positions_input {
+    std::string path;                  ///< the file
+    std::vector<std::int32_t> coords;  ///< (tokens, axes), C order
+    std::int64_t tokens = 0;           ///< N
+    int axes = 2;                      ///< 2 or 3
+    grid_size box{};                   ///< rows x cols spanned
+    [[nodiscard]] rpe::tensor_ref<const std::int32_t> ref() const { return {coords.data(), {tokens, axes}}; }
+};
+/// Reads `--positions P.npy`: an integer .npy (int8 ... int64, uint*) of shape (N, 2) or (N, 3),
+/// N >= 1, values that fit int32 (the library checks |value| <= rpe::max_position).
+/// @throws usage_error("--positions") naming the file, its dtype or shape, or the value.
+positions_input load_positions(const std::string& path);
+/// Exactly one of --grid (typed: `grid_given`) and --positions. @throws usage_error("--grid/--positions").
+void check_grid_or_positions(bool grid_given, const std::string& positions);
+
 /// Which family a mapping name belongs to (user: a family a --plugin added to the registry).
 enum class mapping_kind { two_d, shaw, t5, swin, beit, swinv2, user };
 
@@ -123,7 +141,7 @@ std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, con
 
 /// Options of `rpe term`.
 struct term_options {
-    std::string mode = "contextual", target = "k", grid;
+    std::string mode = "contextual", target = "k", grid, positions;  ///< positions: --positions P.npy (instead of --grid)
     int skip = 0;
     std::vector<std::string> tables;
     std::string input, out, expect;

@@ -1,6 +1,7 @@
 // `rpe`: bucket ids, pictures, terms and benchmarks of rpe's mappings from the command line.
 //
 //   rpe buckets --mapping product --ratio 1.9 --grid 14x14 --skip 1 [--out ids.npy] [--expect ref.npy]
+//               (--positions P.npy instead of --grid: (L - skip, 2) integer (row, col) per token)
 //   rpe show    --mapping product --grid 14x14 --query 7,7 [--png out.png] [--all]
 //   rpe term    --mapping product --mode contextual --target k --grid 5x9 --skip 1
 //               --table t.npy --input x.npy --out y.npy [--expect ref.npy]
@@ -315,6 +316,48 @@ grid_size parse_grid(const std::string& text, const char* option) {
     return g;
 }
 
+positions_input load_positions(const std::string& path) {
+    positions_input p;
+    p.path = path;
+    const auto a = rpe::io::load_npy(path);
+    if (a.is_float())
+        throw usage_error("--positions",
+                          path + " has dtype " + a.dtype + "; expected an integer .npy (int32 or int64 coordinates)");
+    if (a.shape.size() != 2 || a.shape[0] < 1 || (a.shape[1] != 2 && a.shape[1] != 3))
+        throw usage_error("--positions",
+                          path + " has shape " + rpe::detail::shape_string(a.shape) +
+                              "; expected (L - skip, 2) (row, col), or (L - skip, 3) (t, row, col) for a 3D mapping");
+    if (a.shape[0] > (std::int64_t{1} << 30))
+        throw usage_error("--positions",
+                          path + " has shape " + rpe::detail::shape_string(a.shape) + "; expected at most 2^30 tokens");
+    try {
+        p.coords = a.to<std::int32_t>();
+    } catch (const rpe::out_of_range& e) {
+        throw usage_error("--positions", e.what());
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error("--positions", e.what());
+    }
+    p.tokens = a.shape[0];
+    p.axes = static_cast<int>(a.shape[1]);
+    std::int64_t lo[2] = {0, 0}, hi[2] = {0, 0};
+    for (std::int64_t i = 0; i < p.tokens; ++i)
+        for (int c = 0; c < 2; ++c) {
+            const std::int64_t v = p.coords[static_cast<std::size_t>(i * p.axes + p.axes - 2 + c)];
+            lo[c] = i == 0 ? v : std::min(lo[c], v);
+            hi[c] = i == 0 ? v : std::max(hi[c], v);
+        }
+    // the box as a grid for the grid-dependent mappings; beyond int the library refuses the values
+    p.box.height = static_cast<int>(std::min<std::int64_t>(hi[0] - lo[0] + 1, 1 << 30));
+    p.box.width = static_cast<int>(std::min<std::int64_t>(hi[1] - lo[1] + 1, 1 << 30));
+    return p;
+}
+
+void check_grid_or_positions(bool grid_given, const std::string& positions) {
+    if (grid_given == !positions.empty())
+        throw usage_error("--grid/--positions", grid_given ? "give one of --grid HxW and --positions P.npy, not both"
+                                                           : "give one of --grid HxW and --positions P.npy");
+}
+
 std::shared_ptr<const rpe::bucket_ids> build_ids(const mapping_config& mc, int height, int width, int skip) {
     const mapping_config m = mc.for_grid({height, width});
     const auto build = [&] {
@@ -348,14 +391,31 @@ namespace {
 // rpe buckets
 // ---------------------------------------------------------------------------------------------
 struct buckets_options {
-    std::string grid = "14x14", out, expect, coords;
+    std::string grid = "14x14", out, expect, coords, positions;
     int skip = 0;
 };
 
-int run_buckets(const mapping_config& mc, const buckets_options& o) {
-    const auto g = parse_grid(o.grid, "--grid");
+// Bucket ids of the mapping at the positions of `p` after `skip` tokens (no cache).
+std::shared_ptr<const rpe::bucket_ids> build_position_ids(const mapping_config& mc, const positions_input& p, int skip) {
+    const mapping_config m = mc.for_grid(p.box);
+    try {
+        return rpe::visit_mapping(m.family, {p.box.height, p.box.width},
+                                  [&](const auto& mapping) { return rpe::bucket_ids_of(mapping, p.ref(), skip); });
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error("--positions/--skip", e.what());
+    } catch (const rpe::out_of_range& e) {
+        throw usage_error("--positions/--skip", e.what());
+    }
+}
+
+int run_buckets(const mapping_config& mc, const buckets_options& o, bool grid_given) {
+    check_grid_or_positions(grid_given, o.positions);
+    std::optional<positions_input> pos;
+    if (!o.positions.empty()) pos = load_positions(o.positions);
+    const auto g = pos ? pos->box : parse_grid(o.grid, "--grid");
+    const double tokens = pos ? static_cast<double>(pos->tokens) : static_cast<double>(g.height) * g.width;
     if (!o.out.empty()) {  // (L, L) ids of at least 1 byte each: refused before the ids are built
-        const double l = static_cast<double>(o.skip) + static_cast<double>(g.height) * g.width;
+        const double l = static_cast<double>(o.skip) + tokens;
         if (l * l > static_cast<double>(rpe::bucket_ids::max_bytes))
             throw usage_error("--out", "the (L, L) ids of L = " + std::to_string(static_cast<long long>(l)) +
                                            " would take more than 4 GiB; use a smaller --grid");
@@ -363,11 +423,15 @@ int run_buckets(const mapping_config& mc, const buckets_options& o) {
     if (!o.expect.empty() && !o.out.empty() && same_file(o.out, o.expect))
         throw usage_error("--out/--expect", "'" + o.out + "' and '" + o.expect +
                                                 "' are the same file; the comparison would read what was just written");
-    const mapping_config m = mc.for_grid(g);  // swin, beit, swinv2: the window defaults to the grid
-    const auto ids = build_ids(m, g.height, g.width, o.skip);
+    const mapping_config m = mc.for_grid(g);  // swin, beit, swinv2: the window defaults to the grid (the positions' box)
+    const auto ids = pos ? build_position_ids(m, *pos, o.skip) : build_ids(m, g.height, g.width, o.skip);
     const int n = ids->length(), k = ids->num_buckets(), tables = ids->num_tables();
     std::cout << "mapping: " << m.describe() << "\n";
-    std::cout << "grid " << g.height << "x" << g.width << ", skip " << o.skip << ": L = " << n << "\n";
+    if (pos)
+        std::cout << "positions " << o.positions << ": " << pos->tokens << " tokens in a " << g.height << "x" << g.width
+                  << " box, skip " << o.skip << ": L = " << n << "\n";
+    else
+        std::cout << "grid " << g.height << "x" << g.width << ", skip " << o.skip << ": L = " << n << "\n";
     std::cout << "num_buckets = " << k;
     const int sb = ids->skip_buckets();
     if (o.skip > 0) std::cout << " (" << k - sb << " + " << sb << " skip bucket" << (sb > 1 ? "s" : "") << ")";
@@ -376,7 +440,16 @@ int run_buckets(const mapping_config& mc, const buckets_options& o) {
         // every offset (dr, dc) of the grid occurs for some pair: one pair per offset is enough
         // (O(H·W), not O(L²)), plus the extra bucket when there are skip tokens
         std::vector<char> seen(static_cast<std::size_t>(k), 0);
-        for (int dr = -(g.height - 1); dr < g.height; ++dr)
+        if (pos) {  // at positions: every pair, row by row (O(L²))
+            rpe::visit_id_width(ids->id_bytes(), [&]<class Id>() {
+                std::vector<Id> row(static_cast<std::size_t>(n));
+                for (int i = 0; i < n; ++i) {
+                    const Id* r = ids->rows<Id>(t, i, 1, false, row.data());
+                    for (int j = 0; j < n; ++j) seen[static_cast<std::size_t>(r[j])] = 1;
+                }
+            });
+        }
+        for (int dr = -(g.height - 1); !pos && dr < g.height; ++dr)
             for (int dc = -(g.width - 1); dc < g.width; ++dc) {
                 const int i = o.skip + std::max(dr, 0) * g.width + std::max(dc, 0);
                 const int j = o.skip + std::max(-dr, 0) * g.width + std::max(-dc, 0);
@@ -695,6 +768,11 @@ int run(int argc, char** argv) {
     buckets_options bo;
     add_mapping_options(buckets, mo, &name);
     buckets->add_option("--grid", bo.grid, "HxW, or L for a 1xL sequence")->capture_default_str();
+    buckets
+        ->add_option("--positions", bo.positions,
+                     "per-token integer coordinates .npy (L - skip, 2) (row, col) ((.., 3) (t, row, col) for product3d), "
+                     "instead of --grid")
+        ->check(CLI::ExistingFile);
     buckets->add_option("--skip", bo.skip, "extra tokens before the grid (class token)")
         ->capture_default_str()
         ->check(CLI::Range(0, 1 << 30));
@@ -718,7 +796,11 @@ int run(int argc, char** argv) {
     add_mapping_options(term, mo, &name);
     term->add_option("--mode", to.mode, "bias or contextual")->capture_default_str();
     term->add_option("--target", to.target, "q, k or v")->capture_default_str();
-    term->add_option("--grid", to.grid, "HxW (or L): L = skip + H*W must match the input")->required();
+    term->add_option("--grid", to.grid, "HxW (or L): L = skip + H*W must match the input (or --positions)");
+    term->add_option("--positions", to.positions,
+                     "per-token integer coordinates .npy (L - skip, 2) (row, col) ((.., 3) (t, row, col) for product3d), "
+                     "instead of --grid")
+        ->check(CLI::ExistingFile);
     term->add_option("--skip", to.skip, "extra tokens before the grid")->capture_default_str()->check(CLI::Range(0, 1 << 30));
     term->add_option("--table", to.tables,
                      "lookup table .npy (twice for cross: rows, cols; decomposed: SAM's rel_pos_h, "
@@ -813,7 +895,7 @@ int run(int argc, char** argv) {
     }
 
     load_plugins(plugins);
-    if (*buckets) return run_buckets(resolve_mapping(name, mo), bo);
+    if (*buckets) return run_buckets(resolve_mapping(name, mo), bo, buckets->get_option("--grid")->count() > 0);
     if (*show) return run_show(resolve_mapping(so.all ? family_group("irpe").back() : name, mo), mo, so);
     if (*term) {
         to.mode_given = term->get_option("--mode")->count() > 0;

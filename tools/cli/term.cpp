@@ -8,6 +8,7 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <string>
@@ -70,6 +71,30 @@ std::size_t checked_elements(const std::vector<std::int64_t>& shape, const char*
     return empty ? 0 : static_cast<std::size_t>(n);
 }
 
+// The tokens after --skip: the grid's H*W, or the N of --positions.
+std::int64_t grid_tokens(const grid_size& g, const positions_input* pos) {
+    return pos ? pos->tokens : static_cast<std::int64_t>(g.height) * g.width;
+}
+
+// The ids of `term` on the grid, or at the positions.
+std::shared_ptr<const rpe::bucket_ids> layout_ids(const rpe::any_term<float>& term, const grid_size& g,
+                                                  const positions_input* pos) {
+    return pos ? term.bucket_ids(pos->ref()) : term.bucket_ids(g.height, g.width);
+}
+
+// "grid HxW" or "positions P.npy (N tokens)" for the report line.
+std::string layout_text(const grid_size& g, const positions_input* pos) {
+    if (pos) return "positions " + pos->path + " (" + std::to_string(pos->tokens) + " tokens)";
+    return "grid " + std::to_string(g.height) + "x" + std::to_string(g.width);
+}
+
+// The options to blame, "--grid" read as "--positions" when the tokens come from positions.
+std::string blame(const positions_input* pos, std::string options) {
+    const auto at = options.find("--grid");
+    if (pos && at != std::string::npos) options.replace(at, 6, "--positions");
+    return options;
+}
+
 // Prints the output's shape, writes --out, compares with --expect; the exit status.
 int finish(const std::vector<float>& out, const std::vector<std::int64_t>& out_shape, const term_options& o) {
     return write_and_compare(out, out_shape, o.out, o.expect, o.atol, o.rtol);
@@ -77,7 +102,7 @@ int finish(const std::vector<float>& out, const std::vector<std::int64_t>& out_s
 
 // `rpe term --mapping alibi2d --heads H --grid HxW`: CROMA's fixed bias, (1, H, L, L), from the
 // generated table; no --table, no --input.
-int run_alibi_term(const mapping_config& m, const grid_size& g, const term_options& o) {
+int run_alibi_term(const mapping_config& m, const grid_size& g, const positions_input* pos, const term_options& o) {
     if ((o.mode_given && o.mode != "bias") || (o.target_given && o.target != "k" && o.target != "key"))
         throw usage_error("--mode/--target",
                           m.family.family + " is a bias term on keys; drop --mode/--target or pass --mode bias --target k");
@@ -91,19 +116,19 @@ int run_alibi_term(const mapping_config& m, const grid_size& g, const term_optio
     try {
         term = rpe::make_any_term(rpe::vit::make_alibi_2d_term<float>(c));
         table = rpe::vit::alibi_2d_table<float>(c);
-        ids = term->bucket_ids(g.height, g.width);
+        ids = layout_ids(*term, g, pos);
     } catch (const rpe::invalid_argument& e) {
-        throw usage_error("--heads/--grid/--skip", e.what());
+        throw usage_error(blame(pos, "--heads/--grid/--skip"), e.what());
     } catch (const rpe::out_of_range& e) {
-        throw usage_error("--grid", e.what());
+        throw usage_error(blame(pos, "--grid"), e.what());
     }
-    const std::int64_t L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
+    const std::int64_t L = o.skip + grid_tokens(g, pos);
     const std::vector<std::int64_t> out_shape{1, o.heads, L, L};
-    std::vector<float> out(checked_elements(out_shape, "--grid", "the output"));
+    std::vector<float> out(checked_elements(out_shape, blame(pos, "--grid").c_str(), "the output"));
     const std::vector<rpe::tensor_ref<const float>> refs{view<const float>(table.data(), term->table_shape())};
     term->forward(*ids, refs, {}, view<float>(out.data(), out_shape), rpe::write::overwrite);
     const auto slopes = rpe::vit::alibi_slopes(o.heads);
-    std::cout << "term: " << m.describe() << ", bias on k, grid " << g.height << "x" << g.width << ", skip " << o.skip
+    std::cout << "term: " << m.describe() << ", bias on k, " << layout_text(g, pos) << ", skip " << o.skip
               << ", K = " << term->num_buckets() << "\nslopes:";
     for (const double sl : slopes) std::cout << " " << sl;
     std::cout << "\n";
@@ -114,7 +139,7 @@ int run_alibi_term(const mapping_config& m, const grid_size& g, const term_optio
 // SAM's two tables (Lh, C), (Lw, C) loaded into the Cross term (resized when their length is
 // not 2H - 1 / 2W - 1, times D^1/2 for SAM's unscaled q); x = q*s (B, H, L, D) as every
 // contextual key term takes it, so out = SAM's rel_h + rel_w added to the logits.
-int run_decomposed_term(const mapping_config& m, const grid_size& g, const term_options& o) {
+int run_decomposed_term(const mapping_config& m, const grid_size& g, const positions_input* pos, const term_options& o) {
     if ((o.mode_given && o.mode != "contextual" && o.mode != "ctx") || (o.target_given && o.target != "k" && o.target != "key"))
         throw usage_error("--mode/--target", m.family.family + " is a contextual term on keys; drop --mode/--target");
     if (o.tables.size() != 2)
@@ -132,9 +157,9 @@ int run_decomposed_term(const mapping_config& m, const grid_size& g, const term_
     if (x.shape.size() != 4)
         throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L, D)");
     check_int_extents(x.shape, "--input", o.input, 1);
-    const std::int64_t L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
+    const std::int64_t L = o.skip + grid_tokens(g, pos);
     if (x.shape[2] != L)
-        throw usage_error("--input/--grid/--skip",
+        throw usage_error(blame(pos, "--input/--grid/--skip"),
                           o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected L = " + std::to_string(L));
     const rpe::vit::decomposed_rel_pos_config c{.height = g.height,
                                                 .width = g.width,
@@ -154,19 +179,19 @@ int run_decomposed_term(const mapping_config& m, const grid_size& g, const term_
         t1.resize(t0.size());
         rpe::vit::load_decomposed_rel_pos<float>(c, view<const float>(h.data(), th.shape), view<const float>(w.data(), tw.shape),
                                                  {view<float>(t0.data(), shape), view<float>(t1.data(), shape)});
-        ids = term->bucket_ids(g.height, g.width);
+        ids = layout_ids(*term, g, pos);
     } catch (const rpe::invalid_argument& e) {
-        throw usage_error("--table/--input/--grid/--skip", e.what());
+        throw usage_error(blame(pos, "--table/--input/--grid/--skip"), e.what());
     } catch (const rpe::out_of_range& e) {
-        throw usage_error("--grid", e.what());
+        throw usage_error(blame(pos, "--grid"), e.what());
     }
     const std::vector<std::int64_t> out_shape{x.shape[0], x.shape[1], L, L};
-    std::vector<float> out(checked_elements(out_shape, "--grid", "the output"));
+    std::vector<float> out(checked_elements(out_shape, blame(pos, "--grid").c_str(), "the output"));
     const auto shape = term->table_shape();
     const std::vector<rpe::tensor_ref<const float>> refs{view<const float>(t0.data(), shape),
                                                          view<const float>(t1.data(), shape)};
     term->forward(*ids, refs, view<const float>(xd.data(), x.shape), view<float>(out.data(), out_shape), rpe::write::overwrite);
-    std::cout << "term: " << m.describe() << ", contextual on k, grid " << g.height << "x" << g.width << ", skip " << o.skip
+    std::cout << "term: " << m.describe() << ", contextual on k, " << layout_text(g, pos) << ", skip " << o.skip
               << ", K = " << term->num_buckets() << " per table, tables x D^1/2 (SAM's unscaled q)\n";
     return finish(out, out_shape, o);
 }
@@ -255,11 +280,15 @@ std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, con
 }
 
 int run_term(const mapping_config& mc, const term_options& o) {
-    const auto g = parse_grid(o.grid, "--grid");
+    check_grid_or_positions(!o.grid.empty(), o.positions);
+    std::optional<positions_input> positions;
+    if (!o.positions.empty()) positions = load_positions(o.positions);
+    const positions_input* pos = positions ? &*positions : nullptr;
+    const auto g = pos ? pos->box : parse_grid(o.grid, "--grid");  // at positions, their box (swin's default window)
     const mapping_config m = mc.for_grid(g);
     check_output_options(o.out, o.expect, o.atol, o.rtol);
-    if (m.vit == vit_kind::alibi2d) return run_alibi_term(m, g, o);
-    if (m.vit == vit_kind::decomposed) return run_decomposed_term(m, g, o);
+    if (m.vit == vit_kind::alibi2d) return run_alibi_term(m, g, pos, o);
+    if (m.vit == vit_kind::decomposed) return run_decomposed_term(m, g, pos, o);
     rpe::term_spec spec;
     try {
         spec.contextual = rpe::parse_contextual(o.mode);
@@ -307,7 +336,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
         tables[0].shape = hk;
     }
     const auto& ts = tables[0].shape;
-    const std::int64_t L = o.skip + static_cast<std::int64_t>(g.height) * g.width;
+    const std::int64_t L = o.skip + grid_tokens(g, pos);
     const std::size_t want_rank = spec.contextual ? 3 : 2;
     for (std::size_t t = 0; t < tables.size(); ++t) {  // every table (Cross has two), before any view is made
         if (tables[t].shape.size() != want_rank)
@@ -339,16 +368,20 @@ int run_term(const mapping_config& mc, const term_options& o) {
     spec.shared_head = ts[0] == 1;
     spec.skip = o.skip;
     // the term checks every shape against the grid, skip and tables; its message names the tensor
-    const char* culprits = spec.contextual ? "--table/--input/--grid/--skip" : "--table/--grid/--skip";
+    const std::string culprits = blame(pos, spec.contextual ? "--table/--input/--grid/--skip" : "--table/--grid/--skip");
     std::unique_ptr<rpe::any_term<float>> term;
     std::shared_ptr<const rpe::bucket_ids> ids;
     try {
         term = make_cli_term(m, spec);
-        ids = term->bucket_ids(g.height, g.width);
     } catch (const rpe::invalid_argument& e) {
         throw usage_error(culprits, e.what());
+    }
+    try {
+        ids = layout_ids(*term, g, pos);
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error(pos ? "--positions/--skip" : culprits, e.what());
     } catch (const rpe::out_of_range& e) {
-        throw usage_error("--grid", e.what());
+        throw usage_error(blame(pos, "--grid"), e.what());
     }
 
     // The term checks every shape in forward(); the shapes that size the output are checked
@@ -359,7 +392,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
                                              "; expected " + rpe::detail::shape_string(term->table_shape()) +
                                              " for this mapping, mode, target and skip");
     if (spec.contextual && (x.shape[2] != L || x.shape[3] != (spec.target == rpe::target::value ? L : spec.head_dim)))
-        throw usage_error("--input/--grid/--skip",
+        throw usage_error(blame(pos, "--input/--grid/--skip"),
                           o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L = " +
                               std::to_string(L) + ", " + (spec.target == rpe::target::value ? "L" : "D") + " = " +
                               std::to_string(spec.target == rpe::target::value ? L : spec.head_dim) + ")");
@@ -367,10 +400,10 @@ int run_term(const mapping_config& mc, const term_options& o) {
     double out_elems = 1.0;
     for (const auto e : out_shape) out_elems *= static_cast<double>(e);
     if (out_elems * sizeof(float) > static_cast<double>(max_output_bytes))
-        throw usage_error(spec.contextual ? "--input/--grid/--skip" : "--grid/--skip",
+        throw usage_error(blame(pos, spec.contextual ? "--input/--grid/--skip" : "--grid/--skip"),
                           "the output " + rpe::detail::shape_string(out_shape) +
                               " would take more than 4 GiB; expected a smaller grid or input");
-    std::vector<float> out(checked_elements(out_shape, "--grid", "the output"));
+    std::vector<float> out(checked_elements(out_shape, blame(pos, "--grid").c_str(), "the output"));
     std::vector<rpe::tensor_ref<const float>> refs;
     for (std::size_t t = 0; t < tables.size(); ++t) refs.push_back(view<const float>(table_data[t].data(), tables[t].shape));
     try {
@@ -383,7 +416,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
               << (spec.target == rpe::target::query ? "q"
                   : spec.target == rpe::target::key ? "k"
                                                     : "v")
-              << ", grid " << g.height << "x" << g.width << ", skip " << o.skip << ", K = " << term->num_buckets() << "\n";
+              << ", " << layout_text(g, pos) << ", skip " << o.skip << ", K = " << term->num_buckets() << "\n";
     return finish(out, out_shape, o);
 }
 

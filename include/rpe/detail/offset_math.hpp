@@ -75,4 +75,42 @@ RPE_HOST_DEVICE void fill_id_row(const id_grid& g, const Src* off, std::int64_t 
         }
 }
 
+/// @brief Tokens at per-token positions instead of a grid: each grid token's position as one
+/// linear index into the per-offset ids of a T × H × W box (the bounding box of the positions),
+/// `lin = t·(2H−1)(2W−1) + r·(2W−1) + c` for box coordinates (t, r, c) (each ≥ 0), so that the
+/// per-offset index of query i and key j is `base + lin_q[i] − lin_k[j]` with `base` the index of
+/// offset (0, 0, 0). `key` may equal `query` (self-attention: one position per token).
+struct id_positions {
+    const std::int64_t* query = nullptr;  ///< (N) linear positions of the queries' grid tokens
+    const std::int64_t* key = nullptr;    ///< (N) linear positions of the keys' grid tokens
+    std::int64_t base = 0;                ///< per-offset index of offset (0, 0, 0): ((T−1)(2H−1) + H−1)(2W−1) + W−1
+};
+
+/// @brief Row i of the ids of tokens at positions (id(i, j) for every key j; with `transposed`
+/// id(j, i)) from the per-offset ids `off` into `dst` (L = skip + N entries). `g` gives skip and
+/// the extra ids (its depth, height and width are the box's, unused here).
+template <class Id, class Src>
+RPE_HOST_DEVICE void fill_position_row(const id_grid& g, const id_positions& p, std::int64_t n, const Src* off, std::int64_t i,
+                                       bool transposed, Id* dst) {
+    const std::int64_t skip = g.skip;
+    const Id extra = static_cast<Id>(g.extra);
+    const Id row_extra = static_cast<Id>(transposed ? g.extra_key : g.extra_query);  // i extra, j a grid token
+    const Id col_extra = static_cast<Id>(transposed ? g.extra_query : g.extra_key);  // i a grid token, j extra
+    if (i < skip) {
+        for (std::int64_t j = 0; j < skip; ++j) dst[j] = extra;
+        for (std::int64_t j = skip; j < n; ++j) dst[j] = row_extra;
+        return;
+    }
+    for (std::int64_t j = 0; j < skip; ++j) dst[j] = col_extra;
+    Id* out = dst + skip;
+    const std::int64_t m = n - skip;
+    if (!transposed) {  // id(i, j): offset q_i − k_j
+        const Src* src = off + p.base + p.query[i - skip];
+        for (std::int64_t j = 0; j < m; ++j) out[j] = static_cast<Id>(src[-p.key[j]]);
+    } else {  // id(j, i): offset q_j − k_i
+        const Src* src = off + p.base - p.key[i - skip];
+        for (std::int64_t j = 0; j < m; ++j) out[j] = static_cast<Id>(src[p.query[j]]);
+    }
+}
+
 }  // namespace rpe::detail

@@ -28,7 +28,8 @@ namespace cpu {
 
 /// @brief What the CPU attention supports (checked by the shared front): everything —
 /// strided q/k/v (rows of D contiguous), the `attn` output and the backward from saved
-/// probabilities, RoPE with the frequencies' gradient, both masks, 3D grids, any head dim.
+/// probabilities, RoPE with the frequencies' gradient, both masks, 3D grids, any head dim,
+/// per-token positions of the iRPE terms.
 inline constexpr attention_capabilities attention_caps{.backend = "cpu",
                                                        .strided_qkv = true,
                                                        .saved_probabilities = true,
@@ -37,7 +38,8 @@ inline constexpr attention_capabilities attention_caps{.backend = "cpu",
                                                        .key_padding_mask = true,
                                                        .attn_mask = true,
                                                        .grid_3d = true,
-                                                       .max_head_dim = 0};
+                                                       .max_head_dim = 0,
+                                                       .positions = true};
 
 }  // namespace cpu
 

@@ -24,6 +24,16 @@
 
 namespace rpe::cuda {
 
+/// @brief Throws rpe::not_supported `[rpe.bucket_ids] bucket ids at per-token positions (N
+/// positions) are not supported by the cuda backend; ...` for host ids built from positions
+/// (bucket_ids::at_positions()): the device kernels compute ids from a grid and hold no
+/// positions. Called before any CUDA call.
+inline void refuse_positions(const rpe::bucket_ids& host) {
+    if (host.at_positions())
+        throw not_supported(detail::message("bucket_ids", "bucket ids at per-token positions (", host.grid_string(),
+                                            ") are not supported by the cuda backend; expected ids of a grid"));
+}
+
 /// @brief The ids of one table on the device as a function of the token pair: `ids(i, j)` is
 /// id(i, j), or with `transposed` id(j, i) (the query target's order), computed from the
 /// per-offset ids `offsets` (device memory, compact type Id) and the grid. Trivially copyable:
@@ -52,13 +62,14 @@ public:
     /// widens the ids to that width (1, 2 or 4), so that every table of one call shares one id
     /// type; 0 keeps the host's width.
     /// @throws rpe::cuda_error when an allocation or copy fails; rpe::invalid_argument for a
-    ///   width other than 0, 1, 2 or 4.
+    ///   width other than 0, 1, 2 or 4; rpe::not_supported for ids at positions (refuse_positions).
     device_bucket_ids(const rpe::bucket_ids& host, cudaStream_t stream, int id_bytes = 0)
         : length_(host.length()),
           num_buckets_(host.num_buckets()),
           num_tables_(host.num_tables()),
           id_bytes_(std::max(host.id_bytes(), id_bytes)),
           grid_(host.grid()) {
+        refuse_positions(host);
         RPE_CUDA_CHECK(cudaGetDevice(&device_));
         try {
             for (int t = 0; t < num_tables_; ++t) {
@@ -136,8 +147,11 @@ class device_bucket_cache {
 public:
     /// @brief The device ids of `host` on the current device, uploaded on first use, at least
     /// `id_bytes` wide (0: the host's width; see device_bucket_ids).
-    /// @throws rpe::cuda_error when the device query, allocation or copy fails.
+    /// @throws rpe::cuda_error when the device query, allocation or copy fails; rpe::not_supported
+    ///   `[rpe.bucket_ids] bucket ids at per-token positions are not supported by the cuda backend`
+    ///   for ids built from positions (bucket_ids::at_positions()).
     std::shared_ptr<const device_bucket_ids> get(const rpe::bucket_ids& host, cudaStream_t stream = nullptr, int id_bytes = 0) {
+        refuse_positions(host);
         int device = 0;
         RPE_CUDA_CHECK(cudaGetDevice(&device));
         const entry_key key{host.key(), device, std::max(host.id_bytes(), id_bytes)};

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Inputs of the `rpe buckets/term --positions` CLI tests (tests/data/cli/positions), made from
+the golden cases without numpy (plain .npy v1.0 reader and writer, C order):
+
+- grid_7x7.npy       int64 (49, 2): the (row, col) of a 7x7 grid in token order (= the grid's ids)
+- perm_7x7.npy       int32 (49, 2): the same in a fixed shuffled order (seed 7)
+- ids_perm_7x7.npy   int32 (50, 50): golden bucket_ids/product_7x7_skip1_r1.9 with tokens permuted
+- perm_5x9.npy       int32 (45, 2): a 5x9 grid in a fixed shuffled order (seed 9)
+- x_perm_5x9.npy, output_perm_5x9.npy: golden term/product_ctx_k_shared_5x9_skip1_r1.9 x and output
+  with tokens permuted the same way (token i of the permuted layout is grid token perm[i - 1] + 1)
+- float_7x7.npy      float32 (49, 2): grid_7x7 as floats (refused: positions are integers)
+- cols4.npy          int32 (3, 4): a shape the tool refuses
+
+Run from the repository root: python3 tools/golden/gen_cli_positions.py
+"""
+import ast
+import random
+import struct
+
+GOLDEN = "tests/data/golden"
+OUT = "tests/data/cli/positions"
+FMT = {"<f4": "f", "<i4": "i", "<i8": "q"}
+
+
+def load(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:6] == b"\x93NUMPY" and data[6] == 1
+    n = struct.unpack("<H", data[8:10])[0]
+    header = ast.literal_eval(data[10:10 + n].decode("latin1"))
+    assert not header["fortran_order"]
+    shape, code = header["shape"], FMT[header["descr"]]
+    count = 1
+    for e in shape:
+        count *= e
+    values = list(struct.unpack("<%d%s" % (count, code), data[10 + n:10 + n + count * struct.calcsize(code)]))
+    return header["descr"], tuple(shape), values
+
+
+def save(path, descr, shape, values):
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, repr(tuple(shape)))
+    pad = 64 - (10 + len(header) + 1) % 64
+    header = header + " " * (pad % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode("latin1"))
+        f.write(struct.pack("<%d%s" % (len(values), FMT[descr]), *values))
+
+
+def grid(h, w):
+    return [v for r in range(h) for c in range(w) for v in (r, c)]
+
+
+def perm_of(n, seed):
+    p = list(range(n))
+    random.Random(seed).shuffle(p)
+    return p
+
+
+def permuted_rows(coords, perm):
+    return [v for i in perm for v in coords[2 * i:2 * i + 2]]
+
+
+def source(i, skip, perm):
+    return i if i < skip else skip + perm[i - skip]
+
+
+def main():
+    save(f"{OUT}/grid_7x7.npy", "<i8", (49, 2), grid(7, 7))
+    p7 = perm_of(49, 7)
+    save(f"{OUT}/perm_7x7.npy", "<i4", (49, 2), permuted_rows(grid(7, 7), p7))
+    _, shape, ids = load(f"{GOLDEN}/bucket_ids/product_7x7_skip1_r1.9/bucket_ids.npy")
+    n = shape[0]
+    save(f"{OUT}/ids_perm_7x7.npy", "<i4", shape,
+         [ids[source(i, 1, p7) * n + source(j, 1, p7)] for i in range(n) for j in range(n)])
+    p9 = perm_of(45, 9)
+    save(f"{OUT}/perm_5x9.npy", "<i4", (45, 2), permuted_rows(grid(5, 9), p9))
+    case = f"{GOLDEN}/term/product_ctx_k_shared_5x9_skip1_r1.9"
+    _, (b, h, l, d), x = load(f"{case}/x.npy")
+    save(f"{OUT}/x_perm_5x9.npy", "<f4", (b, h, l, d),
+         [x[(p * l + source(i, 1, p9)) * d + e] for p in range(b * h) for i in range(l) for e in range(d)])
+    _, (b, h, l, _), out = load(f"{case}/output.npy")
+    save(f"{OUT}/output_perm_5x9.npy", "<f4", (b, h, l, l),
+         [out[(p * l + source(i, 1, p9)) * l + source(j, 1, p9)] for p in range(b * h) for i in range(l) for j in range(l)])
+    save(f"{OUT}/float_7x7.npy", "<f4", (49, 2), [float(v) for v in grid(7, 7)])
+    save(f"{OUT}/cols4.npy", "<i4", (3, 4), list(range(12)))
+
+
+if __name__ == "__main__":
+    main()
