@@ -12,6 +12,7 @@ Mixed frequencies, the bias tables, the CPB MLP's output, SAM's two tables) and 
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -361,54 +362,105 @@ def _natural_mode(method):
     return torch.ops.rpe.family_mode(method)
 
 
+def _param_text(name, v):
+    """The registry's text of a family parameter's value: true / false, an integer, a number or a
+    choice name; ValueError naming the parameter otherwise."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, numbers.Integral):
+        return str(int(v))
+    if isinstance(v, numbers.Real):
+        return repr(float(v))
+    if isinstance(v, str) and v and not set(v) & set(",:= "):
+        return v
+    raise ValueError(f"[rpe.torch] params[{name!r}] = {v!r}; expected a number, a bool or a choice name")
+
+
+@functools.lru_cache(maxsize=512)
+def _slot_spec(method, params, window):
+    """The whole spec text of a TermSlot's term (every parameter, torch.ops.rpe.slot_spec): the
+    registry parses ``method``, sets ``params`` ((name, text) pairs) and puts ``window`` into the
+    family's window parameters where it has them. Returns (text, (window_h, window_w)): the
+    family's window after that, (0, 0) without one. Cached: the ViT modules build a TermSlot per call."""
+    text, h, w = torch.ops.rpe.slot_spec(method, [n for n, _ in params], [t for _, t in params], window[0], window[1])
+    return text, (int(h), int(w))
+
+
 class TermSlot:
     """A term given by its tables, for ``rpe_torch.attention`` (rpe_q / rpe_k / rpe_v) and
-    :meth:`forward`: ``method`` "swin" / "beit" (window (rows, cols)), "alibi" (grid) or
-    "decomposed" (grid; contextual); ``tables`` the tables as the operators read them ((Ht, K)
-    bias, two (1, D, K) for decomposed); ``window`` (rows, cols) = the operators' (alpha, beta);
-    ``grid`` the default (height, width) (else the window). E.g. SwinV2:
-    ``TermSlot("swin", [cpb_table(raw, ws)], ws)``. Shapes are checked by the operators."""
+    :meth:`forward`. ``method``: a mapping family of rpe's registry (:func:`rpe_torch.families`:
+    a built-in one or a loaded plugin's, by name or alias) or its spec text
+    ``"family:param=value,..."``; ``params``: the family's parameters by name (a dict; set after
+    the text's), e.g. ``TermSlot("manhattan", [t], grid=(7, 7), params={"beta": 5})`` =
+    ``TermSlot("manhattan:beta=5", [t], grid=(7, 7))``; parameters not given keep the family's
+    defaults (the registry's; ``slot.spec`` is the whole text). ``window`` (rows, cols): for the
+    families with a window or grid parameter (``window_h``, ``window_w``: "swin" / "beit" window,
+    "alibi" / "decomposed" grid) their value when the spec leaves it 0, and for every family the
+    default grid; ``grid`` the default (height, width) (else the window; also the window
+    parameters' value when no window is given). ``tables``: the tables as the operators read them
+    ((Ht, K) bias, (Ht, D, K) contextual q / k, (Ht, K, D) v, two (1, D, K) for decomposed);
+    ``mode``: "bias" / "contextual" (default: the family's one mode, else bias). E.g. SwinV2:
+    ``TermSlot("swin", [cpb_table(raw, ws)], ws)``. Raises ValueError naming the family, parameter
+    and value (unknown family or parameter, a value of the wrong kind) here; the mapping's own
+    checks (e.g. the piecewise index's α < β < γ) and the tables' shapes are the operators'."""
 
-    def __init__(self, method, tables, window, skip=0, mode=None, grid=None):
+    def __init__(self, method, tables, window=None, skip=0, mode=None, grid=None, params=None):
+        if not isinstance(method, str):
+            raise TypeError(f"[rpe.torch] method = {method!r}; expected a str (a family name or spec text)")
         known = torch.ops.rpe.families("", True)  # rpe's registry (a loaded plugin's families included)
-        if method not in known:
-            raise ValueError(f"[rpe.torch] method = {method!r}; expected a family of rpe's registry: {', '.join(known)}")
+        if method.split(":", 1)[0] not in known:
+            raise ValueError(f"[rpe.torch] method = {method!r}; expected a family of rpe's registry (or its spec text "
+                             f"'family:param=value,...'): {', '.join(known)}")
         tables = list(tables)
         if not tables or not all(isinstance(t, torch.Tensor) for t in tables):
             raise TypeError(f"[rpe.torch] tables = {tables!r}; expected a non-empty list of tensors")
-        self.method, self.tables = method, tables
-        self.window = _pair(window, "window")
+        if params is None:
+            params = {}
+        if not isinstance(params, dict) or not all(isinstance(n, str) for n in params):
+            raise TypeError(f"[rpe.torch] params = {params!r}; expected a dict of the family's parameters by name")
+        self.method, self.tables, self.params = method, tables, dict(params)
+        self.window = None if window is None else _pair(window, "window")
+        self.grid = None if grid is None else _pair(grid, "grid")
+        self.spec, spec_window = _slot_spec(method, tuple((n, _param_text(n, v)) for n, v in params.items()),
+                                            self.window or self.grid or (0, 0))
+        if self.window is None and spec_window[0] > 0 and spec_window[1] > 0:
+            self.window = spec_window  # e.g. "swin:window_h=7,window_w=7": the default grid
         self.skip = skip
         self.mode = mode or _natural_mode(method)
-        self.grid = grid
 
     def _slot(self, L, height, width):
-        """(method, mode, tables, alpha, beta, gamma, skip, height, width) for L tokens."""
+        """(method, mode, tables, alpha, beta, gamma, skip, height, width) for L tokens: the
+        method is the whole spec text (the operators then ignore alpha, beta, gamma)."""
         L = int(L)
         if height is None and width is None:
+            if self.grid is None and self.window is None:
+                raise ValueError(f"[rpe.torch] height = None, width = None for the {self.method!r} TermSlot, which "
+                                 "has no grid or window; pass height and width (or grid=(rows, cols))")
             height, width = self.grid or self.window
         elif (height is None) != (width is None):
             raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither")
         if L != self.skip + height * width:
             raise ValueError(f"[rpe.torch] L = {L}; expected skip + height*width = {self.skip} + {height}*{width}")
-        return (self.method, self.mode, self.tables, float(self.window[0]), float(self.window[1]), 0.0, self.skip,
-                height, width)
+        return self.spec, self.mode, self.tables, 0.0, 0.0, 0.0, self.skip, height, width
 
     def forward(self, x=None, height=None, width=None):
-        """The term's output: bias (1, Ht, L, L), or for decomposed (B, H, L, L) from x (B, H, L, D)."""
+        """The term's output: bias (1, Ht, L, L), or contextual (B, H, L, L) from x (B, H, L, D)."""
         if (height is None) != (width is None):
             raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither")
-        if self.mode == "contextual" and x is None:
+        if self.mode != "bias" and x is None:
             raise ValueError(f"[rpe.torch] x is None; expected (B, H, L, D) queries for the {self.method} term")
         L = x.shape[2] if x is not None else None
         if L is None:
-            h, w = (height, width) if height is not None else (self.grid or self.window)
+            h, w = (height, width) if height is not None else (self.grid or self.window or (0, 0))
             L = self.skip + h * w
         method, mode, tables, a, b, g, skip, h, w = self._slot(L, height, width)
         return term(x, tables, method, mode, "k", a, b, g, skip, h, w)
 
     def __call__(self, x=None, height=None, width=None):
         return self.forward(x, height, width)
+
+    def __repr__(self):
+        return f"TermSlot({self.spec!r}, mode={self.mode!r}, skip={self.skip}, grid={self.grid or self.window})"
 
 
 def table_from_timm(timm_table):

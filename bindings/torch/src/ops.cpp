@@ -45,6 +45,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -1081,6 +1082,39 @@ std::string family_spec_text(c10::string_view method, double alpha, double beta,
     return translating([&] { return rpe::to_string(spec_of(method, alpha, beta, gamma)); });
 }
 
+// The whole spec text (rpe::to_string: every parameter) of a term given by rpe_torch.TermSlot:
+// `method` (a family name, alias or spec text "family:param=value,...") with each parameter
+// names[i] set from the text values[i] (a number, true / false, a choice name) by the registry,
+// then, for a family with the registry's window parameters (window_h, window_w of
+// rpe::detail::window_params: 0 = the grid), the window (window_h, window_w) where they are still
+// 0. Any other family keeps its own parameters (its defaults, the text's, names / values): the
+// window is then only the slot's grid. Returns (the text, the family's window_h, window_w after
+// that: the slot's default grid when it has no other; 0, 0 for a family without them). Throws
+// ValueError naming the family, parameter and value (`[rpe.term_spec] parameter = 'foo' of
+// manhattan; expected one of alpha, beta, gamma`).
+std::tuple<std::string, int64_t, int64_t> slot_spec(c10::string_view method, std::vector<std::string> names,
+                                                    std::vector<std::string> values, int64_t window_h, int64_t window_w) {
+    return translating([&] {
+        TORCH_CHECK_VALUE(names.size() == values.size(), "[rpe.torch] names holds ", names.size(), " parameters, values ",
+                          values.size(), "; expected one value per name");
+        TORCH_CHECK_VALUE(window_h >= 0 && window_w >= 0 && window_h < (1 << 30) && window_w < (1 << 30),
+                          "[rpe.torch] window = (", window_h, ", ", window_w, "); expected sides >= 0 (0 = none)");
+        auto& reg = rpe::families();
+        rpe::family_spec s = rpe::parse_family_spec(str(method));
+        for (std::size_t i = 0; i < names.size(); ++i) reg.set_param(s, names[i], values[i]);
+        const auto& info = rpe::family_of(s.family);
+        const auto has = [&](const char* n) {
+            return std::any_of(info.params.begin(), info.params.end(), [&](const auto& p) { return p.name == n; });
+        };
+        if (!has("window_h") || !has("window_w")) return std::tuple<std::string, int64_t, int64_t>{rpe::to_string(s), 0, 0};
+        if (s.get_int("window_h") == 0 && s.get_int("window_w") == 0 && (window_h > 0 || window_w > 0)) {
+            reg.set_value(s, "window_h", static_cast<double>(window_h));
+            reg.set_value(s, "window_w", static_cast<double>(window_w));
+        }
+        return std::tuple<std::string, int64_t, int64_t>{rpe::to_string(s), s.get_int("window_h"), s.get_int("window_w")};
+    });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rpe, m) {
@@ -1169,6 +1203,9 @@ TORCH_LIBRARY(rpe, m) {
     // "contextual" for a family whose terms are contextual only (decomposed), else "bias".
     m.def("family_mode(str method) -> str", &family_mode);
     m.def("family_spec(str method, float alpha, float beta, float gamma) -> str", &family_spec_text);
+    // The whole spec text of a TermSlot's term: method (name, alias or spec text), parameters set
+    // by name from their text, the window into the family's window_h / window_w (when still 0).
+    m.def("slot_spec(str method, str[] names, str[] values, int window_h=0, int window_w=0) -> (str, int, int)", &slot_spec);
     // The process-wide caches (bucket ids, RoPE tables; default budget 64 MiB each, or the
     // environment's RPE_CACHE_BUDGET_MB): budget in bytes, counters, clear.
     m.def("set_cache_budget(int bytes) -> ()", &set_cache_budget);
