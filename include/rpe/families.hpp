@@ -1,14 +1,16 @@
 /// @file families.hpp
 /// @brief The built-in term families by name and the visitors over them: every mapping (the iRPE
 /// methods, 1D Shaw and T5, 3D product, Swin, BEiT, SwinV2 CPB, SAM decomposed, 2D ALiBi) and every
-/// RoPE form (axial, mixed, cat), in rpe::registry. This file is the one place a built-in family's
+/// RoPE form (axial, mixed, cat, dinov3, mrope), in rpe::registry. This file is the one place a built-in family's
 /// name is written.
 ///
 /// - rpe::parse_family_spec / rpe::to_string: a spec from and to text (`product:index=clip,beta=4`).
 /// - rpe::visit_mapping(spec, grid, f): `f(m)` with the concrete mapping value of `spec` (a
 ///   built-in mapping type, or rpe::registered_mapping for a family added at run time);
 ///   rpe::term_of and rpe::bucket_ids_of take both, so one generic `f` serves every family.
-/// - rpe::visit_rope(spec, f): `f(form)` with rope::axial, rope::mixed or rope::cat.
+/// - rpe::visit_rope(spec, f): `f(form)` with rope::axial, rope::mixed, rope::cat, rope::dinov3 or
+///   rope::mrope (rpe::rope_form_of makes a rotary_embedding's form of it, rope::default_layout_of
+///   gives its reference layout).
 /// - rpe::register_mapping / RPE_REGISTER_MAPPING: a user's own mapping policy, by name, from a
 ///   unit of the user's program or plugin (docs/custom_mapping.md).
 ///
@@ -41,7 +43,9 @@
 #include "registry.hpp"
 #include "rope/axial.hpp"
 #include "rope/cat.hpp"
+#include "rope/dinov3.hpp"
 #include "rope/mixed.hpp"
+#include "rope/mrope.hpp"
 #include "vit/alibi_2d.hpp"
 #include "vit/decomposed_rel_pos.hpp"
 
@@ -52,7 +56,7 @@ namespace rpe {
 enum class builtin_family : int {
     euclidean, quantization, cross, product, euclidean_paper, quantization_paper,  // iRPE (rpe::method order)
     shaw, t5, product3d, swin, beit, swinv2, decomposed, alibi2d,                  // other mappings
-    axial, mixed, cat,                                                             // RoPE forms
+    axial, mixed, cat, dinov3, mrope,                                              // RoPE forms
 };
 // clang-format on
 
@@ -151,6 +155,26 @@ inline void add_builtin_families(registry& r) {
                                family_param::integer("ref_width", 0, "reference grid columns (0 = none)"),
                                family_param::flag("xy_indexing", false, "grid_indexing 'xy'")},
                               "timm RotaryEmbeddingCat", family_kind::rope, "rope", all, 0});
+    // DINOv3's released models: base 100, no min/max periods, separate normalisation, no augmentation
+    add(builtin_family::dinov3, {"dinov3", {},
+                                 {family_param::number("base", 100.0, "period base (timm's temperature; used unless min_period and max_period)"),
+                                  family_param::number("min_period", 0.0, "with max_period: the min/max period schedule (0 = none)"),
+                                  family_param::number("max_period", 0.0, "with min_period (0 = none)"),
+                                  family_param::choice("normalize", {"separate", "max", "min"}, "coordinate normalisation (normalize_coords)"),
+                                  family_param::number("shift_y", 0.0, "sampled coordinate shift of the rows (shift_hw)"),
+                                  family_param::number("shift_x", 0.0, "sampled coordinate shift of the columns"),
+                                  family_param::number("jitter_y", 1.0, "sampled jitter multiplier of the rows (jitter_hw)"),
+                                  family_param::number("jitter_x", 1.0, "sampled jitter multiplier of the columns"),
+                                  family_param::number("rescale", 1.0, "sampled rescale multiplier of both axes")},
+                                 "DINOv3 RoPE", family_kind::rope, "rope", all, 0});
+    // Qwen2-VL's (and Qwen2.5-VL's) configuration: rope_theta 1e6, mrope_section [16, 24, 24]
+    add(builtin_family::mrope, {"mrope", {},
+                                {family_param::number("theta", 1000000.0, "rope_theta"),
+                                 family_param::integer("section_t", 16, "frequency pairs on the temporal ids (mrope_section[0])"),
+                                 family_param::integer("section_h", 24, "frequency pairs on the height ids (mrope_section[1])"),
+                                 family_param::integer("section_w", 24, "frequency pairs on the width ids (mrope_section[2])"),
+                                 family_param::flag("interleaved", false, "Qwen3-VL's interleaved sections")},
+                                "Qwen-VL M-RoPE", family_kind::rope, "rope", all, 0});
 }
 // clang-format on
 
@@ -279,15 +303,40 @@ decltype(auto) visit_mapping(const family_spec& s, grid_extent g, F&& f) {
     throw invalid_argument(detail::message("term_spec", "family = '", s.family, "' is a RoPE form; expected a mapping"));
 }
 
-/// @brief Calls `f(form)` with the RoPE policy of `s` (rope::axial, rope::mixed, rope::cat).
-/// @throws rpe::invalid_argument `[rpe.term_spec] form = '...'; expected one of axial, mixed, cat`.
+/// @brief Calls `f(form)` with the RoPE policy of `s` (rope::axial, rope::mixed, rope::cat,
+/// rope::dinov3, rope::mrope; the parameters as the fields of the same name, dinov3's normalize as
+/// rope::dinov3_normalize). Every call of f must return the same type. The values are not checked
+/// beyond their kinds: the policy's validate() does (rpe::rope_forward calls it).
+/// rpe::rope_form_of(form) is the rotary_embedding form of it (rope::custom for dinov3 and mrope),
+/// rope::default_layout_of(form) its reference layout (half for dinov3 and mrope, else pairs).
+/// @throws rpe::invalid_argument `[rpe.term_spec] form = '...'; expected one of axial, mixed, cat, ...`.
 template <class F>
 decltype(auto) visit_rope(const family_spec& s, F&& f) {
     const auto e = families().find(s.family);
     if (!e || e->info.kind != family_kind::rope || e->builtin < 0) (void)families().defaults(s.family, family_kind::rope);
+    const auto num = [&](const char* name) { return static_cast<float>(s.get(name)); };
     using B = builtin_family;
-    if (static_cast<B>(e->builtin) == B::axial) return f(rope::axial{.theta = static_cast<float>(s.get("theta"))});
-    if (static_cast<B>(e->builtin) == B::mixed) return f(rope::mixed{});
+    switch (static_cast<B>(e->builtin)) {
+        case B::axial: return f(rope::axial{.theta = num("theta")});
+        case B::mixed: return f(rope::mixed{});
+        case B::dinov3:
+            return f(rope::dinov3{.base = num("base"),
+                                  .min_period = num("min_period"),
+                                  .max_period = num("max_period"),
+                                  .normalize = static_cast<rope::dinov3_normalize>(s.get_int("normalize")),
+                                  .shift_y = num("shift_y"),
+                                  .shift_x = num("shift_x"),
+                                  .jitter_y = num("jitter_y"),
+                                  .jitter_x = num("jitter_x"),
+                                  .rescale = num("rescale")});
+        case B::mrope:
+            return f(rope::mrope{.theta = num("theta"),
+                                 .section_t = s.get_int("section_t"),
+                                 .section_h = s.get_int("section_h"),
+                                 .section_w = s.get_int("section_w"),
+                                 .interleaved = s.get("interleaved") != 0});
+        default: break;  // cat
+    }
     return f(rope::cat{.temperature = static_cast<float>(s.get("temperature")),
                        .in_pixels = s.get("in_pixels") != 0,
                        .max_res = static_cast<float>(s.get("max_res")),

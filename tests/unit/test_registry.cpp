@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 #include <rpe/any_term.hpp>
 #include <rpe/bucket_cache.hpp>
 #include <rpe/families.hpp>
 #include <rpe/make_term.hpp>
+#include <rpe/rope/rotary.hpp>
 
 #include "golden.hpp"
 
@@ -58,7 +60,7 @@ TEST_CASE("registry: every family's spec round-trips through its text") {
         }
     }
     CHECK(mappings >= 15);  // 14 built-in mappings and this unit's
-    CHECK(ropes == 3);
+    CHECK(ropes == 5);      // axial, mixed, cat, dinov3, mrope
     // values that are not the defaults, a choice and a flag among them
     const auto p = rpe::parse_family_spec("product:index=clip,beta=4.25");
     CHECK(rpe::to_string(p) == "product:index=clip,alpha=1.9,beta=4.25,gamma=15.2");
@@ -91,7 +93,7 @@ TEST_CASE("registry: errors name the parameter and the value") {
     CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("axial"); },
                                 "[rpe.term_spec] family = 'axial'; expected one of"));
     CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("spiral", rpe::family_kind::rope); },
-                                "[rpe.term_spec] form = 'spiral'; expected one of axial, mixed, cat"));
+                                "[rpe.term_spec] form = 'spiral'; expected one of axial, mixed, cat, dinov3, mrope"));
     CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("product:delta=1"); },
                                 "[rpe.term_spec] parameter = 'delta' of product; expected one of index, alpha, beta, gamma"));
     CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("product:index=hexagon"); },
@@ -164,6 +166,97 @@ TEST_CASE("registry: visit_mapping gives the concrete policy of a spec") {
             return -1.0f;
     });
     CHECK(theta == 10.0f);
+}
+
+TEST_CASE("registry: dinov3 and mrope parse, print and visit as the policies built by hand") {
+    using rpe::family_kind;
+    // DINOv3: the defaults are the released models' (base 100, separate, no augmentation)
+    const auto d0 = rpe::parse_family_spec("dinov3", family_kind::rope);
+    CHECK(rpe::to_string(d0) ==
+          "dinov3:base=100,min_period=0,max_period=0,normalize=separate,shift_y=0,shift_x=0,jitter_y=1,jitter_x=1,rescale=1");
+    const auto d = rpe::parse_family_spec(
+        "dinov3:min_period=0.5,max_period=40,normalize=max,shift_y=-0.25,shift_x=0.125,jitter_y=0.75,jitter_x=1.5,rescale=0.875",
+        family_kind::rope);
+    CHECK(rpe::to_string(d) ==
+          "dinov3:base=100,min_period=0.5,max_period=40,normalize=max,shift_y=-0.25,shift_x=0.125,jitter_y=0.75,jitter_x=1.5,"
+          "rescale=0.875");
+    CHECK(rpe::parse_family_spec(rpe::to_string(d), family_kind::rope) == d);
+    const rpe::rope::dinov3 d_hand{.base = 100.0f,
+                                   .min_period = 0.5f,
+                                   .max_period = 40.0f,
+                                   .normalize = rpe::rope::dinov3_normalize::max,
+                                   .shift_y = -0.25f,
+                                   .shift_x = 0.125f,
+                                   .jitter_y = 0.75f,
+                                   .jitter_x = 1.5f,
+                                   .rescale = 0.875f};
+    const auto as_dinov3 = [](const rpe::family_spec& s) {
+        return rpe::visit_rope(s, [](const auto& f) {
+            if constexpr (std::is_same_v<std::remove_cvref_t<decltype(f)>, rpe::rope::dinov3>)
+                return f;
+            else
+                return rpe::rope::dinov3{.base = -1.0f};  // not a dinov3: fails the checks below
+        });
+    };
+    CHECK(as_dinov3(d) == d_hand);
+    CHECK(as_dinov3(d0) == rpe::rope::dinov3{});  // the struct's defaults are the registry's
+    // M-RoPE: Qwen2-VL's defaults; Qwen3-VL's interleaved sections
+    const auto m0 = rpe::parse_family_spec("mrope", family_kind::rope);
+    CHECK(rpe::to_string(m0) == "mrope:theta=1e+06,section_t=16,section_h=24,section_w=24,interleaved=false");
+    const auto m =
+        rpe::parse_family_spec("mrope:section_t=24,section_h=20,section_w=20,theta=5e6,interleaved=true", family_kind::rope);
+    CHECK(rpe::to_string(m) == "mrope:theta=5e+06,section_t=24,section_h=20,section_w=20,interleaved=true");
+    CHECK(rpe::parse_family_spec(rpe::to_string(m), family_kind::rope) == m);
+    const auto as_mrope = [](const rpe::family_spec& s) {
+        return rpe::visit_rope(s, [](const auto& f) {
+            if constexpr (std::is_same_v<std::remove_cvref_t<decltype(f)>, rpe::rope::mrope>)
+                return f;
+            else
+                return rpe::rope::mrope{.theta = -1.0f};
+        });
+    };
+    CHECK(as_mrope(m) ==
+          rpe::rope::mrope{.theta = 5000000.0f, .section_t = 24, .section_h = 20, .section_w = 20, .interleaved = true});
+    CHECK(as_mrope(m0) == rpe::rope::mrope{});
+    // the rotary_embedding form (rope::custom around the policy) and the reference layouts
+    const auto form_of = [](const rpe::family_spec& s) {
+        return rpe::visit_rope(s, [](const auto& f) { return rpe::rope_form_of(f); });
+    };
+    const auto layout_of = [](const char* text) {
+        return rpe::visit_rope(rpe::parse_family_spec(text, rpe::family_kind::rope),
+                               [](const auto& f) { return rpe::rope::default_layout_of(f); });
+    };
+    CHECK(form_of(d) == rpe::rope_form(rpe::rope::custom{d_hand}));
+    CHECK(form_of(m) == rpe::rope_form(rpe::rope::custom{as_mrope(m)}));
+    CHECK(form_of(d) != form_of(d0));
+    CHECK(rpe::rope_position_axes(form_of(m)) == 3);
+    CHECK(rpe::rope_position_axes(form_of(d)) == 2);
+    CHECK(std::holds_alternative<rpe::rope::axial>(form_of(rpe::parse_family_spec("axial", family_kind::rope))));
+    CHECK(layout_of("dinov3") == rpe::rope::layout::half);
+    CHECK(layout_of("mrope") == rpe::rope::layout::half);
+    CHECK(layout_of("axial") == rpe::rope::layout::pairs);
+    CHECK(layout_of("mixed") == rpe::rope::layout::pairs);
+    CHECK(layout_of("cat") == rpe::rope::layout::pairs);
+    // errors name the parameter and its value; bad values are the policy's to reject
+    CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("dinov3:normalize=mean", rpe::family_kind::rope); },
+                                "[rpe.term_spec] normalize = 'mean'; expected one of separate, max, min"));
+    CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("dinov3:temperature=100", rpe::family_kind::rope); },
+                                "[rpe.term_spec] parameter = 'temperature' of dinov3; expected one of base, min_period, "
+                                "max_period, normalize, shift_y, shift_x, jitter_y, jitter_x, rescale"));
+    CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("mrope:section_h=2.5", rpe::family_kind::rope); },
+                                "[rpe.term_spec] section_h = 2.5; expected an integer"));
+    CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("mrope:interleaved=yes", rpe::family_kind::rope); },
+                                "[rpe.term_spec] interleaved = 'yes'; expected one of true, false, 1, 0"));
+    CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("mrope:sections=16", rpe::family_kind::rope); },
+                                "[rpe.term_spec] parameter = 'sections' of mrope; expected one of theta, section_t, "
+                                "section_h, section_w, interleaved"));
+    CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("dinov3"); },
+                                "[rpe.term_spec] family = 'dinov3'; expected one of"));  // a RoPE form, not a mapping
+    CHECK(
+        rpe_test::throws_with([&] { as_dinov3(rpe::parse_family_spec("dinov3:rescale=-2", rpe::family_kind::rope)).validate(); },
+                              "[rpe.rope] rescale = -2; expected finite and > 0"));
+    CHECK(rpe_test::throws_with([&] { as_mrope(rpe::parse_family_spec("mrope:theta=-1", rpe::family_kind::rope)).validate(); },
+                                "[rpe.rope] theta = -1; expected finite and > 0"));
 }
 
 TEST_CASE("registry: terms by family are the compile-time terms") {

@@ -821,8 +821,7 @@ int run(int argc, char** argv) {
     auto* rope = app.add_subcommand("rope", "2D rotary position embedding of a q or k (.npy in, .npy out)");
     rope_options ro;
     rope->add_option("--form", ro.form,
-                     "axial (rope-vit RoPE-Axial), mixed (rope-vit RoPE-Mixed), cat (timm RotaryEmbeddingCat, EVA-02), "
-                     "dinov3 (DINOv3) or mrope (Qwen-VL M-RoPE)")
+                     "a RoPE form of rpe's registry (docs/rope.md), one of " + rpe::families().names_text(rpe::family_kind::rope))
         ->capture_default_str();
     rope->add_option("--grid", ro.grid, "HxW: L = skip + H*W + suffix must match the input (or --positions)");
     rope->add_option("--skip", ro.skip, "leading tokens left unrotated (class token)")

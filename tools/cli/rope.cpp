@@ -1,9 +1,9 @@
-// `rpe rope`: a rotary position embedding (rpe::rope_forward; the 2D forms, DINOv3, Qwen-VL's M-RoPE) applied to a q or k tensor
-// read from .npy, the result written as .npy (atomically, like every output of the tool).
+// `rpe rope`: a rotary position embedding (rpe::rope_forward; every RoPE form of rpe's registry, <rpe/families.hpp>: the
+// 2D forms, DINOv3, Qwen-VL's M-RoPE) applied to a q or k tensor read from .npy, the result written as .npy (atomically,
+// like every output of the tool). The form's parameters come from the options of the same meaning.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <tuple>
 #include <utility>
 #include <iostream>
 #include <limits>
@@ -16,8 +16,6 @@
 
 #include <rpe/backend/cpu/rope.hpp>
 #include <rpe/io/npy.hpp>
-#include <rpe/rope/dinov3.hpp>
-#include <rpe/rope/mrope.hpp>
 #include <rpe/rope/rotary.hpp>
 
 #include "cli.hpp"
@@ -45,68 +43,124 @@ std::pair<float, float> parse_two(const std::string& text, const char* option, c
     return {num(text.substr(0, comma)), num(text.substr(comma + 1))};
 }
 
-// The DINOv3 policy from the options. @throws usage_error naming the option and value.
-rpe::rope::dinov3 dinov3_of(const rope_options& o, std::string& what) {
-    rpe::rope::dinov3 p;
-    p.base = static_cast<float>(o.base);
-    p.min_period = static_cast<float>(o.min_period);
-    p.max_period = static_cast<float>(o.max_period);
-    if (o.normalize == "separate")
-        p.normalize = rpe::rope::dinov3_normalize::separate;
-    else if (o.normalize == "max")
-        p.normalize = rpe::rope::dinov3_normalize::max;
-    else if (o.normalize == "min")
-        p.normalize = rpe::rope::dinov3_normalize::min;
-    else
-        throw usage_error("--normalize", "'" + o.normalize + "' is not a normalisation; expected separate, max or min");
-    std::tie(p.shift_y, p.shift_x) = parse_two(o.shift, "--shift", "a shift DY,DX");
-    std::tie(p.jitter_y, p.jitter_x) = parse_two(o.jitter, "--jitter", "jitter multipliers FY,FX");
-    p.rescale = static_cast<float>(o.rescale);
-    try {
-        p.validate();
-    } catch (const rpe::invalid_argument& e) {
-        throw usage_error("--base/--min-period/--max-period/--jitter/--rescale", e.what());
+// "A,B,C": three counts (0 .. 999999999). @throws usage_error(option) naming the value.
+std::vector<int> parse_counts(const std::string& text, const char* option, const char* what) {
+    const auto bad = [&] { return usage_error(option, "'" + text + "' is not " + what); };
+    std::vector<int> v;
+    std::size_t at = 0;
+    for (int i = 0; i < 3; ++i) {
+        const auto end = i < 2 ? text.find(',', at) : text.size();
+        if (end == std::string::npos || end == at) throw bad();
+        const std::string t = text.substr(at, end - at);
+        if (t.find_first_not_of("0123456789") != std::string::npos || t.size() > 9) throw bad();
+        v.push_back(std::stoi(t));
+        at = end + 1;
     }
-    what = "dinov3 (DINOv3 RoPE), ";
-    what += p.min_period > 0.0f ? "periods " + std::to_string(o.min_period) + ".." + std::to_string(o.max_period)
-                                : "base " + std::to_string(o.base);
-    what += ", normalize " + o.normalize;
-    return p;
+    return v;
 }
 
-// The M-RoPE policy from the options. @throws usage_error naming the option and value.
-rpe::rope::mrope mrope_of(const rope_options& o, std::string& what) {
-    rpe::rope::mrope p;
-    if (o.theta_given) p.theta = static_cast<float>(o.theta);
-    int v[3] = {0, 0, 0};
-    {
-        const auto bad = [&] {
-            return usage_error("--sections", "'" + o.sections + "' is not sections T,H,W (three counts of frequency pairs)");
-        };
-        std::size_t at = 0;
-        for (int i = 0; i < 3; ++i) {
-            const auto end = i < 2 ? o.sections.find(',', at) : o.sections.size();
-            if (end == std::string::npos || end == at) throw bad();
-            const std::string t = o.sections.substr(at, end - at);
-            if (t.find_first_not_of("0123456789") != std::string::npos || t.size() > 9) throw bad();
-            v[i] = std::stoi(t);
-            at = end + 1;
+// The RoPE forms of rpe's registry whose default spec satisfies `pred`, as "a, b or c".
+template <class Pred>
+std::string forms_where(Pred pred) {
+    std::vector<std::string> forms;
+    for (const auto& e : rpe::families().entries())
+        if (e->info.kind == rpe::family_kind::rope && pred(rpe::families().defaults(e->info.name, rpe::family_kind::rope)))
+            forms.push_back(e->info.name);
+    std::string list;
+    for (std::size_t i = 0; i < forms.size(); ++i) list += (i == 0 ? "" : (i + 1 == forms.size() ? " or " : ", ")) + forms[i];
+    return list;
+}
+
+// The spec of --form with the options onto the parameters of the same meaning (a form reads the
+// options of its parameters). @throws usage_error naming the option and value.
+rpe::family_spec rope_spec_of(const rope_options& o) {
+    auto& reg = rpe::families();
+    rpe::family_spec spec;
+    try {
+        spec = reg.defaults(o.form, rpe::family_kind::rope);
+    } catch (const rpe::invalid_argument&) {
+        throw usage_error("--form", "'" + o.form + "' is not a RoPE form; expected " +
+                                        forms_where([](const rpe::family_spec&) { return true; }));
+    }
+    const auto set = [&](const char* param, double v) {
+        if (spec.has(param)) spec.set(param, v);
+    };
+    if (o.theta_given) set("theta", o.theta);  // else the form's default (axial 100, as --theta's; mrope 1e6)
+    set("temperature", o.temperature);
+    set("in_pixels", o.in_pixels ? 1 : 0);
+    set("max_res", o.max_res);
+    set("linear_bands", o.linear_bands ? 1 : 0);
+    set("grid_offset", o.grid_offset);
+    set("xy_indexing", o.xy ? 1 : 0);
+    if (!o.ref_grid.empty() && spec.has("ref_height")) {
+        const auto ref = parse_grid(o.ref_grid, "--ref-grid");
+        set("ref_height", ref.height);
+        set("ref_width", ref.width);
+    }
+    set("base", o.base);
+    set("min_period", o.min_period);
+    set("max_period", o.max_period);
+    set("rescale", o.rescale);
+    if (spec.has("normalize")) {
+        try {
+            reg.set_param(spec, "normalize", o.normalize);
+        } catch (const rpe::invalid_argument&) {
+            throw usage_error("--normalize", "'" + o.normalize + "' is not a normalisation; expected separate, max or min");
         }
     }
-    p.section_t = v[0];
-    p.section_h = v[1];
-    p.section_w = v[2];
-    p.interleaved = o.interleaved;
-    try {
-        p.validate();
-    } catch (const rpe::invalid_argument& e) {
-        throw usage_error("--theta/--sections", e.what());
+    if (spec.has("shift_y")) {
+        const auto [dy, dx] = parse_two(o.shift, "--shift", "a shift DY,DX");
+        set("shift_y", dy);
+        set("shift_x", dx);
     }
-    std::ostringstream text;
-    text << "mrope (Qwen-VL M-RoPE), theta " << p.theta << ", sections " << v[0] << "," << v[1] << "," << v[2]
-         << (p.interleaved ? ", interleaved" : "");
-    what = text.str();
-    return p;
+    if (spec.has("jitter_y")) {
+        const auto [fy, fx] = parse_two(o.jitter, "--jitter", "jitter multipliers FY,FX");
+        set("jitter_y", fy);
+        set("jitter_x", fx);
+    }
+    if (!spec.has("section_t") && (o.interleaved || o.sections != rope_options{}.sections)) {
+        const std::string opt = o.interleaved ? "--interleaved" : "--sections";
+        throw usage_error(opt.c_str(), "only --form " +
+                                           forms_where([](const rpe::family_spec& d) { return d.has("section_t"); }) + " reads " +
+                                           opt + "; drop it");
+    }
+    if (spec.has("section_t")) {
+        const auto v = parse_counts(o.sections, "--sections", "sections T,H,W (three counts of frequency pairs)");
+        set("section_t", v[0]);
+        set("section_h", v[1]);
+        set("section_w", v[2]);
+        set("interleaved", o.interleaved ? 1 : 0);
+    }
+    return spec;
+}
+
+// What the tool prints of the form and its parameters.
+std::string describe(const rpe::family_spec& s, const rope_options& o) {
+    std::ostringstream t;
+    t << s.family << " (" << rpe::family_of(s.family, rpe::family_kind::rope).summary << "), ";
+    if (s.params.empty()) {
+        t << "frequencies from " << o.freqs;
+    } else if (s.has("section_t")) {
+        t << "theta " << static_cast<float>(s.get("theta")) << ", sections " << s.get_int("section_t") << ","
+          << s.get_int("section_h") << "," << s.get_int("section_w") << (s.get("interleaved") != 0 ? ", interleaved" : "");
+    } else if (s.has("base")) {
+        t << (s.get("min_period") > 0
+                  ? "periods " + std::to_string(s.get("min_period")) + ".." + std::to_string(s.get("max_period"))
+                  : "base " + std::to_string(s.get("base")));
+        t << ", normalize " << rpe::families().value_text(s, "normalize", s.get("normalize"));
+    } else if (s.has("theta")) {
+        t << "theta " << std::to_string(s.get("theta"));
+    } else {
+        t << (s.get("in_pixels") != 0 ? std::string("pixel bands") : "temperature " + std::to_string(s.get("temperature")));
+    }
+    return t.str();
+}
+
+// The options whose values the form's validate() checks, for its usage error.
+const char* checked_options(const rpe::family_spec& s) {
+    if (s.has("section_t")) return "--theta/--sections";
+    if (s.has("base")) return "--base/--min-period/--max-period/--jitter/--rescale";
+    return "--theta/--temperature/--max-res/--grid-offset/--ref-grid";
 }
 
 }  // namespace
@@ -119,19 +173,18 @@ int run_rope(const rope_options& o) {
     rpe::rotary_embedding<float> r;
     r.skip = o.skip;
     r.suffix = o.suffix;
-    const bool dinov3 = o.form == "dinov3", mrope = o.form == "mrope";
-    if (!mrope && (o.interleaved || o.sections != rope_options{}.sections))
-        throw usage_error(o.interleaved ? "--interleaved" : "--sections",
-                          "only --form mrope reads " + std::string(o.interleaved ? "--interleaved" : "--sections") + "; drop it");
+    // the form and its parameters from rpe's registry (<rpe/families.hpp>)
+    const rpe::family_spec spec = rope_spec_of(o);
+    const bool sections = spec.has("section_t");  // the form's sections are checked against the head
+    r.form = rpe::visit_rope(spec, [](const auto& form) { return rpe::rope_form_of(form); });
     if (o.layout.empty())
-        r.layout = dinov3 || mrope ? rpe::rope::layout::half : rpe::rope::layout::pairs;
+        r.layout = rpe::visit_rope(spec, [](const auto& form) { return rpe::rope::default_layout_of(form); });
     else if (o.layout == "pairs")
         r.layout = rpe::rope::layout::pairs;
     else if (o.layout == "half")
         r.layout = rpe::rope::layout::half;
     else
         throw usage_error("--layout", "'" + o.layout + "' is not a channel layout; expected pairs or half");
-    std::string what;
     std::vector<float> freqs, positions;
     std::vector<std::int64_t> freqs_shape, positions_shape;
     if (!o.positions.empty()) {
@@ -140,82 +193,38 @@ int run_rope(const rope_options& o) {
         positions_shape = p.shape;
         if (positions_shape.size() > 4)
             throw usage_error("--positions", o.positions + " has shape " + rpe::detail::shape_string(positions_shape) +
-                                                 "; expected (tokens, 2) or, for mrope, (tokens, 3)");
+                                                 "; expected (tokens, 2) or, for " + forms_where([](const rpe::family_spec& d) {
+                                                     return rpe::visit_rope(d, [](const auto& f) {
+                                                                return rpe::rope_position_axes(rpe::rope_form_of(f));
+                                                            }) == 3;
+                                                 }) +
+                                                 ", (tokens, 3)");
         r.positions = cref(positions, positions_shape);
     }
-    if (dinov3 || mrope) {
-        if (!o.freqs.empty()) throw usage_error("--freqs", "only --form mixed reads frequencies; drop --freqs");
-        if (dinov3)
-            r.form = rpe::rope::custom{dinov3_of(o, what)};
-        else
-            r.form = rpe::rope::custom{mrope_of(o, what)};
-    } else {
-        // the form and its parameters from rpe's registry (<rpe/families.hpp>) (dinov3 above)
-        auto& reg = rpe::families();
-        rpe::family_spec spec;
-        try {
-            spec = reg.defaults(o.form, rpe::family_kind::rope);
-        } catch (const rpe::invalid_argument&) {
-            std::vector<std::string> forms;
-            for (const auto& e : reg.entries())
-                if (e->info.kind == rpe::family_kind::rope) forms.push_back(e->info.name);
-            forms.emplace_back("dinov3");
-            forms.emplace_back("mrope");
-            std::string list;
-            for (std::size_t i = 0; i < forms.size(); ++i)
-                list += (i == 0 ? "" : (i + 1 == forms.size() ? " or " : ", ")) + forms[i];
-            throw usage_error("--form", "'" + o.form + "' is not a RoPE form; expected " + list);
-        }
-        const auto set = [&](const char* param, double v) {
-            if (spec.has(param)) spec.set(param, v);
-        };
-        set("theta", o.theta);
-        set("temperature", o.temperature);
-        set("in_pixels", o.in_pixels ? 1 : 0);
-        set("max_res", o.max_res);
-        set("linear_bands", o.linear_bands ? 1 : 0);
-        set("grid_offset", o.grid_offset);
-        set("xy_indexing", o.xy ? 1 : 0);
-        if (!o.ref_grid.empty() && spec.has("ref_height")) {
-            const auto ref = parse_grid(o.ref_grid, "--ref-grid");
-            set("ref_height", ref.height);
-            set("ref_width", ref.width);
-        }
-        r.form = rpe::visit_rope(spec, [](const auto& form) { return rpe::rope_form(form); });
-        const bool learned = std::holds_alternative<rpe::rope::mixed>(r.form);  // frequencies from --freqs
-        what = spec.family + " (" + rpe::family_of(spec.family, rpe::family_kind::rope).summary + "), ";
-        if (learned) {
-            if (o.freqs.empty())
-                throw usage_error("--freqs", "--form " + spec.family + " needs the learned frequencies (2, H, D/2) as .npy");
-            const auto f = rpe::io::load_npy(o.freqs);
-            freqs = to_float32(f, "--freqs", o.freqs);
-            freqs_shape = f.shape;
-            if (freqs_shape.size() > 4)
-                throw usage_error("--freqs",
-                                  o.freqs + " has shape " + rpe::detail::shape_string(freqs_shape) + "; expected (2, H, D/2)");
-            r.freqs = cref(freqs, freqs_shape);
-            what += "frequencies from " + o.freqs;
-        } else if (spec.has("theta")) {
-            what += "theta " + std::to_string(o.theta);
-        } else {
-            what += o.in_pixels ? std::string("pixel bands") : "temperature " + std::to_string(o.temperature);
-        }
-        if (!o.freqs.empty() && !learned) {
-            std::string with;
-            for (const auto& e : reg.entries())
-                if (e->info.kind == rpe::family_kind::rope && e->info.params.empty())
-                    with += (with.empty() ? "" : ", ") + e->info.name;
-            throw usage_error("--freqs", "only --form " + with + " reads frequencies; drop --freqs");
-        }
-        try {
-            std::visit(
-                [](const auto& p) {
-                    if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(p)>, std::monostate>) p.validate();
-                },
-                r.form);
-        } catch (const rpe::invalid_argument& e) {
-            throw usage_error("--theta/--temperature/--max-res/--grid-offset/--ref-grid", e.what());
-        }
+    const bool learned = std::holds_alternative<rpe::rope::mixed>(r.form);  // frequencies from --freqs
+    if (!o.freqs.empty() && !learned)
+        throw usage_error("--freqs", "only --form " + forms_where([](const rpe::family_spec& d) { return d.params.empty(); }) +
+                                         " reads frequencies; drop --freqs");
+    if (learned) {
+        if (o.freqs.empty())
+            throw usage_error("--freqs", "--form " + spec.family + " needs the learned frequencies (2, H, D/2) as .npy");
+        const auto f = rpe::io::load_npy(o.freqs);
+        freqs = to_float32(f, "--freqs", o.freqs);
+        freqs_shape = f.shape;
+        if (freqs_shape.size() > 4)
+            throw usage_error("--freqs",
+                              o.freqs + " has shape " + rpe::detail::shape_string(freqs_shape) + "; expected (2, H, D/2)");
+        r.freqs = cref(freqs, freqs_shape);
+    }
+    const std::string what = describe(spec, o);
+    try {
+        std::visit(
+            [](const auto& p) {
+                if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(p)>, std::monostate>) p.validate();
+            },
+            r.form);
+    } catch (const rpe::invalid_argument& e) {
+        throw usage_error(checked_options(spec), e.what());
     }
     const auto x = rpe::io::load_npy(o.input);
     if (x.shape.size() != 4)
@@ -226,7 +235,7 @@ int run_rope(const rope_options& o) {
         rpe::rope_forward(r, g.height, g.width, cref(x_data, x.shape),
                           rpe::tensor_ref<float>(y.data(), std::span<const std::int64_t>(x.shape)));
     } catch (const rpe::invalid_argument& e) {
-        const char* opts = mrope                  ? (!o.positions.empty() ? "--input/--positions/--skip/--suffix/--sections"
+        const char* opts = sections               ? (!o.positions.empty() ? "--input/--positions/--skip/--suffix/--sections"
                                                                           : "--input/--grid/--skip/--suffix/--sections")
                            : !o.positions.empty() ? "--input/--positions/--skip/--suffix/--freqs"
                            : o.suffix != 0        ? "--input/--grid/--skip/--suffix/--freqs"

@@ -31,7 +31,6 @@
 #include <rpe/caches.hpp>
 #include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/swin.hpp>
-#include <rpe/rope/dinov3.hpp>
 #include <rpe/rope/rotary.hpp>
 #include <rpe/vit/swin_bias.hpp>
 #include <rpe/vit/alibi_2d.hpp>
@@ -352,23 +351,14 @@ rpe::rope::layout layout_of(c10::string_view value, const char* name) {
     return rpe::rope::layout::half;
 }
 
-// DINOv3's RoPE (rpe::rope::dinov3) from params [base, min_period, max_period, normalize
-// (0 separate, 1 max, 2 min), shift_y, shift_x, jitter_y, jitter_x, rescale]; the policy's
-// validate() (through the library's checks) rejects bad values.
-rpe::rope::dinov3 dinov3_of(at::ArrayRef<double> p) {
-    rpe::rope::dinov3 d;
-    d.base = static_cast<float>(p[0]);
-    d.min_period = static_cast<float>(p[1]);
-    d.max_period = static_cast<float>(p[2]);
-    TORCH_CHECK_VALUE(p[3] == 0 || p[3] == 1 || p[3] == 2, "[rpe.torch] rope normalize = ", p[3],
-                      "; expected 0 (separate), 1 (max) or 2 (min)");
-    d.normalize = static_cast<rpe::rope::dinov3_normalize>(static_cast<int>(p[3]));
-    d.shift_y = static_cast<float>(p[4]);
-    d.shift_x = static_cast<float>(p[5]);
-    d.jitter_y = static_cast<float>(p[6]);
-    d.jitter_x = static_cast<float>(p[7]);
-    d.rescale = static_cast<float>(p[8]);
-    return d;
+// The RoPE forms of rpe's registry (<rpe/families.hpp>), as "axial, mixed, ... or mrope".
+std::string rope_form_names() {
+    std::vector<std::string> all;
+    for (const auto& x : rpe::families().entries())
+        if (x->info.kind == rpe::family_kind::rope) all.push_back(x->info.name);
+    std::string names;
+    for (std::size_t i = 0; i < all.size(); ++i) names += (i == 0 ? "" : (i + 1 == all.size() ? " or " : ", ")) + all[i];
+    return names;
 }
 
 // Per-token positions (N, 2) (row, col) of `name`, integer or floating, on the CPU: the float32
@@ -389,11 +379,13 @@ at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const char* na
     return t.to(at::kFloat).contiguous();
 }
 
-// The rotary embedding of (form, params, skip, layout, suffix): form "" (none), "axial" (params
-// [theta]), "mixed" (no params; frequencies given with the call), "cat" (params [temperature,
-// in_pixels, max_res, linear_bands, grid_offset, ref_height, ref_width, xy_indexing], booleans as
-// 0 / 1) or "dinov3" (params as dinov3_of). The policy's own validate() (through the library's
-// checks) rejects bad values.
+// The rotary embedding of (form, params, skip, layout, suffix): form "" (none) or a RoPE form of
+// rpe's registry with its parameters in the registry's order (rpe::family_info::params): "axial"
+// [theta], "mixed" [] (frequencies given with the call), "cat" [temperature, in_pixels, max_res,
+// linear_bands, grid_offset, ref_height, ref_width, xy_indexing], "dinov3" [base, min_period,
+// max_period, normalize (0 separate, 1 max, 2 min), shift_y, shift_x, jitter_y, jitter_x, rescale],
+// "mrope" [theta, section_t, section_h, section_w, interleaved]; flags as 0 / 1, a choice as its
+// position. The policy's own validate() (through the library's checks) rejects bad values.
 template <class S>
 rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double> p, int64_t skip,
                                    c10::string_view channel_layout = "pairs", int64_t suffix = 0) {
@@ -412,23 +404,11 @@ rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double
     r.skip = static_cast<int>(skip);
     r.suffix = static_cast<int>(suffix);
     r.layout = layout_of(channel_layout, "rope layout");
-    if (form == "dinov3") {  // not a registry form: rope::custom{rope::dinov3{...}}, as the CLI
-        need(9, "base, min_period, max_period, normalize, shift_y, shift_x, jitter_y, jitter_x, rescale");
-        r.form = rpe::rope::custom{dinov3_of(p)};
-        return r;
-    }
     // the form and its parameters from rpe's registry (<rpe/families.hpp>), params in its order
     auto& reg = rpe::families();
     const auto e = reg.find(form);
-    if (!e || e->info.kind != rpe::family_kind::rope) {
-        std::string names;
-        std::vector<std::string> all;
-        for (const auto& x : reg.entries())
-            if (x->info.kind == rpe::family_kind::rope) all.push_back(x->info.name);
-        all.emplace_back("dinov3");
-        for (std::size_t i = 0; i < all.size(); ++i) names += (i == 0 ? "" : (i + 1 == all.size() ? " or " : ", ")) + all[i];
-        TORCH_CHECK_VALUE(false, "[rpe.torch] rope form = '", form, "'; expected ", names);
-    }
+    TORCH_CHECK_VALUE(e && e->info.kind == rpe::family_kind::rope, "[rpe.torch] rope form = '", form, "'; expected ",
+                      rope_form_names());
     std::string layout;
     for (const auto& q : e->info.params) layout += (layout.empty() ? "" : ", ") + q.name;
     need(e->info.params.size(), layout.empty() ? "none: the frequencies are the freqs tensor" : layout.c_str());
@@ -439,13 +419,21 @@ rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double
         if (q.type == rpe::family_param::kind::flag) v = v != 0 ? 1 : 0;
         if (q.type == rpe::family_param::kind::integer)
             TORCH_CHECK_VALUE(std::isfinite(v) && v == std::floor(v) && std::abs(v) < (1 << 30), "[rpe.torch] rope ", q.name,
-                              " = ", v, "; expected an integer (0 = no reference grid)");
+                              " = ", v, "; expected an integer");
+        if (q.type == rpe::family_param::kind::choice) {
+            std::string choices;
+            for (std::size_t c = 0; c < q.choices.size(); ++c)
+                choices +=
+                    (c == 0 ? "" : (c + 1 == q.choices.size() ? " or " : ", ")) + std::to_string(c) + " (" + q.choices[c] + ")";
+            TORCH_CHECK_VALUE(v >= 0 && v < static_cast<double>(q.choices.size()) && v == std::floor(v), "[rpe.torch] rope ",
+                              q.name, " = ", v, "; expected ", choices);
+        }
         if (q.type == rpe::family_param::kind::number)
             spec.set(q.name, v);  // the policy's validate() checks it, with its own message
         else
             reg.set_value(spec, q.name, v);
     }
-    rpe::visit_rope(spec, [&](const auto& policy) { r.form = policy; });
+    r.form = rpe::visit_rope(spec, [](const auto& policy) { return rpe::rope_form_of(policy); });
     return r;
 }
 
@@ -470,7 +458,7 @@ template <class S>
 std::vector<at::Tensor> rope_impl(const at::Tensor& x_in, const at::Tensor* grad_y_in, const rope_call& c, at::ScalarType st) {
     const at::Tensor x = prepared(x_in, "x", st);
     auto r = make_rope<S>(c.form, c.params, c.skip, c.layout, c.suffix);
-    TORCH_CHECK_VALUE(r.enabled(), "[rpe.torch] rope form = ''; expected axial, mixed, cat or dinov3");
+    TORCH_CHECK_VALUE(r.enabled(), "[rpe.torch] rope form = ''; expected ", rope_form_names());
     at::Tensor freqs;
     if (c.freqs && c.freqs->defined()) {
         freqs = prepared(*c.freqs, "freqs", st);
@@ -1157,8 +1145,9 @@ TORCH_LIBRARY(rpe, m) {
         "str rope_layout=\"pairs\", Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) "
         "-> Tensor[]");
     // 2D RoPE of x (B, H, L, D), L = skip + height*width + suffix (or skip + N + suffix with
-    // positions (N, 2)): form axial (params [theta]), mixed (freqs (2, H, D/2)), cat (8 params)
-    // or dinov3 (9 params, see make_rope); layout "pairs" or "half". Returns the rotated x.
+    // positions (N, 2)): a RoPE form of rpe's registry, its params in the registry's order (axial
+    // [theta], mixed [] with freqs (2, H, D/2), cat 8, dinov3 9, mrope 5; see make_rope); layout
+    // "pairs" or "half". Returns the rotated x.
     m.def(
         "rope_forward(Tensor x, str form, float[] params, Tensor? freqs, int skip, int height, int width, "
         "str layout=\"pairs\", Tensor? positions=None, int suffix=0) -> Tensor");

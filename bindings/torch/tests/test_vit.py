@@ -606,7 +606,7 @@ def test_rope_errors():
         rt.RoPEMixed(num_heads=2, head_dim=8, skip=1)(x.double(), 2, 3)
     with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope freqs is given for a fixed-frequency form"):
         torch.ops.rpe.rope_forward(x, "axial", [100.0], torch.zeros(2, 2, 4), 1, 2, 3)
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope form = 'spiral'; expected axial, mixed, cat or dinov3"):
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope form = 'spiral'; expected axial, mixed, cat, dinov3 or mrope"):
         torch.ops.rpe.rope_forward(x, "spiral", [], None, 1, 2, 3)
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_params holds 2 values for form 'axial'; expected 1"):
         torch.ops.rpe.rope_forward(x, "axial", [1.0, 2.0], None, 1, 2, 3)
@@ -832,3 +832,28 @@ def test_module_arguments_are_checked_with_named_errors():
         with pytest.raises(error, match=pattern) as info:
             make()
         assert "[rpe." in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("interleaved, sections, axes", [(0, [1, 2, 1], [0, 1, 1, 2]), (1, [2, 1, 1], [0, 1, 2, 0])])
+def test_rope_mrope_by_name_on_the_grid(interleaved, sections, axes):
+    # Qwen-VL's M-RoPE through the registry's form "mrope" (params theta, section_t, section_h,
+    # section_w, interleaved): on a grid the ids are (0, row, col); pair j turns by
+    # id_axis(j) * 1/theta^(2j/D) (float32), channels (j, j + D/2) (layout half)
+    D, H, W, skip, theta = 8, 2, 3, 1, 100.0
+    x = torch.randn(2, 2, skip + H * W, D, dtype=torch.float64)
+    y = torch.ops.rpe.rope_forward(x, "mrope", [theta] + sections + [interleaved], None, skip, H, W, "half")
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    rows, cols = torch.arange(H).repeat_interleave(W), torch.arange(W).repeat(H)
+    ids = torch.stack([torch.zeros_like(rows), rows, cols], 1).float()  # (N, 3)
+    angle = (ids[:, axes] * inv).double()  # (N, D/2), float32 products
+    c, s = angle.cos(), angle.sin()
+    x1, x2 = x[..., skip:, : D // 2], x[..., skip:, D // 2:]
+    expected = torch.cat([x[..., :skip, :], torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)], -2)
+    torch.testing.assert_close(y, expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] mrope sections = 1,2,2 sum to 5 frequency pairs; expected D/2 = 4"):
+        torch.ops.rpe.rope_forward(x, "mrope", [theta, 1, 2, 2, interleaved], None, skip, H, W, "half")
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope section_h = 1\.5; expected an integer"):
+        torch.ops.rpe.rope_forward(x, "mrope", [theta, 1, 1.5, 1, interleaved], None, skip, H, W, "half")
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_params holds 4 values for form 'mrope'; expected 5 \(theta, "
+                                         r"section_t, section_h, section_w, interleaved\)"):
+        torch.ops.rpe.rope_forward(x, "mrope", [theta, 1, 2, 1], None, skip, H, W, "half")

@@ -10,6 +10,7 @@
 #include "../config.hpp"
 #include "../error.hpp"
 #include "cat.hpp"
+#include "layout.hpp"
 
 namespace rpe::rope {
 
@@ -47,6 +48,8 @@ struct dinov3 {
     float rescale = 1.0f;                                     ///< sampled rescale multiplier (both axes)
 
     static constexpr int head_dim_multiple = 4;
+    /// DINOv3's channel pairing (rope::default_layout_of): rotate-half.
+    static constexpr layout default_layout = layout::half;
 
     /// @brief Period k of nq = D/4 (float32).
     RPE_HOST_DEVICE float period(int k, int head_dim) const {

@@ -27,6 +27,23 @@ RPE_HOST_DEVICE constexpr std::int64_t first_channel(layout l, std::int64_t j, s
 /// @brief Distance from the first to the second channel of a pair: 1 (pairs) or D/2 (half).
 RPE_HOST_DEVICE constexpr std::int64_t pair_stride(layout l, std::int64_t pairs) { return l == layout::half ? pairs : 1; }
 
+/// @brief The channel pairing of policy P's reference model: `P::default_layout` when P declares
+/// it (rope::dinov3 and rope::mrope: `half`), else `pairs` (rope-vit's axial and mixed, timm's cat
+/// as EVA-02 uses it). The `rpe rope` tool's default --layout; rpe::rotary_embedding::layout itself
+/// defaults to `pairs` whatever the form.
+template <class P>
+constexpr layout default_layout_of() {
+    if constexpr (requires { P::default_layout; })
+        return P::default_layout;
+    else
+        return layout::pairs;
+}
+/// @brief The same for the policy value `p` (e.g. in a visitor of rpe::visit_rope).
+template <class P>
+constexpr layout default_layout_of(const P& /*p*/) {
+    return default_layout_of<P>();
+}
+
 /// @brief "pairs" or "half" ("?" for a value outside the enumeration).
 constexpr const char* layout_name(layout l) { return l == layout::pairs ? "pairs" : l == layout::half ? "half" : "?"; }
 

@@ -9,6 +9,7 @@
 #include "../config.hpp"
 #include "../detail/math.hpp"
 #include "../detail/raise.hpp"
+#include "layout.hpp"
 
 namespace rpe::rope {
 
@@ -39,6 +40,8 @@ struct mrope {
     bool interleaved = false;  ///< Qwen3-VL's interleaved layout instead of consecutive sections
 
     static constexpr int head_dim_multiple = 2;
+    /// Qwen-VL's channel pairing (rope::default_layout_of): rotate-half.
+    static constexpr layout default_layout = layout::half;
     /// Three position axes (t, h, w): rotary_embedding::positions is (N, 3).
     static constexpr int position_axes = 3;
 

@@ -35,6 +35,19 @@ namespace rpe {
 /// by its policy's type and value (detail::rope_policy_base), so a new form adds nothing there.
 using rope_form = std::variant<std::monostate, rope::axial, rope::mixed, rope::cat, rope::custom>;
 
+/// @brief The rope_form that holds policy `p`: `p` itself for rope::axial, rope::mixed, rope::cat
+/// and rope::custom, `rope::custom{p}` for any other fixed-frequency policy (rope::dinov3,
+/// rope::mrope, a user's). With rpe::visit_rope: `r.form = rpe::visit_rope(spec, [](const auto& p)
+/// { return rpe::rope_form_of(p); })`.
+template <class P>
+rope_form rope_form_of(const P& p) {
+    if constexpr (std::is_same_v<P, rope::axial> || std::is_same_v<P, rope::mixed> || std::is_same_v<P, rope::cat> ||
+                  std::is_same_v<P, rope::custom>)
+        return rope_form(p);
+    else
+        return rope_form(rope::custom{p});
+}
+
 /// @brief A 2D rotary position embedding of q and k (B, H, L, D) on a height × width grid:
 /// tokens `0 .. skip−1` (class, register tokens) are left unrotated, as rope-vit and timm's
 /// EVA do; token `skip + t` sits at row `t div width`, column `t mod width` and its channel
