@@ -168,6 +168,15 @@ const bool registered = [] {
             const std::string path = paths.substr(at, end - at);
             if (!path.empty() && dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr)
                 std::fprintf(stderr, "rpe_bench: RPE_BENCH_PLUGINS: %s\n", dlerror());
+            // its RPE_REGISTER_MAPPING refusals (a name already taken), recorded during its static
+            // initialisation: the suite ends here (static initialisation: nothing has run yet)
+            const auto refused = rpe::registry::global().take_load_errors();
+            if (!refused.empty()) {
+                std::fprintf(stderr, "rpe_bench: RPE_BENCH_PLUGINS: '%s' cannot be loaded:", path.c_str());
+                for (const auto& why : refused) std::fprintf(stderr, " %s;", why.c_str());
+                std::fprintf(stderr, " expected mapping names and aliases not registered yet\n");
+                std::exit(EXIT_FAILURE);
+            }
             at = end + 1;
         }
     }
