@@ -136,7 +136,11 @@ results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block, rpe::
         rpe::attention_backward(c.in, go, view(r.gq), view(r.gk), view(r.gv), opt);
     } else {
         rpe::composed_attention_forward(c.in, view(r.out), attn);
-        rpe::composed_attention_backward(c.in, rpe::tensor_ref<const S>(attn), go, view(r.gq), view(r.gk), view(r.gv));
+        rpe::composed_attention_backward(c.in, {.grad_out = go,
+                                                .grad_q = view(r.gq),
+                                                .grad_k = view(r.gk),
+                                                .grad_v = view(r.gv),
+                                                .saved_attn = rpe::tensor_ref<const S>(attn)});
     }
     return r;
 }
