@@ -500,12 +500,7 @@ int run_buckets(const mapping_config& mc, const buckets_options& o, bool grid_gi
                 }
             f.commit();
         };
-        if (ids->id_bytes() == 1)
-            write(std::uint8_t{});
-        else if (ids->id_bytes() == 2)
-            write(std::uint16_t{});
-        else
-            write(std::uint32_t{});
+        rpe::visit_id_width(ids->id_bytes(), [&]<class Id>() { write(Id{}); });
         std::cout << "wrote " << o.out << "\n";
     }
     if (!o.coords.empty()) {
