@@ -95,10 +95,11 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
                                 const attention_options& opt = {}) {
     const auto s = detail::check_attention(in, cpu::attention_caps);
     detail::check_attention_outputs(in, s, out, attn, true);
-    if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) { composed_attention_forward(c, out, attn); })) return;
+    if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) { composed_attention_forward(c, out, attn, opt); }))
+        return;
     if (in.rope.enabled()) {  // RoPE: rotate q and k (rpe::rope_forward), then the same step without it
         std::vector<S> qr, kr;
-        composed_attention_forward(detail::rope_rotated(in, qr, kr), out, attn);
+        composed_attention_forward(detail::rope_rotated(in, qr, kr), out, attn, opt);
         return;
     }
     const auto ids_q = detail::ids_of(in.rpe_q, in);
@@ -164,15 +165,17 @@ void composed_attention_backward(const attention_inputs<S>& in, const attention_
     detail::check_attention_gradients(in, s, g.saved_attn, g.grad_out, g.grad_q, g.grad_k, g.grad_v);
     const tensor_ref<const S> attn = g.saved_attn, grad_out = g.grad_out;
     const tensor_ref<S> grad_q = g.grad_q, grad_k = g.grad_k, grad_v = g.grad_v;
-    if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) { composed_attention_backward(c, g); })) return;
+    if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) { composed_attention_backward(c, g, opt); })) return;
     if (in.rope.enabled()) {  // RoPE: the step on rotated q, k, then rpe::rope_backward of both
         const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
         std::vector<S> qr, kr, gq(static_cast<std::size_t>(in.q.size())), gk(gq.size());
-        composed_attention_backward(detail::rope_rotated(in, qr, kr), {.grad_out = grad_out,
-                                                                       .grad_q = tensor_ref<S>(gq.data(), shape),
-                                                                       .grad_k = tensor_ref<S>(gk.data(), shape),
-                                                                       .grad_v = grad_v,
-                                                                       .saved_attn = attn});
+        composed_attention_backward(detail::rope_rotated(in, qr, kr),
+                                    {.grad_out = grad_out,
+                                     .grad_q = tensor_ref<S>(gq.data(), shape),
+                                     .grad_k = tensor_ref<S>(gk.data(), shape),
+                                     .grad_v = grad_v,
+                                     .saved_attn = attn},
+                                    opt);
         auto r = query_rope(in.rope);
         std::vector<S> fq, fk;
         if (r.grad_freqs.data) {
