@@ -166,8 +166,29 @@ const bool registered = [] {
         for (std::size_t at = 0; at <= paths.size();) {
             const auto end = std::min(paths.find(':', at), paths.size());
             const std::string path = paths.substr(at, end - at);
-            if (!path.empty() && dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr)
-                std::fprintf(stderr, "rpe_bench: RPE_BENCH_PLUGINS: %s\n", dlerror());
+            if (path.empty()) {  // "a::b" or a trailing ':'
+                at = end + 1;
+                continue;
+            }
+            // a plugin that cannot be loaded ends the suite: its families' benchmarks would be
+            // silently missing from the results
+            if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+                const char* why = dlerror();
+                std::fprintf(stderr,
+                             "rpe_bench: RPE_BENCH_PLUGINS: '%s' cannot be loaded: %s; expected a shared library that "
+                             "registers mappings (RPE_REGISTER_MAPPING)\n",
+                             path.c_str(), why ? why : "unknown error");
+                std::exit(EXIT_FAILURE);
+            }
+            // its RPE_REGISTER_MAPPING refusals (a name already taken), recorded during its static
+            // initialisation: the suite ends here (static initialisation: nothing has run yet)
+            const auto refused = rpe::registry::global().take_load_errors();
+            if (!refused.empty()) {
+                std::fprintf(stderr, "rpe_bench: RPE_BENCH_PLUGINS: '%s' cannot be loaded:", path.c_str());
+                for (const auto& why : refused) std::fprintf(stderr, " %s;", why.c_str());
+                std::fprintf(stderr, " expected mapping names and aliases not registered yet\n");
+                std::exit(EXIT_FAILURE);
+            }
             at = end + 1;
         }
     }

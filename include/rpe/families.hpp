@@ -204,10 +204,25 @@ std::unique_ptr<any_term<S>> runtime_term_of(const M& m, const term_options& o) 
 
 }  // namespace detail
 
-/// @brief The process-wide registry with the built-in families added.
-inline registry& families() {
+namespace detail {
+
+/// The process-wide registry with the built-ins added, without reporting failures recorded at
+/// load (what a registration itself uses: it must not throw an earlier plugin's failure).
+inline registry& registry_with_builtins() {
     registry& r = registry::global();
     r.ensure(&detail::add_builtin_families);
+    return r;
+}
+
+}  // namespace detail
+
+/// @brief The process-wide registry with the built-in families added.
+/// @throws rpe::invalid_argument `[rpe.registry] name = '...'; already registered (...)` once, when
+///   a mapping registered at load (RPE_REGISTER_MAPPING in a unit linked into the program, or a
+///   plugin whose loader did not call registry::take_load_errors) was refused since the last report.
+inline registry& families() {
+    registry& r = detail::registry_with_builtins();
+    r.throw_load_errors();
     return r;
 }
 
@@ -430,7 +445,26 @@ void register_mapping(family_info info, Factory make) {
         detail::validate_policy(m);
         return m.num_buckets();
     };
-    families().add(std::move(e));
+    detail::registry_with_builtins().add(std::move(e));
+}
+
+/// @brief rpe::register_mapping for RPE_REGISTER_MAPPING, which runs during static initialisation:
+/// never throws (an exception there terminates the process, a plugin's taking its loader down with
+/// it); a refused registration (name taken, bad name) is recorded instead
+/// (registry::record_load_error), for the loader to report after dlopen
+/// (registry::take_load_errors) or for the next rpe::families() to throw.
+/// @return whether the family was added.
+template <class Factory>
+bool register_mapping_at_load(family_info info, Factory make) noexcept {
+    try {
+        register_mapping(std::move(info), std::move(make));
+        return true;
+    } catch (const std::exception& e) {
+        registry::global().record_load_error(e.what());
+    } catch (...) {
+        registry::global().record_load_error("[rpe.registry] a mapping registration failed at load (unknown exception)");
+    }
+    return false;
 }
 
 }  // namespace rpe
@@ -438,6 +472,8 @@ void register_mapping(family_info info, Factory make) {
 /// @brief Registers a user's mapping family when the unit is loaded (program start, or dlopen of a
 /// plugin): `RPE_REGISTER_MAPPING(manhattan, rpe::family_info{.name = "manhattan", ...}, factory)`,
 /// `factory(const rpe::family_spec&, rpe::grid_extent)` returning the mapping value. `id` names
-/// the registration (any identifier, unique in the unit). A name already taken terminates the
-/// program at load with `[rpe.registry] name = '...'; already registered`.
-#define RPE_REGISTER_MAPPING(id, ...) static const bool rpe_registered_mapping_##id = (::rpe::register_mapping(__VA_ARGS__), true)
+/// the registration (any identifier, unique in the unit). A name already taken is refused without
+/// throwing at load (rpe::register_mapping_at_load): the loader reports it (the `rpe` tool's
+/// --plugin and rpe_bench's RPE_BENCH_PLUGINS exit with `[rpe.registry] name = '...'; already
+/// registered (...)` naming the file), else the next rpe::families() throws it.
+#define RPE_REGISTER_MAPPING(id, ...) static const bool rpe_registered_mapping_##id = ::rpe::register_mapping_at_load(__VA_ARGS__)

@@ -16,9 +16,11 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -213,6 +215,41 @@ public:
         entries_.push_back(std::make_shared<const entry>(std::move(e)));
     }
 
+    /// @brief Records the failure of a registration that must not throw: RPE_REGISTER_MAPPING runs
+    /// during static initialisation (program start, dlopen of a plugin), where an exception would
+    /// terminate the process. The message is kept until a loader takes it (take_load_errors, e.g.
+    /// the `rpe` tool's --plugin right after dlopen) or the next rpe::families() throws it.
+    void record_load_error(std::string message) noexcept {
+        try {
+            const std::lock_guard<std::mutex> lock(mutex_);
+            load_errors_.push_back(std::move(message));
+            has_load_errors_.store(true, std::memory_order_release);
+        } catch (...) {  // out of memory at load: say so at least
+            std::fputs("rpe: a mapping registration failed at load and could not be recorded\n", stderr);
+        }
+    }
+
+    /// @brief The registration failures recorded since the last take, oldest first; clears them.
+    /// Each is the refused registration's message (`[rpe.registry] name = '...'; already registered (...)`).
+    [[nodiscard]] std::vector<std::string> take_load_errors() {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        has_load_errors_.store(false, std::memory_order_relaxed);
+        return std::exchange(load_errors_, {});
+    }
+
+    /// @brief Throws the recorded registration failures once (they are cleared): how a mapping
+    /// refused at load that no loader checked (a unit linked into the program) fails at first use.
+    /// rpe::families() calls it; cheap (one atomic load) when nothing is recorded.
+    /// @throws rpe::invalid_argument with the recorded message, several joined by "; also ".
+    void throw_load_errors() {
+        if (!has_load_errors_.load(std::memory_order_acquire)) return;
+        const auto errors = take_load_errors();
+        if (errors.empty()) return;  // another thread took them
+        std::string text = errors.front();
+        for (std::size_t i = 1; i < errors.size(); ++i) text += "; also " + errors[i];
+        throw invalid_argument(text);
+    }
+
     /// @brief The family named `name` (canonical or alias), or nullptr.
     [[nodiscard]] std::shared_ptr<const entry> find(std::string_view name) const {
         const std::lock_guard<std::mutex> lock(mutex_);
@@ -368,6 +405,8 @@ private:
     mutable std::mutex mutex_;
     std::once_flag builtins_once_;
     std::vector<std::shared_ptr<const entry>> entries_;
+    std::vector<std::string> load_errors_;      // registrations refused at load, not yet reported
+    std::atomic<bool> has_load_errors_{false};  // !load_errors_.empty(), read without the lock
 };
 
 }  // namespace rpe

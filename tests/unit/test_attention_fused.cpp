@@ -136,7 +136,11 @@ results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block, rpe::
         rpe::attention_backward(c.in, go, view(r.gq), view(r.gk), view(r.gv), opt);
     } else {
         rpe::composed_attention_forward(c.in, view(r.out), attn);
-        rpe::composed_attention_backward(c.in, rpe::tensor_ref<const S>(attn), go, view(r.gq), view(r.gk), view(r.gv));
+        rpe::composed_attention_backward(c.in, {.grad_out = go,
+                                                .grad_q = view(r.gq),
+                                                .grad_k = view(r.gk),
+                                                .grad_v = view(r.gv),
+                                                .saved_attn = rpe::tensor_ref<const S>(attn)});
     }
     return r;
 }
@@ -329,6 +333,46 @@ TEST_CASE("attention reads q, k, v in place from a packed (B, L, 3, H, D) buffer
         REQUIRE_FALSE(c.in.q.contiguous());
         check_same(run(c, true, 1 + seed % 4), fused);
         check_same(run(c, false, 0), composed);
+    }
+}
+
+namespace {
+
+// The composed baseline with options: forward, then the backward from its probabilities.
+template <class S>
+results<S> run_composed(random_attention<S>& c, const rpe::attention_options& opt) {
+    results<S> r;
+    const auto n = static_cast<std::size_t>(c.b * c.h * c.l * c.d);
+    for (auto* x : {&r.out, &r.gq, &r.gk, &r.gv}) x->assign(n, S(-3));
+    r.attn.assign(static_cast<std::size_t>(c.b * c.h * c.l * c.l), S(-3));
+    c.bind_grads(r.gt);
+    const rpe::tensor_ref<S> attn(r.attn.data(), {c.b, c.h, c.l, c.l});
+    auto view = [&](std::vector<S>& x) { return rpe::tensor_ref<S>(x.data(), {c.b, c.h, c.l, c.d}); };
+    rpe::composed_attention_forward(c.in, view(r.out), attn, opt);
+    rpe::composed_attention_backward(c.in,
+                                     {.grad_out = rpe::tensor_ref<const S>(c.go.data(), {c.b, c.h, c.l, c.d}),
+                                      .grad_q = view(r.gq),
+                                      .grad_k = view(r.gk),
+                                      .grad_v = view(r.gv),
+                                      .saved_attn = rpe::tensor_ref<const S>(attn)},
+                                     opt);
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("composed attention keeps a custom scale on strided q, k, v (its contiguous copies get the options)") {
+    for (std::uint32_t seed = 1; seed <= 6; ++seed) {
+        CAPTURE(seed);
+        random_attention<double> c(seed);
+        const rpe::attention_options opt{.scale = 0.3};
+        const auto contiguous = run_composed(c, opt);
+        // the scale matters here: the default 1/sqrt(D) gives other probabilities (D = 1 aside)
+        if (c.d != 1) CHECK(max_rel_diff(run_composed(c, {}).attn, contiguous.attn) > 1e-6);
+        const auto qkv = pack_qkv(c);
+        view_packed(c, qkv);
+        REQUIRE_FALSE(c.in.q.contiguous());
+        check_same(run_composed(c, opt), contiguous);
     }
 }
 

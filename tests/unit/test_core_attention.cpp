@@ -94,8 +94,11 @@ struct attention_run {
         gq.assign(q.size(), S(-7));
         gk.assign(q.size(), S(-7));
         gv.assign(q.size(), S(-7));
-        rpe::composed_attention_backward(in, cview(attn, {b, h, l, l}), cview(grad_out, {b, h, l, d}), mview(gq, {b, h, l, d}),
-                                         mview(gk, {b, h, l, d}), mview(gv, {b, h, l, d}));
+        rpe::composed_attention_backward(in, {.grad_out = cview(grad_out, {b, h, l, d}),
+                                              .grad_q = mview(gq, {b, h, l, d}),
+                                              .grad_k = mview(gk, {b, h, l, d}),
+                                              .grad_v = mview(gv, {b, h, l, d}),
+                                              .saved_attn = cview(attn, {b, h, l, l})});
     }
 };
 

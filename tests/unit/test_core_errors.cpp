@@ -393,8 +393,11 @@ struct attention_setup {
     }
     void forward() { rpe::composed_attention_forward(in, mview(out, {B, H, L, D}), mview(attn, {B, H, L, L})); }
     void backward() {
-        rpe::composed_attention_backward(in, cview(attn, {B, H, L, L}), cview(g, {B, H, L, D}), mview(gq, {B, H, L, D}),
-                                         mview(gk, {B, H, L, D}), mview(gv, {B, H, L, D}));
+        rpe::composed_attention_backward(in, {.grad_out = cview(g, {B, H, L, D}),
+                                              .grad_q = mview(gq, {B, H, L, D}),
+                                              .grad_k = mview(gk, {B, H, L, D}),
+                                              .grad_v = mview(gv, {B, H, L, D}),
+                                              .saved_attn = cview(attn, {B, H, L, L})});
     }
     [[nodiscard]] bool untouched() const {
         for (const auto* buf : {&out, &attn, &gq, &gk, &gv})

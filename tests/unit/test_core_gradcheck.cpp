@@ -188,8 +188,11 @@ TEST_CASE("gradient check of the composed attention with q, k, v RPE and a key p
     };
     (void)loss();
     std::vector<S> gq(n), gk(n), gv(n);
-    rpe::composed_attention_backward(in, cview(attn, {B, H, L, L}), cview(g, qshape), mview(gq, qshape), mview(gk, qshape),
-                                     mview(gv, qshape));
+    rpe::composed_attention_backward(in, {.grad_out = cview(g, qshape),
+                                          .grad_q = mview(gq, qshape),
+                                          .grad_k = mview(gk, qshape),
+                                          .grad_v = mview(gv, qshape),
+                                          .saved_attn = cview(attn, {B, H, L, L})});
     check_param(q, gq, loss, "q");
     check_param(k, gk, loss, "k");
     check_param(v, gv, loss, "v");

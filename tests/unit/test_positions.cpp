@@ -414,8 +414,11 @@ TEST_CASE_TEMPLATE("positions: the fused attention at a permuted grid's position
         if (composed) {
             std::vector<S> attn(static_cast<std::size_t>(b * h * l * l));
             rpe::composed_attention_forward(in, o, rpe::tensor_ref<S>(attn.data(), {b, h, l, l}));
-            rpe::composed_attention_backward(in, rpe::tensor_ref<const S>(attn.data(), {b, h, l, l}), {gg.data(), {b, h, l, d}},
-                                             {g.q.data(), {b, h, l, d}}, {g.k.data(), {b, h, l, d}}, {g.v.data(), {b, h, l, d}});
+            rpe::composed_attention_backward(in, {.grad_out = {gg.data(), {b, h, l, d}},
+                                                  .grad_q = {g.q.data(), {b, h, l, d}},
+                                                  .grad_k = {g.k.data(), {b, h, l, d}},
+                                                  .grad_v = {g.v.data(), {b, h, l, d}},
+                                                  .saved_attn = rpe::tensor_ref<const S>(attn.data(), {b, h, l, l})});
         } else {
             rpe::attention_forward(in, o);
             rpe::attention_backward(in, {.grad_out = {gg.data(), {b, h, l, d}},

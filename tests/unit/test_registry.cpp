@@ -302,3 +302,34 @@ TEST_CASE("registry: a user's mapping registered from this unit is reached by na
     CHECK(rpe_test::throws_with([] { (void)rpe::make_term<float>(rpe::parse_family_spec("test_taxicab:alpha=-1"), {}); },
                                 "alpha = -1"));
 }
+
+TEST_CASE("registry: a registration refused at load is recorded, not thrown, and reported once") {
+    // What RPE_REGISTER_MAPPING does during static initialisation (a plugin's dlopen): a name
+    // already taken must not throw there (std::terminate), it is kept for the loader or first use.
+    const auto taken = [](const char* name) {
+        return rpe::register_mapping_at_load(rpe::family_info{.name = name},
+                                             [](const rpe::family_spec&, rpe::grid_extent) { return taxicab{}; });
+    };
+    CHECK_FALSE(taken("euc"));
+    CHECK(rpe::registry::global().find("euc")->info.name == "euclidean");  // the built-in stays
+    // a loader (the `rpe` tool after dlopen) takes the messages, oldest first, and clears them
+    CHECK_FALSE(taken("test_l1"));
+    const auto refused = rpe::registry::global().take_load_errors();
+    REQUIRE(refused.size() == 2);
+    CHECK(refused[0] == "[rpe.registry] name = 'euc'; already registered (euclidean)");
+    CHECK(refused[1] == "[rpe.registry] name = 'test_l1'; already registered (test_taxicab)");
+    CHECK(rpe::registry::global().take_load_errors().empty());
+    CHECK_NOTHROW((void)rpe::families());
+    // no loader took it (a unit linked into the program): the next families() throws it, once
+    CHECK_FALSE(taken("product"));
+    CHECK(rpe_test::throws_with([] { (void)rpe::families(); }, "[rpe.registry] name = 'product'; already registered (product)"));
+    CHECK_NOTHROW((void)rpe::families());
+    // several are joined in one message
+    CHECK_FALSE(taken("euc"));
+    CHECK_FALSE(taken("a b"));
+    CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("product"); },
+                                "name = 'euc'; already registered (euclidean); also [rpe.registry] name = 'a b'; expected a "
+                                "non-empty name"));
+    CHECK(rpe::parse_family_spec("product").family == "product");
+    // (a name not taken is added: test_taxicab above, through RPE_REGISTER_MAPPING)
+}

@@ -163,8 +163,11 @@ TEST_CASE("errors: attention backward rejects gradient tables aliasing outputs o
             expected));
         CHECK(throws_with(
             [&] {
-                rpe::composed_attention_backward(a.in, cview(attn, {a.b, a.h, a.l, a.l}), cview(a.go, shape), mview(gq, shape),
-                                                 mview(gk, shape), mview(gv, shape));
+                rpe::composed_attention_backward(a.in, {.grad_out = cview(a.go, shape),
+                                                        .grad_q = mview(gq, shape),
+                                                        .grad_k = mview(gk, shape),
+                                                        .grad_v = mview(gv, shape),
+                                                        .saved_attn = cview(attn, {a.b, a.h, a.l, a.l})});
             },
             expected));
         CHECK(all_equal(gq, -5.0));
@@ -192,8 +195,11 @@ TEST_CASE("errors: attention backward rejects gradient tables aliasing outputs o
         a.in.rpe_v.grad_tables = {rpe::tensor_ref<double>(go2.data() + 2, {tv_shape[0], tv_shape[1], tv_shape[2]})};
         CHECK(throws_with(
             [&] {
-                rpe::composed_attention_backward(a.in, cview(attn, {a.b, a.h, a.l, a.l}), cview(go2, shape), mview(gq, shape),
-                                                 mview(gk, shape), mview(gv, shape));
+                rpe::composed_attention_backward(a.in, {.grad_out = cview(go2, shape),
+                                                        .grad_q = mview(gq, shape),
+                                                        .grad_k = mview(gk, shape),
+                                                        .grad_v = mview(gv, shape),
+                                                        .saved_attn = cview(attn, {a.b, a.h, a.l, a.l})});
             },
             "rpe_v grad_tables[0] overlaps grad_out"));
         CHECK(all_equal(gv, -5.0));  // grad_v is not written before the check (it was)
@@ -203,6 +209,24 @@ TEST_CASE("errors: attention backward rejects gradient tables aliasing outputs o
         both("rpe_k grad_tables[0] is a null buffer");
     }
 }
+
+namespace {
+
+// The composed backward takes its tensors by name (rpe::attention_gradients), as the fused one: the
+// positional (attn, grad_out, grad_q, grad_k, grad_v) form, two same-typed views in a row, is gone.
+template <class S>
+concept composed_backward_positional = requires(const rpe::attention_inputs<S>& in, rpe::tensor_ref<const S> c,
+                                                rpe::tensor_ref<S> m) {
+    rpe::composed_attention_backward(in, c, c, m, m, m);
+};
+template <class S>
+concept composed_backward_by_name = requires(const rpe::attention_inputs<S>& in, const rpe::attention_gradients<S>& g) {
+    rpe::composed_attention_backward(in, g, rpe::attention_options{});
+};
+static_assert(!composed_backward_positional<float> && !composed_backward_positional<double>);
+static_assert(composed_backward_by_name<float> && composed_backward_by_name<double>);
+
+}  // namespace
 
 TEST_CASE("errors: messages name the right parameter (k blamed for q's shape, broadcast heads, B = 0)") {
     attention_setup<double> a;
@@ -446,14 +470,29 @@ TEST_CASE("errors: outputs over the masks, null attn or grad_out, visit() and ru
     rpe::composed_attention_forward(a.in, mview(out, shape), mview(attn, {a.b, a.h, l, l}));
     CHECK(throws_with(
         [&] {
-            rpe::composed_attention_backward(a.in, rpe::tensor_ref<const double>(nullptr, {a.b, a.h, l, l}), cview(a.go, shape),
-                                             mview(gq, shape), mview(gk, shape), mview(gv, shape));
+            rpe::composed_attention_backward(a.in, {.grad_out = cview(a.go, shape),
+                                                    .grad_q = mview(gq, shape),
+                                                    .grad_k = mview(gk, shape),
+                                                    .grad_v = mview(gv, shape),
+                                                    .saved_attn = rpe::tensor_ref<const double>(nullptr, {a.b, a.h, l, l})});
         },
-        "attn is a null buffer"));
+        "saved_attn is a null buffer"));
+    // the probabilities not given at all: the composed backward does not recompute them
     CHECK(throws_with(
         [&] {
-            rpe::composed_attention_backward(a.in, cview(attn, {a.b, a.h, l, l}), rpe::tensor_ref<const double>(nullptr, shape),
-                                             mview(gq, shape), mview(gk, shape), mview(gv, shape));
+            rpe::composed_attention_backward(a.in, {.grad_out = cview(a.go, shape),
+                                                    .grad_q = mview(gq, shape),
+                                                    .grad_k = mview(gk, shape),
+                                                    .grad_v = mview(gv, shape)});
+        },
+        "[rpe.attention] saved_attn = empty; expected the (B, H, L, L) probabilities of composed_attention_forward"));
+    CHECK(throws_with(
+        [&] {
+            rpe::composed_attention_backward(a.in, {.grad_out = rpe::tensor_ref<const double>(nullptr, shape),
+                                                    .grad_q = mview(gq, shape),
+                                                    .grad_k = mview(gk, shape),
+                                                    .grad_v = mview(gv, shape),
+                                                    .saved_attn = cview(attn, {a.b, a.h, l, l})});
         },
         "grad_out is a null buffer"));
     // visit() of a table that does not exist

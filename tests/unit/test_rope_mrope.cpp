@@ -201,8 +201,11 @@ TEST_CASE("rope: fused attention with M-RoPE equals rotate-then-attend (query an
             std::vector<double> attn(static_cast<std::size_t>(p.b * p.h * p.l * p.l));
             const std::vector<std::int64_t> ashape{p.b, p.h, p.l, p.l};
             rpe::composed_attention_forward(p.in, mview(r[0], shape), mview(attn, ashape));
-            rpe::composed_attention_backward(p.in, cview(attn, ashape), cview(p.go, shape), mview(r[1], shape),
-                                             mview(r[2], shape), mview(r[3], shape));
+            rpe::composed_attention_backward(p.in, {.grad_out = cview(p.go, shape),
+                                                    .grad_q = mview(r[1], shape),
+                                                    .grad_k = mview(r[2], shape),
+                                                    .grad_v = mview(r[3], shape),
+                                                    .saved_attn = cview(attn, ashape)});
         }
         return r;
     };

@@ -87,7 +87,11 @@ alibi_run<S> run_alibi(const rpe::vit::alibi_2d_config& c, int batch, const std:
     if (fused)
         rpe::attention_backward<S>(in, cview(grad_out, qs), mview(r.gq, qs), mview(r.gk, qs), mview(r.gv, qs));
     else
-        rpe::composed_attention_backward<S>(in, attn_ref, cview(grad_out, qs), mview(r.gq, qs), mview(r.gk, qs), mview(r.gv, qs));
+        rpe::composed_attention_backward<S>(in, {.grad_out = cview(grad_out, qs),
+                                                 .grad_q = mview(r.gq, qs),
+                                                 .grad_k = mview(r.gk, qs),
+                                                 .grad_v = mview(r.gv, qs),
+                                                 .saved_attn = attn_ref});
     return r;
 }
 

@@ -476,8 +476,11 @@ rope_results<S> run_rope(rope_problem<S>& p, bool fused, std::int64_t row_block)
         std::vector<S> attn(static_cast<std::size_t>(p.b * p.h * p.l * p.l));
         const std::vector<std::int64_t> ashape{p.b, p.h, p.l, p.l};
         rpe::composed_attention_forward(in, mview(r.out, shape), mview(attn, ashape));
-        rpe::composed_attention_backward(in, cview(attn, ashape), cview(p.go, shape), mview(r.gq, shape), mview(r.gk, shape),
-                                         mview(r.gv, shape));
+        rpe::composed_attention_backward(in, {.grad_out = cview(p.go, shape),
+                                              .grad_q = mview(r.gq, shape),
+                                              .grad_k = mview(r.gk, shape),
+                                              .grad_v = mview(r.gv, shape),
+                                              .saved_attn = cview(attn, ashape)});
     }
     return r;
 }

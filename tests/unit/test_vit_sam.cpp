@@ -100,8 +100,11 @@ sam_result<S> run_sam(const sam_problem<S>& p, bool fused, bool backward = true)
     if (fused)
         rpe::attention_backward<S>(in, cview(p.grad_out, qs), mview(r.gq, qs), mview(r.gk, qs), mview(r.gv, qs));
     else
-        rpe::composed_attention_backward<S>(in, attn_ref, cview(p.grad_out, qs), mview(r.gq, qs), mview(r.gk, qs),
-                                            mview(r.gv, qs));
+        rpe::composed_attention_backward<S>(in, {.grad_out = cview(p.grad_out, qs),
+                                                 .grad_q = mview(r.gq, qs),
+                                                 .grad_k = mview(r.gk, qs),
+                                                 .grad_v = mview(r.gv, qs),
+                                                 .saved_attn = attn_ref});
     r.grh.resize(p.rel_h.size());
     r.grw.resize(p.rel_w.size());
     rpe::vit::load_decomposed_rel_pos_backward<S>(cfg, {cview(g0, shape), cview(g1, shape)}, mview(r.grh, {p.lh, p.d}),

@@ -108,7 +108,9 @@ std::string mapping_names();
 std::vector<std::string> family_group(const std::string& group);
 
 /// Loads the shared libraries of --plugin (dlopen): their RPE_REGISTER_MAPPING families join the
-/// registry. @throws usage_error("--plugin") naming the file and dlerror().
+/// registry. @throws usage_error("--plugin") naming the file and dlerror(), or the file and the
+/// registry's refusal of one of its mappings (`[rpe.registry] name = 'euc'; already registered
+/// (euclidean)`); rpe::invalid_argument for a refusal recorded before any plugin was loaded.
 void load_plugins(const std::vector<std::string>& paths);
 
 /// Resolves --mapping (`name` or `name:param=value,...`) and its parameters: the options

@@ -119,12 +119,22 @@ std::vector<std::string> family_group(const std::string& group) {
 }
 
 void load_plugins(const std::vector<std::string>& paths) {
+    // a refusal recorded before any plugin (a unit linked into the tool) is thrown here, not blamed on a plugin
+    auto& registry = rpe::families();
     for (const auto& path : paths) {
         // RTLD_GLOBAL: the plugin's rpe symbols bind to the tool's, so the registry is one instance
         if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
             const char* why = dlerror();
             throw usage_error("--plugin", "'" + path + "' cannot be loaded: " + (why ? why : "unknown error") +
                                               "; expected a shared library that registers mappings (RPE_REGISTER_MAPPING)");
+        }
+        // its RPE_REGISTER_MAPPING refusals (a name already taken), recorded during its static initialisation
+        const auto refused = registry.take_load_errors();
+        if (!refused.empty()) {
+            std::string why = refused.front();
+            for (std::size_t i = 1; i < refused.size(); ++i) why += "; also " + refused[i];
+            throw usage_error("--plugin", "'" + path + "' cannot be loaded: " + why +
+                                              "; expected mapping names and aliases not registered yet");
         }
     }
 }
@@ -490,12 +500,7 @@ int run_buckets(const mapping_config& mc, const buckets_options& o, bool grid_gi
                 }
             f.commit();
         };
-        if (ids->id_bytes() == 1)
-            write(std::uint8_t{});
-        else if (ids->id_bytes() == 2)
-            write(std::uint16_t{});
-        else
-            write(std::uint32_t{});
+        rpe::visit_id_width(ids->id_bytes(), [&]<class Id>() { write(Id{}); });
         std::cout << "wrote " << o.out << "\n";
     }
     if (!o.coords.empty()) {

@@ -300,7 +300,11 @@ private:
             rpe::attention_backward(in, grad_out_ref, gq_ref, gk_ref, gv_ref, opt);
         } else {
             rpe::composed_attention_forward(in, out_ref, attn_ref);
-            rpe::composed_attention_backward(in, rpe::tensor_ref<const S>(attn_ref), grad_out_ref, gq_ref, gk_ref, gv_ref);
+            rpe::composed_attention_backward(in, {.grad_out = grad_out_ref,
+                                                  .grad_q = gq_ref,
+                                                  .grad_k = gk_ref,
+                                                  .grad_v = gv_ref,
+                                                  .saved_attn = rpe::tensor_ref<const S>(attn_ref)});
         }
         close("output.npy", out);
         close("attn.npy", attn);

@@ -30,8 +30,9 @@ import torch
 from torch import nn
 
 __all__ = [
-    "METHOD", "families", "get_num_buckets", "get_single_rpe_config", "get_rpe_config", "build_rpe", "iRPE", "iRPE_Cross",
-    "attention", "term", "bucket_ids", "library_path", "set_cache_budget", "cache_stats", "clear_caches",
+    "METHOD", "families", "load_plugin", "get_num_buckets", "get_single_rpe_config", "get_rpe_config", "build_rpe",
+    "iRPE", "iRPE_Cross", "attention", "term", "bucket_ids", "library_path", "set_cache_budget", "cache_stats",
+    "clear_caches",
     "RoPEAxial", "RoPEMixed", "RoPECat", "RoPEDinoV3", "rope", "RelPosBias", "table_from_timm", "table_to_timm",
     "relative_log_coords", "cpb_table", "cpb_bias", "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
     "ALiBi2D", "alibi_slopes", "TermSlot",
@@ -114,6 +115,22 @@ def families(group="", aliases=False):
     own mapping (RPE_REGISTER_MAPPING, docs/custom_mapping.md) adds its name here, and the name
     then works as ``method`` of :func:`term`, :func:`bucket_ids` and the operators."""
     return list(_ops.families(group, aliases))
+
+
+def load_plugin(path):
+    """Loads a shared library that registers its own mapping families (RPE_REGISTER_MAPPING,
+    docs/custom_mapping.md) with ``torch.ops.load_library`` and checks that rpe's registry took
+    them: a name or alias already taken raises ``ValueError`` naming the file and the clash
+    (``[rpe.torch] plugin = '...' cannot be loaded: [rpe.registry] name = 'euc'; already registered
+    (euclidean)``); the registry keeps working without the refused family. A plain
+    ``torch.ops.load_library`` of such a library raises the same ``[rpe.registry]`` message from
+    the next rpe operator instead."""
+    _ops.families("", False)  # a refusal recorded before this library is not blamed on it
+    torch.ops.load_library(path)
+    try:
+        _ops.families("", False)  # throws, once, the refusals recorded while the library loaded
+    except ValueError as e:
+        raise ValueError(f"[rpe.torch] plugin = '{path}' cannot be loaded: {e}") from None
 
 
 class RPEConfig(dict):

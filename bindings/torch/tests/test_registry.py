@@ -10,6 +10,7 @@ import torch
 import rpe_torch as rt
 
 PLUGIN = os.environ.get("RPE_EXAMPLE_MANHATTAN", "")
+CLASH = os.environ.get("RPE_TEST_CLASH_PLUGIN", "")  # tests/plugins/clash.cpp: registers "euc", a name taken
 
 # |dr| + |dc| from the centre of a 5x5 grid through the piecewise index of ratio 1.9:
 # distances 0, 1, 2, 3, 4 -> ids 0, 1, 2, 2, 3 (g(3) = round(2.32), g(4) = round(2.58))
@@ -220,3 +221,13 @@ def test_user_mapping_termslot_errors():
         rt.attention(x, x, x, rpe_k=rt.TermSlot("manhattan:beta=1.5", [t], grid=(3, 3)))
     with pytest.raises(ValueError, match=r"height = None, width = None for the 'manhattan' TermSlot, which has no grid"):
         rt.attention(x, x, x, rpe_k=rt.TermSlot("manhattan", [t]))
+
+
+@pytest.mark.skipif(not CLASH, reason="the clashing test plugin was not built (RPE_TEST_CLASH_PLUGIN unset)")
+def test_plugin_with_a_taken_name_is_refused_not_fatal():
+    # it used to call std::terminate from the plugin's static initialisation, killing Python
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] plugin = '.*librpe_test_clash_plugin[^']*' cannot be loaded: "
+                                         r"\[rpe\.registry\] name = 'euc'; already registered \(euclidean\)"):
+        rt.load_plugin(CLASH)
+    assert torch.ops.rpe.family_name("euc") == "euclidean"  # the built-in stays, the registry works
+    assert "euc" not in rt.families("user", True)

@@ -95,10 +95,11 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
                                 const attention_options& opt = {}) {
     const auto s = detail::check_attention(in, cpu::attention_caps);
     detail::check_attention_outputs(in, s, out, attn, true);
-    if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) { composed_attention_forward(c, out, attn); })) return;
+    if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) { composed_attention_forward(c, out, attn, opt); }))
+        return;
     if (in.rope.enabled()) {  // RoPE: rotate q and k (rpe::rope_forward), then the same step without it
         std::vector<S> qr, kr;
-        composed_attention_forward(detail::rope_rotated(in, qr, kr), out, attn);
+        composed_attention_forward(detail::rope_rotated(in, qr, kr), out, attn, opt);
         return;
     }
     const auto ids_q = detail::ids_of(in.rpe_q, in);
@@ -142,29 +143,39 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
     if (in.rpe_v.term) cpu::term_forward<S>(*in.rpe_v.term, *ids_v, in.rpe_v.tables, attn, out, write::accumulate);
 }
 
-/// @brief Backward of composed_attention_forward for `sum(out · grad_out)`.
-/// @param attn     (B, H, L, L): the probabilities written by the forward.
-/// @param grad_out (B, H, L, D).
-/// @param grad_q, grad_k, grad_v (B, H, L, D), written: gradients for the unscaled q, k, v.
+/// @brief Backward of composed_attention_forward for `sum(out · grad_out)`, its tensors by name as
+/// rpe::attention_backward's: `composed_attention_backward(in, {.grad_out = go, .grad_q = gq,
+/// .grad_k = gk, .grad_v = gv, .saved_attn = attn}, opt)`.
+/// @param g  `grad_out` (B, H, L, D); `grad_q`, `grad_k`, `grad_v` (B, H, L, D), written:
+///   gradients for the unscaled q, k, v; `saved_attn` (B, H, L, L): the probabilities written by
+///   the forward, required (this baseline does not recompute them).
 /// The tables' gradients are written into each attention_term's `grad_tables` (when given).
 /// Masked keys get exactly zero grad_k and grad_v rows. `opt`: the forward's (same scale).
-/// @throws as the forward.
+/// @throws as the forward; rpe::invalid_argument `[rpe.attention] saved_attn = empty; expected the
+///   (B, H, L, L) probabilities ...` when `g.saved_attn` is not given.
 template <class S>
-void composed_attention_backward(const attention_inputs<S>& in, tensor_ref<const S> attn, tensor_ref<const S> grad_out,
-                                 tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v,
+void composed_attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g,
                                  const attention_options& opt = {}) {
     const auto s = detail::check_attention(in, cpu::attention_caps);
-    detail::check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
-    detail::check_nonnull(attn, "attention", "attn");
-    detail::check_attention_gradients(in, s, attn, grad_out, grad_q, grad_k, grad_v);
-    if (detail::on_contiguous_qkv(
-            in, [&](const attention_inputs<S>& c) { composed_attention_backward(c, attn, grad_out, grad_q, grad_k, grad_v); }))
-        return;
+    detail::require(g.saved_attn.data != nullptr || g.saved_attn.rank != 0, "attention",
+                    "saved_attn = empty; expected the (B, H, L, L) probabilities of composed_attention_forward (the "
+                    "composed backward does not recompute them)");
+    detail::check_shape(g.saved_attn, {s.b, s.h, s.l, s.l}, "attention", "saved_attn");
+    detail::check_nonnull(g.saved_attn, "attention", "saved_attn");
+    detail::check_attention_gradients(in, s, g.saved_attn, g.grad_out, g.grad_q, g.grad_k, g.grad_v);
+    const tensor_ref<const S> attn = g.saved_attn, grad_out = g.grad_out;
+    const tensor_ref<S> grad_q = g.grad_q, grad_k = g.grad_k, grad_v = g.grad_v;
+    if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) { composed_attention_backward(c, g, opt); })) return;
     if (in.rope.enabled()) {  // RoPE: the step on rotated q, k, then rpe::rope_backward of both
         const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
         std::vector<S> qr, kr, gq(static_cast<std::size_t>(in.q.size())), gk(gq.size());
-        composed_attention_backward(detail::rope_rotated(in, qr, kr), attn, grad_out, tensor_ref<S>(gq.data(), shape),
-                                    tensor_ref<S>(gk.data(), shape), grad_v);
+        composed_attention_backward(detail::rope_rotated(in, qr, kr),
+                                    {.grad_out = grad_out,
+                                     .grad_q = tensor_ref<S>(gq.data(), shape),
+                                     .grad_k = tensor_ref<S>(gk.data(), shape),
+                                     .grad_v = grad_v,
+                                     .saved_attn = attn},
+                                    opt);
         auto r = query_rope(in.rope);
         std::vector<S> fq, fk;
         if (r.grad_freqs.data) {
