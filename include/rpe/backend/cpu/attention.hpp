@@ -423,8 +423,8 @@ backward_layout backward_layout_of(const attention_inputs<S>& in, const attentio
     lay.all_bytes = planes * per_plane * elem;
     lay.min_bytes = (lay.chunks > 1 ? std::min(per_plane, lay.item_elems + split_fixed) : per_plane) * elem;
     if (per_plane == 0 || per_plane <= budget || lay.chunks == 1) {  // whole planes (at least one)
-        lay.plane_slots =
-            per_plane == 0 ? planes : std::clamp<std::int64_t>(budget / per_plane, 1, std::max<std::int64_t>(planes, 1));
+        lay.plane_slots = per_plane == 0 ? std::max<std::int64_t>(planes, 1)
+                                         : std::clamp<std::int64_t>(budget / per_plane, 1, std::max<std::int64_t>(planes, 1));
         lay.slots = lay.plane_slots * lay.chunks;
         lay.bytes = lay.plane_slots * per_plane * elem;
     } else {  // one plane's chunks in several waves
