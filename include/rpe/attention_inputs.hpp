@@ -111,7 +111,7 @@ struct attention_options {
     /// order of every sum, depends on the shape only, so the results are bit-identical for every
     /// budget and thread count. A wave of fewer items than threads leaves threads idle; one item's
     /// partials are the least it can take (a smaller budget gets that). Per-thread buffers (logits
-    /// blocks) are not counted. Default 256 MiB. The forward and the CUDA backend ignore it.
+    /// blocks) are not counted. Default 256 MiB. The forward and the CUDA backend do not use it (both check it).
     /// @throws rpe::invalid_argument `[rpe.attention] options.backward_budget_bytes = ...` when <= 0.
     std::int64_t backward_budget_bytes = std::int64_t{256} << 20;
 };

@@ -606,10 +606,11 @@ TEST_CASE("fused backward: bit-identical results for every backward budget and 1
 TEST_CASE("plan_backward_scratch: hand-checked bytes of a contextual query term, bounded by the budget") {
     // B = H = 1, a 4 x 4 grid (L = 16), D = 4, Product ratio 1 on queries (K = 5·5 = 25), table
     // (1, 4, 25) with its gradient, row_block 1: 16 blocks, chunks = min(32, 16) = 16 items.
-    // Per item (floats, rounded up to 16-float lines): table partial 100 -> 112, per-(key, bucket)
-    // sums L·K = 400, grad_k and grad_v partials 64 each: 640; per (batch, head) the recomputed
-    // query products 400 more. All at once: 16·640 + 400 = 10640 floats = 42560 bytes; the least
-    // (one item, the products and one accumulator of the sums): 640 + 400 + 400 = 1440 floats.
+    // Per item (floats): table partial 100, per-(key, bucket) sums L·K = 400, grad_k and grad_v
+    // partials 64 each: 628; per (batch, head) the recomputed query products 400 more; each buffer
+    // one 16-float line more (5 buffers). All at once: 16·628 + 400 + 80 = 10528 floats = 42112
+    // bytes. Split: one plane's products 400, accumulator 400, table partial 100 and 7 lines (112):
+    // 1012 floats plus 628 per item; the least is one item: 1640 floats.
     rpe::term_spec spec;
     spec.method = rpe::method::product;
     spec.contextual = true;
@@ -634,23 +635,50 @@ TEST_CASE("plan_backward_scratch: hand-checked bytes of a contextual query term,
     CHECK(all.chunks == 16);
     CHECK(all.items == 16);
     CHECK(all.items_at_once == 16);
-    CHECK(all.all_bytes == 42560);
-    CHECK(all.bytes == 42560);
-    CHECK(all.min_bytes == 1440 * 4);
+    CHECK(all.all_bytes == 42112);
+    CHECK(all.bytes == 42112);
+    CHECK(all.min_bytes == 1640 * 4);
     const auto tiny = plan(1);
-    CHECK(tiny.bytes == 1440 * 4);
+    CHECK(tiny.bytes == 1640 * 4);
     CHECK(tiny.items_at_once == 1);
-    const auto mid = plan(10000);  // 2500 floats: (2500 - 800) / 640 = 2 items at once
+    const auto mid = plan(10000);  // 2500 floats: (2500 - 1012) / 628 = 2 items at once
     CHECK(mid.items_at_once == 2);
-    CHECK(mid.bytes == (2 * 640 + 800) * 4);
+    CHECK(mid.bytes == (2 * 628 + 1012) * 4);
     CHECK(mid.bytes <= 10000);
-    CHECK(plan(42560).items_at_once == 16);
-    CHECK(plan(42559).items_at_once == 15);  // split: (10639 - 800) / 640 = 15
-    // saved probabilities: no recomputed products (400 floats fewer per (batch, head))
-    CHECK(plan(rpe::attention_options{}.backward_budget_bytes, true).all_bytes == 42560 - 1600);
-    // without the table's gradient: 112 floats fewer per item
+    CHECK(plan(42112).items_at_once == 16);
+    CHECK(plan(42111).items_at_once == 15);  // split: (10527 - 1012) / 628 = 15
+    CHECK(plan(42111).bytes == (15 * 628 + 1012) * 4);
+    // saved probabilities: no recomputed products (400 floats and their line fewer)
+    CHECK(plan(rpe::attention_options{}.backward_budget_bytes, true).all_bytes == 42112 - 416 * 4);
+    // the backward itself under those budgets (split waves of 1, 2 and 15 items, whole planes):
+    // the same bits, the table gradient included
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> qx(64), kx(64), vx(64), go(64);
+    for (auto* x : {&qx, &kx, &vx, &go, &table})
+        for (auto& e : *x) e = normal(rng);
+    in.q = {qx.data(), {1, 1, 16, 4}};
+    in.k = {kx.data(), {1, 1, 16, 4}};
+    in.v = {vx.data(), {1, 1, 16, 4}};
+    auto grads = [&](std::int64_t budget) {
+        std::vector<float> g(3 * 64 + 100);
+        rpe::attention_backward(in,
+                                {.grad_out = rpe::tensor_ref<const float>(go.data(), {1, 1, 16, 4}),
+                                 .grad_q = rpe::tensor_ref<float>(g.data(), {1, 1, 16, 4}),
+                                 .grad_k = rpe::tensor_ref<float>(g.data() + 64, {1, 1, 16, 4}),
+                                 .grad_v = rpe::tensor_ref<float>(g.data() + 128, {1, 1, 16, 4})},
+                                {.row_block = 1, .backward_budget_bytes = budget});
+        std::copy(grad.begin(), grad.end(), g.begin() + 192);
+        return g;
+    };
+    const auto ref = grads(rpe::attention_options{}.backward_budget_bytes);
+    for (const std::int64_t budget : {std::int64_t{1}, std::int64_t{10000}, std::int64_t{42111}}) {
+        CAPTURE(budget);
+        CHECK(grads(budget) == ref);
+    }
+    // without the table's gradient: 100 floats fewer per item, one buffer fewer
     in.rpe_q.grad_tables.clear();
-    CHECK(plan(rpe::attention_options{}.backward_budget_bytes).all_bytes == 42560 - 16 * 112 * 4);
+    CHECK(plan(rpe::attention_options{}.backward_budget_bytes).all_bytes == 42112 - (16 * 100 + 16) * 4);
 }
 
 TEST_CASE("plan_backward_scratch: the issue's 100 x 100 grid with K = 1090 stays within the budget") {

@@ -58,7 +58,9 @@ struct fused_table {
     std::int64_t k = 0;  // buckets of this table (extra bucket included)
     bool bias = false;
     S* partial = nullptr;             // (slots, partial_stride): per-(plane, chunk) gradient partials of a wave (backward)
-    std::int64_t partial_stride = 0;  // table size rounded up to whole 64-byte lines
+    S* partial_base = nullptr;        // the buffer of `partial` (a wave's slots start within its first 64-byte line)
+    std::int64_t partial_stride = 0;  // the table's size
+    S* plane_partial = nullptr;       // split waves, contextual q: the plane's partial before it goes to its last slot
     [[nodiscard]] std::int64_t head(std::int64_t h) const { return table_heads == 1 ? 0 : h; }
 };
 
@@ -341,10 +343,13 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
 
 // The contextual q terms' key gradients (added into gk, (L, D)) and table partials of plane p
 // from its summed per-(key, bucket) sums gq (one (L, K) block per q table, K = plan.k apart); the
-// table partials go to partial slot `slot` (the plane's last chunk; its other chunks hold zeros
-// for these tables, so the item-order sums are those of any slot).
+// table partials go to partial slot `slot`: the plane's first chunk (item `first`), or (`split`:
+// that slot has gone) they are computed in t.plane_partial at the alignment item `first` has in
+// one buffer of every item and copied to `slot`, the plane's last chunk. The plane's other chunks
+// hold zeros for these tables, so the item-order sums are the same either way.
 template <class S, class Id, class GK>
-void plane_query_gradients(fused_plan<S, Id>& plan, const S* gq, std::int64_t p, std::int64_t slot, GK& gk) {
+void plane_query_gradients(fused_plan<S, Id>& plan, const S* gq, std::int64_t p, std::int64_t slot, bool split,
+                           std::int64_t first, std::int64_t per_line, GK& gk) {
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, k = plan.k, h = p % plan.h;
@@ -356,9 +361,12 @@ void plane_query_gradients(fused_plan<S, Id>& plan, const S* gq, std::int64_t p,
         const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
         gk.noalias() += plan.scale * (g * tab.transpose());
         // Σ (k·s)ᵀ·g = s·kᵀ·g
-        if (t.grad)
-            map<S>(t.partial + slot * t.partial_stride, d, tk).noalias() +=
-                plan.scale * (plan.kv.rows(p, 0, n, d).transpose() * g);
+        if (!t.grad) continue;
+        S* const to = t.partial + slot * t.partial_stride;
+        S* const dst = split ? t.plane_partial + (first * t.partial_stride) % per_line : to;
+        if (split) std::fill(dst, dst + t.partial_stride, S(0));
+        map<S>(dst, d, tk).noalias() += plan.scale * (plan.kv.rows(p, 0, n, d).transpose() * g);
+        if (split) std::copy(dst, dst + t.partial_stride, to);
     }
 }
 
@@ -373,11 +381,12 @@ inline std::int64_t backward_chunks(std::int64_t planes, std::int64_t blocks) {
 // are (plane, chunk) pairs, item = plane·chunks + chunk; they run in waves of at most `slots`
 // consecutive items, each item's partials in its wave slot. Either a wave holds whole planes
 // (plane_slots of them, slots = plane_slots·chunks), or (split) a plane's chunks span several
-// waves of one plane each and its per-(key, bucket) sums gather in one accumulator. Every
-// per-slot buffer is a whole number of 64-byte lines, so each partial has the same alignment in
-// every slot (Eigen's small products round by alignment) and the bits do not depend on the budget.
+// waves of one plane each and its per-(key, bucket) sums gather in one accumulator. A wave's
+// slots of a buffer start at base + (first item · stride) mod (one 64-byte line), so every
+// partial has the alignment it would have in one buffer of every item (Eigen's small products
+// round by alignment): the bits do not depend on the budget, and equal those of one wave.
 struct backward_layout {
-    std::int64_t per_line = 1;  // elements of one 64-byte line
+    std::int64_t per_line = 1;  // elements of one 64-byte line (each buffer gets one more for the offsets)
     std::int64_t chunks = 1, blocks_per_chunk = 1, items = 0;
     std::int64_t slots = 0, plane_slots = 0;
     bool split = false;
@@ -387,7 +396,8 @@ struct backward_layout {
     std::int64_t plane_elems = 0;  // per plane in a wave: recomputed contextual q products, nq·L·K
     std::int64_t acc_elems = 0;    // split: one plane's accumulator of the per-(key, bucket) sums
     std::int64_t bytes = 0, min_bytes = 0, all_bytes = 0;
-    [[nodiscard]] std::int64_t lines(std::int64_t e) const { return (e + per_line - 1) / per_line * per_line; }
+    // the offset of item (or plane) e's slot in a wave starting at e, for buffers of `stride`
+    [[nodiscard]] std::int64_t phase(std::int64_t e, std::int64_t stride) const { return (e * stride) % per_line; }
 };
 
 // The layout of a backward over `in` (the shapes, terms and grad_tables of a checked call).
@@ -397,15 +407,19 @@ backward_layout backward_layout_of(const attention_inputs<S>& in, const attentio
     backward_layout lay;
     lay.per_line = std::max<std::int64_t>(1, 64 / static_cast<std::int64_t>(sizeof(S)));
     const std::int64_t planes = in.q.extent(0) * in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
-    std::int64_t k = 0, item = 0;
+    std::int64_t k = 0, item = 0, grad_tables = 0, q_partials = 0, q_grad_tables = 0;
     for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
         if (slot->term) k = std::max<std::int64_t>(k, slot->term->num_buckets());
     for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v}) {
         if (!slot->term) continue;
-        const std::int64_t size = slot->term->contextual() ? d * slot->term->num_buckets() : slot->term->num_buckets();
+        const bool ctx = slot->term->contextual();
+        const std::int64_t size = ctx ? d * slot->term->num_buckets() : slot->term->num_buckets();
         for (int t = 0; t < slot->term->num_tables(); ++t)
-            if (static_cast<std::size_t>(t) < slot->grad_tables.size() && slot->grad_tables[static_cast<std::size_t>(t)].data)
-                item += lay.lines(size);
+            if (static_cast<std::size_t>(t) < slot->grad_tables.size() && slot->grad_tables[static_cast<std::size_t>(t)].data) {
+                item += size;
+                ++grad_tables;
+                if (ctx && slot == &in.rpe_q) q_partials += size, ++q_grad_tables;
+            }
     }
     const bool ctx_q = in.rpe_q.term && in.rpe_q.term->contextual();
     const std::int64_t tq = ctx_q ? in.rpe_q.term->num_tables() * n * k : 0;
@@ -413,26 +427,33 @@ backward_layout backward_layout_of(const attention_inputs<S>& in, const attentio
     lay.chunks = planes > 0 ? backward_chunks(planes, blocks) : 1;
     lay.blocks_per_chunk = (blocks + lay.chunks - 1) / lay.chunks;
     lay.items = planes * lay.chunks;
-    lay.gq_stride = lay.lines(tq);
-    lay.gkv_stride = lay.chunks > 1 ? lay.lines(n * d) : 0;
+    lay.gq_stride = tq;
+    lay.gkv_stride = lay.chunks > 1 ? n * d : 0;
     lay.item_elems = item + lay.gq_stride + 2 * lay.gkv_stride;
-    lay.plane_elems = ctx_q && !saved_attn ? lay.lines(tq) : 0;
+    lay.plane_elems = ctx_q && !saved_attn ? tq : 0;
+    // one line more per buffer: the per-slot buffers, the products; split also the accumulator
+    // and the contextual q table partials of the plane
+    const std::int64_t buffers = grad_tables + (ctx_q ? 1 : 0) + (lay.chunks > 1 ? 2 : 0) + (lay.plane_elems > 0 ? 1 : 0);
+    const std::int64_t pad_whole = buffers * lay.per_line, pad_split = (buffers + 1 + q_grad_tables) * lay.per_line;
     const std::int64_t elem = static_cast<std::int64_t>(sizeof(S)), budget = opt.backward_budget_bytes / elem;
     const std::int64_t per_plane = lay.chunks * lay.item_elems + lay.plane_elems;
-    const std::int64_t split_fixed = lay.plane_elems + lay.gq_stride;  // one plane's products and accumulator
-    lay.all_bytes = planes * per_plane * elem;
-    lay.min_bytes = (lay.chunks > 1 ? std::min(per_plane, lay.item_elems + split_fixed) : per_plane) * elem;
-    if (per_plane == 0 || per_plane <= budget || lay.chunks == 1) {  // whole planes (at least one)
-        lay.plane_slots = per_plane == 0 ? std::max<std::int64_t>(planes, 1)
-                                         : std::clamp<std::int64_t>(budget / per_plane, 1, std::max<std::int64_t>(planes, 1));
+    // split: one plane's products, accumulator and contextual q table partials
+    const std::int64_t split_fixed = lay.plane_elems + lay.gq_stride + q_partials + pad_split;
+    lay.all_bytes = (planes * per_plane + pad_whole) * elem;
+    const std::int64_t whole_min = per_plane + pad_whole, split_min = lay.item_elems + split_fixed;
+    lay.min_bytes = (lay.chunks > 1 ? std::min(whole_min, split_min) : whole_min) * elem;
+    // whole planes (at least one) when one fits, or when splitting a plane would not take less
+    if (per_plane == 0 || whole_min <= budget || lay.chunks == 1 || whole_min <= split_min) {
+        lay.plane_slots = per_plane == 0
+                              ? std::max<std::int64_t>(planes, 1)
+                              : std::clamp<std::int64_t>((budget - pad_whole) / per_plane, 1, std::max<std::int64_t>(planes, 1));
         lay.slots = lay.plane_slots * lay.chunks;
-        lay.bytes = lay.plane_slots * per_plane * elem;
+        lay.bytes = (lay.plane_slots * per_plane + pad_whole) * elem;
     } else {  // one plane's chunks in several waves
         lay.split = true;
         lay.plane_slots = 1;
         lay.acc_elems = lay.gq_stride;
-        lay.slots =
-            std::clamp<std::int64_t>((budget - split_fixed) / std::max<std::int64_t>(lay.item_elems, 1), 1, lay.chunks - 1);
+        lay.slots = std::clamp<std::int64_t>((budget - split_fixed) / lay.item_elems, 1, lay.chunks - 1);
         lay.bytes = (lay.slots * lay.item_elems + split_fixed) * elem;
     }
     return lay;
@@ -462,12 +483,16 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     std::vector<cpu::shared_scratch<S>> partial_s;
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
         for (auto& t : *group) {
-            t.partial_stride = t.grad ? lay.lines(table_size(t)) : 0;
-            partial_s.emplace_back(ws, lay.slots * t.partial_stride);
+            t.partial_stride = t.grad ? table_size(t) : 0;
+            partial_s.emplace_back(ws, t.grad ? lay.slots * t.partial_stride + lay.per_line : 0);
+            const bool plane_partial = lay.split && t.grad && !t.bias && group == &plan.on_q;
+            partial_s.emplace_back(ws, plane_partial ? t.partial_stride + lay.per_line : 0);
         }
-    cpu::shared_scratch<S> gk_part(ws, lay.slots * lay.gkv_stride), gv_part(ws, lay.slots * lay.gkv_stride);
-    cpu::shared_scratch<S> gq_part(ws, lay.slots * lay.gq_stride), gq_acc(ws, lay.acc_elems);
-    cpu::shared_scratch<S> tq_s(ws, lay.plane_slots * lay.plane_elems);
+    // each buffer one line longer: a wave's slots start within its first line (backward_layout)
+    const auto padded = [&](std::int64_t count) { return count > 0 ? count + lay.per_line : 0; };
+    cpu::shared_scratch<S> gk_part(ws, padded(lay.slots * lay.gkv_stride)), gv_part(ws, padded(lay.slots * lay.gkv_stride));
+    cpu::shared_scratch<S> gq_part(ws, padded(lay.slots * lay.gq_stride)), gq_acc(ws, padded(lay.acc_elems));
+    cpu::shared_scratch<S> tq_s(ws, padded(lay.plane_slots * lay.plane_elems));
     cpu::thread_scratch<S> ks_s(ws, recompute_tq ? n * d : 0);
     cpu::thread_scratch<S> lg_s(ws, rb_max * n), dp_s(ws, rb_max * n), work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
     cpu::thread_scratch<S> qs_s(ws, rb_max * d), dqs_s(ws, rb_max * d);
@@ -491,19 +516,27 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     std::size_t next = 0;
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
         for (auto& t : *group) {
-            t.partial = t.grad ? partial_s[next].data() : nullptr;
-            ++next;
+            t.partial_base = t.grad ? partial_s[next].data() : nullptr;
+            t.plane_partial = partial_s[next + 1].empty() ? nullptr : partial_s[next + 1].data();
+            next += 2;
             if (t.grad) std::fill(t.grad, t.grad + t.table_heads * table_size(t), S(0));
         }
-    S* const tq = tq_s.data();
     for (std::int64_t i0 = 0; i0 < items;) {  // one wave: items [i0, i1) of planes [p0, p1)
         const std::int64_t p0 = i0 / chunks;
         const std::int64_t i1 = std::min({items, i0 + lay.slots, lay.split ? (p0 + 1) * chunks : items});
         const std::int64_t p1 = (i1 - 1) / chunks + 1;
+        // the wave's slots: each partial at the alignment of its item in one buffer of every item
+        S* const gq_w = gq_part.data() + lay.phase(i0, lay.gq_stride);
+        S* const gk_w = gk_part.data() + lay.phase(i0, lay.gkv_stride);
+        S* const gv_w = gv_part.data() + lay.phase(i0, lay.gkv_stride);
+        S* const tq = tq_s.data() + lay.phase(p0, lay.plane_elems);
         for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
             for (auto& t : *group)
-                if (t.grad) std::fill(t.partial, t.partial + (i1 - i0) * t.partial_stride, S(0));
-        if (ctx_q) std::fill(gq_part.data(), gq_part.data() + (i1 - i0) * lay.gq_stride, S(0));
+                if (t.grad) {
+                    t.partial = t.partial_base + lay.phase(i0, t.partial_stride);
+                    std::fill(t.partial, t.partial + (i1 - i0) * t.partial_stride, S(0));
+                }
+        if (ctx_q) std::fill(gq_w, gq_w + (i1 - i0) * lay.gq_stride, S(0));
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
@@ -525,10 +558,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
             for (std::int64_t item = i0; item < i1; ++item) {
                 const std::int64_t slot = item - i0, p = item / chunks, c = item % chunks, h = p % plan.h;
                 const S* tqp = recompute_tq ? tq + (p - p0) * lay.plane_elems : nullptr;
-                S* gq =
-                    ctx_q ? gq_part.data() + slot * lay.gq_stride : nullptr;  // Σ dlogits per (j, bucket), contextual q tables
-                auto gk = map<S>(chunks > 1 ? gk_part.data() + slot * lay.gkv_stride : grad_k.data + p * n * d, n, d);
-                auto gv = map<S>(chunks > 1 ? gv_part.data() + slot * lay.gkv_stride : grad_v.data + p * n * d, n, d);
+                S* gq = ctx_q ? gq_w + slot * lay.gq_stride : nullptr;  // Σ dlogits per (j, bucket), contextual q tables
+                auto gk = map<S>(chunks > 1 ? gk_w + slot * lay.gkv_stride : grad_k.data + p * n * d, n, d);
+                auto gv = map<S>(chunks > 1 ? gv_w + slot * lay.gkv_stride : grad_v.data + p * n * d, n, d);
                 gk.setZero();
                 gv.setZero();
                 const auto vp = plan.vv.rows(p, 0, n, d);
@@ -620,8 +652,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 if (chunks > 1) {
                     auto gv = map<S>(grad_v.data + p * n * d, n, d);
                     for (std::int64_t c = c0; c < c1; ++c) {
-                        const auto pk = map<S>(gk_part.data() + slot_of(c) * lay.gkv_stride, n, d);
-                        const auto pv = map<S>(gv_part.data() + slot_of(c) * lay.gkv_stride, n, d);
+                        const auto pk = map<S>(gk_w + slot_of(c) * lay.gkv_stride, n, d);
+                        const auto pv = map<S>(gv_w + slot_of(c) * lay.gkv_stride, n, d);
                         if (c == 0) {
                             gk = pk;
                             gv = pv;
@@ -633,9 +665,10 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 }
                 S* gq = nullptr;  // the plane's summed per-(key, bucket) sums
                 if (ctx_q) {
-                    gq = lay.split ? gq_acc.data() : gq_part.data() + slot_of(0) * lay.gq_stride;
+                    // split: the accumulator at the alignment of the plane's first chunk (its place in one wave)
+                    gq = lay.split ? gq_acc.data() + lay.phase(p * chunks, lay.gq_stride) : gq_w + slot_of(0) * lay.gq_stride;
                     for (std::int64_t c = c0; c < c1; ++c) {
-                        const S* src = gq_part.data() + slot_of(c) * lay.gq_stride;
+                        const S* src = gq_w + slot_of(c) * lay.gq_stride;
                         if (c == 0) {
                             if (src != gq) std::copy(src, src + tq_per_plane, gq);
                         } else {
@@ -644,7 +677,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     }
                 }
                 if (c1 < chunks) continue;  // the plane's later chunks come in the next wave
-                if (ctx_q) plane_query_gradients(plan, gq, p, slot_of(chunks - 1), gk);
+                if (ctx_q)
+                    plane_query_gradients(plan, gq, p, slot_of(lay.split ? chunks - 1 : 0), lay.split, p * chunks, lay.per_line,
+                                          gk);
                 if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back
                     S* g = grad_k.data + p * n * d;
                     if (rope_freqs)
