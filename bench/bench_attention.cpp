@@ -7,6 +7,11 @@
 // Names (scripts read them): attention/<shape>/<rpe> is the float32 forward;
 // attention_fwd_bwd/<shape>/<rpe> forward + backward; attention_composed/<shape>/<rpe> the
 // unfused composition (materialised (B, H, L, L) logits) for comparison.
+// Counters: L; workspace_bytes (the calling thread's scratch buffer after the runs: the peak of
+// the fused calls' scratch); on attention_fwd_bwd also partials_bytes (the backward's partials
+// live at once under attention_options::backward_budget_bytes, rpe::cpu::plan_backward_scratch)
+// and partials_all_bytes (without a budget); attention_fwd_bwd/grid64/qkv/budget_16MiB runs the
+// backward under a 16 MiB budget.
 #include <benchmark/benchmark.h>
 #include <rpe/rpe.hpp>
 
@@ -26,8 +31,9 @@ using ctx_term = rpe::term<product, rpe::mode::contextual, T, float>;
 
 struct attention_config {
     int b, h, height, width, d;
-    std::string rpe_on;  // "", "k", "qkv"
-    std::string rope;    // "", "axial", "mixed"
+    std::string rpe_on;                                                    // "", "k", "qkv"
+    std::string rope;                                                      // "", "axial", "mixed"
+    std::int64_t budget = rpe::attention_options{}.backward_budget_bytes;  // the backward's partials
 };
 
 struct attention_case : attention_config {
@@ -99,20 +105,34 @@ void run(benchmark::State& state, const attention_config& config, what w) {
     attention_case c(config);
     const std::int64_t l = c.l();
     if (w == what::composed) c.attn.resize(static_cast<std::size_t>(c.b) * c.h * l * l);
+    const rpe::attention_options opt{.backward_budget_bytes = c.budget};
+    rpe::release_cpu_workspace();  // workspace_bytes below: this case's peak, not an earlier case's
     for (auto _ : state) {
         if (w == what::composed) {
             rpe::composed_attention_forward(c.in, c.view(c.out), rpe::tensor_ref<float>(c.attn.data(), {c.b, c.h, l, l}));
         } else {
-            rpe::attention_forward(c.in, c.view(c.out));
+            rpe::attention_forward(c.in, c.view(c.out), {}, opt);
             if (w == what::forward_backward)
                 rpe::attention_backward(c.in, rpe::tensor_ref<const float>(c.grad_out.data(), {c.b, c.h, l, c.d}), c.view(c.gq),
-                                        c.view(c.gk), c.view(c.gv));
+                                        c.view(c.gk), c.view(c.gv), opt);
         }
         benchmark::DoNotOptimize(c.out.data());
         benchmark::ClobberMemory();
     }
     state.SetItemsProcessed(state.iterations() * c.b * c.h * l * l);  // (query, key) pairs
     state.counters["L"] = static_cast<double>(l);
+    if (w == what::composed) return;
+    // the calling thread's scratch buffer after the runs: the largest any call of this case needed
+    // (every thread's logits blocks, the backward's partials, id copies), in bytes
+    const auto bytes = [](std::int64_t x) {
+        return benchmark::Counter(static_cast<double>(x), benchmark::Counter::kDefaults, benchmark::Counter::kIs1024);
+    };
+    state.counters["workspace_bytes"] = bytes(static_cast<std::int64_t>(rpe::detail::cpu::arena::of_this_thread().capacity()));
+    if (w == what::forward_backward) {  // the backward's partials live at once, and without a budget
+        const auto plan = rpe::cpu::plan_backward_scratch(c.in, opt);
+        state.counters["partials_bytes"] = bytes(plan.bytes);
+        state.counters["partials_all_bytes"] = bytes(plan.all_bytes);
+    }
 }
 
 // The floor: the work no attention can avoid, per (b, h) plane one Eigen product S = Q·Kᵀ, the
@@ -191,6 +211,15 @@ const bool registered = [] {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
         benchmark::RegisterBenchmark((std::string("attention_fwd_bwd/deit_s/") + name).c_str(), run, c, what::forward_backward)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+    }
+    // The backward under a 16 MiB budget of partials on the 64 x 64 grid (about 90 MB without):
+    // the cost of running its 32 items in waves (same results; partials_bytes counter).
+    {
+        attention_config c{1, 1, 64, 64, 64, "qkv", ""};
+        c.budget = std::int64_t{16} << 20;
+        benchmark::RegisterBenchmark("attention_fwd_bwd/grid64/qkv/budget_16MiB", run, c, what::forward_backward)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
     }

@@ -104,6 +104,16 @@ struct attention_options {
     /// CUDA: the stream the work is enqueued on (a `cudaStream_t`; null = the legacy default
     /// stream). The CPU backend ignores it.
     CUstream_st* stream = nullptr;
+    /// CPU backward: the most bytes its per-item partials may take at once (gradient partials of
+    /// grad_k, grad_v and the tables, the per-(key, bucket) sums and products of the contextual
+    /// query tables, L·K each; see rpe::cpu::plan_backward_scratch). The (batch, head, chunk of row
+    /// blocks) items are computed in waves whose partials fit; which rows form a chunk, and so the
+    /// order of every sum, depends on the shape only, so the results are bit-identical for every
+    /// budget and thread count. A wave of fewer items than threads leaves threads idle; one item's
+    /// partials are the least it can take (a smaller budget gets that). Per-thread buffers (logits
+    /// blocks) are not counted. Default 256 MiB. The forward and the CUDA backend do not use it (both check it).
+    /// @throws rpe::invalid_argument `[rpe.attention] options.backward_budget_bytes = ...` when <= 0.
+    std::int64_t backward_budget_bytes = std::int64_t{256} << 20;
 };
 
 /// @brief The backward's tensors, by name: the incoming gradient, the gradients written, and
@@ -146,6 +156,13 @@ inline double softmax_scale(const attention_options& opt, std::int64_t d) {
     if (!opt.scale) return 1.0 / std::sqrt(static_cast<double>(d));
     require(std::isfinite(*opt.scale), "attention", "options.scale = ", *opt.scale, "; expected a finite value");
     return *opt.scale;
+}
+
+/// @brief Checks attention_options::backward_budget_bytes (> 0).
+/// @throws rpe::invalid_argument `[rpe.attention] options.backward_budget_bytes = ...; expected > 0`.
+inline void check_backward_budget(const attention_options& opt) {
+    require(opt.backward_budget_bytes > 0, "attention", "options.backward_budget_bytes = ", opt.backward_budget_bytes,
+            "; expected > 0 (bytes)");
 }
 
 /// @brief Throws rpe::not_supported `[rpe.attention] <feature> is not supported by the <backend>
@@ -351,7 +368,7 @@ void check_attention_gradients(const In& in, const attention_shape& s, const ten
 }
 
 /// @brief Every check of a forward call on a backend with capabilities `caps`: the options
-/// (storage, scale), the inputs (check_attention), the `attn` output (a backend feature) and the
+/// (storage, scale, backward budget), the inputs (check_attention), the `attn` output (a backend feature) and the
 /// outputs' shapes and overlaps. Returns (B, H, L, D).
 /// @throws rpe::invalid_argument `[rpe.attention] ...`; rpe::not_supported for a missing feature.
 template <class S>
@@ -360,6 +377,7 @@ attention_shape check_attention_forward(const attention_inputs<S>& in, const ten
     require_enum(opt.storage, 3, "attention", "options.storage", "automatic, table or on_the_fly");
     const auto s = check_attention(in, caps);
     (void)softmax_scale(opt, s.d);
+    check_backward_budget(opt);
     require_feature(attn.data != nullptr || attn.rank != 0, caps.saved_probabilities, caps, "the attn output (probabilities)");
     check_attention_outputs(in, s, out, attn, false);
     return s;
@@ -375,6 +393,7 @@ attention_shape check_attention_backward(const attention_inputs<S>& in, const at
     require_enum(opt.storage, 3, "attention", "options.storage", "automatic, table or on_the_fly");
     const auto s = check_attention(in, caps);
     (void)softmax_scale(opt, s.d);
+    check_backward_budget(opt);
     const bool saved = g.saved_attn.data != nullptr || g.saved_attn.rank != 0;
     require_feature(saved, caps.saved_probabilities, caps, "the backward from saved probabilities (saved_attn)");
     if (saved) {

@@ -118,7 +118,8 @@ struct results {
 };
 
 template <class S>
-results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block, rpe::id_storage storage = rpe::id_storage::automatic) {
+results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block, rpe::id_storage storage = rpe::id_storage::automatic,
+               std::int64_t budget = rpe::attention_options{}.backward_budget_bytes) {
     results<S> r;
     const auto n = static_cast<std::size_t>(c.b * c.h * c.l * c.d);
     r.out.assign(n, S(-3));
@@ -131,7 +132,7 @@ results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block, rpe::
     auto view = [&](std::vector<S>& x) { return rpe::tensor_ref<S>(x.data(), {c.b, c.h, c.l, c.d}); };
     const rpe::tensor_ref<const S> go(c.go.data(), {c.b, c.h, c.l, c.d});
     if (fused) {
-        const rpe::attention_options opt{.row_block = row_block, .storage = storage};
+        const rpe::attention_options opt{.row_block = row_block, .storage = storage, .backward_budget_bytes = budget};
         rpe::attention_forward(c.in, view(r.out), attn, opt);
         rpe::attention_backward(c.in, go, view(r.gq), view(r.gk), view(r.gv), opt);
     } else {
@@ -573,4 +574,203 @@ TEST_CASE("fused attention backward from probabilities: attn is checked before a
                          doctest::Contains("grad_q overlaps attn"), rpe::invalid_argument);
     for (const auto* g : {&gq, &gk, &gv})
         for (float x : *g) REQUIRE(x == 42.0f);
+}
+
+namespace {
+
+// The backward's gradients of `c` (recomputing the probabilities, or from the forward's saved
+// ones) under `budget` bytes of partials.
+template <class S>
+results<S> run_backward(random_attention<S>& c, std::int64_t row_block, std::int64_t budget, bool saved) {
+    results<S> r;
+    const auto n = static_cast<std::size_t>(c.b * c.h * c.l * c.d);
+    r.out.assign(n, S(-3));
+    r.gq.assign(n, S(-3));
+    r.gk.assign(n, S(-3));
+    r.gv.assign(n, S(-3));
+    r.attn.assign(static_cast<std::size_t>(c.b * c.h * c.l * c.l), S(-3));
+    c.bind_grads(r.gt);
+    auto view = [&](std::vector<S>& x) { return rpe::tensor_ref<S>(x.data(), {c.b, c.h, c.l, c.d}); };
+    const rpe::attention_options opt{.row_block = row_block, .backward_budget_bytes = budget};
+    const rpe::tensor_ref<S> attn(r.attn.data(), {c.b, c.h, c.l, c.l});
+    rpe::attention_forward(c.in, view(r.out), attn, opt);
+    rpe::attention_gradients<S> g{.grad_out = rpe::tensor_ref<const S>(c.go.data(), {c.b, c.h, c.l, c.d}),
+                                  .grad_q = view(r.gq),
+                                  .grad_k = view(r.gk),
+                                  .grad_v = view(r.gv)};
+    if (saved) g.saved_attn = rpe::tensor_ref<const S>(attn);
+    rpe::attention_backward(c.in, g, opt);
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("fused backward: bit-identical results for every backward budget and 1 or 2 threads") {
+    int split = 0, waves = 0;  // how many runs took the split and the whole-plane multi-wave paths
+    for (std::uint32_t seed = 200; seed < 216; ++seed) {
+        CAPTURE(seed);
+        random_attention<float> c(seed);
+        const std::int64_t row_block = 1 + seed % 2;  // small blocks: many chunks per (batch, head)
+        for (bool saved : {false, true}) {
+            CAPTURE(saved);
+            set_threads(1);
+            const auto ref = run_backward(c, row_block, rpe::attention_options{}.backward_budget_bytes, saved);
+            const auto plan = rpe::cpu::plan_backward_scratch(c.in, {.row_block = row_block}, saved);
+            REQUIRE(plan.items == c.b * c.h * plan.chunks);
+            CHECK(plan.items_at_once == plan.items);  // the default budget holds these small problems at once
+            CHECK(plan.bytes == plan.all_bytes);
+            const std::int64_t per_plane = plan.all_bytes / (c.b * c.h);
+            // 1 byte: one item at a time; between one item and one plane: split planes; a few planes
+            for (const std::int64_t budget : {std::int64_t{1}, plan.min_bytes, plan.min_bytes + per_plane / 3, per_plane,
+                                              2 * per_plane - 1, plan.all_bytes - 1}) {
+                CAPTURE(budget);
+                const auto at =
+                    rpe::cpu::plan_backward_scratch(c.in, {.row_block = row_block, .backward_budget_bytes = budget}, saved);
+                CHECK(at.bytes <= std::max(budget, plan.min_bytes));
+                CHECK(at.items_at_once >= 1);
+                if (at.bytes > 0 && at.items_at_once < plan.chunks) ++split;
+                if (at.items_at_once >= plan.chunks && at.items_at_once < plan.items) ++waves;
+                for (int threads : {1, 2}) {
+                    CAPTURE(threads);
+                    set_threads(threads);
+                    const auto r = run_backward(c, row_block, budget, saved);
+                    CHECK(r.gq == ref.gq);
+                    CHECK(r.gk == ref.gk);
+                    CHECK(r.gv == ref.gv);
+                    CHECK(r.gt == ref.gt);
+                }
+            }
+        }
+    }
+    CHECK(split > 0);
+    CHECK(waves > 0);
+    set_threads(2);
+}
+
+TEST_CASE("plan_backward_scratch: hand-checked bytes of a contextual query term, bounded by the budget") {
+    // B = H = 1, a 4 x 4 grid (L = 16), D = 4, Product ratio 1 on queries (K = 5·5 = 25), table
+    // (1, 4, 25) with its gradient, row_block 1: 16 blocks, chunks = min(32, 16) = 16 items.
+    // Per item (floats): table partial 100, per-(key, bucket) sums L·K = 400, grad_k and grad_v
+    // partials 64 each: 628; per (batch, head) the recomputed query products 400 more; each buffer
+    // one 16-float line more (5 buffers). All at once: 16·628 + 400 + 80 = 10528 floats = 42112
+    // bytes. Split: one plane's products 400, accumulator 400, table partial 100 and 7 lines (112):
+    // 1012 floats plus 628 per item; the least is one item: 1640 floats.
+    rpe::term_spec spec;
+    spec.method = rpe::method::product;
+    spec.contextual = true;
+    spec.target = rpe::target::query;
+    spec.ratio(1.0);
+    spec.skip = 0;
+    spec.num_heads = 1;
+    spec.head_dim = 4;
+    const auto term = rpe::make_term<float>(spec);
+    REQUIRE(term->num_buckets() == 25);
+    std::vector<float> q(16 * 4, 0.5f), table(100, 0.1f), grad(100);
+    rpe::attention_inputs<float> in;
+    in.q = in.k = in.v = {q.data(), {1, 1, 16, 4}};
+    in.height = in.width = 4;
+    in.rpe_q.term = term.get();
+    in.rpe_q.tables = {{table.data(), {1, 4, 25}}};
+    in.rpe_q.grad_tables = {{grad.data(), {1, 4, 25}}};
+    auto plan = [&](std::int64_t budget, bool saved = false) {
+        return rpe::cpu::plan_backward_scratch(in, {.row_block = 1, .backward_budget_bytes = budget}, saved);
+    };
+    const auto all = plan(rpe::attention_options{}.backward_budget_bytes);
+    CHECK(all.chunks == 16);
+    CHECK(all.items == 16);
+    CHECK(all.items_at_once == 16);
+    CHECK(all.all_bytes == 42112);
+    CHECK(all.bytes == 42112);
+    CHECK(all.min_bytes == 1640 * 4);
+    const auto tiny = plan(1);
+    CHECK(tiny.bytes == 1640 * 4);
+    CHECK(tiny.items_at_once == 1);
+    const auto mid = plan(10000);  // 2500 floats: (2500 - 1012) / 628 = 2 items at once
+    CHECK(mid.items_at_once == 2);
+    CHECK(mid.bytes == (2 * 628 + 1012) * 4);
+    CHECK(mid.bytes <= 10000);
+    CHECK(plan(42112).items_at_once == 16);
+    CHECK(plan(42111).items_at_once == 15);  // split: (10527 - 1012) / 628 = 15
+    CHECK(plan(42111).bytes == (15 * 628 + 1012) * 4);
+    // saved probabilities: no recomputed products (400 floats and their line fewer)
+    CHECK(plan(rpe::attention_options{}.backward_budget_bytes, true).all_bytes == 42112 - 416 * 4);
+    // the backward itself under those budgets (split waves of 1, 2 and 15 items, whole planes):
+    // the same bits, the table gradient included
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> qx(64), kx(64), vx(64), go(64);
+    for (auto* x : {&qx, &kx, &vx, &go, &table})
+        for (auto& e : *x) e = normal(rng);
+    in.q = {qx.data(), {1, 1, 16, 4}};
+    in.k = {kx.data(), {1, 1, 16, 4}};
+    in.v = {vx.data(), {1, 1, 16, 4}};
+    auto grads = [&](std::int64_t budget) {
+        std::vector<float> g(3 * 64 + 100);
+        rpe::attention_backward(in,
+                                {.grad_out = rpe::tensor_ref<const float>(go.data(), {1, 1, 16, 4}),
+                                 .grad_q = rpe::tensor_ref<float>(g.data(), {1, 1, 16, 4}),
+                                 .grad_k = rpe::tensor_ref<float>(g.data() + 64, {1, 1, 16, 4}),
+                                 .grad_v = rpe::tensor_ref<float>(g.data() + 128, {1, 1, 16, 4})},
+                                {.row_block = 1, .backward_budget_bytes = budget});
+        std::copy(grad.begin(), grad.end(), g.begin() + 192);
+        return g;
+    };
+    const auto ref = grads(rpe::attention_options{}.backward_budget_bytes);
+    for (const std::int64_t budget : {std::int64_t{1}, std::int64_t{10000}, std::int64_t{42111}}) {
+        CAPTURE(budget);
+        CHECK(grads(budget) == ref);
+    }
+    // without the table's gradient: 100 floats fewer per item, one buffer fewer
+    in.rpe_q.grad_tables.clear();
+    CHECK(plan(rpe::attention_options{}.backward_budget_bytes).all_bytes == 42112 - (16 * 100 + 16) * 4);
+}
+
+TEST_CASE("plan_backward_scratch: the issue's 100 x 100 grid with K = 1090 stays within the budget") {
+    // Product ratio 8 (beta 16: 33·33 buckets) with a class token: K = 1090; D = 8; B = H = 1;
+    // L = 10001. Without a budget the 32 items' per-(key, bucket) sums alone take 32·L·K floats.
+    rpe::term_spec spec;
+    spec.method = rpe::method::product;
+    spec.contextual = true;
+    spec.target = rpe::target::query;
+    spec.ratio(8.0);
+    spec.skip = 1;
+    spec.num_heads = 1;
+    spec.head_dim = 8;
+    const auto term = rpe::make_term<float>(spec);
+    REQUIRE(term->num_buckets() == 1090);
+    const std::int64_t l = 10001;
+    std::vector<float> q(static_cast<std::size_t>(l * 8), 0.5f), table(8 * 1090, 0.1f), grad(8 * 1090);
+    rpe::attention_inputs<float> in;
+    in.q = in.k = in.v = {q.data(), {1, 1, l, 8}};
+    in.height = in.width = 100;
+    in.rpe_q.term = term.get();
+    in.rpe_q.tables = {{table.data(), {1, 8, 1090}}};
+    in.rpe_q.grad_tables = {{grad.data(), {1, 8, 1090}}};
+    const auto def = rpe::cpu::plan_backward_scratch(in);
+    CHECK(def.chunks == 32);
+    CHECK(def.all_bytes > std::int64_t{32} * l * 1090 * 4);  // ~1.4 GB
+    CHECK(def.bytes <= rpe::attention_options{}.backward_budget_bytes);
+    CHECK(def.items_at_once >= 2);
+    const std::int64_t per_item = static_cast<std::int64_t>(l) * 1090 * 4;
+    for (const std::int64_t budget : {std::int64_t{64} << 20, std::int64_t{1} << 30, std::int64_t{1}}) {
+        CAPTURE(budget);
+        const auto p = rpe::cpu::plan_backward_scratch(in, {.backward_budget_bytes = budget});
+        CHECK(p.bytes <= std::max(budget, p.min_bytes));
+        CHECK(p.min_bytes < 4 * per_item);  // one item, the products and the accumulator
+    }
+}
+
+TEST_CASE("attention options: a backward budget <= 0 is rejected, naming the option and its value") {
+    random_attention<float> c(5);
+    std::vector<float> out(static_cast<std::size_t>(c.b * c.h * c.l * c.d), 42.0f), gq(out), gk(out), gv(out);
+    auto view = [&](std::vector<float>& x) { return rpe::tensor_ref<float>(x.data(), {c.b, c.h, c.l, c.d}); };
+    const rpe::tensor_ref<const float> go(c.go.data(), {c.b, c.h, c.l, c.d});
+    CHECK_THROWS_WITH_AS(rpe::attention_backward(c.in, go, view(gq), view(gk), view(gv), {.backward_budget_bytes = 0}),
+                         "[rpe.attention] options.backward_budget_bytes = 0; expected > 0 (bytes)", rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS(rpe::attention_forward(c.in, view(out), {}, {.backward_budget_bytes = -5}),
+                         "[rpe.attention] options.backward_budget_bytes = -5; expected > 0 (bytes)", rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS(rpe::cpu::plan_backward_scratch(c.in, {.backward_budget_bytes = -1}),
+                         doctest::Contains("options.backward_budget_bytes = -1"), rpe::invalid_argument);
+    for (float x : out) CHECK(x == 42.0f);
+    for (float x : gq) CHECK(x == 42.0f);
 }

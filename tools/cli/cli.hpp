@@ -173,7 +173,10 @@ int run_rope(const rope_options& o);
 /// Options of `rpe bench`.
 struct bench_options {
     std::string grid = "14x14", mode = "contextual";
-    int skip = 1, batch = 8, heads = 6, dim = 64, repeat = 5;
+    int skip = 1, batch = 8, heads = 6, dim = 64;
+    int repeat = 7, warmup = 1;                         ///< interleaved timed rounds, untimed rounds before them
+    std::vector<std::string> passes{"fwd", "fwd_bwd"};  ///< fwd: forward; fwd_bwd: forward + backward
+    std::string format = "table";                       ///< table or csv
 };
 int run_bench(const std::vector<mapping_config>& maps, const bench_options& o);
 

@@ -8,6 +8,7 @@
 //   rpe rope    --form axial|mixed|cat|dinov3|mrope --grid 14x14 --skip 1 --input q.npy --out q_rot.npy
 //               [--theta 100 | --freqs f.npy | --temperature 10000 --ref-grid 16x16 ...] [--expect ref.npy]
 //   rpe bench   --mapping product,euclidean --grid 14x14 [--batch 8 --heads 6 --dim 64]
+//               [--pass fwd,fwd_bwd --repeat 7 --warmup 1 --format table|csv]
 //   (swin, beit, swinv2: --window HxW, default the grid; swinv2: --pretrained HxW, --no-sigmoid;
 //    rpe buckets --coords c.npy writes the SwinV2 log coordinates; rpe term --timm-table reads (K, H))
 //
@@ -881,9 +882,24 @@ int run(int argc, char** argv) {
     bench->add_option("--batch", be.batch, "B")->capture_default_str()->check(CLI::Range(1, 1 << 30));
     bench->add_option("--heads", be.heads, "H")->capture_default_str()->check(CLI::Range(1, 1 << 30));
     bench->add_option("--dim", be.dim, "D (head dim)")->capture_default_str()->check(CLI::Range(1, 1 << 30));
-    bench->add_option("--repeat", be.repeat, "runs per measurement (median)")
+    bench
+        ->add_option("--repeat", be.repeat,
+                     "timed rounds: each runs every variant and pass once, interleaved (the order rotated per round); "
+                     "reported: median, min, quartiles, max")
         ->capture_default_str()
         ->check(CLI::Range(1, 1 << 30));
+    bench->add_option("--warmup", be.warmup, "untimed rounds before the timed ones")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 30));
+    bench
+        ->add_option("--pass", be.passes,
+                     "fwd (forward), fwd_bwd (forward + backward with the tables' gradients), comma-separated")
+        ->delimiter(',')
+        ->capture_default_str()
+        ->check(CLI::IsMember({"fwd", "fwd_bwd"}));
+    bench->add_option("--format", be.format, "table (for reading) or csv (one row per variant and pass, nothing else)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"table", "csv"}));
 
     const std::set<std::string> commands{"buckets", "show", "term", "rope", "bench"};
     if (argc > 1 && argv[1][0] != '-' && commands.count(argv[1]) == 0)

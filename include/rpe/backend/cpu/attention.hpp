@@ -57,7 +57,10 @@ struct fused_table {
     std::int64_t table_heads = 1;
     std::int64_t k = 0;  // buckets of this table (extra bucket included)
     bool bias = false;
-    S* partial = nullptr;  // (items, table size): per-(plane, chunk) gradient partials (backward)
+    S* partial = nullptr;             // (slots, partial_stride): per-(plane, chunk) gradient partials of a wave (backward)
+    S* partial_base = nullptr;        // the buffer of `partial` (a wave's slots start within its first 64-byte line)
+    std::int64_t partial_stride = 0;  // the table's size
+    S* plane_partial = nullptr;       // split waves, contextual q: the plane's partial before it goes to its last slot
     [[nodiscard]] std::int64_t head(std::int64_t h) const { return table_heads == 1 ? 0 : h; }
 };
 
@@ -247,6 +250,14 @@ void all_query_products(const fused_plan<S, Id>& plan, const cpu::thread_scratch
     for (std::int64_t p = 0; p < planes; ++p) plane_query_products(plan, p, ks_s.mine(), tq + p * per_plane);
 }
 
+// Rows per block of a call on L tokens (attention_options::row_block, or automatic).
+inline std::int64_t row_block_of(const attention_options& opt, std::int64_t l) {
+    require(opt.row_block >= 0, "attention", "row_block = ", opt.row_block, "; expected >= 0");
+    const std::int64_t rb =
+        opt.row_block > 0 ? opt.row_block : std::max<std::int64_t>(32, (std::int64_t{1} << 17) / std::max<std::int64_t>(l, 1));
+    return std::max<std::int64_t>(1, std::min(rb, l));
+}
+
 template <class S, class Id>
 fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, bool want_grads,
                             const attention_options& opt) {
@@ -263,10 +274,7 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     add_tables(plan, in.rpe_q, ids[0], plan.on_q, want_grads);
     add_tables(plan, in.rpe_k, ids[1], plan.on_k, want_grads);
     add_tables(plan, in.rpe_v, ids[2], plan.on_v, want_grads);
-    require(opt.row_block >= 0, "attention", "row_block = ", opt.row_block, "; expected >= 0");
-    plan.rb =
-        opt.row_block > 0 ? opt.row_block : std::max<std::int64_t>(32, (std::int64_t{1} << 17) / std::max<std::int64_t>(s.l, 1));
-    plan.rb = std::min(plan.rb, s.l);
+    plan.rb = row_block_of(opt, s.l);
     plan.qv = cpu::plane_rows<S>(in.q);
     plan.kv = cpu::plane_rows<S>(in.k);
     plan.vv = cpu::plane_rows<S>(in.v);
@@ -334,18 +342,17 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
 }
 
 // The contextual q terms' key gradients (added into gk, (L, D)) and table partials of plane p
-// from the per-(key, bucket) sums of its chunks (gq_part: items of tq_per_plane values).
+// from its summed per-(key, bucket) sums gq (one (L, K) block per q table, K = plan.k apart); the
+// table partials go to partial slot `slot`: the plane's first chunk (item `first`), or (`split`:
+// that slot has gone) they are computed in t.plane_partial at the alignment item `first` has in
+// one buffer of every item and copied to `slot`, the plane's last chunk. The plane's other chunks
+// hold zeros for these tables, so the item-order sums are the same either way.
 template <class S, class Id, class GK>
-void plane_query_gradients(fused_plan<S, Id>& plan, S* gq_part, std::int64_t p, std::int64_t chunks, std::int64_t tq_per_plane,
-                           GK& gk) {
+void plane_query_gradients(fused_plan<S, Id>& plan, const S* gq, std::int64_t p, std::int64_t slot, bool split,
+                           std::int64_t first, std::int64_t per_line, GK& gk) {
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, k = plan.k, h = p % plan.h;
-    S* gq = gq_part + p * chunks * tq_per_plane;
-    for (std::int64_t c = 1; c < chunks; ++c) {
-        const S* src = gq_part + (p * chunks + c) * tq_per_plane;
-        for (std::int64_t e = 0; e < tq_per_plane; ++e) gq[e] += src[e];
-    }
     for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
         auto& t = plan.on_q[q];
         if (t.bias) continue;
@@ -353,17 +360,103 @@ void plane_query_gradients(fused_plan<S, Id>& plan, S* gq_part, std::int64_t p, 
         const auto g = cmap<S>(gq + static_cast<std::int64_t>(q) * n * k, n, tk);
         const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
         gk.noalias() += plan.scale * (g * tab.transpose());
-        // table partial of plane p lives in its chunk-0 item: Σ (k·s)ᵀ·g = s·kᵀ·g
-        if (t.grad)
-            map<S>(t.partial + p * chunks * d * tk, d, tk).noalias() += plan.scale * (plan.kv.rows(p, 0, n, d).transpose() * g);
+        // Σ (k·s)ᵀ·g = s·kᵀ·g
+        if (!t.grad) continue;
+        S* const to = t.partial + slot * t.partial_stride;
+        S* const dst = split ? t.plane_partial + (first * t.partial_stride) % per_line : to;
+        if (split) std::fill(dst, dst + t.partial_stride, S(0));
+        map<S>(dst, d, tk).noalias() += plan.scale * (plan.kv.rows(p, 0, n, d).transpose() * g);
+        if (split) std::copy(dst, dst + t.partial_stride, to);
     }
 }
 
 // Chunks of row blocks per plane in the backward: enough (plane, chunk) items for about 32
 // threads, each with its own gradient accumulators summed in chunk order afterwards. Depends on
-// the problem's shape only, never on the thread count.
+// the problem's shape only, never on the thread count or the memory budget.
 inline std::int64_t backward_chunks(std::int64_t planes, std::int64_t blocks) {
     return std::clamp<std::int64_t>((32 + planes - 1) / planes, 1, blocks);
+}
+
+// The backward's chunking and its memory plan (attention_options::backward_budget_bytes). Items
+// are (plane, chunk) pairs, item = plane·chunks + chunk; they run in waves of at most `slots`
+// consecutive items, each item's partials in its wave slot. Either a wave holds whole planes
+// (plane_slots of them, slots = plane_slots·chunks), or (split) a plane's chunks span several
+// waves of one plane each and its per-(key, bucket) sums gather in one accumulator. A wave's
+// slots of a buffer start at base + (first item · stride) mod (one 64-byte line), so every
+// partial has the alignment it would have in one buffer of every item (Eigen's small products
+// round by alignment): the bits do not depend on the budget, and equal those of one wave.
+struct backward_layout {
+    std::int64_t per_line = 1;  // elements of one 64-byte line (each buffer gets one more for the offsets)
+    std::int64_t chunks = 1, blocks_per_chunk = 1, items = 0;
+    std::int64_t slots = 0, plane_slots = 0;
+    bool split = false;
+    std::int64_t gq_stride = 0;    // per slot: per-(key, bucket) sums of the q tables, nq·L·K
+    std::int64_t gkv_stride = 0;   // per slot: grad_k and grad_v partials, L·D each (chunks > 1)
+    std::int64_t item_elems = 0;   // per slot, every partial (table partials included)
+    std::int64_t plane_elems = 0;  // per plane in a wave: recomputed contextual q products, nq·L·K
+    std::int64_t acc_elems = 0;    // split: one plane's accumulator of the per-(key, bucket) sums
+    std::int64_t bytes = 0, min_bytes = 0, all_bytes = 0;
+    // the offset of item (or plane) e's slot in a wave starting at e, for buffers of `stride`
+    [[nodiscard]] std::int64_t phase(std::int64_t e, std::int64_t stride) const { return (e * stride) % per_line; }
+};
+
+// The layout of a backward over `in` (the shapes, terms and grad_tables of a checked call).
+template <class S>
+backward_layout backward_layout_of(const attention_inputs<S>& in, const attention_options& opt, bool saved_attn) {
+    check_backward_budget(opt);
+    backward_layout lay;
+    lay.per_line = std::max<std::int64_t>(1, 64 / static_cast<std::int64_t>(sizeof(S)));
+    const std::int64_t planes = in.q.extent(0) * in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
+    std::int64_t k = 0, item = 0, grad_tables = 0, q_partials = 0, q_grad_tables = 0;
+    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
+        if (slot->term) k = std::max<std::int64_t>(k, slot->term->num_buckets());
+    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v}) {
+        if (!slot->term) continue;
+        const bool ctx = slot->term->contextual();
+        const std::int64_t size = ctx ? d * slot->term->num_buckets() : slot->term->num_buckets();
+        for (int t = 0; t < slot->term->num_tables(); ++t)
+            if (static_cast<std::size_t>(t) < slot->grad_tables.size() && slot->grad_tables[static_cast<std::size_t>(t)].data) {
+                item += size;
+                ++grad_tables;
+                if (ctx && slot == &in.rpe_q) q_partials += size, ++q_grad_tables;
+            }
+    }
+    const bool ctx_q = in.rpe_q.term && in.rpe_q.term->contextual();
+    const std::int64_t tq = ctx_q ? in.rpe_q.term->num_tables() * n * k : 0;
+    const std::int64_t rb = row_block_of(opt, n), blocks = (n + rb - 1) / rb;
+    lay.chunks = planes > 0 ? backward_chunks(planes, blocks) : 1;
+    lay.blocks_per_chunk = (blocks + lay.chunks - 1) / lay.chunks;
+    lay.items = planes * lay.chunks;
+    lay.gq_stride = tq;
+    lay.gkv_stride = lay.chunks > 1 ? n * d : 0;
+    lay.item_elems = item + lay.gq_stride + 2 * lay.gkv_stride;
+    lay.plane_elems = ctx_q && !saved_attn ? tq : 0;
+    // one line more per buffer: the per-slot buffers, the products; split also the accumulator
+    // and the contextual q table partials of the plane
+    const std::int64_t buffers = grad_tables + (ctx_q ? 1 : 0) + (lay.chunks > 1 ? 2 : 0) + (lay.plane_elems > 0 ? 1 : 0);
+    const std::int64_t pad_whole = buffers * lay.per_line, pad_split = (buffers + 1 + q_grad_tables) * lay.per_line;
+    const std::int64_t elem = static_cast<std::int64_t>(sizeof(S)), budget = opt.backward_budget_bytes / elem;
+    const std::int64_t per_plane = lay.chunks * lay.item_elems + lay.plane_elems;
+    // split: one plane's products, accumulator and contextual q table partials
+    const std::int64_t split_fixed = lay.plane_elems + lay.gq_stride + q_partials + pad_split;
+    lay.all_bytes = (planes * per_plane + pad_whole) * elem;
+    const std::int64_t whole_min = per_plane + pad_whole, split_min = lay.item_elems + split_fixed;
+    lay.min_bytes = (lay.chunks > 1 ? std::min(whole_min, split_min) : whole_min) * elem;
+    // whole planes (at least one) when one fits, or when splitting a plane would not take less
+    if (per_plane == 0 || whole_min <= budget || lay.chunks == 1 || whole_min <= split_min) {
+        lay.plane_slots = per_plane == 0
+                              ? std::max<std::int64_t>(planes, 1)
+                              : std::clamp<std::int64_t>((budget - pad_whole) / per_plane, 1, std::max<std::int64_t>(planes, 1));
+        lay.slots = lay.plane_slots * lay.chunks;
+        lay.bytes = (lay.plane_slots * per_plane + pad_whole) * elem;
+    } else {  // one plane's chunks in several waves
+        lay.split = true;
+        lay.plane_slots = 1;
+        lay.acc_elems = lay.gq_stride;
+        lay.slots = std::clamp<std::int64_t>((budget - split_fixed) / lay.item_elems, 1, lay.chunks - 1);
+        lay.bytes = (lay.slots * lay.item_elems + split_fixed) * elem;
+    }
+    return lay;
 }
 
 // attn: the forward's (B, H, L, L) probabilities, or empty to recompute them block by block.
@@ -376,22 +469,30 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
     const std::int64_t nq = static_cast<std::int64_t>(plan.on_q.size());
-    const std::int64_t blocks = (n + rb_max - 1) / rb_max, chunks = backward_chunks(planes, blocks);
-    const std::int64_t blocks_per_chunk = (blocks + chunks - 1) / chunks, items = planes * chunks;
     const std::int64_t tq_per_plane = nq * n * k;
     auto table_size = [&](const fused_table<S, Id>& t) { return t.bias ? t.k : d * t.k; };
-    // Per-item accumulators: table gradient partials (items, size) and, with several chunks per
-    // plane, grad_k / grad_v partials (items, L, D); one chunk writes grad_k / grad_v in place.
     const bool ctx_q = has_contextual_query(plan);
+    // the contextual q products feed the recomputed probabilities only (none when attn is given)
+    const bool recompute_tq = ctx_q && attn.data == nullptr;
+    const backward_layout lay = backward_layout_of(in, opt, attn.data != nullptr);
+    const std::int64_t chunks = lay.chunks, blocks_per_chunk = lay.blocks_per_chunk, items = lay.items;
+    // Per-slot accumulators (lay): table gradient partials and, with several chunks per plane,
+    // grad_k / grad_v partials (L, D); one chunk writes grad_k / grad_v in place.
     // every buffer is laid out here, in the calling thread's workspace, before the parallel region
     cpu::workspace ws;
     std::vector<cpu::shared_scratch<S>> partial_s;
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
-        for (auto& t : *group) partial_s.emplace_back(ws, t.grad ? items * table_size(t) : 0);
-    cpu::shared_scratch<S> gk_part(ws, chunks > 1 ? items * n * d : 0), gv_part(ws, chunks > 1 ? items * n * d : 0);
-    // the contextual q products feed the recomputed probabilities only (none when attn is given)
-    const bool recompute_tq = ctx_q && attn.data == nullptr;
-    cpu::shared_scratch<S> gq_part(ws, ctx_q ? items * tq_per_plane : 0), tq_s(ws, recompute_tq ? planes * tq_per_plane : 0);
+        for (auto& t : *group) {
+            t.partial_stride = t.grad ? table_size(t) : 0;
+            partial_s.emplace_back(ws, t.grad ? lay.slots * t.partial_stride + lay.per_line : 0);
+            const bool plane_partial = lay.split && t.grad && !t.bias && group == &plan.on_q;
+            partial_s.emplace_back(ws, plane_partial ? t.partial_stride + lay.per_line : 0);
+        }
+    // each buffer one line longer: a wave's slots start within its first line (backward_layout)
+    const auto padded = [&](std::int64_t count) { return count > 0 ? count + lay.per_line : 0; };
+    cpu::shared_scratch<S> gk_part(ws, padded(lay.slots * lay.gkv_stride)), gv_part(ws, padded(lay.slots * lay.gkv_stride));
+    cpu::shared_scratch<S> gq_part(ws, padded(lay.slots * lay.gq_stride)), gq_acc(ws, padded(lay.acc_elems));
+    cpu::shared_scratch<S> tq_s(ws, padded(lay.plane_slots * lay.plane_elems));
     cpu::thread_scratch<S> ks_s(ws, recompute_tq ? n * d : 0);
     cpu::thread_scratch<S> lg_s(ws, rb_max * n), dp_s(ws, rb_max * n), work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
     cpu::thread_scratch<S> qs_s(ws, rb_max * d), dqs_s(ws, rb_max * d);
@@ -415,137 +516,195 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     std::size_t next = 0;
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
         for (auto& t : *group) {
-            const auto& ps = partial_s[next++];
-            t.partial = t.grad ? ps.data() : nullptr;
-            if (t.grad) std::fill(ps.data(), ps.data() + ps.count, S(0));
+            t.partial_base = t.grad ? partial_s[next].data() : nullptr;
+            t.plane_partial = partial_s[next + 1].empty() ? nullptr : partial_s[next + 1].data();
+            next += 2;
+            if (t.grad) std::fill(t.grad, t.grad + t.table_heads * table_size(t), S(0));
         }
-    if (ctx_q) std::fill(gq_part.data(), gq_part.data() + gq_part.count, S(0));
-    if (recompute_tq) all_query_products(plan, ks_s, tq_s.data());
-    const S* tq = tq_s.data();
+    for (std::int64_t i0 = 0; i0 < items;) {  // one wave: items [i0, i1) of planes [p0, p1)
+        const std::int64_t p0 = i0 / chunks;
+        const std::int64_t i1 = std::min({items, i0 + lay.slots, lay.split ? (p0 + 1) * chunks : items});
+        const std::int64_t p1 = (i1 - 1) / chunks + 1;
+        // the wave's slots: each partial at the alignment of its item in one buffer of every item
+        S* const gq_w = gq_part.data() + lay.phase(i0, lay.gq_stride);
+        S* const gk_w = gk_part.data() + lay.phase(i0, lay.gkv_stride);
+        S* const gv_w = gv_part.data() + lay.phase(i0, lay.gkv_stride);
+        S* const tq = tq_s.data() + lay.phase(p0, lay.plane_elems);
+        for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+            for (auto& t : *group)
+                if (t.grad) {
+                    t.partial = t.partial_base + lay.phase(i0, t.partial_stride);
+                    std::fill(t.partial, t.partial + (i1 - i0) * t.partial_stride, S(0));
+                }
+        if (ctx_q) std::fill(gq_w, gq_w + (i1 - i0) * lay.gq_stride, S(0));
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
-    {
-        S *lg = lg_s.mine(), *dp = dp_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *dqs = dqs_s.mine();
-        Id* idbuf = ids_s.mine();
-        const Id** blk = blk_s.mine();
+        {
+            S *lg = lg_s.mine(), *dp = dp_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *dqs = dqs_s.mine();
+            Id* idbuf = ids_s.mine();
+            const Id** blk = blk_s.mine();
+            // the contextual q products of the planes that start in this wave (kept while their chunks last)
+            if (recompute_tq) {
+#if defined(_OPENMP)
+#pragma omp for schedule(static)
+#endif
+                for (std::int64_t p = p0; p < p1; ++p)
+                    if (p * chunks >= i0) plane_query_products(plan, p, ks_s.mine(), tq + (p - p0) * lay.plane_elems);
+            }
 #if defined(_OPENMP)
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (std::int64_t item = 0; item < items; ++item) {
-            const std::int64_t p = item / chunks, c = item % chunks, h = p % plan.h;
-            const S* tqp = recompute_tq ? tq + p * tq_per_plane : nullptr;
-            S* gq = ctx_q ? gq_part.data() + item * tq_per_plane : nullptr;  // Σ dlogits per (j, bucket), contextual q tables
-            auto gk = map<S>(chunks > 1 ? gk_part.data() + item * n * d : grad_k.data + p * n * d, n, d);
-            auto gv = map<S>(chunks > 1 ? gv_part.data() + item * n * d : grad_v.data + p * n * d, n, d);
-            gk.setZero();
-            gv.setZero();
-            const auto vp = plan.vv.rows(p, 0, n, d);
-            const auto kp = plan.kv.rows(p, 0, n, d);
-            const std::int64_t i_end = std::min(n, (c + 1) * blocks_per_chunk * rb_max);
-            for (std::int64_t i0 = c * blocks_per_chunk * rb_max; i0 < i_end; i0 += rb_max) {
-                const std::int64_t rb = std::min(rb_max, n - i0);
-                load_block_ids(plan, i0, rb, idbuf, blk);
-                plan.load_queries(p, i0, rb, qs);
-                const S* pr = lg;  // the block's probabilities: given, or recomputed into lg
-                if (attn.data)
-                    pr = attn.data + (p * n + i0) * n;
-                else
-                    block_probabilities(plan, in, p, i0, rb, qs, tqp, blk, lg, work);
-                const auto P = cmap<S>(pr, rb, n);
-                const auto go = cmap<S>(grad_out.data + (p * n + i0) * d, rb, d);
-                auto dP = map<S>(dp, rb, n);
-                dP.noalias() = go * vp.transpose();
-                gv.noalias() += P.transpose() * go;
-                for (auto& t : plan.on_v) {
-                    const Id* idb = blk[t.slot];
-                    const std::int64_t tk = t.k;
-                    const auto tab = cmap<S>(t.table + t.head(h) * tk * d, tk, d);
-                    map<S>(work, rb, tk).noalias() = go * tab.transpose();
-                    for (std::int64_t i = 0; i < rb; ++i) cpu::gather_add(dp + i * n, work + i * tk, tk, idb + i * n, n);
-                    if (t.grad) {
-                        cpu::scatter_rows(pr, idb, rb, n, tk, work);
-                        map<S>(t.partial + item * tk * d, tk, d).noalias() += cmap<S>(work, rb, tk).transpose() * go;
-                    }
-                }
-                // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
-                for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(pr + i * n, dp + i * n, n);
-                const auto dL = cmap<S>(dp, rb, n);
-                auto dq = map<S>(dqs, rb, d);
-                dq.noalias() = dL * kp;
-                gk.noalias() += dL.transpose() * cmap<S>(qs, rb, d);
-                for (auto& t : plan.on_k) {
-                    const Id* idb = blk[t.slot];
-                    const std::int64_t tk = t.k;
-                    if (t.bias) {
-                        if (!t.grad) continue;
-                        S* acc = t.partial + item * tk;
-                        for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
-                    } else {
-                        cpu::scatter_rows(dp, idb, rb, n, tk, work);
-                        const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
-                        dq.noalias() += cmap<S>(work, rb, tk) * tab.transpose();
-                        if (t.grad)
-                            map<S>(t.partial + item * d * tk, d, tk).noalias() +=
-                                cmap<S>(qs, rb, d).transpose() * cmap<S>(work, rb, tk);
-                    }
-                }
-                for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
-                    auto& t = plan.on_q[q];
-                    const Id* idb = blk[t.slot];  // [i, j] holds id(j, i)
-                    const std::int64_t tk = t.k;
-                    S* acc = t.bias ? (t.grad ? t.partial + item * tk : nullptr) : gq + static_cast<std::int64_t>(q) * n * k;
-                    if (!acc) continue;
-                    if (t.bias)
-                        for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
+            for (std::int64_t item = i0; item < i1; ++item) {
+                const std::int64_t slot = item - i0, p = item / chunks, c = item % chunks, h = p % plan.h;
+                const S* tqp = recompute_tq ? tq + (p - p0) * lay.plane_elems : nullptr;
+                S* gq = ctx_q ? gq_w + slot * lay.gq_stride : nullptr;  // Σ dlogits per (j, bucket), contextual q tables
+                auto gk = map<S>(chunks > 1 ? gk_w + slot * lay.gkv_stride : grad_k.data + p * n * d, n, d);
+                auto gv = map<S>(chunks > 1 ? gv_w + slot * lay.gkv_stride : grad_v.data + p * n * d, n, d);
+                gk.setZero();
+                gv.setZero();
+                const auto vp = plan.vv.rows(p, 0, n, d);
+                const auto kp = plan.kv.rows(p, 0, n, d);
+                const std::int64_t i_end = std::min(n, (c + 1) * blocks_per_chunk * rb_max);
+                for (std::int64_t i0r = c * blocks_per_chunk * rb_max; i0r < i_end; i0r += rb_max) {
+                    const std::int64_t rb = std::min(rb_max, n - i0r);
+                    load_block_ids(plan, i0r, rb, idbuf, blk);
+                    plan.load_queries(p, i0r, rb, qs);
+                    const S* pr = lg;  // the block's probabilities: given, or recomputed into lg
+                    if (attn.data)
+                        pr = attn.data + (p * n + i0r) * n;
                     else
-                        for (std::int64_t i = 0; i < rb; ++i)
-                            for (std::int64_t j = 0; j < n; ++j) acc[j * tk + idb[i * n + j]] += dp[i * n + j];
-                }
-                S* gq_rows = grad_q.data + (p * n + i0) * d;
-                if (plan.rope) {  // dq is the gradient of the rotated, scaled queries qs
-                    if (rope_freqs)
-                        cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, i0, rb, qs, dqs,
-                                                  ga_s.data() + p * rope_n * rope_pairs, plan.rope->layout, rope_n);
-                    cpu::rope_rotate_rows(*plan.rope, h, plan.rope_skip, i0, rb, d, dqs, gq_rows, plan.scale, true);
-                } else {
-                    map<S>(gq_rows, rb, d) = dq * plan.scale;
+                        block_probabilities(plan, in, p, i0r, rb, qs, tqp, blk, lg, work);
+                    const auto P = cmap<S>(pr, rb, n);
+                    const auto go = cmap<S>(grad_out.data + (p * n + i0r) * d, rb, d);
+                    auto dP = map<S>(dp, rb, n);
+                    dP.noalias() = go * vp.transpose();
+                    gv.noalias() += P.transpose() * go;
+                    for (auto& t : plan.on_v) {
+                        const Id* idb = blk[t.slot];
+                        const std::int64_t tk = t.k;
+                        const auto tab = cmap<S>(t.table + t.head(h) * tk * d, tk, d);
+                        map<S>(work, rb, tk).noalias() = go * tab.transpose();
+                        for (std::int64_t i = 0; i < rb; ++i) cpu::gather_add(dp + i * n, work + i * tk, tk, idb + i * n, n);
+                        if (t.grad) {
+                            cpu::scatter_rows(pr, idb, rb, n, tk, work);
+                            map<S>(t.partial + slot * t.partial_stride, tk, d).noalias() +=
+                                cmap<S>(work, rb, tk).transpose() * go;
+                        }
+                    }
+                    // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
+                    for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(pr + i * n, dp + i * n, n);
+                    const auto dL = cmap<S>(dp, rb, n);
+                    auto dq = map<S>(dqs, rb, d);
+                    dq.noalias() = dL * kp;
+                    gk.noalias() += dL.transpose() * cmap<S>(qs, rb, d);
+                    for (auto& t : plan.on_k) {
+                        const Id* idb = blk[t.slot];
+                        const std::int64_t tk = t.k;
+                        if (t.bias) {
+                            if (!t.grad) continue;
+                            S* acc = t.partial + slot * t.partial_stride;
+                            for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
+                        } else {
+                            cpu::scatter_rows(dp, idb, rb, n, tk, work);
+                            const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
+                            dq.noalias() += cmap<S>(work, rb, tk) * tab.transpose();
+                            if (t.grad)
+                                map<S>(t.partial + slot * t.partial_stride, d, tk).noalias() +=
+                                    cmap<S>(qs, rb, d).transpose() * cmap<S>(work, rb, tk);
+                        }
+                    }
+                    for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
+                        auto& t = plan.on_q[q];
+                        const Id* idb = blk[t.slot];  // [i, j] holds id(j, i)
+                        const std::int64_t tk = t.k;
+                        S* acc = t.bias ? (t.grad ? t.partial + slot * t.partial_stride : nullptr)
+                                        : gq + static_cast<std::int64_t>(q) * n * k;
+                        if (!acc) continue;
+                        if (t.bias)
+                            for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
+                        else
+                            for (std::int64_t i = 0; i < rb; ++i)
+                                for (std::int64_t j = 0; j < n; ++j) acc[j * tk + idb[i * n + j]] += dp[i * n + j];
+                    }
+                    S* gq_rows = grad_q.data + (p * n + i0r) * d;
+                    if (plan.rope) {  // dq is the gradient of the rotated, scaled queries qs
+                        if (rope_freqs)
+                            cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, i0r, rb, qs, dqs,
+                                                      ga_s.data() + p * rope_n * rope_pairs, plan.rope->layout, rope_n);
+                        cpu::rope_rotate_rows(*plan.rope, h, plan.rope_skip, i0r, rb, d, dqs, gq_rows, plan.scale, true);
+                    } else {
+                        map<S>(gq_rows, rb, d) = dq * plan.scale;
+                    }
                 }
             }
-        }
-        // Per plane: chunk partials summed in chunk order, then the contextual q terms' key
-        // gradients and table partials from the summed per-(key, bucket) sums.
+            // Per plane: this wave's chunk partials added in chunk order; once the plane's last
+            // chunk is in, the contextual q terms' key gradients and table partials from the
+            // summed per-(key, bucket) sums.
 #if defined(_OPENMP)
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (std::int64_t p = 0; p < planes; ++p) {
-            const std::int64_t h = p % plan.h;
-            auto gk = map<S>(grad_k.data + p * n * d, n, d);
-            if (chunks > 1) {
-                auto gv = map<S>(grad_v.data + p * n * d, n, d);
-                gk = map<S>(gk_part.data() + p * chunks * n * d, n, d);
-                gv = map<S>(gv_part.data() + p * chunks * n * d, n, d);
-                for (std::int64_t c = 1; c < chunks; ++c) {
-                    gk += map<S>(gk_part.data() + (p * chunks + c) * n * d, n, d);
-                    gv += map<S>(gv_part.data() + (p * chunks + c) * n * d, n, d);
+            for (std::int64_t p = p0; p < p1; ++p) {
+                const std::int64_t h = p % plan.h;
+                const std::int64_t c0 = std::max(i0, p * chunks) - p * chunks, c1 = std::min(i1, (p + 1) * chunks) - p * chunks;
+                const auto slot_of = [&](std::int64_t c) { return p * chunks + c - i0; };
+                auto gk = map<S>(grad_k.data + p * n * d, n, d);
+                if (chunks > 1) {
+                    auto gv = map<S>(grad_v.data + p * n * d, n, d);
+                    for (std::int64_t c = c0; c < c1; ++c) {
+                        const auto pk = map<S>(gk_w + slot_of(c) * lay.gkv_stride, n, d);
+                        const auto pv = map<S>(gv_w + slot_of(c) * lay.gkv_stride, n, d);
+                        if (c == 0) {
+                            gk = pk;
+                            gv = pv;
+                        } else {
+                            gk += pk;
+                            gv += pv;
+                        }
+                    }
+                }
+                S* gq = nullptr;  // the plane's summed per-(key, bucket) sums
+                if (ctx_q) {
+                    // split: the accumulator at the alignment of the plane's first chunk (its place in one wave)
+                    gq = lay.split ? gq_acc.data() + lay.phase(p * chunks, lay.gq_stride) : gq_w + slot_of(0) * lay.gq_stride;
+                    for (std::int64_t c = c0; c < c1; ++c) {
+                        const S* src = gq_w + slot_of(c) * lay.gq_stride;
+                        if (c == 0) {
+                            if (src != gq) std::copy(src, src + tq_per_plane, gq);
+                        } else {
+                            for (std::int64_t e = 0; e < tq_per_plane; ++e) gq[e] += src[e];
+                        }
+                    }
+                }
+                if (c1 < chunks) continue;  // the plane's later chunks come in the next wave
+                if (ctx_q)
+                    plane_query_gradients(plan, gq, p, slot_of(lay.split ? chunks - 1 : 0), lay.split, p * chunks, lay.per_line,
+                                          gk);
+                if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back
+                    S* g = grad_k.data + p * n * d;
+                    if (rope_freqs)
+                        cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, n, plan.kv.plane(p), g,
+                                                  ga_k() + p * rope_nk * rope_pairs, plan.rope_k->layout, rope_nk);
+                    cpu::rope_rotate_rows(*plan.rope_k, h, plan.rope_skip, 0, n, d, g, g, S(1), true);
                 }
             }
-            if (!gq_part.empty()) plane_query_gradients(plan, gq_part.data(), p, chunks, tq_per_plane, gk);
-            if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back
-                S* g = grad_k.data + p * n * d;
-                if (rope_freqs)
-                    cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, n, plan.kv.plane(p), g,
-                                              ga_k() + p * rope_nk * rope_pairs, plan.rope_k->layout, rope_nk);
-                cpu::rope_rotate_rows(*plan.rope_k, h, plan.rope_skip, 0, n, d, g, g, S(1), true);
-            }
         }
+        // Table gradients: this wave's partials added in item order (the same sums for every
+        // budget and thread count), each into the table head of its plane.
+        for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
+            for (auto& t : *group) {
+                if (!t.grad) continue;
+                const std::int64_t size = table_size(t);
+                for (std::int64_t e = i0; e < i1; ++e) {
+                    S* dst = t.grad + (t.table_heads == 1 ? 0 : (e / chunks) % plan.h) * size;
+                    const S* src = t.partial + (e - i0) * t.partial_stride;
+                    for (std::int64_t x = 0; x < size; ++x) dst[x] += src[x];
+                }
+            }
+        i0 = i1;
     }
     if (rope_freqs) cpu::rope_frequency_grad(*plan.rope, planes, plan.h, ga_s.data(), in.rope.grad_freqs.data);
     if (rope_k_apart) cpu::rope_frequency_grad(*plan.rope_k, planes, plan.h, gak_s.data(), in.rope.grad_freqs.data, true);
-    // Table gradients: per-item partials summed in item order (thread-count independent).
-    for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
-        for (auto& t : *group)
-            if (t.grad) cpu::reduce_partials(t.partial, planes, plan.h, t.table_heads, table_size(t), false, t.grad, chunks);
 }
 
 template <class S, class F>
@@ -615,7 +774,9 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 /// Threads: OpenMP over (batch, head, chunk of row blocks) items, about 32 in all (a count that
 /// depends on B·H and L only); grad_k, grad_v and the table gradients are summed from per-item
 /// partials in a fixed order, so results do not depend on the thread count. Memory: those
-/// partials take items·(2·L·D + L·K per contextual query table) values (see docs/attention.md).
+/// partials take items·(2·L·D + L·K per contextual query table + table sizes) values; the items
+/// run in waves whose partials fit `opt.backward_budget_bytes` (default 256 MiB), with the same
+/// results for every budget (plan_backward_scratch tells the bytes; see docs/attention.md).
 template <class S>
 void attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt = {}) {
     detail::check_attention_backward(in, g, opt, attention_caps);
@@ -632,6 +793,41 @@ void attention_backward(const attention_inputs<S>& in, tensor_ref<const S> grad_
                         tensor_ref<S> grad_v, const attention_options& opt = {}) {
     rpe::cpu::attention_backward(
         in, attention_gradients<S>{.grad_out = grad_out, .grad_q = grad_q, .grad_k = grad_k, .grad_v = grad_v}, opt);
+}
+
+/// @brief The memory plan of attention_backward for given inputs and options (see
+/// plan_backward_scratch): what its per-item partials take.
+struct backward_scratch {
+    /// Bytes of the partials live at once (gradient partials of grad_k, grad_v and the tables, the
+    /// contextual query tables' per-(key, bucket) sums, accumulator and products): at most
+    /// `attention_options::backward_budget_bytes`, or `min_bytes` when that is larger.
+    std::int64_t bytes = 0;
+    std::int64_t min_bytes = 0;      ///< the least the chunking allows: one item's partials (and one (batch, head)'s sums)
+    std::int64_t all_bytes = 0;      ///< every item's partials at once (an unlimited budget)
+    std::int64_t items = 0;          ///< (batch, head, chunk of row blocks) items: B·H·chunks
+    std::int64_t chunks = 0;         ///< chunks per (batch, head): a function of B·H, L and the row block only
+    std::int64_t items_at_once = 0;  ///< items per wave (run in parallel), at most `items`
+};
+
+/// @brief The memory plan of attention_backward(in, g, opt): the bytes its per-item partials take
+/// at once under `opt.backward_budget_bytes` (and without a budget), the items and the items per
+/// wave. Depends on the shapes, the terms, which `grad_tables` are given, `opt.row_block`, the
+/// budget and whether `g.saved_attn` is given (`saved_attn`), never on the thread count.
+/// Per-thread buffers (logits blocks, about threads·(2·rows·L + 2·rows·K) values) and the (L, L) id
+/// copies are not counted.
+/// @throws rpe::invalid_argument as attention_backward for bad inputs or options (e.g.
+///   `[rpe.attention] options.backward_budget_bytes = 0; expected > 0 (bytes)`).
+template <class S>
+backward_scratch plan_backward_scratch(const attention_inputs<S>& in, const attention_options& opt = {},
+                                       bool saved_attn = false) {
+    (void)detail::check_attention(in, attention_caps);
+    const auto lay = detail::backward_layout_of(in, opt, saved_attn);
+    return {.bytes = lay.bytes,
+            .min_bytes = lay.min_bytes,
+            .all_bytes = lay.all_bytes,
+            .items = lay.items,
+            .chunks = lay.chunks,
+            .items_at_once = std::min(lay.slots, lay.items)};
 }
 
 /// @brief The standalone RoPE rotation under the backend's name (as rpe::cuda::rope_forward /
