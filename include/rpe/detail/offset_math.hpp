@@ -45,21 +45,29 @@ struct id_grid {
     }
 };
 
+/// @brief The skip tokens' part of row i of the ids (L = `n` entries in `dst`; id(i, j), or id(j, i)
+/// when `transposed`, where the extra ids swap their roles): the whole row when i is a skip token
+/// (returns true), else its first `skip` entries (returns false; the caller fills the rest).
+template <class Id>
+RPE_HOST_DEVICE bool fill_skip_ids(const id_grid& g, std::int64_t n, std::int64_t i, bool transposed, Id* dst) {
+    const std::int64_t skip = g.skip;
+    const Id row_extra = static_cast<Id>(transposed ? g.extra_key : g.extra_query);  // i extra, j a grid token
+    const Id col_extra = static_cast<Id>(transposed ? g.extra_query : g.extra_key);  // i a grid token, j extra
+    if (i < skip) {
+        for (std::int64_t j = 0; j < skip; ++j) dst[j] = static_cast<Id>(g.extra);
+        for (std::int64_t j = skip; j < n; ++j) dst[j] = row_extra;
+        return true;
+    }
+    for (std::int64_t j = 0; j < skip; ++j) dst[j] = col_extra;
+    return false;
+}
+
 /// @brief Row i of the ids (id(i, j) for every key j; with `transposed` id(j, i), the query
 /// target's order) from the per-offset ids `off` into `dst` (L entries).
 template <class Id, class Src>
 RPE_HOST_DEVICE void fill_id_row(const id_grid& g, const Src* off, std::int64_t i, bool transposed, Id* dst) {
     const std::int64_t n = g.length(), skip = g.skip, t = g.depth, h = g.height, w = g.width;
-    // entry j is id(i, j), or id(j, i) when transposed: the extra ids swap their roles
-    const Id extra = static_cast<Id>(g.extra);
-    const Id row_extra = static_cast<Id>(transposed ? g.extra_key : g.extra_query);  // i extra, j on the grid
-    const Id col_extra = static_cast<Id>(transposed ? g.extra_query : g.extra_key);  // i on the grid, j extra
-    if (i < skip) {
-        for (std::int64_t j = 0; j < skip; ++j) dst[j] = extra;
-        for (std::int64_t j = skip; j < n; ++j) dst[j] = row_extra;
-        return;
-    }
-    for (std::int64_t j = 0; j < skip; ++j) dst[j] = col_extra;
+    if (fill_skip_ids(g, n, i, transposed, dst)) return;
     const std::int64_t gi = i - skip, ti = gi / (h * w), ri = (gi / w) % h, ci = gi % w;
     const std::int64_t oh = 2 * h - 1, ow = 2 * w - 1;
     Id* out = dst + skip;
@@ -93,15 +101,7 @@ template <class Id, class Src>
 RPE_HOST_DEVICE void fill_position_row(const id_grid& g, const id_positions& p, std::int64_t n, const Src* off, std::int64_t i,
                                        bool transposed, Id* dst) {
     const std::int64_t skip = g.skip;
-    const Id extra = static_cast<Id>(g.extra);
-    const Id row_extra = static_cast<Id>(transposed ? g.extra_key : g.extra_query);  // i extra, j a grid token
-    const Id col_extra = static_cast<Id>(transposed ? g.extra_query : g.extra_key);  // i a grid token, j extra
-    if (i < skip) {
-        for (std::int64_t j = 0; j < skip; ++j) dst[j] = extra;
-        for (std::int64_t j = skip; j < n; ++j) dst[j] = row_extra;
-        return;
-    }
-    for (std::int64_t j = 0; j < skip; ++j) dst[j] = col_extra;
+    if (fill_skip_ids(g, n, i, transposed, dst)) return;
     Id* out = dst + skip;
     const std::int64_t m = n - skip;
     if (!transposed) {  // id(i, j): offset q_i − k_j
