@@ -27,6 +27,8 @@ RPE_HOST_DEVICE float fmin(float a, float b) { return ::fminf(a, b); }
 RPE_HOST_DEVICE double fmin(double a, double b) { return ::fmin(a, b); }
 RPE_HOST_DEVICE double fmax(double a, double b) { return ::fmax(a, b); }
 RPE_HOST_DEVICE float pow(float x, float y) { return ::powf(x, y); }
+RPE_HOST_DEVICE float cos(float x) { return ::cosf(x); }
+RPE_HOST_DEVICE float sin(float x) { return ::sinf(x); }
 #elif defined(_MSC_VER) && !defined(__clang__)
 inline float fabs(float x) { return std::fabs(x); }
 inline float log(float x) { return std::log(x); }
@@ -39,6 +41,8 @@ inline float fmin(float a, float b) { return std::fmin(a, b); }
 inline double fmin(double a, double b) { return std::fmin(a, b); }
 inline double fmax(double a, double b) { return std::fmax(a, b); }
 inline float pow(float x, float y) { return std::pow(x, y); }
+inline float cos(float x) { return std::cos(x); }
+inline float sin(float x) { return std::sin(x); }
 #else
 /// @brief `|x|` (std::fabs).
 RPE_HOST_DEVICE float fabs(float x) { return __builtin_fabsf(x); }
@@ -57,6 +61,9 @@ RPE_HOST_DEVICE double fmin(double a, double b) { return __builtin_fmin(a, b); }
 RPE_HOST_DEVICE double fmax(double a, double b) { return __builtin_fmax(a, b); }
 /// @brief `x^y` in float (powf; std::pow(float, float)).
 RPE_HOST_DEVICE float pow(float x, float y) { return __builtin_powf(x, y); }
+/// @brief Cosine and sine in float (cosf, sinf; std::cos(float), std::sin(float)).
+RPE_HOST_DEVICE float cos(float x) { return __builtin_cosf(x); }
+RPE_HOST_DEVICE float sin(float x) { return __builtin_sinf(x); }
 #endif
 
 /// @brief std::isfinite, on the host (the policies' validate()).

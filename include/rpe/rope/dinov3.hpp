@@ -4,11 +4,10 @@
 /// with the rotate-half layout.
 #pragma once
 
-#include <cmath>
-
 #include "../concepts.hpp"
 #include "../config.hpp"
-#include "../error.hpp"
+#include "../detail/math.hpp"
+#include "../detail/raise.hpp"
 #include "cat.hpp"
 #include "layout.hpp"
 
@@ -97,19 +96,22 @@ struct dinov3 {
     void validate() const {
         const bool periods = min_period != 0.0f || max_period != 0.0f;
         if (periods)
-            detail::require(std::isfinite(min_period) && std::isfinite(max_period) && min_period > 0.0f && max_period > 0.0f,
+            detail::require(detail::math::isfinite(min_period) && detail::math::isfinite(max_period) && min_period > 0.0f &&
+                                max_period > 0.0f,
                             "rope", "min_period, max_period = ", min_period, ", ", max_period,
                             "; expected both finite and > 0 (or both 0 for base)");
         else
-            detail::require(std::isfinite(base) && base > 0.0f, "rope", "base = ", base, "; expected finite and > 0");
+            detail::require(detail::math::isfinite(base) && base > 0.0f, "rope", "base = ", base, "; expected finite and > 0");
         detail::require(
             normalize == dinov3_normalize::separate || normalize == dinov3_normalize::max || normalize == dinov3_normalize::min,
             "rope", "normalize = ", static_cast<int>(normalize), "; expected separate, max or min");
-        detail::require(std::isfinite(shift_y) && std::isfinite(shift_x), "rope", "shift = ", shift_y, ", ", shift_x,
-                        "; expected finite");
-        detail::require(std::isfinite(jitter_y) && std::isfinite(jitter_x) && jitter_y > 0.0f && jitter_x > 0.0f, "rope",
-                        "jitter = ", jitter_y, ", ", jitter_x, "; expected finite and > 0");
-        detail::require(std::isfinite(rescale) && rescale > 0.0f, "rope", "rescale = ", rescale, "; expected finite and > 0");
+        detail::require(detail::math::isfinite(shift_y) && detail::math::isfinite(shift_x), "rope", "shift = ", shift_y, ", ",
+                        shift_x, "; expected finite");
+        detail::require(
+            detail::math::isfinite(jitter_y) && detail::math::isfinite(jitter_x) && jitter_y > 0.0f && jitter_x > 0.0f, "rope",
+            "jitter = ", jitter_y, ", ", jitter_x, "; expected finite and > 0");
+        detail::require(detail::math::isfinite(rescale) && rescale > 0.0f, "rope", "rescale = ", rescale,
+                        "; expected finite and > 0");
     }
     friend bool operator==(const dinov3&, const dinov3&) = default;
 };
