@@ -144,8 +144,9 @@ def test_every_tensor_operator_is_checked():
     tensor_ops = {n for n in dir(ops) if not n.startswith("_")} - {
         # no tensor argument: configuration helpers (opcheck needs a tensor to trace)
         "relative_log_coords", "alibi_2d_table", "alibi_slopes", "num_buckets", "bucket_ids",
-        # the registry's names and the caches' budget and counters
-        "families", "family_name", "family_mode", "family_spec", "set_cache_budget", "cache_stats", "clear_caches"}
+        # the registry's names and specs, the caches' budget and counters
+        "families", "family_name", "family_mode", "family_spec", "slot_spec", "set_cache_budget", "cache_stats",
+        "clear_caches"}
     tensor_ops = {n for n in tensor_ops if isinstance(getattr(ops, n), torch._ops.OpOverloadPacket)}
     assert tensor_ops <= names, tensor_ops - names
 
