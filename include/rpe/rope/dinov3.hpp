@@ -55,10 +55,10 @@ struct dinov3 {
         const int nq = head_dim / 4;
         if (min_period > 0.0f && max_period > 0.0f) {
             const float ratio = max_period / min_period;
-            return min_period * powf(ratio, cat::linspace(0.0f, 1.0f, nq, k));
+            return min_period * detail::math::pow(ratio, cat::linspace(0.0f, 1.0f, nq, k));
         }
         const float e = (2.0f * static_cast<float>(k)) / static_cast<float>(head_dim / 2);
-        return powf(base, e);
+        return detail::math::pow(base, e);
     }
     /// @brief The normalised coordinate of index i along an axis of s tokens of a height × width
     /// grid, in (−1, 1), before the augmentations.
