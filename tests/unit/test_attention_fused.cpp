@@ -647,6 +647,23 @@ TEST_CASE("fused backward: bit-identical results for every backward budget and 1
     set_threads(2);
 }
 
+namespace {
+
+// A contextual iRPE Product term on queries (one head, shared table) for plan_backward_scratch.
+std::unique_ptr<rpe::any_term<float>> contextual_query_product(double ratio, int skip, int head_dim) {
+    rpe::term_spec spec;
+    spec.method = rpe::method::product;
+    spec.contextual = true;
+    spec.target = rpe::target::query;
+    spec.ratio(ratio);
+    spec.skip = skip;
+    spec.num_heads = 1;
+    spec.head_dim = head_dim;
+    return rpe::make_term<float>(spec);
+}
+
+}  // namespace
+
 TEST_CASE("plan_backward_scratch: hand-checked bytes of a contextual query term, bounded by the budget") {
     // B = H = 1, a 4 x 4 grid (L = 16), D = 4, Product ratio 1 on queries (K = 5·5 = 25), table
     // (1, 4, 25) with its gradient, row_block 1: 16 blocks, chunks = min(32, 16) = 16 items.
@@ -655,15 +672,7 @@ TEST_CASE("plan_backward_scratch: hand-checked bytes of a contextual query term,
     // one 16-float line more (5 buffers). All at once: 16·628 + 400 + 80 = 10528 floats = 42112
     // bytes. Split: one plane's products 400, accumulator 400, table partial 100 and 7 lines (112):
     // 1012 floats plus 628 per item; the least is one item: 1640 floats.
-    rpe::term_spec spec;
-    spec.method = rpe::method::product;
-    spec.contextual = true;
-    spec.target = rpe::target::query;
-    spec.ratio(1.0);
-    spec.skip = 0;
-    spec.num_heads = 1;
-    spec.head_dim = 4;
-    const auto term = rpe::make_term<float>(spec);
+    const auto term = contextual_query_product(1.0, 0, 4);
     REQUIRE(term->num_buckets() == 25);
     std::vector<float> q(16 * 4, 0.5f), table(100, 0.1f), grad(100);
     rpe::attention_inputs<float> in;
@@ -728,15 +737,7 @@ TEST_CASE("plan_backward_scratch: hand-checked bytes of a contextual query term,
 TEST_CASE("plan_backward_scratch: the issue's 100 x 100 grid with K = 1090 stays within the budget") {
     // Product ratio 8 (beta 16: 33·33 buckets) with a class token: K = 1090; D = 8; B = H = 1;
     // L = 10001. Without a budget the 32 items' per-(key, bucket) sums alone take 32·L·K floats.
-    rpe::term_spec spec;
-    spec.method = rpe::method::product;
-    spec.contextual = true;
-    spec.target = rpe::target::query;
-    spec.ratio(8.0);
-    spec.skip = 1;
-    spec.num_heads = 1;
-    spec.head_dim = 8;
-    const auto term = rpe::make_term<float>(spec);
+    const auto term = contextual_query_product(8.0, 1, 8);
     REQUIRE(term->num_buckets() == 1090);
     const std::int64_t l = 10001;
     std::vector<float> q(static_cast<std::size_t>(l * 8), 0.5f), table(8 * 1090, 0.1f), grad(8 * 1090);
