@@ -117,9 +117,10 @@ struct results {
     std::vector<std::vector<S>> gt;
 };
 
+// Output, gradient and probability buffers of `c`'s shapes, prefilled with -3 (a kernel that
+// skips an entry shows), the table gradients bound.
 template <class S>
-results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block, rpe::id_storage storage = rpe::id_storage::automatic,
-               std::int64_t budget = rpe::attention_options{}.backward_budget_bytes) {
+results<S> prefilled_results(random_attention<S>& c) {
     results<S> r;
     const auto n = static_cast<std::size_t>(c.b * c.h * c.l * c.d);
     r.out.assign(n, S(-3));
@@ -128,6 +129,13 @@ results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block, rpe::
     r.gv.assign(n, S(-3));
     r.attn.assign(static_cast<std::size_t>(c.b * c.h * c.l * c.l), S(-3));
     c.bind_grads(r.gt);
+    return r;
+}
+
+template <class S>
+results<S> run(random_attention<S>& c, bool fused, std::int64_t row_block, rpe::id_storage storage = rpe::id_storage::automatic,
+               std::int64_t budget = rpe::attention_options{}.backward_budget_bytes) {
+    results<S> r = prefilled_results(c);
     const rpe::tensor_ref<S> attn(r.attn.data(), {c.b, c.h, c.l, c.l});
     auto view = [&](std::vector<S>& x) { return rpe::tensor_ref<S>(x.data(), {c.b, c.h, c.l, c.d}); };
     const rpe::tensor_ref<const S> go(c.go.data(), {c.b, c.h, c.l, c.d});
@@ -582,14 +590,7 @@ namespace {
 // ones) under `budget` bytes of partials.
 template <class S>
 results<S> run_backward(random_attention<S>& c, std::int64_t row_block, std::int64_t budget, bool saved) {
-    results<S> r;
-    const auto n = static_cast<std::size_t>(c.b * c.h * c.l * c.d);
-    r.out.assign(n, S(-3));
-    r.gq.assign(n, S(-3));
-    r.gk.assign(n, S(-3));
-    r.gv.assign(n, S(-3));
-    r.attn.assign(static_cast<std::size_t>(c.b * c.h * c.l * c.l), S(-3));
-    c.bind_grads(r.gt);
+    results<S> r = prefilled_results(c);
     auto view = [&](std::vector<S>& x) { return rpe::tensor_ref<S>(x.data(), {c.b, c.h, c.l, c.d}); };
     const rpe::attention_options opt{.row_block = row_block, .backward_budget_bytes = budget};
     const rpe::tensor_ref<S> attn(r.attn.data(), {c.b, c.h, c.l, c.l});
