@@ -18,6 +18,7 @@ import numbers
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _check_cpu, _ops, term
 
@@ -357,9 +358,27 @@ def rope(x, embedding, height=None, width=None, positions=None):
 # Terms of the ViT mappings (swin, beit, decomposed, alibi)
 # ---------------------------------------------------------------------------------------------
 
+# The registry lookups below return strings, which a traced graph cannot hold: they are
+# constant for a given argument (a plugin loaded later only adds families), so dynamo runs them
+# while tracing (assume_constant_result) and torch.export's tracer (a dispatch mode) is set
+# aside for them: a TermSlot built inside a compiled or exported forward (as the ViT modules do
+# per call) adds no graph break and no node.
+def _registry(op, *args):
+    """torch.ops.rpe.<op>(*args) outside any tracing dispatch mode (string-only operators)."""
+    with _disable_current_modes():
+        return getattr(torch.ops.rpe, op)(*args)
+
+
+@torch.compiler.assume_constant_result
+def _known_families():
+    """Every family name and alias of rpe's registry (a loaded plugin's included)."""
+    return tuple(_registry("families", "", True))
+
+
+@torch.compiler.assume_constant_result
 def _natural_mode(method):
     """The family's one mode when it has one (decomposed: contextual), else bias (the registry's)."""
-    return torch.ops.rpe.family_mode(method)
+    return _registry("family_mode", method)
 
 
 def _param_text(name, v):
@@ -376,13 +395,19 @@ def _param_text(name, v):
     raise ValueError(f"[rpe.torch] params[{name!r}] = {v!r}; expected a number, a bool or a choice name")
 
 
-@functools.lru_cache(maxsize=512)
+@torch.compiler.assume_constant_result
 def _slot_spec(method, params, window):
+    """_cached_slot_spec, constant for dynamo (which traces through an lru_cache wrapper)."""
+    return _cached_slot_spec(method, params, window)
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_slot_spec(method, params, window):
     """The whole spec text of a TermSlot's term (every parameter, torch.ops.rpe.slot_spec): the
     registry parses ``method``, sets ``params`` ((name, text) pairs) and puts ``window`` into the
     family's window parameters where it has them. Returns (text, (window_h, window_w)): the
     family's window after that, (0, 0) without one. Cached: the ViT modules build a TermSlot per call."""
-    text, h, w = torch.ops.rpe.slot_spec(method, [n for n, _ in params], [t for _, t in params], window[0], window[1])
+    text, h, w = _registry("slot_spec", method, [n for n, _ in params], [t for _, t in params], window[0], window[1])
     return text, (int(h), int(w))
 
 
@@ -407,7 +432,7 @@ class TermSlot:
     def __init__(self, method, tables, window=None, skip=0, mode=None, grid=None, params=None):
         if not isinstance(method, str):
             raise TypeError(f"[rpe.torch] method = {method!r}; expected a str (a family name or spec text)")
-        known = torch.ops.rpe.families("", True)  # rpe's registry (a loaded plugin's families included)
+        known = _known_families()
         if method.split(":", 1)[0] not in known:
             raise ValueError(f"[rpe.torch] method = {method!r}; expected a family of rpe's registry (or its spec text "
                              f"'family:param=value,...'): {', '.join(known)}")

@@ -80,9 +80,44 @@ def rope_options_model(kind):
     return RoPEOptionsBlock(rope).double(), torch.randn(2, 11, 16, dtype=torch.float64)
 
 
+class SlotBlock(nn.Module):
+    """An attention block whose term is a TermSlot built inside forward (as a user passes a
+    learned table each call) or one of the ViT modules that build one per call (RelPosBias,
+    ALiBi2D, DecomposedRelPos): the registry's string lookups must not break the graph."""
+
+    def __init__(self, kind, dim=16, heads=2, side=3):
+        super().__init__()
+        self.kind, self.heads, self.side = kind, heads, side
+        self.qkv = nn.Linear(dim, 3 * dim)
+        if kind == "slot":
+            self.table = nn.Parameter(torch.randn(heads, (2 * side - 1) ** 2) * 0.1)
+        elif kind == "swin":
+            self.term = rpe_torch.RelPosBias(side, heads)
+        elif kind == "alibi":
+            self.term = rpe_torch.ALiBi2D(heads, side, side, dtype=torch.float64)
+        else:
+            self.term = rpe_torch.DecomposedRelPos(side, side, dim // heads)
+        for p in self.parameters():
+            if p.dim() == 2 and p is not self.qkv.weight:
+                nn.init.normal_(p, std=0.1)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        term = rpe_torch.TermSlot("swin", [self.table], window=(self.side, self.side)) if self.kind == "slot" else self.term
+        out = rpe_torch.attention(q, k, v, None, term, None, height=self.side, width=self.side)
+        return x + out.transpose(1, 2).reshape(b, n, c)
+
+
+def slot_model(kind):
+    torch.manual_seed(0)
+    return SlotBlock(kind).double(), torch.randn(2, 9, 16, dtype=torch.float64)
+
+
 MODELS = {"deit_irpe_modules": lambda: digits(False), "deit_irpe_fused": lambda: digits(True), "rope": rope_model,
           "rope_dinov3_positions": lambda: rope_options_model("dinov3"),
-          "rope_mixed_half_positions": lambda: rope_options_model("mixed")}
+          "rope_mixed_half_positions": lambda: rope_options_model("mixed"),
+          **{f"term_{kind}": (lambda kind=kind: slot_model(kind)) for kind in ("slot", "swin", "alibi", "decomposed")}}
 
 
 def logits_and_grads(model, x, run=None):
