@@ -182,12 +182,17 @@ class RpeBeitAttention(_beit.Attention):
 
 def _windows(q, k, v, mask, run):
     """run(q, k, v, attn_mask) over (num_windows·B, H, N, D) windows, the windows of each distinct
-    (N, N) mask of ``mask`` (num_windows, N, N) in one call (a shifted Swin stage has at most 4)."""
+    (N, N) mask of ``mask`` (num_windows, N, N) in one call (a shifted Swin stage has at most 4).
+    While torch.compile or torch.export traces, the distinct masks are data the graph cannot
+    count: there, one call per window position (every image's window at it; num_windows calls)."""
     if mask is None:
         return run(q, k, v, None)
     nw, n = mask.shape[0], mask.shape[1]
     shape = (q.shape[0] // nw, nw) + tuple(q.shape[1:])
     q, k, v = (t.reshape((shape[0], nw) + tuple(t.shape[1:])) for t in (q, k, v))
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        outs = [run(q[:, w], k[:, w], v[:, w], mask[w].to(q.dtype)) for w in range(nw)]
+        return torch.stack(outs, 1).flatten(0, 1)
     masks, which = torch.unique(mask.reshape(nw, n * n), dim=0, return_inverse=True)
     outs, order = [], []
     for u in range(masks.shape[0]):

@@ -161,3 +161,23 @@ def test_restore_and_save(tmp_path):
     torch.testing.assert_close(loaded.eval()(x), model.eval()(x), atol=0, rtol=0)
     rt.restore_attention(model)
     assert rt.swapped(model) == []
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_swapped_compiles_fullgraph(family):
+    """torch.compile(fullgraph=True) of the swapped model (aot_eager): no graph break (Swin's
+    shifted-window masks take the tracer's per-window path), logits and gradients equal eager."""
+    name, kwargs = FAMILIES[family]
+    model = rt.swap_attention(make(name, kwargs)).eval()
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, *model.patch_embed.img_size, dtype=torch.float64)
+    eager_out, eager_grads = run(model, x, False)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    model.zero_grad(set_to_none=True)
+    out = compiled(x)
+    (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
+    torch.testing.assert_close(out.detach(), eager_out, atol=1e-12, rtol=1e-12)
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, eager_grads[n], atol=1e-12, rtol=1e-12, msg=n)
