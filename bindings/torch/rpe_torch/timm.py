@@ -22,16 +22,20 @@ timm attention                models                                      rpe te
 ``beit.Attention``            BEiT (``beit_*``)                           ``beit`` bias (timm's table)
 ``swin_transformer`` W-MSA    Swin (``swin_*``)                           ``swin`` bias + shift masks
 ``swin_transformer_v2`` W-MSA SwinV2 (``swinv2_*``, not ``_cr``)          ``swin`` bias from the CPB MLP
-``eva.EvaAttention``          EVA-02 (``eva02_*``)                        RoPE ``cat``
+``eva.EvaAttention``          EVA-02 (``eva02_*``), DINOv3                RoPE ``cat``, ``dinov3``
+                              (``vit_*_dinov3*``)
 ``AttentionRope`` (eva.py)    rope-vit (``vit_*_rope_*``)                 RoPE ``cat`` (axial) / ``mixed``
 ``vision_transformer_sam``    ViT-SAM (``samvit_*``)                      ``decomposed`` (rel_pos_h/w)
 ============================  ==========================================  ==============================
 
 Refused with an error naming the reason (never run as something else): attention dropout > 0
 while training (rpe has no dropout on the probabilities), a per-batch or per-head ``attn_mask``,
-timm's RoPE coordinate augmentation while training, patch dropout with RoPE, ``rotate_half``
-RoPE layouts, the ``dinov3`` / ``mrope`` RoPE types, grouped-query attention, BEiT's shared
-relative position bias without its module, models built with ``dynamic_img_size``.
+timm's RoPE coordinate augmentation while training (DINOv3's shift / jitter / rescale, EVA's),
+patch dropout with RoPE, ``rotate_half`` over RoPE-Mixed or differing between the RoPE module and
+the attention, the ``mrope`` RoPE type, grouped-query attention, BEiT's shared relative position
+bias without its module. ``dynamic_img_size`` models: a forward hook on the patch embedding
+records each forward's grid for the iRPE and RoPE terms. ``rope_rotate_half=True``
+(timm's half layout: DINOv3's own, and the cat RoPE built with it) maps to rpe's layout "half".
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ import torch.nn.functional as F
 from timm.layers import Attention as _TimmAttention
 from timm.layers import AttentionRope as _TimmAttentionRope
 from timm.layers.pos_embed_sincos import RotaryEmbeddingCat as _TimmRopeCat
+from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3 as _TimmRopeDinoV3
 from timm.layers.pos_embed_sincos import RotaryEmbeddingMixed as _TimmRopeMixed
 from timm.models import beit as _beit
 from timm.models import eva as _eva
@@ -52,7 +57,7 @@ from timm.models import vision_transformer_sam as _sam
 
 from . import attention as _attention
 from . import build_rpe
-from .vit import RoPECat, TermSlot, _decomposed_tables, _RoPE, cpb_table, table_from_timm
+from .vit import RoPECat, RoPEDinoV3, TermSlot, _decomposed_tables, _RoPE, cpb_table, table_from_timm
 
 __all__ = ["swap_attention", "restore_attention", "swapped", "UNSUPPORTED"]
 
@@ -112,9 +117,24 @@ def _mask(attn_mask, is_causal, n, like):
     return attn_mask.detach()
 
 
+class _GridRecorder:
+    """Forward hook of a ``dynamic_img_size`` model's patch embedding (timm's NHWC output
+    (B, H, W, C) in that mode): records this forward's patch grid for the swapped attention
+    modules, which see only (B, N, C) tokens. A module-level class, so the model still pickles."""
+
+    def __init__(self, grid):
+        self.grid = grid
+
+    def __call__(self, module, inputs, output):
+        if output.dim() == 4:
+            self.grid = (int(output.shape[1]), int(output.shape[2]))
+
+
 def _grid(m, n, skip):
-    """(height, width) of the patch grid recorded at swap time; checked against N tokens."""
-    h, w = m.__dict__["_rpe_grid"]
+    """(height, width) of the patch grid: this forward's (``dynamic_img_size``) or the one
+    recorded at swap time; checked against N tokens."""
+    recorder = m.__dict__.get("_rpe_grid_recorder")
+    h, w = recorder.grid if recorder is not None else m.__dict__["_rpe_grid"]
     if n != skip + h * w:
         raise NotImplementedError(f"[rpe.torch] {type(m).__name__}: {n} tokens, but the model's grid is {h}x{w} "
                                   f"after {skip} prefix tokens (a changed image size needs swap_attention again)")
@@ -241,13 +261,23 @@ class RpeSwinV2Attention(_swin_v2.WindowAttention):
 # EVA-02 and rope-vit (eva.py: EvaAttention, AttentionRope with the model's RoPE module)
 # ---------------------------------------------------------------------------------------------
 
-def _rope_of(model_rope, layer, skip=0):
-    """rpe's RoPE for a timm RoPE module: ("cat", RoPECat) or ("mixed", the block's RoPE-Mixed);
-    NotImplementedError naming what does not map."""
+def _rope_of(model_rope, layer, skip=0, half=False):
+    """rpe's RoPE for a timm RoPE module: ("cat", RoPECat), ("mixed", the block's RoPE-Mixed) or
+    ("dinov3", RoPEDinoV3); ``half``: the attention's ``rotate_half`` (timm's apply_rot_embed_cat
+    half=True: rpe's layout "half"), which must be the RoPE module's own; NotImplementedError
+    naming what does not map."""
+    def layout_of(r):
+        if bool(getattr(r, "rotate_half", False)) != half:
+            _fail(r, f"rotate_half = {bool(getattr(r, 'rotate_half', False))} in the RoPE module but {half} in the "
+                     "attention; rpe rotates q and k as the embedding is laid out")
+        return "half" if half else "pairs"
+
+    if isinstance(model_rope, _TimmRopeDinoV3):
+        layout_of(model_rope)
+        return "dinov3", RoPEDinoV3.from_timm(model_rope, skip)
     if isinstance(model_rope, _TimmRopeCat):
         r = model_rope
-        if r.rotate_half:
-            _fail(r, "rotate_half layout; rpe's cat form is timm's interleaved apply_rot_embed_cat")
+        layout = layout_of(r)
         if getattr(r, "grid_type", "pixel" if r.in_pixels else "index") != ("pixel" if r.in_pixels else "index"):
             _fail(r, f"grid_type = {r.grid_type!r}; rpe's cat form has timm's default grid for in_pixels = {r.in_pixels}")
         if r.in_pixels and getattr(r, "normalize_coords", "separate") != "separate":
@@ -255,12 +285,15 @@ def _rope_of(model_rope, layer, skip=0):
         return "cat", RoPECat(temperature=float(r.temperature), in_pixels=bool(r.in_pixels), max_res=float(r.max_res),
                               linear_bands=bool(r.linear_bands), grid_offset=float(r.grid_offset),
                               ref_feat_shape=None if r.ref_feat_shape is None else tuple(r.ref_feat_shape),
-                              grid_indexing=r.grid_indexing, skip=skip)
+                              grid_indexing=r.grid_indexing, skip=skip, layout=layout)
     if isinstance(model_rope, _TimmRopeMixed):
+        if half:
+            _fail(model_rope, "rotate_half attention over timm's RotaryEmbeddingMixed (its embedding is interleaved)")
         if model_rope.grid_indexing != "xy":
             _fail(model_rope, f"grid_indexing = {model_rope.grid_indexing!r}; rpe's mixed form is rope-vit's 'xy'")
         return "mixed", _TimmMixedRoPE(model_rope, layer, skip)
-    _fail(model_rope, "this RoPE type has no rpe form (rpe has rope-vit's axial / mixed and timm's cat)")
+    _fail(model_rope, "this RoPE type has no rpe form in rpe_torch.timm (it has rope-vit's axial / mixed, timm's cat "
+                      "and DINOv3)")
 
 
 class _TimmMixedRoPE(_RoPE):
@@ -399,13 +432,19 @@ def swap_attention(model, rpe_config=None):
     the reason: :data:`UNSUPPORTED`), or a setting of a supported family does not map (module
     docstring); ValueError for an ``rpe_config`` whose skip is not the prefix-token count.
     """
-    if getattr(model, "dynamic_img_size", False):
-        raise NotImplementedError("[rpe.torch] the model was built with dynamic_img_size=True; rpe_torch.timm records "
-                                  "the patch grid at swap time (build the model for one image size)")
     grid = None
     pe = getattr(model, "patch_embed", None)
     if pe is not None and getattr(pe, "grid_size", None) is not None:
         grid = tuple(int(s) for s in pe.grid_size)
+    recorder = None
+    if getattr(model, "dynamic_img_size", False):  # the grid of each forward, from the patch embedding
+        if pe is None or grid is None:
+            raise NotImplementedError("[rpe.torch] the model was built with dynamic_img_size=True but has no "
+                                      "patch_embed with a grid_size to follow")
+        recorder = next((h for h in pe._forward_hooks.values() if isinstance(h, _GridRecorder)), None)
+        if recorder is None:
+            recorder = _GridRecorder(grid)
+            pe.register_forward_hook(recorder)
     skip = _prefix_tokens(model)
     if rpe_config is not None and rpe_config.get("rpe_k", rpe_config.get("rpe_q", rpe_config.get("rpe_v"))) is not None:
         for c in (rpe_config.rpe_q, rpe_config.rpe_k, rpe_config.rpe_v):
@@ -426,11 +465,9 @@ def swap_attention(model, rpe_config=None):
                     unsupported.append(f"{name} ({cls.__name__}: {why})")
             continue
         if cls in (_eva.EvaAttention, _TimmAttentionRope):
-            if getattr(m, "rotate_half", False):
-                _fail(m, "rotate_half RoPE layout; rpe's cat form is timm's interleaved layout")
             layer = next((i for i, blk in enumerate(blocks) if getattr(blk, "attn", None) is m), 0)
             if model_rope is not None:
-                kind, spec = _rope_of(model_rope, layer, m.num_prefix_tokens)
+                kind, spec = _rope_of(model_rope, layer, m.num_prefix_tokens, bool(getattr(m, "rotate_half", False)))
                 m.__dict__["_rpe_rope"] = (kind, spec)
                 m.__dict__["_rpe_rope_module"] = model_rope
             if grid is None and model_rope is not None:
@@ -446,6 +483,8 @@ def swap_attention(model, rpe_config=None):
             m.__dict__["_rpe_shared"] = shared
         if grid is not None:
             m.__dict__["_rpe_grid"] = grid
+        if recorder is not None:
+            m.__dict__["_rpe_grid_recorder"] = recorder
         m.__class__ = _SWAPS[cls]
         count += 1
     if count == 0:
@@ -459,10 +498,15 @@ def swap_attention(model, rpe_config=None):
 
 def restore_attention(model):
     """Puts timm's own attention classes back (the iRPE modules that ``rpe_config`` added stay as
-    submodules and are then unused). Returns the model."""
+    submodules and are then unused) and removes the grid hook of a ``dynamic_img_size`` model.
+    Returns the model."""
     for m in model.modules():
         if type(m) in _BACK:
             m.__class__ = _BACK[type(m)]
+            m.__dict__.pop("_rpe_grid_recorder", None)
+        for key, hook in list(m._forward_hooks.items()):
+            if isinstance(hook, _GridRecorder):
+                del m._forward_hooks[key]
     return model
 
 

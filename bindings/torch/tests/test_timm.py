@@ -10,6 +10,7 @@ timm counterpart: it is compared with the reference's RPEAttention formula (q·s
 + rpe_q(k·s)ᵀ, softmax, + rpe_v(attn)) over rpe_torch's unfused iRPE modules on the same weights.
 Skipped only without timm; families rpe does not map are checked to be refused (never run)."""
 import copy
+import io
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ import rpe_torch.timm as rt  # noqa: E402
 
 ATOL, RTOL = 1e-10, 1e-8
 ROPE_ATOL, ROPE_RTOL = 1e-7, 1e-6  # timm's float32 sin/cos tables (module docstring)
-ROPE_FAMILIES = ("eva02", "rope_axial", "rope_mixed")
+ROPE_FAMILIES = ("eva02", "rope_axial", "rope_mixed", "rope_axial_half", "dinov3")
 
 #: family -> (timm model name, kwargs): 2 blocks (Swin, SwinV2: one stage of 2 blocks, the second
 #: with shifted windows and their masks), small images.
@@ -35,6 +36,9 @@ FAMILIES = {
     "eva02": ("eva02_tiny_patch14_224", dict(depth=2, img_size=56)),
     "rope_axial": ("vit_small_patch16_rope_224", dict(depth=2, img_size=64, embed_dim=96, num_heads=3)),
     "rope_mixed": ("vit_small_patch16_rope_mixed_224", dict(depth=2, img_size=64, embed_dim=96, num_heads=3)),
+    "rope_axial_half": ("vit_small_patch16_rope_224", dict(depth=2, img_size=64, embed_dim=96, num_heads=3,
+                                                           rope_rotate_half=True)),
+    "dinov3": ("vit_small_patch16_dinov3", dict(depth=2, img_size=64, embed_dim=96, num_heads=3)),
     "sam": ("samvit_base_patch16", dict(depth=2, img_size=64, embed_dim=64, num_heads=2, window_size=2,
                                         global_attn_indexes=(1,))),
 }
@@ -144,12 +148,33 @@ def test_refusals():
     with pytest.raises(ValueError, match="prefix tokens"):
         rt.swap_attention(timm.create_model(name, pretrained=False, **kwargs),
                           rpe_config=rpe_torch.get_rpe_config(skip=0))
-    with pytest.raises(NotImplementedError, match="dynamic_img_size"):
-        rt.swap_attention(timm.create_model(name, pretrained=False, dynamic_img_size=True, **kwargs))
     with pytest.raises(NotImplementedError, match="nothing to swap"):
         rt.swap_attention(timm.create_model("resnet18", pretrained=False))
     with pytest.raises(NotImplementedError, match="RelPosAttention"):
         rt.swap_attention(timm.create_model("vit_relpos_small_patch16_224", pretrained=False, depth=1, img_size=32))
+
+
+@pytest.mark.parametrize("family", ["deit", "rope_axial", "dinov3"])
+def test_dynamic_img_size(family):
+    """A dynamic_img_size model (DINOv3's default) at image sizes other than its own, square and
+    not: the patch embedding's hook gives each forward's grid to the RoPE; equal to timm's own.
+    Saved and restored, the hook goes with the model and then away."""
+    name, kwargs = FAMILIES[family]
+    reference = make(name, dict(kwargs, dynamic_img_size=True))
+    swapped = rt.swap_attention(copy.deepcopy(reference))
+    patch = reference.patch_embed.patch_size[0]
+    tol = (ROPE_ATOL, ROPE_RTOL) if family in ROPE_FAMILIES else (ATOL, RTOL)
+    for h, w in ((3, 5), (4, 4), (5, 2)):
+        torch.manual_seed(h * w)
+        compare(swapped, reference, torch.randn(1, 3, h * patch, w * patch, dtype=torch.float64), *tol)
+    buffer = io.BytesIO()
+    torch.save(swapped, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False).eval()
+    x = torch.randn(1, 3, 2 * patch, 3 * patch, dtype=torch.float64)
+    torch.testing.assert_close(loaded(x), reference.eval()(x), atol=tol[0], rtol=tol[1])
+    rt.restore_attention(swapped)
+    assert not swapped.patch_embed._forward_hooks
 
 
 def test_restore_and_save(tmp_path):
