@@ -11,8 +11,8 @@ reference's signatures, defaults, parameter names and shapes, so reference check
 padding and additive masks) through rpe's fused kernels, differentiable in q, k, v and every table.
 
 The vision-transformer encodings (``rpe_torch.vit``, re-exported here): 2D RoPE (``RoPEAxial``,
-``RoPEMixed``, ``RoPECat``, ``RoPEDinoV3``; layout pairs or rotate-half, grid or per-token
-positions; ``attention(rope=..., positions=...)``), Swin / BEiT relative position bias
+``RoPEMixed``, ``RoPECat``, ``RoPEDinoV3``, ``RoPEMRoPE``; layout pairs or rotate-half, grid or
+per-token positions; ``attention(rope=..., positions=...)``), Swin / BEiT relative position bias
 (``RelPosBias``, timm's table layout), SwinV2's CPB (``relative_log_coords``, ``cpb_table``,
 ``cpb_bias``), SAM's decomposed relative position (``DecomposedRelPos``, ``resize_rel_pos``) and
 2D ALiBi (``ALiBi2D``).
@@ -33,7 +33,7 @@ __all__ = [
     "METHOD", "families", "load_plugin", "get_num_buckets", "get_single_rpe_config", "get_rpe_config", "build_rpe",
     "iRPE", "iRPE_Cross", "attention", "term", "bucket_ids", "library_path", "set_cache_budget", "cache_stats",
     "clear_caches",
-    "RoPEAxial", "RoPEMixed", "RoPECat", "RoPEDinoV3", "rope", "RelPosBias", "table_from_timm", "table_to_timm",
+    "RoPEAxial", "RoPEMixed", "RoPECat", "RoPEDinoV3", "RoPEMRoPE", "rope", "RelPosBias", "table_from_timm", "table_to_timm",
     "relative_log_coords", "cpb_table", "cpb_bias", "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
     "ALiBi2D", "alibi_slopes", "TermSlot",
 ]
@@ -467,12 +467,13 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     TermSlot (SwinV2's CPB table), or None; height, width: the grid (L = skip + height·width;
     square when None; a ViT term's own grid by default); key_padding_mask: (B, L) bool/uint8, true =
     padded key; attn_mask: (L, L) additive float (or bool, true = masked), not differentiated;
-    scale: default D^-1/2; rope: a RoPEAxial / RoPEMixed / RoPECat / RoPEDinoV3 module (its
+    scale: default D^-1/2; rope: a RoPEAxial / RoPEMixed / RoPECat / RoPEDinoV3 / RoPEMRoPE module (its
     ``layout``, ``skip`` and ``suffix``): q and k are rotated first (L = rope.skip + height·width +
     rope.suffix) and everything after sees the rotated q and k (the RoPEMixed frequencies get their
     gradient); positions: the rope's per-token (row, col) coordinates of q's (and k's) N = L −
-    skip − suffix rotated tokens instead of the grid, (N, 2) integer or float, CPU only (not
-    differentiated); key_positions: the keys' own (N, 2) positions (e.g. another grid; default:
+    skip − suffix rotated tokens instead of the grid, (N, 2) integer or float ((N, 3) (t, h, w)
+    position ids for RoPEMRoPE), CPU only (not differentiated); key_positions: the keys' own
+    positions (same shape) (e.g. another grid; default:
     the queries'); save_attn: keep the (B, H, L, L) probabilities for
     the backward, which then does not recompute them (True / False; None: when they take at most
     64 MiB, e.g. DeiT-S at batch 64 in float32). Rows whose keys are all masked give zeros (the
@@ -484,8 +485,9 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     if rope is None and (positions is not None or key_positions is not None):
         raise ValueError("[rpe.torch] positions / key_positions are given without rope; expected a RoPE module "
                          "(they are the rotary embedding's per-token positions)")
-    _check_positions("positions", positions, q)  # first: on CUDA, the clearer message (CPU-only positions)
-    _check_positions("key_positions", key_positions, q)
+    axes = getattr(rope, "position_axes", 2)
+    _check_positions("positions", positions, q, axes)  # first: on CUDA, the clearer message (CPU-only positions)
+    _check_positions("key_positions", key_positions, q, axes)
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_cpu(name, t)
     if q.dim() != 4:
@@ -516,7 +518,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     if rope is not None:
         if not isinstance(rope, _RoPE):
             raise TypeError(f"[rpe.torch] rope is a {type(rope).__name__}; expected an rpe_torch RoPEAxial, RoPEMixed, "
-                            "RoPECat or RoPEDinoV3 module")
+                            "RoPECat, RoPEDinoV3 or RoPEMRoPE module")
         form, rope_params, rope_skip, h, w = rope._spec(L, *(grid if grid is not None and height is None else (height, width)),
                                                         positions)
         if positions is None:  # the rope's grid (with positions, the terms' grid or none)
@@ -552,6 +554,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
 
 
 from .vit import (  # noqa: E402  (the ViT encodings use the operators loaded above)
-    ALiBi2D, DecomposedRelPos, RelPosBias, RoPEAxial, RoPECat, RoPEDinoV3, RoPEMixed, TermSlot, alibi_slopes, cpb_bias, cpb_table,
+    ALiBi2D, DecomposedRelPos, RelPosBias, RoPEAxial, RoPECat, RoPEDinoV3, RoPEMixed, RoPEMRoPE, TermSlot, alibi_slopes,
+    cpb_bias, cpb_table,
     decomposed_rel_pos, relative_log_coords, resize_rel_pos, rope, table_from_timm, table_to_timm,
 )

@@ -71,16 +71,18 @@ def _square_grid(L, skip, height, width):
 _LAYOUTS = ("pairs", "half")
 
 
-def _check_positions(name, positions, x=None):
-    """Per-token RoPE positions: None, or an (N, 2) integer / float32 / float64 CPU tensor of
-    (row, col) coordinates (the operators convert them to float32, as the library reads them).
+def _check_positions(name, positions, x=None, axes=2):
+    """Per-token RoPE positions: None, or an (N, axes) integer / float32 / float64 CPU tensor of
+    (row, col) coordinates — (t, h, w) when axes = 3 (M-RoPE) — (the operators convert them to
+    float32, as the library reads them).
     CUDA tensors are refused here, before the dispatcher: rpe's CUDA backend has no per-token
     positions (rpe::not_supported). ValueError / TypeError naming the argument otherwise."""
     if positions is None:
         return
+    what = "(row, col)" if axes == 2 else "(t, h, w)"
     if not isinstance(positions, torch.Tensor):
-        raise TypeError(f"[rpe.torch] {name} is a {type(positions).__name__}; expected a torch.Tensor (N, 2) of "
-                        "(row, col) coordinates")
+        raise TypeError(f"[rpe.torch] {name} is a {type(positions).__name__}; expected a torch.Tensor (N, {axes}) of "
+                        f"{what} coordinates")
     device = positions.device if positions.device.type != "cpu" else (x.device if x is not None else positions.device)
     if device.type != "cpu":
         raise ValueError(f"[rpe.torch] {name} is given with tensors on device {device}; expected cpu (per-token RoPE "
@@ -88,9 +90,9 @@ def _check_positions(name, positions, x=None):
     if positions.dtype == torch.bool or positions.is_complex() or (positions.is_floating_point()
                                                                   and positions.dtype not in (torch.float32, torch.float64)):
         raise TypeError(f"[rpe.torch] {name} has dtype {positions.dtype}; expected an integer, float32 or float64 tensor "
-                        "of (row, col) coordinates")
-    if positions.dim() != 2 or positions.shape[1] != 2:
-        raise ValueError(f"[rpe.torch] {name} has shape {tuple(positions.shape)}; expected (N, 2) per-token (row, col) "
+                        f"of {what} coordinates")
+    if positions.dim() != 2 or positions.shape[1] != axes:
+        raise ValueError(f"[rpe.torch] {name} has shape {tuple(positions.shape)}; expected (N, {axes}) per-token {what} "
                          "coordinates")
 
 
@@ -105,6 +107,7 @@ class _RoPE(nn.Module):
     form = ""
     layout = "pairs"  # class defaults: modules pickled before these options load unchanged
     suffix = 0
+    position_axes = 2  # columns of per-token positions: (row, col); RoPEMRoPE: (t, h, w)
 
     def __init__(self, skip=0, layout="pairs", suffix=0):
         super().__init__()
@@ -135,7 +138,7 @@ class _RoPE(nn.Module):
         instead of the grid (height, width then unused). Raises ValueError / TypeError with the
         library's message (L ≠ skip + height·width + suffix, D not a multiple of 4 (axial, cat,
         dinov3) or 2 (mixed), bad parameters, positions of the wrong shape, dtype or device)."""
-        _check_positions("positions", positions, x)
+        _check_positions("positions", positions, x, self.position_axes)
         _check_cpu("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D)")
@@ -344,9 +347,43 @@ class RoPEDinoV3(_RoPE):
                 f"jitter={self.jitter}, rescale={self.rescale}, {self._options_repr('half')}")
 
 
+class RoPEMRoPE(_RoPE):
+    """Qwen-VL's multimodal RoPE (rpe::rope::mrope): three position ids per token (t, h, w); pair
+    j < D/2 turns by ``pos_a · θ^(−2j/D)`` where the axis a of pair j comes from ``sections``
+    (section_t, section_h, section_w) frequency pairs, consecutive chunks (Qwen2-VL, Qwen2.5-VL:
+    (16, 24, 24) at D = 128) or, with ``interleaved`` (Qwen3-VL), h on j mod 3 = 1 below
+    3·section_h, w on j mod 3 = 2 below 3·section_w, t otherwise. The sections must sum to D/2.
+    Layout ``"half"`` (Qwen-VL's rotate_half) by default. No parameter. ``forward(x, height,
+    width, positions)``: ``positions`` (N, 3) are the source's ``position_ids`` of the N = L −
+    skip − suffix rotated tokens (as ``get_rope_index`` gives them: text tokens (n, n, n), vision
+    tokens (t, h, w) offset by the text before them); on the grid (no positions) a token at
+    (row, col) has the ids (0, row, col). Source: huggingface/transformers
+    ``models/qwen2_vl/modeling_qwen2_vl.py`` (Qwen2VLRotaryEmbedding, apply_rotary_pos_emb),
+    ``models/qwen3_vl`` (the interleaved layout). Raises ValueError for sections that are not 3
+    non-negative integers (their sum against D is the operator's check)."""
+
+    form = "mrope"
+    position_axes = 3
+
+    def __init__(self, sections=(16, 24, 24), theta=1000000.0, interleaved=False, skip=0, layout="half", suffix=0):
+        super().__init__(skip, layout, suffix)
+        sections = tuple(sections)
+        if len(sections) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in sections):
+            raise ValueError(f"[rpe.torch] sections = {sections!r}; expected 3 ints >= 0 (t, h, w frequency pairs)")
+        self.sections, self.theta, self.interleaved = sections, float(theta), bool(interleaved)
+
+    def _params(self):
+        return [self.theta, *self.sections, 1.0 if self.interleaved else 0.0]
+
+    def extra_repr(self):
+        return (f"sections={self.sections}, theta={self.theta}, interleaved={self.interleaved}, "
+                f"{self._options_repr('half')}")
+
+
 def rope(x, embedding, height=None, width=None, positions=None):
     """``embedding(x, height, width, positions)``: x (B, H, L, D) rotated by a RoPEAxial /
-    RoPEMixed / RoPECat / RoPEDinoV3 module (on the grid, or at per-token ``positions`` (N, 2)).
+    RoPEMixed / RoPECat / RoPEDinoV3 / RoPEMRoPE module (on the grid, or at per-token
+    ``positions`` (N, 2), (N, 3) for RoPEMRoPE).
     Raises TypeError for another embedding."""
     if not isinstance(embedding, _RoPE):
         raise TypeError(f"[rpe.torch] embedding is a {type(embedding).__name__}; expected RoPEAxial, RoPEMixed, RoPECat "

@@ -361,9 +361,10 @@ std::string rope_form_names() {
     return names;
 }
 
-// Per-token positions (N, 2) (row, col) of `name`, integer or floating, on the CPU: the float32
-// contiguous tensor the library reads (rpe::rotary_embedding::positions), or undefined when not
-// given. The library checks N against L and that every value is finite.
+// Per-token positions (N, 2) (row, col) — (N, 3) (t, h, w) for a 3-axis form (mrope) — of
+// `name`, integer or floating, on the CPU: the float32 contiguous tensor the library reads
+// (rpe::rotary_embedding::positions), or undefined when not given. The library checks the axes
+// against the form, N against L and that every value is finite.
 at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const char* name) {
     if (!p || !p->defined()) return {};
     const at::Tensor& t = *p;
@@ -373,8 +374,8 @@ at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const char* na
     TORCH_CHECK_TYPE((at::isIntegralType(st, false) || st == at::kFloat || st == at::kDouble), "[rpe.torch] ", name,
                      " has dtype ", c10::toString(st),
                      "; expected an integer, float32 or float64 tensor of (row, col) coordinates");
-    TORCH_CHECK_VALUE(t.dim() == 2 && t.size(1) == 2, "[rpe.torch] ", name, " has shape ", shape_of(t),
-                      "; expected (N, 2) per-token (row, col) coordinates");
+    TORCH_CHECK_VALUE(t.dim() == 2 && (t.size(1) == 2 || t.size(1) == 3), "[rpe.torch] ", name, " has shape ", shape_of(t),
+                      "; expected (N, 2) per-token (row, col) coordinates, or (N, 3) (t, h, w) for a 3-axis form");
     check_int32_sizes(t, name);
     return t.to(at::kFloat).contiguous();
 }

@@ -57,7 +57,10 @@ def rope_positions_attention_args(rope="axial"):
     pos = torch.stack([torch.arange(h * w) // w, torch.arange(h * w) % w], 1)
     key_pos = pos.to(F64) * 0.5 - 0.25
     freqs = rnd(2, H, D // 2, seed=17) if rope == "mixed" else None
-    params = {"axial": [100.0], "mixed": [], "dinov3": [100.0, 0, 0, 1, 0.1, -0.2, 0.9, 1.1, 1.2]}[rope]
+    params = {"axial": [100.0], "mixed": [], "dinov3": [100.0, 0, 0, 1, 0.1, -0.2, 0.9, 1.1, 1.2],
+              "mrope": [100.0, 0, 1, 1, 0]}[rope]
+    if rope == "mrope":  # (t, h, w) position ids
+        pos, key_pos = torch.cat([pos[:, :1] * 0 + 2, pos], 1), torch.cat([key_pos[:, :1] * 0, key_pos], 1)
     return (q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, 1, 1, None, None, None, rope, params, freqs, 1,
             "half", pos, key_pos, 1)
 
@@ -98,12 +101,16 @@ def op_cases():
                                                                       1, "half", pos.to(torch.int64), 2))
     cases["rope_forward[dinov3]"] = (ops.rope_forward, (x, "dinov3", [0.0, 0.5, 40.0, 2, 0.1, -0.2, 0.9, 1.1, 1.2],
                                                         None, 1, h, w, "half"))
+    pos3 = torch.cat([torch.tensor([[0.0], [1.0], [1.0], [1.0], [2.0], [3.0]], dtype=F64), pos], 1)  # (t, h, w)
+    cases["rope_forward[mrope_positions]"] = (ops.rope_forward, (xs, "mrope", [100.0, 0, 1, 1, 1], None, 1, 1, 1, "half",
+                                                                 pos3, 2))
     cases["rope_backward[positions]"] = (ops.rope_backward, detached((xs, rnd(*xs.shape, seed=20), "mixed", [],
                                                                       rnd(2, H, D // 2, seed=19), 1, 1, 1, "half",
                                                                       pos, 2)))
     cases["attention_forward[rope_positions]"] = (ops.attention_forward, rope_positions_attention_args())
     cases["attention_forward[rope_mixed_positions]"] = (ops.attention_forward, rope_positions_attention_args("mixed"))
     cases["attention_forward[rope_dinov3_positions]"] = (ops.attention_forward, rope_positions_attention_args("dinov3"))
+    cases["attention_forward[rope_mrope_positions]"] = (ops.attention_forward, rope_positions_attention_args("mrope"))
     cases["attention_forward_attn[rope_positions]"] = (ops.attention_forward_attn, rope_positions_attention_args("mixed"))
     a = detached(rope_positions_attention_args("mixed"))
     cases["attention_backward[rope_positions]"] = (ops.attention_backward, (*a[:18], rnd(B, H, 8, D, grad=False, seed=21),

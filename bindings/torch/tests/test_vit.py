@@ -102,6 +102,9 @@ def rope_module(meta):
         return rt.RoPEAxial(theta=meta["theta"], skip=skip, layout=layout)
     if meta["form"] == "mixed":
         return rt.RoPEMixed(num_heads=meta["heads"], head_dim=meta["head_dim"], skip=skip, layout=layout)
+    if meta["form"] == "mrope":
+        return rt.RoPEMRoPE(tuple(meta["sections"]), theta=meta["theta"], interleaved=meta["interleaved"], skip=skip,
+                            layout=layout, suffix=meta.get("suffix", 0))
     if meta["form"] == "dinov3":
         return rt.RoPEDinoV3(meta["head_dim"], temperature=meta.get("base"), min_period=meta.get("min_period"),
                              max_period=meta.get("max_period"), normalize_coords=meta["normalize"],
@@ -120,8 +123,6 @@ def test_rope_golden(case):
     test's tolerances. Without a golden gradient the backward is checked as the transpose
     rotation: <y, g> = <x, grad_x> and grad_x = R⁻¹ g (a rotation's inverse is its transpose)."""
     meta = json.loads((case / "meta.json").read_text())
-    if meta["form"] == "mrope":
-        pytest.skip("no rpe_torch module for M-RoPE yet (tests/unit/test_rope_mrope.cpp and the CLI tests check it)")
     m = rope_module(meta)
     if isinstance(m, rt.RoPEMixed):
         with torch.no_grad():
@@ -857,3 +858,38 @@ def test_rope_mrope_by_name_on_the_grid(interleaved, sections, axes):
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_params holds 4 values for form 'mrope'; expected 5 \(theta, "
                                          r"section_t, section_h, section_w, interleaved\)"):
         torch.ops.rpe.rope_forward(x, "mrope", [theta, 1, 2, 1], None, skip, H, W, "half")
+
+
+def test_rope_mrope_module_in_attention_and_errors():
+    """RoPEMRoPE at per-token (t, h, w) position ids (a text token, a 1x2x3 image, two text
+    tokens, as get_rope_index numbers them) in rpe_torch.attention equals the attention over the
+    module's own rotations of q and k, gradients included (float64); the grid gives ids
+    (0, row, col); the errors name the argument."""
+    torch.manual_seed(3)
+    m = rt.RoPEMRoPE((1, 2, 1), theta=100.0, skip=1, suffix=1)
+    pos = torch.tensor([[1, 1, 1], [2, 2, 2], [2, 2, 3], [2, 2, 4], [2, 3, 2], [2, 3, 3], [2, 3, 4], [5, 5, 5]])
+    L = 1 + pos.shape[0] + 1
+    q, k, v = (torch.randn(2, 2, L, 8, dtype=F64, requires_grad=True) for _ in range(3))
+    out = rt.attention(q, k, v, rope=m, positions=pos)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    qr, kr = m(q, positions=pos), m(k, positions=pos)
+    assert torch.equal(qr[:, :, :1], q[:, :, :1]) and torch.equal(qr[:, :, -1:], q[:, :, -1:])  # skip, suffix
+    ref = torch.softmax(qr @ kr.transpose(-1, -2) * 8 ** -0.5, -1) @ v
+    assert_close(out, ref.detach().numpy(), 1e-12, 1e-10, "out")
+    for got, want, name in zip(grads, torch.autograd.grad(ref, (q, k, v), g), ("grad_q", "grad_k", "grad_v")):
+        assert_close(got, want.numpy(), 1e-11, 1e-9, name)
+    # the grid: ids (0, row, col), the same as those positions given explicitly
+    x = torch.randn(1, 2, 1 + 6 + 1, 8, dtype=F64)
+    grid_ids = torch.tensor([[0, r, c] for r in range(2) for c in range(3)])
+    assert torch.equal(m(x, 2, 3), m(x, positions=grid_ids))
+    assert "sections=(1, 2, 1)" in repr(m) and "suffix=1" in repr(m)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] sections = \(1, 2\); expected 3 ints >= 0"):
+        rt.RoPEMRoPE((1, 2))
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions has shape \(8, 2\); expected \(N, 3\) per-token "
+                                         r"\(t, h, w\)"):
+        m(q, positions=pos[:, 1:])
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions has shape \(8, 2\); expected \(N, 3\)"):
+        rt.attention(q, k, v, rope=m, positions=pos[:, 1:])
+    with pytest.raises(ValueError, match=r"mrope sections = 1,2,1 sum to 4 frequency pairs; expected D/2 = 8"):
+        m(torch.randn(1, 1, L, 16, dtype=F64), positions=pos)
