@@ -1,0 +1,41 @@
+// DeiT-S with iRPE-K (contextual Product on keys, ratio 1.9, tables shared by the heads, as
+// DeiT-iRPE) on random weights: the whole forward of two 224×224 images in C++ with Eigen and
+// rpe's fused attention (examples/vit/vit_model.hpp; bench/bench_model.cpp times it). Loading
+// trained weights instead: fill rpe::examples::vit_weights with pointers to them (the DeiT state
+// dict's tensors, as examples/vit_digits does from a .safetensors file).
+//
+// Prints one line:
+//   deit_s: iRPE-K L=197 K=50 logits=(2, 1000) finite=yes max|k - none|=0.0123 GMACs=9.29 rpe_mac_share=0.99% ok
+#include "../vit/vit_model.hpp"  // rpe (and Eigen) first, see there
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+int main() {
+    namespace ex = rpe::examples;
+    // Same seed: the two models share every weight but the iRPE tables (make_random_vit).
+    const auto model = ex::make_random_vit<float>(ex::deit_s_config("k"), {.seed = 1});
+    const auto plain = ex::make_random_vit<float>(ex::deit_s_config(), {.seed = 1});
+    const auto& c = model.config();
+    const int n = 2;
+    std::vector<float> images(static_cast<std::size_t>(n) * 3 * 224 * 224);
+    for (std::size_t i = 0; i < images.size(); ++i) images[i] = std::sin(0.001f * static_cast<float>(i));
+    std::vector<float> logits(static_cast<std::size_t>(n) * c.num_classes), logits_none(logits.size());
+    const rpe::tensor_ref<const float> in(images.data(), {n, 3, 224, 224});
+    model.forward(in, rpe::tensor_ref<float>(logits.data(), {n, c.num_classes}));
+    plain.forward(in, rpe::tensor_ref<float>(logits_none.data(), {n, c.num_classes}));
+
+    bool finite = true;
+    double diff = 0;
+    for (std::size_t i = 0; i < logits.size(); ++i) {
+        finite = finite && std::isfinite(logits[i]);
+        diff = std::fmax(diff, std::fabs(static_cast<double>(logits[i]) - logits_none[i]));
+    }
+    const auto macs = ex::vit_macs(c, c.last_block_class_token_only);
+    const bool ok = finite && diff > 0;
+    std::printf("deit_s: iRPE-K L=%d K=%d logits=(%d, %d) finite=%s max|k - none|=%.3g GMACs=%.2f rpe_mac_share=%.2f%% %s\n",
+                c.tokens, c.rpe_num_buckets, n, c.num_classes, finite ? "yes" : "no", diff, macs.total() * n * 1e-9,
+                100 * macs.rpe / macs.base(), ok ? "ok" : "FAILED");
+    return ok ? 0 : 1;
+}
