@@ -2,7 +2,8 @@
 // contextual Product on k, and on q, k, v (ratio 1.9, class token, table shared by the heads);
 // and a 128x128 grid whose bucket ids are computed on the fly; on DeiT-S also 2D RoPE on q and k
 // (rope: rope-vit's RoPE-Axial θ = 100; rope_k: with contextual Product on k; rope_mixed:
-// RoPE-Mixed with its frequency gradient in the backward).
+// RoPE-Mixed with its frequency gradient in the backward; forward only: rope_cat, rope_dinov3,
+// rope_mrope, and rope_positions / k_positions at per-token positions equal to the grid).
 //
 // Names (scripts read them): attention/<shape>/<rpe> is the float32 forward;
 // attention_fwd_bwd/<shape>/<rpe> forward + backward; attention_composed/<shape>/<rpe> the
@@ -21,6 +22,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -31,8 +33,9 @@ using ctx_term = rpe::term<product, rpe::mode::contextual, T, float>;
 
 struct attention_config {
     int b, h, height, width, d;
-    std::string rpe_on;                                                    // "", "k", "qkv"
-    std::string rope;                                                      // "", "axial", "mixed"
+    std::string rpe_on;      // "", "k", "qkv"
+    std::string rope;        // "", "axial", "mixed", "cat", "dinov3", "mrope"
+    bool positions = false;  // iRPE and RoPE at per-token positions equal to the grid's coordinates
     std::int64_t budget = rpe::attention_options{}.backward_budget_bytes;  // the backward's partials
 };
 
@@ -42,6 +45,8 @@ struct attention_case : attention_config {
 
     std::vector<float> q, k, v, grad_out, out, gq, gk, gv, attn;
     std::vector<float> tables[3], grads[3], freqs, grad_freqs;
+    std::vector<std::int32_t> ipos;  // (N, 2) the grid's (row, col) as iRPE positions
+    std::vector<float> rpos;         // (N, A) the same for the RoPE (mrope: (0, row, col))
     std::unique_ptr<rpe::any_term<float>> terms[3];
     rpe::attention_inputs<float> in;
 
@@ -81,9 +86,27 @@ struct attention_case : attention_config {
             slots[t]->grad_tables = {rpe::tensor_ref<float>(grads[t].data(), {shape[0], shape[1], shape[2]})};
             (void)terms[t]->bucket_ids(height, width);  // warm cache: ids are built once per grid
         }
+        const int axes = rope == "mrope" ? 3 : 2;
+        if (positions) {
+            for (int r = 0; r < height; ++r)
+                for (int c = 0; c < width; ++c) {
+                    ipos.insert(ipos.end(), {r, c});
+                    if (axes == 3) rpos.push_back(0.0f);
+                    rpos.insert(rpos.end(), {static_cast<float>(r), static_cast<float>(c)});
+                }
+            if (!rpe_on.empty()) in.positions = {ipos.data(), {static_cast<std::int64_t>(height) * width, 2}};
+        }
         if (rope == "axial") {
             in.rope = {.form = rpe::rope::axial{.theta = 100.0f}, .skip = 1};
             (void)rpe::rope_table_of(in.rope, d, height, width);  // warm cache: cos/sin are built once per grid
+        } else if (rope == "cat") {                               // timm's EVA-02 RotaryEmbeddingCat defaults
+            in.rope = {.form = rpe::rope::cat{}, .skip = 1};
+        } else if (rope == "dinov3") {  // DINOv3's own form and layout (rotate-half)
+            in.rope = {.form = rpe::rope::custom{rpe::rope::dinov3{}}, .skip = 1, .layout = rpe::rope::layout::half};
+        } else if (rope == "mrope") {  // Qwen-VL M-RoPE at D = 64: 32 pairs in sections 8, 12, 12
+            in.rope = {.form = rpe::rope::custom{rpe::rope::mrope{.section_t = 8, .section_h = 12, .section_w = 12}},
+                       .skip = 1,
+                       .layout = rpe::rope::layout::half};
         } else if (rope == "mixed") {
             freqs.resize(static_cast<std::size_t>(2 * h * d / 2));
             grad_freqs.resize(freqs.size());
@@ -95,6 +118,10 @@ struct attention_case : attention_config {
                        .freqs = rpe::tensor_ref<const float>(freqs.data(), {2, h, d / 2}),
                        .grad_freqs = rpe::tensor_ref<float>(grad_freqs.data(), {2, h, d / 2})};
         }
+        if (positions && !rope.empty())
+            in.rope.positions = {rpos.data(), {static_cast<std::int64_t>(height) * width, axes}};
+        else if (!rope.empty() && rope != "axial" && rope != "mixed")
+            (void)rpe::rope_table_of(in.rope, d, height, width);  // warm cache
     }
     rpe::tensor_ref<float> view(std::vector<float>& x) { return {x.data(), {b, h, l(), d}}; }
 };
@@ -211,6 +238,21 @@ const bool registered = [] {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
         benchmark::RegisterBenchmark((std::string("attention_fwd_bwd/deit_s/") + name).c_str(), run, c, what::forward_backward)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+    }
+    // The newer rotary forms (forward; target ≤ 1.05x attention/deit_s/none) and per-token
+    // positions equal to the grid (target ≤ 1.05x the grid case: rope_positions against rope,
+    // k_positions against k; rope_mrope takes (0, row, col) position ids).
+    for (const auto& [name, on, form, at_positions] :
+         {std::tuple<const char*, const char*, const char*, bool>{"rope_cat", "", "cat", false},
+          std::tuple<const char*, const char*, const char*, bool>{"rope_dinov3", "", "dinov3", false},
+          std::tuple<const char*, const char*, const char*, bool>{"rope_mrope", "", "mrope", true},
+          std::tuple<const char*, const char*, const char*, bool>{"rope_positions", "", "axial", true},
+          std::tuple<const char*, const char*, const char*, bool>{"k_positions", "k", "", true}}) {
+        attention_config c{8, 6, 14, 14, 64, on, form};
+        c.positions = at_positions;
+        benchmark::RegisterBenchmark((std::string("attention/deit_s/") + name).c_str(), run, c, what::forward)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
     }
