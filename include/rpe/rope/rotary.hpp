@@ -128,8 +128,28 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
                 const char* component) {
     if (!r.enabled()) return;
     require(r.form.index() < std::variant_size_v<rope_form>, component, "rope form is valueless; expected a rope:: policy");
-    require(r.layout == rope::layout::pairs || r.layout == rope::layout::half, component,
-            "rope layout = ", static_cast<int>(r.layout), "; expected rope::layout::pairs or rope::layout::half");
+    require(r.layout == rope::layout::pairs || r.layout == rope::layout::half || r.layout == rope::layout::vjepa2, component,
+            "rope layout = ", static_cast<int>(r.layout),
+            "; expected rope::layout::pairs, rope::layout::half or rope::layout::vjepa2");
+    // a form with a layout of its own (rope::vjepa2) runs in it alone, and that layout only with it
+    const int required = std::visit(
+        [](const auto& p) {
+            using P = std::remove_cvref_t<decltype(p)>;
+            if constexpr (std::is_same_v<P, rope::custom>)
+                return p.required_layout();
+            else if constexpr (std::is_same_v<P, std::monostate>)
+                return -1;
+            else
+                return rope::required_layout_of<P>();
+        },
+        r.form);
+    if (required >= 0)
+        require(static_cast<int>(r.layout) == required, component, "rope layout = ", rope::layout_name(r.layout),
+                " for a form that runs in its own layout; expected rope::layout::",
+                rope::layout_name(static_cast<rope::layout>(required)), " (rope::default_layout_of)");
+    else
+        require(r.layout != rope::layout::vjepa2, component,
+                "rope layout = vjepa2 for a form other than rope::vjepa2; expected pairs or half");
     std::visit(
         [&](const auto& p) {
             using P = std::remove_cvref_t<decltype(p)>;
@@ -178,7 +198,7 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
             else
                 require(p.extent(1) == 3, component, "rope ", name, " has shape ", p.shape_string(),
                         "; expected 3 axes (t, h, w), shape (", rotated,
-                        ", 3): this form (rope::mrope) takes three position ids per token");
+                        ", 3): this form (rope::mrope, rope::vjepa2) takes three position ids per token");
             check_shape(p, {rotated, axes}, component, (std::string("rope ") + name).c_str());
             check_nonnull(p, component, (std::string("rope ") + name).c_str());
             require(p.contiguous(), component, "rope ", name, " is a strided view; expected a contiguous buffer");
