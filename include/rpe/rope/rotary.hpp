@@ -63,7 +63,7 @@ struct rotary_embedding {
     int skip = 0;                               ///< leading tokens left unrotated (>= 0)
     tensor_ref<const S> freqs = {};             ///< rope::mixed: (2, H, D/2) learned fx, fy; empty otherwise
     tensor_ref<S> grad_freqs = {};              ///< rope::mixed backward: (2, H, D/2), overwritten; empty = not wanted
-    rope::layout layout = rope::layout::pairs;  ///< channel pairing: (2j, 2j+1) or (j, j + D/2)
+    rope::layout layout = rope::layout::pairs;  ///< channel pairing: (2j, 2j+1), (j, j + D/2) or V-JEPA 2's (rope::vjepa2)
     /// Per-token positions instead of the grid: (N, A) float coordinates — integer or real — of
     /// the N = L − skip − suffix rotated tokens of q (and of x in the standalone rotation), in the
     /// form's coordinate frame (each policy's angle_at); A = rope_position_axes(form): 2 (row, col)
@@ -114,13 +114,15 @@ inline int rope_position_axes(const rope_form& form) {
 
 namespace detail {
 
-/// @brief Checks a rotary embedding against (H, L, D) and the grid: parameters of the policy,
+/// @brief Checks a rotary embedding against (H, L, D) and the grid: the layout (rope::vjepa2 in
+/// layout::vjepa2 only, and that layout for no other form), parameters of the policy,
 /// skip >= 0, L = skip + height·width, a flat grid (depth 1), D a positive multiple of the
 /// form's head_dim_multiple (and the policy's check_head_dim when it has one: rope::mrope's
 /// sections sum to D/2), positions / key_positions (N, A) with A = rope_position_axes(form),
 /// finite, and for rope::mixed freqs (2, H, D/2) non-null (grad_freqs, when given, is checked by
 /// check_rope_gradient).
-/// @throws rpe::invalid_argument `[rpe.<component>] rope ...` (a position axis count other than
+/// @throws rpe::invalid_argument `[rpe.<component>] rope ...` (`rope layout = pairs for a form that
+///   runs in its own layout; expected rope::layout::vjepa2`; a position axis count other than
 ///   the form's: `rope positions has shape (N, 3); expected 2 axes (row, col)` or
 ///   `... (N, 2); expected 3 axes (t, h, w)`).
 template <class S>

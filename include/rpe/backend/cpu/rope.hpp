@@ -110,8 +110,9 @@ RPE_ROPE_ROW_KERNEL void rope_rotate_vjepa2_row(const S* cs, const S* sn, std::i
 /// `inverse` dst = scale · Rᵀ src (the backward's rotation back); tokens below skip and from
 /// skip + t.tokens on (the suffix) are only scaled. Pair j is the channels of t.layout
 /// ((2j, 2j+1) or (j, j + D/2); half rows go through the pairs kernel on their channels
-/// interleaved; vjepa2 rows through rope_rotate_vjepa2_row, whose `inverse` is the transpose map). src and dst are (rb, D), src rows `src_stride` apart (−1: D, contiguous; 0 is
-/// a real stride: one row repeated); they may be the same buffer.
+/// interleaved; vjepa2 rows go through rope_rotate_vjepa2_row, whose `inverse` is the transpose
+/// map). src and dst are (rb, D), src rows `src_stride` apart (−1: D, contiguous; 0 is a real
+/// stride: one row repeated); they may be the same buffer.
 template <class S>
 void rope_rotate_rows(const rope_table<S>& t, std::int64_t h, std::int64_t skip, std::int64_t i0, std::int64_t rb, std::int64_t d,
                       const S* src, S* dst, S scale, bool inverse, std::int64_t src_stride = -1) {
