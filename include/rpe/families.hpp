@@ -1,15 +1,15 @@
 /// @file families.hpp
 /// @brief The built-in term families by name and the visitors over them: every mapping (the iRPE
 /// methods, 1D Shaw and T5, 3D product, Swin, BEiT, SwinV2 CPB, SAM decomposed, 2D ALiBi) and every
-/// RoPE form (axial, mixed, cat, dinov3, mrope), in rpe::registry. This file is the one place a built-in family's
+/// RoPE form (axial, mixed, cat, dinov3, mrope, vjepa2, sam2), in rpe::registry. This file is the one place a built-in family's
 /// name is written.
 ///
 /// - rpe::parse_family_spec / rpe::to_string: a spec from and to text (`product:index=clip,beta=4`).
 /// - rpe::visit_mapping(spec, grid, f): `f(m)` with the concrete mapping value of `spec` (a
 ///   built-in mapping type, or rpe::registered_mapping for a family added at run time);
 ///   rpe::term_of and rpe::bucket_ids_of take both, so one generic `f` serves every family.
-/// - rpe::visit_rope(spec, f): `f(form)` with rope::axial, rope::mixed, rope::cat, rope::dinov3 or
-///   rope::mrope (rpe::rope_form_of makes a rotary_embedding's form of it, rope::default_layout_of
+/// - rpe::visit_rope(spec, f): `f(form)` with rope::axial, rope::mixed, rope::cat, rope::dinov3,
+///   rope::mrope or rope::vjepa2 (sam2 is rope::axial with θ = 10000; rpe::rope_form_of makes a rotary_embedding's form of it, rope::default_layout_of
 ///   gives its reference layout).
 /// - rpe::register_mapping / RPE_REGISTER_MAPPING: a user's own mapping policy, by name, from a
 ///   unit of the user's program or plugin (docs/custom_mapping.md).
@@ -46,6 +46,7 @@
 #include "rope/dinov3.hpp"
 #include "rope/mixed.hpp"
 #include "rope/mrope.hpp"
+#include "rope/vjepa2.hpp"
 #include "vit/alibi_2d.hpp"
 #include "vit/decomposed_rel_pos.hpp"
 
@@ -56,7 +57,7 @@ namespace rpe {
 enum class builtin_family : int {
     euclidean, quantization, cross, product, euclidean_paper, quantization_paper,  // iRPE (rpe::method order)
     shaw, t5, product3d, swin, beit, swinv2, decomposed, alibi2d,                  // other mappings
-    axial, mixed, cat, dinov3, mrope,                                              // RoPE forms
+    axial, mixed, cat, dinov3, mrope, vjepa2, sam2,                                // RoPE forms
 };
 // clang-format on
 
@@ -175,6 +176,12 @@ inline void add_builtin_families(registry& r) {
                                  family_param::integer("section_w", 24, "frequency pairs on the width ids (mrope_section[2])"),
                                  family_param::flag("interleaved", false, "Qwen3-VL's interleaved sections")},
                                 "Qwen-VL M-RoPE", family_kind::rope, "rope", all, 0});
+    // V-JEPA 2: theta fixed at 10000 in the source
+    add(builtin_family::vjepa2, {"vjepa2", {}, {family_param::number("theta", 10000.0, "frequency base")},
+                                 "V-JEPA 2 3D RoPE (frame, row, col)", family_kind::rope, "rope", all, 0});
+    // SAM2's memory attention: rope::axial with theta 10000 (keys at the query grid repeated, a suffix unrotated)
+    add(builtin_family::sam2, {"sam2", {}, {family_param::number("theta", 10000.0, "base of the frequencies (rope_theta)")},
+                               "SAM2 memory-attention RoPE (axial, theta 10000)", family_kind::rope, "rope", all, 0});
 }
 // clang-format on
 
@@ -319,11 +326,12 @@ decltype(auto) visit_mapping(const family_spec& s, grid_extent g, F&& f) {
 }
 
 /// @brief Calls `f(form)` with the RoPE policy of `s` (rope::axial, rope::mixed, rope::cat,
-/// rope::dinov3, rope::mrope; the parameters as the fields of the same name, dinov3's normalize as
+/// rope::dinov3, rope::mrope, rope::vjepa2; sam2 gives rope::axial with its theta; the parameters as the fields of the same name, dinov3's normalize as
 /// rope::dinov3_normalize). Every call of f must return the same type. The values are not checked
 /// beyond their kinds: the policy's validate() does (rpe::rope_forward calls it).
-/// rpe::rope_form_of(form) is the rotary_embedding form of it (rope::custom for dinov3 and mrope),
-/// rope::default_layout_of(form) its reference layout (half for dinov3 and mrope, else pairs).
+/// rpe::rope_form_of(form) is the rotary_embedding form of it (rope::custom for dinov3, mrope and
+/// vjepa2), rope::default_layout_of(form) its reference layout (half for dinov3 and mrope, vjepa2
+/// for vjepa2, else pairs).
 /// @throws rpe::invalid_argument `[rpe.term_spec] form = '...'; expected one of axial, mixed, cat, ...`.
 template <class F>
 decltype(auto) visit_rope(const family_spec& s, F&& f) {
@@ -344,6 +352,8 @@ decltype(auto) visit_rope(const family_spec& s, F&& f) {
                                   .jitter_y = num("jitter_y"),
                                   .jitter_x = num("jitter_x"),
                                   .rescale = num("rescale")});
+        case B::vjepa2: return f(rope::vjepa2{.theta = num("theta")});
+        case B::sam2: return f(rope::axial{.theta = num("theta")});
         case B::mrope:
             return f(rope::mrope{.theta = num("theta"),
                                  .section_t = s.get_int("section_t"),

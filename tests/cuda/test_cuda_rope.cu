@@ -11,6 +11,8 @@
 #include <rpe/rpe.hpp>
 #include <rpe/make_term.hpp>
 #include <rpe/rope/mrope.hpp>
+#include <rpe/rope/positions.hpp>
+#include <rpe/rope/vjepa2.hpp>
 
 #include <cmath>
 #include <functional>
@@ -510,5 +512,36 @@ TEST_CASE("cuda rope: rope::mrope (3-axis positions) is rpe::not_supported, befo
     r.positions = view<const float>(pos.data(), {l, 2});
     CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
                          doctest::Contains("rope positions has shape (7, 2); expected 3 axes (t, h, w)"), rpe::invalid_argument);
+}
+
+TEST_CASE("cuda rope: rope::vjepa2 (its own channel layout) is rpe::not_supported, before any CUDA call") {
+    const std::int64_t b = 1, h = 1, l = 6, d = 14;
+    const std::vector<std::int64_t> shape{b, h, l, d};
+    const auto x = random_floats(b * h * l * d, 10);
+    std::vector<float> y(x.size()), g(x.size());
+    const auto pos = rpe::rope::grid_positions(2, 1, 3);
+    rpe::rotary_embedding<float> r{.form = rpe::rope::custom{rpe::rope::vjepa2{}}};
+    r.layout = rpe::rope::layout::vjepa2;
+    r.positions = view<const float>(pos.data(), {l, 3});
+    const char* message =
+        "[rpe.rope] rope::vjepa2 (V-JEPA 2's channel layout, rope::layout::vjepa2) is not supported by the "
+        "cuda backend";
+    CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
+                         doctest::Contains(message), rpe::not_supported);
+    CHECK_THROWS_WITH_AS(rpe::cuda::rope_backward(r, 1, 1, view<const float>(x.data(), shape), view<const float>(g.data(), shape),
+                                                  view<float>(y.data(), shape)),
+                         doctest::Contains(message), rpe::not_supported);
+    rpe::attention_inputs<float> in;
+    in.q = in.k = in.v = view<const float>(x.data(), shape);
+    in.height = 2;
+    in.width = 3;
+    in.rope = r;
+    in.rope.positions = {};  // on the grid (ids (0, row, col)) too
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(y.data(), shape)), doctest::Contains(message),
+                         rpe::not_supported);
+    // a bad input is still the CPU's invalid_argument first
+    r.layout = rpe::rope::layout::pairs;
+    CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
+                         doctest::Contains("rope layout = pairs for a form that runs in its own layout"), rpe::invalid_argument);
 }
 }  // TEST_SUITE("host")

@@ -60,7 +60,7 @@ TEST_CASE("registry: every family's spec round-trips through its text") {
         }
     }
     CHECK(mappings >= 15);  // 14 built-in mappings and this unit's
-    CHECK(ropes == 5);      // axial, mixed, cat, dinov3, mrope
+    CHECK(ropes == 7);      // axial, mixed, cat, dinov3, mrope, vjepa2, sam2
     // values that are not the defaults, a choice and a flag among them
     const auto p = rpe::parse_family_spec("product:index=clip,beta=4.25");
     CHECK(rpe::to_string(p) == "product:index=clip,alpha=1.9,beta=4.25,gamma=15.2");
@@ -92,8 +92,9 @@ TEST_CASE("registry: errors name the parameter and the value") {
          "decomposed (sam)", "test_taxicab (test_l1)"}));
     CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("axial"); },
                                 "[rpe.term_spec] family = 'axial'; expected one of"));
-    CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("spiral", rpe::family_kind::rope); },
-                                "[rpe.term_spec] form = 'spiral'; expected one of axial, mixed, cat, dinov3, mrope"));
+    CHECK(
+        rpe_test::throws_with([] { (void)rpe::parse_family_spec("spiral", rpe::family_kind::rope); },
+                              "[rpe.term_spec] form = 'spiral'; expected one of axial, mixed, cat, dinov3, mrope, vjepa2, sam2"));
     CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("product:delta=1"); },
                                 "[rpe.term_spec] parameter = 'delta' of product; expected one of index, alpha, beta, gamma"));
     CHECK(rpe_test::throws_with([] { (void)rpe::parse_family_spec("product:index=hexagon"); },

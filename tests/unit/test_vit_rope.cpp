@@ -561,8 +561,9 @@ TEST_CASE_TEMPLATE("rope: layout half is layout pairs on permuted channels, exac
     rpe::rotary_embedding<S> bad{.form = rpe::rope::axial{}, .skip = skip};
     bad.layout = static_cast<rpe::rope::layout>(7);
     std::vector<S> y(x.size());
-    CHECK(rpe_test::throws_with([&] { rpe::rope_forward(bad, height, width, cview(x, shape), mview(y, shape)); },
-                                "[rpe.rope] rope layout = 7; expected rope::layout::pairs or rope::layout::half"));
+    CHECK(rpe_test::throws_with(
+        [&] { rpe::rope_forward(bad, height, width, cview(x, shape), mview(y, shape)); },
+        "[rpe.rope] rope layout = 7; expected rope::layout::pairs, rope::layout::half or rope::layout::vjepa2"));
 }
 
 TEST_CASE_TEMPLATE("rope: fused attention equals rotate-then-attend (alone and with iRPE q, k, v terms)", S, float, double) {

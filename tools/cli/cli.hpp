@@ -163,6 +163,7 @@ struct rope_options {
     std::string sections = "16,24,24";                                  // mrope
     bool interleaved = false, theta_given = false;                      // mrope; theta_given: --theta on the command line
     int skip = 0, suffix = 0;
+    int repeat = 1;  // --repeat: copies of the --grid HxW (SAM2's memory keys)
     double base = 100.0, min_period = 0.0, max_period = 0.0, rescale = 1.0;  // dinov3
     double theta = 100.0, temperature = 10000.0, max_res = 224.0, grid_offset = 0.0;
     bool in_pixels = false, linear_bands = false, xy = false;

@@ -5,7 +5,7 @@
 //   rpe show    --mapping product --grid 14x14 --query 7,7 [--png out.png] [--all]
 //   rpe term    --mapping product --mode contextual --target k --grid 5x9 --skip 1
 //               --table t.npy --input x.npy --out y.npy [--expect ref.npy]
-//   rpe rope    --form axial|mixed|cat|dinov3|mrope --grid 14x14 --skip 1 --input q.npy --out q_rot.npy
+//   rpe rope    --form axial|mixed|cat|dinov3|mrope|vjepa2|sam2 --grid 14x14 --skip 1 --input q.npy --out q_rot.npy
 //               [--theta 100 | --freqs f.npy | --temperature 10000 --ref-grid 16x16 ...] [--expect ref.npy]
 //   rpe bench   --mapping product,euclidean --grid 14x14 [--batch 8 --heads 6 --dim 64]
 //               [--pass fwd,fwd_bwd --repeat 7 --warmup 1 --format table|csv]
@@ -824,19 +824,27 @@ int run(int argc, char** argv) {
                    "bias: the table is in timm's (K, H) layout (swin, beit); swinv2's is always "
                    "the CPB MLP's (K, H) output");
 
-    auto* rope = app.add_subcommand("rope", "2D rotary position embedding of a q or k (.npy in, .npy out)");
+    auto* rope = app.add_subcommand("rope", "rotary position embedding of a q or k (.npy in, .npy out)");
     rope_options ro;
     rope->add_option("--form", ro.form,
                      "a RoPE form of rpe's registry (docs/rope.md), one of " + rpe::families().names_text(rpe::family_kind::rope))
         ->capture_default_str();
-    rope->add_option("--grid", ro.grid, "HxW: L = skip + H*W + suffix must match the input (or --positions)");
+    rope->add_option("--grid", ro.grid,
+                     "HxW: L = skip + H*W + suffix must match the input (or --positions); TxHxW for a 3-axis form (vjepa2, "
+                     "mrope): (frame, row, col) ids of T frames, L = skip + T*H*W + suffix");
+    rope->add_option("--repeat", ro.repeat,
+                     "with --grid HxW: the grid R times over (SAM2's memory keys: one copy per memory frame), "
+                     "L = skip + R*H*W + suffix")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1 << 24));
     rope->add_option("--skip", ro.skip, "leading tokens left unrotated (class token)")
         ->capture_default_str()
         ->check(CLI::Range(0, 1 << 30));
     rope->add_option("--input", ro.input, "q or k .npy (B, H, L, D)")->required()->check(CLI::ExistingFile);
     rope->add_option("--out", ro.out, "rotated .npy (float32)")->check(non_empty_path);
     rope->add_option("--theta", ro.theta,
-                     "axial: base of the frequencies (default 100); mrope: rope_theta (default 1e6, Qwen2-VL)");
+                     "axial: base of the frequencies (default 100); mrope: rope_theta (default 1e6, Qwen2-VL); vjepa2, sam2: "
+                     "frequency base (default 10000)");
     rope->add_option("--freqs", ro.freqs, "mixed: learned frequencies .npy (2, H, D/2)")->check(CLI::ExistingFile);
     rope->add_option("--temperature", ro.temperature, "cat: band base (without --in-pixels)")->capture_default_str();
     rope->add_flag("--in-pixels", ro.in_pixels, "cat: pixel bands and [-1, 1] coordinates (timm's class default; EVA-02: off)");
@@ -847,7 +855,8 @@ int run(int argc, char** argv) {
     rope->add_flag("--xy", ro.xy, "cat: grid_indexing 'xy' (columns first)");
     rope->add_option(
         "--layout", ro.layout,
-        "channel pairing: pairs ((2j, 2j+1), rope-vit, EVA-02; the default) or half ((j, j+D/2), rotate-half; dinov3's default)");
+        "channel pairing: pairs ((2j, 2j+1), rope-vit, EVA-02; the default) or half ((j, j+D/2), rotate-half; dinov3's and "
+        "mrope's default); vjepa2 (V-JEPA 2's own layout, vjepa2's default and only one)");
     rope->add_option("--suffix", ro.suffix, "trailing tokens left unrotated")
         ->capture_default_str()
         ->check(CLI::Range(0, 1 << 30));
@@ -856,6 +865,7 @@ int run(int argc, char** argv) {
     rope->add_flag("--interleaved", ro.interleaved, "mrope: Qwen3-VL's interleaved sections");
     rope->add_option("--positions", ro.positions,
                      "per-token coordinates .npy (L - skip - suffix, 2) (row, col), or (.., 3) (t, h, w) position ids for mrope, "
+                     "(frame, row, col) for vjepa2, "
                      "instead of --grid")
         ->check(CLI::ExistingFile);
     rope->add_option("--base", ro.base, "dinov3: period base (timm's temperature)")->capture_default_str();

@@ -1,5 +1,5 @@
 // `rpe rope`: a rotary position embedding (rpe::rope_forward; every RoPE form of rpe's registry, <rpe/families.hpp>: the
-// 2D forms, DINOv3, Qwen-VL's M-RoPE) applied to a q or k tensor read from .npy, the result written as .npy (atomically,
+// 2D forms, DINOv3, Qwen-VL's M-RoPE, V-JEPA 2, SAM2) applied to a q or k tensor read from .npy, the result written as .npy (atomically,
 // like every output of the tool). The form's parameters come from the options of the same meaning.
 #include <cmath>
 #include <cstdint>
@@ -16,6 +16,7 @@
 
 #include <rpe/backend/cpu/rope.hpp>
 #include <rpe/io/npy.hpp>
+#include <rpe/rope/positions.hpp>
 #include <rpe/rope/rotary.hpp>
 
 #include "cli.hpp"
@@ -57,6 +58,21 @@ std::vector<int> parse_counts(const std::string& text, const char* option, const
         at = end + 1;
     }
     return v;
+}
+
+// --grid: HxW (or L) as parse_grid, or TxHxW (frames = 0 for the 2D forms). @throws usage_error naming the value.
+struct video_grid {
+    int frames = 0;
+    grid_size g{1, 1};
+};
+video_grid parse_video_grid(const std::string& text) {
+    const auto x1 = text.find_first_of("xX");
+    const auto x2 = x1 == std::string::npos ? std::string::npos : text.find_first_of("xX", x1 + 1);
+    if (x2 == std::string::npos) return {0, parse_grid(text, "--grid")};
+    const std::string t = text.substr(0, x1);
+    if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string::npos || std::stoi(t) < 1)
+        throw usage_error("--grid", "'" + text + "' is not a grid; expected HxW or TxHxW (e.g. 8x16x16), positive integers");
+    return {std::stoi(t), parse_grid(text.substr(x1 + 1), "--grid")};
 }
 
 // The RoPE forms of rpe's registry whose default spec satisfies `pred`, as "a, b or c".
@@ -159,6 +175,7 @@ std::string describe(const rpe::family_spec& s, const rope_options& o) {
 // The options whose values the form's validate() checks, for its usage error.
 const char* checked_options(const rpe::family_spec& s) {
     if (s.has("section_t")) return "--theta/--sections";
+    if (s.has("theta")) return "--theta";
     if (s.has("base")) return "--base/--min-period/--max-period/--jitter/--rescale";
     return "--theta/--temperature/--max-res/--grid-offset/--ref-grid";
 }
@@ -167,8 +184,12 @@ const char* checked_options(const rpe::family_spec& s) {
 
 int run_rope(const rope_options& o) {
     if (o.grid.empty() == o.positions.empty())
-        throw usage_error(o.grid.empty() ? "--grid" : "--positions", "give one of --grid HxW and --positions P.npy");
-    const auto g = o.grid.empty() ? grid_size{1, 1} : parse_grid(o.grid, "--grid");
+        throw usage_error(o.grid.empty() ? "--grid" : "--positions", "give one of --grid HxW (or TxHxW) and --positions P.npy");
+    const auto vg = o.grid.empty() ? video_grid{} : parse_video_grid(o.grid);
+    auto g = vg.g;
+    if (o.repeat != 1 && (o.grid.empty() || vg.frames != 0))
+        throw usage_error("--repeat", "--repeat " + std::to_string(o.repeat) +
+                                          " repeats a --grid HxW; expected it with --grid HxW (not with --positions or TxHxW)");
     check_output_options(o.out, o.expect, o.atol, o.rtol);
     rpe::rotary_embedding<float> r;
     r.skip = o.skip;
@@ -183,22 +204,47 @@ int run_rope(const rope_options& o) {
         r.layout = rpe::rope::layout::pairs;
     else if (o.layout == "half")
         r.layout = rpe::rope::layout::half;
+    else if (o.layout == "vjepa2")
+        r.layout = rpe::rope::layout::vjepa2;
     else
-        throw usage_error("--layout", "'" + o.layout + "' is not a channel layout; expected pairs or half");
+        throw usage_error("--layout", "'" + o.layout + "' is not a channel layout; expected pairs, half or vjepa2");
     std::vector<float> freqs, positions;
     std::vector<std::int64_t> freqs_shape, positions_shape;
+    const int axes = rpe::rope_position_axes(r.form);
+    const auto three_axis_forms = [] {
+        return forms_where([](const rpe::family_spec& d) {
+            return rpe::visit_rope(d, [](const auto& f) { return rpe::rope_position_axes(rpe::rope_form_of(f)); }) == 3;
+        });
+    };
+    if (vg.frames != 0) {  // TxHxW: the (frame, row, col) ids of the clip, as per-token positions
+        if (axes != 3)
+            throw usage_error("--grid", "'" + o.grid + "' is a TxHxW grid, for a form with (frame, row, col) positions (" +
+                                            three_axis_forms() + "); expected HxW for --form " + spec.family);
+        try {
+            positions = rpe::rope::grid_positions(vg.frames, g.height, g.width);
+        } catch (const rpe::invalid_argument& e) {
+            throw usage_error("--grid", e.what());
+        }
+        positions_shape = {static_cast<std::int64_t>(positions.size() / 3), 3};
+        r.positions = cref(positions, positions_shape);
+    } else if (o.repeat != 1) {  // HxW repeated: SAM2's memory keys
+        if (axes != 2)
+            throw usage_error("--repeat", "--repeat repeats a 2D grid; --form " + spec.family + " takes 3-axis positions");
+        try {
+            positions = rpe::rope::repeated_grid_positions(g.height, g.width, o.repeat);
+        } catch (const rpe::invalid_argument& e) {
+            throw usage_error("--grid/--repeat", e.what());
+        }
+        positions_shape = {static_cast<std::int64_t>(positions.size() / 2), 2};
+        r.positions = cref(positions, positions_shape);
+    }
     if (!o.positions.empty()) {
         const auto p = rpe::io::load_npy(o.positions);
         positions = to_float32(p, "--positions", o.positions);
         positions_shape = p.shape;
         if (positions_shape.size() > 4)
             throw usage_error("--positions", o.positions + " has shape " + rpe::detail::shape_string(positions_shape) +
-                                                 "; expected (tokens, 2) or, for " + forms_where([](const rpe::family_spec& d) {
-                                                     return rpe::visit_rope(d, [](const auto& f) {
-                                                                return rpe::rope_position_axes(rpe::rope_form_of(f));
-                                                            }) == 3;
-                                                 }) +
-                                                 ", (tokens, 3)");
+                                                 "; expected (tokens, 2) or, for " + three_axis_forms() + ", (tokens, 3)");
         r.positions = cref(positions, positions_shape);
     }
     const bool learned = std::holds_alternative<rpe::rope::mixed>(r.form);  // frequencies from --freqs
@@ -238,12 +284,19 @@ int run_rope(const rope_options& o) {
         const char* opts = sections               ? (!o.positions.empty() ? "--input/--positions/--skip/--suffix/--sections"
                                                                           : "--input/--grid/--skip/--suffix/--sections")
                            : !o.positions.empty() ? "--input/--positions/--skip/--suffix/--freqs"
+                           : o.repeat != 1        ? "--input/--grid/--repeat/--skip/--suffix"
+                           : vg.frames != 0       ? "--input/--grid/--skip/--suffix/--layout"
+                           : axes == 3            ? "--input/--grid/--skip/--suffix/--layout"
                            : o.suffix != 0        ? "--input/--grid/--skip/--suffix/--freqs"
                                                   : "--input/--grid/--skip/--freqs";
         throw usage_error(opts, e.what());
     }
     std::cout << "rope: " << what;
-    if (o.positions.empty())
+    if (vg.frames != 0)
+        std::cout << ", grid " << vg.frames << "x" << g.height << "x" << g.width;
+    else if (o.repeat != 1)
+        std::cout << ", grid " << g.height << "x" << g.width << " repeated " << o.repeat;
+    else if (o.positions.empty())
         std::cout << ", grid " << g.height << "x" << g.width;
     else
         std::cout << ", positions " << o.positions;

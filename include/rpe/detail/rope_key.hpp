@@ -7,6 +7,7 @@
 #include <typeindex>
 
 #include "../concepts.hpp"
+#include "../rope/layout.hpp"
 
 namespace rpe::detail {
 
@@ -37,6 +38,8 @@ struct rope_policy_base {
     virtual void validate() const = 0;
     /// The policy's head_dim_multiple.
     [[nodiscard]] virtual int head_dim_multiple() const = 0;
+    /// The layout the policy runs in (rope::required_layout_of: `P::required_layout`), −1 for any.
+    [[nodiscard]] virtual int required_layout() const = 0;
 };
 
 /// @brief The number of axes of policy P's per-token positions: `P::position_axes` when declared
@@ -93,6 +96,7 @@ struct rope_policy_value final : rope_policy_base {
     }
     void validate() const override { policy.validate(); }
     [[nodiscard]] int head_dim_multiple() const override { return P::head_dim_multiple; }
+    [[nodiscard]] int required_layout() const override { return rope::required_layout_of<P>(); }
 };
 
 }  // namespace rpe::detail

@@ -49,6 +49,9 @@ public:
     void check_head_dim(int head_dim) const {
         if (held_) held_->check_head_dim(head_dim);
     }
+    /// @brief The layout the held policy runs in (its `required_layout`, e.g. rope::vjepa2's
+    /// layout::vjepa2), −1 when it runs in any (or when empty).
+    [[nodiscard]] int required_layout() const { return held_ ? held_->required_layout() : -1; }
     /// @brief Whether the held policy has angle_at (false when empty).
     [[nodiscard]] bool has_angle_at() const { return held_ && held_->has_angle_at(); }
     /// @brief The held policy's head_dim_multiple (1 when empty).

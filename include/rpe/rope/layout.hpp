@@ -10,6 +10,7 @@ namespace rpe::rope {
 
 /// @brief The channel pairing of every rotary form (rpe::rotary_embedding::layout). A head of D
 /// channels has D/2 pairs; pair j (whose angle is the form's angle of pair j) is the channels
+/// (vjepa2, V-JEPA 2's own layout, is the exception: see it)
 /// - `pairs`: (2j, 2j+1), rotated as the complex number x_2j + i·x_2j+1 (rope-vit's complex
 ///   product; timm's apply_rot_embed_cat with half = false; EVA-02);
 /// - `half`: (j, j + D/2), "rotate-half" (`x·cos + rotate_half(x)·sin` with
@@ -18,6 +19,13 @@ namespace rpe::rope {
 enum class layout : unsigned char {
     pairs = 0,  ///< channels (2j, 2j+1)
     half = 1,   ///< channels (j, j + D/2)
+    /// V-JEPA 2's own channel layout, only for rope::vjepa2 (its required_layout): three slices of
+    /// s = 2·⌊D/6⌋ channels (frame, row, col), then D − 3s channels passed through; in slice a,
+    /// channel l (l < s) takes table entry `a·s/2 + (l mod s/2)` and partners channel l xor 1:
+    /// `y_l = cos·x_l − sin·x_l+1` (l even), `y_l = cos·x_l + sin·x_l−1` (l odd). The two channels
+    /// of a partnership turn by different angles (entries l and l+1 mod s/2): not a rotation,
+    /// kept by V-JEPA 2 for checkpoint compatibility (transformers' rotate_queries_or_keys).
+    vjepa2 = 2,
 };
 
 /// @brief First channel of pair j among `pairs` = D/2 pairs.
@@ -28,7 +36,7 @@ RPE_HOST_DEVICE constexpr std::int64_t first_channel(layout l, std::int64_t j, s
 RPE_HOST_DEVICE constexpr std::int64_t pair_stride(layout l, std::int64_t pairs) { return l == layout::half ? pairs : 1; }
 
 /// @brief The channel pairing of policy P's reference model: `P::default_layout` when P declares
-/// it (rope::dinov3 and rope::mrope: `half`), else `pairs` (rope-vit's axial and mixed, timm's cat
+/// it (rope::dinov3 and rope::mrope: `half`; rope::vjepa2: `vjepa2`), else `pairs` (rope-vit's axial and mixed, timm's cat
 /// as EVA-02 uses it). The `rpe rope` tool's default --layout; rpe::rotary_embedding::layout itself
 /// defaults to `pairs` whatever the form.
 template <class P>
@@ -44,7 +52,21 @@ constexpr layout default_layout_of(const P& /*p*/) {
     return default_layout_of<P>();
 }
 
-/// @brief "pairs" or "half" ("?" for a value outside the enumeration).
-constexpr const char* layout_name(layout l) { return l == layout::pairs ? "pairs" : l == layout::half ? "half" : "?"; }
+/// @brief The layout that policy P runs in, whatever rpe::rotary_embedding::layout says it
+/// should be: `P::required_layout` when P declares it (rope::vjepa2: layout::vjepa2), else −1
+/// (any of pairs and half). A form with a required layout is refused in another one, and
+/// layout::vjepa2 is refused for the forms without it (detail::check_rope).
+template <class P>
+constexpr int required_layout_of() {
+    if constexpr (requires { P::required_layout; })
+        return static_cast<int>(P::required_layout);
+    else
+        return -1;
+}
+
+/// @brief "pairs", "half" or "vjepa2" ("?" for a value outside the enumeration).
+constexpr const char* layout_name(layout l) {
+    return l == layout::pairs ? "pairs" : l == layout::half ? "half" : l == layout::vjepa2 ? "vjepa2" : "?";
+}
 
 }  // namespace rpe::rope

@@ -63,7 +63,7 @@ struct rotary_embedding {
     int skip = 0;                               ///< leading tokens left unrotated (>= 0)
     tensor_ref<const S> freqs = {};             ///< rope::mixed: (2, H, D/2) learned fx, fy; empty otherwise
     tensor_ref<S> grad_freqs = {};              ///< rope::mixed backward: (2, H, D/2), overwritten; empty = not wanted
-    rope::layout layout = rope::layout::pairs;  ///< channel pairing: (2j, 2j+1) or (j, j + D/2)
+    rope::layout layout = rope::layout::pairs;  ///< channel pairing: (2j, 2j+1), (j, j + D/2) or V-JEPA 2's (rope::vjepa2)
     /// Per-token positions instead of the grid: (N, A) float coordinates — integer or real — of
     /// the N = L − skip − suffix rotated tokens of q (and of x in the standalone rotation), in the
     /// form's coordinate frame (each policy's angle_at); A = rope_position_axes(form): 2 (row, col)
@@ -114,13 +114,15 @@ inline int rope_position_axes(const rope_form& form) {
 
 namespace detail {
 
-/// @brief Checks a rotary embedding against (H, L, D) and the grid: parameters of the policy,
+/// @brief Checks a rotary embedding against (H, L, D) and the grid: the layout (rope::vjepa2 in
+/// layout::vjepa2 only, and that layout for no other form), parameters of the policy,
 /// skip >= 0, L = skip + height·width, a flat grid (depth 1), D a positive multiple of the
 /// form's head_dim_multiple (and the policy's check_head_dim when it has one: rope::mrope's
 /// sections sum to D/2), positions / key_positions (N, A) with A = rope_position_axes(form),
 /// finite, and for rope::mixed freqs (2, H, D/2) non-null (grad_freqs, when given, is checked by
 /// check_rope_gradient).
-/// @throws rpe::invalid_argument `[rpe.<component>] rope ...` (a position axis count other than
+/// @throws rpe::invalid_argument `[rpe.<component>] rope ...` (`rope layout = pairs for a form that
+///   runs in its own layout; expected rope::layout::vjepa2`; a position axis count other than
 ///   the form's: `rope positions has shape (N, 3); expected 2 axes (row, col)` or
 ///   `... (N, 2); expected 3 axes (t, h, w)`).
 template <class S>
@@ -128,8 +130,28 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
                 const char* component) {
     if (!r.enabled()) return;
     require(r.form.index() < std::variant_size_v<rope_form>, component, "rope form is valueless; expected a rope:: policy");
-    require(r.layout == rope::layout::pairs || r.layout == rope::layout::half, component,
-            "rope layout = ", static_cast<int>(r.layout), "; expected rope::layout::pairs or rope::layout::half");
+    require(r.layout == rope::layout::pairs || r.layout == rope::layout::half || r.layout == rope::layout::vjepa2, component,
+            "rope layout = ", static_cast<int>(r.layout),
+            "; expected rope::layout::pairs, rope::layout::half or rope::layout::vjepa2");
+    // a form with a layout of its own (rope::vjepa2) runs in it alone, and that layout only with it
+    const int required = std::visit(
+        [](const auto& p) {
+            using P = std::remove_cvref_t<decltype(p)>;
+            if constexpr (std::is_same_v<P, rope::custom>)
+                return p.required_layout();
+            else if constexpr (std::is_same_v<P, std::monostate>)
+                return -1;
+            else
+                return rope::required_layout_of<P>();
+        },
+        r.form);
+    if (required >= 0)
+        require(static_cast<int>(r.layout) == required, component, "rope layout = ", rope::layout_name(r.layout),
+                " for a form that runs in its own layout; expected rope::layout::",
+                rope::layout_name(static_cast<rope::layout>(required)), " (rope::default_layout_of)");
+    else
+        require(r.layout != rope::layout::vjepa2, component,
+                "rope layout = vjepa2 for a form other than rope::vjepa2; expected pairs or half");
     std::visit(
         [&](const auto& p) {
             using P = std::remove_cvref_t<decltype(p)>;
@@ -178,7 +200,7 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
             else
                 require(p.extent(1) == 3, component, "rope ", name, " has shape ", p.shape_string(),
                         "; expected 3 axes (t, h, w), shape (", rotated,
-                        ", 3): this form (rope::mrope) takes three position ids per token");
+                        ", 3): this form (rope::mrope, rope::vjepa2) takes three position ids per token");
             check_shape(p, {rotated, axes}, component, (std::string("rope ") + name).c_str());
             check_nonnull(p, component, (std::string("rope ") + name).c_str());
             require(p.contiguous(), component, "rope ", name, " is a strided view; expected a contiguous buffer");

@@ -79,12 +79,40 @@ void rope_half_to_pairs(const S* x, std::int64_t np, S* out) {
     }
 }
 
+/// One row in V-JEPA 2's layout (rope::layout::vjepa2; d channels, slices of s = 2·⌊⌊d/3⌋/2⌋):
+/// in slice a, channel l takes entry e = a·s/2 + (l mod s/2) and partners l xor 1:
+/// y_l = c_e·x_l − s_e·x_l+1 (l even), y_l = c_e·x_l + s_e·x_l−1 (l odd), times `scale`; from 3s on
+/// y = scale·x. With `transpose`, the transpose map (the backward's): g_l = c_e(l)·x_l + s_e(l+1)·x_l+1
+/// (l even), g_l = c_e(l)·x_l − s_e(l−1)·x_l−1 (l odd). Products rounded, then the sum, as the
+/// source's `x·cos + rot(x)·sin`. x and y may be the same row.
+template <class S>
+RPE_ROPE_ROW_KERNEL void rope_rotate_vjepa2_row(const S* cs, const S* sn, std::int64_t d, const S* x, S* y, S scale,
+                                                bool transpose) {
+    const std::int64_t s = 2 * ((d / 3) / 2), m = s / 2;
+    for (std::int64_t a = 0; a < 3; ++a)
+        for (std::int64_t l = 0; l < s; l += 2) {
+            const std::int64_t c = a * s + l, e0 = a * m + l % m, e1 = a * m + (l + 1) % m;
+            const S x0 = x[c], x1 = x[c + 1];
+            if (!transpose) {
+                const S p0 = cs[e0] * x0, q0 = sn[e0] * x1, p1 = cs[e1] * x1, q1 = sn[e1] * x0;
+                y[c] = (p0 - q0) * scale;
+                y[c + 1] = (p1 + q1) * scale;
+            } else {
+                const S p0 = cs[e0] * x0, q0 = sn[e1] * x1, p1 = cs[e1] * x1, q1 = sn[e0] * x0;
+                y[c] = (p0 + q0) * scale;
+                y[c + 1] = (p1 - q1) * scale;
+            }
+        }
+    for (std::int64_t c = 3 * s; c < d; ++c) y[c] = x[c] * scale;
+}
+
 /// Rows [i0, i0 + rb) of one (batch, head h) plane: dst = scale · R(angle) src, or with
 /// `inverse` dst = scale · Rᵀ src (the backward's rotation back); tokens below skip and from
 /// skip + t.tokens on (the suffix) are only scaled. Pair j is the channels of t.layout
 /// ((2j, 2j+1) or (j, j + D/2); half rows go through the pairs kernel on their channels
-/// interleaved). src and dst are (rb, D), src rows `src_stride` apart (−1: D, contiguous; 0 is
-/// a real stride: one row repeated); they may be the same buffer.
+/// interleaved; vjepa2 rows go through rope_rotate_vjepa2_row, whose `inverse` is the transpose
+/// map). src and dst are (rb, D), src rows `src_stride` apart (−1: D, contiguous; 0 is a real
+/// stride: one row repeated); they may be the same buffer.
 template <class S>
 void rope_rotate_rows(const rope_table<S>& t, std::int64_t h, std::int64_t skip, std::int64_t i0, std::int64_t rb, std::int64_t d,
                       const S* src, S* dst, S scale, bool inverse, std::int64_t src_stride = -1) {
@@ -102,6 +130,10 @@ void rope_rotate_rows(const rope_table<S>& t, std::int64_t h, std::int64_t skip,
         }
         const S* cs = t.cos.data() + t.at(h, i - skip);
         const S* sn = t.sin.data() + t.at(h, i - skip);
+        if (t.layout == rope::layout::vjepa2) {
+            rope_rotate_vjepa2_row(cs, sn, d, x, y, scale, inverse);
+            continue;
+        }
         if (!half) {
             rope_rotate_pairs_row(cs, sn, np, x, y, scale, sign);
             continue;

@@ -257,6 +257,10 @@ public:
     rope_call_table(const rotary_embedding<S>& r, std::int64_t heads, std::int64_t d, int height, int width, cudaStream_t stream)
         : cos_(r.is_mixed() ? heads * height * width * (d / 2) : 0, stream),
           sin_(r.is_mixed() ? heads * height * width * (d / 2) : 0, stream) {
+        if (r.layout == rope::layout::vjepa2)
+            throw not_supported(message("rope",
+                                        "rope::vjepa2 (V-JEPA 2's channel layout, rope::layout::vjepa2) is not supported by "
+                                        "the cuda backend; expected pairs or half (the CPU backend takes rope::vjepa2)"));
         if (rope_position_axes(r.form) == 3)
             throw not_supported(message("rope",
                                         "rope::mrope (a form with 3-axis positions (t, h, w)) is not supported by the "
