@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _check_cpu, _ops, term
+from . import _check_cpu, _check_device, _ops, term
 
 __all__ = [
     "RoPEAxial", "RoPEMixed", "RoPECat", "RoPEDinoV3", "rope",
@@ -139,7 +139,7 @@ class _RoPE(nn.Module):
         library's message (L ≠ skip + height·width + suffix, D not a multiple of 4 (axial, cat,
         dinov3) or 2 (mixed), bad parameters, positions of the wrong shape, dtype or device)."""
         _check_positions("positions", positions, x, self.position_axes)
-        _check_cpu("x", x)
+        _check_device("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D)")
         form, params, skip, height, width = self._spec(x.shape[2], height, width, positions)
