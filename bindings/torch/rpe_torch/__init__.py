@@ -304,19 +304,11 @@ def bucket_ids(method, alpha, beta, gamma, skip, height, width):
     return _ops.bucket_ids(method, float(alpha), float(beta), float(gamma), int(skip), int(height), int(width))
 
 
-def _check_cpu(name, t):
-    """For the operators with CPU kernels only (the ViT table helpers): t is a CPU tensor."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"[rpe.torch] {name} is a {type(t).__name__}; expected a torch.Tensor")
-    if t.device.type != "cpu":
-        raise ValueError(f"[rpe.torch] {name} is on device {t.device}; expected cpu (CPU kernels only)")
-
-
 def _check_device(name, t):
-    """For the term, attention and RoPE operators: t is a CPU tensor, or a CUDA one when the
-    library has the CUDA kernels (has_cuda_kernels()). Tensors of one call on different devices
-    are refused by the operators themselves, naming the argument (``[rpe.torch] tables_k[0] is on
-    device cpu; expected cuda:0, the device of q``)."""
+    """t is a CPU tensor, or a CUDA one when the library has the CUDA kernels (has_cuda_kernels();
+    the ViT table helpers then run on the host, their tensors copied there and back). Tensors of
+    one call on different devices are refused by the operators themselves, naming the argument
+    (``[rpe.torch] tables_k[0] is on device cpu; expected cuda:0, the device of q``)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"[rpe.torch] {name} is a {type(t).__name__}; expected a torch.Tensor")
     if t.device.type == "cpu" or (t.device.type == "cuda" and has_cuda_kernels()):

@@ -19,9 +19,9 @@
 /// What rpe's CUDA backend does not have is refused with a Python exception naming it: the
 /// probabilities output (`attention_forward_attn`: NotImplementedError) and the backward from
 /// saved probabilities (`attn`), per-token RoPE positions (`rope_positions`, `positions`), RoPE
-/// suffix tokens and rope::mrope (ValueError, the library's rpe::not_supported message); the
-/// table operators (timm layout, CPB, SAM, rope_mixed_init) have no CUDA kernel: they raise
-/// NotImplementedError (compute the table on the CPU and move it to the device).
+/// suffix tokens and rope::mrope (ValueError, the library's rpe::not_supported message). The
+/// table operators (timm layout, CPB, SAM, rope_mixed_init), small host computations in rpe,
+/// run on the CPU with their tensors copied there and back (on_the_host).
 ///
 /// The rpe CUDA calls themselves are in ops_cuda.cu (nvcc), declared by cuda_kernels.hpp: this
 /// file is compiled by the host C++ compiler.
@@ -291,18 +291,49 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
     });
 }
 
-// The operators without a CUDA kernel (boxed: one function for all of them): NotImplementedError
-// naming the operator.
-void no_cuda_kernel(const c10::OperatorHandle& op, torch::jit::Stack*) {
-    const std::string name = op.schema().name();
-    if (name == "rpe::attention_forward_attn")
-        TORCH_CHECK_NOT_IMPLEMENTED(false, "[rpe.torch] ", name,
-                                    " (the attention's probabilities output, rpe_torch.attention(save_attn=True)) is not "
-                                    "supported by the cuda backend: rpe's CUDA attention keeps no (B, H, L, L) buffer; use "
-                                    "attention_forward (save_attn=False: the backward recomputes the probabilities)");
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "[rpe.torch] ", name,
-                                " has no CUDA kernel (rpe computes these tables on the host); expected CPU tensors: make the "
-                                "table on the CPU and move it to the device with .to(device)");
+// attention_forward_attn: refused (rpe's CUDA attention has no probabilities output).
+void no_probabilities_output(const c10::OperatorHandle& op, torch::jit::Stack*) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "[rpe.torch] ", op.schema().name(),
+                                " (the attention's probabilities output, rpe_torch.attention(save_attn=True)) is not "
+                                "supported by the cuda backend: rpe's CUDA attention keeps no (B, H, L, L) buffer; use "
+                                "attention_forward (save_attn=False: the backward recomputes the probabilities)");
+}
+
+// The table operators (timm layout, SwinV2 CPB, SAM resize and tables, rope_mixed_init): rpe
+// computes these small tables on the host (O(K·H), docs/cuda.md), so their CUDA kernel is a
+// round trip: every CUDA tensor argument is copied to the CPU (which waits for the device), the
+// CPU kernel runs (its checks and messages), and every tensor result is copied to the device of
+// the first CUDA argument. Boxed: one function for all of them.
+void on_the_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::size_t n_args = op.schema().arguments().size(), n_out = op.schema().returns().size();
+    c10::optional<c10::Device> device;
+    const auto to_cpu = [&](const at::Tensor& t) {
+        if (!t.defined() || !t.is_cuda()) return t;
+        if (!device) device = t.device();
+        return t.cpu();
+    };
+    for (std::size_t i = stack->size() - n_args; i < stack->size(); ++i) {
+        c10::IValue& v = (*stack)[i];
+        if (v.isTensor()) {
+            v = to_cpu(v.toTensor());
+        } else if (v.isTensorList()) {
+            c10::List<at::Tensor> list;
+            for (const at::Tensor& t : v.toTensorList()) list.push_back(to_cpu(t));
+            v = list;
+        }
+    }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    if (!device) return;
+    for (std::size_t i = stack->size() - n_out; i < stack->size(); ++i) {
+        c10::IValue& v = (*stack)[i];
+        if (v.isTensor()) {
+            v = v.toTensor().to(*device);
+        } else if (v.isTensorList()) {
+            c10::List<at::Tensor> list;
+            for (const at::Tensor& t : v.toTensorList()) list.push_back(t.to(*device));
+            v = list;
+        }
+    }
 }
 
 }  // namespace
@@ -314,8 +345,9 @@ TORCH_LIBRARY_IMPL(rpe, CUDA, m) {
     m.impl("attention_backward", &attention_backward);
     m.impl("rope_forward", &rope_forward);
     m.impl("rope_backward", &rope_backward);
-    for (const char* name : {"attention_forward_attn", "rope_mixed_init", "table_from_timm", "table_to_timm", "cpb_table",
-                             "cpb_table_backward", "cpb_bias_forward", "cpb_bias_backward", "resize_rel_pos",
-                             "resize_rel_pos_backward", "decomposed_tables", "decomposed_tables_backward"})
-        m.impl(name, torch::CppFunction::makeFromBoxedFunction<&no_cuda_kernel>());
+    m.impl("attention_forward_attn", torch::CppFunction::makeFromBoxedFunction<&no_probabilities_output>());
+    for (const char* name :
+         {"rope_mixed_init", "table_from_timm", "table_to_timm", "cpb_table", "cpb_table_backward", "cpb_bias_forward",
+          "cpb_bias_backward", "resize_rel_pos", "resize_rel_pos_backward", "decomposed_tables", "decomposed_tables_backward"})
+        m.impl(name, torch::CppFunction::makeFromBoxedFunction<&on_the_host>());
 }

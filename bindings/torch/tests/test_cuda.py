@@ -106,8 +106,11 @@ def test_cuda_kernels_registered():
                "rope_forward", "rope_backward", "table_from_timm", "cpb_table", "resize_rel_pos", "decomposed_tables"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"rpe::{op}", "CUDA"), op
     cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
-    with pytest.raises(NotImplementedError, match=r"\[rpe\.torch\] rpe::table_from_timm has no CUDA kernel"):
-        torch.ops.rpe.table_from_timm.default.redispatch(cuda, torch.zeros(3, 2))
+    # the table operators' CUDA kernel runs the CPU one (here with nothing to copy)
+    t = torch.randn(3, 2)
+    assert torch.equal(torch.ops.rpe.table_from_timm.default.redispatch(cuda, t), t.t())
+    rows, cols = torch.ops.rpe.decomposed_tables.default.redispatch(cuda, torch.randn(3, 4), torch.randn(5, 4), 2, 3, 0, False)
+    assert rows.shape == cols.shape == (1, 4, 5)
     q = torch.zeros(1, 1, 4, 4)
     with pytest.raises(NotImplementedError, match=r"rpe::attention_forward_attn \(the attention's probabilities output"):
         torch.ops.rpe.attention_forward_attn.default.redispatch(cuda, q, q, q, [], [], [], "", "", "", "", "", "",
@@ -367,6 +370,45 @@ def test_rope_matches_cpu(kind, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# Table operators (on the host)
+# ---------------------------------------------------------------------------------------------
+
+@needs_gpu
+@not_dry
+@pytestmark_kernels
+def test_table_operators_run_on_the_host_for_cuda_tensors():
+    """The ViT table operators take CUDA tensors (copied to the host and back): results on the
+    device equal the CPU's bit for bit, gradients reach the CUDA parameters; and the ViT term
+    modules that make their tables so (Swin in timm's layout, SAM's decomposed) run in the
+    attention on CUDA as on the CPU."""
+    g = torch.Generator().manual_seed(8)
+    raw = torch.randn(25, 2, generator=g, dtype=torch.float64)
+    for fn, args in ((rt.cpb_table, ((3, 3),)), (rt.table_from_timm, ())):
+        x = raw.detach().cuda().requires_grad_()
+        out = fn(x, *args)
+        assert out.device == x.device and torch.equal(out.cpu(), fn(raw, *args))
+        out.sum().backward()
+        xc = raw.detach().requires_grad_()
+        fn(xc, *args).sum().backward()
+        assert torch.equal(x.grad.cpu(), xc.grad)
+    B, H, h, w, D = 2, 2, 3, 3, 8
+    for make in (lambda: rt.RelPosBias((h, w), H).double(), lambda: rt.DecomposedRelPos(h, w, D).double()):
+        mod_c = make()
+        with torch.no_grad():
+            for p in mod_c.parameters():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+        mod_g = copy_module(mod_c).cuda()
+        q, k, v = (torch.randn(B, H, h * w, D, generator=g, dtype=torch.float64) for _ in range(3))
+        out_c = rt.attention(q, k, v, rpe_k=mod_c)
+        out_g = rt.attention(q.cuda(), k.cuda(), v.cuda(), rpe_k=mod_g)
+        assert_matches(out_g, out_c, torch.float64, D + h * w, f"{type(mod_c).__name__} out", attention=True)
+        out_g.sum().backward()
+        out_c.sum().backward()
+        for a, b in zip(mod_g.parameters(), mod_c.parameters()):
+            assert_matches(a.grad, b.grad, torch.float64, B * H * (h * w) ** 2, f"{type(mod_c).__name__} grad")
+
+
+# ---------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------
 
@@ -411,10 +453,8 @@ def test_errors_name_the_argument():
         torch.ops.rpe.rope_forward(q, "axial", [100.0], None, 0, h, w, "pairs", None, 1)
     with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope::mrope .* is not supported by the cuda backend"):
         torch.ops.rpe.rope_forward(q[..., :1 + h * w - 1, :], "mrope", [10000.0, 2, 1, 1, 0], None, 0, h, w)
-    with pytest.raises(NotImplementedError, match=r"\[rpe\.torch\] rpe::cpb_table has no CUDA kernel"):
-        torch.ops.rpe.cpb_table(torch.zeros(15, 2, device="cuda"), 3, 3, True)
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] raw is on device cuda:0; expected cpu"):
-        rt.cpb_table(torch.zeros(25, 2, device="cuda"), (3, 3))  # the Python check, before the operator
+    with pytest.raises(ValueError, match=r"\[rpe\.cpb\] raw has shape \(15, 2\); expected \(25, 2\)"):
+        torch.ops.rpe.cpb_table(torch.zeros(15, 2, device="cuda"), 3, 3, True)  # the CPU kernel's check, on the host
     # dtypes and the library's own checks, as on the CPU
     with pytest.raises(TypeError, match=r"\[rpe\.torch\] q has dtype Int; expected float32, float64, float16 or bfloat16"):
         rt.attention(q.int(), k, v, height=h, width=w)
