@@ -7,14 +7,21 @@
 #                                        the build needs (headers and CMake configs) into .gpu-debs/
 #   scripts/gpu_check.sh [--out OUTDIR]  there: unpack .gpu-debs/*.deb with dpkg -x into a private
 #                                        prefix (never /), configure (sm_90 only), build
-#                                        rpe_cuda_tests and rpe_cuda_bench, run both.
+#                                        rpe_cuda_tests and rpe_cuda_bench, run both; then, when
+#                                        python3 there imports a CUDA-enabled torch, build the
+#                                        rpe_torch operators against it (build-gpu-torch/, their
+#                                        CUDA kernels included) and run
+#                                        bindings/torch/tests/test_cuda.py (CUDA vs CPU operators).
 #                                        OUTDIR defaults to build-gpu/results.
+#   scripts/gpu_check.sh --no-torch ...  without the rpe_torch part
 #   scripts/gpu_check.sh --configure-only  unpack and configure only (checks the prepared packages
 #                                        anywhere, GPU or not)
 #
 # With the device tool: run --prepare first, then run `scripts/gpu_check.sh --out "$OUT"` there
-# with carry [".gpu-debs"]. Exit status: that of the CUDA tests (77 = no CUDA device: skipped).
-# Budget: about 2-3 minutes on 16 cores (4 nvcc translation units, one architecture).
+# with carry [".gpu-debs"]. Exit status: that of the CUDA tests (77 = no CUDA device: skipped),
+# else that of the rpe_torch CUDA tests (pytest's). Budget: about 2-3 minutes on 16 cores (4 nvcc
+# translation units, one architecture), plus about 2 for rpe_torch (two Torch translation units
+# and one .cu; the tests take seconds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd)"
@@ -31,11 +38,13 @@ fi
 
 out="$root/build-gpu/results"
 configure_only=0
+torch=1
 while (($# > 0)); do
     case "$1" in
         --out) out="$2"; shift 2 ;;
         --configure-only) configure_only=1; shift ;;
-        *) echo "usage: scripts/gpu_check.sh --prepare | [--out OUTDIR] [--configure-only]" >&2; exit 2 ;;
+        --no-torch) torch=0; shift ;;
+        *) echo "usage: scripts/gpu_check.sh --prepare | [--out OUTDIR] [--configure-only] [--no-torch]" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$out"
@@ -86,4 +95,34 @@ tail -n 25 "$out/tests.txt"
 echo "rpe_cuda_tests exit status: $status"
 "$build/rpe_cuda_bench" >"$out/bench.txt" 2>&1 || echo "rpe_cuda_bench exit status: $?"
 cat "$out/bench.txt"
+
+# rpe_torch's CUDA operators against the machine's own torch (python3; nothing is installed), in
+# a build tree of their own so that a torch problem leaves the results above intact.
+if ((torch)); then
+    py="$(command -v python3 || true)"
+    if [[ -n "$py" ]] && "$py" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null; then
+        echo "torch: $("$py" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')" | tee -a "$out/environment.txt"
+        tbuild="$root/build-gpu-torch"
+        torch_status=0
+        {
+            cmake -S "$root" -B "$tbuild" -DCMAKE_BUILD_TYPE=Release \
+                -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DCMAKE_CUDA_ARCHITECTURES=90 \
+                -DRPE_BUILD_TESTS=OFF -DRPE_BUILD_BENCHMARKS=OFF -DRPE_BUILD_EXAMPLES=OFF \
+                -DRPE_BUILD_TORCH=ON -DRPE_TORCH_PYTHON="$py" -DRPE_TORCH_CUDA=ON \
+                -DCMAKE_PREFIX_PATH="$usr" -DEigen3_DIR="$usr/share/eigen3/cmake" &&
+                time cmake --build "$tbuild" --target rpe_torch_ops -j"$(nproc)"
+        } >"$out/torch_build.log" 2>&1 || { torch_status=$?; tail -n 40 "$out/torch_build.log"; }
+        if ((torch_status == 0)); then
+            RPE_TORCH_EXPECT_CUDA=1 RPE_TORCH_OPS="$tbuild/bindings/torch/librpe_torch_ops.so" \
+                PYTHONPATH="$root/bindings/torch" \
+                "$py" -m pytest -q -rs -p no:cacheprovider "$root/bindings/torch/tests/test_cuda.py" \
+                >"$out/torch_cuda.txt" 2>&1 || torch_status=$?
+            tail -n 30 "$out/torch_cuda.txt"
+        fi
+        echo "rpe_torch CUDA tests exit status: $torch_status"
+        ((status != 0)) || status=$torch_status
+    else
+        echo "gpu_check: python3 does not import a CUDA-enabled torch; rpe_torch's CUDA operators not checked"
+    fi
+fi
 exit "$status"

@@ -6,7 +6,9 @@
 # the cache variable RPE_TORCH_PYTHON and prepends torch.utils.cmake_prefix_path to
 # CMAKE_PREFIX_PATH (where that folder exists: Debian's libtorch-dev installs TorchConfig.cmake in
 # the standard place instead) so that find_package(Torch) works. <found_var> is set to ON when an
-# interpreter imports torch and find_package(Torch) succeeds.
+# interpreter imports torch and find_package(Torch) succeeds. Also sets RPE_TORCH_CUDA_VERSION
+# (internal cache variable) to that torch's `torch.version.cuda` ("" for a CPU-only torch), which
+# rpe_torch_cuda_configure() below reads.
 include_guard(GLOBAL)
 
 function(rpe_find_torch_python found_var)
@@ -29,11 +31,17 @@ function(rpe_find_torch_python found_var)
       continue()
     endif()
     execute_process(COMMAND "${_py}" -c
-                    "import os, torch; print(torch.utils.cmake_prefix_path + ';' + os.path.dirname(torch.__file__), end='')"
+                    "import os, torch; print(torch.utils.cmake_prefix_path + ';' + os.path.dirname(torch.__file__) + ';' + (torch.version.cuda or ''), end='')"
                     RESULT_VARIABLE _rc OUTPUT_VARIABLE _paths ERROR_QUIET)
     if(_rc EQUAL 0)
       list(GET _paths 0 _prefix)
       list(GET _paths 1 _torch_root)
+      list(LENGTH _paths _n)
+      set(_torch_cuda "")
+      if(_n GREATER 2)
+        list(GET _paths 2 _torch_cuda)
+      endif()
+      set(RPE_TORCH_CUDA_VERSION "${_torch_cuda}" CACHE INTERNAL "torch.version.cuda of RPE_TORCH_PYTHON (empty: CPU-only torch)")
       set(RPE_TORCH_PYTHON "${_py}" CACHE FILEPATH "Python interpreter that imports torch (rpe_torch tests)" FORCE)
       # Another torch than the one this tree was configured with: forget the libraries
       # TorchConfig.cmake cached (else a Debian libtorch.so found before stays with a venv's headers).
@@ -62,3 +70,61 @@ function(rpe_find_torch_python found_var)
   endforeach()
   message(STATUS "rpe: no Python interpreter imports torch; RPE_BUILD_TORCH defaults to OFF")
 endfunction()
+
+# rpe_torch_cuda_configure()
+#
+# Decides whether rpe_torch's CUDA operators (bindings/torch/src/ops_cuda.cpp and ops_cuda.cu,
+# `TORCH_LIBRARY_IMPL(rpe, CUDA, m)`) are built, after rpe_find_torch_python: option
+# RPE_TORCH_CUDA defaults to ON when RPE_TORCH_PYTHON's torch is CUDA-enabled
+# (RPE_TORCH_CUDA_VERSION, i.e. torch.version.cuda, is set), a CUDA compiler is found (nvcc on
+# PATH or in the toolkit's default location /usr/local/cuda/bin) and both have the same CUDA major
+# version (e.g. torch 2.15.0+cu132 and nvcc 13.0); otherwise it is a plain OFF (not cached, so a
+# later configure looks again) with a configure message saying why. -DRPE_TORCH_CUDA=OFF skips
+# them; -DRPE_TORCH_CUDA=ON makes an unmet condition a configure error. When ON, the CUDA
+# language is enabled (CMAKE_CUDA_ARCHITECTURES defaults to 90 75, as for RPE_ENABLE_CUDA) and
+# CUDAToolkit found (CUDA::cudart, CUDA::cublas). A macro: enable_language must run at the top
+# level's file scope (call it from the top-level CMakeLists.txt).
+macro(rpe_torch_cuda_configure)
+  set(_rpe_tc_doc "Build rpe_torch's CUDA operators (needs a CUDA-enabled torch and nvcc of the same CUDA major version)")
+  set(_rpe_tc_why "")
+  set(_rpe_tc_nvcc_version "")
+  if(DEFINED RPE_TORCH_CUDA AND NOT RPE_TORCH_CUDA)
+    set(_rpe_tc_why "RPE_TORCH_CUDA=OFF")
+  elseif(NOT RPE_TORCH_CUDA_VERSION)
+    set(_rpe_tc_why "${RPE_TORCH_PYTHON}'s torch is CPU-only (torch.version.cuda is None)")
+  else()
+    if(NOT CMAKE_CUDA_COMPILER)
+      _rpe_probe_cuda()
+    endif()
+    if(NOT CMAKE_CUDA_COMPILER)
+      set(_rpe_tc_why "no CUDA compiler found (nvcc; set CMAKE_CUDA_COMPILER)")
+    else()
+      execute_process(COMMAND "${CMAKE_CUDA_COMPILER}" --version OUTPUT_VARIABLE _rpe_tc_out ERROR_QUIET)
+      if(_rpe_tc_out MATCHES "release ([0-9]+)\\.([0-9]+)")
+        set(_rpe_tc_nvcc_version "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
+      endif()
+      string(REGEX MATCH "^[0-9]+" _rpe_tc_torch_major "${RPE_TORCH_CUDA_VERSION}")
+      string(REGEX MATCH "^[0-9]+" _rpe_tc_nvcc_major "${_rpe_tc_nvcc_version}")
+      if(NOT _rpe_tc_nvcc_major STREQUAL _rpe_tc_torch_major)
+        string(CONCAT _rpe_tc_why "torch is built for CUDA ${RPE_TORCH_CUDA_VERSION} but ${CMAKE_CUDA_COMPILER} is CUDA "
+                                  "'${_rpe_tc_nvcc_version}' (the major versions must match)")
+      endif()
+    endif()
+  endif()
+  if(_rpe_tc_why)
+    if(RPE_TORCH_CUDA)
+      message(FATAL_ERROR "rpe: RPE_TORCH_CUDA=ON but ${_rpe_tc_why}; configure with -DRPE_TORCH_CUDA=OFF")
+    endif()
+    set(RPE_TORCH_CUDA OFF)
+    message(STATUS "rpe: rpe_torch's CUDA operators are not built: ${_rpe_tc_why}")
+  else()
+    option(RPE_TORCH_CUDA "${_rpe_tc_doc}" ON)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90 75)  # Hopper, and the oldest architecture nvcc 13 builds
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)  # CUDA::cudart, CUDA::cublas
+    message(STATUS "rpe: rpe_torch's CUDA operators: torch CUDA ${RPE_TORCH_CUDA_VERSION}, nvcc ${_rpe_tc_nvcc_version}, "
+                   "architectures ${CMAKE_CUDA_ARCHITECTURES}")
+  endif()
+endmacro()

@@ -32,7 +32,7 @@ from torch import nn
 __all__ = [
     "METHOD", "families", "load_plugin", "get_num_buckets", "get_single_rpe_config", "get_rpe_config", "build_rpe",
     "iRPE", "iRPE_Cross", "attention", "term", "bucket_ids", "library_path", "set_cache_budget", "cache_stats",
-    "clear_caches",
+    "clear_caches", "has_cuda_kernels",
     "RoPEAxial", "RoPEMixed", "RoPECat", "RoPEDinoV3", "RoPEMRoPE", "rope", "RelPosBias", "table_from_timm", "table_to_timm",
     "relative_log_coords", "cpb_table", "cpb_bias", "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
     "ALiBi2D", "alibi_slopes", "TermSlot",
@@ -59,6 +59,16 @@ def _find_library() -> str:
 library_path = _find_library()
 torch.ops.load_library(library_path)
 _ops = torch.ops.rpe
+
+
+def has_cuda_kernels():
+    """True when the loaded operator library has rpe_torch's CUDA kernels (built with CMake option
+    RPE_TORCH_CUDA: a CUDA-enabled torch and nvcc of the same CUDA major version): then the
+    term, attention and RoPE operators take CUDA tensors (float32, float64, float16, bfloat16).
+    Says nothing about a device being present (``torch.cuda.is_available()``)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("rpe::term_forward", "CUDA")
+
+
 from . import _registrations  # noqa: E402,F401  (fake kernels, autograd formulas, autocast of the operators)
 
 
@@ -275,9 +285,9 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
     or (B, H, L, D). Raises ValueError / TypeError naming the parameter for bad input.
     """
     for i, t in enumerate(tables):
-        _check_cpu(f"tables[{i}]", t)
+        _check_device(f"tables[{i}]", t)
     if x is not None:
-        _check_cpu("x", x)
+        _check_device("x", x)
     if (mode == "bias" and x is not None and x.dim() == 4 and tables and tables[0].dim() == 2
             and tables[0].shape[0] not in (1, x.shape[1])):
         raise ValueError(f"[rpe.torch] tables[0] has shape {tuple(tables[0].shape)}; expected ({x.shape[1]}, K) for x "
@@ -294,11 +304,20 @@ def bucket_ids(method, alpha, beta, gamma, skip, height, width):
     return _ops.bucket_ids(method, float(alpha), float(beta), float(gamma), int(skip), int(height), int(width))
 
 
-def _check_cpu(name, t):
+def _check_device(name, t):
+    """t is a CPU tensor, or a CUDA one when the library has the CUDA kernels (has_cuda_kernels();
+    the ViT table helpers then run on the host, their tensors copied there and back). Tensors of
+    one call on different devices are refused by the operators themselves, naming the argument
+    (``[rpe.torch] tables_k[0] is on device cpu; expected cuda:0, the device of q``)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"[rpe.torch] {name} is a {type(t).__name__}; expected a torch.Tensor")
-    if t.device.type != "cpu":
-        raise ValueError(f"[rpe.torch] {name} is on device {t.device}; expected cpu (CPU kernels only)")
+    if t.device.type == "cpu" or (t.device.type == "cuda" and has_cuda_kernels()):
+        return
+    if t.device.type == "cuda":
+        raise ValueError(f"[rpe.torch] {name} is on device {t.device}; expected cpu (CPU kernels only: this operator "
+                         "library was built without its CUDA kernels, CMake option RPE_TORCH_CUDA)")
+    raise ValueError(f"[rpe.torch] {name} is on device {t.device}; expected cpu"
+                     + (" or cuda" if has_cuda_kernels() else " (CPU kernels only)"))
 
 
 def _no_initializer(x):
@@ -390,7 +409,7 @@ class iRPE(nn.Module):
         """
         if self.mode is None:
             return None
-        _check_cpu("x", x)
+        _check_device("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D) or (B, H, L, L)")
         method, mode, tables, skip, height, width = self._spec(x.shape[2], height, width)
@@ -425,7 +444,7 @@ class iRPE_Cross(nn.Module):
         r = self.rp_rows
         if r.mode is None:
             return None
-        _check_cpu("x", x)
+        _check_device("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D) or (B, H, L, L)")
         method, mode, tables, skip, height, width = self._spec(x.shape[2], height, width)
@@ -462,7 +481,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     ``qs = q·scale; logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·scale)ᵀ (+ attn_mask)``, padded keys
     −∞, ``a = softmax(logits)``, ``out = a·v + rpe_v(a)``.
 
-    q, k, v: (B, H, L, D), float32 or float64, CPU; rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
+    q, k, v: (B, H, L, D), float32 or float64 on the CPU (also float16 / bfloat16 on CUDA when has_cuda_kernels()); rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
     modules from build_rpe, the ViT term modules RelPosBias, DecomposedRelPos, ALiBi2D or a
     TermSlot (SwinV2's CPB table), or None; height, width: the grid (L = skip + height·width;
     square when None; a ViT term's own grid by default); key_padding_mask: (B, L) bool/uint8, true =
@@ -489,7 +508,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     _check_positions("positions", positions, q, axes)  # first: on CUDA, the clearer message (CPU-only positions)
     _check_positions("key_positions", key_positions, q, axes)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_cpu(name, t)
+        _check_device(name, t)
     if q.dim() != 4:
         raise ValueError(f"[rpe.torch] q has shape {tuple(q.shape)}; expected (B, H, L, D)")
     L, D = int(q.shape[2]), int(q.shape[3])  # plain ints also under torch.jit.trace
@@ -527,16 +546,19 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     if grid is None:
         grid = (height or 1, width or 1) if height is not None else (1, 1)
     if key_padding_mask is not None:
-        _check_cpu("key_padding_mask", key_padding_mask)
+        _check_device("key_padding_mask", key_padding_mask)
     if attn_mask is not None:
-        _check_cpu("attn_mask", attn_mask)
+        _check_device("attn_mask", attn_mask)
         if attn_mask.requires_grad and torch.is_grad_enabled():
             raise ValueError("[rpe.torch] attn_mask requires grad; rpe_torch.attention does not differentiate the "
                              "additive mask (pass attn_mask.detach())")
     if freqs is not None:
-        _check_cpu("rope freqs", freqs)
-    if save_attn is None:
-        save_attn = q.shape[0] * q.shape[1] * L * L * q.element_size() <= 64 << 20
+        _check_device("rope freqs", freqs)
+    if q.device.type == "cuda" and save_attn:
+        raise ValueError("[rpe.torch] save_attn = True is not supported on CUDA: rpe's CUDA attention keeps no "
+                         "(B, H, L, L) probabilities (its backward recomputes them); expected save_attn = None or False")
+    if save_attn is None:  # CUDA: never (the CUDA attention has no probabilities output)
+        save_attn = q.device.type == "cpu" and q.shape[0] * q.shape[1] * L * L * q.element_size() <= 64 << 20
     # only worth it when a backward can follow
     save_attn = bool(save_attn) and torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, *tables, *([freqs] if freqs is not None else [])))

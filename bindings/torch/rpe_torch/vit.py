@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _check_cpu, _ops, term
+from . import _check_device, _ops, term
 
 __all__ = [
     "RoPEAxial", "RoPEMixed", "RoPECat", "RoPEDinoV3", "rope",
@@ -139,7 +139,7 @@ class _RoPE(nn.Module):
         library's message (L ≠ skip + height·width + suffix, D not a multiple of 4 (axial, cat,
         dinov3) or 2 (mixed), bad parameters, positions of the wrong shape, dtype or device)."""
         _check_positions("positions", positions, x, self.position_axes)
-        _check_cpu("x", x)
+        _check_device("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D)")
         form, params, skip, height, width = self._spec(x.shape[2], height, width, positions)
@@ -528,13 +528,13 @@ class TermSlot:
 def table_from_timm(timm_table):
     """rpe's (H, K) table from timm's ``relative_position_bias_table`` (K, H) (Swin, BEiT), as
     rpe::table_from_timm; differentiable."""
-    _check_cpu("timm_table", timm_table)
+    _check_device("timm_table", timm_table)
     return _ops.table_from_timm(timm_table)
 
 
 def table_to_timm(table):
     """timm's (K, H) layout from rpe's (H, K) table, as rpe::table_to_timm; differentiable."""
-    _check_cpu("table", table)
+    _check_device("table", table)
     return _ops.table_to_timm(table)
 
 
@@ -597,7 +597,7 @@ def cpb_table(raw, window_size, sigmoid16=True):
     ``cpb_mlp(relative_coords_table).view(-1, H)``): ``16·sigmoid(raw)ᵀ`` (or ``rawᵀ``),
     rpe::cpb_bias::make_table; differentiable in raw. Feed it to the attention as
     ``TermSlot("swin", [cpb_table(raw, ws)], ws)``."""
-    _check_cpu("raw", raw)
+    _check_device("raw", raw)
     wh, ww = _pair(window_size, "window_size")
     return _ops.cpb_table(raw.contiguous(), wh, ww, bool(sigmoid16))
 
@@ -605,7 +605,7 @@ def cpb_table(raw, window_size, sigmoid16=True):
 def cpb_bias(raw, window_size, sigmoid16=True):
     """SwinV2's (1, H, L, L) bias on the window grid (L = Wh·Ww) from the CPB MLP's output raw
     (K, H) (rpe::cpb_bias::forward); differentiable in raw (then through the user's MLP)."""
-    _check_cpu("raw", raw)
+    _check_device("raw", raw)
     wh, ww = _pair(window_size, "window_size")
     return _ops.cpb_bias_forward(raw.contiguous(), wh, ww, bool(sigmoid16))
 
@@ -617,15 +617,15 @@ def cpb_bias(raw, window_size, sigmoid16=True):
 def resize_rel_pos(rel_pos, length):
     """SAM ``get_rel_pos``'s resize of a (Lin, C) table to (length, C) (linear interpolation,
     align_corners=False; rpe::vit::resize_rel_pos); differentiable."""
-    _check_cpu("rel_pos", rel_pos)
+    _check_device("rel_pos", rel_pos)
     if rel_pos.dim() != 2:
         raise ValueError(f"[rpe.torch] rel_pos has shape {tuple(rel_pos.shape)}; expected (length, C)")
     return _ops.resize_rel_pos(rel_pos, _count(length, "length", 1, 1 << 20))
 
 
 def _decomposed_tables(rel_pos_h, rel_pos_w, height, width, skip, unscaled_query):
-    _check_cpu("rel_pos_h", rel_pos_h)
-    _check_cpu("rel_pos_w", rel_pos_w)
+    _check_device("rel_pos_h", rel_pos_h)
+    _check_device("rel_pos_w", rel_pos_w)
     return list(_ops.decomposed_tables(rel_pos_h, rel_pos_w, int(height), int(width), int(skip), bool(unscaled_query)))
 
 
@@ -635,7 +635,7 @@ def decomposed_rel_pos(q, rel_pos_h, rel_pos_w, height, width, skip=0):
     (B, nH, L, C) as SAM passes it (unscaled), rel_pos_h (Lh, C), rel_pos_w (Lw, C) (resized as
     ``get_rel_pos`` when Lh ≠ 2H−1 / Lw ≠ 2W−1); L = skip + H·W (skip tokens get 0). rpe's
     "decomposed" term (rpe::vit); differentiable in q and both tables."""
-    _check_cpu("q", q)
+    _check_device("q", q)
     for name, t in (("rel_pos_h", rel_pos_h), ("rel_pos_w", rel_pos_w)):
         if q.dim() == 4 and t.dim() == 2 and t.shape[1] != q.shape[3]:
             raise ValueError(f"[rpe.torch] {name} has shape {tuple(t.shape)}; expected C = {q.shape[3]} columns, "

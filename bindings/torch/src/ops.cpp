@@ -20,7 +20,8 @@
 /// Errors: rpe's `rpe::invalid_argument` / `rpe::out_of_range` (message `[rpe.<component>] ...`)
 /// become `c10::ValueError` (Python ValueError), a wrong dtype `c10::TypeError` (TypeError), a
 /// tensor not on the CPU a ValueError `[rpe.torch] ...`; nothing is written before the checks.
-/// This is the only translation unit that includes the Torch headers (compile time).
+/// The argument code is shared with the CUDA kernels of the same operators (ops_cuda.cpp, built
+/// when torch and nvcc both have CUDA) through ops_common.hpp.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 
@@ -47,245 +48,29 @@
 #include <tuple>
 #include <vector>
 
+#include "ops_common.hpp"
+
+namespace rpe_torch::ops {
+// the one instantiation of each (extern in ops_common.hpp)
+template std::unique_ptr<rpe::any_term<float>> make<float>(c10::string_view, c10::string_view, rpe::target, double, double,
+                                                           double, int64_t, int64_t, int64_t, bool);
+template std::unique_ptr<rpe::any_term<double>> make<double>(c10::string_view, c10::string_view, rpe::target, double, double,
+                                                             double, int64_t, int64_t, int64_t, bool);
+}  // namespace rpe_torch::ops
+
 namespace {
 
-// Runs f, translating rpe's argument errors into Python ValueError (c10::ValueError).
-template <class F>
-decltype(auto) translating(F&& f) {
-    try {
-        return f();
-    } catch (const rpe::invalid_argument& e) {
-        TORCH_CHECK_VALUE(false, e.what());
-    } catch (const rpe::out_of_range& e) {
-        TORCH_CHECK_VALUE(false, e.what());
-    }
-}
-
-std::string shape_of(const at::Tensor& t) { return rpe::detail::shape_string(t.sizes()); }
-
-// Every dimension of t fits the kernels' 32-bit indices (grid sides, lengths, heads, head dims);
-// checked before any copy, so an expanded view with a huge size fails without allocating.
-void check_int32_sizes(const at::Tensor& t, const char* name) {
-    for (int64_t i = 0; i < t.dim(); ++i)
-        TORCH_CHECK_VALUE(t.size(i) <= INT_MAX, "[rpe.torch] ", name, " has shape ", shape_of(t),
-                          "; expected every dimension <= 2147483647 (the kernels index with 32-bit ints)");
-}
-
-// A defined CPU tensor of dtype `want`, contiguous (copied once if it is not).
-at::Tensor prepared(const at::Tensor& t, const char* name, at::ScalarType want) {
-    TORCH_CHECK_VALUE(t.defined(), "[rpe.torch] ", name, " is undefined; expected a tensor");
-    TORCH_CHECK_VALUE(t.device().is_cpu(), "[rpe.torch] ", name, " is on device ", t.device().str(),
-                      "; expected cpu (the rpe_torch operators have CPU kernels only)");
-    TORCH_CHECK_TYPE(t.scalar_type() == want, "[rpe.torch] ", name, " has dtype ", c10::toString(t.scalar_type()), "; expected ",
-                     c10::toString(want), " (the dtype of the first input)");
-    check_int32_sizes(t, name);
-    return t.contiguous();
-}
-
-// q, k or v of the attention: as prepared(), but a strided tensor whose rows of D values are
-// contiguous (last stride 1, e.g. a permuted view of a qkv projection) is read in place.
-at::Tensor prepared_rows(const at::Tensor& t, const char* name, at::ScalarType want) {
-    if (t.defined() && t.device().is_cpu() && t.scalar_type() == want && (t.dim() == 0 || t.stride(-1) == 1 || t.size(-1) == 1)) {
-        check_int32_sizes(t, name);
-        return t;
-    }
-    return prepared(t, name, want);
-}
-
-at::ScalarType checked_float_type(const at::Tensor& t, const char* name) {
-    TORCH_CHECK_VALUE(t.defined(), "[rpe.torch] ", name, " is undefined; expected a tensor");
-    const auto st = t.scalar_type();
-    TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble, "[rpe.torch] ", name, " has dtype ", c10::toString(st),
-                     "; expected float32 or float64");
-    return st;
-}
-
-template <class S>
-rpe::tensor_ref<const S> cref(const at::Tensor& t) {
-    return {t.data_ptr<S>(), std::span<const int64_t>(t.sizes().data(), static_cast<std::size_t>(t.dim()))};
-}
-// A view with the tensor's own strides (the attention's q, k, v; see prepared_rows).
-template <class S>
-rpe::tensor_ref<const S> sref(const at::Tensor& t) {
-    if (t.is_contiguous()) return cref<S>(t);
-    return rpe::tensor_ref<const S>::with_strides(
-        t.data_ptr<S>(), std::span<const int64_t>(t.sizes().data(), static_cast<std::size_t>(t.dim())),
-        std::span<const int64_t>(t.strides().data(), static_cast<std::size_t>(t.dim())));
-}
-template <class S>
-rpe::tensor_ref<S> mref(at::Tensor& t) {
-    return {t.data_ptr<S>(), std::span<const int64_t>(t.sizes().data(), static_cast<std::size_t>(t.dim()))};
-}
-
-void check_rank(const at::Tensor& t, int64_t rank, const char* name, const char* expected) {
-    TORCH_CHECK_VALUE(t.dim() == rank, "[rpe.torch] ", name, " has shape ", shape_of(t), "; expected ", expected);
-}
-
-// An int64 argument narrowed to int, or a ValueError naming it (the library then checks its range).
-int narrow(int64_t v, const char* name) {
-    TORCH_CHECK_VALUE(v >= INT_MIN && v <= INT_MAX, "[rpe.torch] ", name, " = ", v, "; expected a 32-bit integer");
-    return static_cast<int>(v);
-}
-
-std::string str(c10::string_view v) { return std::string(v.data(), v.size()); }
-
-// The registry spec of a method: a family name or alias of rpe's registry (<rpe/families.hpp>, a
-// plugin's included) whose first number / integer parameters take (alpha, beta, gamma) in order
-// (iRPE: alpha, beta, gamma; swin, beit: the window rows, columns; decomposed, alibi2d: the grid;
-// a user's family: its own), or a whole spec text "family:param=value,..." (alpha, beta, gamma
-// then unused). Integer parameters of the ViT families are checked here with the torch message.
-rpe::family_spec spec_of(c10::string_view method, double alpha, double beta, double gamma) {
-    const std::string name = str(method);
-    if (name.find(':') != std::string::npos) return rpe::parse_family_spec(name);
-    auto& reg = rpe::families();
-    rpe::family_spec s = reg.defaults(name);
-    const auto& info = rpe::family_of(name);
-    const double v[3] = {alpha, beta, gamma};
-    const char* names[3] = {"alpha", "beta", "gamma"};
-    int n = 0;
-    for (const auto& p : info.params) {
-        if (n == 3) break;
-        if (p.type != rpe::family_param::kind::number && p.type != rpe::family_param::kind::integer) continue;
-        if (p.type == rpe::family_param::kind::integer)
-            TORCH_CHECK_VALUE(
-                std::isfinite(v[n]) && v[n] == std::floor(v[n]) && std::fabs(v[n]) <= (1 << 30), "[rpe.torch] ", names[n], " = ",
-                v[n], " (method '", name, "', ",
-                info.group == "vit" ? (n == 0 ? "the window or grid rows" : "the window or grid columns") : "parameter " + p.name,
-                "); expected an integer");
-        reg.set_value(s, p.name, v[n]);
-        ++n;
-    }
-    return s;
-}
-
-// The term that (method, mode, target, α, β, γ, skip) describe for inputs of H heads, head dim D;
-// shared when the first table has one head. Every family through the registry: the iRPE methods
-// as rpe::term_spec (the reference's checks), the others by rpe::make_term(family_spec); the
-// families of group "vit" in their one mode (decomposed: contextual; the others: bias) on k.
-// The built-in family of a method (rpe::builtin_family; < 6: an iRPE method), -1 for a plugin's.
-int family_id(c10::string_view method) {
-    const std::string n = str(method);
-    return rpe::builtin_of(n.find(':') == std::string::npos ? rpe::families().defaults(n) : rpe::parse_family_spec(n));
-}
-
-// The term_spec of an iRPE method (family_id < 6): alpha, beta, gamma as given (term_spec checks
-// them), or from the spec text "product:index=clip,beta=4".
-rpe::term_spec irpe_spec(c10::string_view method, double alpha, double beta, double gamma) {
-    rpe::term_spec spec;
-    spec.method = static_cast<rpe::method>(family_id(method));
-    spec.alpha = alpha;
-    spec.beta = beta;
-    spec.gamma = gamma;
-    if (str(method).find(':') != std::string::npos) {
-        const auto f = rpe::parse_family_spec(str(method));
-        spec.index = f.get_int("index") == 1 ? rpe::index_kind::clip : rpe::index_kind::piecewise;
-        spec.alpha = f.get("alpha");
-        spec.beta = f.get("beta");
-        spec.gamma = f.get("gamma");
-    }
-    return spec;
-}
-
-template <class S>
-std::unique_ptr<rpe::any_term<S>> make(c10::string_view method, c10::string_view mode, rpe::target tg, double alpha, double beta,
-                                       double gamma, int64_t skip, int64_t heads, int64_t head_dim, bool shared) {
-    TORCH_CHECK_VALUE(skip >= 0 && skip < (int64_t{1} << 30), "[rpe.torch] skip = ", skip, "; expected >= 0");
-    const bool contextual = rpe::parse_contextual(std::string_view(mode.data(), mode.size()));
-    if (const int id = family_id(method); id >= 0 && id < 6) {  // alpha, beta, gamma as given: term_spec checks them
-        rpe::term_spec spec = irpe_spec(method, alpha, beta, gamma);
-        spec.contextual = contextual;
-        spec.target = tg;
-        spec.skip = static_cast<int>(skip);
-        spec.num_heads = static_cast<int>(heads);
-        spec.head_dim = static_cast<int>(head_dim);
-        spec.shared_head = shared;
-        return rpe::make_term<S>(spec);
-    }
-    const rpe::family_spec f = spec_of(method, alpha, beta, gamma);
-    const auto& info = rpe::family_of(f.family);
-    if (info.group == "vit") {
-        const bool want_contextual = !info.terms.bias;
-        TORCH_CHECK_VALUE(contextual == want_contextual && tg == rpe::target::key, "[rpe.torch] method = '", str(method),
-                          "' with mode = ", contextual ? "contextual" : "bias", ", target = ", rpe::target_letter(tg),
-                          "; expected mode = ", want_contextual ? "contextual" : "bias", " on k");
-    }
-    const rpe::term_options o{.contextual = contextual,
-                              .target = tg,
-                              .num_heads = narrow(heads, "num_heads"),
-                              .head_dim = narrow(head_dim, "head_dim"),
-                              .shared_head = shared,
-                              .skip = static_cast<int>(skip)};
-    return rpe::make_term<S>(f, o);
-}
-
-rpe::target target_of(c10::string_view target) { return rpe::parse_target(std::string_view(target.data(), target.size())); }
-
-// Heads and head dim of a term from its input and first table (shapes checked here, so that the
-// library's own checks see well-formed ranks). x is unused (may be undefined) in bias mode.
-struct term_dims {
-    int64_t heads = 1, head_dim = 1;
-    bool shared = true;
-};
-
-term_dims dims_of(const at::Tensor& x, at::TensorList tables, bool contextual, rpe::target tg) {
-    TORCH_CHECK_VALUE(!tables.empty() && tables.size() <= 2, "[rpe.torch] tables holds ", tables.size(),
-                      " tables; expected 1 (or 2 for cross)");
-    const at::Tensor& t = tables[0];
-    term_dims d;
-    if (!contextual) {
-        check_rank(t, 2, "tables[0]", "(Ht, K) for bias mode");
-        d.heads = t.size(0);
-        d.shared = t.size(0) == 1;
-        return d;
-    }
-    const bool value = tg == rpe::target::value;
-    check_rank(t, 3, "tables[0]", value ? "(Ht, K, D) for contextual mode on v" : "(Ht, D, K) for contextual mode on q or k");
-    TORCH_CHECK_VALUE(x.defined(), "[rpe.torch] x is undefined; contextual mode needs an input");
-    check_rank(x, 4, "x", value ? "(B, H, L, L) attention probabilities" : "(B, H, L, D)");
-    d.heads = x.size(1);
-    d.head_dim = value ? t.size(2) : x.size(3);
-    d.shared = t.size(0) == 1;
-    return d;
-}
-
-template <class S>
-std::vector<rpe::tensor_ref<const S>> crefs(const std::vector<at::Tensor>& ts) {
-    std::vector<rpe::tensor_ref<const S>> r;
-    for (const auto& t : ts) r.push_back(cref<S>(t));
-    return r;
-}
-
-template <class S>
-std::vector<at::Tensor> prepared_tables(at::TensorList tables, const char* name, at::ScalarType st) {
-    std::vector<at::Tensor> r;
-    for (std::size_t i = 0; i < tables.size(); ++i)
-        r.push_back(prepared(tables[i], (std::string(name) + "[" + std::to_string(i) + "]").c_str(), st));
-    return r;
-}
+using namespace rpe_torch::ops;  // the helpers shared with the CUDA kernels (ops_common.hpp)
 
 /// term_forward: see the schema in TORCH_LIBRARY below.
 template <class S>
 at::Tensor term_forward_impl(const c10::optional<at::Tensor>& x_opt, at::TensorList tables_in, c10::string_view method,
                              c10::string_view mode, c10::string_view target, double alpha, double beta, double gamma,
                              int64_t skip, int64_t height, int64_t width, at::ScalarType st) {
-    const rpe::target tg = target_of(target);
-    const bool contextual = rpe::parse_contextual(std::string_view(mode.data(), mode.size()));
-    at::Tensor x = contextual && x_opt ? prepared(*x_opt, "x", st) : at::Tensor();
-    const auto tables = prepared_tables<S>(tables_in, "tables", st);
-    const auto d = dims_of(x, tables, contextual, tg);
-    const auto term = make<S>(method, mode, tg, alpha, beta, gamma, skip, d.heads, d.head_dim, d.shared);
-    TORCH_CHECK_VALUE(height >= 1 && width >= 1, "[rpe.torch] height = ", height, ", width = ", width, "; expected >= 1");
-    const auto ids = term->bucket_ids(static_cast<int>(height), static_cast<int>(width));
-    const int64_t L = ids->length();
-    at::Tensor out;
-    if (!contextual)
-        out = at::empty({1, tables[0].size(0), L, L}, tables[0].options());
-    else if (tg == rpe::target::value)
-        out = at::empty({x.size(0), x.size(1), x.size(2), d.head_dim}, x.options());
-    else
-        out = at::empty({x.size(0), x.size(1), x.size(2), x.size(2)}, x.options());
-    const auto views = crefs<S>(tables);
-    term->forward(*ids, views, contextual ? cref<S>(x) : rpe::tensor_ref<const S>{}, mref<S>(out), rpe::write::overwrite);
+    const auto c = setup_term<S>(x_opt, tables_in, nullptr, method, mode, target, alpha, beta, gamma, skip, height, width, st);
+    at::Tensor out = c.new_output();
+    const auto views = crefs<S>(c.tables);
+    c.term->forward(*c.ids, views, c.contextual ? cref<S>(c.x) : rpe::tensor_ref<const S>{}, mref<S>(out), rpe::write::overwrite);
     return out;
 }
 
@@ -294,23 +79,14 @@ std::vector<at::Tensor> term_backward_impl(const c10::optional<at::Tensor>& x_op
                                            const at::Tensor& grad_out_in, c10::string_view method, c10::string_view mode,
                                            c10::string_view target, double alpha, double beta, double gamma, int64_t skip,
                                            int64_t height, int64_t width, at::ScalarType st) {
-    const rpe::target tg = target_of(target);
-    const bool contextual = rpe::parse_contextual(std::string_view(mode.data(), mode.size()));
-    at::Tensor x = contextual && x_opt ? prepared(*x_opt, "x", st) : at::Tensor();
-    const auto tables = prepared_tables<S>(tables_in, "tables", st);
-    const at::Tensor grad_out = prepared(grad_out_in, "grad_out", st);
-    const auto d = dims_of(x, tables, contextual, tg);
-    const auto term = make<S>(method, mode, tg, alpha, beta, gamma, skip, d.heads, d.head_dim, d.shared);
-    TORCH_CHECK_VALUE(height >= 1 && width >= 1, "[rpe.torch] height = ", height, ", width = ", width, "; expected >= 1");
-    const auto ids = term->bucket_ids(static_cast<int>(height), static_cast<int>(width));
-    std::vector<at::Tensor> result;
-    result.push_back(contextual ? at::empty_like(x) : at::empty({0}, grad_out.options()));
+    const auto c =
+        setup_term<S>(x_opt, tables_in, &grad_out_in, method, mode, target, alpha, beta, gamma, skip, height, width, st);
+    std::vector<at::Tensor> result = c.new_gradients();
     std::vector<rpe::tensor_ref<S>> grad_views;
-    for (const auto& t : tables) result.push_back(at::empty_like(t));
     for (std::size_t i = 1; i < result.size(); ++i) grad_views.push_back(mref<S>(result[i]));
-    const auto views = crefs<S>(tables);
-    term->backward(*ids, views, contextual ? cref<S>(x) : rpe::tensor_ref<const S>{}, cref<S>(grad_out),
-                   contextual ? mref<S>(result[0]) : rpe::tensor_ref<S>{}, grad_views, rpe::write::overwrite);
+    const auto views = crefs<S>(c.tables);
+    c.term->backward(*c.ids, views, c.contextual ? cref<S>(c.x) : rpe::tensor_ref<const S>{}, cref<S>(c.grad_out),
+                     c.contextual ? mref<S>(result[0]) : rpe::tensor_ref<S>{}, grad_views, rpe::write::overwrite);
     return result;
 }
 
@@ -337,110 +113,6 @@ std::vector<at::Tensor> term_backward(const c10::optional<at::Tensor>& x, at::Te
                                  : term_backward_impl<float>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip,
                                                              height, width, st);
     });
-}
-
-// ---------------------------------------------------------------------------------------------
-// 2D RoPE
-// ---------------------------------------------------------------------------------------------
-
-// The channel layout named `value` ("pairs" or "half"; rpe::rope::layout).
-rpe::rope::layout layout_of(c10::string_view value, const char* name) {
-    const std::string v = str(value);
-    if (v == "pairs") return rpe::rope::layout::pairs;
-    TORCH_CHECK_VALUE(v == "half", "[rpe.torch] ", name, " = '", v, "'; expected 'pairs' or 'half'");
-    return rpe::rope::layout::half;
-}
-
-// The RoPE forms of rpe's registry (<rpe/families.hpp>), as "axial, mixed, ... or mrope".
-std::string rope_form_names() {
-    std::vector<std::string> all;
-    for (const auto& x : rpe::families().entries())
-        if (x->info.kind == rpe::family_kind::rope) all.push_back(x->info.name);
-    std::string names;
-    for (std::size_t i = 0; i < all.size(); ++i) names += (i == 0 ? "" : (i + 1 == all.size() ? " or " : ", ")) + all[i];
-    return names;
-}
-
-// Per-token positions (N, 2) (row, col) — (N, 3) (t, h, w) for a 3-axis form (mrope) — of
-// `name`, integer or floating, on the CPU: the float32 contiguous tensor the library reads
-// (rpe::rotary_embedding::positions), or undefined when not given. The library checks the axes
-// against the form, N against L and that every value is finite.
-at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const char* name) {
-    if (!p || !p->defined()) return {};
-    const at::Tensor& t = *p;
-    TORCH_CHECK_VALUE(t.device().is_cpu(), "[rpe.torch] ", name, " is on device ", t.device().str(),
-                      "; expected cpu (per-token RoPE positions are CPU only: rpe's CUDA backend refuses them)");
-    const auto st = t.scalar_type();
-    TORCH_CHECK_TYPE((at::isIntegralType(st, false) || st == at::kFloat || st == at::kDouble), "[rpe.torch] ", name,
-                     " has dtype ", c10::toString(st),
-                     "; expected an integer, float32 or float64 tensor of (row, col) coordinates");
-    TORCH_CHECK_VALUE(t.dim() == 2 && (t.size(1) == 2 || t.size(1) == 3), "[rpe.torch] ", name, " has shape ", shape_of(t),
-                      "; expected (N, 2) per-token (row, col) coordinates, or (N, 3) (t, h, w) for a 3-axis form");
-    check_int32_sizes(t, name);
-    return t.to(at::kFloat).contiguous();
-}
-
-// The rotary embedding of (form, params, skip, layout, suffix): form "" (none) or a RoPE form of
-// rpe's registry with its parameters in the registry's order (rpe::family_info::params): "axial"
-// [theta], "mixed" [] (frequencies given with the call), "cat" [temperature, in_pixels, max_res,
-// linear_bands, grid_offset, ref_height, ref_width, xy_indexing], "dinov3" [base, min_period,
-// max_period, normalize (0 separate, 1 max, 2 min), shift_y, shift_x, jitter_y, jitter_x, rescale],
-// "mrope" [theta, section_t, section_h, section_w, interleaved]; flags as 0 / 1, a choice as its
-// position. The policy's own validate() (through the library's checks) rejects bad values.
-template <class S>
-rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double> p, int64_t skip,
-                                   c10::string_view channel_layout = "pairs", int64_t suffix = 0) {
-    const std::string form(form_in.data(), form_in.size());
-    rpe::rotary_embedding<S> r;
-    const auto need = [&](std::size_t n, const char* layout) {
-        TORCH_CHECK_VALUE(p.size() == n, "[rpe.torch] rope_params holds ", p.size(), " values for form '", form, "'; expected ",
-                          n, " (", layout, ")");
-    };
-    if (form.empty()) {
-        need(0, "none");
-        return r;
-    }
-    TORCH_CHECK_VALUE(skip >= 0 && skip < (int64_t{1} << 30), "[rpe.torch] rope skip = ", skip, "; expected >= 0");
-    TORCH_CHECK_VALUE(suffix >= 0 && suffix < (int64_t{1} << 30), "[rpe.torch] rope suffix = ", suffix, "; expected >= 0");
-    r.skip = static_cast<int>(skip);
-    r.suffix = static_cast<int>(suffix);
-    r.layout = layout_of(channel_layout, "rope layout");
-    // the form and its parameters from rpe's registry (<rpe/families.hpp>), params in its order
-    auto& reg = rpe::families();
-    const auto e = reg.find(form);
-    TORCH_CHECK_VALUE(e && e->info.kind == rpe::family_kind::rope, "[rpe.torch] rope form = '", form, "'; expected ",
-                      rope_form_names());
-    std::string layout;
-    for (const auto& q : e->info.params) layout += (layout.empty() ? "" : ", ") + q.name;
-    need(e->info.params.size(), layout.empty() ? "none: the frequencies are the freqs tensor" : layout.c_str());
-    rpe::family_spec spec = reg.defaults(form, rpe::family_kind::rope);
-    for (std::size_t i = 0; i < p.size(); ++i) {
-        const auto& q = e->info.params[i];
-        double v = p[i];
-        if (q.type == rpe::family_param::kind::flag) v = v != 0 ? 1 : 0;
-        if (q.type == rpe::family_param::kind::integer)
-            TORCH_CHECK_VALUE(std::isfinite(v) && v == std::floor(v) && std::abs(v) < (1 << 30), "[rpe.torch] rope ", q.name,
-                              " = ", v, "; expected an integer");
-        if (q.type == rpe::family_param::kind::choice) {
-            std::string choices;
-            for (std::size_t c = 0; c < q.choices.size(); ++c)
-                choices +=
-                    (c == 0 ? "" : (c + 1 == q.choices.size() ? " or " : ", ")) + std::to_string(c) + " (" + q.choices[c] + ")";
-            TORCH_CHECK_VALUE(v >= 0 && v < static_cast<double>(q.choices.size()) && v == std::floor(v), "[rpe.torch] rope ",
-                              q.name, " = ", v, "; expected ", choices);
-        }
-        if (q.type == rpe::family_param::kind::number)
-            spec.set(q.name, v);  // the policy's validate() checks it, with its own message
-        else
-            reg.set_value(spec, q.name, v);
-    }
-    r.form = rpe::visit_rope(spec, [](const auto& policy) { return rpe::rope_form_of(policy); });
-    return r;
-}
-
-void check_grid(int64_t height, int64_t width) {
-    TORCH_CHECK_VALUE(height >= 1 && width >= 1 && height < (1 << 30) && width < (1 << 30), "[rpe.torch] height = ", height,
-                      ", width = ", width, "; expected >= 1");
 }
 
 /// rope_forward / rope_backward: see the schemas in TORCH_LIBRARY below (rpe::rope_forward,
@@ -518,118 +190,6 @@ at::Tensor rope_mixed_init(double theta, int64_t head_dim, const at::Tensor& ang
     });
 }
 
-// ---------------------------------------------------------------------------------------------
-// Fused attention
-// ---------------------------------------------------------------------------------------------
-
-struct attention_args {
-    at::Tensor q, k, v, grad_out, key_padding_mask, attn_mask,
-        attn;  // attn: the forward's probabilities (backward), or undefined
-    std::vector<at::Tensor> tables[3];
-    c10::string_view methods[3], modes[3];
-    std::vector<double> params;  // per slot: alpha, beta, gamma, skip
-    int64_t height = 0, width = 0;
-    c10::optional<double> scale;  // None: the library's 1/sqrt(D)
-    c10::string_view rope_form;
-    std::vector<double> rope_params;
-    at::Tensor rope_freqs;
-    int64_t rope_skip = 0;
-    c10::string_view rope_layout = "pairs";
-    at::Tensor rope_positions, rope_key_positions;  // (N, 2) as given (prepared in setup_attention), or undefined
-    int64_t rope_suffix = 0;
-};
-
-template <class S>
-struct attention_setup {
-    std::unique_ptr<rpe::any_term<S>> terms[3];
-    rpe::attention_inputs<S> in;
-    rpe::attention_options opt;  // the softmax scale (rpe::attention_options::scale)
-};
-
-// Prepares inputs in place (contiguous, dtype-checked) and builds the library's inputs and options.
-template <class S>
-attention_setup<S> setup_attention(attention_args& a, at::ScalarType st) {
-    static const char* qkv_names[] = {"q", "k", "v"};
-    at::Tensor* qkv[] = {&a.q, &a.k, &a.v};
-    for (int i = 0; i < 3; ++i) {
-        *qkv[i] = prepared_rows(*qkv[i], qkv_names[i], st);
-        check_rank(*qkv[i], 4, qkv_names[i], "(B, H, L, D)");
-    }
-    const int64_t B = a.q.size(0), H = a.q.size(1), L = a.q.size(2), D = a.q.size(3);
-    TORCH_CHECK_VALUE(D >= 1, "[rpe.torch] q has shape ", shape_of(a.q), "; expected D >= 1");
-    TORCH_CHECK_VALUE(a.params.size() == 12, "[rpe.torch] params holds ", a.params.size(), " values; expected 12");
-    attention_setup<S> s;
-    if (a.scale) {
-        const double scale = *a.scale;
-        TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0, "[rpe.torch] scale = ", scale,
-                          "; expected a positive finite number");
-        // Python's D**-0.5 may differ from the library's 1/sqrt(D) in the last bit: within 4 ulp
-        // it is the default (the same results as scale = None).
-        const double ratio = scale * std::sqrt(static_cast<double>(D));
-        if (std::abs(ratio - 1.0) > 4 * std::numeric_limits<double>::epsilon()) s.opt.scale = scale;
-    }
-    static const char* slot_names[] = {"tables_q", "tables_k", "tables_v"};
-    const rpe::target targets[] = {rpe::target::query, rpe::target::key, rpe::target::value};
-    rpe::attention_term<S>* slots[] = {&s.in.rpe_q, &s.in.rpe_k, &s.in.rpe_v};
-    for (int i = 0; i < 3; ++i) {
-        if (a.methods[i].empty()) {
-            TORCH_CHECK_VALUE(a.tables[i].empty(), "[rpe.torch] ", slot_names[i], " holds ", a.tables[i].size(),
-                              " tables but no method is given for it");
-            continue;
-        }
-        auto& tabs = a.tables[i];
-        for (std::size_t t = 0; t < tabs.size(); ++t)
-            tabs[t] = prepared(tabs[t], (std::string(slot_names[i]) + "[" + std::to_string(t) + "]").c_str(), st);
-        TORCH_CHECK_VALUE(!tabs.empty(), "[rpe.torch] ", slot_names[i], " is empty; expected 1 (or 2 for cross) tables");
-        TORCH_CHECK_VALUE(tabs[0].dim() >= 1, "[rpe.torch] ", slot_names[i], "[0] is a scalar; expected a table");
-        const double* p = a.params.data() + 4 * i;
-        TORCH_CHECK_VALUE(p[3] >= 0 && p[3] < (1 << 30) && p[3] == std::floor(p[3]), "[rpe.torch] skip = ", p[3], " (",
-                          slot_names[i], "); expected an integer >= 0");
-        s.terms[i] = make<S>(a.methods[i], a.modes[i], targets[i], p[0], p[1], p[2], static_cast<int64_t>(p[3]), H, D,
-                             tabs[0].size(0) == 1);
-        slots[i]->term = s.terms[i].get();
-        for (const auto& t : tabs) slots[i]->tables.push_back(cref<S>(t));
-    }
-    s.in.q = sref<S>(a.q);
-    s.in.k = sref<S>(a.k);
-    s.in.v = sref<S>(a.v);
-    TORCH_CHECK_VALUE(a.height >= 1 && a.width >= 1 && a.height < (1 << 30) && a.width < (1 << 30),
-                      "[rpe.torch] height = ", a.height, ", width = ", a.width, "; expected >= 1");
-    s.in.height = static_cast<int>(a.height);
-    s.in.width = static_cast<int>(a.width);
-    if (a.key_padding_mask.defined()) {
-        const auto& m = a.key_padding_mask;
-        TORCH_CHECK_VALUE(m.device().is_cpu(), "[rpe.torch] key_padding_mask is on device ", m.device().str(), "; expected cpu");
-        TORCH_CHECK_TYPE(m.scalar_type() == at::kBool || m.scalar_type() == at::kByte, "[rpe.torch] key_padding_mask has dtype ",
-                         c10::toString(m.scalar_type()), "; expected bool or uint8 (true = padded key)");
-        check_rank(m, 2, "key_padding_mask", "(B, L)");
-        a.key_padding_mask = m.to(at::kByte).ne(0).to(at::kByte).contiguous();
-        s.in.key_padding_mask = cref<std::uint8_t>(a.key_padding_mask);
-    }
-    if (a.attn_mask.defined()) {
-        auto& m = a.attn_mask;
-        if (m.scalar_type() == at::kBool) {
-            TORCH_CHECK_VALUE(m.device().is_cpu(), "[rpe.torch] attn_mask is on device ", m.device().str(), "; expected cpu");
-            m = at::zeros(m.sizes(), a.q.options()).masked_fill(m, -std::numeric_limits<double>::infinity());
-        }
-        m = prepared(m, "attn_mask", st);
-        check_rank(m, 2, "attn_mask", "(L, L)");
-        s.in.attn_mask = cref<S>(m);
-    }
-    s.in.rope = make_rope<S>(a.rope_form, a.rope_params, a.rope_skip, a.rope_layout, a.rope_suffix);
-    if (a.rope_freqs.defined()) {
-        a.rope_freqs = prepared(a.rope_freqs, "rope_freqs", st);
-        s.in.rope.freqs = cref<S>(a.rope_freqs);
-    }
-    a.rope_positions = prepared_positions(a.rope_positions, "rope_positions");
-    a.rope_key_positions = prepared_positions(a.rope_key_positions, "rope_key_positions");
-    if (a.rope_positions.defined()) s.in.rope.positions = cref<float>(a.rope_positions);
-    if (a.rope_key_positions.defined()) s.in.rope.key_positions = cref<float>(a.rope_key_positions);
-    (void)B;
-    (void)L;
-    return s;
-}
-
 template <class S>
 std::vector<at::Tensor> attention_forward_impl(attention_args& a, at::ScalarType st, bool keep_attn) {
     auto s = setup_attention<S>(a, st);
@@ -673,44 +233,6 @@ std::vector<at::Tensor> attention_backward_impl(attention_args& a, at::ScalarTyp
     }
     if (grad_freqs.defined()) result.push_back(grad_freqs);  // last: the rope frequencies' gradient
     return result;
-}
-
-attention_args make_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk,
-                         at::TensorList tv, c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok,
-                         c10::string_view mv, c10::string_view ov, at::ArrayRef<double> params, int64_t height, int64_t width,
-                         const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am, c10::optional<double> scale,
-                         c10::string_view rope_form, at::ArrayRef<double> rope_params,
-                         const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip, c10::string_view rope_layout,
-                         const c10::optional<at::Tensor>& rope_positions, const c10::optional<at::Tensor>& rope_key_positions,
-                         int64_t rope_suffix) {
-    attention_args a;
-    a.q = q;
-    a.k = k;
-    a.v = v;
-    a.tables[0] = tq.vec();
-    a.tables[1] = tk.vec();
-    a.tables[2] = tv.vec();
-    a.methods[0] = mq;
-    a.methods[1] = mk;
-    a.methods[2] = mv;
-    a.modes[0] = oq;
-    a.modes[1] = ok;
-    a.modes[2] = ov;
-    a.params = params.vec();
-    a.height = height;
-    a.width = width;
-    if (kpm) a.key_padding_mask = *kpm;
-    if (am) a.attn_mask = *am;
-    a.scale = scale;
-    a.rope_form = rope_form;
-    a.rope_params = rope_params.vec();
-    if (rope_freqs) a.rope_freqs = *rope_freqs;
-    a.rope_skip = rope_skip;
-    a.rope_layout = rope_layout;
-    if (rope_positions) a.rope_positions = *rope_positions;
-    if (rope_key_positions) a.rope_key_positions = *rope_key_positions;
-    a.rope_suffix = rope_suffix;
-    return a;
 }
 
 at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk,

@@ -1,0 +1,353 @@
+/// @file ops_cuda.cpp
+/// @brief The CUDA kernels of the rpe_torch operators (`TORCH_LIBRARY_IMPL(rpe, CUDA, m)`), over
+/// rpe's CUDA backend: term_forward / term_backward (rpe::cuda::term_forward / term_backward),
+/// attention_forward / attention_backward (rpe::cuda::attention_forward / backward, with iRPE
+/// terms, masks and 2D RoPE) and rope_forward / rope_backward (rpe::cuda::rope_forward /
+/// backward), in float32, float64, float16 and bfloat16 (rpe's storage types; sums in float32,
+/// float64 for float64). Built only when torch and nvcc both have CUDA (CMake option
+/// RPE_TORCH_CUDA); the library then loads on a machine without a GPU as well.
+///
+/// Arguments are checked and prepared by the code the CPU kernels use (ops_common.hpp), so a bad
+/// argument gets the CPU's exception and message; in addition every tensor must be on the CUDA
+/// device of the operator's first CUDA tensor (ValueError `[rpe.torch] tables[0] is on device
+/// cpu; expected cuda:0, the device of x (...)`), q, k, v are made contiguous (the CUDA attention
+/// reads no strided views), and the work is enqueued on Torch's current stream of that device
+/// (at::cuda::getCurrentCUDAStream) under a device guard; outputs are fresh contiguous tensors
+/// there, and nothing waits for the device (except the first upload of a bucket-id or RoPE
+/// configuration per device, see docs/cuda.md).
+///
+/// What rpe's CUDA backend does not have is refused with a Python exception naming it: the
+/// probabilities output (`attention_forward_attn`: NotImplementedError) and the backward from
+/// saved probabilities (`attn`), per-token RoPE positions (`rope_positions`, `positions`), RoPE
+/// suffix tokens and rope::mrope (ValueError, the library's rpe::not_supported message). The
+/// table operators (timm layout, CPB, SAM, rope_mixed_init), small host computations in rpe,
+/// run on the CPU with their tensors copied there and back (on_the_host).
+///
+/// The rpe CUDA calls themselves are in ops_cuda.cu (nvcc), declared by cuda_kernels.hpp: this
+/// file is compiled by the host C++ compiler.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <initializer_list>
+#include <utility>
+
+#include "cuda_kernels.hpp"
+#include "ops_common.hpp"
+
+namespace {
+
+using namespace rpe_torch::ops;
+
+// The dtype of t for the CUDA kernels: float32, float64, float16 or bfloat16 (TypeError otherwise).
+at::ScalarType checked_cuda_float_type(const at::Tensor& t, const char* name) {
+    TORCH_CHECK_VALUE(t.defined(), "[rpe.torch] ", name, " is undefined; expected a tensor");
+    const auto st = t.scalar_type();
+    TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16, "[rpe.torch] ", name,
+                     " has dtype ", c10::toString(st), "; expected float32, float64, float16 or bfloat16");
+    return st;
+}
+
+// Calls f.template operator()<S, T>() with S the CUDA backend's storage type of dtype st
+// (float, double, __half, __nv_bfloat16: the same bits as at::Half, at::BFloat16) and T the
+// scalar of the terms that describe the slots (double for double, else float; only their
+// rpe::term_desc is used).
+template <class F>
+decltype(auto) on_cuda_dtype(at::ScalarType st, F&& f) {
+    switch (st) {
+        case at::kDouble: return f.template operator()<double, double>();
+        case at::kHalf: return f.template operator()<__half, float>();
+        case at::kBFloat16: return f.template operator()<__nv_bfloat16, float>();
+        default: return f.template operator()<float, float>();
+    }
+}
+
+// The device of a CUDA operator: that of the first CUDA tensor among `args` (name, tensor; an
+// undefined tensor is skipped), which every other tensor argument must share (checked by
+// prepared()). The dispatcher calls a CUDA kernel only when some argument is a CUDA tensor.
+where cuda_device_of(std::initializer_list<std::pair<const char*, const at::Tensor*>> args) {
+    for (const auto& [name, t] : args)
+        if (t && t->defined() && t->device().is_cuda()) return where{t->device(), name};
+    TORCH_CHECK_VALUE(false, "[rpe.torch] no argument is a CUDA tensor; expected the CUDA kernel's inputs on a CUDA device");
+    return {};
+}
+
+CUstream_st* current_stream(const where& w) { return at::cuda::getCurrentCUDAStream(w.device.index()).stream(); }
+
+// ---------------------------------------------------------------------------------------------
+// Terms
+// ---------------------------------------------------------------------------------------------
+
+template <class S, class T>
+std::vector<at::Tensor> term_cuda(const c10::optional<at::Tensor>& x, at::TensorList tables, const at::Tensor* grad_out,
+                                  c10::string_view method, c10::string_view mode, c10::string_view target, double alpha,
+                                  double beta, double gamma, int64_t skip, int64_t height, int64_t width, at::ScalarType st,
+                                  const where& w) {
+    const auto c = setup_term<S, T>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width, st, w);
+    const auto views = crefs<S>(c.tables);
+    const rpe::tensor_ref<const S> xv = c.contextual ? cref<S>(c.x) : rpe::tensor_ref<const S>{};
+    if (!grad_out) {
+        at::Tensor out = c.new_output();
+        rpe_torch::cuda::term_forward<S>(c.term->desc(), *c.ids, views, xv, mref<S>(out), current_stream(w));
+        return {out};
+    }
+    std::vector<at::Tensor> result = c.new_gradients();
+    std::vector<rpe::tensor_ref<S>> grad_views;
+    for (std::size_t i = 1; i < result.size(); ++i) grad_views.push_back(mref<S>(result[i]));
+    rpe_torch::cuda::term_backward<S>(c.term->desc(), *c.ids, views, xv, cref<S>(c.grad_out),
+                                      c.contextual ? mref<S>(result[0]) : rpe::tensor_ref<S>{}, grad_views, current_stream(w));
+    return result;
+}
+
+std::vector<at::Tensor> term_dispatch(const c10::optional<at::Tensor>& x, at::TensorList tables, const at::Tensor* grad_out,
+                                      c10::string_view method, c10::string_view mode, c10::string_view target, double alpha,
+                                      double beta, double gamma, int64_t skip, int64_t height, int64_t width) {
+    TORCH_CHECK_VALUE(!tables.empty(), "[rpe.torch] tables is empty; expected 1 (or 2 for cross) tables");
+    const at::Tensor* t1 = tables.size() > 1 ? &tables[1] : nullptr;
+    const where w =
+        cuda_device_of({{"x", x ? &*x : nullptr}, {"tables[0]", &tables[0]}, {"tables[1]", t1}, {"grad_out", grad_out}});
+    const auto st = checked_cuda_float_type(tables[0], "tables[0]");
+    const c10::cuda::CUDAGuard guard(w.device);
+    return on_cuda_dtype(st, [&]<class S, class T>() {
+        return term_cuda<S, T>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width, st, w);
+    });
+}
+
+at::Tensor term_forward(const c10::optional<at::Tensor>& x, at::TensorList tables, c10::string_view method, c10::string_view mode,
+                        c10::string_view target, double alpha, double beta, double gamma, int64_t skip, int64_t height,
+                        int64_t width) {
+    return translating(
+        [&] { return term_dispatch(x, tables, nullptr, method, mode, target, alpha, beta, gamma, skip, height, width)[0]; });
+}
+
+std::vector<at::Tensor> term_backward(const c10::optional<at::Tensor>& x, at::TensorList tables, const at::Tensor& grad_out,
+                                      c10::string_view method, c10::string_view mode, c10::string_view target, double alpha,
+                                      double beta, double gamma, int64_t skip, int64_t height, int64_t width) {
+    return translating(
+        [&] { return term_dispatch(x, tables, &grad_out, method, mode, target, alpha, beta, gamma, skip, height, width); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2D RoPE
+// ---------------------------------------------------------------------------------------------
+
+template <class S>
+std::vector<at::Tensor> rope_cuda(const at::Tensor& x_in, const at::Tensor* grad_y_in, c10::string_view form,
+                                  at::ArrayRef<double> params, const c10::optional<at::Tensor>& freqs_in, int64_t skip,
+                                  int64_t height, int64_t width, c10::string_view layout,
+                                  const c10::optional<at::Tensor>& positions, int64_t suffix, at::ScalarType st, const where& w) {
+    const at::Tensor x = prepared(x_in, "x", st, w);
+    auto r = make_rope<S>(form, params, skip, layout, suffix);
+    TORCH_CHECK_VALUE(r.enabled(), "[rpe.torch] rope form = ''; expected ", rope_form_names());
+    at::Tensor freqs;
+    if (freqs_in && freqs_in->defined()) {
+        freqs = prepared(*freqs_in, "freqs", st, w);
+        r.freqs = cref<S>(freqs);
+    }
+    (void)prepared_positions(positions, "positions", w);  // refused on CUDA (ValueError naming it)
+    check_grid(height, width);
+    const int h = static_cast<int>(height), wd = static_cast<int>(width);
+    at::Tensor out = at::empty(x.sizes(), x.options());
+    if (!grad_y_in) {
+        rpe_torch::cuda::rope_forward<S>(r, h, wd, cref<S>(x), mref<S>(out), current_stream(w));
+        return {out};
+    }
+    const at::Tensor grad_y = prepared(*grad_y_in, "grad_y", st, w);
+    at::Tensor grad_freqs =
+        r.is_mixed() && freqs.defined() ? at::empty(freqs.sizes(), freqs.options()) : at::empty({0}, x.options());
+    if (r.is_mixed() && freqs.defined()) r.grad_freqs = mref<S>(grad_freqs);
+    rpe_torch::cuda::rope_backward<S>(r, h, wd, cref<S>(x), cref<S>(grad_y), mref<S>(out), current_stream(w));
+    return {out, grad_freqs};
+}
+
+std::vector<at::Tensor> rope_dispatch(const at::Tensor& x, const at::Tensor* grad_y, c10::string_view form,
+                                      at::ArrayRef<double> params, const c10::optional<at::Tensor>& freqs, int64_t skip,
+                                      int64_t height, int64_t width, c10::string_view layout,
+                                      const c10::optional<at::Tensor>& positions, int64_t suffix) {
+    const where w = cuda_device_of({{"x", &x}, {"freqs", freqs ? &*freqs : nullptr}, {"grad_y", grad_y}});
+    const auto st = checked_cuda_float_type(x, "x");
+    const c10::cuda::CUDAGuard guard(w.device);
+    return on_cuda_dtype(st, [&]<class S, class T>() {
+        return rope_cuda<S>(x, grad_y, form, params, freqs, skip, height, width, layout, positions, suffix, st, w);
+    });
+}
+
+at::Tensor rope_forward(const at::Tensor& x, c10::string_view form, at::ArrayRef<double> params,
+                        const c10::optional<at::Tensor>& freqs, int64_t skip, int64_t height, int64_t width,
+                        c10::string_view layout, const c10::optional<at::Tensor>& positions, int64_t suffix) {
+    return translating(
+        [&] { return rope_dispatch(x, nullptr, form, params, freqs, skip, height, width, layout, positions, suffix)[0]; });
+}
+
+std::vector<at::Tensor> rope_backward(const at::Tensor& x, const at::Tensor& grad_y, c10::string_view form,
+                                      at::ArrayRef<double> params, const c10::optional<at::Tensor>& freqs, int64_t skip,
+                                      int64_t height, int64_t width, c10::string_view layout,
+                                      const c10::optional<at::Tensor>& positions, int64_t suffix) {
+    return translating(
+        [&] { return rope_dispatch(x, &grad_y, form, params, freqs, skip, height, width, layout, positions, suffix); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fused attention
+// ---------------------------------------------------------------------------------------------
+
+// The CUDA device of the attention's arguments (the first CUDA one among q, k, v, the tables,
+// the masks, the RoPE frequencies and grad_out).
+where attention_device(const attention_args& a) {
+    const at::Tensor* first_table = nullptr;
+    const char* first_table_name = "";
+    static const char* slot_names[] = {"tables_q[0]", "tables_k[0]", "tables_v[0]"};
+    for (int i = 0; i < 3 && !first_table; ++i)
+        for (const auto& t : a.tables[i])
+            if (t.defined() && t.device().is_cuda()) {
+                first_table = &t;
+                first_table_name = slot_names[i];
+                break;
+            }
+    return cuda_device_of({{"q", &a.q},
+                           {"k", &a.k},
+                           {"v", &a.v},
+                           {first_table_name, first_table},
+                           {"key_padding_mask", &a.key_padding_mask},
+                           {"attn_mask", &a.attn_mask},
+                           {"rope_freqs", &a.rope_freqs},
+                           {"grad_out", &a.grad_out}});
+}
+
+template <class S, class T>
+at::Tensor attention_forward_cuda(attention_args& a, at::ScalarType st, const where& w) {
+    auto s = setup_attention<S, T>(a, st, w);
+    s.opt.stream = current_stream(w);
+    at::Tensor out = at::empty(a.q.sizes(), a.q.options());
+    rpe_torch::cuda::attention_forward<S>(s.in, mref<S>(out), s.opt);
+    return out;
+}
+
+template <class S, class T>
+std::vector<at::Tensor> attention_backward_cuda(attention_args& a, at::ScalarType st, const where& w) {
+    auto s = setup_attention<S, T>(a, st, w);
+    s.opt.stream = current_stream(w);
+    a.grad_out = prepared(a.grad_out, "grad_out", st, w);
+    at::Tensor gq = at::empty(a.q.sizes(), a.q.options()), gk = at::empty(a.k.sizes(), a.k.options()),
+               gv = at::empty(a.v.sizes(), a.v.options());
+    std::vector<at::Tensor> result{gq, gk, gv};
+    rpe::attention_term<S>* slots[] = {&s.in.rpe_q, &s.in.rpe_k, &s.in.rpe_v};
+    for (int i = 0; i < 3; ++i)
+        for (auto& t : a.tables[i]) {
+            result.push_back(at::empty_like(t));
+            slots[i]->grad_tables.push_back(mref<S>(result.back()));
+        }
+    at::Tensor grad_freqs;
+    if (s.in.rope.is_mixed() && a.rope_freqs.defined()) {
+        grad_freqs = at::empty(a.rope_freqs.sizes(), a.rope_freqs.options());
+        s.in.rope.grad_freqs = mref<S>(grad_freqs);
+    }
+    rpe_torch::cuda::attention_backward<S>(
+        s.in, {.grad_out = cref<S>(a.grad_out), .grad_q = mref<S>(gq), .grad_k = mref<S>(gk), .grad_v = mref<S>(gv)}, s.opt);
+    if (grad_freqs.defined()) result.push_back(grad_freqs);  // last: the rope frequencies' gradient
+    return result;
+}
+
+at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk,
+                             at::TensorList tv, c10::string_view mq, c10::string_view oq, c10::string_view mk,
+                             c10::string_view ok, c10::string_view mv, c10::string_view ov, at::ArrayRef<double> params,
+                             int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
+                             const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
+                             at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
+                             c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
+                             const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
+    return translating([&] {
+        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
+                           rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
+        const where w = attention_device(a);
+        const auto st = checked_cuda_float_type(q, "q");
+        const c10::cuda::CUDAGuard guard(w.device);
+        return on_cuda_dtype(st, [&]<class S, class T>() { return attention_forward_cuda<S, T>(a, st, w); });
+    });
+}
+
+std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
+                                           at::TensorList tk, at::TensorList tv, c10::string_view mq, c10::string_view oq,
+                                           c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
+                                           at::ArrayRef<double> params, int64_t height, int64_t width,
+                                           const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
+                                           c10::optional<double> scale, const at::Tensor& grad_out, c10::string_view rope_form,
+                                           at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs,
+                                           int64_t rope_skip, const c10::optional<at::Tensor>& attn, c10::string_view rope_layout,
+                                           const c10::optional<at::Tensor>& rope_positions,
+                                           const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
+    return translating([&] {
+        TORCH_CHECK_VALUE(!attn || !attn->defined(),
+                          "[rpe.torch] attn (the forward's saved probabilities) is not supported by the cuda backend: rpe's "
+                          "CUDA attention keeps no (B, H, L, L) buffer and recomputes them; expected attn = None");
+        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
+                           rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
+        a.grad_out = grad_out;
+        const where w = attention_device(a);
+        const auto st = checked_cuda_float_type(q, "q");
+        const c10::cuda::CUDAGuard guard(w.device);
+        return on_cuda_dtype(st, [&]<class S, class T>() { return attention_backward_cuda<S, T>(a, st, w); });
+    });
+}
+
+// attention_forward_attn: refused (rpe's CUDA attention has no probabilities output).
+void no_probabilities_output(const c10::OperatorHandle& op, torch::jit::Stack*) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "[rpe.torch] ", op.schema().name(),
+                                " (the attention's probabilities output, rpe_torch.attention(save_attn=True)) is not "
+                                "supported by the cuda backend: rpe's CUDA attention keeps no (B, H, L, L) buffer; use "
+                                "attention_forward (save_attn=False: the backward recomputes the probabilities)");
+}
+
+// The table operators (timm layout, SwinV2 CPB, SAM resize and tables, rope_mixed_init): rpe
+// computes these small tables on the host (O(K·H), docs/cuda.md), so their CUDA kernel is a
+// round trip: every CUDA tensor argument is copied to the CPU (which waits for the device), the
+// CPU kernel runs (its checks and messages), and every tensor result is copied to the device of
+// the first CUDA argument. Boxed: one function for all of them.
+void on_the_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::size_t n_args = op.schema().arguments().size(), n_out = op.schema().returns().size();
+    c10::optional<c10::Device> device;
+    const auto to_cpu = [&](const at::Tensor& t) {
+        if (!t.defined() || !t.is_cuda()) return t;
+        if (!device) device = t.device();
+        return t.cpu();
+    };
+    for (std::size_t i = stack->size() - n_args; i < stack->size(); ++i) {
+        c10::IValue& v = (*stack)[i];
+        if (v.isTensor()) {
+            v = to_cpu(v.toTensor());
+        } else if (v.isTensorList()) {
+            c10::List<at::Tensor> list;
+            for (const at::Tensor& t : v.toTensorList()) list.push_back(to_cpu(t));
+            v = list;
+        }
+    }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    if (!device) return;
+    for (std::size_t i = stack->size() - n_out; i < stack->size(); ++i) {
+        c10::IValue& v = (*stack)[i];
+        if (v.isTensor()) {
+            v = v.toTensor().to(*device);
+        } else if (v.isTensorList()) {
+            c10::List<at::Tensor> list;
+            for (const at::Tensor& t : v.toTensorList()) list.push_back(t.to(*device));
+            v = list;
+        }
+    }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rpe, CUDA, m) {
+    m.impl("term_forward", &term_forward);
+    m.impl("term_backward", &term_backward);
+    m.impl("attention_forward", &attention_forward);
+    m.impl("attention_backward", &attention_backward);
+    m.impl("rope_forward", &rope_forward);
+    m.impl("rope_backward", &rope_backward);
+    m.impl("attention_forward_attn", torch::CppFunction::makeFromBoxedFunction<&no_probabilities_output>());
+    for (const char* name :
+         {"rope_mixed_init", "table_from_timm", "table_to_timm", "cpb_table", "cpb_table_backward", "cpb_bias_forward",
+          "cpb_bias_backward", "resize_rel_pos", "resize_rel_pos_backward", "decomposed_tables", "decomposed_tables_backward"})
+        m.impl(name, torch::CppFunction::makeFromBoxedFunction<&on_the_host>());
+}

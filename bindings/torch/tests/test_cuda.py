@@ -1,0 +1,467 @@
+"""rpe_torch's CUDA operators (bindings/torch/src/ops_cuda.cpp, over rpe's CUDA backend) against
+its CPU operators: every term kind, the fused attention (iRPE on q, k, v, Cross, bias, masks,
+scale, RoPE axial / mixed / cat alone and with iRPE) and the standalone RoPE, values and
+gradients (through autograd: the backward operators too), in float32 and float64, and in
+float16 / bfloat16 against the CPU's float32 on the same rounded inputs; the errors (mixed
+devices, features rpe's CUDA backend lacks, operators without a CUDA kernel, dtypes).
+
+Every test that needs a device skips when ``torch.cuda.is_available()`` is False (they run on a
+lent GPU through scripts/gpu_check.sh --torch). Without a device, test_cuda_kernels_registered
+checks, when CTest says the library was built with them (RPE_TORCH_EXPECT_CUDA=1), that the CUDA
+kernels are registered and that the operators without one refuse with their message.
+
+Tolerances (docs/torch.md, as docs/cuda.md's for the C++ backend, twice as wide for fp16 / bf16):
+``|gpu − cpu| ≤ ε·(|cpu| + rms(cpu))`` per element with ε = 8·u·√N (float32, float64; the CPU
+result in the same dtype) or 4·u·√N (float16 u = 2⁻¹¹, bfloat16 u = 2⁻⁸; the CPU result in
+float32 from the same fp16 / bf16-rounded inputs), u the unit roundoff, N the longest sum behind
+an element: D for a q / k term, L + K·D for a value term, B·H·L² for a table gradient; the
+attention's output and q, k, v gradients use N = D + L with 16·u (float) and 8·u (fp16 / bf16).
+"""
+import itertools
+import math
+import os
+
+import pytest
+import torch
+
+import rpe_torch as rt
+
+#: The device the comparisons run on: "cuda"; "cpu" only to check this file's harness on a
+#: machine without a GPU (RPE_TORCH_TEST_DEVICE=cpu: CPU against CPU, float32 / float64, no error
+#: test), never a test of the CUDA kernels.
+DEVICE = os.environ.get("RPE_TORCH_TEST_DEVICE", "cuda")
+DRY_RUN = DEVICE == "cpu"
+HAS_GPU = torch.cuda.is_available() or DRY_RUN
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA device (torch.cuda.is_available() is False)")
+pytestmark_kernels = pytest.mark.skipif(not DRY_RUN and HAS_GPU and not rt.has_cuda_kernels(),
+                                        reason="the operator library was built without its CUDA kernels (RPE_TORCH_CUDA=OFF)")
+not_dry = pytest.mark.skipif(DRY_RUN, reason="RPE_TORCH_TEST_DEVICE=cpu: the harness check runs no error test")
+
+RATIO = 1.0  # alpha 1, beta 2, gamma 8: small tables
+METHODS = ["euclidean", "quantization", "product", "cross"]
+UNIT = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+LOW = (torch.float16, torch.bfloat16)
+
+
+def eps(dtype, n, attention=False):
+    """ε of the rule in the module docstring for dtype and sum length n."""
+    factor = (16 if attention else 8) if dtype not in LOW else (8 if attention else 4)
+    return factor * UNIT[dtype] * math.sqrt(max(n, 1))
+
+
+def assert_matches(gpu, cpu, dtype, n, what, attention=False):
+    """|gpu − cpu| ≤ ε·(|cpu| + rms(cpu)) elementwise (compared in float64 on the CPU)."""
+    assert gpu.device.type == DEVICE, f"{what}: on {gpu.device}, expected {DEVICE}"
+    assert gpu.dtype == dtype, f"{what}: dtype {gpu.dtype}, expected {dtype}"
+    assert gpu.is_contiguous(), f"{what}: not contiguous (the fake kernels promise contiguous outputs)"
+    a, e = gpu.detach().cpu().double(), cpu.detach().cpu().double()
+    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)}, expected {tuple(e.shape)}"
+    rms = e.pow(2).mean().sqrt() if e.numel() else torch.tensor(0.0, dtype=torch.float64)
+    tol = eps(dtype, n, attention) * (e.abs() + rms)
+    diff = (a - e).abs()
+    worst = float(diff.max()) if diff.numel() else 0.0
+    assert bool(torch.all(diff <= tol)), f"{what}: max |gpu - cpu| = {worst:.3e} exceeds ε = {eps(dtype, n, attention):.2e}"
+
+
+def devices_dtype(dtype):
+    """Skips fp16 / bf16 in the CPU harness check (no CPU kernel of them)."""
+    if DRY_RUN and dtype in LOW:
+        pytest.skip("RPE_TORCH_TEST_DEVICE=cpu: no fp16 / bf16 CPU kernel")
+
+
+def reference_dtype(dtype):
+    """The CPU operators' dtype for a CUDA run in dtype: float32 for fp16 / bf16 (no CPU kernel)."""
+    return torch.float32 if dtype in LOW else dtype
+
+
+def on_gpu(t, dtype):
+    """(the CUDA copy in dtype, the CPU reference copy of the same rounded values), both leaves
+    requiring grad when t does."""
+    g = t.detach().to(DEVICE, dtype)
+    c = g.detach().cpu().to(reference_dtype(dtype))
+    if t.requires_grad:
+        g.requires_grad_()
+        c.requires_grad_()
+    return g, c
+
+
+def num_buckets(method, skip):
+    base = rt.get_num_buckets({"euclidean": 0, "quantization": 1, "product": 3, "cross": 4}[method], RATIO, 2 * RATIO,
+                              8 * RATIO)
+    return base + (1 if skip else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Without a device
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(os.environ.get("RPE_TORCH_EXPECT_CUDA") != "1",
+                    reason="RPE_TORCH_EXPECT_CUDA is not 1 (set by CTest when the library is built with RPE_TORCH_CUDA)")
+def test_cuda_kernels_registered():
+    """The library built with RPE_TORCH_CUDA has a CUDA kernel for every tensor operator: the
+    real ones, and for the others one that names what is missing (called here through the
+    dispatcher's CUDA key, no device needed)."""
+    assert rt.has_cuda_kernels()
+    for op in ("term_forward", "term_backward", "attention_forward", "attention_forward_attn", "attention_backward",
+               "rope_forward", "rope_backward", "table_from_timm", "cpb_table", "resize_rel_pos", "decomposed_tables"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"rpe::{op}", "CUDA"), op
+    cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    # the table operators' CUDA kernel runs the CPU one (here with nothing to copy)
+    t = torch.randn(3, 2)
+    assert torch.equal(torch.ops.rpe.table_from_timm.default.redispatch(cuda, t), t.t())
+    rows, cols = torch.ops.rpe.decomposed_tables.default.redispatch(cuda, torch.randn(3, 4), torch.randn(5, 4), 2, 3, 0, False)
+    assert rows.shape == cols.shape == (1, 4, 5)
+    q = torch.zeros(1, 1, 4, 4)
+    with pytest.raises(NotImplementedError, match=r"rpe::attention_forward_attn \(the attention's probabilities output"):
+        torch.ops.rpe.attention_forward_attn.default.redispatch(cuda, q, q, q, [], [], [], "", "", "", "", "", "",
+                                                                [0.0] * 12, 2, 2, None, None)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] tables is empty"):
+        torch.ops.rpe.term_forward.default.redispatch(cuda, None, [], "product", "bias", "k", 1.0, 2.0, 8.0, 0, 2, 2)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
+        torch.ops.rpe.term_forward.default.redispatch(cuda, None, [torch.zeros(1, 26)], "product", "bias", "k", 1.0, 2.0,
+                                                      8.0, 0, 2, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Terms
+# ---------------------------------------------------------------------------------------------
+
+TERM_KINDS = [("bias", "k"), ("contextual", "k"), ("contextual", "v")]
+TERM_CASES = [(m, kind, shared, skip) for m, kind, shared, skip in itertools.product(METHODS, TERM_KINDS, [True, False], [0, 1])
+              if (shared, skip) in ((True, 1), (False, 0)) or m == "product"]
+
+
+def term_inputs(method, mode, target, shared, skip, B=2, H=3, h=3, w=4, D=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    L, K = skip + h * w, num_buckets(method, skip)
+    ht = 1 if shared else H
+    shape = (ht, K) if mode == "bias" else ((ht, K, D) if target == "v" else (ht, D, K))
+    tables = [torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_() for _ in range(2 if method == "cross" else 1)]
+    if mode == "bias":
+        x = None
+    elif target == "v":
+        x = torch.softmax(torch.randn(B, H, L, L, generator=g, dtype=torch.float64), -1).requires_grad_()
+    else:
+        x = torch.randn(B, H, L, D, generator=g, dtype=torch.float64).requires_grad_()
+    return x, tables, (B, H, L, D, K, h, w)
+
+
+@needs_gpu
+@pytestmark_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("method,kind,shared,skip", TERM_CASES)
+def test_term_matches_cpu(method, kind, shared, skip, dtype):
+    devices_dtype(dtype)
+    mode, target = kind
+    x, tables, (B, H, L, D, K, h, w) = term_inputs(method, mode, target, shared, skip)
+    xg, xc = on_gpu(x, dtype) if x is not None else (None, None)
+    pairs = [on_gpu(t, dtype) for t in tables]
+    tg, tc = [p[0] for p in pairs], [p[1] for p in pairs]
+    args = (method, mode, target, RATIO, 2 * RATIO, 8 * RATIO, skip, h, w)
+    out_g, out_c = rt.term(xg, tg, *args), rt.term(xc, tc, *args)
+    n = (L + K * D) if target == "v" else D
+    assert_matches(out_g, out_c, dtype, n if mode == "contextual" else 1, "out")
+    grad = torch.randn(out_c.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    grad_g = grad.to(DEVICE, dtype)  # both sides get the same rounded incoming gradient
+    (out_g * grad_g).sum().backward()
+    (out_c * grad_g.cpu().to(out_c.dtype)).sum().backward()
+    for i, (a, b) in enumerate(zip(tg, tc)):
+        assert_matches(a.grad, b.grad, dtype, B * H * L * L, f"grad tables[{i}]")
+    if x is not None:
+        assert_matches(xg.grad, xc.grad, dtype, K * (D if target == "v" else 1) + L, "grad x")
+
+
+@needs_gpu
+@pytestmark_kernels
+@pytest.mark.parametrize("method,window", [("swin", (3, 4)), ("beit", (3, 4))])
+def test_vit_bias_terms_match_cpu(method, window):
+    """The Swin / BEiT bias terms by name (the device computes their ids with the host's math)."""
+    skip = 1 if method == "beit" else 0
+    K = (2 * window[0] - 1) * (2 * window[1] - 1) + (3 if method == "beit" else 0)
+    table = torch.randn(3, K, generator=torch.Generator().manual_seed(2), dtype=torch.float64).requires_grad_()
+    tg, tc = on_gpu(table, torch.float64)
+    args = (method, "bias", "k", window[0], window[1], 0, skip, window[0], window[1])
+    out_g, out_c = rt.term(None, [tg], *args), rt.term(None, [tc], *args)
+    assert_matches(out_g, out_c, torch.float64, 1, "out")
+    out_g.sum().backward()
+    out_c.sum().backward()
+    assert_matches(tg.grad, tc.grad, torch.float64, out_c.numel(), "grad table")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused attention
+# ---------------------------------------------------------------------------------------------
+
+ATTENTION_CASES = {
+    # name: (method, mode, rpe_on, shared, skip, extra)
+    "plain": ("product", "contextual", "", True, 1, {}),
+    "ctx_k_product": ("product", "contextual", "k", True, 1, {}),
+    "ctx_qkv_product_perhead": ("product", "contextual", "qkv", False, 1, {}),
+    "bias_qk_euclidean": ("euclidean", "bias", "qk", False, 0, {}),
+    "ctx_qkv_cross": ("cross", "contextual", "qkv", True, 1, {}),
+    "ctx_qkv_quant_masked": ("quantization", "contextual", "qkv", True, 1, {"kpm": True}),
+    "ctx_qkv_attn_mask": ("product", "contextual", "qkv", True, 0, {"attn_mask": "float"}),
+    "ctx_k_bool_mask": ("product", "contextual", "k", True, 0, {"attn_mask": "bool"}),
+    "ctx_qkv_scale": ("product", "contextual", "qkv", True, 1, {"scale": 0.37}),
+    "strided_qkv": ("product", "contextual", "qkv", True, 1, {"strided": True}),
+    "rope_axial": ("product", "contextual", "", True, 1, {"rope": "axial"}),
+    "rope_mixed_ctx_k": ("product", "contextual", "k", True, 1, {"rope": "mixed"}),
+    "rope_cat_half": ("product", "contextual", "", True, 1, {"rope": "cat_half"}),
+    "rope_dinov3_bias_k": ("euclidean", "bias", "k", False, 1, {"rope": "dinov3"}),
+}
+
+
+def make_rope(kind, H, D):
+    if kind == "axial":
+        return rt.RoPEAxial(theta=100.0, skip=1)
+    if kind == "mixed":
+        return rt.RoPEMixed(num_heads=H, head_dim=D, theta=10.0, skip=1)
+    if kind == "dinov3":
+        return rt.RoPEDinoV3(D, skip=1)
+    return rt.RoPECat(skip=1, layout="half")
+
+
+def attention_case(name, dtype, B=2, H=3, h=4, w=5, D=16):
+    """(CUDA call, CPU call, parameters on the GPU, on the CPU, (B, H, L, D)): the two sides get
+    the same rounded inputs; every call returns the output."""
+    method, mode, rpe_on, shared, skip, extra = ATTENTION_CASES[name]
+    mid = {"euclidean": 0, "quantization": 1, "product": 3, "cross": 4}[method]
+    cfg = rt.get_rpe_config(ratio=RATIO, method=mid, mode=mode, shared_head=shared, skip=skip, rpe_on=rpe_on)
+    ref = reference_dtype(dtype)
+    g = torch.Generator().manual_seed(11)
+    mods_c = rt.build_rpe(cfg, head_dim=D, num_heads=H)
+    rope_c = make_rope(extra["rope"], H, D) if "rope" in extra else None
+    with torch.no_grad():
+        for m in [*mods_c, rope_c]:
+            if m is not None:
+                for p in m.parameters():
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * (0.3 if m is rope_c else 1.0))
+    mods_g = [m.to(DEVICE, dtype) if m is not None else None for m in (copy_module(m) for m in mods_c)]
+    rope_g = copy_module(rope_c).to(DEVICE, dtype) if rope_c is not None else None
+    # the CPU side from the GPU side's rounded parameters
+    mods_c = [m.to(ref) if m is not None else None for m in mods_c]
+    with torch.no_grad():
+        for mc, mg in zip([*mods_c, rope_c], [*mods_g, rope_g]):
+            if mc is not None:
+                for pc, pg in zip(mc.parameters(), mg.parameters()):
+                    pc.copy_(pg.detach().cpu().to(pc.dtype))
+    if rope_c is not None:
+        rope_c = rope_c.to(ref)
+    L = skip + h * w
+    qkv = [torch.randn(B, H, L, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3)]
+    if extra.get("strided"):  # permuted views of a (B, L, 3, H, D) projection on both sides
+        packed = torch.randn(B, L, 3, H, D, generator=g, dtype=torch.float64)
+        qkv = [packed[:, :, i].permute(0, 2, 1, 3) for i in range(3)]
+    sides = []
+    for device, dt, mods, rope in ((DEVICE, dtype, mods_g, rope_g), ("cpu", ref, mods_c, rope_c)):
+        if extra.get("strided"):
+            base = packed.to(DEVICE, dtype).to(device).to(dt).requires_grad_()
+            q, k, v = (base[:, :, i].permute(0, 2, 1, 3) for i in range(3))
+            leaves = [base]
+        else:
+            q, k, v = (t.detach().to(DEVICE, dtype).to(device).to(dt).requires_grad_() for t in qkv)
+            leaves = [q, k, v]
+        kw = {"height": h, "width": w, "rope": rope}
+        if extra.get("kpm"):
+            kpm = torch.zeros(B, L, dtype=torch.bool)
+            kpm[1, -3:] = True
+            kw["key_padding_mask"] = kpm.to(device)
+        if extra.get("attn_mask") == "float":
+            kw["attn_mask"] = torch.randn(L, L, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(
+                DEVICE, dtype).to(device).to(dt)
+        if extra.get("attn_mask") == "bool":
+            m = torch.zeros(L, L, dtype=torch.bool)
+            m[:, -2:] = True
+            m[-1, -3] = True
+            kw["attn_mask"] = m.to(device)
+        if "scale" in extra:
+            kw["scale"] = extra["scale"]
+        params = [p for mod in [*mods, rope] if mod is not None for p in mod.parameters()]
+        sides.append((lambda q=q, k=k, v=v, mods=mods, kw=kw: rt.attention(q, k, v, *mods, **kw), leaves, params))
+    return sides, (B, H, L, D)
+
+
+def copy_module(m):
+    import copy
+    return copy.deepcopy(m) if m is not None else None
+
+
+@needs_gpu
+@pytestmark_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", sorted(ATTENTION_CASES))
+def test_attention_matches_cpu(name, dtype):
+    devices_dtype(dtype)
+    ((call_g, leaves_g, params_g), (call_c, leaves_c, params_c)), (B, H, L, D) = attention_case(name, dtype)
+    out_g, out_c = call_g(), call_c()
+    assert_matches(out_g, out_c, dtype, D + L, "out", attention=True)
+    grad = torch.randn(out_c.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    grad_g = grad.to(DEVICE, dtype)  # both sides get the same rounded incoming gradient
+    (out_g * grad_g).sum().backward()
+    (out_c * grad_g.cpu().to(out_c.dtype)).sum().backward()
+    for i, (a, b) in enumerate(zip(leaves_g, leaves_c)):
+        assert_matches(a.grad, b.grad, dtype, D + L, f"grad input {i}", attention=True)
+    assert len(params_g) == len(params_c)
+    for i, (a, b) in enumerate(zip(params_g, params_c)):
+        assert_matches(a.grad, b.grad, dtype, B * H * L * L, f"grad parameter {i} {tuple(a.shape)}")
+
+
+@needs_gpu
+@not_dry
+@pytestmark_kernels
+def test_attention_on_a_side_stream_and_under_no_grad():
+    """The operators enqueue on torch's current stream (here a side stream; its result read after
+    synchronising that stream) and, without grad, never ask for the probabilities."""
+    (call_g, _, _), (call_c, _, _) = attention_case("ctx_qkv_product_perhead", torch.float32)[0]
+    expected = call_c()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        out = call_g()
+    s.synchronize()
+    assert_matches(out, expected, torch.float32, 16 + 21, "out (side stream)", attention=True)
+
+
+@needs_gpu
+@not_dry
+@pytestmark_kernels
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="one CUDA device (the second-device case needs two)")
+def test_second_device():
+    """Tensors on cuda:1 run on cuda:1 (device guard), whatever the current device."""
+    x, tables, (B, H, L, D, K, h, w) = term_inputs("product", "contextual", "k", True, 1)
+    args = ("product", "contextual", "k", RATIO, 2 * RATIO, 8 * RATIO, 1, h, w)
+    out = rt.term(x.detach().to("cuda:1", torch.float32), [tables[0].detach().to("cuda:1", torch.float32)], *args)
+    assert out.device == torch.device("cuda:1")
+    assert_matches(out, rt.term(x.detach().float(), [tables[0].detach().float()], *args), torch.float32, D, "out")
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE alone
+# ---------------------------------------------------------------------------------------------
+
+@needs_gpu
+@pytestmark_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["axial", "mixed", "cat_half", "dinov3"])
+def test_rope_matches_cpu(kind, dtype):
+    devices_dtype(dtype)
+    B, H, h, w, D = 2, 3, 4, 5, 16
+    rope_c = make_rope(kind, H, D)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in rope_c.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+    rope_g = copy_module(rope_c).to(DEVICE, dtype)
+    with torch.no_grad():
+        for pc, pg in zip(rope_c.parameters(), rope_g.parameters()):
+            pc.copy_(pg.detach().cpu().to(pc.dtype))
+    rope_c = rope_c.to(reference_dtype(dtype))
+    x = torch.randn(B, H, 1 + h * w, D, generator=g, dtype=torch.float64).requires_grad_()
+    xg, xc = on_gpu(x, dtype)
+    out_g, out_c = rope_g(xg, h, w), rope_c(xc, h, w)
+    assert_matches(out_g, out_c, dtype, 4, "out")
+    grad = torch.randn(out_c.shape, generator=g, dtype=torch.float64)
+    grad_g = grad.to(DEVICE, dtype)  # both sides get the same rounded incoming gradient
+    (out_g * grad_g).sum().backward()
+    (out_c * grad_g.cpu().to(out_c.dtype)).sum().backward()
+    assert_matches(xg.grad, xc.grad, dtype, 4, "grad x")
+    for a, b in zip(rope_g.parameters(), rope_c.parameters()):
+        assert_matches(a.grad, b.grad, dtype, B * h * w, "grad freqs")
+
+
+# ---------------------------------------------------------------------------------------------
+# Table operators (on the host)
+# ---------------------------------------------------------------------------------------------
+
+@needs_gpu
+@not_dry
+@pytestmark_kernels
+def test_table_operators_run_on_the_host_for_cuda_tensors():
+    """The ViT table operators take CUDA tensors (copied to the host and back): results on the
+    device equal the CPU's bit for bit, gradients reach the CUDA parameters; and the ViT term
+    modules that make their tables so (Swin in timm's layout, SAM's decomposed) run in the
+    attention on CUDA as on the CPU."""
+    g = torch.Generator().manual_seed(8)
+    raw = torch.randn(25, 2, generator=g, dtype=torch.float64)
+    for fn, args in ((rt.cpb_table, ((3, 3),)), (rt.table_from_timm, ())):
+        x = raw.detach().cuda().requires_grad_()
+        out = fn(x, *args)
+        assert out.device == x.device and torch.equal(out.cpu(), fn(raw, *args))
+        out.sum().backward()
+        xc = raw.detach().requires_grad_()
+        fn(xc, *args).sum().backward()
+        assert torch.equal(x.grad.cpu(), xc.grad)
+    B, H, h, w, D = 2, 2, 3, 3, 8
+    for make in (lambda: rt.RelPosBias((h, w), H).double(), lambda: rt.DecomposedRelPos(h, w, D).double()):
+        mod_c = make()
+        with torch.no_grad():
+            for p in mod_c.parameters():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+        mod_g = copy_module(mod_c).cuda()
+        q, k, v = (torch.randn(B, H, h * w, D, generator=g, dtype=torch.float64) for _ in range(3))
+        out_c = rt.attention(q, k, v, rpe_k=mod_c)
+        out_g = rt.attention(q.cuda(), k.cuda(), v.cuda(), rpe_k=mod_g)
+        assert_matches(out_g, out_c, torch.float64, D + h * w, f"{type(mod_c).__name__} out", attention=True)
+        out_g.sum().backward()
+        out_c.sum().backward()
+        for a, b in zip(mod_g.parameters(), mod_c.parameters()):
+            assert_matches(a.grad, b.grad, torch.float64, B * H * (h * w) ** 2, f"{type(mod_c).__name__} grad")
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+@needs_gpu
+@not_dry
+@pytestmark_kernels
+def test_errors_name_the_argument():
+    B, H, h, w, D = 1, 2, 2, 3, 8
+    L = 1 + h * w
+    q, k, v = (torch.randn(B, H, L, D, device="cuda") for _ in range(3))
+    cfg = rt.get_rpe_config(ratio=RATIO, method="product", mode="ctx", shared_head=True, skip=1, rpe_on="k")
+    rpe_k = rt.build_rpe(cfg, head_dim=D, num_heads=H)[1]  # CPU tables
+    # mixed devices: a CPU table with CUDA q, a CPU x with CUDA tables
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] tables_k\[0\] is on device cpu; expected cuda:0, the device of q"):
+        rt.attention(q, k, v, None, rpe_k, None, height=h, width=w)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] x is on device cpu; expected cuda:0, the device of tables\[0\]"):
+        torch.ops.rpe.term_forward(q.cpu(), [rpe_k.lookup_table_weight.detach().cuda()], "product", "contextual", "k",
+                                   RATIO, 2 * RATIO, 8 * RATIO, 1, h, w)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] k is on device cpu; expected cuda:0, the device of q"):
+        rt.attention(q, k.cpu(), v, height=h, width=w)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] key_padding_mask is on device cpu; expected cuda:0"):
+        rt.attention(q, k, v, height=h, width=w, key_padding_mask=torch.zeros(B, L, dtype=torch.bool))
+    rpe_k = rpe_k.cuda()
+    # what rpe's CUDA backend does not have
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] save_attn = True is not supported on CUDA"):
+        rt.attention(q.requires_grad_(), k, v, None, rpe_k, None, height=h, width=w, save_attn=True)
+    with pytest.raises(NotImplementedError, match=r"rpe::attention_forward_attn .* is not supported by the cuda backend"):
+        torch.ops.rpe.attention_forward_attn(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] attn \(the forward's saved probabilities\) is not supported"):
+        torch.ops.rpe.attention_backward(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None, None,
+                                         q, attn=torch.zeros(B, H, L, L, device="cuda"))
+    pos = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(-1, 2)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is given with tensors on device cuda:0; expected cpu"):
+        rt.RoPEAxial(skip=1)(q, positions=pos)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_positions is given with tensors on device cuda:0"):
+        torch.ops.rpe.attention_forward(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None, None,
+                                        "axial", [100.0], None, 1, "pairs", pos)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is given with tensors on device cuda:0"):
+        torch.ops.rpe.rope_forward(q, "axial", [100.0], None, 1, h, w, "pairs", pos)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope positions, key_positions and suffix are not supported by "
+                                         r"the cuda backend"):
+        torch.ops.rpe.rope_forward(q, "axial", [100.0], None, 0, h, w, "pairs", None, 1)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope::mrope .* is not supported by the cuda backend"):
+        torch.ops.rpe.rope_forward(q[..., :1 + h * w - 1, :], "mrope", [10000.0, 2, 1, 1, 0], None, 0, h, w)
+    with pytest.raises(ValueError, match=r"\[rpe\.cpb\] raw has shape \(15, 2\); expected \(25, 2\)"):
+        torch.ops.rpe.cpb_table(torch.zeros(15, 2, device="cuda"), 3, 3, True)  # the CPU kernel's check, on the host
+    # dtypes and the library's own checks, as on the CPU
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] q has dtype Int; expected float32, float64, float16 or bfloat16"):
+        rt.attention(q.int(), k, v, height=h, width=w)
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] k has dtype Double; expected Float"):
+        rt.attention(q, k.double(), v, height=h, width=w)
+    with pytest.raises(ValueError, match=r"\[rpe\.attention\] v has shape"):
+        rt.attention(q, k, v[..., :4], height=h, width=w)
+    with pytest.raises(ValueError, match=r"\[rpe\.attention\]"):  # D = 256 > 128: beyond the CUDA kernels
+        big = torch.randn(1, 1, L, 256, device="cuda")
+        rt.attention(big, big, big, height=h, width=w)
