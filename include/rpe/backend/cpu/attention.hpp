@@ -39,7 +39,9 @@ inline constexpr attention_capabilities attention_caps{.backend = "cpu",
                                                        .attn_mask = true,
                                                        .grid_3d = true,
                                                        .max_head_dim = 0,
-                                                       .positions = true};
+                                                       .positions = true,
+                                                       .packed = true,
+                                                       .key_lengths = true};
 
 }  // namespace cpu
 
@@ -74,6 +76,10 @@ struct fused_plan {
     std::shared_ptr<const rope_table<S>> rope;    // cos/sin of the queries with RoPE, else null
     std::shared_ptr<const rope_table<S>> rope_k;  // of the keys (== rope unless key_positions)
     std::int64_t rope_skip = 0;
+    const std::int32_t* key_len = nullptr;  // (B) valid key lengths (attention_inputs::key_lengths), or null: all L
+
+    // Keys of plane p that are computed: key_lengths[b], or L.
+    [[nodiscard]] std::int64_t keys(std::int64_t p) const { return key_len ? key_len[p / h] : l; }
 
     // The scaled (and, with RoPE, rotated) queries of rows [i0, i0 + rb) of plane p into qs (rb, D).
     void load_queries(std::int64_t p, std::int64_t i0, std::int64_t rb, S* qs) const {
@@ -176,13 +182,14 @@ void materialise_ids(fused_plan<S, Id>& plan, const std::vector<cpu::shared_scra
 // Logits of rows [i0, i0 + rb) of plane p into lg (rb, L), then the masked softmax in place.
 // qs_blk (rb, D) are the scaled queries of those rows; tq holds the plane's products for the
 // contextual q tables (plane_query_products); blk the block's ids per table (load_block_ids).
+// Only the plane's first nk = plan.keys(p) keys are computed: lg is (rb, nk), the ids' rows stay L apart.
 template <class S, class Id>
 void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, std::int64_t i0,
                          std::int64_t rb, const S* qs_blk, const S* tq, const Id* const* blk, S* lg, S* work) {
     using cpu::cmap;
     using cpu::map;
-    const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
-    map<S>(lg, rb, n).noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, n, d).transpose();
+    const std::int64_t n = plan.l, nk = plan.keys(p), d = plan.d, h = p % plan.h;
+    map<S>(lg, rb, nk).noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, nk, d).transpose();
     // contextual key terms: per-bucket products of the block, (rb, K) each, side by side in work
     std::int64_t offset = 0;
     for (const auto& t : plan.on_k)
@@ -190,26 +197,29 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
             map<S>(work + offset, rb, t.k).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(t.table + t.head(h) * d * t.k, d, t.k);
             offset += rb * t.k;
         }
-    const std::uint8_t* mask = in.key_padding_mask.data ? in.key_padding_mask.data + (p / plan.h) * n : nullptr;
+    // masks: rows stride(0) apart (a packed image's views into the whole sequence's masks)
+    const std::uint8_t* mask =
+        in.key_padding_mask.data ? in.key_padding_mask.data + (p / plan.h) * in.key_padding_mask.stride(0) : nullptr;
     // one pass per row while it sits in L1: gathers, masks, max, exp, normalisation
     for (std::int64_t i = 0; i < rb; ++i) {
-        S* row = lg + i * n;
+        S* row = lg + i * nk;
         std::int64_t off = 0;
         for (const auto& t : plan.on_k) {
             const S* w = t.bias ? t.table + t.head(h) * t.k : work + off + i * t.k;
             if (!t.bias) off += rb * t.k;
-            cpu::gather_add(row, w, t.k, blk[t.slot] + i * n, n);
+            cpu::gather_add(row, w, t.k, blk[t.slot] + i * n, nk);
         }
         for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
             const auto& t = plan.on_q[q];
             const Id* ids = blk[t.slot] + i * n;  // transposed: [i, j] holds id(j, i)
             if (t.bias)
-                cpu::gather_add(row, t.table + t.head(h) * t.k, t.k, ids, n);
+                cpu::gather_add(row, t.table + t.head(h) * t.k, t.k, ids, nk);
             else
-                cpu::gather_add_strided(row, tq + static_cast<std::int64_t>(q) * n * plan.k, t.k, ids, n);
+                cpu::gather_add_strided(row, tq + static_cast<std::int64_t>(q) * n * plan.k, t.k, ids, nk);
         }
-        if (in.attn_mask.data) map<S>(row, 1, n).array() += cmap<S>(in.attn_mask.data + (i0 + i) * n, 1, n).array();
-        cpu::softmax_row(row, n, mask);
+        if (in.attn_mask.data)
+            map<S>(row, 1, nk).array() += cmap<S>(in.attn_mask.data + (i0 + i) * in.attn_mask.stride(0), 1, nk).array();
+        cpu::softmax_row(row, nk, mask);
     }
 }
 
@@ -218,18 +228,18 @@ template <class S, class Id>
 void plane_query_products(const fused_plan<S, Id>& plan, std::int64_t p, S* ks, S* buf) {
     using cpu::cmap;
     using cpu::map;
-    const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
+    const std::int64_t n = plan.l, nk = plan.keys(p), d = plan.d, h = p % plan.h;  // rows of keys >= nk are not read
     bool have_ks = false;
     for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
         const auto& t = plan.on_q[q];
         if (t.bias) continue;
         if (!have_ks) {
-            map<S>(ks, n, d) = plan.kv.rows(p, 0, n, d) * plan.scale;
+            map<S>(ks, nk, d) = plan.kv.rows(p, 0, nk, d) * plan.scale;
             have_ks = true;
         }
         const std::int64_t k = t.k;
         S* dst = buf + static_cast<std::int64_t>(q) * n * plan.k;
-        map<S>(dst, n, k).noalias() = cmap<S>(ks, n, d) * cmap<S>(t.table + t.head(h) * d * k, d, k);
+        map<S>(dst, nk, k).noalias() = cmap<S>(ks, nk, d) * cmap<S>(t.table + t.head(h) * d * k, d, k);
     }
 }
 
@@ -278,6 +288,7 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     plan.qv = cpu::plane_rows<S>(in.q);
     plan.kv = cpu::plane_rows<S>(in.k);
     plan.vv = cpu::plane_rows<S>(in.v);
+    plan.key_len = in.key_lengths.data;
     if (in.rope.enabled()) {
         plan.rope = rope_query_table(in.rope, s.d, in.height, in.width);
         plan.rope_k = rope_key_table(in.rope, s.d, plan.rope);
@@ -312,6 +323,7 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
     rotate_keys(plan, kr_s.data());
     const S* tq = tq_s.data();
     if (ctx_q) all_query_products(plan, ks_s, tq_s.data());
+    const cpu::plane_rows_mut<S> ov(out);  // out, or a packed image's rows of it
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
@@ -329,14 +341,23 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
             const std::int64_t rb = std::min(rb_max, n - i0);
             load_block_ids(plan, i0, rb, idbuf, blk);
             plan.load_queries(p, i0, rb, qs);
+            const std::int64_t nk = plan.keys(p);  // keys >= nk are padding (key_lengths): not computed
             block_probabilities(plan, in, p, i0, rb, qs, tq + p * tq_per_plane, blk, lg, work);
-            auto o = map<S>(out.data + (p * n + i0) * d, rb, d);
-            o.noalias() = cmap<S>(lg, rb, n) * plan.vv.rows(p, 0, n, d);
+            auto o = ov.rows(p, i0, rb, d);
+            if (nk == 0)
+                o.setZero();  // every key padded: zero probabilities, zero output
+            else
+                o.noalias() = cmap<S>(lg, rb, nk) * plan.vv.rows(p, 0, nk, d);
             for (const auto& t : plan.on_v) {
-                cpu::scatter_rows(lg, blk[t.slot], rb, n, t.k, work);
+                cpu::scatter_rows(lg, nk, blk[t.slot], n, rb, nk, t.k, work);
                 o.noalias() += cmap<S>(work, rb, t.k) * cmap<S>(t.table + t.head(h) * t.k * d, t.k, d);
             }
-            if (attn.data) std::copy(lg, lg + rb * n, attn.data + (p * n + i0) * n);
+            if (attn.data)
+                for (std::int64_t i = 0; i < rb; ++i) {
+                    S* dst = attn.data + (p * n + i0 + i) * n;
+                    std::copy(lg + i * nk, lg + (i + 1) * nk, dst);
+                    std::fill(dst + nk, dst + n, S(0));
+                }
         }
     }
 }
@@ -460,11 +481,16 @@ backward_layout backward_layout_of(const attention_inputs<S>& in, const attentio
 }
 
 // attn: the forward's (B, H, L, L) probabilities, or empty to recompute them block by block.
+// grad_out, grad_q, grad_k, grad_v: (B, H, L, D), rows of D contiguous (a packed image's views).
+// accumulate_tables: add the table gradients to grad_tables (a packed sequence's later images)
+// instead of overwriting them.
 template <class S, class Id>
 void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<const S> attn,
                     tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v,
-                    const attention_options& opt) {
+                    const attention_options& opt, bool accumulate_tables = false) {
     auto plan = make_plan<S, Id>(in, ids, true, opt);
+    const cpu::plane_rows<S> gov(grad_out);
+    const cpu::plane_rows_mut<S> gqv(grad_q), gkv(grad_k), gvv(grad_v);
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
@@ -519,7 +545,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
             t.partial_base = t.grad ? partial_s[next].data() : nullptr;
             t.plane_partial = partial_s[next + 1].empty() ? nullptr : partial_s[next + 1].data();
             next += 2;
-            if (t.grad) std::fill(t.grad, t.grad + t.table_heads * table_size(t), S(0));
+            if (t.grad && !accumulate_tables) std::fill(t.grad, t.grad + t.table_heads * table_size(t), S(0));
         }
     for (std::int64_t i0 = 0; i0 < items;) {  // one wave: items [i0, i1) of planes [p0, p1)
         const std::int64_t p0 = i0 / chunks;
@@ -559,12 +585,18 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 const std::int64_t slot = item - i0, p = item / chunks, c = item % chunks, h = p % plan.h;
                 const S* tqp = recompute_tq ? tq + (p - p0) * lay.plane_elems : nullptr;
                 S* gq = ctx_q ? gq_w + slot * lay.gq_stride : nullptr;  // Σ dlogits per (j, bucket), contextual q tables
-                auto gk = map<S>(chunks > 1 ? gk_w + slot * lay.gkv_stride : grad_k.data + p * n * d, n, d);
-                auto gv = map<S>(chunks > 1 ? gv_w + slot * lay.gkv_stride : grad_v.data + p * n * d, n, d);
-                gk.setZero();
-                gv.setZero();
-                const auto vp = plan.vv.rows(p, 0, n, d);
-                const auto kp = plan.kv.rows(p, 0, n, d);
+                auto gk_all = chunks > 1 ? cpu::map_strided<S>(gk_w + slot * lay.gkv_stride, n, d, Eigen::OuterStride<>(d))
+                                         : gkv.rows(p, 0, n, d);
+                auto gv_all = chunks > 1 ? cpu::map_strided<S>(gv_w + slot * lay.gkv_stride, n, d, Eigen::OuterStride<>(d))
+                                         : gvv.rows(p, 0, n, d);
+                gk_all.setZero();
+                gv_all.setZero();
+                // keys >= nk are padding (key_lengths): not computed, their gradient rows stay zero
+                const std::int64_t nk = plan.keys(p), ldp = attn.data ? n : nk;  // ldp: the probabilities' row stride
+                auto gk = gk_all.topRows(nk);
+                auto gv = gv_all.topRows(nk);
+                const auto vp = plan.vv.rows(p, 0, nk, d);
+                const auto kp = plan.kv.rows(p, 0, nk, d);
                 const std::int64_t i_end = std::min(n, (c + 1) * blocks_per_chunk * rb_max);
                 for (std::int64_t i0r = c * blocks_per_chunk * rb_max; i0r < i_end; i0r += rb_max) {
                     const std::int64_t rb = std::min(rb_max, n - i0r);
@@ -575,9 +607,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         pr = attn.data + (p * n + i0r) * n;
                     else
                         block_probabilities(plan, in, p, i0r, rb, qs, tqp, blk, lg, work);
-                    const auto P = cmap<S>(pr, rb, n);
-                    const auto go = cmap<S>(grad_out.data + (p * n + i0r) * d, rb, d);
-                    auto dP = map<S>(dp, rb, n);
+                    const auto P = cpu::cmap_strided<S>(pr, rb, nk, Eigen::OuterStride<>(ldp));
+                    const auto go = gov.rows(p, i0r, rb, d);
+                    auto dP = map<S>(dp, rb, nk);
                     dP.noalias() = go * vp.transpose();
                     gv.noalias() += P.transpose() * go;
                     for (auto& t : plan.on_v) {
@@ -585,18 +617,21 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         const std::int64_t tk = t.k;
                         const auto tab = cmap<S>(t.table + t.head(h) * tk * d, tk, d);
                         map<S>(work, rb, tk).noalias() = go * tab.transpose();
-                        for (std::int64_t i = 0; i < rb; ++i) cpu::gather_add(dp + i * n, work + i * tk, tk, idb + i * n, n);
+                        for (std::int64_t i = 0; i < rb; ++i) cpu::gather_add(dp + i * nk, work + i * tk, tk, idb + i * n, nk);
                         if (t.grad) {
-                            cpu::scatter_rows(pr, idb, rb, n, tk, work);
+                            cpu::scatter_rows(pr, ldp, idb, n, rb, nk, tk, work);
                             map<S>(t.partial + slot * t.partial_stride, tk, d).noalias() +=
                                 cmap<S>(work, rb, tk).transpose() * go;
                         }
                     }
                     // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
-                    for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(pr + i * n, dp + i * n, n);
-                    const auto dL = cmap<S>(dp, rb, n);
+                    for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(pr + i * ldp, dp + i * nk, nk);
+                    const auto dL = cmap<S>(dp, rb, nk);
                     auto dq = map<S>(dqs, rb, d);
-                    dq.noalias() = dL * kp;
+                    if (nk == 0)
+                        dq.setZero();  // every key padded: no logit depends on the queries
+                    else
+                        dq.noalias() = dL * kp;
                     gk.noalias() += dL.transpose() * cmap<S>(qs, rb, d);
                     for (auto& t : plan.on_k) {
                         const Id* idb = blk[t.slot];
@@ -604,9 +639,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         if (t.bias) {
                             if (!t.grad) continue;
                             S* acc = t.partial + slot * t.partial_stride;
-                            for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
+                            for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * nk, idb + i * n, nk, acc);
                         } else {
-                            cpu::scatter_rows(dp, idb, rb, n, tk, work);
+                            cpu::scatter_rows(dp, nk, idb, n, rb, nk, tk, work);
                             const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
                             dq.noalias() += cmap<S>(work, rb, tk) * tab.transpose();
                             if (t.grad)
@@ -622,19 +657,20 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                                         : gq + static_cast<std::int64_t>(q) * n * k;
                         if (!acc) continue;
                         if (t.bias)
-                            for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
+                            for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * nk, idb + i * n, nk, acc);
                         else
                             for (std::int64_t i = 0; i < rb; ++i)
-                                for (std::int64_t j = 0; j < n; ++j) acc[j * tk + idb[i * n + j]] += dp[i * n + j];
+                                for (std::int64_t j = 0; j < nk; ++j) acc[j * tk + idb[i * n + j]] += dp[i * nk + j];
                     }
-                    S* gq_rows = grad_q.data + (p * n + i0r) * d;
+                    // RoPE is not combined with packed images: with it, grad_q is contiguous
+                    S* gq_rows = gqv.plane(p) + i0r * gqv.sl;
                     if (plan.rope) {  // dq is the gradient of the rotated, scaled queries qs
                         if (rope_freqs)
                             cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, i0r, rb, qs, dqs,
                                                       ga_s.data() + p * rope_n * rope_pairs, plan.rope->layout, rope_n);
                         cpu::rope_rotate_rows(*plan.rope, h, plan.rope_skip, i0r, rb, d, dqs, gq_rows, plan.scale, true);
                     } else {
-                        map<S>(gq_rows, rb, d) = dq * plan.scale;
+                        gqv.rows(p, i0r, rb, d) = dq * plan.scale;
                     }
                 }
             }
@@ -648,9 +684,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 const std::int64_t h = p % plan.h;
                 const std::int64_t c0 = std::max(i0, p * chunks) - p * chunks, c1 = std::min(i1, (p + 1) * chunks) - p * chunks;
                 const auto slot_of = [&](std::int64_t c) { return p * chunks + c - i0; };
-                auto gk = map<S>(grad_k.data + p * n * d, n, d);
+                auto gk = gkv.rows(p, 0, n, d);
                 if (chunks > 1) {
-                    auto gv = map<S>(grad_v.data + p * n * d, n, d);
+                    auto gv = gvv.rows(p, 0, n, d);
                     for (std::int64_t c = c0; c < c1; ++c) {
                         const auto pk = map<S>(gk_w + slot_of(c) * lay.gkv_stride, n, d);
                         const auto pv = map<S>(gv_w + slot_of(c) * lay.gkv_stride, n, d);
@@ -680,8 +716,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 if (ctx_q)
                     plane_query_gradients(plan, gq, p, slot_of(lay.split ? chunks - 1 : 0), lay.split, p * chunks, lay.per_line,
                                           gk);
-                if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back
-                    S* g = grad_k.data + p * n * d;
+                if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back (contiguous grad_k with RoPE)
+                    S* g = gkv.plane(p);
                     if (rope_freqs)
                         cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, n, plan.kv.plane(p), g,
                                                   ga_k() + p * rope_nk * rope_pairs, plan.rope_k->layout, rope_nk);
@@ -715,6 +751,34 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
     for (const auto& i : ids)
         if (i) width = std::max(width, i->id_bytes());
     visit_id_width(width, [&]<class Id>() { f.template operator()<Id>(ids); });
+}
+
+// Packed sequences (attention_inputs::packed): each image runs alone on its views of q, k, v,
+// out and the masks (its token range), with its own ids (its grid's, from the cache, or its
+// positions'); nothing is computed for pairs of two images.
+template <class S>
+void packed_forward(const attention_inputs<S>& in, tensor_ref<S> out, const attention_options& opt) {
+    for (const auto& img : packed_images(in)) {
+        const auto o = token_slice(out, {2}, img.offset, img.length);
+        dispatch_ids(img.in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
+            fused_forward<S, Id>(img.in, ids, o, {}, opt);
+        });
+    }
+}
+
+// The backward of packed_forward: each image's gradients into its rows; the table gradients of the
+// images summed in image order (the first image writes, the later ones add), so the results do not
+// depend on the thread count.
+template <class S>
+void packed_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt) {
+    bool first = true;
+    for (const auto& img : packed_images(in)) {
+        const auto rows = [&](auto t) { return token_slice(t, {2}, img.offset, img.length); };
+        dispatch_ids(img.in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
+            fused_backward<S, Id>(img.in, ids, {}, rows(g.grad_out), rows(g.grad_q), rows(g.grad_k), rows(g.grad_v), opt, !first);
+        });
+        first = false;
+    }
 }
 
 }  // namespace RPE_ISA_NS
@@ -751,6 +815,7 @@ template <class S>
 void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {
     detail::check_attention_forward(in, out, attn, opt, attention_caps);
+    if (in.packed.enabled()) return detail::packed_forward(in, out, opt);
     detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
         detail::fused_forward<S, Id>(in, ids, out, attn, opt);
     });
@@ -780,6 +845,7 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 template <class S>
 void attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt = {}) {
     detail::check_attention_backward(in, g, opt, attention_caps);
+    if (in.packed.enabled()) return detail::packed_backward(in, g, opt);
     detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
         detail::fused_backward<S, Id>(in, ids, g.saved_attn, g.grad_out, g.grad_q, g.grad_k, g.grad_v, opt);
     });
@@ -821,13 +887,22 @@ template <class S>
 backward_scratch plan_backward_scratch(const attention_inputs<S>& in, const attention_options& opt = {},
                                        bool saved_attn = false) {
     (void)detail::check_attention(in, attention_caps);
-    const auto lay = detail::backward_layout_of(in, opt, saved_attn);
-    return {.bytes = lay.bytes,
-            .min_bytes = lay.min_bytes,
-            .all_bytes = lay.all_bytes,
-            .items = lay.items,
-            .chunks = lay.chunks,
-            .items_at_once = std::min(lay.slots, lay.items)};
+    const auto plan_of = [&](const attention_inputs<S>& one) {
+        const auto lay = detail::backward_layout_of(one, opt, saved_attn);
+        return backward_scratch{.bytes = lay.bytes,
+                                .min_bytes = lay.min_bytes,
+                                .all_bytes = lay.all_bytes,
+                                .items = lay.items,
+                                .chunks = lay.chunks,
+                                .items_at_once = std::min(lay.slots, lay.items)};
+    };
+    if (!in.packed.enabled()) return plan_of(in);
+    backward_scratch most;  // the images run one after another: the plan of the image that takes the most
+    for (const auto& img : detail::packed_images(in)) {
+        const auto one = plan_of(img.in);
+        if (one.bytes >= most.bytes) most = one;
+    }
+    return most;
 }
 
 /// @brief The standalone RoPE rotation under the backend's name (as rpe::cuda::rope_forward /
