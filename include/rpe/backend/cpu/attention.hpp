@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -297,33 +298,77 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     return plan;
 }
 
+// One forward problem of a call: the inputs (a whole call's, or one packed image's views), their
+// ids (slots q, k, v) and the output rows.
+template <class S>
+struct forward_part {
+    const attention_inputs<S>* in = nullptr;
+    const std::shared_ptr<const bucket_ids>* ids = nullptr;
+    tensor_ref<S> out;
+};
+
+// The forward of one or more independent problems (the images of a packed sequence) in one
+// parallel region: their (part, plane, row block) items share the threads, so small images do not
+// leave threads idle. Each item is computed as in a call on its part alone (its own plan, ids, row
+// block), by one thread, so the results do not depend on the thread count or on the other parts.
+// attn: (B, H, L, L) probabilities of a single part, or empty.
 template <class S, class Id>
-void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<S> out,
-                   tensor_ref<S> attn, const attention_options& opt) {
-    auto plan = make_plan<S, Id>(in, ids, false, opt);
+void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn, const attention_options& opt) {
     using cpu::cmap;
     using cpu::map;
-    const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
-    const std::int64_t blocks = (n + rb_max - 1) / rb_max, items = planes * blocks;
-    const bool ctx_q = has_contextual_query(plan);
-    const std::int64_t tq_per_plane = ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * n * k : 0;
+    struct state {
+        fused_plan<S, Id> plan;
+        std::int64_t blocks = 0, items = 0, first = 0, tq_per_plane = 0;
+        bool ctx_q = false;
+    };
+    std::vector<state> st(parts.size());
+    std::int64_t items = 0, lg_max = 0, work_max = 0, qs_max = 0, ids_max = 0, ks_max = 0;
+    int tables_max = 0;
+    for (std::size_t m = 0; m < parts.size(); ++m) {
+        auto& x = st[m];
+        x.plan = make_plan<S, Id>(*parts[m].in, parts[m].ids, false, opt);
+        const auto& plan = x.plan;
+        const std::int64_t n = plan.l, rb_max = plan.rb;
+        x.blocks = (n + rb_max - 1) / rb_max;
+        x.items = plan.b * plan.h * x.blocks;
+        x.first = items;
+        items += x.items;
+        x.ctx_q = has_contextual_query(plan);
+        x.tq_per_plane = x.ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * n * plan.k : 0;
+        lg_max = std::max(lg_max, rb_max * n);
+        // work: (rb, K) per-bucket values, two side by side for Cross's two key tables
+        work_max = std::max(work_max, 2 * rb_max * std::max<std::int64_t>(plan.k, 1));
+        qs_max = std::max(qs_max, rb_max * plan.d);
+        ids_max = std::max(ids_max, plan.tables * rb_max * n);
+        ks_max = std::max(ks_max, x.ctx_q ? n * plan.d : 0);
+        tables_max = std::max(tables_max, plan.tables);
+    }
     // every buffer is laid out here, in the calling thread's workspace, before the parallel region
     cpu::workspace ws;
-    cpu::shared_scratch<S> tq_s(ws, planes * tq_per_plane);
-    cpu::thread_scratch<S> ks_s(ws, ctx_q ? n * d : 0);
-    // work: (rb, K) per-bucket values, two side by side for Cross's two key tables
-    cpu::thread_scratch<S> lg_s(ws, rb_max * n), work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
-    cpu::thread_scratch<S> qs_s(ws, rb_max * d);
-    cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
-    cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
-    cpu::shared_scratch<S> kr_s(ws, plan.rope ? planes * n * d : 0);  // rotated keys (RoPE)
-    const auto full_ids = declare_full_ids(plan, ws);
+    std::vector<cpu::shared_scratch<S>> tq_s, kr_s;  // per part: contextual q products; rotated keys (RoPE)
+    std::vector<std::vector<cpu::shared_scratch<Id>>> full_ids;
+    for (auto& x : st) {
+        const std::int64_t planes = x.plan.b * x.plan.h;
+        tq_s.emplace_back(ws, planes * x.tq_per_plane);
+        kr_s.emplace_back(ws, x.plan.rope ? planes * x.plan.l * x.plan.d : 0);
+        full_ids.push_back(declare_full_ids(x.plan, ws));
+    }
+    cpu::thread_scratch<S> ks_s(ws, ks_max);
+    cpu::thread_scratch<S> lg_s(ws, lg_max), work_s(ws, work_max);
+    cpu::thread_scratch<S> qs_s(ws, qs_max);
+    cpu::thread_scratch<Id> ids_s(ws, ids_max);
+    cpu::thread_scratch<const Id*> blk_s(ws, tables_max);
     ws.allocate();
-    materialise_ids(plan, full_ids);
-    rotate_keys(plan, kr_s.data());
-    const S* tq = tq_s.data();
-    if (ctx_q) all_query_products(plan, ks_s, tq_s.data());
-    const cpu::plane_rows_mut<S> ov(out);  // out, or a packed image's rows of it
+    std::vector<cpu::plane_rows_mut<S>> ov;  // out, or a packed image's rows of it
+    std::vector<std::int64_t> firsts;        // each part's first item
+    for (std::size_t m = 0; m < st.size(); ++m) {
+        auto& plan = st[m].plan;
+        materialise_ids(plan, full_ids[m]);
+        rotate_keys(plan, kr_s[m].data());
+        if (st[m].ctx_q) all_query_products(plan, ks_s, tq_s[m].data());
+        ov.emplace_back(parts[m].out);
+        firsts.push_back(st[m].first);
+    }
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
@@ -331,19 +376,25 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
         S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine();
         Id* idbuf = ids_s.mine();
         const Id** blk = blk_s.mine();
-        // (plane, row block) items: a few planes on many threads still use every thread; each
+        // (part, plane, row block) items: a few planes on many threads still use every thread; each
         // block writes its own rows of out, so the thread count does not change any result
 #if defined(_OPENMP)
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (std::int64_t item = 0; item < items; ++item) {
-            const std::int64_t p = item / blocks, i0 = (item % blocks) * rb_max, h = p % plan.h;
+        for (std::int64_t all = 0; all < items; ++all) {
+            // the part of this item: the last whose first item is <= all
+            const auto m = static_cast<std::size_t>(std::upper_bound(firsts.begin(), firsts.end(), all) - firsts.begin() - 1);
+            const auto& x = st[m];
+            const auto& plan = x.plan;
+            const attention_inputs<S>& in = *parts[m].in;
+            const std::int64_t item = all - x.first, n = plan.l, d = plan.d, rb_max = plan.rb;
+            const std::int64_t p = item / x.blocks, i0 = (item % x.blocks) * rb_max, h = p % plan.h;
             const std::int64_t rb = std::min(rb_max, n - i0);
             load_block_ids(plan, i0, rb, idbuf, blk);
             plan.load_queries(p, i0, rb, qs);
             const std::int64_t nk = plan.keys(p);  // keys >= nk are padding (key_lengths): not computed
-            block_probabilities(plan, in, p, i0, rb, qs, tq + p * tq_per_plane, blk, lg, work);
-            auto o = ov.rows(p, i0, rb, d);
+            block_probabilities(plan, in, p, i0, rb, qs, tq_s[m].data() + p * x.tq_per_plane, blk, lg, work);
+            auto o = ov[m].rows(p, i0, rb, d);
             if (nk == 0)
                 o.setZero();  // every key padded: zero probabilities, zero output
             else
@@ -360,6 +411,12 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
                 }
         }
     }
+}
+
+template <class S, class Id>
+void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<S> out,
+                   tensor_ref<S> attn, const attention_options& opt) {
+    fused_forward<S, Id>(std::vector<forward_part<S>>{{&in, ids, out}}, attn, opt);
 }
 
 // The contextual q terms' key gradients (added into gk, (L, D)) and table partials of plane p
@@ -753,17 +810,25 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
     visit_id_width(width, [&]<class Id>() { f.template operator()<Id>(ids); });
 }
 
-// Packed sequences (attention_inputs::packed): each image runs alone on its views of q, k, v,
-// out and the masks (its token range), with its own ids (its grid's, from the cache, or its
-// positions'); nothing is computed for pairs of two images.
+// Packed sequences (attention_inputs::packed): each image runs as if alone on its views of q, k,
+// v, out and the masks (its token range), with its own ids (its grid's, from the cache, or its
+// positions'); nothing is computed for pairs of two images. The forward runs every image's items
+// in one parallel region; the backward runs the images one after another.
 template <class S>
 void packed_forward(const attention_inputs<S>& in, tensor_ref<S> out, const attention_options& opt) {
-    for (const auto& img : packed_images(in)) {
-        const auto o = token_slice(out, {2}, img.offset, img.length);
-        dispatch_ids(img.in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
-            fused_forward<S, Id>(img.in, ids, o, {}, opt);
-        });
+    const auto images = packed_images(in);
+    std::vector<std::array<std::shared_ptr<const bucket_ids>, 3>> ids(images.size());
+    int width = 1;  // one id type for every image (the widest)
+    for (std::size_t m = 0; m < images.size(); ++m) {
+        const auto& c = images[m].in;
+        ids[m] = {ids_of(c.rpe_q, c, opt.storage), ids_of(c.rpe_k, c, opt.storage), ids_of(c.rpe_v, c, opt.storage)};
+        for (const auto& i : ids[m])
+            if (i) width = std::max(width, i->id_bytes());
     }
+    std::vector<forward_part<S>> parts;
+    for (std::size_t m = 0; m < images.size(); ++m)
+        parts.push_back({&images[m].in, ids[m].data(), token_slice(out, {2}, images[m].offset, images[m].length)});
+    visit_id_width(width, [&]<class Id>() { fused_forward<S, Id>(parts, {}, opt); });
 }
 
 // The backward of packed_forward: each image's gradients into its rows; the table gradients of the
