@@ -179,14 +179,15 @@ struct packed_bench {
         gv.resize(q.size());
         table = images.front().tables[1];  // one table shared by the images, as in a model
         grad_table.resize(table.size());
-        for (auto& c : images) c.in.rpe_k.tables = {rpe::tensor_ref<const float>(table.data(), c.in.rpe_k.tables[0].shape)};
+        const auto shape = images.front().terms[1]->table_shape();  // (1, D, K): shared by the heads
+        for (auto& c : images) c.in.rpe_k.tables = {rpe::tensor_ref<const float>(table.data(), {shape[0], shape[1], shape[2]})};
         in.q = {q.data(), {1, h, l, d}};
         in.k = {k.data(), {1, h, l, d}};
         in.v = {v.data(), {1, h, l, d}};
         in.packed.lengths = {lengths.data(), {4}};
         in.packed.grids = {grid_sizes.data(), {4, 2}};
         in.rpe_k = images.front().in.rpe_k;
-        in.rpe_k.grad_tables = {rpe::tensor_ref<float>(grad_table.data(), in.rpe_k.tables[0].shape)};
+        in.rpe_k.grad_tables = {rpe::tensor_ref<float>(grad_table.data(), {shape[0], shape[1], shape[2]})};
     }
 };
 

@@ -283,9 +283,14 @@ inline void check_packed_term(const packed_sequences& pk, const attention_shape&
             a == 3 ? concat("(", depth, ", ", height, ", ", width, ")") : concat("(", height, ", ", width, ")");
         require(depth >= 1 && height >= 1 && width >= 1, "attention", "packed.grids[", m, "] = ", grid,
                 "; expected positive sizes");
-        require(skip + depth * height * width == pk.lengths.data[m], "attention", "packed.grids[", m, "] = ", grid,
-                " gives skip + ", a == 3 ? "depth*" : "", "height*width = ", skip + depth * height * width, " tokens of ", name,
-                "; expected packed.lengths[", m, "] = ", pk.lengths.data[m]);
+        // the product step by step, stopping once past the length (int32 sizes: no overflow)
+        std::int64_t tokens = depth;
+        if (tokens <= pk.lengths.data[m]) tokens *= height;
+        if (tokens <= pk.lengths.data[m]) tokens *= width;
+        require(tokens <= pk.lengths.data[m] && skip + tokens == pk.lengths.data[m], "attention", "packed.grids[", m,
+                "] = ", grid, " gives skip + ", a == 3 ? "depth*" : "", "height*width = ",
+                tokens <= pk.lengths.data[m] ? std::to_string(skip + tokens) : concat("more than ", pk.lengths.data[m]),
+                " tokens of ", name, "; expected packed.lengths[", m, "] = ", pk.lengths.data[m]);
     }
 }
 

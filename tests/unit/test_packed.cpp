@@ -579,6 +579,12 @@ TEST_CASE("packed and key_lengths: bad inputs throw naming the parameter and its
     grids[4] = 0;
     CHECK(rpe_test::throws_with([&] { fwd(in); }, "[rpe.attention] packed.grids[2] = (0, 1); expected positive sizes"));
     grids[4] = 1;
+    grids[6] = 1 << 30;  // image 3: a product far beyond its length (and beyond int64 with a third size)
+    grids[7] = 1 << 30;
+    CHECK(rpe_test::throws_with([&] { fwd(in); },
+                                "[rpe.attention] packed.grids[3] = (1073741824, 1073741824) gives skip + height*width = more "
+                                "than 17 tokens of rpe_k; expected packed.lengths[3] = 17"));
+    grids[6] = grids[7] = 4;
     in.packed.grids = pos_ref(grids.data(), {2, 4});
     CHECK(rpe_test::throws_with([&] { fwd(in); },
                                 "[rpe.attention] packed.grids has shape (2, 4); expected (M = 4, 2) (height, width) or (M, 3) "

@@ -836,13 +836,22 @@ void packed_forward(const attention_inputs<S>& in, tensor_ref<S> out, const atte
 // depend on the thread count.
 template <class S>
 void packed_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt) {
-    bool first = true;
-    for (const auto& img : packed_images(in)) {
+    const auto images = packed_images(in);
+    std::vector<std::array<std::shared_ptr<const bucket_ids>, 3>> ids(images.size());
+    for (std::size_t m = 0; m < images.size(); ++m) {  // every image's ids first: a bad grid throws before any write
+        const auto& c = images[m].in;
+        ids[m] = {ids_of(c.rpe_q, c, opt.storage), ids_of(c.rpe_k, c, opt.storage), ids_of(c.rpe_v, c, opt.storage)};
+    }
+    for (std::size_t m = 0; m < images.size(); ++m) {
+        const auto& img = images[m];
         const auto rows = [&](auto t) { return token_slice(t, {2}, img.offset, img.length); };
-        dispatch_ids(img.in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
-            fused_backward<S, Id>(img.in, ids, {}, rows(g.grad_out), rows(g.grad_q), rows(g.grad_k), rows(g.grad_v), opt, !first);
+        int width = 1;
+        for (const auto& i : ids[m])
+            if (i) width = std::max(width, i->id_bytes());
+        visit_id_width(width, [&]<class Id>() {
+            fused_backward<S, Id>(img.in, ids[m].data(), {}, rows(g.grad_out), rows(g.grad_q), rows(g.grad_k), rows(g.grad_v),
+                                  opt, m > 0);
         });
-        first = false;
     }
 }
 
