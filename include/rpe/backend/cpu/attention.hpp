@@ -873,7 +873,10 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 /// is loaded (with the scaling) and the keys once per call into a (B, H, L, D) copy, from a
 /// cos/sin table (grid tokens, D/2) built once per grid and cached (rope::mixed: per call); the
 /// terms then see the rotated q and k (equal to rpe::rope_forward on q and k, then this call). Rows whose keys are all masked give zero probabilities and zero output (the
-/// reference gives NaN); a NaN logit makes its row NaN.
+/// reference gives NaN); a NaN logit makes its row NaN. With `in.packed` (rpe::packed_sequences)
+/// each image is computed alone on its rows (block-diagonal; no `attn` output); with
+/// `in.key_lengths` only the first key_lengths[b] keys of batch element b are computed (the rest
+/// padded, as by key_padding_mask). See docs/positions.md.
 /// @param in   q, k, v (B, H, L, D), contiguous or strided views with rows of D contiguous (read
 ///   in place, e.g. from a packed (B, L, 3, H, D) qkv), grid, optional terms and masks (see
 ///   attention_inputs).

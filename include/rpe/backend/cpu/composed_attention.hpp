@@ -147,7 +147,9 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp: the step calls the CP
 /// projections and dropout): `qs = q·s`, `s = opt.scale` (default `D^−½`); `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s)`;
 /// mask; `attn = softmax_j(logits)`; `out = attn·v + rpe_v(attn)`. With `in.rope`, q and k are
 /// first rotated by rpe::rope_forward into copies and the step runs on those. Strided q, k, v
-/// are copied into contiguous buffers first (this is the plain baseline).
+/// are copied into contiguous buffers first (this is the plain baseline). With `in.packed`, each
+/// image runs alone on copies of its tokens (`attn` block-diagonal, zero between images); with
+/// `in.key_lengths`, the keys past each length are padded through a key padding mask.
 /// @param out  (B, H, L, D), written.
 /// @param attn (B, H, L, L), written: the probabilities, needed by the backward.
 /// @throws rpe::invalid_argument `[rpe.attention] ...` / `[rpe.term] ...` for mismatched shapes,
