@@ -160,7 +160,8 @@ struct packed_problem {
 
     /// qkv: rpe_q (euclidean, contextual, per-head), rpe_k (product, contextual, shared), rpe_v
     /// (cross, contextual, per-head, 2 tables); else rpe_k only (product, contextual, shared).
-    packed_problem(std::vector<image> imgs, int skip_, bool qkv, std::uint32_t seed) : skip(skip_), images(std::move(imgs)) {
+    packed_problem(std::vector<image> imgs, int skip_, bool qkv, std::uint32_t seed, std::int64_t b_ = 2, std::int64_t h_ = 2)
+        : b(b_), h(h_), skip(skip_), images(std::move(imgs)) {
         terms.reserve(3);
         const rpe::term_config per_head{
             .num_heads = static_cast<int>(h), .head_dim = static_cast<int>(d), .shared_head = false, .skip = skip};
@@ -392,16 +393,22 @@ TEST_CASE("packed: masks stay within each image; pairs across images are never r
         }
 }
 
-TEST_CASE("packed: results are bit-identical for 1 and 2 threads") {
-    for (const bool positions : {false, true}) {
-        CAPTURE(positions);
-        const packed_problem<float> pb(four_images(positions), 1, true, 21);
-        set_threads(1);
-        const auto one = run(pb.packed(), pb.go, false);
-        set_threads(2);
-        const auto two = run(pb.packed(), pb.go, false);
-        check_identical(one, two);
-    }
+TEST_CASE("packed: results are bit-identical for 1, 2 and 3 threads") {
+    // B = H = 1: every image is one (batch, head) item, fewer than the threads, so the backward runs
+    // the images side by side; B = H = 2: four items per image, each image shares the threads
+    for (const std::int64_t bh : {1, 2})
+        for (const bool positions : {false, true}) {
+            CAPTURE(bh);
+            CAPTURE(positions);
+            const packed_problem<float> pb(four_images(positions), 1, true, 21, bh, bh);
+            set_threads(1);
+            const auto one = run(pb.packed(), pb.go, false);
+            check_close(one, pb.one_by_one(false), 2e-5);
+            for (const int threads : {2, 3}) {
+                set_threads(threads);
+                check_identical(one, run(pb.packed(), pb.go, false));
+            }
+        }
     set_threads(2);
 }
 

@@ -7,8 +7,10 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "../../any_term.hpp"  // rpe::any_term, make_any_term: the CPU terms that users attach to slots
@@ -539,12 +541,10 @@ backward_layout backward_layout_of(const attention_inputs<S>& in, const attentio
 
 // attn: the forward's (B, H, L, L) probabilities, or empty to recompute them block by block.
 // grad_out, grad_q, grad_k, grad_v: (B, H, L, D), rows of D contiguous (a packed image's views).
-// accumulate_tables: add the table gradients to grad_tables (a packed sequence's later images)
-// instead of overwriting them.
 template <class S, class Id>
 void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<const S> attn,
                     tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v,
-                    const attention_options& opt, bool accumulate_tables = false) {
+                    const attention_options& opt) {
     auto plan = make_plan<S, Id>(in, ids, true, opt);
     const cpu::plane_rows<S> gov(grad_out);
     const cpu::plane_rows_mut<S> gqv(grad_q), gkv(grad_k), gvv(grad_v);
@@ -602,7 +602,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
             t.partial_base = t.grad ? partial_s[next].data() : nullptr;
             t.plane_partial = partial_s[next + 1].empty() ? nullptr : partial_s[next + 1].data();
             next += 2;
-            if (t.grad && !accumulate_tables) std::fill(t.grad, t.grad + t.table_heads * table_size(t), S(0));
+            if (t.grad) std::fill(t.grad, t.grad + t.table_heads * table_size(t), S(0));
         }
     for (std::int64_t i0 = 0; i0 < items;) {  // one wave: items [i0, i1) of planes [p0, p1)
         const std::int64_t p0 = i0 / chunks;
@@ -831,28 +831,79 @@ void packed_forward(const attention_inputs<S>& in, tensor_ref<S> out, const atte
     visit_id_width(width, [&]<class Id>() { fused_forward<S, Id>(parts, {}, opt); });
 }
 
-// The backward of packed_forward: each image's gradients into its rows; the table gradients of the
-// images summed in image order (the first image writes, the later ones add), so the results do not
-// depend on the thread count.
+// The backward of packed_forward: each image's gradients into its rows. Images with fewer
+// (batch, head, chunk) items than threads run side by side, one thread each (after the larger
+// ones, which share the threads as a call of their own): every image's results are those of a call
+// on it alone, whatever thread runs it. The table gradients go to one buffer per image, summed in
+// image order at the end, so the results do not depend on the thread count.
 template <class S>
 void packed_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt) {
-    const auto images = packed_images(in);
-    std::vector<std::array<std::shared_ptr<const bucket_ids>, 3>> ids(images.size());
-    for (std::size_t m = 0; m < images.size(); ++m) {  // every image's ids first: a bad grid throws before any write
+    auto images = packed_images(in);
+    const std::size_t count = images.size();
+    std::vector<std::array<std::shared_ptr<const bucket_ids>, 3>> ids(count);
+    for (std::size_t m = 0; m < count; ++m) {  // every image's ids first: a bad grid throws before any write
         const auto& c = images[m].in;
         ids[m] = {ids_of(c.rpe_q, c, opt.storage), ids_of(c.rpe_k, c, opt.storage), ids_of(c.rpe_v, c, opt.storage)};
     }
-    for (std::size_t m = 0; m < images.size(); ++m) {
+    // the table gradients wanted, and one buffer of each per image
+    std::vector<tensor_ref<S>> wanted;
+    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
+        for (const auto& t : slot->grad_tables)
+            if (t.data) wanted.push_back(t);
+    std::int64_t per_image = 0;
+    for (const auto& t : wanted) per_image += t.size();
+    std::vector<S> table_grads(static_cast<std::size_t>(per_image) * count);
+    for (std::size_t m = 0; m < count; ++m) {
+        S* next = table_grads.data() + static_cast<std::int64_t>(m) * per_image;
+        for (auto* slot : {&images[m].in.rpe_q, &images[m].in.rpe_k, &images[m].in.rpe_v})
+            for (auto& t : slot->grad_tables)
+                if (t.data) {
+                    t = tensor_ref<S>(next, std::span<const std::int64_t>(t.shape.data(), static_cast<std::size_t>(t.rank)));
+                    next += t.size();
+                }
+    }
+    const auto run = [&](std::size_t m, const attention_options& o) {
         const auto& img = images[m];
         const auto rows = [&](auto t) { return token_slice(t, {2}, img.offset, img.length); };
         int width = 1;
         for (const auto& i : ids[m])
             if (i) width = std::max(width, i->id_bytes());
         visit_id_width(width, [&]<class Id>() {
-            fused_backward<S, Id>(img.in, ids[m].data(), {}, rows(g.grad_out), rows(g.grad_q), rows(g.grad_k), rows(g.grad_v),
-                                  opt, m > 0);
+            fused_backward<S, Id>(img.in, ids[m].data(), {}, rows(g.grad_out), rows(g.grad_q), rows(g.grad_k), rows(g.grad_v), o);
         });
+    };
+    const int threads = cpu::max_threads();
+    std::vector<std::size_t> small;  // images of fewer items than threads
+    for (std::size_t m = 0; m < count; ++m) {
+        if (threads > 1 && backward_layout_of(images[m].in, opt, false).items < threads)
+            small.push_back(m);
+        else
+            run(m, opt);
     }
+    if (!small.empty()) {
+        // side by side, each within its share of the partials budget (the same results for every budget)
+        attention_options o = opt;
+        o.backward_budget_bytes = std::max<std::int64_t>(1, opt.backward_budget_bytes / threads);
+        std::vector<std::exception_ptr> errors(small.size());
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(dynamic, 1)
+#endif
+        for (std::size_t i = 0; i < small.size(); ++i) {
+            try {
+                run(small[i], o);  // its own parallel regions are nested: one thread
+            } catch (...) {
+                errors[i] = std::current_exception();
+            }
+        }
+        for (const auto& e : errors)
+            if (e) std::rethrow_exception(e);
+    }
+    for (std::size_t w = 0, off = 0; w < wanted.size(); off += static_cast<std::size_t>(wanted[w].size()), ++w)
+        for (std::size_t m = 0; m < count; ++m) {
+            const S* src = table_grads.data() + static_cast<std::int64_t>(m) * per_image + static_cast<std::int64_t>(off);
+            S* dst = wanted[w].data;
+            for (std::int64_t e = 0; e < wanted[w].size(); ++e) dst[e] = m == 0 ? src[e] : dst[e] + src[e];
+        }
 }
 
 }  // namespace RPE_ISA_NS
