@@ -12,17 +12,21 @@
 // the fused calls' scratch); on attention_fwd_bwd also partials_bytes (the backward's partials
 // live at once under attention_options::backward_budget_bytes, rpe::cpu::plan_backward_scratch)
 // and partials_all_bytes (without a budget); attention_fwd_bwd/grid64/qkv/budget_16MiB runs the
-// backward under a 16 MiB budget.
+// backward under a 16 MiB budget. attention/packed4/k and attention_fwd_bwd/packed4/k: 4 images
+// of different sizes packed into one sequence; .../packed4_each/k: the same 4 images as 4 calls.
 #include <benchmark/benchmark.h>
 #include <rpe/rpe.hpp>
 
 #include <Eigen/Core>
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -162,6 +166,87 @@ void run(benchmark::State& state, const attention_config& config, what w) {
     }
 }
 
+// Packed sequences (attention_inputs::packed): 4 images of different sizes (NaFlexViT-like grids
+// 14x14, 10x16, 8x8, 12x9, a class token each; B = 1, H = 6, D = 64, contextual Product on k) in
+// one sequence (`packed4`), against the same 4 images as 4 calls on their own buffers
+// (`packed4_each`: the sum that packed4 is compared with, target <= 1.1x on one thread).
+struct packed_bench {
+    static constexpr int h = 6, d = 64;
+    static constexpr std::array<std::array<int, 2>, 4> grids{{{14, 14}, {10, 16}, {8, 8}, {12, 9}}};
+    std::vector<attention_case> images;  // each image alone (its own q, k, v, tables, terms)
+    std::vector<float> q, k, v, grad_out, out, gq, gk, gv, table, grad_table;
+    std::vector<std::int32_t> lengths, grid_sizes;
+    rpe::attention_inputs<float> in;  // the packed sequence
+    std::int64_t l = 0;
+
+    packed_bench() {
+        images.reserve(grids.size());
+        for (const auto& g : grids) {
+            images.emplace_back(attention_config{1, h, g[0], g[1], d, "k", ""});
+            lengths.push_back(static_cast<std::int32_t>(images.back().l()));
+            grid_sizes.push_back(g[0]);
+            grid_sizes.push_back(g[1]);
+            l += images.back().l();
+        }
+        // the packed q, k, v, grad_out: the images' rows one after another (per head)
+        for (auto [dst, member] : {std::pair{&q, &attention_case::q}, std::pair{&k, &attention_case::k},
+                                   std::pair{&v, &attention_case::v}, std::pair{&grad_out, &attention_case::grad_out}}) {
+            dst->resize(static_cast<std::size_t>(h * l * d));
+            std::int64_t off = 0;
+            for (auto& c : images) {
+                const std::int64_t n = c.l();
+                for (int hh = 0; hh < h; ++hh)
+                    std::copy_n((c.*member).begin() + hh * n * d, n * d, dst->begin() + (hh * l + off) * d);
+                off += n;
+            }
+        }
+        out.resize(q.size());
+        gq.resize(q.size());
+        gk.resize(q.size());
+        gv.resize(q.size());
+        table = images.front().tables[1];  // one table shared by the images, as in a model
+        grad_table.resize(table.size());
+        const auto shape = images.front().terms[1]->table_shape();  // (1, D, K): shared by the heads
+        for (auto& c : images) c.in.rpe_k.tables = {rpe::tensor_ref<const float>(table.data(), {shape[0], shape[1], shape[2]})};
+        in.q = {q.data(), {1, h, l, d}};
+        in.k = {k.data(), {1, h, l, d}};
+        in.v = {v.data(), {1, h, l, d}};
+        in.packed.lengths = {lengths.data(), {4}};
+        in.packed.grids = {grid_sizes.data(), {4, 2}};
+        in.rpe_k = images.front().in.rpe_k;
+        in.rpe_k.grad_tables = {rpe::tensor_ref<float>(grad_table.data(), {shape[0], shape[1], shape[2]})};
+    }
+};
+
+void run_packed(benchmark::State& state, bool each, bool backward) {
+    packed_bench pb;
+    const std::int64_t h = packed_bench::h, d = packed_bench::d;
+    rpe::release_cpu_workspace();
+    for (auto _ : state) {
+        if (each) {
+            for (auto& c : pb.images) {
+                rpe::attention_forward(c.in, c.view(c.out));
+                if (backward)
+                    rpe::attention_backward(c.in, rpe::tensor_ref<const float>(c.grad_out.data(), {1, h, c.l(), d}), c.view(c.gq),
+                                            c.view(c.gk), c.view(c.gv));
+                benchmark::DoNotOptimize(c.out.data());
+            }
+        } else {
+            rpe::attention_forward(pb.in, {pb.out.data(), {1, h, pb.l, d}});
+            if (backward)
+                rpe::attention_backward(pb.in, rpe::tensor_ref<const float>(pb.grad_out.data(), {1, h, pb.l, d}),
+                                        {pb.gq.data(), {1, h, pb.l, d}}, {pb.gk.data(), {1, h, pb.l, d}},
+                                        {pb.gv.data(), {1, h, pb.l, d}});
+            benchmark::DoNotOptimize(pb.out.data());
+        }
+        benchmark::ClobberMemory();
+    }
+    std::int64_t pairs = 0;  // (query, key) pairs within the images
+    for (const auto& c : pb.images) pairs += h * c.l() * c.l();
+    state.SetItemsProcessed(state.iterations() * pairs);
+    state.counters["L"] = static_cast<double>(pb.l);
+}
+
 // The floor: the work no attention can avoid, per (b, h) plane one Eigen product S = Q·Kᵀ, the
 // vectorised exp of the (L, L) block and one product O = S·V (fp32; no scale, max, sum or
 // normalisation); fwd_bwd adds the four backward products dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K,
@@ -265,6 +350,13 @@ const bool registered = [] {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
     }
+    // packed4: 4 images in one sequence; packed4_each: the same images as 4 calls (their sum)
+    for (const bool backward : {false, true})
+        for (const bool each : {false, true}) {
+            const std::string name =
+                std::string(backward ? "attention_fwd_bwd/" : "attention/") + (each ? "packed4_each/k" : "packed4/k");
+            benchmark::RegisterBenchmark(name.c_str(), run_packed, each, backward)->Unit(benchmark::kMillisecond)->UseRealTime();
+        }
     // A 128 x 128 grid (L = 16385): the automatic id storage computes ids on the fly (an (L, L)
     // table would be 268 MB), one head, forward only.
     for (const char* on : {"none", "k"}) {

@@ -47,6 +47,30 @@ struct attention_term {
     std::vector<tensor_ref<S>> grad_tables = {};   ///< gradients of the tables (backward), or empty
 };
 
+/// @brief Several images packed into one sequence (variable-length attention, NaFlexViT,
+/// Qwen-VL's vision encoder): the attention and every attached term stay within each image, as if
+/// each image ran alone (a block-diagonal layout; no (L, L) mask is made, no cross-image pair is
+/// computed).
+///
+/// Image m holds the tokens [off_m, off_m + lengths[m]) of the sequence, `off_m` the sum of the
+/// earlier lengths; its first `skip` tokens are its own extra tokens (class, distillation: each
+/// image carries its own, at its start, as when it runs alone), then its grid tokens in the order of
+/// its grid (row-major) or of its positions.
+/// lengths: (M,) int32, M ≥ 1 images, each ≥ 1 (≥ skip + 1 with a term attached), summing to L.
+/// grids: (M, 2) int32 (height, width) — (M, 3) (depth, height, width) for 3D mappings — with
+/// `lengths[m] = skip + depth·height·width`; or empty with positions, or with no term attached.
+/// positions: (L − M·skip, 2 or 3) int32, every image's grid-token positions, image after image
+/// (as attention_inputs::positions is for one image: rows of image m are its tokens after its
+/// `skip` extra ones); or empty with grids. Exactly one of grids and positions when a term is
+/// attached. All views contiguous, host memory.
+struct packed_sequences {
+    tensor_ref<const std::int32_t> lengths = {};    ///< (M,) tokens per image, its skip tokens included
+    tensor_ref<const std::int32_t> grids = {};      ///< (M, 2) (height, width) or (M, 3) (depth, height, width), or empty
+    tensor_ref<const std::int32_t> positions = {};  ///< (L − M·skip, 2 or 3) per-token positions, or empty
+    /// @brief True when lengths are given (the inputs are packed).
+    [[nodiscard]] bool enabled() const { return lengths.data != nullptr || lengths.rank != 0; }
+};
+
 /// @brief Inputs of the attention step.
 ///
 /// q, k, v: (B, H, L, D), projected and unscaled; `L = skip + depth·height·width` (depth 1
@@ -69,6 +93,12 @@ struct attention_term {
 /// are those of rpe::build_bucket_ids(m, positions, key_positions, skip) and height, width, depth
 /// are then not read by the terms. key_positions: the keys' positions (same shape), or empty for
 /// the queries'. A backend without attention_capabilities::positions refuses them.
+/// packed: optional several images in the sequence (rpe::packed_sequences): attention and terms
+/// within each image only; height, width, depth (0, 0, 1) and positions (empty) are then not used.
+/// key_lengths: optional (B,) int32 valid key lengths: keys at index ≥ key_lengths[b] of batch
+/// element b are padding (0 ≤ length ≤ L; 0: every key padded, zero output), the same results as a
+/// key_padding_mask that marks them, but those keys are skipped, never computed (combined with a
+/// key_padding_mask when both are given).
 /// One type for both backends: views point at host memory for the CPU backend and at device
 /// memory for the CUDA one (rpe::cuda::attention_inputs is this type). What a backend cannot
 /// read (e.g. strided q/k/v on CUDA) is refused by the shared checks (attention_capabilities).
@@ -85,6 +115,8 @@ struct attention_inputs {
     rotary_embedding<S> rope = {};                      ///< RoPE on q and k (form std::monostate = none)
     tensor_ref<const std::int32_t> positions = {};      ///< (L − skip, 2 or 3) iRPE positions, or empty = the grid
     tensor_ref<const std::int32_t> key_positions = {};  ///< the keys' (L − skip, 2 or 3), or empty = positions
+    packed_sequences packed = {};                       ///< several images in one sequence, or none
+    tensor_ref<const std::int32_t> key_lengths = {};    ///< (B,) valid keys per batch element, or empty = all
 };
 
 /// @brief Options of the attention step, for both backends (each ignores what it does not use).
@@ -146,6 +178,8 @@ struct attention_capabilities {
     bool grid_3d = false;              ///< depth > 1 (3D mappings on T × H × W grids)
     std::int64_t max_head_dim = 0;     ///< the largest D, or 0 for no limit
     bool positions = false;            ///< per-token positions of the iRPE terms (attention_inputs::positions)
+    bool packed = false;               ///< several images per sequence (attention_inputs::packed)
+    bool key_lengths = false;          ///< valid key lengths per batch element (attention_inputs::key_lengths)
 };
 
 namespace detail {
@@ -176,6 +210,89 @@ inline void require_feature(bool used, bool supported, const attention_capabilit
 struct attention_shape {
     std::int64_t b, h, l, d;
 };
+
+/// @brief Checks attention_inputs::key_lengths: (B,) int32, contiguous, non-null, each value in
+/// [0, L]. @throws rpe::invalid_argument `[rpe.attention] key_lengths[1] = 9; expected 0 <= length
+///   <= L = 8` (or naming the shape).
+inline void check_key_lengths(const tensor_ref<const std::int32_t>& lengths, const attention_shape& s) {
+    check_shape(lengths, {s.b}, "attention", "key_lengths");
+    check_nonnull(lengths, "attention", "key_lengths");
+    for (std::int64_t b = 0; b < s.b; ++b)
+        require(lengths.data[b] >= 0 && lengths.data[b] <= s.l, "attention", "key_lengths[", b, "] = ", lengths.data[b],
+                "; expected 0 <= length <= L = ", s.l, " (keys at index >= length are padding)");
+}
+
+/// @brief The checks of attention_inputs::packed that do not depend on the terms: lengths (M,)
+/// int32 with M ≥ 1, each ≥ 1, summing to L of q; the grid and positions fields of the inputs
+/// unused (packed.grids / packed.positions hold them); not both packed.grids and
+/// packed.positions; no RoPE, no key_lengths (rpe::not_supported with packed sequences).
+/// @throws rpe::invalid_argument `[rpe.attention] packed.lengths ...`, rpe::not_supported.
+template <class In>
+void check_packed_front(const In& in, const attention_capabilities& caps) {
+    const auto& pk = in.packed;
+    const std::int64_t l = in.q.extent(2);
+    require(pk.lengths.rank == 1 && pk.lengths.extent(0) >= 1, "attention", "packed.lengths has shape ",
+            pk.lengths.shape_string(), "; expected (M >= 1,) tokens per image");
+    check_nonnull(pk.lengths, "attention", "packed.lengths");
+    std::int64_t sum = 0;
+    for (std::int64_t m = 0; m < pk.lengths.extent(0); ++m) {
+        require(pk.lengths.data[m] >= 1, "attention", "packed.lengths[", m, "] = ", pk.lengths.data[m],
+                "; expected >= 1 tokens per image");
+        sum += pk.lengths.data[m];
+    }
+    require(sum == l, "attention", "packed.lengths sum to ", sum, "; expected L = ", l, " of q (every token in one image)");
+    require(is_empty_view(in.positions) && is_empty_view(in.key_positions), "attention",
+            "positions is given with packed; expected packed.positions (every image's positions, image after image) "
+            "and no key_positions");
+    require(in.height == 0 && in.width == 0 && in.depth == 1, "attention", "height = ", in.height, ", width = ", in.width,
+            ", depth = ", in.depth, " with packed; expected 0, 0, 1 (each image's grid is in packed.grids)");
+    require(is_empty_view(pk.grids) || is_empty_view(pk.positions), "attention",
+            "packed.grids and packed.positions are both given; expected one of them");
+    require_feature(in.rope.enabled(), false, caps, "rope with packed sequences (packed)");
+    require_feature(!is_empty_view(in.key_lengths), false, caps,
+                    "key_lengths with packed sequences (packed; each image is attended alone, give a "
+                    "key_padding_mask for padded tokens)");
+}
+
+/// @brief Checks attention_inputs::packed against one attached term `name` (its skip and
+/// position axes): each image longer than skip; packed.grids (M, 2) or (M, 3) with positive sizes
+/// and `lengths[m] = skip + depth·height·width`, or packed.positions (L − M·skip, A) (check_positions).
+/// @throws rpe::invalid_argument `[rpe.attention] packed.grids[1] = (3, 4) gives skip + ... tokens; expected packed.lengths[1] = ...`.
+inline void check_packed_term(const packed_sequences& pk, const attention_shape& s, const term_desc& t, const char* name) {
+    const std::int64_t m_count = pk.lengths.extent(0), skip = t.skip();
+    for (std::int64_t m = 0; m < m_count; ++m)
+        require(pk.lengths.data[m] > skip, "attention", "packed.lengths[", m, "] = ", pk.lengths.data[m],
+                "; expected more than skip = ", skip, " of ", name, " (every image needs grid tokens after its extra tokens)");
+    if (!is_empty_view(pk.positions)) {
+        const std::string what = concat("L - M*skip = ", s.l, " - ", m_count, "*", skip, " of ", name);
+        (void)check_positions(pk.positions, t.position_axes(), s.l - m_count * skip, "attention", "packed.positions",
+                              what.c_str());
+        return;
+    }
+    require(!is_empty_view(pk.grids), "attention", name,
+            " is attached with packed but neither packed.grids nor packed.positions is given; expected one of them");
+    require(pk.grids.rank == 2 && pk.grids.extent(0) == m_count && (pk.grids.extent(1) == 2 || pk.grids.extent(1) == 3),
+            "attention", "packed.grids has shape ", pk.grids.shape_string(), "; expected (M = ", m_count,
+            ", 2) (height, width) or (M, 3) (depth, height, width)");
+    check_nonnull(pk.grids, "attention", "packed.grids");
+    const std::int64_t a = pk.grids.extent(1);
+    for (std::int64_t m = 0; m < m_count; ++m) {
+        const std::int32_t* g = pk.grids.data + m * a;
+        const std::int64_t depth = a == 3 ? g[0] : 1, height = g[a - 2], width = g[a - 1];
+        const std::string grid =
+            a == 3 ? concat("(", depth, ", ", height, ", ", width, ")") : concat("(", height, ", ", width, ")");
+        require(depth >= 1 && height >= 1 && width >= 1, "attention", "packed.grids[", m, "] = ", grid,
+                "; expected positive sizes");
+        // the product step by step, stopping once past the length (int32 sizes: no overflow)
+        std::int64_t tokens = depth;
+        if (tokens <= pk.lengths.data[m]) tokens *= height;
+        if (tokens <= pk.lengths.data[m]) tokens *= width;
+        require(tokens <= pk.lengths.data[m] && skip + tokens == pk.lengths.data[m], "attention", "packed.grids[", m,
+                "] = ", grid, " gives skip + ", a == 3 ? "depth*" : "", "height*width = ",
+                tokens <= pk.lengths.data[m] ? std::to_string(skip + tokens) : concat("more than ", pk.lengths.data[m]),
+                " tokens of ", name, "; expected packed.lengths[", m, "] = ", pk.lengths.data[m]);
+    }
+}
 
 /// @brief Checks q, k, v, the grid (depth, height, width), the masks and each attached term
 /// (slot, heads, head dim, skip + grid = L, tables' count and shapes) of any backend's attention
@@ -223,6 +340,12 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
     require_feature(at_positions, caps.positions, caps, "per-token positions of the iRPE terms (positions)");
     require(!at_positions || !is_empty_view(in.positions), "attention",
             "key_positions is given without positions; expected positions too (the queries' positions)");
+    const bool packed = in.packed.enabled();
+    require_feature(packed, caps.packed, caps, "packed sequences (packed)");
+    const bool with_lengths = !is_empty_view(in.key_lengths);
+    require_feature(with_lengths, caps.key_lengths, caps, "valid key lengths (key_lengths)");
+    if (with_lengths) check_key_lengths(in.key_lengths, s);
+    if (packed) check_packed_front(in, caps);
     if (caps.max_head_dim > 0 && s.d > caps.max_head_dim)
         throw not_supported(message("attention", "head dim D = ", s.d, " is not supported by the ", caps.backend,
                                     " backend; expected D <= ", caps.max_head_dim));
@@ -247,7 +370,9 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
                 "; expected ", target_letter(wanted[i]));
         require(t.num_heads() == s.h, "attention", names[i], " has num_heads = ", t.num_heads(), "; expected H = ", s.h, " of q");
         require(t.head_dim() == s.d, "attention", names[i], " has head_dim = ", t.head_dim(), "; expected D = ", s.d, " of q");
-        if (at_positions) {
+        if (packed) {
+            check_packed_term(in.packed, s, t, names[i]);
+        } else if (at_positions) {
             const std::string what = "L - skip = " + std::to_string(s.l) + " - " + std::to_string(t.skip()) + " of " + names[i];
             const int axes = t.position_axes();
             require(s.l > t.skip(), "attention", "L = ", s.l, " of q; expected more than skip = ", t.skip(), " of ", names[i],
@@ -379,6 +504,8 @@ attention_shape check_attention_forward(const attention_inputs<S>& in, const ten
     (void)softmax_scale(opt, s.d);
     check_backward_budget(opt);
     require_feature(attn.data != nullptr || attn.rank != 0, caps.saved_probabilities, caps, "the attn output (probabilities)");
+    require_feature((attn.data != nullptr || attn.rank != 0) && in.packed.enabled(), false, caps,
+                    "the attn output (probabilities) with packed sequences (packed)");
     check_attention_outputs(in, s, out, attn, false);
     return s;
 }
@@ -396,6 +523,8 @@ attention_shape check_attention_backward(const attention_inputs<S>& in, const at
     check_backward_budget(opt);
     const bool saved = g.saved_attn.data != nullptr || g.saved_attn.rank != 0;
     require_feature(saved, caps.saved_probabilities, caps, "the backward from saved probabilities (saved_attn)");
+    require_feature(saved && in.packed.enabled(), false, caps,
+                    "the backward from saved probabilities (saved_attn) with packed sequences (packed)");
     if (saved) {
         check_shape(g.saved_attn, {s.b, s.h, s.l, s.l}, "attention", "saved_attn");
         check_nonnull(g.saved_attn, "attention", "saved_attn");
@@ -403,6 +532,71 @@ attention_shape check_attention_backward(const attention_inputs<S>& in, const at
     require_feature(in.rope.enabled() && in.rope.grad_freqs.data != nullptr, caps.rope_freqs_grad, caps, "rope grad_freqs");
     check_attention_gradients(in, s, g.saved_attn, g.grad_out, g.grad_q, g.grad_k, g.grad_v);
     return s;
+}
+
+/// @brief The view of tokens [off, off + len) of `t` along `axis` (each axis in `axes`): the same
+/// strides, extent `len` there (a packed image's rows of q, k, v, outputs, masks).
+template <class T>
+tensor_ref<T> token_slice(const tensor_ref<T>& t, std::initializer_list<int> axes, std::int64_t off, std::int64_t len) {
+    if (is_empty_view(t)) return t;
+    std::vector<std::int64_t> dims(static_cast<std::size_t>(t.rank)), strides(dims.size());
+    T* data = t.data;
+    for (int i = 0; i < t.rank; ++i) {
+        dims[static_cast<std::size_t>(i)] = t.extent(i);
+        strides[static_cast<std::size_t>(i)] = t.stride(i);
+    }
+    for (int a : axes) {
+        dims[static_cast<std::size_t>(a)] = len;
+        data += off * t.stride(a);
+    }
+    return tensor_ref<T>::with_strides(data, dims, strides);
+}
+
+/// @brief One image of a packed sequence (attention_inputs::packed): its tokens
+/// [offset, offset + length) and the inputs of that image alone (views into the sequence's q, k, v
+/// and masks; its grid or its rows of packed.positions; packed empty).
+template <class S>
+struct packed_image {
+    std::int64_t offset = 0, length = 0;
+    attention_inputs<S> in;
+};
+
+/// @brief The images of checked packed inputs, in order.
+template <class S>
+std::vector<packed_image<S>> packed_images(const attention_inputs<S>& in) {
+    const auto& pk = in.packed;
+    const std::int64_t m_count = pk.lengths.extent(0);
+    std::int64_t skip = 0;  // the attached terms' (all equal: checked against the lengths and positions)
+    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
+        if (slot->term) skip = slot->term->skip();
+    std::vector<packed_image<S>> out;
+    out.reserve(static_cast<std::size_t>(m_count));
+    std::int64_t off = 0, pos_off = 0;
+    for (std::int64_t m = 0; m < m_count; ++m) {
+        const std::int64_t len = pk.lengths.data[m];
+        packed_image<S> img{off, len, in};
+        auto& c = img.in;
+        c.packed = {};
+        c.q = token_slice(in.q, {2}, off, len);
+        c.k = token_slice(in.k, {2}, off, len);
+        c.v = token_slice(in.v, {2}, off, len);
+        c.key_padding_mask = token_slice(in.key_padding_mask, {1}, off, len);
+        c.attn_mask = token_slice(in.attn_mask, {0, 1}, off, len);
+        if (!is_empty_view(pk.positions)) {
+            const std::int64_t a = pk.positions.extent(1);
+            c.positions = tensor_ref<const std::int32_t>(pk.positions.data + pos_off * a, {len - skip, a});
+            pos_off += len - skip;
+        } else if (!is_empty_view(pk.grids)) {
+            const std::int64_t a = pk.grids.extent(1);
+            const std::int32_t* g = pk.grids.data + m * a;
+            c.depth = a == 3 ? g[0] : 1;
+            c.height = g[a - 2];
+            c.width = g[a - 1];
+        }
+        out.push_back(std::move(img));
+        off += len;
+    }
+    return out;
 }
 
 /// @brief The host bucket ids of an attached term on the inputs' grid, or at the inputs'

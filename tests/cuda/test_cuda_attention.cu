@@ -283,6 +283,27 @@ TEST_CASE("cuda fused attention refuses per-token positions of the iRPE terms be
                          "[rpe.attention] per-token positions of the iRPE terms (positions) is not supported by the cuda backend",
                          rpe::not_supported);
 }
+
+TEST_CASE("cuda fused attention refuses packed sequences and key lengths before any CUDA call") {
+    // host buffers: the shared front refuses both features from cuda::attention_caps before any CUDA call
+    std::vector<float> q(1 * 1 * 5 * 2), out(q.size()), gq(q.size()), gk(q.size()), gv(q.size());
+    const std::vector<std::int32_t> lengths = {3, 2}, key_lengths = {4};
+    rpe::cuda::attention_inputs<float> in;
+    in.q = in.k = in.v = {q.data(), {1, 1, 5, 2}};
+    in.packed.lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {2});
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, {out.data(), {1, 1, 5, 2}}),
+                         "[rpe.attention] packed sequences (packed) is not supported by the cuda backend", rpe::not_supported);
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_backward(in, {q.data(), {1, 1, 5, 2}}, {gq.data(), {1, 1, 5, 2}},
+                                                       {gk.data(), {1, 1, 5, 2}}, {gv.data(), {1, 1, 5, 2}}),
+                         "[rpe.attention] packed sequences (packed) is not supported by the cuda backend", rpe::not_supported);
+    in.packed = {};
+    in.height = 2;
+    in.width = 2;
+    in.key_lengths = rpe::tensor_ref<const std::int32_t>(key_lengths.data(), {1});
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, {out.data(), {1, 1, 5, 2}}),
+                         "[rpe.attention] valid key lengths (key_lengths) is not supported by the cuda backend",
+                         rpe::not_supported);
+}
 }  // TEST_SUITE("host")
 
 TEST_CASE("cuda fused attention rejects bad arguments") {

@@ -4,10 +4,13 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "../../any_term.hpp"  // rpe::any_term, make_any_term: the CPU terms that users attach to slots
@@ -39,7 +42,9 @@ inline constexpr attention_capabilities attention_caps{.backend = "cpu",
                                                        .attn_mask = true,
                                                        .grid_3d = true,
                                                        .max_head_dim = 0,
-                                                       .positions = true};
+                                                       .positions = true,
+                                                       .packed = true,
+                                                       .key_lengths = true};
 
 }  // namespace cpu
 
@@ -74,6 +79,10 @@ struct fused_plan {
     std::shared_ptr<const rope_table<S>> rope;    // cos/sin of the queries with RoPE, else null
     std::shared_ptr<const rope_table<S>> rope_k;  // of the keys (== rope unless key_positions)
     std::int64_t rope_skip = 0;
+    const std::int32_t* key_len = nullptr;  // (B) valid key lengths (attention_inputs::key_lengths), or null: all L
+
+    // Keys of plane p that are computed: key_lengths[b], or L.
+    [[nodiscard]] std::int64_t keys(std::int64_t p) const { return key_len ? key_len[p / h] : l; }
 
     // The scaled (and, with RoPE, rotated) queries of rows [i0, i0 + rb) of plane p into qs (rb, D).
     void load_queries(std::int64_t p, std::int64_t i0, std::int64_t rb, S* qs) const {
@@ -176,13 +185,14 @@ void materialise_ids(fused_plan<S, Id>& plan, const std::vector<cpu::shared_scra
 // Logits of rows [i0, i0 + rb) of plane p into lg (rb, L), then the masked softmax in place.
 // qs_blk (rb, D) are the scaled queries of those rows; tq holds the plane's products for the
 // contextual q tables (plane_query_products); blk the block's ids per table (load_block_ids).
+// Only the plane's first nk = plan.keys(p) keys are computed: lg is (rb, nk), the ids' rows stay L apart.
 template <class S, class Id>
 void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, std::int64_t i0,
                          std::int64_t rb, const S* qs_blk, const S* tq, const Id* const* blk, S* lg, S* work) {
     using cpu::cmap;
     using cpu::map;
-    const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
-    map<S>(lg, rb, n).noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, n, d).transpose();
+    const std::int64_t n = plan.l, nk = plan.keys(p), d = plan.d, h = p % plan.h;
+    map<S>(lg, rb, nk).noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, nk, d).transpose();
     // contextual key terms: per-bucket products of the block, (rb, K) each, side by side in work
     std::int64_t offset = 0;
     for (const auto& t : plan.on_k)
@@ -190,26 +200,29 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
             map<S>(work + offset, rb, t.k).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(t.table + t.head(h) * d * t.k, d, t.k);
             offset += rb * t.k;
         }
-    const std::uint8_t* mask = in.key_padding_mask.data ? in.key_padding_mask.data + (p / plan.h) * n : nullptr;
+    // masks: rows stride(0) apart (a packed image's views into the whole sequence's masks)
+    const std::uint8_t* mask =
+        in.key_padding_mask.data ? in.key_padding_mask.data + (p / plan.h) * in.key_padding_mask.stride(0) : nullptr;
     // one pass per row while it sits in L1: gathers, masks, max, exp, normalisation
     for (std::int64_t i = 0; i < rb; ++i) {
-        S* row = lg + i * n;
+        S* row = lg + i * nk;
         std::int64_t off = 0;
         for (const auto& t : plan.on_k) {
             const S* w = t.bias ? t.table + t.head(h) * t.k : work + off + i * t.k;
             if (!t.bias) off += rb * t.k;
-            cpu::gather_add(row, w, t.k, blk[t.slot] + i * n, n);
+            cpu::gather_add(row, w, t.k, blk[t.slot] + i * n, nk);
         }
         for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
             const auto& t = plan.on_q[q];
             const Id* ids = blk[t.slot] + i * n;  // transposed: [i, j] holds id(j, i)
             if (t.bias)
-                cpu::gather_add(row, t.table + t.head(h) * t.k, t.k, ids, n);
+                cpu::gather_add(row, t.table + t.head(h) * t.k, t.k, ids, nk);
             else
-                cpu::gather_add_strided(row, tq + static_cast<std::int64_t>(q) * n * plan.k, t.k, ids, n);
+                cpu::gather_add_strided(row, tq + static_cast<std::int64_t>(q) * n * plan.k, t.k, ids, nk);
         }
-        if (in.attn_mask.data) map<S>(row, 1, n).array() += cmap<S>(in.attn_mask.data + (i0 + i) * n, 1, n).array();
-        cpu::softmax_row(row, n, mask);
+        if (in.attn_mask.data)
+            map<S>(row, 1, nk).array() += cmap<S>(in.attn_mask.data + (i0 + i) * in.attn_mask.stride(0), 1, nk).array();
+        cpu::softmax_row(row, nk, mask);
     }
 }
 
@@ -218,18 +231,18 @@ template <class S, class Id>
 void plane_query_products(const fused_plan<S, Id>& plan, std::int64_t p, S* ks, S* buf) {
     using cpu::cmap;
     using cpu::map;
-    const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
+    const std::int64_t n = plan.l, nk = plan.keys(p), d = plan.d, h = p % plan.h;  // rows of keys >= nk are not read
     bool have_ks = false;
     for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
         const auto& t = plan.on_q[q];
         if (t.bias) continue;
         if (!have_ks) {
-            map<S>(ks, n, d) = plan.kv.rows(p, 0, n, d) * plan.scale;
+            map<S>(ks, nk, d) = plan.kv.rows(p, 0, nk, d) * plan.scale;
             have_ks = true;
         }
         const std::int64_t k = t.k;
         S* dst = buf + static_cast<std::int64_t>(q) * n * plan.k;
-        map<S>(dst, n, k).noalias() = cmap<S>(ks, n, d) * cmap<S>(t.table + t.head(h) * d * k, d, k);
+        map<S>(dst, nk, k).noalias() = cmap<S>(ks, nk, d) * cmap<S>(t.table + t.head(h) * d * k, d, k);
     }
 }
 
@@ -278,6 +291,7 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     plan.qv = cpu::plane_rows<S>(in.q);
     plan.kv = cpu::plane_rows<S>(in.k);
     plan.vv = cpu::plane_rows<S>(in.v);
+    plan.key_len = in.key_lengths.data;
     if (in.rope.enabled()) {
         plan.rope = rope_query_table(in.rope, s.d, in.height, in.width);
         plan.rope_k = rope_key_table(in.rope, s.d, plan.rope);
@@ -286,32 +300,77 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     return plan;
 }
 
+// One forward problem of a call: the inputs (a whole call's, or one packed image's views), their
+// ids (slots q, k, v) and the output rows.
+template <class S>
+struct forward_part {
+    const attention_inputs<S>* in = nullptr;
+    const std::shared_ptr<const bucket_ids>* ids = nullptr;
+    tensor_ref<S> out;
+};
+
+// The forward of one or more independent problems (the images of a packed sequence) in one
+// parallel region: their (part, plane, row block) items share the threads, so small images do not
+// leave threads idle. Each item is computed as in a call on its part alone (its own plan, ids, row
+// block), by one thread, so the results do not depend on the thread count or on the other parts.
+// attn: (B, H, L, L) probabilities of a single part, or empty.
 template <class S, class Id>
-void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<S> out,
-                   tensor_ref<S> attn, const attention_options& opt) {
-    auto plan = make_plan<S, Id>(in, ids, false, opt);
+void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn, const attention_options& opt) {
     using cpu::cmap;
     using cpu::map;
-    const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
-    const std::int64_t blocks = (n + rb_max - 1) / rb_max, items = planes * blocks;
-    const bool ctx_q = has_contextual_query(plan);
-    const std::int64_t tq_per_plane = ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * n * k : 0;
+    struct state {
+        fused_plan<S, Id> plan;
+        std::int64_t blocks = 0, items = 0, first = 0, tq_per_plane = 0;
+        bool ctx_q = false;
+    };
+    std::vector<state> st(parts.size());
+    std::int64_t items = 0, lg_max = 0, work_max = 0, qs_max = 0, ids_max = 0, ks_max = 0;
+    int tables_max = 0;
+    for (std::size_t m = 0; m < parts.size(); ++m) {
+        auto& x = st[m];
+        x.plan = make_plan<S, Id>(*parts[m].in, parts[m].ids, false, opt);
+        const auto& plan = x.plan;
+        const std::int64_t n = plan.l, rb_max = plan.rb;
+        x.blocks = (n + rb_max - 1) / rb_max;
+        x.items = plan.b * plan.h * x.blocks;
+        x.first = items;
+        items += x.items;
+        x.ctx_q = has_contextual_query(plan);
+        x.tq_per_plane = x.ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * n * plan.k : 0;
+        lg_max = std::max(lg_max, rb_max * n);
+        // work: (rb, K) per-bucket values, two side by side for Cross's two key tables
+        work_max = std::max(work_max, 2 * rb_max * std::max<std::int64_t>(plan.k, 1));
+        qs_max = std::max(qs_max, rb_max * plan.d);
+        ids_max = std::max(ids_max, plan.tables * rb_max * n);
+        ks_max = std::max(ks_max, x.ctx_q ? n * plan.d : 0);
+        tables_max = std::max(tables_max, plan.tables);
+    }
     // every buffer is laid out here, in the calling thread's workspace, before the parallel region
     cpu::workspace ws;
-    cpu::shared_scratch<S> tq_s(ws, planes * tq_per_plane);
-    cpu::thread_scratch<S> ks_s(ws, ctx_q ? n * d : 0);
-    // work: (rb, K) per-bucket values, two side by side for Cross's two key tables
-    cpu::thread_scratch<S> lg_s(ws, rb_max * n), work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
-    cpu::thread_scratch<S> qs_s(ws, rb_max * d);
-    cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
-    cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
-    cpu::shared_scratch<S> kr_s(ws, plan.rope ? planes * n * d : 0);  // rotated keys (RoPE)
-    const auto full_ids = declare_full_ids(plan, ws);
+    std::vector<cpu::shared_scratch<S>> tq_s, kr_s;  // per part: contextual q products; rotated keys (RoPE)
+    std::vector<std::vector<cpu::shared_scratch<Id>>> full_ids;
+    for (auto& x : st) {
+        const std::int64_t planes = x.plan.b * x.plan.h;
+        tq_s.emplace_back(ws, planes * x.tq_per_plane);
+        kr_s.emplace_back(ws, x.plan.rope ? planes * x.plan.l * x.plan.d : 0);
+        full_ids.push_back(declare_full_ids(x.plan, ws));
+    }
+    cpu::thread_scratch<S> ks_s(ws, ks_max);
+    cpu::thread_scratch<S> lg_s(ws, lg_max), work_s(ws, work_max);
+    cpu::thread_scratch<S> qs_s(ws, qs_max);
+    cpu::thread_scratch<Id> ids_s(ws, ids_max);
+    cpu::thread_scratch<const Id*> blk_s(ws, tables_max);
     ws.allocate();
-    materialise_ids(plan, full_ids);
-    rotate_keys(plan, kr_s.data());
-    const S* tq = tq_s.data();
-    if (ctx_q) all_query_products(plan, ks_s, tq_s.data());
+    std::vector<cpu::plane_rows_mut<S>> ov;  // out, or a packed image's rows of it
+    std::vector<std::int64_t> firsts;        // each part's first item
+    for (std::size_t m = 0; m < st.size(); ++m) {
+        auto& plan = st[m].plan;
+        materialise_ids(plan, full_ids[m]);
+        rotate_keys(plan, kr_s[m].data());
+        if (st[m].ctx_q) all_query_products(plan, ks_s, tq_s[m].data());
+        ov.emplace_back(parts[m].out);
+        firsts.push_back(st[m].first);
+    }
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
@@ -319,26 +378,47 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
         S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine();
         Id* idbuf = ids_s.mine();
         const Id** blk = blk_s.mine();
-        // (plane, row block) items: a few planes on many threads still use every thread; each
+        // (part, plane, row block) items: a few planes on many threads still use every thread; each
         // block writes its own rows of out, so the thread count does not change any result
 #if defined(_OPENMP)
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (std::int64_t item = 0; item < items; ++item) {
-            const std::int64_t p = item / blocks, i0 = (item % blocks) * rb_max, h = p % plan.h;
+        for (std::int64_t all = 0; all < items; ++all) {
+            // the part of this item: the last whose first item is <= all
+            const auto m = static_cast<std::size_t>(std::upper_bound(firsts.begin(), firsts.end(), all) - firsts.begin() - 1);
+            const auto& x = st[m];
+            const auto& plan = x.plan;
+            const attention_inputs<S>& in = *parts[m].in;
+            const std::int64_t item = all - x.first, n = plan.l, d = plan.d, rb_max = plan.rb;
+            const std::int64_t p = item / x.blocks, i0 = (item % x.blocks) * rb_max, h = p % plan.h;
             const std::int64_t rb = std::min(rb_max, n - i0);
             load_block_ids(plan, i0, rb, idbuf, blk);
             plan.load_queries(p, i0, rb, qs);
-            block_probabilities(plan, in, p, i0, rb, qs, tq + p * tq_per_plane, blk, lg, work);
-            auto o = map<S>(out.data + (p * n + i0) * d, rb, d);
-            o.noalias() = cmap<S>(lg, rb, n) * plan.vv.rows(p, 0, n, d);
+            const std::int64_t nk = plan.keys(p);  // keys >= nk are padding (key_lengths): not computed
+            block_probabilities(plan, in, p, i0, rb, qs, tq_s[m].data() + p * x.tq_per_plane, blk, lg, work);
+            auto o = ov[m].rows(p, i0, rb, d);
+            if (nk == 0)
+                o.setZero();  // every key padded: zero probabilities, zero output
+            else
+                o.noalias() = cmap<S>(lg, rb, nk) * plan.vv.rows(p, 0, nk, d);
             for (const auto& t : plan.on_v) {
-                cpu::scatter_rows(lg, blk[t.slot], rb, n, t.k, work);
+                cpu::scatter_rows(lg, nk, blk[t.slot], n, rb, nk, t.k, work);
                 o.noalias() += cmap<S>(work, rb, t.k) * cmap<S>(t.table + t.head(h) * t.k * d, t.k, d);
             }
-            if (attn.data) std::copy(lg, lg + rb * n, attn.data + (p * n + i0) * n);
+            if (attn.data)
+                for (std::int64_t i = 0; i < rb; ++i) {
+                    S* dst = attn.data + (p * n + i0 + i) * n;
+                    std::copy(lg + i * nk, lg + (i + 1) * nk, dst);
+                    std::fill(dst + nk, dst + n, S(0));
+                }
         }
     }
+}
+
+template <class S, class Id>
+void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<S> out,
+                   tensor_ref<S> attn, const attention_options& opt) {
+    fused_forward<S, Id>(std::vector<forward_part<S>>{{&in, ids, out}}, attn, opt);
 }
 
 // The contextual q terms' key gradients (added into gk, (L, D)) and table partials of plane p
@@ -460,11 +540,14 @@ backward_layout backward_layout_of(const attention_inputs<S>& in, const attentio
 }
 
 // attn: the forward's (B, H, L, L) probabilities, or empty to recompute them block by block.
+// grad_out, grad_q, grad_k, grad_v: (B, H, L, D), rows of D contiguous (a packed image's views).
 template <class S, class Id>
 void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<const S> attn,
                     tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v,
                     const attention_options& opt) {
     auto plan = make_plan<S, Id>(in, ids, true, opt);
+    const cpu::plane_rows<S> gov(grad_out);
+    const cpu::plane_rows_mut<S> gqv(grad_q), gkv(grad_k), gvv(grad_v);
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
@@ -559,12 +642,18 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 const std::int64_t slot = item - i0, p = item / chunks, c = item % chunks, h = p % plan.h;
                 const S* tqp = recompute_tq ? tq + (p - p0) * lay.plane_elems : nullptr;
                 S* gq = ctx_q ? gq_w + slot * lay.gq_stride : nullptr;  // Σ dlogits per (j, bucket), contextual q tables
-                auto gk = map<S>(chunks > 1 ? gk_w + slot * lay.gkv_stride : grad_k.data + p * n * d, n, d);
-                auto gv = map<S>(chunks > 1 ? gv_w + slot * lay.gkv_stride : grad_v.data + p * n * d, n, d);
-                gk.setZero();
-                gv.setZero();
-                const auto vp = plan.vv.rows(p, 0, n, d);
-                const auto kp = plan.kv.rows(p, 0, n, d);
+                auto gk_all = chunks > 1 ? cpu::map_strided<S>(gk_w + slot * lay.gkv_stride, n, d, Eigen::OuterStride<>(d))
+                                         : gkv.rows(p, 0, n, d);
+                auto gv_all = chunks > 1 ? cpu::map_strided<S>(gv_w + slot * lay.gkv_stride, n, d, Eigen::OuterStride<>(d))
+                                         : gvv.rows(p, 0, n, d);
+                gk_all.setZero();
+                gv_all.setZero();
+                // keys >= nk are padding (key_lengths): not computed, their gradient rows stay zero
+                const std::int64_t nk = plan.keys(p), ldp = attn.data ? n : nk;  // ldp: the probabilities' row stride
+                auto gk = gk_all.topRows(nk);
+                auto gv = gv_all.topRows(nk);
+                const auto vp = plan.vv.rows(p, 0, nk, d);
+                const auto kp = plan.kv.rows(p, 0, nk, d);
                 const std::int64_t i_end = std::min(n, (c + 1) * blocks_per_chunk * rb_max);
                 for (std::int64_t i0r = c * blocks_per_chunk * rb_max; i0r < i_end; i0r += rb_max) {
                     const std::int64_t rb = std::min(rb_max, n - i0r);
@@ -575,9 +664,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         pr = attn.data + (p * n + i0r) * n;
                     else
                         block_probabilities(plan, in, p, i0r, rb, qs, tqp, blk, lg, work);
-                    const auto P = cmap<S>(pr, rb, n);
-                    const auto go = cmap<S>(grad_out.data + (p * n + i0r) * d, rb, d);
-                    auto dP = map<S>(dp, rb, n);
+                    const auto P = cpu::cmap_strided<S>(pr, rb, nk, Eigen::OuterStride<>(ldp));
+                    const auto go = gov.rows(p, i0r, rb, d);
+                    auto dP = map<S>(dp, rb, nk);
                     dP.noalias() = go * vp.transpose();
                     gv.noalias() += P.transpose() * go;
                     for (auto& t : plan.on_v) {
@@ -585,18 +674,21 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         const std::int64_t tk = t.k;
                         const auto tab = cmap<S>(t.table + t.head(h) * tk * d, tk, d);
                         map<S>(work, rb, tk).noalias() = go * tab.transpose();
-                        for (std::int64_t i = 0; i < rb; ++i) cpu::gather_add(dp + i * n, work + i * tk, tk, idb + i * n, n);
+                        for (std::int64_t i = 0; i < rb; ++i) cpu::gather_add(dp + i * nk, work + i * tk, tk, idb + i * n, nk);
                         if (t.grad) {
-                            cpu::scatter_rows(pr, idb, rb, n, tk, work);
+                            cpu::scatter_rows(pr, ldp, idb, n, rb, nk, tk, work);
                             map<S>(t.partial + slot * t.partial_stride, tk, d).noalias() +=
                                 cmap<S>(work, rb, tk).transpose() * go;
                         }
                     }
                     // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
-                    for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(pr + i * n, dp + i * n, n);
-                    const auto dL = cmap<S>(dp, rb, n);
+                    for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(pr + i * ldp, dp + i * nk, nk);
+                    const auto dL = cmap<S>(dp, rb, nk);
                     auto dq = map<S>(dqs, rb, d);
-                    dq.noalias() = dL * kp;
+                    if (nk == 0)
+                        dq.setZero();  // every key padded: no logit depends on the queries
+                    else
+                        dq.noalias() = dL * kp;
                     gk.noalias() += dL.transpose() * cmap<S>(qs, rb, d);
                     for (auto& t : plan.on_k) {
                         const Id* idb = blk[t.slot];
@@ -604,9 +696,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         if (t.bias) {
                             if (!t.grad) continue;
                             S* acc = t.partial + slot * t.partial_stride;
-                            for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
+                            for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * nk, idb + i * n, nk, acc);
                         } else {
-                            cpu::scatter_rows(dp, idb, rb, n, tk, work);
+                            cpu::scatter_rows(dp, nk, idb, n, rb, nk, tk, work);
                             const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
                             dq.noalias() += cmap<S>(work, rb, tk) * tab.transpose();
                             if (t.grad)
@@ -622,19 +714,20 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                                         : gq + static_cast<std::int64_t>(q) * n * k;
                         if (!acc) continue;
                         if (t.bias)
-                            for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * n, idb + i * n, n, acc);
+                            for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * nk, idb + i * n, nk, acc);
                         else
                             for (std::int64_t i = 0; i < rb; ++i)
-                                for (std::int64_t j = 0; j < n; ++j) acc[j * tk + idb[i * n + j]] += dp[i * n + j];
+                                for (std::int64_t j = 0; j < nk; ++j) acc[j * tk + idb[i * n + j]] += dp[i * nk + j];
                     }
-                    S* gq_rows = grad_q.data + (p * n + i0r) * d;
+                    // RoPE is not combined with packed images: with it, grad_q is contiguous
+                    S* gq_rows = gqv.plane(p) + i0r * gqv.sl;
                     if (plan.rope) {  // dq is the gradient of the rotated, scaled queries qs
                         if (rope_freqs)
                             cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, i0r, rb, qs, dqs,
                                                       ga_s.data() + p * rope_n * rope_pairs, plan.rope->layout, rope_n);
                         cpu::rope_rotate_rows(*plan.rope, h, plan.rope_skip, i0r, rb, d, dqs, gq_rows, plan.scale, true);
                     } else {
-                        map<S>(gq_rows, rb, d) = dq * plan.scale;
+                        gqv.rows(p, i0r, rb, d) = dq * plan.scale;
                     }
                 }
             }
@@ -648,9 +741,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 const std::int64_t h = p % plan.h;
                 const std::int64_t c0 = std::max(i0, p * chunks) - p * chunks, c1 = std::min(i1, (p + 1) * chunks) - p * chunks;
                 const auto slot_of = [&](std::int64_t c) { return p * chunks + c - i0; };
-                auto gk = map<S>(grad_k.data + p * n * d, n, d);
+                auto gk = gkv.rows(p, 0, n, d);
                 if (chunks > 1) {
-                    auto gv = map<S>(grad_v.data + p * n * d, n, d);
+                    auto gv = gvv.rows(p, 0, n, d);
                     for (std::int64_t c = c0; c < c1; ++c) {
                         const auto pk = map<S>(gk_w + slot_of(c) * lay.gkv_stride, n, d);
                         const auto pv = map<S>(gv_w + slot_of(c) * lay.gkv_stride, n, d);
@@ -680,8 +773,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 if (ctx_q)
                     plane_query_gradients(plan, gq, p, slot_of(lay.split ? chunks - 1 : 0), lay.split, p * chunks, lay.per_line,
                                           gk);
-                if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back
-                    S* g = grad_k.data + p * n * d;
+                if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back (contiguous grad_k with RoPE)
+                    S* g = gkv.plane(p);
                     if (rope_freqs)
                         cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, n, plan.kv.plane(p), g,
                                                   ga_k() + p * rope_nk * rope_pairs, plan.rope_k->layout, rope_nk);
@@ -717,6 +810,102 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
     visit_id_width(width, [&]<class Id>() { f.template operator()<Id>(ids); });
 }
 
+// Packed sequences (attention_inputs::packed): each image runs as if alone on its views of q, k,
+// v, out and the masks (its token range), with its own ids (its grid's, from the cache, or its
+// positions'); nothing is computed for pairs of two images. The forward runs every image's items
+// in one parallel region; the backward runs the images one after another.
+template <class S>
+void packed_forward(const attention_inputs<S>& in, tensor_ref<S> out, const attention_options& opt) {
+    const auto images = packed_images(in);
+    std::vector<std::array<std::shared_ptr<const bucket_ids>, 3>> ids(images.size());
+    int width = 1;  // one id type for every image (the widest)
+    for (std::size_t m = 0; m < images.size(); ++m) {
+        const auto& c = images[m].in;
+        ids[m] = {ids_of(c.rpe_q, c, opt.storage), ids_of(c.rpe_k, c, opt.storage), ids_of(c.rpe_v, c, opt.storage)};
+        for (const auto& i : ids[m])
+            if (i) width = std::max(width, i->id_bytes());
+    }
+    std::vector<forward_part<S>> parts;
+    for (std::size_t m = 0; m < images.size(); ++m)
+        parts.push_back({&images[m].in, ids[m].data(), token_slice(out, {2}, images[m].offset, images[m].length)});
+    visit_id_width(width, [&]<class Id>() { fused_forward<S, Id>(parts, {}, opt); });
+}
+
+// The backward of packed_forward: each image's gradients into its rows. Images with fewer
+// (batch, head, chunk) items than threads run side by side, one thread each (after the larger
+// ones, which share the threads as a call of their own): every image's results are those of a call
+// on it alone, whatever thread runs it. The table gradients go to one buffer per image, summed in
+// image order at the end, so the results do not depend on the thread count.
+template <class S>
+void packed_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt) {
+    auto images = packed_images(in);
+    const std::size_t count = images.size();
+    std::vector<std::array<std::shared_ptr<const bucket_ids>, 3>> ids(count);
+    for (std::size_t m = 0; m < count; ++m) {  // every image's ids first: a bad grid throws before any write
+        const auto& c = images[m].in;
+        ids[m] = {ids_of(c.rpe_q, c, opt.storage), ids_of(c.rpe_k, c, opt.storage), ids_of(c.rpe_v, c, opt.storage)};
+    }
+    // the table gradients wanted, and one buffer of each per image
+    std::vector<tensor_ref<S>> wanted;
+    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
+        for (const auto& t : slot->grad_tables)
+            if (t.data) wanted.push_back(t);
+    std::int64_t per_image = 0;
+    for (const auto& t : wanted) per_image += t.size();
+    std::vector<S> table_grads(static_cast<std::size_t>(per_image) * count);
+    for (std::size_t m = 0; m < count; ++m) {
+        S* next = table_grads.data() + static_cast<std::int64_t>(m) * per_image;
+        for (auto* slot : {&images[m].in.rpe_q, &images[m].in.rpe_k, &images[m].in.rpe_v})
+            for (auto& t : slot->grad_tables)
+                if (t.data) {
+                    t = tensor_ref<S>(next, std::span<const std::int64_t>(t.shape.data(), static_cast<std::size_t>(t.rank)));
+                    next += t.size();
+                }
+    }
+    const auto run = [&](std::size_t m, const attention_options& o) {
+        const auto& img = images[m];
+        const auto rows = [&](auto t) { return token_slice(t, {2}, img.offset, img.length); };
+        int width = 1;
+        for (const auto& i : ids[m])
+            if (i) width = std::max(width, i->id_bytes());
+        visit_id_width(width, [&]<class Id>() {
+            fused_backward<S, Id>(img.in, ids[m].data(), {}, rows(g.grad_out), rows(g.grad_q), rows(g.grad_k), rows(g.grad_v), o);
+        });
+    };
+    const int threads = cpu::max_threads();
+    std::vector<std::size_t> small;  // images of fewer items than threads
+    for (std::size_t m = 0; m < count; ++m) {
+        if (threads > 1 && backward_layout_of(images[m].in, opt, false).items < threads)
+            small.push_back(m);
+        else
+            run(m, opt);
+    }
+    if (!small.empty()) {
+        // side by side, each within its share of the partials budget (the same results for every budget)
+        attention_options o = opt;
+        o.backward_budget_bytes = std::max<std::int64_t>(1, opt.backward_budget_bytes / threads);
+        std::vector<std::exception_ptr> errors(small.size());
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(dynamic, 1)
+#endif
+        for (std::size_t i = 0; i < small.size(); ++i) {
+            try {
+                run(small[i], o);  // its own parallel regions are nested: one thread
+            } catch (...) {
+                errors[i] = std::current_exception();
+            }
+        }
+        for (const auto& e : errors)
+            if (e) std::rethrow_exception(e);
+    }
+    for (std::size_t w = 0, off = 0; w < wanted.size(); off += static_cast<std::size_t>(wanted[w].size()), ++w)
+        for (std::size_t m = 0; m < count; ++m) {
+            const S* src = table_grads.data() + static_cast<std::int64_t>(m) * per_image + static_cast<std::int64_t>(off);
+            S* dst = wanted[w].data;
+            for (std::int64_t e = 0; e < wanted[w].size(); ++e) dst[e] = m == 0 ? src[e] : dst[e] + src[e];
+        }
+}
+
 }  // namespace RPE_ISA_NS
 }  // namespace detail
 
@@ -735,7 +924,10 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 /// is loaded (with the scaling) and the keys once per call into a (B, H, L, D) copy, from a
 /// cos/sin table (grid tokens, D/2) built once per grid and cached (rope::mixed: per call); the
 /// terms then see the rotated q and k (equal to rpe::rope_forward on q and k, then this call). Rows whose keys are all masked give zero probabilities and zero output (the
-/// reference gives NaN); a NaN logit makes its row NaN.
+/// reference gives NaN); a NaN logit makes its row NaN. With `in.packed` (rpe::packed_sequences)
+/// each image is computed alone on its rows (block-diagonal; no `attn` output); with
+/// `in.key_lengths` only the first key_lengths[b] keys of batch element b are computed (the rest
+/// padded, as by key_padding_mask). See docs/positions.md.
 /// @param in   q, k, v (B, H, L, D), contiguous or strided views with rows of D contiguous (read
 ///   in place, e.g. from a packed (B, L, 3, H, D) qkv), grid, optional terms and masks (see
 ///   attention_inputs).
@@ -751,6 +943,7 @@ template <class S>
 void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {
     detail::check_attention_forward(in, out, attn, opt, attention_caps);
+    if (in.packed.enabled()) return detail::packed_forward(in, out, opt);
     detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
         detail::fused_forward<S, Id>(in, ids, out, attn, opt);
     });
@@ -780,6 +973,7 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 template <class S>
 void attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt = {}) {
     detail::check_attention_backward(in, g, opt, attention_caps);
+    if (in.packed.enabled()) return detail::packed_backward(in, g, opt);
     detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
         detail::fused_backward<S, Id>(in, ids, g.saved_attn, g.grad_out, g.grad_q, g.grad_k, g.grad_v, opt);
     });
@@ -821,13 +1015,22 @@ template <class S>
 backward_scratch plan_backward_scratch(const attention_inputs<S>& in, const attention_options& opt = {},
                                        bool saved_attn = false) {
     (void)detail::check_attention(in, attention_caps);
-    const auto lay = detail::backward_layout_of(in, opt, saved_attn);
-    return {.bytes = lay.bytes,
-            .min_bytes = lay.min_bytes,
-            .all_bytes = lay.all_bytes,
-            .items = lay.items,
-            .chunks = lay.chunks,
-            .items_at_once = std::min(lay.slots, lay.items)};
+    const auto plan_of = [&](const attention_inputs<S>& one) {
+        const auto lay = detail::backward_layout_of(one, opt, saved_attn);
+        return backward_scratch{.bytes = lay.bytes,
+                                .min_bytes = lay.min_bytes,
+                                .all_bytes = lay.all_bytes,
+                                .items = lay.items,
+                                .chunks = lay.chunks,
+                                .items_at_once = std::min(lay.slots, lay.items)};
+    };
+    if (!in.packed.enabled()) return plan_of(in);
+    backward_scratch most;  // the images run one after another: the plan of the image that takes the most
+    for (const auto& img : detail::packed_images(in)) {
+        const auto one = plan_of(img.in);
+        if (one.bytes >= most.bytes) most = one;
+    }
+    return most;
 }
 
 /// @brief The standalone RoPE rotation under the backend's name (as rpe::cuda::rope_forward /

@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -76,6 +77,68 @@ attention_inputs<S> rope_rotated(const attention_inputs<S>& in, std::vector<S>& 
     return rotated;
 }
 
+/// A contiguous copy of a 2D view (a packed image's block of a mask).
+template <class T>
+std::vector<std::remove_const_t<T>> contiguous_copy_2d(const tensor_ref<T>& t) {
+    std::vector<std::remove_const_t<T>> out;
+    out.reserve(static_cast<std::size_t>(t.size()));
+    for (std::int64_t a = 0; a < t.extent(0); ++a)
+        for (std::int64_t b = 0; b < t.extent(1); ++b) out.push_back(t.data[a * t.stride(0) + b * t.stride(1)]);
+    return out;
+}
+
+/// One packed image's inputs with contiguous copies of its q, k, v and masks (the composed
+/// baseline's checks want contiguous masks).
+template <class S>
+struct composed_image {
+    std::vector<S> q, k, v;
+    std::vector<std::uint8_t> kpm;
+    std::vector<S> mask;
+    attention_inputs<S> in;
+    std::vector<std::int64_t> shape;
+    explicit composed_image(const packed_image<S>& img) : in(img.in) {
+        shape = {in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)};
+        q = contiguous_copy(in.q);
+        k = contiguous_copy(in.k);
+        v = contiguous_copy(in.v);
+        in.q = tensor_ref<const S>(q.data(), shape);
+        in.k = tensor_ref<const S>(k.data(), shape);
+        in.v = tensor_ref<const S>(v.data(), shape);
+        if (!is_empty_view(in.key_padding_mask)) {
+            kpm = contiguous_copy_2d(in.key_padding_mask);
+            in.key_padding_mask = tensor_ref<const std::uint8_t>(kpm.data(), {shape[0], shape[2]});
+        }
+        if (!is_empty_view(in.attn_mask)) {
+            mask = contiguous_copy_2d(in.attn_mask);
+            in.attn_mask = tensor_ref<const S>(mask.data(), {shape[2], shape[2]});
+        }
+    }
+};
+
+/// `in` with its key_lengths turned into a key_padding_mask (kept in `mask`, (B, L); keys at
+/// index >= key_lengths[b] padded, or'ed with the given mask).
+template <class S>
+attention_inputs<S> lengths_as_mask(const attention_inputs<S>& in, std::vector<std::uint8_t>& mask) {
+    const std::int64_t b = in.q.extent(0), l = in.q.extent(2);
+    mask.assign(static_cast<std::size_t>(b * l), 0);
+    for (std::int64_t i = 0; i < b; ++i)
+        for (std::int64_t j = 0; j < l; ++j)
+            mask[static_cast<std::size_t>(i * l + j)] =
+                j >= in.key_lengths.data[i] || (in.key_padding_mask.data && in.key_padding_mask.data[i * l + j]);
+    attention_inputs<S> c = in;
+    c.key_lengths = {};
+    c.key_padding_mask = tensor_ref<const std::uint8_t>(mask.data(), {b, l});
+    return c;
+}
+
+/// Copies the (B, H, len, inner) buffer `src` into rows [off, off + len) of axis 2 of `dst` (B, H, L, inner).
+template <class S>
+void put_rows(const std::vector<S>& src, tensor_ref<S> dst, std::int64_t off, std::int64_t len) {
+    const std::int64_t planes = dst.extent(0) * dst.extent(1), l = dst.extent(2), inner = dst.extent(3);
+    for (std::int64_t p = 0; p < planes; ++p)
+        std::copy_n(src.begin() + p * len * inner, len * inner, dst.data + (p * l + off) * inner);
+}
+
 }  // namespace detail
 
 inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp: the step calls the CPU kernels
@@ -84,7 +147,9 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp: the step calls the CP
 /// projections and dropout): `qs = q·s`, `s = opt.scale` (default `D^−½`); `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s)`;
 /// mask; `attn = softmax_j(logits)`; `out = attn·v + rpe_v(attn)`. With `in.rope`, q and k are
 /// first rotated by rpe::rope_forward into copies and the step runs on those. Strided q, k, v
-/// are copied into contiguous buffers first (this is the plain baseline).
+/// are copied into contiguous buffers first (this is the plain baseline). With `in.packed`, each
+/// image runs alone on copies of its tokens (`attn` block-diagonal, zero between images); with
+/// `in.key_lengths`, the keys past each length are padded through a key padding mask.
 /// @param out  (B, H, L, D), written.
 /// @param attn (B, H, L, L), written: the probabilities, needed by the backward.
 /// @throws rpe::invalid_argument `[rpe.attention] ...` / `[rpe.term] ...` for mismatched shapes,
@@ -95,6 +160,26 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
                                 const attention_options& opt = {}) {
     const auto s = detail::check_attention(in, cpu::attention_caps);
     detail::check_attention_outputs(in, s, out, attn, true);
+    if (in.packed.enabled()) {  // each image alone on copies of its tokens; attn block-diagonal, 0 across images
+        std::fill(attn.data, attn.data + attn.size(), S(0));
+        for (const auto& img : detail::packed_images(in)) {
+            detail::composed_image<S> c(img);
+            const std::int64_t len = img.length, planes = s.b * s.h;
+            std::vector<S> o(static_cast<std::size_t>(planes * len * s.d)), a(static_cast<std::size_t>(planes * len * len));
+            composed_attention_forward(c.in, tensor_ref<S>(o.data(), c.shape), tensor_ref<S>(a.data(), {s.b, s.h, len, len}),
+                                       opt);
+            detail::put_rows(o, out, img.offset, len);
+            for (std::int64_t p = 0; p < planes; ++p)
+                for (std::int64_t i = 0; i < len; ++i)
+                    std::copy_n(a.begin() + (p * len + i) * len, len, attn.data + (p * s.l + img.offset + i) * s.l + img.offset);
+        }
+        return;
+    }
+    if (!detail::is_empty_view(in.key_lengths)) {  // valid key lengths: the same step with the mask they make
+        std::vector<std::uint8_t> mask;
+        composed_attention_forward(detail::lengths_as_mask(in, mask), out, attn, opt);
+        return;
+    }
     if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) { composed_attention_forward(c, out, attn, opt); }))
         return;
     if (in.rope.enabled()) {  // RoPE: rotate q and k (rpe::rope_forward), then the same step without it
@@ -165,6 +250,53 @@ void composed_attention_backward(const attention_inputs<S>& in, const attention_
     detail::check_attention_gradients(in, s, g.saved_attn, g.grad_out, g.grad_q, g.grad_k, g.grad_v);
     const tensor_ref<const S> attn = g.saved_attn, grad_out = g.grad_out;
     const tensor_ref<S> grad_q = g.grad_q, grad_k = g.grad_k, grad_v = g.grad_v;
+    if (in.packed.enabled()) {  // each image alone; the table gradients summed in image order
+        bool first = true;
+        for (const auto& img : detail::packed_images(in)) {
+            detail::composed_image<S> c(img);
+            const std::int64_t len = img.length, planes = s.b * s.h;
+            const auto rows = [&](const tensor_ref<const S>& t) {
+                return detail::contiguous_copy(detail::token_slice(t, {2}, img.offset, len));
+            };
+            const auto go = rows(grad_out);
+            std::vector<S> a(static_cast<std::size_t>(planes * len * len));
+            for (std::int64_t p = 0; p < planes; ++p)
+                for (std::int64_t i = 0; i < len; ++i)
+                    std::copy_n(attn.data + (p * s.l + img.offset + i) * s.l + img.offset, len, a.begin() + (p * len + i) * len);
+            std::vector<S> gq(go.size()), gk(go.size()), gv(go.size());
+            std::vector<std::vector<S>> gt;  // the image's table gradients
+            for (auto* slot : {&c.in.rpe_q, &c.in.rpe_k, &c.in.rpe_v})
+                for (auto& t : slot->grad_tables)
+                    if (t.data) {
+                        gt.emplace_back(static_cast<std::size_t>(t.size()));
+                        t = tensor_ref<S>(gt.back().data(), std::span<const std::int64_t>(t.shape.data(), t.rank));
+                    }
+            composed_attention_backward(c.in,
+                                        {.grad_out = tensor_ref<const S>(go.data(), c.shape),
+                                         .grad_q = tensor_ref<S>(gq.data(), c.shape),
+                                         .grad_k = tensor_ref<S>(gk.data(), c.shape),
+                                         .grad_v = tensor_ref<S>(gv.data(), c.shape),
+                                         .saved_attn = tensor_ref<const S>(a.data(), {s.b, s.h, len, len})},
+                                        opt);
+            detail::put_rows(gq, grad_q, img.offset, len);
+            detail::put_rows(gk, grad_k, img.offset, len);
+            detail::put_rows(gv, grad_v, img.offset, len);
+            std::size_t next = 0;
+            for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
+                for (const auto& t : slot->grad_tables)
+                    if (t.data) {
+                        const auto& src = gt[next++];
+                        for (std::int64_t e = 0; e < t.size(); ++e) t.data[e] = first ? src[e] : t.data[e] + src[e];
+                    }
+            first = false;
+        }
+        return;
+    }
+    if (!detail::is_empty_view(in.key_lengths)) {
+        std::vector<std::uint8_t> mask;
+        composed_attention_backward(detail::lengths_as_mask(in, mask), g, opt);
+        return;
+    }
     if (detail::on_contiguous_qkv(in, [&](const attention_inputs<S>& c) { composed_attention_backward(c, g, opt); })) return;
     if (in.rope.enabled()) {  // RoPE: the step on rotated q, k, then rpe::rope_backward of both
         const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};

@@ -54,6 +54,25 @@ struct plane_rows {
     }
 };
 
+/// Writable rows `stride` elements apart (a plane of an output, maybe a view into a packed sequence).
+template <class S>
+using map_strided = Eigen::Map<row_matrix<S>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+/// @brief The (B, H) planes of a writable (B, H, L, D) output (rows of D contiguous), as plane_rows.
+template <class S>
+struct plane_rows_mut {
+    S* data = nullptr;
+    std::int64_t heads = 1, sb = 0, sh = 0, sl = 0;
+    plane_rows_mut() = default;
+    explicit plane_rows_mut(const tensor_ref<S>& t)
+        : data(t.data), heads(t.extent(1)), sb(t.stride(0)), sh(t.stride(1)), sl(t.stride(2)) {}
+    [[nodiscard]] S* plane(std::int64_t p) const { return data + (p / heads) * sb + (p % heads) * sh; }
+    /// Rows [i0, i0 + rows) of plane p as an Eigen map (rows, d).
+    [[nodiscard]] map_strided<S> rows(std::int64_t p, std::int64_t i0, std::int64_t rows, std::int64_t d) const {
+        return map_strided<S>(plane(p) + i0 * sl, rows, d, Eigen::OuterStride<>(sl));
+    }
+};
+
 /// @brief Problem sizes shared by the kernels (the front's term_dims).
 using dims = term_dims;
 
@@ -128,6 +147,15 @@ template <class S, class Id>
 void scatter_rows(const S* g, const Id* idb, std::int64_t rows, std::int64_t n, std::int64_t k, S* out) {
     std::fill(out, out + rows * k, S(0));
     for (std::int64_t i = 0; i < rows; ++i) scatter_row(g + i * n, idb + i * n, n, out + i * k);
+}
+
+/// @brief scatter_rows over the first n keys of rows `g_stride` (g) and `id_stride` (idb) apart
+/// (valid key lengths: n keys of rows of L).
+template <class S, class Id>
+void scatter_rows(const S* g, std::int64_t g_stride, const Id* idb, std::int64_t id_stride, std::int64_t rows, std::int64_t n,
+                  std::int64_t k, S* out) {
+    std::fill(out, out + rows * k, S(0));
+    for (std::int64_t i = 0; i < rows; ++i) scatter_row(g + i * g_stride, idb + i * id_stride, n, out + i * k);
 }
 
 /// @brief Key target: o[i,j] (+)= T[i, id(i,j)]; query target: o[i,j] (+)= T[j, id(j,i)].  T: (L, K),

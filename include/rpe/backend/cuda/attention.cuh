@@ -39,7 +39,8 @@ using attention_inputs = rpe::attention_inputs<S>;
 
 /// @brief What the CUDA attention supports (checked by the shared front): contiguous q, k, v only
 /// (no strided views), no `attn` output and no backward from saved probabilities (there is no
-/// (L, L) buffer), RoPE with the frequencies' gradient, both masks, 3D grids, D ≤ 128.
+/// (L, L) buffer), RoPE with the frequencies' gradient, both masks, 3D grids, D ≤ 128; no per-token
+/// positions, packed sequences or key lengths yet (rpe::not_supported before any CUDA call).
 inline constexpr attention_capabilities attention_caps{.backend = "cuda",
                                                        .strided_qkv = false,
                                                        .saved_probabilities = false,
