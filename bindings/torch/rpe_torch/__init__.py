@@ -272,7 +272,44 @@ def _grid(L, config, num_buckets, height, width, base):
     return skip, height, width
 
 
-def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width):
+def _known_skip(config, num_buckets, base, skip, what):
+    """Checks a term's skip tokens ``skip`` (given by per-token positions or packed lengths,
+    described by ``what``) against its config's ``skip`` and its table's extra bucket; returns skip."""
+    has_extra = num_buckets == base + 1
+    known = config.get("skip") if isinstance(config, dict) else None
+    if skip < 0:
+        raise ValueError(f"[rpe.torch] {what} gives skip = {skip}; expected >= 0 extra tokens")
+    if known is not None and skip != known:
+        raise ValueError(f"[rpe.torch] {what} gives skip = {skip}, but the term was configured with skip = {known}")
+    if (skip > 0) != has_extra:
+        raise ValueError(f"[rpe.torch] {what} gives skip = {skip}, but the table has {num_buckets} buckets, "
+                         f"{'with' if has_extra else 'without'} the extra bucket of skip tokens")
+    return skip
+
+
+def _check_index(name, t, x=None, axes=None, what="integer tensor"):
+    """An integer index tensor of the iRPE terms (per-token positions, packed lengths / grids /
+    positions, key lengths): None, or an integer CPU tensor (rank 2, axes 2 or 3 when ``axes``,
+    rank 1 otherwise). CUDA is refused here (rpe's CUDA backend has none of them). TypeError /
+    ValueError naming the argument; the values (ranges, sums, counts) are the library's checks."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"[rpe.torch] {name} is a {type(t).__name__}; expected a torch.Tensor ({what})")
+    device = t.device if t.device.type != "cpu" else (x.device if x is not None else t.device)
+    if device.type != "cpu":
+        raise ValueError(f"[rpe.torch] {name} is given with tensors on device {device}; expected cpu ({what} are "
+                         "CPU only: rpe's CUDA backend refuses them with rpe::not_supported)")
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise TypeError(f"[rpe.torch] {name} has dtype {t.dtype}; expected an integer tensor (int32 or int64) of {what}")
+    if axes is not None and (t.dim() != 2 or t.shape[1] not in (2, 3)):
+        raise ValueError(f"[rpe.torch] {name} has shape {tuple(t.shape)}; expected (N, 2) {what}, or (N, 3) for a 3D "
+                         "mapping")
+    if axes is None and t.dim() != 1:
+        raise ValueError(f"[rpe.torch] {name} has shape {tuple(t.shape)}; expected a 1-D tensor of {what}")
+
+
+def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width, positions=None, key_positions=None):
     """One iRPE term, differentiable in ``x`` and ``tables``: the reference module's output.
 
     ``method``: a mapping family of rpe's registry (:func:`families`: "euclidean", "quantization",
@@ -282,8 +319,15 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
     untransposed output ``out[b,h,i,j] = Σ_d x[b,h,i,d]·table[h',d,id(i,j)]``) or "v".
     Shapes: x (B, H, L, D) for q/k, (B, H, L, L) for v, unused (None) for bias; tables [(Ht, K)]
     bias, [(Ht, D, K)] q/k, [(Ht, K, D)] v, two for cross. Returns (1, Ht, L, L), (B, H, L, L)
-    or (B, H, L, D). Raises ValueError / TypeError naming the parameter for bad input.
+    or (B, H, L, D). ``positions``: the tokens' integer positions instead of the grid, (N, 2)
+    (row, col) or (N, 3) (t, row, col) for a 3D mapping, L = skip + N (height, width are then not
+    read), CPU only, not differentiated; ``key_positions``: the keys' (same shape), default the
+    queries' (docs/positions.md). Raises ValueError / TypeError naming the parameter for bad input.
     """
+    _check_index("positions", positions, x, axes=True, what="per-token positions")
+    _check_index("key_positions", key_positions, x, axes=True, what="per-token key positions")
+    if key_positions is not None and positions is None:
+        raise ValueError("[rpe.torch] key_positions is given without positions; expected positions too (the queries')")
     for i, t in enumerate(tables):
         _check_device(f"tables[{i}]", t)
     if x is not None:
@@ -295,7 +339,7 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
     if target == "q":
         target = "k"  # the reference module does not know its slot; attention() transposes
     return _ops.term_forward(x if mode != "bias" else None, list(tables), method, mode, target, float(alpha),
-                             float(beta), float(gamma), int(skip), int(height), int(width))
+                             float(beta), float(gamma), int(skip), int(height), int(width), positions, key_positions)
 
 
 def bucket_ids(method, alpha, beta, gamma, skip, height, width):
@@ -387,9 +431,14 @@ class iRPE(nn.Module):
             self._base_buckets = get_num_buckets(self.method, c.alpha, c.beta, c.gamma)
         return self._base_buckets
 
-    def _spec(self, L, height, width):
-        """(method name, mode, tables, skip, height, width) of this module for L tokens."""
-        skip, height, width = _grid(L, self.rpe_config, self.num_buckets, height, width, self._base())
+    def _spec(self, L, height, width, skip=None, what=""):
+        """(method name, mode, tables, skip, height, width) of this module for L tokens; with
+        ``skip`` given (per-token positions, packed sequences: ``what`` says which), that skip,
+        checked against the config, and the grid (height, width) as given."""
+        if skip is None:
+            skip, height, width = _grid(L, self.rpe_config, self.num_buckets, height, width, self._base())
+        else:
+            skip = _known_skip(self.rpe_config, self.num_buckets, self._base(), skip, what)
         table = self._table()
         if self.method == METHOD.CROSS_ROWS:
             tables = [table, torch.zeros_like(table)]
@@ -399,10 +448,12 @@ class iRPE(nn.Module):
             tables = [table]
         return _method_name(self.method), self.mode, tables, skip, height, width
 
-    def forward(self, x, height=None, width=None):
+    def forward(self, x, height=None, width=None, positions=None, key_positions=None):
         """The encoding for input x (B, H, L, head_dim) — for values, x is the (B, H, L, L)
         attention — on a height × width grid preceded by skip tokens (L = skip + height·width;
-        a square grid when both are None). Returns (1, num_heads, L, L) in bias mode,
+        a square grid when both are None), or at per-token integer ``positions`` (N, 2) (row,
+        col) (L = skip + N; ``key_positions`` the keys', default the queries'; CPU only; see
+        :func:`term`). Returns (1, num_heads, L, L) in bias mode,
         (B, H, L, L) contextual on q/k, (B, H, L, head_dim) on v; None when mode is None.
         Raises ValueError for a length that is not skip + height·width or mismatched shapes,
         TypeError for a dtype other than the table's.
@@ -412,10 +463,11 @@ class iRPE(nn.Module):
         _check_device("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D) or (B, H, L, L)")
-        method, mode, tables, skip, height, width = self._spec(x.shape[2], height, width)
+        method, mode, tables, skip, height, width = self._spec(x.shape[2], *_at_positions(x.shape[2], height, width,
+                                                                                           positions))
         c = self.rpe_config
         return term(x, tables, method, mode, "k" if self.transposed else "v", c.alpha, c.beta, c.gamma, skip, height,
-                    width)
+                    width, positions, key_positions)
 
     def __repr__(self):
         return ('iRPE(head_dim={rpe.head_dim}, num_heads={rpe.num_heads}, mode="{rpe.mode}", method={rpe.method}, '
@@ -434,22 +486,27 @@ class iRPE_Cross(nn.Module):
         self.rp_rows = iRPE(**kwargs, method=METHOD.CROSS_ROWS)
         self.rp_cols = iRPE(**kwargs, method=METHOD.CROSS_COLS)
 
-    def _spec(self, L, height, width):
+    def _spec(self, L, height, width, skip=None, what=""):
         r = self.rp_rows
-        skip, height, width = _grid(L, r.rpe_config, r.num_buckets, height, width, r._base())
+        if skip is None:
+            skip, height, width = _grid(L, r.rpe_config, r.num_buckets, height, width, r._base())
+        else:
+            skip = _known_skip(r.rpe_config, r.num_buckets, r._base(), skip, what)
         return "cross", r.mode, [r._table(), self.rp_cols._table()], skip, height, width
 
-    def forward(self, x, height=None, width=None):
-        """rows + cols encodings of x; shapes as iRPE.forward."""
+    def forward(self, x, height=None, width=None, positions=None, key_positions=None):
+        """rows + cols encodings of x; shapes and positions as iRPE.forward."""
         r = self.rp_rows
         if r.mode is None:
             return None
         _check_device("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D) or (B, H, L, L)")
-        method, mode, tables, skip, height, width = self._spec(x.shape[2], height, width)
+        method, mode, tables, skip, height, width = self._spec(x.shape[2], *_at_positions(x.shape[2], height, width,
+                                                                                           positions))
         c = r.rpe_config
-        return term(x, tables, method, mode, "k" if r.transposed else "v", c.alpha, c.beta, c.gamma, skip, height, width)
+        return term(x, tables, method, mode, "k" if r.transposed else "v", c.alpha, c.beta, c.gamma, skip, height, width,
+                    positions, key_positions)
 
     def __repr__(self):
         return ('iRPE_Cross(head_dim={rpe.head_dim}, num_heads={rpe.num_heads}, mode="{rpe.mode}", '
@@ -457,25 +514,57 @@ class iRPE_Cross(nn.Module):
                 'initializer={rpe.initializer}, rpe_config={rpe.rpe_config})'.format(rpe=self.rp_rows))
 
 
-def _slot(name, m, L, height, width):
+def _at_positions(L, height, width, positions):
+    """(height, width, skip, what) for iRPE._spec: with per-token positions (N, A), skip = L − N
+    and the grid (1, 1) (not read); else (height, width, None, "")."""
+    if positions is None:
+        return height, width, None, ""
+    n = int(positions.shape[0])
+    return 1, 1, int(L) - n, f"positions of {n} tokens for L = {int(L)}"
+
+
+def _slot(name, m, L, height, width, skip=None, what=""):
     """(method, mode, tables, alpha, beta, gamma, skip, height, width) of an attention slot's
-    module, or None when it has no term."""
+    module, or None when it has no term. ``skip`` given (per-token positions, packed sequences;
+    ``what`` says which): that skip, checked against the module's, the grid as given (not read)."""
     if m is None:
         return None
     if isinstance(m, (iRPE, iRPE_Cross)):
         c = m.rp_rows.rpe_config if isinstance(m, iRPE_Cross) else m.rpe_config
         if (m.rp_rows.mode if isinstance(m, iRPE_Cross) else m.mode) is None:
             return None
-        method, mode, ts, skip, h, w = m._spec(L, height, width)
+        method, mode, ts, skip, h, w = m._spec(L, height, width, skip, what)
         return method, mode, ts, float(c.alpha), float(c.beta), float(c.gamma), skip, h, w
+    if hasattr(m, "_slot") and skip is not None:
+        own = int(getattr(m, "skip", 0))
+        if own != skip:
+            raise ValueError(f"[rpe.torch] {what} gives skip = {skip}, but {name} has skip = {own}")
+        if hasattr(m, "height") and hasattr(m, "width"):  # built for its grid (DecomposedRelPos, ALiBi2D)
+            r = m._slot(own + m.height * m.width, None, None)
+        else:
+            r = m._slot(own + 1, 1, 1)
+        return (*r[:7], height, width)
     if hasattr(m, "_slot"):
         return m._slot(L, height, width)
     raise TypeError(f"[rpe.torch] {name} is a {type(m).__name__}; expected an rpe_torch iRPE, iRPE_Cross, RelPosBias, "
                     "DecomposedRelPos, ALiBi2D module or a TermSlot")
 
 
+def _own_skip(m):
+    """The skip tokens a slot's module was built for (iRPE: its config's skip; the ViT modules,
+    TermSlot: theirs), or None when unknown."""
+    if isinstance(m, iRPE_Cross):
+        m = m.rp_rows
+    if isinstance(m, iRPE):
+        c = m.rpe_config
+        return c.get("skip") if isinstance(c, dict) else None
+    return getattr(m, "skip", None)
+
+
 def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=None, key_padding_mask=None,
-              attn_mask=None, scale=None, rope=None, save_attn=None, positions=None, key_positions=None):
+              attn_mask=None, scale=None, rope=None, save_attn=None, positions=None, key_positions=None,
+              rpe_positions=None, rpe_key_positions=None, packed_lengths=None, packed_grids=None,
+              packed_positions=None, key_lengths=None):
     """The attention step of the reference's RPEAttention (after the qkv projection, before the
     output projection) through rpe's fused kernels:
     ``qs = q·scale; logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·scale)ᵀ (+ attn_mask)``, padded keys
@@ -493,7 +582,18 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     skip − suffix rotated tokens instead of the grid, (N, 2) integer or float ((N, 3) (t, h, w)
     position ids for RoPEMRoPE), CPU only (not differentiated); key_positions: the keys' own
     positions (same shape) (e.g. another grid; default:
-    the queries'); save_attn: keep the (B, H, L, L) probabilities for
+    the queries') — ``positions`` / ``key_positions`` are the RoPE's only; the iRPE terms take
+    their own, ``rpe_positions``: integer (N, 2) (row, col) — (N, 3) (t, row, col) for a 3D
+    mapping — positions of the N = L − skip grid tokens instead of the grid (height, width are then
+    not read by the terms), ``rpe_key_positions`` the keys' (same shape; default the queries');
+    packed sequences (several images in one sequence, each attended alone, terms included):
+    ``packed_lengths`` (M,) integer tokens per image (each image's own skip tokens first; they sum
+    to L) with ``packed_grids`` (M, 2) (height, width) or (M, 3) of each image, or
+    ``packed_positions`` (L − M·skip, 2 or 3) every image's positions, image after image (no
+    height, width, rope, rpe_positions, key_lengths or save_attn with them); ``key_lengths``
+    (B,) integer valid keys per batch element (keys at index >= key_lengths[b] are padding, as
+    key_padding_mask marks them, and are skipped); these are integer CPU tensors, not
+    differentiated, refused on CUDA (docs/positions.md); save_attn: keep the (B, H, L, L) probabilities for
     the backward, which then does not recompute them (True / False; None: when they take at most
     64 MiB, e.g. DeiT-S at batch 64 in float32). Rows whose keys are all masked give zeros (the
     reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and every table (first
@@ -507,6 +607,27 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     axes = getattr(rope, "position_axes", 2)
     _check_positions("positions", positions, q, axes)  # first: on CUDA, the clearer message (CPU-only positions)
     _check_positions("key_positions", key_positions, q, axes)
+    _check_index("rpe_positions", rpe_positions, q, axes=True, what="per-token iRPE positions")
+    _check_index("rpe_key_positions", rpe_key_positions, q, axes=True, what="per-token iRPE key positions")
+    _check_index("packed_lengths", packed_lengths, q, what="tokens per image")
+    _check_index("packed_grids", packed_grids, q, axes=True, what="per-image grids (height, width)")
+    _check_index("packed_positions", packed_positions, q, axes=True, what="per-token positions of the packed images")
+    _check_index("key_lengths", key_lengths, q, what="valid key lengths")
+    packed = packed_lengths is not None
+    if rpe_key_positions is not None and rpe_positions is None:
+        raise ValueError("[rpe.torch] rpe_key_positions is given without rpe_positions; expected rpe_positions too "
+                         "(the queries')")
+    if not packed and (packed_grids is not None or packed_positions is not None):
+        raise ValueError(f"[rpe.torch] {'packed_grids' if packed_grids is not None else 'packed_positions'} is given "
+                         "without packed_lengths; expected packed_lengths (tokens per image) too")
+    if packed:
+        for n, given in (("rpe_positions", rpe_positions is not None), ("key_lengths", key_lengths is not None),
+                         ("rope", rope is not None), ("height", height is not None), ("width", width is not None),
+                         ("save_attn = True", bool(save_attn))):
+            if given:
+                raise ValueError(f"[rpe.torch] {n} is given with packed_lengths; expected none (packed_grids / "
+                                 "packed_positions give each image's layout; RoPE, key lengths and the (L, L) "
+                                 "probabilities are not supported with packed sequences)")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_device(name, t)
     if q.dim() != 4:
@@ -514,10 +635,29 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     L, D = int(q.shape[2]), int(q.shape[3])  # plain ints also under torch.jit.trace
     if D < 1:
         raise ValueError(f"[rpe.torch] q has shape {tuple(q.shape)}; expected D >= 1")
+    # the slots' skip when the terms do not run on the grid: None (the grid), an int, or "own"
+    index_skip, what = None, ""
+    if rpe_positions is not None:
+        n = int(rpe_positions.shape[0])
+        index_skip, what = L - n, f"rpe_positions of {n} tokens for L = {L}"
+    elif packed_positions is not None:
+        n, m_images = int(packed_positions.shape[0]), int(packed_lengths.shape[0])
+        if m_images < 1 or (L - n) % m_images != 0:
+            raise ValueError(f"[rpe.torch] packed_positions has shape {tuple(packed_positions.shape)}; expected "
+                             f"(L - M*skip, 2 or 3) rows for L = {L} and M = {m_images} images")
+        index_skip, what = (L - n) // m_images, f"packed_positions of {n} tokens for L = {L} and {m_images} images"
+    elif packed:
+        index_skip = "own"
     methods, modes, params, counts, tables = [], [], [], [], []
     grid = None
     for name, m in (("rpe_q", rpe_q), ("rpe_k", rpe_k), ("rpe_v", rpe_v)):
-        slot = _slot(name, m, L, height, width)
+        sk, sk_what = index_skip, what
+        if sk == "own" and m is not None:  # packed grids: each image's skip is the term's own
+            sk = _own_skip(m)
+            if sk is None:  # an iRPE config without skip: from the lengths and grids (eager)
+                sk = (L - int(packed_grids.prod(1).sum())) // int(packed_lengths.shape[0])
+            sk_what = "packed_lengths"
+        slot = _slot(name, m, L, height, width, None if sk == "own" else sk, sk_what)
         if slot is None:
             methods.append("")
             modes.append("")
@@ -525,9 +665,11 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
             counts.append(0)
             continue
         method, mode, ts, alpha, beta, gamma, skip, h, w = slot
-        if grid is not None and grid != (h, w):
-            raise ValueError(f"[rpe.torch] {name} infers a {h}x{w} grid, another term {grid[0]}x{grid[1]}; pass height and width")
-        grid = (h, w)
+        if index_skip is None:  # with positions or packing the terms' grid is not read (the RoPE's, or the one given)
+            if grid is not None and grid != (h, w):
+                raise ValueError(f"[rpe.torch] {name} infers a {h}x{w} grid, another term {grid[0]}x{grid[1]}; pass height "
+                                 "and width")
+            grid = (h, w)
         methods.append(method)
         modes.append(mode)
         params.extend([alpha, beta, gamma, float(skip)])
@@ -545,6 +687,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         rope_spec, freqs = (form, rope_params, rope_skip, rope.layout, rope.suffix), rope._freqs()
     if grid is None:
         grid = (height or 1, width or 1) if height is not None else (1, 1)
+    if packed:
+        grid = (0, 0)  # each image's grid is in packed_grids / packed_positions
     if key_padding_mask is not None:
         _check_device("key_padding_mask", key_padding_mask)
     if attn_mask is not None:
@@ -560,7 +704,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     if save_attn is None:  # CUDA: never (the CUDA attention has no probabilities output)
         save_attn = q.device.type == "cpu" and q.shape[0] * q.shape[1] * L * L * q.element_size() <= 64 << 20
     # only worth it when a backward can follow
-    save_attn = bool(save_attn) and torch.is_grad_enabled() and any(
+    save_attn = bool(save_attn) and not packed and torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, *tables, *([freqs] if freqs is not None else [])))
     # q, k, v are often strided views of a qkv projection: the kernels read them in place when each
     # row of D values is contiguous (last stride 1), else copy them (checked first: no copy of a
@@ -569,7 +713,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     tq, tk, tv = tables[:a], tables[a:a + b], tables[a + b:a + b + c]
     args = (q, k, v, tq, tk, tv, methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0],
             grid[1], key_padding_mask, attn_mask, None if scale is None else float(scale), rope_spec[0], rope_spec[1], freqs,
-            rope_spec[2], rope_spec[3], positions, key_positions, rope_spec[4])
+            rope_spec[2], rope_spec[3], positions, key_positions, rope_spec[4], rpe_positions, rpe_key_positions,
+            packed_lengths, packed_grids, packed_positions, key_lengths)
     if save_attn:  # the backward reads the probabilities instead of recomputing them
         return _ops.attention_forward_attn(*args)[0]
     return _ops.attention_forward(*args)

@@ -53,9 +53,9 @@ def _fake(name):
 # Terms
 # ---------------------------------------------------------------------------------------------
 
-def _term_out_shape(x, tables, mode, target, skip, height, width):
+def _term_out_shape(x, tables, mode, target, skip, height, width, positions=None):
     if mode not in _CONTEXTUAL:
-        n = skip + height * width
+        n = skip + (positions.shape[0] if positions is not None else height * width)
         return tables[0], (1, tables[0].shape[0], n, n)
     if target == "v":
         return x, (x.shape[0], x.shape[1], x.shape[2], tables[0].shape[2])
@@ -63,30 +63,40 @@ def _term_out_shape(x, tables, mode, target, skip, height, width):
 
 
 @_fake("term_forward")
-def _term_forward_fake(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width):
-    like, shape = _term_out_shape(x, tables, mode, target, skip, height, width)
+def _term_forward_fake(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width, positions=None,
+                       key_positions=None):
+    like, shape = _term_out_shape(x, tables, mode, target, skip, height, width, positions)
     return _empty(like, shape, tables[0].dtype)
 
 
 @_fake("term_backward")
-def _term_backward_fake(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width):
+def _term_backward_fake(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width,
+                        positions=None, key_positions=None):
     grad_x = _empty(x, x.shape) if mode in _CONTEXTUAL and x is not None else _empty(grad_out, (0,))
     return [grad_x, *(_empty(t, t.shape) for t in tables)]
 
 
 def _term_setup(ctx, inputs, output):
     x, tables, *spec = inputs
-    ctx.spec = tuple(spec)
+    # spec: method, mode, target, alpha, beta, gamma, skip, height, width, then (defaulted, maybe
+    # absent) positions, key_positions: integer tensors, saved (not differentiated)
+    spec = list(spec) + [None, None][len(spec) - 9:]
+    pos = [t for t in spec[9:] if t is not None]
+    ctx.has_pos = tuple(t is not None for t in spec[9:])
+    ctx.spec = tuple(spec[:9])
     ctx.has_x = x is not None
-    ctx.save_for_backward(*([x] if x is not None else []), *tables)
+    ctx.n_tables = len(tables)
+    ctx.save_for_backward(*([x] if x is not None else []), *tables, *pos)
 
 
 def _term_backward(ctx, grad_out):
     _first_order()
-    saved = ctx.saved_tensors
-    x, tables = (saved[0], list(saved[1:])) if ctx.has_x else (None, list(saved))
-    grads = _ops.term_backward(x, tables, grad_out.contiguous(), *ctx.spec)
-    return _masked(ctx, (grads[0] if ctx.has_x else None, list(grads[1:]), *([None] * len(ctx.spec))))
+    saved = list(ctx.saved_tensors)
+    x = saved.pop(0) if ctx.has_x else None
+    tables, rest = saved[:ctx.n_tables], iter(saved[ctx.n_tables:])
+    pos, key_pos = (next(rest) if has else None for has in ctx.has_pos)
+    grads = _ops.term_backward(x, tables, grad_out.contiguous(), *ctx.spec, pos, key_pos)
+    return _masked(ctx, (grads[0] if ctx.has_x else None, list(grads[1:]), *([None] * 11)))
 
 
 torch.library.register_autograd(f"{_lib}::term_forward", _term_backward, setup_context=_term_setup)
@@ -98,14 +108,21 @@ torch.library.register_autograd(f"{_lib}::term_forward", _term_backward, setup_c
 
 #: Defaults of the attention operators' trailing arguments, from ``scale`` on (spec[11:] of
 #: _attention_setup): a call may leave them out.
-_ATTENTION_TAIL = (None, "", [], None, 0, "pairs", None, None, 0)
+_ATTENTION_TAIL = (None, "", [], None, 0, "pairs", None, None, 0, None, None, None, None, None, None)
+
+#: spec indices (after q, k, v and the three table lists) of the attention operators' index
+#: tensors: rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions,
+#: key_lengths (integer, saved for the backward, not differentiated).
+_INDEX = (20, 21, 22, 23, 24, 25)
 
 
 @_fake("attention_forward")
 def _attention_forward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height, width,
                             key_padding_mask, attn_mask, scale=None, rope_form="", rope_params=(), rope_freqs=None,
                             rope_skip=0, rope_layout="pairs", rope_positions=None, rope_key_positions=None,
-                            rope_suffix=0):
+                            rope_suffix=0,
+                            rpe_positions=None, rpe_key_positions=None, packed_lengths=None, packed_grids=None,
+                            packed_positions=None, key_lengths=None):
     return _empty(q, q.shape)
 
 
@@ -113,7 +130,9 @@ def _attention_forward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, o
 def _attention_forward_attn_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height,
                                  width, key_padding_mask, attn_mask, scale=None, rope_form="", rope_params=(),
                                  rope_freqs=None, rope_skip=0, rope_layout="pairs", rope_positions=None,
-                                 rope_key_positions=None, rope_suffix=0):
+                                 rope_key_positions=None, rope_suffix=0,
+                            rpe_positions=None, rpe_key_positions=None, packed_lengths=None, packed_grids=None,
+                            packed_positions=None, key_lengths=None):
     b, h, n = q.shape[0], q.shape[1], q.shape[2]
     return [_empty(q, q.shape), _empty(q, (b, h, n, n))]
 
@@ -122,7 +141,9 @@ def _attention_forward_attn_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, 
 def _attention_backward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height, width,
                              key_padding_mask, attn_mask, scale, grad_out, rope_form="", rope_params=(),
                              rope_freqs=None, rope_skip=0, attn=None, rope_layout="pairs", rope_positions=None,
-                             rope_key_positions=None, rope_suffix=0):
+                             rope_key_positions=None, rope_suffix=0,
+                            rpe_positions=None, rpe_key_positions=None, packed_lengths=None, packed_grids=None,
+                            packed_positions=None, key_lengths=None):
     grads = [_empty(q, q.shape), _empty(k, k.shape), _empty(v, v.shape)]
     for slot_tables in (tables_q, tables_k, tables_v):
         grads.extend(_empty(t, t.shape) for t in slot_tables)
@@ -136,14 +157,17 @@ def _attention_setup(ctx, inputs, output):
     # spec: mq, oq, mk, ok, mv, ov, params, height, width, kpm, attn_mask, then (defaulted, maybe
     # absent) scale, rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
     # rope_key_positions, rope_suffix
+    # rope_key_positions, rope_suffix, then the index tensors (_INDEX)
     spec = list(spec) + list(_ATTENTION_TAIL[len(spec) - 11:])
     ctx.counts = (len(tq), len(tk), len(tv))
-    kpm, attn_mask, freqs, pos, key_pos = spec[9], spec[10], spec[14], spec[17], spec[18]
-    spec[9] = spec[10] = spec[14] = spec[17] = spec[18] = None  # the tensors are saved below
+    where = (9, 10, 14, 17, 18, *_INDEX)
+    saved = [spec[i] for i in where]
+    for i in where:
+        spec[i] = None  # the tensors are saved below
     ctx.spec = spec
-    ctx.has = tuple(t is not None for t in (kpm, attn_mask, freqs, pos, key_pos))
+    ctx.has = tuple(t is not None for t in saved)
     ctx.with_attn = isinstance(output, (list, tuple))
-    extra = [t for t in (kpm, attn_mask, freqs, pos, key_pos) if t is not None]
+    extra = [t for t in saved if t is not None]
     if ctx.with_attn:
         ctx.mark_non_differentiable(output[1])
         extra.append(output[1])
@@ -158,17 +182,19 @@ def _attention_backward(ctx, grad_out):
     a, b, c = ctx.counts
     tq, tk, tv, rest = rest[:a], rest[a:a + b], rest[a + b:a + b + c], rest[a + b + c:]
     it = iter(rest)
-    kpm, attn_mask, freqs, pos, key_pos = (next(it) if has else None for has in ctx.has)
+    kpm, attn_mask, freqs, pos, key_pos, *index = (next(it) if has else None for has in ctx.has)
     attn = next(it) if ctx.with_attn else None
     s = ctx.spec
     grads = _ops.attention_backward(q, k, v, list(tq), list(tk), list(tv), *s[:9], kpm, attn_mask, s[11],
-                                    grad_out.contiguous(), s[12], s[13], freqs, s[15], attn, s[16], pos, key_pos, s[19])
+                                    grad_out.contiguous(), s[12], s[13], freqs, s[15], attn, s[16], pos, key_pos, s[19],
+                                    *index)
     gq, gk, gv = grads[:3]
     g = grads[3:]
     gtq, gtk, gtv = list(g[:a]), list(g[a:a + b]), list(g[a + b:a + b + c])
     gfreqs = g[a + b + c] if freqs is not None and s[12] == "mixed" else None
     rest = [None] * len(s)
-    rest[14] = gfreqs  # rope_freqs; the others (methods, modes, params, grid, masks, scale, rope form, positions) have none
+    rest[14] = gfreqs  # rope_freqs; the others (methods, modes, params, grid, masks, scale, rope form, positions,
+    # packed lengths, key lengths) have none
     return _masked(ctx, (gq, gk, gv, gtq, gtk, gtv, *rest))
 
 

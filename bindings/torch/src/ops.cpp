@@ -66,8 +66,10 @@ using namespace rpe_torch::ops;  // the helpers shared with the CUDA kernels (op
 template <class S>
 at::Tensor term_forward_impl(const c10::optional<at::Tensor>& x_opt, at::TensorList tables_in, c10::string_view method,
                              c10::string_view mode, c10::string_view target, double alpha, double beta, double gamma,
-                             int64_t skip, int64_t height, int64_t width, at::ScalarType st) {
-    const auto c = setup_term<S>(x_opt, tables_in, nullptr, method, mode, target, alpha, beta, gamma, skip, height, width, st);
+                             int64_t skip, int64_t height, int64_t width, at::ScalarType st,
+                             const c10::optional<at::Tensor>& positions, const c10::optional<at::Tensor>& key_positions) {
+    const auto c = setup_term<S>(x_opt, tables_in, nullptr, method, mode, target, alpha, beta, gamma, skip, height, width, st, {},
+                                 positions, key_positions);
     at::Tensor out = c.new_output();
     const auto views = crefs<S>(c.tables);
     c.term->forward(*c.ids, views, c.contextual ? cref<S>(c.x) : rpe::tensor_ref<const S>{}, mref<S>(out), rpe::write::overwrite);
@@ -78,9 +80,11 @@ template <class S>
 std::vector<at::Tensor> term_backward_impl(const c10::optional<at::Tensor>& x_opt, at::TensorList tables_in,
                                            const at::Tensor& grad_out_in, c10::string_view method, c10::string_view mode,
                                            c10::string_view target, double alpha, double beta, double gamma, int64_t skip,
-                                           int64_t height, int64_t width, at::ScalarType st) {
-    const auto c =
-        setup_term<S>(x_opt, tables_in, &grad_out_in, method, mode, target, alpha, beta, gamma, skip, height, width, st);
+                                           int64_t height, int64_t width, at::ScalarType st,
+                                           const c10::optional<at::Tensor>& positions,
+                                           const c10::optional<at::Tensor>& key_positions) {
+    const auto c = setup_term<S>(x_opt, tables_in, &grad_out_in, method, mode, target, alpha, beta, gamma, skip, height, width,
+                                 st, {}, positions, key_positions);
     std::vector<at::Tensor> result = c.new_gradients();
     std::vector<rpe::tensor_ref<S>> grad_views;
     for (std::size_t i = 1; i < result.size(); ++i) grad_views.push_back(mref<S>(result[i]));
@@ -92,26 +96,30 @@ std::vector<at::Tensor> term_backward_impl(const c10::optional<at::Tensor>& x_op
 
 at::Tensor term_forward(const c10::optional<at::Tensor>& x, at::TensorList tables, c10::string_view method, c10::string_view mode,
                         c10::string_view target, double alpha, double beta, double gamma, int64_t skip, int64_t height,
-                        int64_t width) {
+                        int64_t width, const c10::optional<at::Tensor>& positions,
+                        const c10::optional<at::Tensor>& key_positions) {
     return translating([&] {
         TORCH_CHECK_VALUE(!tables.empty(), "[rpe.torch] tables is empty; expected 1 (or 2 for cross) tables");
         const auto st = checked_float_type(tables[0], "tables[0]");
-        return st == at::kDouble
-                   ? term_forward_impl<double>(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width, st)
-                   : term_forward_impl<float>(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width, st);
+        return st == at::kDouble ? term_forward_impl<double>(x, tables, method, mode, target, alpha, beta, gamma, skip, height,
+                                                             width, st, positions, key_positions)
+                                 : term_forward_impl<float>(x, tables, method, mode, target, alpha, beta, gamma, skip, height,
+                                                            width, st, positions, key_positions);
     });
 }
 
 std::vector<at::Tensor> term_backward(const c10::optional<at::Tensor>& x, at::TensorList tables, const at::Tensor& grad_out,
                                       c10::string_view method, c10::string_view mode, c10::string_view target, double alpha,
-                                      double beta, double gamma, int64_t skip, int64_t height, int64_t width) {
+                                      double beta, double gamma, int64_t skip, int64_t height, int64_t width,
+                                      const c10::optional<at::Tensor>& positions,
+                                      const c10::optional<at::Tensor>& key_positions) {
     return translating([&] {
         TORCH_CHECK_VALUE(!tables.empty(), "[rpe.torch] tables is empty; expected 1 (or 2 for cross) tables");
         const auto st = checked_float_type(tables[0], "tables[0]");
         return st == at::kDouble ? term_backward_impl<double>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip,
-                                                              height, width, st)
+                                                              height, width, st, positions, key_positions)
                                  : term_backward_impl<float>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip,
-                                                             height, width, st);
+                                                             height, width, st, positions, key_positions);
     });
 }
 
@@ -242,47 +250,55 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
                              const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
                              at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
                              c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
-                             const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
+                             const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix,
+                             const c10::optional<at::Tensor>& rpe_positions, const c10::optional<at::Tensor>& rpe_key_positions,
+                             const c10::optional<at::Tensor>& packed_lengths, const c10::optional<at::Tensor>& packed_grids,
+                             const c10::optional<at::Tensor>& packed_positions, const c10::optional<at::Tensor>& key_lengths) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
+        set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
         const auto st = checked_float_type(q, "q");
         return (st == at::kDouble ? attention_forward_impl<double>(a, st, false)
                                   : attention_forward_impl<float>(a, st, false))[0];
     });
 }
 
-std::vector<at::Tensor> attention_forward_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
-                                               at::TensorList tk, at::TensorList tv, c10::string_view mq, c10::string_view oq,
-                                               c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
-                                               at::ArrayRef<double> params, int64_t height, int64_t width,
-                                               const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
-                                               c10::optional<double> scale, c10::string_view rope_form,
-                                               at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs,
-                                               int64_t rope_skip, c10::string_view rope_layout,
-                                               const c10::optional<at::Tensor>& rope_positions,
-                                               const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
+std::vector<at::Tensor> attention_forward_attn(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk, at::TensorList tv,
+    c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
+    at::ArrayRef<double> params, int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
+    const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
+    at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
+    c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
+    const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
+    const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
+    const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
+    const c10::optional<at::Tensor>& key_lengths) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
+        set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
         const auto st = checked_float_type(q, "q");
         return st == at::kDouble ? attention_forward_impl<double>(a, st, true) : attention_forward_impl<float>(a, st, true);
     });
 }
 
-std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
-                                           at::TensorList tk, at::TensorList tv, c10::string_view mq, c10::string_view oq,
-                                           c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
-                                           at::ArrayRef<double> params, int64_t height, int64_t width,
-                                           const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
-                                           c10::optional<double> scale, const at::Tensor& grad_out, c10::string_view rope_form,
-                                           at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs,
-                                           int64_t rope_skip, const c10::optional<at::Tensor>& attn, c10::string_view rope_layout,
-                                           const c10::optional<at::Tensor>& rope_positions,
-                                           const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
+std::vector<at::Tensor> attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk, at::TensorList tv,
+    c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
+    at::ArrayRef<double> params, int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
+    const c10::optional<at::Tensor>& am, c10::optional<double> scale, const at::Tensor& grad_out, c10::string_view rope_form,
+    at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
+    const c10::optional<at::Tensor>& attn, c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
+    const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
+    const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
+    const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
+    const c10::optional<at::Tensor>& key_lengths) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
+        set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
         a.grad_out = grad_out;
         if (attn) a.attn = *attn;
         const auto st = checked_float_type(q, "q");
@@ -635,11 +651,12 @@ TORCH_LIBRARY(rpe, m) {
     // cols). Returns (1, Ht, L, L) bias, (B, H, L, L) contextual q/k, (B, H, L, D) v.
     m.def(
         "term_forward(Tensor? x, Tensor[] tables, str method, str mode, str target, float alpha, float beta, "
-        "float gamma, int skip, int height, int width) -> Tensor");
+        "float gamma, int skip, int height, int width, Tensor? positions=None, Tensor? key_positions=None) -> Tensor");
     // Gradients of sum(out * grad_out): [grad_x (empty for bias), grad_table_0, (grad_table_1)].
     m.def(
         "term_backward(Tensor? x, Tensor[] tables, Tensor grad_out, str method, str mode, str target, float alpha, "
-        "float beta, float gamma, int skip, int height, int width) -> Tensor[]");
+        "float beta, float gamma, int skip, int height, int width, Tensor? positions=None, "
+        "Tensor? key_positions=None) -> Tensor[]");
     // The attention step: q, k, v (B, H, L, D) unscaled; method_* "" = no term on that slot;
     // params: (alpha, beta, gamma, skip) for q, k, v (12 values); scale: the softmax scale
     // (rpe::attention_options::scale, > 0; None = 1/sqrt(D)), applied by the kernels (q·scale
@@ -649,7 +666,10 @@ TORCH_LIBRARY(rpe, m) {
         "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
         "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale=None, str rope_form=\"\", "
         "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, str rope_layout=\"pairs\", "
-        "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) -> Tensor");
+        "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0, Tensor? rpe_positions=None, Tensor? "
+        "rpe_key_positions=None, "
+        "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None) -> "
+        "Tensor");
     // [out, attn]: attention_forward that also returns the (B, H, L, L) probabilities, for
     // attention_backward's `attn` (the backward then does not recompute them).
     m.def(
@@ -657,7 +677,10 @@ TORCH_LIBRARY(rpe, m) {
         "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
         "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale=None, str rope_form=\"\", "
         "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, str rope_layout=\"pairs\", "
-        "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) -> Tensor[]");
+        "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0, Tensor? rpe_positions=None, Tensor? "
+        "rpe_key_positions=None, "
+        "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None) -> "
+        "Tensor[]");
     // [grad_q, grad_k, grad_v, grad tables of q, then k, then v (, grad_rope_freqs for mixed)];
     // attn: attention_forward_attn's probabilities for the same arguments, or None to recompute.
     m.def(
@@ -665,7 +688,9 @@ TORCH_LIBRARY(rpe, m) {
         "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
         "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale, Tensor grad_out, str rope_form=\"\", "
         "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, Tensor? attn=None, "
-        "str rope_layout=\"pairs\", Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0) "
+        "str rope_layout=\"pairs\", Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0, Tensor? "
+        "rpe_positions=None, Tensor? rpe_key_positions=None, "
+        "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None) "
         "-> Tensor[]");
     // 2D RoPE of x (B, H, L, D), L = skip + height*width + suffix (or skip + N + suffix with
     // positions (N, 2)): a RoPE form of rpe's registry, its params in the registry's order (axial

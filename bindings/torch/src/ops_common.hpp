@@ -289,6 +289,33 @@ std::vector<at::Tensor> prepared_tables(at::TensorList tables, const char* name,
     return r;
 }
 
+// An integer index tensor of the iRPE terms (per-token positions, packed lengths / grids /
+// positions, valid key lengths): undefined when not given, else the contiguous int32 CPU tensor
+// the library reads (rpe::attention_inputs::positions, packed, key_lengths; shapes and values
+// are the library's checks, with its own messages). Errors: for a CUDA operator (w on a CUDA
+// device) any such tensor is a ValueError naming it (rpe's CUDA backend refuses them,
+// rpe::not_supported); a tensor on another device than the CPU a ValueError; a dtype other than
+// an integer one (bool excluded) a TypeError; values outside int32 a ValueError.
+inline at::Tensor prepared_index(const c10::optional<at::Tensor>& p, const char* name, const char* what, const where& w = {}) {
+    if (!p || !p->defined()) return {};
+    const at::Tensor& t = *p;
+    TORCH_CHECK_VALUE(w.device.is_cpu(), "[rpe.torch] ", name, " (", what, ") is not supported by the cuda backend: rpe's CUDA ",
+                      "kernels refuse it (rpe::not_supported); expected ", name, " = None with tensors on device ",
+                      w.device.str());
+    TORCH_CHECK_VALUE(t.device().is_cpu(), "[rpe.torch] ", name, " is on device ", t.device().str(), "; expected cpu (", what,
+                      " are read on the host)");
+    const auto st = t.scalar_type();
+    TORCH_CHECK_TYPE(at::isIntegralType(st, false), "[rpe.torch] ", name, " has dtype ", c10::toString(st),
+                     "; expected an integer tensor (int32 or int64) of ", what);
+    check_int32_sizes(t, name);
+    if (st != at::kInt && t.numel() > 0) {
+        const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
+        TORCH_CHECK_VALUE(lo >= INT_MIN && hi <= INT_MAX, "[rpe.torch] ", name, " holds values in [", lo, ", ", hi,
+                          "]; expected 32-bit integers");
+    }
+    return t.to(at::kInt).contiguous();
+}
+
 // The prepared arguments of a term operator (term_forward, term_backward): x (undefined in bias
 // mode), the tables, grad_out (backward), the term (scalar T: S on the CPU; see attention_setup)
 // and its bucket ids from the shared cache.
@@ -298,6 +325,7 @@ struct term_call {
     bool contextual = false;
     at::Tensor x, grad_out;
     std::vector<at::Tensor> tables;
+    at::Tensor positions, key_positions;  // int32 (N, 2|3), or undefined: the grid
     term_dims d;
     std::unique_ptr<rpe::any_term<T>> term;
     std::shared_ptr<const rpe::bucket_ids> ids;
@@ -325,8 +353,14 @@ struct term_call {
 template <class S, class T = S>
 term_call<T> setup_term(const c10::optional<at::Tensor>& x_opt, at::TensorList tables_in, const at::Tensor* grad_out_in,
                         c10::string_view method, c10::string_view mode, c10::string_view target, double alpha, double beta,
-                        double gamma, int64_t skip, int64_t height, int64_t width, at::ScalarType st, const where& w = {}) {
+                        double gamma, int64_t skip, int64_t height, int64_t width, at::ScalarType st, const where& w = {},
+                        const c10::optional<at::Tensor>& positions = c10::nullopt,
+                        const c10::optional<at::Tensor>& key_positions = c10::nullopt) {
     term_call<T> c;
+    c.positions = prepared_index(positions, "positions", "per-token iRPE positions", w);
+    c.key_positions = prepared_index(key_positions, "key_positions", "per-token iRPE key positions", w);
+    TORCH_CHECK_VALUE(!c.key_positions.defined() || c.positions.defined(),
+                      "[rpe.torch] key_positions is given without positions; expected positions too (the queries')");
     c.tg = target_of(target);
     c.contextual = rpe::parse_contextual(std::string_view(mode.data(), mode.size()));
     if (c.contextual && x_opt) c.x = prepared(*x_opt, "x", st, w);
@@ -334,6 +368,12 @@ term_call<T> setup_term(const c10::optional<at::Tensor>& x_opt, at::TensorList t
     if (grad_out_in) c.grad_out = prepared(*grad_out_in, "grad_out", st, w);
     c.d = dims_of(c.x, c.tables, c.contextual, c.tg);
     c.term = make<T>(method, mode, c.tg, alpha, beta, gamma, skip, c.d.heads, c.d.head_dim, c.d.shared);
+    if (c.positions.defined()) {  // the grid (height, width) is not read
+        c.ids = c.term->bucket_ids(cref<std::int32_t>(c.positions), c.key_positions.defined()
+                                                                        ? cref<std::int32_t>(c.key_positions)
+                                                                        : rpe::tensor_ref<const std::int32_t>{});
+        return c;
+    }
     TORCH_CHECK_VALUE(height >= 1 && width >= 1, "[rpe.torch] height = ", height, ", width = ", width, "; expected >= 1");
     c.ids = c.term->bucket_ids(static_cast<int>(height), static_cast<int>(width));
     return c;
@@ -466,6 +506,10 @@ struct attention_args {
     c10::string_view rope_layout = "pairs";
     at::Tensor rope_positions, rope_key_positions;  // (N, 2) as given (prepared in setup_attention), or undefined
     int64_t rope_suffix = 0;
+    // the iRPE terms' index tensors as given (prepared in setup_attention: int32), or undefined:
+    // per-token positions (attention_inputs::positions, key_positions), packed sequences
+    // (attention_inputs::packed: lengths, grids, positions), valid key lengths (key_lengths)
+    at::Tensor rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths;
 };
 
 // T: the scalar of the terms that describe the slots (S on the CPU; on CUDA float, or double for
@@ -525,8 +569,15 @@ attention_setup<S, T> setup_attention(attention_args& a, at::ScalarType st, cons
     s.in.q = sref<S>(a.q);
     s.in.k = sref<S>(a.k);
     s.in.v = sref<S>(a.v);
-    TORCH_CHECK_VALUE(a.height >= 1 && a.width >= 1 && a.height < (1 << 30) && a.width < (1 << 30),
-                      "[rpe.torch] height = ", a.height, ", width = ", a.width, "; expected >= 1");
+    a.packed_lengths = prepared_index(a.packed_lengths, "packed_lengths", "packed sequences' lengths", w);
+    if (a.packed_lengths.defined()) {  // the library checks (0, 0): each image's grid is in packed
+        TORCH_CHECK_VALUE(a.height >= 0 && a.width >= 0 && a.height < (1 << 30) && a.width < (1 << 30),
+                          "[rpe.torch] height = ", a.height, ", width = ", a.width,
+                          " with packed_lengths; expected 0, 0 (the grids are packed_grids)");
+    } else {
+        TORCH_CHECK_VALUE(a.height >= 1 && a.width >= 1 && a.height < (1 << 30) && a.width < (1 << 30),
+                          "[rpe.torch] height = ", a.height, ", width = ", a.width, "; expected >= 1");
+    }
     s.in.height = static_cast<int>(a.height);
     s.in.width = static_cast<int>(a.width);
     if (a.key_padding_mask.defined()) {
@@ -566,6 +617,21 @@ attention_setup<S, T> setup_attention(attention_args& a, at::ScalarType st, cons
     a.rope_key_positions = prepared_positions(a.rope_key_positions, "rope_key_positions", w);
     if (a.rope_positions.defined()) s.in.rope.positions = cref<float>(a.rope_positions);
     if (a.rope_key_positions.defined()) s.in.rope.key_positions = cref<float>(a.rope_key_positions);
+    const auto index = [&](at::Tensor& t, const char* name, const char* what) {
+        t = prepared_index(t, name, what, w);
+        return t.defined() ? cref<std::int32_t>(t) : rpe::tensor_ref<const std::int32_t>{};
+    };
+    s.in.positions = index(a.rpe_positions, "rpe_positions", "per-token iRPE positions");
+    s.in.key_positions = index(a.rpe_key_positions, "rpe_key_positions", "per-token iRPE key positions");
+    TORCH_CHECK_VALUE(!a.rpe_key_positions.defined() || a.rpe_positions.defined(),
+                      "[rpe.torch] rpe_key_positions is given without rpe_positions; expected rpe_positions too (the queries')");
+    if (a.packed_lengths.defined()) s.in.packed.lengths = cref<std::int32_t>(a.packed_lengths);
+    s.in.packed.grids = index(a.packed_grids, "packed_grids", "packed images' grids");
+    s.in.packed.positions = index(a.packed_positions, "packed_positions", "packed images' per-token positions");
+    TORCH_CHECK_VALUE(a.packed_lengths.defined() || (!a.packed_grids.defined() && !a.packed_positions.defined()), "[rpe.torch] ",
+                      a.packed_grids.defined() ? "packed_grids" : "packed_positions",
+                      " is given without packed_lengths; expected packed_lengths (tokens per image) too");
+    s.in.key_lengths = index(a.key_lengths, "key_lengths", "valid key lengths");
     (void)B;
     (void)L;
     return s;
@@ -607,6 +673,19 @@ inline attention_args make_args(const at::Tensor& q, const at::Tensor& k, const 
     if (rope_key_positions) a.rope_key_positions = *rope_key_positions;
     a.rope_suffix = rope_suffix;
     return a;
+}
+
+// The attention operators' trailing index tensors (rpe_positions, ..., key_lengths) into a.
+inline void set_index_args(attention_args& a, const c10::optional<at::Tensor>& rpe_positions,
+                           const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
+                           const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
+                           const c10::optional<at::Tensor>& key_lengths) {
+    if (rpe_positions) a.rpe_positions = *rpe_positions;
+    if (rpe_key_positions) a.rpe_key_positions = *rpe_key_positions;
+    if (packed_lengths) a.packed_lengths = *packed_lengths;
+    if (packed_grids) a.packed_grids = *packed_grids;
+    if (packed_positions) a.packed_positions = *packed_positions;
+    if (key_lengths) a.key_lengths = *key_lengths;
 }
 
 }  // namespace rpe_torch::ops

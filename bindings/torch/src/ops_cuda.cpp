@@ -19,7 +19,11 @@
 /// What rpe's CUDA backend does not have is refused with a Python exception naming it: the
 /// probabilities output (`attention_forward_attn`: NotImplementedError) and the backward from
 /// saved probabilities (`attn`), per-token RoPE positions (`rope_positions`, `positions`), RoPE
-/// suffix tokens and rope::mrope (ValueError, the library's rpe::not_supported message). The
+/// suffix tokens and rope::mrope (ValueError, the library's rpe::not_supported message); the
+/// iRPE terms' per-token positions (`positions`, `key_positions` of the term operators,
+/// `rpe_positions`, `rpe_key_positions` of the attention), packed sequences (`packed_lengths`,
+/// `packed_grids`, `packed_positions`) and valid key lengths (`key_lengths`) (ValueError naming
+/// the argument, from ops_common.hpp's prepared_index). The
 /// table operators (timm layout, CPB, SAM, rope_mixed_init), small host computations in rpe,
 /// run on the CPU with their tensors copied there and back (on_the_host).
 ///
@@ -83,8 +87,11 @@ template <class S, class T>
 std::vector<at::Tensor> term_cuda(const c10::optional<at::Tensor>& x, at::TensorList tables, const at::Tensor* grad_out,
                                   c10::string_view method, c10::string_view mode, c10::string_view target, double alpha,
                                   double beta, double gamma, int64_t skip, int64_t height, int64_t width, at::ScalarType st,
-                                  const where& w) {
-    const auto c = setup_term<S, T>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width, st, w);
+                                  const where& w, const c10::optional<at::Tensor>& positions,
+                                  const c10::optional<at::Tensor>& key_positions) {
+    // per-token positions: refused by setup_term (ValueError naming them; rpe's CUDA backend has none)
+    const auto c = setup_term<S, T>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width, st, w,
+                                    positions, key_positions);
     const auto views = crefs<S>(c.tables);
     const rpe::tensor_ref<const S> xv = c.contextual ? cref<S>(c.x) : rpe::tensor_ref<const S>{};
     if (!grad_out) {
@@ -102,7 +109,9 @@ std::vector<at::Tensor> term_cuda(const c10::optional<at::Tensor>& x, at::Tensor
 
 std::vector<at::Tensor> term_dispatch(const c10::optional<at::Tensor>& x, at::TensorList tables, const at::Tensor* grad_out,
                                       c10::string_view method, c10::string_view mode, c10::string_view target, double alpha,
-                                      double beta, double gamma, int64_t skip, int64_t height, int64_t width) {
+                                      double beta, double gamma, int64_t skip, int64_t height, int64_t width,
+                                      const c10::optional<at::Tensor>& positions,
+                                      const c10::optional<at::Tensor>& key_positions) {
     TORCH_CHECK_VALUE(!tables.empty(), "[rpe.torch] tables is empty; expected 1 (or 2 for cross) tables");
     const at::Tensor* t1 = tables.size() > 1 ? &tables[1] : nullptr;
     const where w =
@@ -110,22 +119,30 @@ std::vector<at::Tensor> term_dispatch(const c10::optional<at::Tensor>& x, at::Te
     const auto st = checked_cuda_float_type(tables[0], "tables[0]");
     const c10::cuda::CUDAGuard guard(w.device);
     return on_cuda_dtype(st, [&]<class S, class T>() {
-        return term_cuda<S, T>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width, st, w);
+        return term_cuda<S, T>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width, st, w,
+                               positions, key_positions);
     });
 }
 
 at::Tensor term_forward(const c10::optional<at::Tensor>& x, at::TensorList tables, c10::string_view method, c10::string_view mode,
                         c10::string_view target, double alpha, double beta, double gamma, int64_t skip, int64_t height,
-                        int64_t width) {
-    return translating(
-        [&] { return term_dispatch(x, tables, nullptr, method, mode, target, alpha, beta, gamma, skip, height, width)[0]; });
+                        int64_t width, const c10::optional<at::Tensor>& positions,
+                        const c10::optional<at::Tensor>& key_positions) {
+    return translating([&] {
+        return term_dispatch(x, tables, nullptr, method, mode, target, alpha, beta, gamma, skip, height, width, positions,
+                             key_positions)[0];
+    });
 }
 
 std::vector<at::Tensor> term_backward(const c10::optional<at::Tensor>& x, at::TensorList tables, const at::Tensor& grad_out,
                                       c10::string_view method, c10::string_view mode, c10::string_view target, double alpha,
-                                      double beta, double gamma, int64_t skip, int64_t height, int64_t width) {
-    return translating(
-        [&] { return term_dispatch(x, tables, &grad_out, method, mode, target, alpha, beta, gamma, skip, height, width); });
+                                      double beta, double gamma, int64_t skip, int64_t height, int64_t width,
+                                      const c10::optional<at::Tensor>& positions,
+                                      const c10::optional<at::Tensor>& key_positions) {
+    return translating([&] {
+        return term_dispatch(x, tables, &grad_out, method, mode, target, alpha, beta, gamma, skip, height, width, positions,
+                             key_positions);
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -256,10 +273,15 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
                              const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
                              at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
                              c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
-                             const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
+                             const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix,
+                             const c10::optional<at::Tensor>& rpe_positions, const c10::optional<at::Tensor>& rpe_key_positions,
+                             const c10::optional<at::Tensor>& packed_lengths, const c10::optional<at::Tensor>& packed_grids,
+                             const c10::optional<at::Tensor>& packed_positions, const c10::optional<at::Tensor>& key_lengths) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
+        // refused by setup_attention (ValueError naming the argument): rpe's CUDA attention has none
+        set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
         const where w = attention_device(a);
         const auto st = checked_cuda_float_type(q, "q");
         const c10::cuda::CUDAGuard guard(w.device);
@@ -267,22 +289,25 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
     });
 }
 
-std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
-                                           at::TensorList tk, at::TensorList tv, c10::string_view mq, c10::string_view oq,
-                                           c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
-                                           at::ArrayRef<double> params, int64_t height, int64_t width,
-                                           const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
-                                           c10::optional<double> scale, const at::Tensor& grad_out, c10::string_view rope_form,
-                                           at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs,
-                                           int64_t rope_skip, const c10::optional<at::Tensor>& attn, c10::string_view rope_layout,
-                                           const c10::optional<at::Tensor>& rope_positions,
-                                           const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
+std::vector<at::Tensor> attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk, at::TensorList tv,
+    c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
+    at::ArrayRef<double> params, int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
+    const c10::optional<at::Tensor>& am, c10::optional<double> scale, const at::Tensor& grad_out, c10::string_view rope_form,
+    at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
+    const c10::optional<at::Tensor>& attn, c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
+    const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
+    const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
+    const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
+    const c10::optional<at::Tensor>& key_lengths) {
     return translating([&] {
         TORCH_CHECK_VALUE(!attn || !attn->defined(),
                           "[rpe.torch] attn (the forward's saved probabilities) is not supported by the cuda backend: rpe's "
                           "CUDA attention keeps no (B, H, L, L) buffer and recomputes them; expected attn = None");
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
+        // refused by setup_attention (ValueError naming the argument): rpe's CUDA attention has none
+        set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
         a.grad_out = grad_out;
         const where w = attention_device(a);
         const auto st = checked_cuda_float_type(q, "q");
