@@ -65,6 +65,31 @@ def rope_positions_attention_args(rope="axial"):
             "half", pos, key_pos, 1)
 
 
+def index_attention_args(kind):
+    """attention_args with the iRPE terms' index tensors (the operators' trailing arguments):
+    "positions" (queries at a permuted grid, keys at other positions), "packed_grids" /
+    "packed_positions" (2 images, 2x3 and 2x2 with a class token each, L = 7 + 5), "key_lengths"."""
+    pos = torch.stack([torch.arange(h * w) // w, torch.arange(h * w) % w], 1)[torch.tensor([4, 0, 5, 2, 1, 3])]
+    if kind in ("positions", "key_lengths"):
+        a = attention_args()
+        if kind == "positions":
+            idx = (pos, (pos + torch.tensor([1, -2])).to(torch.int32), None, None, None, None)
+        else:
+            idx = (None, None, None, None, None, torch.tensor([7, 4], dtype=torch.int32))
+        return (*a, "pairs", None, None, 0, *idx)
+    L = 7 + 5
+    q, k, v = rnd(B, H, L, D, seed=31), rnd(B, H, L, D, seed=32), rnd(B, H, L, D, seed=33)
+    kpm = torch.zeros(B, L, dtype=torch.bool)
+    kpm[1, 3] = True
+    lengths = torch.tensor([7, 5])
+    grids = torch.tensor([[2, 3], [2, 2]], dtype=torch.int32) if kind == "packed_grids" else None
+    ppos = torch.cat([pos, torch.tensor([[0, 1], [1, 1], [1, 0], [0, 0]])]) if kind == "packed_positions" else None
+    return (q, k, v, [rnd(1, D, 26, seed=5)], [rnd(H, D, 26, seed=6)], [rnd(1, 26, D, seed=7)],
+            "product", "contextual", "product", "contextual", "product", "contextual",
+            [*R, 1.0] * 3, 0, 0, kpm, rnd(L, L, grad=False, seed=34), 0.41, "", [], None, 0, "pairs", None, None, 0,
+            None, None, lengths, grids, ppos, None)
+
+
 def detached(args):
     def d(a):
         if isinstance(a, torch.Tensor):
@@ -115,6 +140,24 @@ def op_cases():
     a = detached(rope_positions_attention_args("mixed"))
     cases["attention_backward[rope_positions]"] = (ops.attention_backward, (*a[:18], rnd(B, H, 8, D, grad=False, seed=21),
                                                                             *a[18:22], None, *a[22:]))
+    # the iRPE terms' per-token positions, packed sequences, key lengths (integer, not differentiated)
+    pos = torch.stack([torch.arange(h * w) // w, torch.arange(h * w) % w], 1)[torch.tensor([4, 0, 5, 2, 1, 3])]
+    t = term_cases()
+    cases["term_forward[ctx_k_positions]"] = (ops.term_forward, (*t["ctx_k_product_shared"], pos, pos.flip(0)))
+    cases["term_forward[bias_positions]"] = (ops.term_forward, (*t["bias_product_skip"], pos.to(torch.int32)))
+    cases["term_forward[ctx_v_positions]"] = (ops.term_forward, (*t["ctx_v_euclidean"], pos))
+    t = t["ctx_k_product_shared"]
+    cases["term_backward[positions]"] = (ops.term_backward, detached((t[0], t[1], rnd(B, H, 7, 7, seed=9), *t[2:], pos,
+                                                                      None)))
+    for kind in ("positions", "packed_grids", "packed_positions", "key_lengths"):
+        cases[f"attention_forward[{kind}]"] = (ops.attention_forward, index_attention_args(kind))
+    cases["attention_forward_attn[positions]"] = (ops.attention_forward_attn, index_attention_args("positions"))
+    cases["attention_forward_attn[key_lengths]"] = (ops.attention_forward_attn, index_attention_args("key_lengths"))
+    for kind in ("positions", "packed_grids", "key_lengths"):
+        a = detached(index_attention_args(kind))
+        n = a[0].shape[2]
+        cases[f"attention_backward[{kind}]"] = (ops.attention_backward, (*a[:18], rnd(B, H, n, D, grad=False, seed=35),
+                                                                         *a[18:22], None, *a[22:]))
     cases["rope_mixed_init"] = (ops.rope_mixed_init, (10.0, D, torch.rand(H)))
     cases["table_from_timm"] = (ops.table_from_timm, (rnd(15, H),))
     cases["table_to_timm"] = (ops.table_to_timm, (rnd(H, 15),))
