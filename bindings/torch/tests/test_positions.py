@@ -381,3 +381,23 @@ def test_compile_packed_block_fullgraph(with_positions):
     (gout,) = torch.autograd.grad(out.sum(), [block.rpe_k.lookup_table_weight])
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     torch.testing.assert_close(gout, gref, rtol=1e-12, atol=1e-12)
+
+
+def test_vit_term_modules_take_positions_and_packing():
+    """A ViT term module (RelPosBias, Swin bias) and a TermSlot at positions equal to the grid, and
+    packed with a copy of themselves: the grid's results."""
+    h, w = 2, 3
+    rb = rpe_torch.RelPosBias(window_size=(h, w), num_heads=H, kind="swin", skip=0).double()
+    slot = rpe_torch.TermSlot("swin", [torch.randn(H, 15, generator=torch.Generator().manual_seed(60), dtype=F64)],
+                              (h, w))
+    q, k, v = [t.detach() for t in qkv(1, h * w, seed=61)]
+    with torch.no_grad():
+        for p in rb.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(62), dtype=F64))
+    for m in (rb, slot):
+        out = rpe_torch.attention(q, k, v, rpe_k=m)
+        assert torch.equal(rpe_torch.attention(q, k, v, rpe_k=m, rpe_positions=grid_positions(h, w)), out)
+        two = [torch.cat([t, t], 2) for t in (q, k, v)]
+        packed = rpe_torch.attention(*two, rpe_k=m, packed_lengths=torch.tensor([6, 6]),
+                                     packed_grids=torch.tensor([[h, w], [h, w]]))
+        torch.testing.assert_close(packed, torch.cat([out, out], 2), rtol=0, atol=1e-13)
