@@ -448,6 +448,24 @@ def test_errors_name_the_argument():
                                         "axial", [100.0], None, 1, "pairs", pos)
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is given with tensors on device cuda:0"):
         torch.ops.rpe.rope_forward(q, "axial", [100.0], None, 1, h, w, "pairs", pos)
+    # the iRPE terms' positions, packed sequences, key lengths: refused by Python and by the operators
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rpe_positions is given with tensors on device cuda:0"):
+        rt.attention(q, k, v, None, rpe_k, None, rpe_positions=pos)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] key_lengths is given with tensors on device cuda:0"):
+        rt.attention(q, k, v, None, rpe_k, None, height=h, width=w, key_lengths=torch.full((B,), L))
+    tail = ("", [], None, 0, "pairs", None, None, 0)
+    for i, (name, t) in enumerate((("rpe_positions", pos), ("rpe_key_positions", pos),
+                                   ("packed_lengths", torch.tensor([L])), ("packed_grids", torch.tensor([[h, w]])),
+                                   ("packed_positions", pos), ("key_lengths", torch.full((B,), L)))):
+        idx = [None] * 6
+        idx[i] = t  # refused before any other check (rpe_key_positions without rpe_positions included)
+        with pytest.raises(ValueError, match=rf"\[rpe\.torch\] {name} \(.*\) is not supported by the cuda backend"):
+            torch.ops.rpe.attention_forward(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None,
+                                            None, *tail, *idx)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions \(per-token iRPE positions\) is not supported by "
+                                         r"the cuda backend"):
+        torch.ops.rpe.term_forward(None, [torch.zeros(H, 26, device="cuda")], "product", "bias", "k", 1.0, 2.0, 8.0, 1,
+                                   h, w, pos)
     with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope positions, key_positions and suffix are not supported by "
                                          r"the cuda backend"):
         torch.ops.rpe.rope_forward(q, "axial", [100.0], None, 0, h, w, "pairs", None, 1)
