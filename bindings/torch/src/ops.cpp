@@ -649,6 +649,8 @@ TORCH_LIBRARY(rpe, m) {
     // for contextual q/k (scaled q or k), (B, H, L, L) probabilities for v, None for bias;
     // tables: [(Ht, K)] bias, [(Ht, D, K)] contextual q/k, [(Ht, K, D)] v; two for cross (rows,
     // cols). Returns (1, Ht, L, L) bias, (B, H, L, L) contextual q/k, (B, H, L, D) v.
+    // positions: (N, 2|3) integer per-token positions instead of the grid (L = skip + N; height,
+    // width not read), key_positions the keys' (default the queries'); CPU only.
     m.def(
         "term_forward(Tensor? x, Tensor[] tables, str method, str mode, str target, float alpha, float beta, "
         "float gamma, int skip, int height, int width, Tensor? positions=None, Tensor? key_positions=None) -> Tensor");
@@ -661,6 +663,12 @@ TORCH_LIBRARY(rpe, m) {
     // params: (alpha, beta, gamma, skip) for q, k, v (12 values); scale: the softmax scale
     // (rpe::attention_options::scale, > 0; None = 1/sqrt(D)), applied by the kernels (q·scale
     // for q·kᵀ and the contextual k term, k·scale for the contextual q term; nothing is copied).
+    // The iRPE terms' index tensors (integer, CPU only, not differentiated; docs/positions.md):
+    // rpe_positions, rpe_key_positions (L − skip, 2|3) per-token positions instead of the grid
+    // (rpe::attention_inputs::positions, key_positions); packed_lengths (M,) with packed_grids
+    // (M, 2|3) or packed_positions (L − M·skip, 2|3): several images in one sequence, each
+    // attended alone (attention_inputs::packed; height, width then 0, 0); key_lengths (B,) valid
+    // keys per batch element (attention_inputs::key_lengths).
     m.def(
         "attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
         "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
