@@ -727,14 +727,13 @@ void dispatch_ids(const attention_inputs<S>& in, id_storage storage, F&& f) {
     visit_id_width(width, [&]<class Id>() { f.template operator()<Id>(ids); });
 }
 
+// The forward on rpe::bf16 storage (defined in attention_bf16.hpp, included at the end).
+template <class Id>
+void fused_forward_bf16(const attention_inputs<bf16>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<bf16> out,
+                        tensor_ref<bf16> attn, const attention_options& opt);
+
 }  // namespace RPE_ISA_NS
 }  // namespace detail
-
-}  // namespace rpe
-
-#include "attention_bf16.hpp"  // detail::fused_forward_bf16, over the float kernels above
-
-namespace rpe {
 
 namespace cpu {
 inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
@@ -899,3 +898,5 @@ using cpu::attention_backward;
 using cpu::attention_forward;
 
 }  // namespace rpe
+
+#include "attention_bf16.hpp"  // detail::fused_forward_bf16, over the float kernels above

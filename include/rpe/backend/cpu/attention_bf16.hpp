@@ -1,6 +1,6 @@
 /// @file backend/cpu/attention_bf16.hpp
 /// @brief The fused attention forward on rpe::bf16 storage (not API: rpe::cpu::attention_forward
-/// with S = rpe::bf16 calls it). Included by backend/cpu/attention.hpp after the float kernels.
+/// with S = rpe::bf16 calls it). Included at the end of backend/cpu/attention.hpp.
 ///
 /// Two paths, the same results up to float rounding (docs/attention.md, "bf16"):
 /// - AVX512_BF16 (hw_bf16, bf16_kernels.hpp), without RoPE: q·kᵀ and P·v on vdpbf16ps from k and
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../../bf16.hpp"
+#include "attention.hpp"  // the float kernels (attention.hpp includes this file at its end)
 #include "bf16_kernels.hpp"
 
 namespace rpe::detail {
