@@ -9,7 +9,7 @@
 ///   on float copies of the tables (converted once per call) and of the query block (contextual
 ///   key terms) or the keys (contextual query terms); the value term from the float
 ///   probabilities.
-/// - portable (no AVX512_BF16 in this unit, RoPE, or the test hook bf16_portable_only): q, k, v,
+/// - portable (no AVX512_BF16 in this unit or the CPU, RoPE, or the test hook bf16_portable_only): q, k, v,
 ///   tables, attn_mask and RoPE frequencies converted to float once per call (contiguous copies,
 ///   3·B·H·L·D floats), the float forward, outputs rounded to bf16 once.
 #pragma once
@@ -205,13 +205,13 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
 }
 #endif
 
-// The bf16 forward: the AVX512_BF16 path where this unit has it (and no RoPE, no test hook),
-// the portable path otherwise.
+// The bf16 forward: the AVX512_BF16 path where this unit is built for it and the CPU reports it
+// (and no RoPE, no test hook), the portable path otherwise.
 template <class Id>
 void fused_forward_bf16(const attention_inputs<bf16>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<bf16> out,
                         tensor_ref<bf16> attn, const attention_options& opt) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-    if (!in.rope.enabled() && !cpu::bf16_portable_only.load(std::memory_order_relaxed)) {
+    if (!in.rope.enabled() && !cpu::bf16_portable_only.load(std::memory_order_relaxed) && cpu::cpu_has_avx512_bf16()) {
         fused_forward_bf16_hw<Id>(in, ids, out, attn, opt);
         return;
     }

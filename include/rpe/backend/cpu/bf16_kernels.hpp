@@ -32,8 +32,23 @@ inline constexpr bool hw_bf16 = true;
 inline constexpr bool hw_bf16 = false;
 #endif
 
-/// @brief The path the bf16 attention of this unit takes: "AVX512_BF16" or "portable".
-inline constexpr const char* bf16_isa() { return hw_bf16 ? "AVX512_BF16" : "portable"; }
+/// @brief Whether the running CPU reports AVX512_BF16 (`__builtin_cpu_supports`, checked once; true
+/// where the compiler has no such builtin). The AVX512_BF16 path also requires it, so a unit built
+/// with `-mavx512bf16` that runs on an AVX-512 CPU without the instruction takes the portable path.
+inline bool cpu_has_avx512_bf16() {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    static const bool ok = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512bf16") != 0;
+    }();
+    return ok;
+#else
+    return true;
+#endif
+}
+
+/// @brief The path the bf16 attention of this unit takes on this CPU: "AVX512_BF16" or "portable".
+inline const char* bf16_isa() { return hw_bf16 && cpu_has_avx512_bf16() ? "AVX512_BF16" : "portable"; }
 
 /// @brief Test hook (not API): while true, the bf16 attention of this ISA takes the portable path
 /// (float conversion and the float kernels) even where hw_bf16 is true.
