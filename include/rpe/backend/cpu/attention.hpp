@@ -175,14 +175,19 @@ void materialise_ids(fused_plan<S, Id>& plan, const std::vector<cpu::shared_scra
         }
 }
 
-// The rest of block_probabilities once lg (rb, L) holds qs·kᵀ: the RPE terms, the masks and the
-// softmax in place (the bf16 forward computes qs·kᵀ with its own product, then calls this).
+// Logits of rows [i0, i0 + rb) of plane p into lg (rb, L), then the masked softmax in place.
+// qs_blk (rb, D) are the scaled queries of those rows; tq holds the plane's products for the
+// contextual q tables (plane_query_products); blk the block's ids per table (load_block_ids).
+// logits_given: lg already holds qs·kᵀ (the bf16 forward's own product); only the terms, masks
+// and softmax follow.
 template <class S, class Id>
-void block_terms_softmax(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, std::int64_t i0,
-                         std::int64_t rb, const S* qs_blk, const S* tq, const Id* const* blk, S* lg, S* work) {
+void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, std::int64_t i0,
+                         std::int64_t rb, const S* qs_blk, const S* tq, const Id* const* blk, S* lg, S* work,
+                         bool logits_given = false) {
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, d = plan.d, h = p % plan.h;
+    if (!logits_given) map<S>(lg, rb, n).noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, n, d).transpose();
     // contextual key terms: per-bucket products of the block, (rb, K) each, side by side in work
     std::int64_t offset = 0;
     for (const auto& t : plan.on_k)
@@ -211,16 +216,6 @@ void block_terms_softmax(const fused_plan<S, Id>& plan, const attention_inputs<S
         if (in.attn_mask.data) map<S>(row, 1, n).array() += cmap<S>(in.attn_mask.data + (i0 + i) * n, 1, n).array();
         cpu::softmax_row(row, n, mask);
     }
-}
-
-// Logits of rows [i0, i0 + rb) of plane p into lg (rb, L), then the masked softmax in place.
-// qs_blk (rb, D) are the scaled queries of those rows; tq holds the plane's products for the
-// contextual q tables (plane_query_products); blk the block's ids per table (load_block_ids).
-template <class S, class Id>
-void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, std::int64_t i0,
-                         std::int64_t rb, const S* qs_blk, const S* tq, const Id* const* blk, S* lg, S* work) {
-    cpu::map<S>(lg, rb, plan.l).noalias() = cpu::cmap<S>(qs_blk, rb, plan.d) * plan.kv.rows(p, 0, plan.l, plan.d).transpose();
-    block_terms_softmax(plan, in, p, i0, rb, qs_blk, tq, blk, lg, work);
 }
 
 // Per plane: (k·s)·table_q[h'] (L, K) (k: plan.kv, the rotated copy with RoPE) of every contextual q table q, at buf + q·L·K (K = plan.k).

@@ -50,6 +50,34 @@ inline std::vector<float> bf16_rows_to_float(const tensor_ref<const bf16>& t) {
     return out;
 }
 
+// make_float_inputs copies the inputs field by field: these mirrors of the fields it knows fail to
+// compile when attention_inputs or rotary_embedding gains one (forward the new field there, and
+// in the AVX512_BF16 path, or refuse it for bf16).
+struct bf16_known_rope_fields {
+    rope_form form;
+    int skip;
+    tensor_ref<const bf16> freqs;
+    tensor_ref<bf16> grad_freqs;
+    rope::layout layout;
+    tensor_ref<const float> positions, key_positions;
+    int suffix;
+};
+static_assert(sizeof(bf16_known_rope_fields) == sizeof(rotary_embedding<bf16>),
+              "rpe::rotary_embedding gained a field: forward it in detail::make_float_inputs (attention_bf16.hpp)");
+struct bf16_known_input_fields {
+    tensor_ref<const bf16> q, k, v;
+    int height, width;
+    attention_term<bf16> rpe_q, rpe_k, rpe_v;
+    tensor_ref<const bf16> attn_mask;
+    tensor_ref<const std::uint8_t> key_padding_mask;
+    int depth;
+    rotary_embedding<bf16> rope;
+    tensor_ref<const std::int32_t> positions, key_positions;
+};
+static_assert(sizeof(bf16_known_input_fields) == sizeof(attention_inputs<bf16>),
+              "rpe::attention_inputs gained a field: forward it in detail::make_float_inputs and handle it in "
+              "fused_forward_bf16_hw (attention_bf16.hpp)");
+
 inline void make_float_inputs(const attention_inputs<bf16>& in, bool qkv, bf16_float_inputs& f) {
     const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
     auto& fi = f.in;
@@ -189,7 +217,7 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
                     cpu::bf16_to_float(qrows + i * qb.sl, qs + i * d, d);
                     for (std::int64_t e = 0; e < d; ++e) qs[i * d + e] *= scale;
                 }
-            block_terms_softmax(plan, f.in, p, i0, rb, qs, tq + p * tq_per_plane, blk, lg, work);
+            block_probabilities(plan, f.in, p, i0, rb, qs, tq + p * tq_per_plane, blk, lg, work, true);
             // out = P·v (P rounded to bf16) + the value terms (from the float P)
             cpu::float_to_bf16(lg, pb, rb * n);
             cpu::bf16_gemm(rb, d, n, pb, n, vp + p * vp_size, o, d, 1.0f, false);
