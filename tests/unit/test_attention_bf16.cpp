@@ -3,7 +3,8 @@
 // composed attention on the same bf16 values, on both paths (AVX512_BF16 where this build has it,
 // and the portable float path, forced with the test hook bf16_portable_only): no RPE, contextual
 // Product on k, on q, k, v, bias and Cross terms, shared and per-head tables, skip tokens, both
-// masks, strided q/k/v, 1 or 2 threads, RoPE; every golden attention case in bf16; errors.
+// masks, strided q/k/v, 1 or 2 threads, RoPE, key_lengths, packed sequences; every golden
+// attention case in bf16; errors.
 //
 // Tolerance (docs/attention.md, "bf16"): the inputs are bf16 values, exact in float and double, so
 // the reference sees the same problem. The products accumulate in float (error ~D·2^-24 relative),
@@ -429,6 +430,82 @@ TEST_CASE("bf16 attention with RoPE: rotated in float (the portable path on ever
     const auto a = run_bf16(c, false), b = run_bf16(c, true);
     check_against(a, ref);
     CHECK(same_bits(a.out, b.out));  // RoPE always takes the portable path
+}
+
+TEST_CASE("bf16 attention with key_lengths and packed sequences: the portable path, against the float64 composed attention") {
+    SUBCASE("key_lengths (qkv contextual Product, key padding mask too)") {
+        pair_case c(3, 2, 8, 4, 4, 1, 21);  // L = 17
+        for (auto tg : {rpe::target::query, rpe::target::key, rpe::target::value})
+            c.add_term(rpe::method::product, true, tg, true, 1);
+        c.add_key_padding_mask(false);
+        const std::vector<std::int32_t> lengths{5, 17, 1};
+        for (std::int64_t bb = 0; bb < c.b; ++bb)  // keep one valid key per batch element: no fully masked row
+            c.kpm[static_cast<std::size_t>(bb * c.l)] = 0;
+        c.in.key_lengths = c.ind.key_lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {c.b});
+        const auto ref = reference_of(c);
+        const auto a = run_bf16(c, false), b = run_bf16(c, true);
+        check_against(a, ref);
+        CHECK(same_bits(a.out, b.out));  // key_lengths always takes the portable path
+        CHECK(same_bits(a.attn, b.attn));
+        // the padded keys' probabilities are exactly zero; batch element 2 attends to key 0 alone
+        for (std::int64_t p = 0; p < c.b * c.h; ++p)
+            for (std::int64_t i = 0; i < c.l; ++i)
+                for (std::int64_t j = lengths[static_cast<std::size_t>(p / c.h)]; j < c.l; ++j)
+                    CHECK(static_cast<float>(a.attn[static_cast<std::size_t>((p * c.l + i) * c.l + j)]) == 0.0f);
+        for (std::int64_t i = 0; i < c.l; ++i)
+            CHECK(static_cast<float>(a.attn[static_cast<std::size_t>(((2 * c.h) * c.l + i) * c.l)]) == 1.0f);
+    }
+    SUBCASE("packed: 3 images (grids 2x3, 3x3, 1x4, a class token each), Product on k and v") {
+        pair_case c(2, 2, 8, 1, 21, 1, 23);  // L = 7 + 10 + 5 = 22
+        c.add_term(rpe::method::product, true, rpe::target::key, false, 1);
+        c.add_term(rpe::method::product, true, rpe::target::value, true, 1);
+        c.add_attn_mask();
+        for (std::int64_t i = 0; i < c.l; ++i) {  // the class tokens' columns stay finite: no fully masked row
+            c.mask_add[static_cast<std::size_t>(i * c.l)] = bf16(0.0f);
+            c.mask_d[static_cast<std::size_t>(i * c.l)] = 0.0;
+            for (std::int64_t j : {7, 17}) {
+                c.mask_add[static_cast<std::size_t>(i * c.l + j)] = bf16(0.0f);
+                c.mask_d[static_cast<std::size_t>(i * c.l + j)] = 0.0;
+            }
+        }
+        const std::vector<std::int32_t> lengths{7, 10, 5}, grids{2, 3, 3, 3, 1, 4};
+        for (auto* in : {&c.in.packed, &c.ind.packed}) {
+            in->lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {3});
+            in->grids = rpe::tensor_ref<const std::int32_t>(grids.data(), {3, 2});
+        }
+        c.in.height = c.in.width = c.ind.height = c.ind.width = 0;
+        const auto ref = reference_of(c);
+        // no attn output with packed sequences: the outputs alone, within the same bounds
+        std::vector<bf16> outs[2];
+        for (const bool portable : {false, true}) {
+            const portable_path hook(portable);
+            auto& out = outs[portable ? 1 : 0];
+            out.assign(static_cast<std::size_t>(c.b * c.h * c.l * c.d), bf16(-3.0f));
+            rpe::attention_forward(c.in, rpe::tensor_ref<bf16>(out.data(), {c.b, c.h, c.l, c.d}));
+            double worst = 0;
+            for (std::size_t x = 0; x < ref.out.size(); ++x) {
+                const double g = static_cast<double>(out[x]);
+                REQUIRE(std::isfinite(g));
+                REQUIRE(std::isfinite(ref.out[x]));
+                worst = std::max(worst, std::fabs(g - ref.out[x]) / ref.bound[x]);
+            }
+            CHECK(worst <= 1.0);
+            MESSAGE(std::string("packed") << (portable ? " portable" : " default path") << ": worst |out - ref| / bound "
+                                          << worst);
+        }
+        CHECK(same_bits(outs[0], outs[1]));  // packed sequences always take the portable path
+        // the reference's probabilities across images are zero (the bound above assumes it)
+        CHECK(ref.attn[static_cast<std::size_t>(0 * c.l + 7)] == 0.0);
+        // the attn output is refused with packed sequences, as for float
+        std::vector<bf16> out(static_cast<std::size_t>(c.b * c.h * c.l * c.d)),
+            attn(static_cast<std::size_t>(c.b * c.h * c.l * c.l));
+        CHECK(rpe_test::throws_with<rpe::not_supported>(
+            [&] {
+                rpe::attention_forward(c.in, rpe::tensor_ref<bf16>(out.data(), {c.b, c.h, c.l, c.d}),
+                                       rpe::tensor_ref<bf16>(attn.data(), {c.b, c.h, c.l, c.l}));
+            },
+            {"attn output", "packed"}));
+    }
 }
 
 namespace {
