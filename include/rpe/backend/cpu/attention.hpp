@@ -910,6 +910,7 @@ void packed_backward(const attention_inputs<S>& in, const attention_gradients<S>
             for (std::int64_t e = 0; e < wanted[w].size(); ++e) dst[e] = m == 0 ? src[e] : dst[e] + src[e];
         }
 }
+
 // The forward on rpe::bf16 storage (defined in attention_bf16.hpp, included at the end).
 template <class Id>
 void fused_forward_bf16(const attention_inputs<bf16>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<bf16> out,
