@@ -7,7 +7,10 @@
 //
 // Names (scripts read them): attention/<shape>/<rpe> is the float32 forward;
 // attention_fwd_bwd/<shape>/<rpe> forward + backward; attention_composed/<shape>/<rpe> the
-// unfused composition (materialised (B, H, L, L) logits) for comparison.
+// unfused composition (materialised (B, H, L, L) logits) for comparison;
+// attention/deit_s/<rpe>/bf16 the forward on rpe::bf16 storage (label: "AVX512_BF16" or
+// "portable", the path taken), beside the floors floor/attention/deit_s (float) and
+// floor/attention/deit_s/bf16.
 // Counters: L; workspace_bytes (the calling thread's scratch buffer after the runs: the peak of
 // the fused calls' scratch); on attention_fwd_bwd also partials_bytes (the backward's partials
 // live at once under attention_options::backward_budget_bytes, rpe::cpu::plan_backward_scratch)
@@ -247,6 +250,49 @@ void run_packed(benchmark::State& state, bool each, bool backward) {
     state.counters["L"] = static_cast<double>(pb.l);
 }
 
+// The bf16 forward (rpe::bf16 storage, float accumulation) on the float case's values rounded to bf16.
+void run_bf16(benchmark::State& state, const attention_config& config) {
+    attention_case c(config);
+    const std::int64_t l = c.l();
+    const auto to_bf16 = [](const std::vector<float>& x) {
+        std::vector<rpe::bf16> r(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) r[i] = rpe::bf16(x[i]);
+        return r;
+    };
+    const auto q = to_bf16(c.q), k = to_bf16(c.k), v = to_bf16(c.v);
+    std::vector<rpe::bf16> out(q.size()), tables[3];
+    rpe::attention_inputs<rpe::bf16> in;
+    in.q = {q.data(), {c.b, c.h, l, c.d}};
+    in.k = {k.data(), {c.b, c.h, l, c.d}};
+    in.v = {v.data(), {c.b, c.h, l, c.d}};
+    in.height = c.height;
+    in.width = c.width;
+    const rpe::attention_term<float>* from[3] = {&c.in.rpe_q, &c.in.rpe_k, &c.in.rpe_v};
+    rpe::attention_term<rpe::bf16>* to[3] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    for (int t = 0; t < 3; ++t) {
+        if (!from[t]->term) continue;
+        to[t]->term = from[t]->term;
+        tables[t] = to_bf16(c.tables[t]);
+        rpe::tensor_ref<const rpe::bf16> view;
+        view.data = tables[t].data();
+        view.rank = from[t]->tables[0].rank;
+        view.shape = from[t]->tables[0].shape;
+        to[t]->tables = {view};
+    }
+    rpe::release_cpu_workspace();
+    for (auto _ : state) {
+        rpe::attention_forward(in, rpe::tensor_ref<rpe::bf16>(out.data(), {c.b, c.h, l, c.d}));
+        benchmark::DoNotOptimize(out.data());
+        benchmark::ClobberMemory();
+    }
+    state.SetItemsProcessed(state.iterations() * c.b * c.h * l * l);
+    state.counters["L"] = static_cast<double>(l);
+    state.counters["workspace_bytes"] =
+        benchmark::Counter(static_cast<double>(rpe::detail::cpu::arena::of_this_thread().capacity()),
+                           benchmark::Counter::kDefaults, benchmark::Counter::kIs1024);
+    state.SetLabel(rpe::detail::cpu::bf16_isa());
+}
+
 // The floor: the work no attention can avoid, per (b, h) plane one Eigen product S = Q·Kᵀ, the
 // vectorised exp of the (L, L) block and one product O = S·V (fp32; no scale, max, sum or
 // normalisation); fwd_bwd adds the four backward products dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K,
@@ -283,8 +329,67 @@ void floor_attention(benchmark::State& state, int b, int h, int height, int widt
     state.counters["L"] = static_cast<double>(l);
 }
 
+// The bf16 floor: per plane S = Q·Kᵀ from bf16 Q, K with float accumulation, the vectorised exp
+// of S in float, S rounded to bf16 and O = S·V (bf16 V, float accumulation). With AVX512_BF16 in
+// rpe_bench's build: vdpbf16ps on K and V packed once before the timing (rpe's bf16 product,
+// label "AVX512_BF16"); otherwise Q, K, V and S converted to float in the loop and Eigen's float
+// products (label "portable").
+void floor_attention_bf16(benchmark::State& state, int b, int h, int height, int width, int d) {
+    namespace cpu = rpe::detail::cpu;
+    using mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const std::int64_t l = 1 + static_cast<std::int64_t>(height) * width, planes = static_cast<std::int64_t>(b) * h;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<rpe::bf16> q(static_cast<std::size_t>(planes * l * d)), k(q.size()), v(q.size()),
+        sb(static_cast<std::size_t>(l * l));
+    for (auto* x : {&q, &k, &v})
+        for (auto& e : *x) e = rpe::bf16(0.125f * normal(rng));
+    std::vector<float> s(static_cast<std::size_t>(l * l)), o(static_cast<std::size_t>(planes * l * d));
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    const std::int64_t kp_size = cpu::bf16_pack_size(d, l), vp_size = cpu::bf16_pack_size(l, d);
+    std::vector<rpe::bf16> kp(static_cast<std::size_t>(planes * kp_size)), vp(static_cast<std::size_t>(planes * vp_size));
+    for (std::int64_t p = 0; p < planes; ++p) {
+        cpu::bf16_pack_transposed(k.data() + p * l * d, d, d, l, kp.data() + p * kp_size);
+        cpu::bf16_pack_rows(v.data() + p * l * d, d, l, d, vp.data() + p * vp_size);
+    }
+    for (auto _ : state) {
+        for (std::int64_t p = 0; p < planes; ++p) {
+            cpu::bf16_gemm(l, l, d, q.data() + p * l * d, d, kp.data() + p * kp_size, s.data(), l, 1.0f, false);
+            Eigen::Map<mat> sm(s.data(), l, l);
+            sm = sm.array().exp();
+            cpu::float_to_bf16(s.data(), sb.data(), l * l);
+            cpu::bf16_gemm(l, d, l, sb.data(), l, vp.data() + p * vp_size, o.data() + p * l * d, d, 1.0f, false);
+        }
+        benchmark::DoNotOptimize(o.data());
+        benchmark::ClobberMemory();
+    }
+#else
+    mat qf(l, d), kf(l, d), vf(l, d), sf(l, l);
+    for (auto _ : state) {
+        for (std::int64_t p = 0; p < planes; ++p) {
+            cpu::bf16_to_float(q.data() + p * l * d, qf.data(), l * d);
+            cpu::bf16_to_float(k.data() + p * l * d, kf.data(), l * d);
+            cpu::bf16_to_float(v.data() + p * l * d, vf.data(), l * d);
+            sf.noalias() = qf * kf.transpose();
+            sf = sf.array().exp();
+            cpu::float_to_bf16(sf.data(), sb.data(), l * l);
+            cpu::bf16_to_float(sb.data(), sf.data(), l * l);
+            Eigen::Map<mat>(o.data() + p * l * d, l, d).noalias() = sf * vf;
+        }
+        benchmark::DoNotOptimize(o.data());
+        benchmark::ClobberMemory();
+    }
+#endif
+    state.SetItemsProcessed(state.iterations() * planes * l * l);
+    state.counters["L"] = static_cast<double>(l);
+    state.SetLabel(cpu::bf16_isa());
+}
+
 const bool registered = [] {
     benchmark::RegisterBenchmark("floor/attention/deit_s", floor_attention, 8, 6, 14, 14, 64, false)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark("floor/attention/deit_s/bf16", floor_attention_bf16, 8, 6, 14, 14, 64)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
     benchmark::RegisterBenchmark("floor/attention_fwd_bwd/deit_s", floor_attention, 8, 6, 14, 14, 64, true)
@@ -308,10 +413,14 @@ const bool registered = [] {
             benchmark::RegisterBenchmark(("attention_fwd_bwd/" + tail).c_str(), run, c, what::forward_backward)
                 ->Unit(benchmark::kMillisecond)
                 ->UseRealTime();
-            if (std::string(s.name) == "deit_s")
+            if (std::string(s.name) == "deit_s") {
                 benchmark::RegisterBenchmark(("attention_composed/" + tail).c_str(), run, c, what::composed)
                     ->Unit(benchmark::kMillisecond)
                     ->UseRealTime();
+                benchmark::RegisterBenchmark(("attention/" + tail + "/bf16").c_str(), run_bf16, c)
+                    ->Unit(benchmark::kMillisecond)
+                    ->UseRealTime();
+            }
         }
     // 2D RoPE on q and k, DeiT-S shapes (targets, one thread: rope ≤ 1.15x and rope_k ≤ 1.25x of
     // attention/deit_s/none; docs/rope.md)

@@ -1,5 +1,5 @@
 // The one instantiation of the CPU fused attention in a program (rpe::cpu::attention_forward and
-// both attention_backward overloads, float and double): rpe's own programs (tests, tools,
+// both attention_backward overloads, float and double; rpe::bf16's forward and its refusing backward): rpe's own programs (tests, tools,
 // benchmarks, examples) link the object library rpe_attention, a user's program the installed
 // target rpe::attention (which adds this file to it); both define RPE_EXTERN_ATTENTION, so each
 // translation unit that calls the fused attention skips its instantiation (see
@@ -23,6 +23,11 @@ template void attention_backward<float>(const attention_inputs<float>&, tensor_r
                                         tensor_ref<float>, tensor_ref<float>, const attention_options&);
 template void attention_backward<double>(const attention_inputs<double>&, tensor_ref<const double>, tensor_ref<double>,
                                          tensor_ref<double>, tensor_ref<double>, const attention_options&);
+template void attention_forward<bf16>(const attention_inputs<bf16>&, tensor_ref<bf16>, tensor_ref<bf16>,
+                                      const attention_options&);
+template void attention_backward<bf16>(const attention_inputs<bf16>&, const attention_gradients<bf16>&, const attention_options&);
+template void attention_backward<bf16>(const attention_inputs<bf16>&, tensor_ref<const bf16>, tensor_ref<bf16>, tensor_ref<bf16>,
+                                       tensor_ref<bf16>, const attention_options&);
 
 }  // namespace RPE_ISA_NS
 }  // namespace rpe::cpu

@@ -1,5 +1,5 @@
 // Test rpe_isa_test: two units of one program (isa_unit.cpp built for the x86-64 baseline and for
-// AVX2 + FMA) run the same fused attention and term forward through rpe. rpe's ISA-dependent code
+// AVX2 + FMA; a third for AVX-512 + AVX512_BF16 where the compiler takes it) run the same fused attention and term forward through rpe. rpe's ISA-dependent code
 // is in a namespace per ISA (rpe/backend/cpu/isa.hpp), so each unit keeps its own copy: the two
 // report their own ISA (through the functions' addresses, which the linker would merge) and
 // give the same results up to float rounding. Exit 77 (skipped) on a CPU without AVX2 + FMA,
@@ -19,8 +19,8 @@ void check(bool ok, const char* what) {
     if (!ok) ++failures;
 }
 
-// |a − b| ≤ 1e-5 + 1e-4·|b| for every element, and at least one nonzero.
-bool close(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+// |a − b| ≤ atol + rtol·|b| for every element (default 1e-5 + 1e-4·|b|), and at least one nonzero.
+bool close(const std::vector<float>& a, const std::vector<float>& b, const char* what, double atol = 1e-5, double rtol = 1e-4) {
     if (a.size() != b.size()) return false;
     double worst = 0;
     bool nonzero = false;
@@ -28,7 +28,7 @@ bool close(const std::vector<float>& a, const std::vector<float>& b, const char*
         if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return false;
         nonzero = nonzero || a[i] != 0.0f;
         const double err = std::fabs(double(a[i]) - double(b[i]));
-        if (err > 1e-5 + 1e-4 * std::fabs(double(b[i]))) {
+        if (err > atol + rtol * std::fabs(double(b[i]))) {
             std::printf("  %s[%zu]: %.9g vs %.9g\n", what, i, double(a[i]), double(b[i]));
             return false;
         }
@@ -62,5 +62,31 @@ int main() {
     check(base.attention_fn != wide.attention_fn, "each unit has its own rpe::attention_forward<float>");
     check(close(wide.attention, base.attention, "attention"), "attention outputs agree");
     check(close(wide.term, base.term, "term"), "term outputs agree");
+    // bf16: both units take the portable path (float kernels, outputs rounded once): one bf16
+    // rounding apart at most (2^-8 relative each)
+    check(base.bf16_path == "portable" && wide.bf16_path == "portable",
+          "the baseline and AVX2 units take the portable bf16 path");
+    check(close(wide.attention_bf16, base.attention_bf16, "attention bf16", 0x1p-12, 0x1p-7), "bf16 attention outputs agree");
+#if defined(RPE_ISA_TEST_BF16_UNIT)
+    const bool bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512bf16");
+    if (!bf16) {
+        std::printf("this CPU lacks AVX-512 or AVX512_BF16: the AVX512_BF16 unit is not run\n");
+        return failures ? 1 : 0;
+    }
+    const isa_result hw = run_avx512_bf16();
+    std::printf("AVX512_BF16 unit: simd_isa %s, namespace %s, bf16 path %s\n", hw.isa.c_str(), hw.ns.c_str(),
+                hw.bf16_path.c_str());
+    check(hw.ns == "avx512_bf16", "the AVX512_BF16 unit's rpe code is in namespace avx512_bf16");
+    check(hw.bf16_path == "AVX512_BF16", "the AVX512_BF16 unit takes the vdpbf16ps bf16 path");
+    check(hw.attention_fn != wide.attention_fn && hw.attention_fn != base.attention_fn,
+          "the AVX512_BF16 unit has its own rpe::attention_forward<float>");
+    check(close(hw.attention, base.attention, "attention (AVX512_BF16 unit)"), "float attention outputs agree");
+    // the hardware path also rounds the probabilities to bf16 before P·v: |v| ≤ 1 here, so
+    // 2^-8 more than the two output roundings
+    check(close(hw.attention_bf16, base.attention_bf16, "attention bf16 (AVX512_BF16 unit)", 0x1p-7, 0x1p-7),
+          "bf16 attention outputs agree (vdpbf16ps and portable paths)");
+#endif
     return failures ? 1 : 0;
 }

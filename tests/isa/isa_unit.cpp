@@ -1,5 +1,5 @@
 // One unit of test rpe_isa_test, compiled twice: RPE_ISA_TEST_ENTRY names the entry point of the
-// copy (run_baseline, run_avx2); the ISA flags come from CMakeLists.txt.
+// copy (run_baseline, run_avx2, run_avx512_bf16); the ISA flags come from CMakeLists.txt.
 #include <cstdint>
 #include <vector>
 
@@ -52,6 +52,30 @@ isa_result RPE_ISA_TEST_ENTRY() {
     isa_result r;
     r.attention.resize(n);
     rpe::attention_forward(in, rpe::tensor_ref<float>(r.attention.data(), qkv));
+
+    // the same attention on bf16 storage (the inputs rounded to bf16)
+    const auto to_bf16 = [](const std::vector<float>& x) {
+        std::vector<rpe::bf16> r(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) r[i] = rpe::bf16(x[i]);
+        return r;
+    };
+    const auto qb = to_bf16(q), kb = to_bf16(k), vb = to_bf16(v), tqb = to_bf16(table_q), tkb = to_bf16(table_k),
+               tvb = to_bf16(table_v);
+    rpe::attention_inputs<rpe::bf16> inb;
+    inb.q = {qb.data(), qkv};
+    inb.k = {kb.data(), qkv};
+    inb.v = {vb.data(), qkv};
+    inb.height = height;
+    inb.width = width;
+    inb.rpe_q = {tq.get(), {{tqb.data(), tq->table_shape()}}};
+    inb.rpe_k = {tk.get(), {{tkb.data(), tk->table_shape()}}};
+    inb.rpe_v = {tv.get(), {{tvb.data(), tv->table_shape()}}};
+    std::vector<rpe::bf16> outb(n);
+    rpe::attention_forward(inb, rpe::tensor_ref<rpe::bf16>(outb.data(), qkv));
+    r.attention_bf16.resize(n);
+    for (std::size_t i = 0; i < n; ++i) r.attention_bf16[i] = static_cast<float>(outb[i]);
+    const char* (*volatile bf16_path)() = &rpe::detail::cpu::bf16_isa;
+    r.bf16_path = bf16_path();
 
     // the key term alone: a contextual product term on the scaled queries
     const rpe::term<rpe::mapping::product<>, rpe::mode::contextual, rpe::target::key> on_key(product, cfg);

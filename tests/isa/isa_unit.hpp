@@ -1,6 +1,6 @@
 /// @file isa_unit.hpp
 /// @brief What one unit of test rpe_isa_test reports (see CMakeLists.txt): the same fused
-/// attention and term forward on the same inputs, computed by the rpe code of that unit's ISA.
+/// attention (float and bf16) and term forward on the same inputs, computed by the rpe code of that unit's ISA.
 #pragma once
 
 #include <string>
@@ -12,7 +12,10 @@ struct isa_result {
     std::string isa;                     ///< rpe::detail::cpu::simd_isa(), called through its address
     std::string ns;                      ///< rpe::detail::cpu::isa_namespace(), through its address
     const void* attention_fn = nullptr;  ///< &rpe::attention_forward<float> as this unit sees it
+    std::vector<float> attention_bf16;   ///< the same attention on rpe::bf16 storage (values as float)
+    std::string bf16_path;               ///< rpe::detail::cpu::bf16_isa(): "AVX512_BF16" or "portable"
 };
 
-isa_result run_baseline();  // unit compiled with -march=x86-64
-isa_result run_avx2();      // unit compiled with -mavx2 -mfma
+isa_result run_baseline();     // unit compiled with -march=x86-64
+isa_result run_avx2();         // unit compiled with -mavx2 -mfma
+isa_result run_avx512_bf16();  // unit compiled with -march=x86-64-v4 -mavx512bf16 (when the compiler takes it)

@@ -11,10 +11,12 @@
 #include <limits>
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "../../any_term.hpp"  // rpe::any_term, make_any_term: the CPU terms that users attach to slots
 #include "../../attention_inputs.hpp"
+#include "../../bf16.hpp"
 #include "../../detail/check.hpp"
 #include "../../detail/validate.hpp"
 #include "../../error.hpp"
@@ -186,13 +188,16 @@ void materialise_ids(fused_plan<S, Id>& plan, const std::vector<cpu::shared_scra
 // qs_blk (rb, D) are the scaled queries of those rows; tq holds the plane's products for the
 // contextual q tables (plane_query_products); blk the block's ids per table (load_block_ids).
 // Only the plane's first nk = plan.keys(p) keys are computed: lg is (rb, nk), the ids' rows stay L apart.
+// logits_given: lg already holds qs·kᵀ (the bf16 forward's own product); only the terms, masks
+// and softmax follow.
 template <class S, class Id>
 void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, std::int64_t i0,
-                         std::int64_t rb, const S* qs_blk, const S* tq, const Id* const* blk, S* lg, S* work) {
+                         std::int64_t rb, const S* qs_blk, const S* tq, const Id* const* blk, S* lg, S* work,
+                         bool logits_given = false) {
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, nk = plan.keys(p), d = plan.d, h = p % plan.h;
-    map<S>(lg, rb, nk).noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, nk, d).transpose();
+    if (!logits_given) map<S>(lg, rb, nk).noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, nk, d).transpose();
     // contextual key terms: per-bucket products of the block, (rb, K) each, side by side in work
     std::int64_t offset = 0;
     for (const auto& t : plan.on_k)
@@ -906,6 +911,13 @@ void packed_backward(const attention_inputs<S>& in, const attention_gradients<S>
         }
 }
 
+// The forward on rpe::bf16 storage (defined in attention_bf16.hpp, included at the end).
+template <class Id>
+void fused_forward_bf16(const attention_inputs<bf16>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<bf16> out,
+                        tensor_ref<bf16> attn, const attention_options& opt);
+// packed_forward on rpe::bf16 storage (attention_bf16.hpp): the portable path.
+inline void packed_forward_bf16(const attention_inputs<bf16>& in, tensor_ref<bf16> out, const attention_options& opt);
+
 }  // namespace RPE_ISA_NS
 }  // namespace detail
 
@@ -939,13 +951,26 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 /// Threads: OpenMP over (batch, head, row block) items when enabled; each item is computed by
 /// one thread in a fixed order, so results do not depend on the thread count (when called from
 /// outside any OpenMP parallel region; see docs/attention.md).
+/// S = rpe::bf16: bf16 storage of q, k, v, tables, attn_mask, RoPE frequencies, out and attn,
+/// float accumulation, outputs rounded to bf16 once (detail::fused_forward_bf16: vdpbf16ps
+/// products where the unit is built with AVX512_BF16, else float conversion and the float
+/// kernels; accuracy in docs/attention.md, "bf16"). Calls with `in.packed` or `in.key_lengths`
+/// take the portable path.
 template <class S>
 void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {
     detail::check_attention_forward(in, out, attn, opt, attention_caps);
-    if (in.packed.enabled()) return detail::packed_forward(in, out, opt);
+    if (in.packed.enabled()) {
+        if constexpr (std::is_same_v<S, bf16>)
+            return detail::packed_forward_bf16(in, out, opt);
+        else
+            return detail::packed_forward(in, out, opt);
+    }
     detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
-        detail::fused_forward<S, Id>(in, ids, out, attn, opt);
+        if constexpr (std::is_same_v<S, bf16>)
+            detail::fused_forward_bf16<Id>(in, ids, out, attn, opt);
+        else
+            detail::fused_forward<S, Id>(in, ids, out, attn, opt);
     });
 }
 
@@ -970,13 +995,22 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 /// partials take items·(2·L·D + L·K per contextual query table + table sizes) values; the items
 /// run in waves whose partials fit `opt.backward_budget_bytes` (default 256 MiB), with the same
 /// results for every budget (plan_backward_scratch tells the bytes; see docs/attention.md).
+/// @throws rpe::not_supported for S = rpe::bf16 (`[rpe.attention] the backward in bf16 (rpe::bf16)
+///   is not supported by the cpu backend; ...`): not in this version.
 template <class S>
 void attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt = {}) {
-    detail::check_attention_backward(in, g, opt, attention_caps);
-    if (in.packed.enabled()) return detail::packed_backward(in, g, opt);
-    detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
-        detail::fused_backward<S, Id>(in, ids, g.saved_attn, g.grad_out, g.grad_q, g.grad_k, g.grad_v, opt);
-    });
+    if constexpr (std::is_same_v<S, bf16>) {
+        (void)in, (void)g, (void)opt;
+        throw not_supported(detail::message("attention",
+                                            "the backward in bf16 (rpe::bf16) is not supported by the cpu backend; run the "
+                                            "forward and backward in float for training"));
+    } else {
+        detail::check_attention_backward(in, g, opt, attention_caps);
+        if (in.packed.enabled()) return detail::packed_backward(in, g, opt);
+        detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
+            detail::fused_backward<S, Id>(in, ids, g.saved_attn, g.grad_out, g.grad_q, g.grad_k, g.grad_v, opt);
+        });
+    }
 }
 
 /// @brief attention_backward recomputing the probabilities, with the tensors by position:
@@ -1055,6 +1089,12 @@ extern template void attention_backward<float>(const attention_inputs<float>&, t
                                                tensor_ref<float>, tensor_ref<float>, const attention_options&);
 extern template void attention_backward<double>(const attention_inputs<double>&, tensor_ref<const double>, tensor_ref<double>,
                                                 tensor_ref<double>, tensor_ref<double>, const attention_options&);
+extern template void attention_forward<bf16>(const attention_inputs<bf16>&, tensor_ref<bf16>, tensor_ref<bf16>,
+                                             const attention_options&);
+extern template void attention_backward<bf16>(const attention_inputs<bf16>&, const attention_gradients<bf16>&,
+                                              const attention_options&);
+extern template void attention_backward<bf16>(const attention_inputs<bf16>&, tensor_ref<const bf16>, tensor_ref<bf16>,
+                                              tensor_ref<bf16>, tensor_ref<bf16>, const attention_options&);
 #endif
 
 }  // namespace RPE_ISA_NS
@@ -1064,3 +1104,5 @@ using cpu::attention_backward;
 using cpu::attention_forward;
 
 }  // namespace rpe
+
+#include "attention_bf16.hpp"  // detail::fused_forward_bf16, over the float kernels above

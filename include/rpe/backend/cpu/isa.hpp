@@ -11,15 +11,18 @@
 /// Member functions of ISA-neutral class templates (rpe::term::forward, ...) carry the same name
 /// as an ABI tag (`RPE_ISA_TAG`, g++ and clang).
 ///
-/// Tiers (the first that the compiler's predefined macros enable): `avx512` (`__AVX512F__`),
-/// `avx2_fma`, `avx2`, `avx`, `sse4` (`__SSE4_1__`), `sse2` (the x86-64 baseline), `neon`,
+/// Tiers (the first that the compiler's predefined macros enable): `avx512_bf16` (`__AVX512F__`
+/// and `__AVX512BF16__`: the bf16 attention's vdpbf16ps products, bf16_kernels.hpp), `avx512`
+/// (`__AVX512F__`), `avx2_fma`, `avx2`, `avx`, `sse4` (`__SSE4_1__`), `sse2` (the x86-64 baseline), `neon`,
 /// `generic`. Define RPE_ISA_NS (an identifier) before including rpe to separate finer
 /// distinctions. Not covered: Eigen's own inline code (its matrix products) and the user's inline
 /// code that calls rpe keep one copy per program, as they would without rpe.
 #pragma once
 
 #if !defined(RPE_ISA_NS)
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define RPE_ISA_NS avx512_bf16
+#elif defined(__AVX512F__)
 #define RPE_ISA_NS avx512
 #elif defined(__AVX2__) && defined(__FMA__)
 #define RPE_ISA_NS avx2_fma
