@@ -2,8 +2,9 @@
 /// @brief PyTorch operators over rpe (`TORCH_LIBRARY(rpe, ...)`, CPU kernels): every iRPE term
 /// (bias / contextual on q, k, v, shared or per-head tables, Cross's two tables) forward and
 /// backward, and the fused attention step forward and backward (with an optional 2D RoPE of q
-/// and k: the registry's forms and DINOv3, channel layout pairs or half, on the grid or at
-/// per-token positions (CPU), with unrotated leading and trailing tokens); the ViT encodings:
+/// and k: the registry's forms, DINOv3 and M-RoPE in channel layout pairs or half, V-JEPA 2 in its
+/// own layout vjepa2, on the grid or at per-token positions (CPU), with unrotated leading and
+/// trailing tokens); the ViT encodings:
 /// the Swin, BEiT, SAM-decomposed and 2D-ALiBi mappings selectable by
 /// name in the term and attention operators, 2D RoPE on its own, and the operators that make
 /// their tables (timm's layout, SwinV2's CPB, SAM's tables and resize, ALiBi's fixed table). The
@@ -701,9 +702,10 @@ TORCH_LIBRARY(rpe, m) {
         "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None) "
         "-> Tensor[]");
     // 2D RoPE of x (B, H, L, D), L = skip + height*width + suffix (or skip + N + suffix with
-    // positions (N, 2)): a RoPE form of rpe's registry, its params in the registry's order (axial
-    // [theta], mixed [] with freqs (2, H, D/2), cat 8, dinov3 9, mrope 5; see make_rope); layout
-    // "pairs" or "half". Returns the rotated x.
+    // positions (N, 2), (N, 3) for mrope (t, h, w) and vjepa2 (frame, row, col)): a RoPE form of
+    // rpe's registry, its params in the registry's order (axial [theta], mixed [] with freqs
+    // (2, H, D/2), cat 8, dinov3 9, mrope 5, vjepa2 [theta], sam2 [theta]; see make_rope); layout
+    // "pairs" or "half", "vjepa2" for the form vjepa2 (its only one). Returns the rotated x.
     m.def(
         "rope_forward(Tensor x, str form, float[] params, Tensor? freqs, int skip, int height, int width, "
         "str layout=\"pairs\", Tensor? positions=None, int suffix=0) -> Tensor");

@@ -383,12 +383,29 @@ term_call<T> setup_term(const c10::optional<at::Tensor>& x_opt, at::TensorList t
 // 2D RoPE
 // ---------------------------------------------------------------------------------------------
 
-// The channel layout named `value` ("pairs" or "half"; rpe::rope::layout).
+// The channel layout named `value` ("pairs", "half" or "vjepa2"; rpe::rope::layout). "vjepa2",
+// V-JEPA 2's own layout, belongs to the form "vjepa2" alone (and that form to it): the library's
+// check_rope refuses any other combination (`[rpe.rope] rope layout = pairs for a form that runs
+// in its own layout; expected rope::layout::vjepa2`).
 inline rpe::rope::layout layout_of(c10::string_view value, const char* name) {
     const std::string v = str(value);
     if (v == "pairs") return rpe::rope::layout::pairs;
-    TORCH_CHECK_VALUE(v == "half", "[rpe.torch] ", name, " = '", v, "'; expected 'pairs' or 'half'");
+    if (v == "vjepa2") return rpe::rope::layout::vjepa2;
+    TORCH_CHECK_VALUE(v == "half", "[rpe.torch] ", name, " = '", v,
+                      "'; expected 'pairs', 'half' or 'vjepa2' (V-JEPA 2's own, for form 'vjepa2' only)");
     return rpe::rope::layout::half;
+}
+
+// The CUDA operators' refusal of what rpe's CUDA backend does not have of the rotary forms,
+// before any tensor is made on the device: V-JEPA 2's form and layout (rpe::not_supported in
+// rpe::cuda's RoPE table, said here by the torch names). Nothing for the CPU (w on the CPU).
+template <class S>
+void check_rope_device(const rpe::rotary_embedding<S>& r, c10::string_view form, const where& w) {
+    if (w.device.is_cpu() || !r.enabled()) return;
+    TORCH_CHECK_VALUE(r.layout != rpe::rope::layout::vjepa2, "[rpe.torch] rope form = '", str(form),
+                      "' (V-JEPA 2, channel layout 'vjepa2') is not supported by the cuda operators: rpe's CUDA backend ",
+                      "refuses it (rpe::not_supported); expected tensors on the cpu (the CPU operators take it) or a form in ",
+                      "layout 'pairs' or 'half' on ", w.device.str());
 }
 
 // The RoPE forms of rpe's registry (<rpe/families.hpp>), as "axial, mixed, ... or mrope".
@@ -401,7 +418,8 @@ inline std::string rope_form_names() {
     return names;
 }
 
-// Per-token positions (N, 2) (row, col) — (N, 3) (t, h, w) for a 3-axis form (mrope) — of
+// Per-token positions (N, 2) (row, col) — (N, 3) for a 3-axis form (mrope: (t, h, w); vjepa2:
+// (frame, row, col)) — of
 // `name`, integer or floating, on the CPU: the float32 contiguous tensor the library reads
 // (rpe::rotary_embedding::positions), or undefined when not given. The library checks the axes
 // against the form, N against L and that every value is finite. For a CUDA operator
@@ -419,7 +437,8 @@ inline at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const c
                      " has dtype ", c10::toString(st),
                      "; expected an integer, float32 or float64 tensor of (row, col) coordinates");
     TORCH_CHECK_VALUE(t.dim() == 2 && (t.size(1) == 2 || t.size(1) == 3), "[rpe.torch] ", name, " has shape ", shape_of(t),
-                      "; expected (N, 2) per-token (row, col) coordinates, or (N, 3) (t, h, w) for a 3-axis form");
+                      "; expected (N, 2) per-token (row, col) coordinates, or (N, 3) for a 3-axis form ((t, h, w) for "
+                      "mrope, (frame, row, col) for vjepa2)");
     check_int32_sizes(t, name);
     return t.to(at::kFloat).contiguous();
 }
@@ -429,7 +448,8 @@ inline at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const c
 // [theta], "mixed" [] (frequencies given with the call), "cat" [temperature, in_pixels, max_res,
 // linear_bands, grid_offset, ref_height, ref_width, xy_indexing], "dinov3" [base, min_period,
 // max_period, normalize (0 separate, 1 max, 2 min), shift_y, shift_x, jitter_y, jitter_x, rescale],
-// "mrope" [theta, section_t, section_h, section_w, interleaved]; flags as 0 / 1, a choice as its
+// "mrope" [theta, section_t, section_h, section_w, interleaved], "vjepa2" [theta] (layout
+// "vjepa2", its only one), "sam2" [theta]; flags as 0 / 1, a choice as its
 // position. The policy's own validate() (through the library's checks) rejects bad values.
 template <class S>
 rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double> p, int64_t skip,
@@ -609,6 +629,7 @@ attention_setup<S, T> setup_attention(attention_args& a, at::ScalarType st, cons
         s.in.attn_mask = cref<S>(m);
     }
     s.in.rope = make_rope<S>(a.rope_form, a.rope_params, a.rope_skip, a.rope_layout, a.rope_suffix);
+    check_rope_device(s.in.rope, a.rope_form, w);
     if (a.rope_freqs.defined()) {
         a.rope_freqs = prepared(a.rope_freqs, "rope_freqs", st, w);
         s.in.rope.freqs = cref<S>(a.rope_freqs);

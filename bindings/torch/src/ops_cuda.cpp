@@ -19,7 +19,10 @@
 /// What rpe's CUDA backend does not have is refused with a Python exception naming it: the
 /// probabilities output (`attention_forward_attn`: NotImplementedError) and the backward from
 /// saved probabilities (`attn`), per-token RoPE positions (`rope_positions`, `positions`), RoPE
-/// suffix tokens and rope::mrope (ValueError, the library's rpe::not_supported message); the
+/// suffix tokens and rope::mrope (ValueError, the library's rpe::not_supported message), the
+/// form vjepa2 in its layout vjepa2 (ValueError `[rpe.torch] rope form = 'vjepa2' (V-JEPA 2,
+/// channel layout 'vjepa2') is not supported by the cuda operators ...`, ops_common.hpp's
+/// check_rope_device, before any tensor is made on the device); the
 /// iRPE terms' per-token positions (`positions`, `key_positions` of the term operators,
 /// `rpe_positions`, `rpe_key_positions` of the attention), packed sequences (`packed_lengths`,
 /// `packed_grids`, `packed_positions`) and valid key lengths (`key_lengths`) (ValueError naming
@@ -157,6 +160,7 @@ std::vector<at::Tensor> rope_cuda(const at::Tensor& x_in, const at::Tensor* grad
     const at::Tensor x = prepared(x_in, "x", st, w);
     auto r = make_rope<S>(form, params, skip, layout, suffix);
     TORCH_CHECK_VALUE(r.enabled(), "[rpe.torch] rope form = ''; expected ", rope_form_names());
+    check_rope_device(r, form, w);  // vjepa2: refused (ValueError naming it)
     at::Tensor freqs;
     if (freqs_in && freqs_in->defined()) {
         freqs = prepared(*freqs_in, "freqs", st, w);
