@@ -12,7 +12,8 @@ padding and additive masks) through rpe's fused kernels, differentiable in q, k,
 
 The vision-transformer encodings (``rpe_torch.vit``, re-exported here): 2D RoPE (``RoPEAxial``,
 ``RoPEMixed``, ``RoPECat``, ``RoPEDinoV3``, ``RoPEMRoPE``; layout pairs or rotate-half, grid or
-per-token positions; ``attention(rope=..., positions=...)``), Swin / BEiT relative position bias
+per-token positions; V-JEPA 2's 3D ``RoPEVJEPA2`` in its own layout; ``attention(rope=...,
+positions=...)``), Swin / BEiT relative position bias
 (``RelPosBias``, timm's table layout), SwinV2's CPB (``relative_log_coords``, ``cpb_table``,
 ``cpb_bias``), SAM's decomposed relative position (``DecomposedRelPos``, ``resize_rel_pos``) and
 2D ALiBi (``ALiBi2D``).
@@ -33,7 +34,8 @@ __all__ = [
     "METHOD", "families", "load_plugin", "get_num_buckets", "get_single_rpe_config", "get_rpe_config", "build_rpe",
     "iRPE", "iRPE_Cross", "attention", "term", "bucket_ids", "library_path", "set_cache_budget", "cache_stats",
     "clear_caches", "has_cuda_kernels",
-    "RoPEAxial", "RoPEMixed", "RoPECat", "RoPEDinoV3", "RoPEMRoPE", "rope", "RelPosBias", "table_from_timm", "table_to_timm",
+    "RoPEAxial", "RoPEMixed", "RoPECat", "RoPEDinoV3", "RoPEMRoPE", "RoPEVJEPA2", "rope", "RelPosBias", "table_from_timm",
+    "table_to_timm",
     "relative_log_coords", "cpb_table", "cpb_bias", "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
     "ALiBi2D", "alibi_slopes", "TermSlot",
 ]
@@ -575,12 +577,13 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     TermSlot (SwinV2's CPB table), or None; height, width: the grid (L = skip + height·width;
     square when None; a ViT term's own grid by default); key_padding_mask: (B, L) bool/uint8, true =
     padded key; attn_mask: (L, L) additive float (or bool, true = masked), not differentiated;
-    scale: default D^-1/2; rope: a RoPEAxial / RoPEMixed / RoPECat / RoPEDinoV3 / RoPEMRoPE module (its
-    ``layout``, ``skip`` and ``suffix``): q and k are rotated first (L = rope.skip + height·width +
+    scale: default D^-1/2; rope: a RoPEAxial / RoPEMixed / RoPECat / RoPEDinoV3 / RoPEMRoPE /
+    RoPEVJEPA2 module (its ``layout``, ``skip`` and ``suffix``): q and k are rotated first (L =
+    rope.skip + height·width + rope.suffix; RoPEVJEPA2: rope.skip + grid_depth·height·width +
     rope.suffix) and everything after sees the rotated q and k (the RoPEMixed frequencies get their
     gradient); positions: the rope's per-token (row, col) coordinates of q's (and k's) N = L −
     skip − suffix rotated tokens instead of the grid, (N, 2) integer or float ((N, 3) (t, h, w)
-    position ids for RoPEMRoPE), CPU only (not differentiated); key_positions: the keys' own
+    position ids for RoPEMRoPE, (frame, row, col) for RoPEVJEPA2), CPU only (not differentiated); key_positions: the keys' own
     positions (same shape) (e.g. another grid; default:
     the queries') — ``positions`` / ``key_positions`` are the RoPE's only; the iRPE terms take
     their own, ``rpe_positions``: integer (N, 2) (row, col) — (N, 3) (t, row, col) for a 3D
@@ -604,9 +607,9 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     if rope is None and (positions is not None or key_positions is not None):
         raise ValueError("[rpe.torch] positions / key_positions are given without rope; expected a RoPE module "
                          "(they are the rotary embedding's per-token positions)")
-    axes = getattr(rope, "position_axes", 2)
-    _check_positions("positions", positions, q, axes)  # first: on CUDA, the clearer message (CPU-only positions)
-    _check_positions("key_positions", key_positions, q, axes)
+    axes, names = getattr(rope, "position_axes", 2), getattr(rope, "position_names", None)
+    _check_positions("positions", positions, q, axes, names)  # first: on CUDA, the clearer message (CPU-only positions)
+    _check_positions("key_positions", key_positions, q, axes, names)
     _check_index("rpe_positions", rpe_positions, q, axes=True, what="per-token iRPE positions")
     _check_index("rpe_key_positions", rpe_key_positions, q, axes=True, what="per-token iRPE key positions")
     _check_index("packed_lengths", packed_lengths, q, what="tokens per image")
@@ -679,9 +682,10 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     if rope is not None:
         if not isinstance(rope, _RoPE):
             raise TypeError(f"[rpe.torch] rope is a {type(rope).__name__}; expected an rpe_torch RoPEAxial, RoPEMixed, "
-                            "RoPECat, RoPEDinoV3 or RoPEMRoPE module")
-        form, rope_params, rope_skip, h, w = rope._spec(L, *(grid if grid is not None and height is None else (height, width)),
-                                                        positions)
+                            "RoPECat, RoPEDinoV3, RoPEMRoPE or RoPEVJEPA2 module")
+        # a V-JEPA 2 clip of several frames: its per-token (frame, row, col) ids as the positions
+        rh, rw, positions = rope._grid(L, *(grid if grid is not None and height is None else (height, width)), positions)
+        form, rope_params, rope_skip, h, w = rope._spec(L, rh, rw, positions)
         if positions is None:  # the rope's grid (with positions, the terms' grid or none)
             grid = (h, w)
         rope_spec, freqs = (form, rope_params, rope_skip, rope.layout, rope.suffix), rope._freqs()
@@ -721,7 +725,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
 
 
 from .vit import (  # noqa: E402  (the ViT encodings use the operators loaded above)
-    ALiBi2D, DecomposedRelPos, RelPosBias, RoPEAxial, RoPECat, RoPEDinoV3, RoPEMixed, RoPEMRoPE, TermSlot, alibi_slopes,
+    ALiBi2D, DecomposedRelPos, RelPosBias, RoPEAxial, RoPECat, RoPEDinoV3, RoPEMixed, RoPEMRoPE, RoPEVJEPA2, TermSlot,
+    alibi_slopes,
     cpb_bias, cpb_table,
     decomposed_rel_pos, relative_log_coords, resize_rel_pos, rope, table_from_timm, table_to_timm,
 )

@@ -1,6 +1,6 @@
 """rpe_torch's vision-transformer encodings (rpe's C++ kernels, CPU): 2D RoPE (rope-vit's Axial
-and Mixed, timm's cat form of EVA-02, DINOv3; channel layout pairs or rotate-half, on the grid or
-at per-token positions), the Swin / BEiT relative position bias (timm's table
+and Mixed, timm's cat form of EVA-02, DINOv3, Qwen-VL's M-RoPE; channel layout pairs or
+rotate-half, on the grid or at per-token positions), V-JEPA 2's 3D RoPE (its own layout), the Swin / BEiT relative position bias (timm's table
 layout), SwinV2's continuous position bias (the table from the user's CPB MLP), SAM's decomposed
 relative position and CROMA's 2D ALiBi.
 
@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from . import _check_device, _ops, term
 
 __all__ = [
-    "RoPEAxial", "RoPEMixed", "RoPECat", "RoPEDinoV3", "rope",
+    "RoPEAxial", "RoPEMixed", "RoPECat", "RoPEDinoV3", "RoPEMRoPE", "RoPEVJEPA2", "rope",
     "RelPosBias", "table_from_timm", "table_to_timm",
     "relative_log_coords", "cpb_table", "cpb_bias",
     "DecomposedRelPos", "decomposed_rel_pos", "resize_rel_pos",
@@ -71,15 +71,16 @@ def _square_grid(L, skip, height, width):
 _LAYOUTS = ("pairs", "half")
 
 
-def _check_positions(name, positions, x=None, axes=2):
+def _check_positions(name, positions, x=None, axes=2, what=None):
     """Per-token RoPE positions: None, or an (N, axes) integer / float32 / float64 CPU tensor of
-    (row, col) coordinates — (t, h, w) when axes = 3 (M-RoPE) — (the operators convert them to
-    float32, as the library reads them).
+    (row, col) coordinates — (t, h, w) when axes = 3 (M-RoPE), or the module's ``what`` (V-JEPA 2:
+    (frame, row, col)) — (the operators convert them to float32, as the library reads them).
     CUDA tensors are refused here, before the dispatcher: rpe's CUDA backend has no per-token
     positions (rpe::not_supported). ValueError / TypeError naming the argument otherwise."""
     if positions is None:
         return
-    what = "(row, col)" if axes == 2 else "(t, h, w)"
+    if what is None:
+        what = "(row, col)" if axes == 2 else "(t, h, w)"
     if not isinstance(positions, torch.Tensor):
         raise TypeError(f"[rpe.torch] {name} is a {type(positions).__name__}; expected a torch.Tensor (N, {axes}) of "
                         f"{what} coordinates")
@@ -108,6 +109,8 @@ class _RoPE(nn.Module):
     layout = "pairs"  # class defaults: modules pickled before these options load unchanged
     suffix = 0
     position_axes = 2  # columns of per-token positions: (row, col); RoPEMRoPE: (t, h, w)
+    position_names = None  # what the columns are, for messages (None: (row, col) or (t, h, w))
+    layouts = _LAYOUTS  # the channel layouts the form takes
 
     def __init__(self, skip=0, layout="pairs", suffix=0):
         super().__init__()
@@ -115,8 +118,8 @@ class _RoPE(nn.Module):
             raise ValueError(f"[rpe.torch] skip = {skip!r}; expected an int >= 0")
         if not isinstance(suffix, int) or isinstance(suffix, bool) or suffix < 0:
             raise ValueError(f"[rpe.torch] suffix = {suffix!r}; expected an int >= 0")
-        if layout not in _LAYOUTS:
-            raise ValueError(f"[rpe.torch] layout = {layout!r}; expected 'pairs' or 'half'")
+        if layout not in self.layouts:
+            raise ValueError(f"[rpe.torch] layout = {layout!r}; expected " + " or ".join(repr(v) for v in self.layouts))
         self.skip, self.layout, self.suffix = skip, layout, suffix
 
     def _params(self):
@@ -124,6 +127,11 @@ class _RoPE(nn.Module):
 
     def _freqs(self):
         return None
+
+    def _grid(self, L, height, width, positions=None):
+        """(height, width, positions) the operators get for L tokens: as given (a form on a 2D
+        grid); RoPEVJEPA2 turns a clip of several frames into its per-token (frame, row, col) ids."""
+        return height, width, positions
 
     def _spec(self, L, height, width, positions=None):
         """(form, params, skip, height, width): the grid is not used (1 × 1) with positions."""
@@ -138,10 +146,13 @@ class _RoPE(nn.Module):
         instead of the grid (height, width then unused). Raises ValueError / TypeError with the
         library's message (L ≠ skip + height·width + suffix, D not a multiple of 4 (axial, cat,
         dinov3) or 2 (mixed), bad parameters, positions of the wrong shape, dtype or device)."""
-        _check_positions("positions", positions, x, self.position_axes)
+        _check_positions("positions", positions, x, self.position_axes, self.position_names)
         _check_device("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D)")
+        return self._rotate(x, *self._grid(x.shape[2], height, width, positions))
+
+    def _rotate(self, x, height, width, positions):
         form, params, skip, height, width = self._spec(x.shape[2], height, width, positions)
         return _ops.rope_forward(x, form, params, self._freqs(), skip, height, width, self.layout, positions, self.suffix)
 
@@ -380,14 +391,161 @@ class RoPEMRoPE(_RoPE):
                 f"{self._options_repr('half')}")
 
 
+def _clip_ids(frames, height, width, ids=None):
+    """(N, 3) int64 (frame, row, col) of the tokens ``ids`` (N,) of a frames × height × width clip
+    in row-major order (None: all of them), as V-JEPA 2's get_position_ids numbers them:
+    frame = id div (height·width), row = (id mod height·width) div width, col = id mod width."""
+    i = torch.arange(frames * height * width) if ids is None else ids.to(torch.int64)
+    per_frame = height * width
+    frame = torch.div(i, per_frame, rounding_mode="floor")
+    rest = i - per_frame * frame
+    row = torch.div(rest, width, rounding_mode="floor")
+    return torch.stack([frame, row, rest - width * row], dim=1)
+
+
+class RoPEVJEPA2(_RoPE):
+    """V-JEPA 2's 3D RoPE (rpe::rope::vjepa2 through ``rope::custom``, channel layout
+    rpe::rope::layout::vjepa2, its only one). A head of D channels is cut into three slices of
+    ``s = 2·((D // 3) // 2)`` channels (the source's ``d_dim``, ``h_dim``, ``w_dim``; D = 64: 20,
+    80: 26, 96: 32), rotated by the token's frame, row and col ids, then ``D − 3s`` channels passed
+    through unrotated. Slice a has m = s/2 frequencies ``ω_k = 1/theta^(k/m)`` (float32), and
+    channel l of the slice turns by ``pos_a·ω_(l mod m)`` with partner l xor 1 (the source's
+    ``x·cos + rot(x)·sin``, rot pairing adjacent channels while cos, sin tile the m angles twice
+    over the slice: not a rotation, reproduced as it is; the backward is the map's transpose).
+    D must be even and >= 6.
+
+    Positions: ``forward(x, height=None, width=None, positions=None, frames=None)`` rotates x
+    (B, H, L, D) whose L = skip + N + suffix tokens are ``skip`` unrotated leading tokens, N
+    rotated ones and ``suffix`` unrotated trailing ones. The N tokens are either
+    ``positions`` (N, 3) (frame, row, col) ids, integer or real, CPU only — the source's
+    ``get_position_ids`` of the tokens (a mask's kept tokens: :meth:`get_position_ids`) — or a
+    clip of ``frames`` × ``height`` × ``width`` tokens in row-major order (frame, then row, then
+    col): ``frames`` defaults to ``grid_depth``, (height, width) to ``grid_size``, else a square
+    of (L − skip − suffix)/frames. One frame is the operators' own grid (ids (0, row, col)); more
+    frames go to the operators as their per-token ids. As ``rope=`` of
+    :func:`rpe_torch.attention` the clip is (``grid_depth``, the attention's height, width or
+    ``grid_size``), or ``positions`` / ``key_positions`` (N, 3).
+
+    Attributes as the source's VJEPA2RopeAttention names them: ``grid_depth`` (frames of the clip,
+    frames_per_clip // tubelet_size; default 1), ``grid_size`` (rows = cols of a frame,
+    crop_size // patch_size, or a pair (rows, cols); None: inferred), and with ``head_dim`` given
+    ``attention_head_size`` = head_dim and ``d_dim``, ``h_dim``, ``w_dim`` (the slices; x's D is
+    then checked against it). ``theta``: the frequency base (the source's fixed 10000). No
+    parameter or buffer (the source has none: nothing is learned). ``skip``, ``suffix`` as every
+    RoPE module; ``layout`` is ``"vjepa2"`` (the only value taken).
+
+    Source: huggingface/transformers ``models/vjepa2/modeling_vjepa2.py`` (rotate_queries_or_keys,
+    VJEPA2RopeAttention.get_position_ids, apply_rotary_embeddings); facebookresearch/vjepa2
+    ``src/models/utils/modules.py`` (RoPEAttention). Raises ValueError naming the argument for a
+    head_dim the form cannot take (odd or < 6), a grid that does not give L tokens, positions not
+    (N, 3); the operators' own messages for the rest (``[rpe.rope] vjepa2 head_dim D = 4 gives
+    slices of 0 channels ...``)."""
+
+    form = "vjepa2"
+    layout = "vjepa2"
+    layouts = ("vjepa2",)
+    position_axes = 3
+    position_names = "(frame, row, col)"
+
+    def __init__(self, theta=10000.0, grid_depth=1, grid_size=None, head_dim=None, skip=0, suffix=0, layout="vjepa2"):
+        super().__init__(skip, layout, suffix)
+        self.theta = _real(theta, "theta")
+        self.grid_depth = _count(grid_depth, "grid_depth")
+        if grid_size is not None:
+            rows, cols = _pair(grid_size, "grid_size")
+            _count(rows, "grid_size rows")
+            _count(cols, "grid_size cols")
+        self.grid_size = grid_size if grid_size is None or isinstance(grid_size, int) else (rows, cols)
+        self.attention_head_size = self.d_dim = self.h_dim = self.w_dim = None
+        if head_dim is not None:
+            d = _count(head_dim, "head_dim")
+            if d % 2 or d < 6:
+                raise ValueError(f"[rpe.torch] head_dim = {d}; expected an even number >= 6 (V-JEPA 2 rotates three "
+                                 "slices of 2*((head_dim // 3) // 2) channels, at least one pair each)")
+            self.attention_head_size = d
+            self.d_dim = self.h_dim = self.w_dim = 2 * ((d // 3) // 2)
+
+    def _rows_cols(self):
+        return None if self.grid_size is None else _pair(self.grid_size, "grid_size")
+
+    def get_position_ids(self, masks=None):
+        """The (N, 3) int64 (frame, row, col) ids of the module's clip (``grid_depth`` ×
+        ``grid_size``) as the source's ``get_position_ids`` gives them (stacked here: its
+        (frame_ids, height_ids, width_ids) are the three columns): every token (masks None,
+        N = grid_depth·rows·cols) or the kept tokens ``masks`` (N,) (integer indices into the
+        clip, the source's mask of one sample). For ``positions`` of forward and of
+        rpe_torch.attention. Raises ValueError without ``grid_size`` or for indices outside the clip."""
+        grid = self._rows_cols()
+        if grid is None:
+            raise ValueError("[rpe.torch] grid_size = None; expected the frame's rows (and cols) to number the clip")
+        n = self.grid_depth * grid[0] * grid[1]
+        if masks is not None:
+            if not isinstance(masks, torch.Tensor) or masks.dim() != 1 or masks.is_floating_point() \
+                    or masks.is_complex() or masks.dtype == torch.bool:
+                shape = tuple(masks.shape) if isinstance(masks, torch.Tensor) else type(masks).__name__
+                raise ValueError(f"[rpe.torch] masks is {shape}; expected an integer tensor (N,) of kept token indices")
+            if masks.numel() and (int(masks.min()) < 0 or int(masks.max()) >= n):
+                raise ValueError(f"[rpe.torch] masks holds indices in [{int(masks.min())}, {int(masks.max())}]; "
+                                 f"expected 0 <= index < {n} (grid_depth*rows*cols)")
+        return _clip_ids(self.grid_depth, grid[0], grid[1], masks)
+
+    def _grid(self, L, height, width, positions=None, frames=None):
+        """(height, width, positions) of the operators: positions as given; a one-frame clip as the
+        operators' grid; a clip of several frames as its (frame, row, col) ids (grid 1 × 1)."""
+        if positions is not None:
+            return height, width, positions
+        frames = self.grid_depth if frames is None else _count(frames, "frames")
+        if (height is None) != (width is None):
+            raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither")
+        if height is None and self.grid_size is not None:
+            height, width = self._rows_cols()
+        L, rotated = int(L), int(L) - self.skip - self.suffix
+        if height is None:
+            side = math.isqrt(max(rotated, 0) // frames)
+            if rotated < 1 or side * side * frames != rotated:
+                raise ValueError(f"[rpe.torch] L = {L} is not skip + frames*side*side + suffix (skip = {self.skip}, "
+                                 f"frames = {frames}, suffix = {self.suffix}); pass height and width (or grid_size)")
+            height = width = side
+        if frames == 1:
+            return height, width, None  # the operators' grid: ids (0, row, col)
+        height, width = _count(height, "height"), _count(width, "width")
+        if frames * height * width != rotated:
+            raise ValueError(f"[rpe.torch] L = {L}; expected skip + frames*height*width + suffix = {self.skip} + "
+                             f"{frames}*{height}*{width} + {self.suffix}")
+        return 1, 1, _clip_ids(frames, height, width)
+
+    def forward(self, x, height=None, width=None, positions=None, frames=None):
+        """The map of x (B, H, L, D) (class docstring): at ``positions`` (N, 3) (frame, row, col),
+        else on the clip of ``frames`` (default ``grid_depth``) × ``height`` × ``width`` (default
+        ``grid_size``, else square). Raises ValueError / TypeError naming the argument (positions
+        not (N, 3), a grid that does not give L, D against head_dim) or the library's message (D
+        odd or < 6, theta)."""
+        _check_positions("positions", positions, x, self.position_axes, self.position_names)
+        _check_device("x", x)
+        if x.dim() != 4:
+            raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D)")
+        if self.attention_head_size is not None and x.shape[3] != self.attention_head_size:
+            raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected D = head_dim = "
+                             f"{self.attention_head_size}")
+        return self._rotate(x, *self._grid(x.shape[2], height, width, positions, frames))
+
+    def _params(self):
+        return [self.theta]
+
+    def extra_repr(self):
+        head = "" if self.attention_head_size is None else f", head_dim={self.attention_head_size}"
+        return (f"theta={self.theta}, grid_depth={self.grid_depth}, grid_size={self.grid_size}{head}, "
+                f"{self._options_repr('vjepa2')}")
+
+
 def rope(x, embedding, height=None, width=None, positions=None):
     """``embedding(x, height, width, positions)``: x (B, H, L, D) rotated by a RoPEAxial /
-    RoPEMixed / RoPECat / RoPEDinoV3 / RoPEMRoPE module (on the grid, or at per-token
-    ``positions`` (N, 2), (N, 3) for RoPEMRoPE).
+    RoPEMixed / RoPECat / RoPEDinoV3 / RoPEMRoPE / RoPEVJEPA2 module (on the grid, or at
+    per-token ``positions`` (N, 2), (N, 3) for RoPEMRoPE and RoPEVJEPA2).
     Raises TypeError for another embedding."""
     if not isinstance(embedding, _RoPE):
-        raise TypeError(f"[rpe.torch] embedding is a {type(embedding).__name__}; expected RoPEAxial, RoPEMixed, RoPECat "
-                        "or RoPEDinoV3")
+        raise TypeError(f"[rpe.torch] embedding is a {type(embedding).__name__}; expected RoPEAxial, RoPEMixed, RoPECat, "
+                        "RoPEDinoV3, RoPEMRoPE or RoPEVJEPA2")
     return embedding(x, height, width, positions)
 
 
