@@ -471,6 +471,15 @@ def test_errors_name_the_argument():
         torch.ops.rpe.rope_forward(q, "axial", [100.0], None, 0, h, w, "pairs", None, 1)
     with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope::mrope .* is not supported by the cuda backend"):
         torch.ops.rpe.rope_forward(q[..., :1 + h * w - 1, :], "mrope", [10000.0, 2, 1, 1, 0], None, 0, h, w)
+    # V-JEPA 2's form and layout: refused by the operators, before any tensor is made on the device
+    xv = torch.randn(B, H, h * w, 14, device="cuda")
+    vjepa2 = r"\[rpe\.torch\] rope form = 'vjepa2' \(V-JEPA 2, channel layout 'vjepa2'\) is not supported by the cuda"
+    with pytest.raises(ValueError, match=vjepa2):
+        torch.ops.rpe.rope_forward(xv, "vjepa2", [10000.0], None, 0, h, w, "vjepa2")
+    with pytest.raises(ValueError, match=vjepa2):
+        rt.RoPEVJEPA2()(xv, h, w)
+    with pytest.raises(ValueError, match=vjepa2):
+        rt.attention(xv, xv, xv, rope=rt.RoPEVJEPA2(), height=h, width=w)
     with pytest.raises(ValueError, match=r"\[rpe\.cpb\] raw has shape \(15, 2\); expected \(25, 2\)"):
         torch.ops.rpe.cpb_table(torch.zeros(15, 2, device="cuda"), 3, 3, True)  # the CPU kernel's check, on the host
     # dtypes and the library's own checks, as on the CPU

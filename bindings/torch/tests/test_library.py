@@ -3,7 +3,8 @@ all its default checks (schema, autograd registration, fake tensor against the r
 shapes, dtypes and strides, AOT dispatch with dynamic shapes) on small float64 inputs, and
 ``torch.autograd.gradcheck`` straight on each differentiable operator. The RoPE operators also
 with their newer arguments (layout half, per-token positions and key positions, integer and
-real, a suffix, DINOv3), and the calls of the older signatures (without them)."""
+real, a suffix, DINOv3, M-RoPE, V-JEPA 2 in its own layout), and the calls of the older signatures
+(without them)."""
 import pytest
 import torch
 
@@ -50,19 +51,33 @@ def attention_args(save_attn=False, rope=""):
 
 
 def rope_positions_attention_args(rope="axial"):
-    """The attention without terms, RoPE with the new options: layout half, skip 1, a suffix of 1,
-    queries at integer positions, keys at real ones (L = 1 + 6 + 1)."""
+    """The attention without terms, RoPE with the new options: layout half (vjepa2: its own, at
+    D = DV), skip 1, a suffix of 1, queries at integer positions, keys at real ones (L = 1 + 6 + 1)."""
     L = 1 + h * w + 1
-    q, k, v = rnd(B, H, L, D, seed=14), rnd(B, H, L, D, seed=15), rnd(B, H, L, D, seed=16)
+    d = DV if rope == "vjepa2" else D
+    q, k, v = rnd(B, H, L, d, seed=14), rnd(B, H, L, d, seed=15), rnd(B, H, L, d, seed=16)
     pos = torch.stack([torch.arange(h * w) // w, torch.arange(h * w) % w], 1)
     key_pos = pos.to(F64) * 0.5 - 0.25
     freqs = rnd(2, H, D // 2, seed=17) if rope == "mixed" else None
     params = {"axial": [100.0], "mixed": [], "dinov3": [100.0, 0, 0, 1, 0.1, -0.2, 0.9, 1.1, 1.2],
-              "mrope": [100.0, 0, 1, 1, 0]}[rope]
-    if rope == "mrope":  # (t, h, w) position ids
-        pos, key_pos = torch.cat([pos[:, :1] * 0 + 2, pos], 1), torch.cat([key_pos[:, :1] * 0, key_pos], 1)
+              "mrope": [100.0, 0, 1, 1, 0], "vjepa2": [100.0]}[rope]
+    if rope in ("mrope", "vjepa2"):  # (t, h, w) position ids; vjepa2: (frame, row, col)
+        pos, key_pos = torch.cat([pos[:, :1] * 0 + 2, pos], 1), torch.cat([key_pos[:, :1] * 0 + 0.5, key_pos], 1)
     return (q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, 1, 1, None, None, None, rope, params, freqs, 1,
-            "half", pos, key_pos, 1)
+            "vjepa2" if rope == "vjepa2" else "half", pos, key_pos, 1)
+
+
+# V-JEPA 2 (layout vjepa2) needs D >= 6: at D = 14 each of its three slices has 4 channels (2
+# frequencies: a partnership's channels turn by different angles) and 2 channels pass through.
+DV = 14
+
+
+def vjepa2_attention_args():
+    """The attention with iRPE on k and V-JEPA 2 on the grid (one frame: ids (0, row, col)), skip 1."""
+    L = 1 + h * w
+    q, k, v = rnd(B, H, L, DV, seed=41), rnd(B, H, L, DV, seed=42), rnd(B, H, L, DV, seed=43)
+    return (q, k, v, [], [rnd(H, DV, 26, seed=44)], [], "", "", "product", "contextual", "", "",
+            [*R, 1.0] * 3, h, w, None, None, None, "vjepa2", [100.0], None, 1, "vjepa2")
 
 
 def index_attention_args(kind):
@@ -129,6 +144,15 @@ def op_cases():
     pos3 = torch.cat([torch.tensor([[0.0], [1.0], [1.0], [1.0], [2.0], [3.0]], dtype=F64), pos], 1)  # (t, h, w)
     cases["rope_forward[mrope_positions]"] = (ops.rope_forward, (xs, "mrope", [100.0, 0, 1, 1, 1], None, 1, 1, 1, "half",
                                                                  pos3, 2))
+    # V-JEPA 2 in its own layout: on the grid (one frame), at (frame, row, col) ids with a suffix
+    xv = rnd(B, H, 1 + h * w + 2, DV, seed=45)
+    pos3v = torch.cat([torch.tensor([[0.0], [1.0], [1.0], [2.0], [0.5], [3.0]], dtype=F64), pos], 1)
+    cases["rope_forward[vjepa2]"] = (ops.rope_forward, (xv[:, :, :1 + h * w], "vjepa2", [100.0], None, 1, h, w, "vjepa2"))
+    cases["rope_forward[vjepa2_positions]"] = (ops.rope_forward, (xv, "vjepa2", [10000.0], None, 1, 1, 1, "vjepa2", pos3v,
+                                                                  2))
+    cases["rope_backward[vjepa2_positions]"] = (ops.rope_backward, detached((xv, rnd(*xv.shape, seed=46), "vjepa2",
+                                                                             [10000.0], None, 1, 1, 1, "vjepa2", pos3v,
+                                                                             2)))
     cases["rope_backward[positions]"] = (ops.rope_backward, detached((xs, rnd(*xs.shape, seed=20), "mixed", [],
                                                                       rnd(2, H, D // 2, seed=19), 1, 1, 1, "half",
                                                                       pos, 2)))
@@ -136,6 +160,14 @@ def op_cases():
     cases["attention_forward[rope_mixed_positions]"] = (ops.attention_forward, rope_positions_attention_args("mixed"))
     cases["attention_forward[rope_dinov3_positions]"] = (ops.attention_forward, rope_positions_attention_args("dinov3"))
     cases["attention_forward[rope_mrope_positions]"] = (ops.attention_forward, rope_positions_attention_args("mrope"))
+    cases["attention_forward[rope_vjepa2_positions]"] = (ops.attention_forward, rope_positions_attention_args("vjepa2"))
+    cases["attention_forward[rope_vjepa2]"] = (ops.attention_forward, vjepa2_attention_args())
+    cases["attention_forward_attn[rope_vjepa2_positions]"] = (ops.attention_forward_attn,
+                                                              rope_positions_attention_args("vjepa2"))
+    a = detached(rope_positions_attention_args("vjepa2"))
+    cases["attention_backward[rope_vjepa2_positions]"] = (ops.attention_backward,
+                                                          (*a[:18], rnd(B, H, 8, DV, grad=False, seed=47), *a[18:22], None,
+                                                           *a[22:]))
     cases["attention_forward_attn[rope_positions]"] = (ops.attention_forward_attn, rope_positions_attention_args("mixed"))
     a = detached(rope_positions_attention_args("mixed"))
     cases["attention_backward[rope_positions]"] = (ops.attention_backward, (*a[:18], rnd(B, H, 8, D, grad=False, seed=21),

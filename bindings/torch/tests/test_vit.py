@@ -105,6 +105,10 @@ def rope_module(meta):
     if meta["form"] == "mrope":
         return rt.RoPEMRoPE(tuple(meta["sections"]), theta=meta["theta"], interleaved=meta["interleaved"], skip=skip,
                             layout=layout, suffix=meta.get("suffix", 0))
+    if meta["form"] == "vjepa2":
+        frames, rows, cols = meta["grid_thw"]
+        return rt.RoPEVJEPA2(theta=meta["theta"], grid_depth=frames, grid_size=(rows, cols), head_dim=meta["head_dim"],
+                             skip=skip, suffix=meta.get("suffix", 0))
     if meta["form"] == "dinov3":
         return rt.RoPEDinoV3(meta["head_dim"], temperature=meta.get("base"), min_period=meta.get("min_period"),
                              max_period=meta.get("max_period"), normalize_coords=meta["normalize"],
@@ -137,12 +141,11 @@ def test_rope_sam2_golden(case):
 @pytest.mark.parametrize("case", rope_cases(), ids=lambda p: p.name)
 def test_rope_golden(case):
     """rope-vit's apply_rotary_emb / timm's apply_rot_embed_cat (half=False and half=True) / timm's
-    RotaryEmbeddingDinoV3 / Qwen2-VL's vision RoPE (RoPECat, half, at the patches' positions): y, grad_x (and grad_freqs) where the case has them, float32, the C++
-    test's tolerances. Without a golden gradient the backward is checked as the transpose
+    RotaryEmbeddingDinoV3 / Qwen2-VL's vision RoPE (RoPECat, half, at the patches' positions) /
+    transformers' VJEPA2RopeAttention (RoPEVJEPA2 at get_position_ids' (frame, row, col) ids): y,
+    grad_x (and grad_freqs) where the case has them, float32, the C++ test's tolerances. Without a golden gradient the backward is checked as the transpose
     rotation: <y, g> = <x, grad_x> and grad_x = R⁻¹ g (a rotation's inverse is its transpose)."""
     meta = json.loads((case / "meta.json").read_text())
-    if meta["form"] == "vjepa2":
-        pytest.skip("no rpe_torch module for V-JEPA 2 yet (tests/unit/test_rope_vjepa2_sam2.cpp and the CLI tests check it)")
     if meta["form"] == "sam2":
         pytest.skip("SAM2's queries and keys: test_rope_sam2_golden")
     m = rope_module(meta)
@@ -651,9 +654,10 @@ def test_rope_layout_positions_dinov3_errors():
                  lambda: rt.RoPECat(layout="rotate"), lambda: rt.RoPEDinoV3(8, layout="rotate")):
         with pytest.raises(ValueError, match=r"\[rpe\.torch\] layout = 'rotate'; expected 'pairs' or 'half'"):
             make()
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope layout = 'interleaved'; expected 'pairs' or 'half'"):
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope layout = 'interleaved'; expected 'pairs', 'half' or "
+                                         r"'vjepa2' \(V-JEPA 2's own, for form 'vjepa2' only\)"):
         torch.ops.rpe.rope_forward(x, "axial", [100.0], None, 1, 2, 3, "interleaved")
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope layout = 'x'; expected 'pairs' or 'half'"):
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope layout = 'x'; expected 'pairs', 'half' or 'vjepa2'"):
         torch.ops.rpe.attention_forward(x, x, x, [], [], [], "", "", "", "", "", "", [0.0] * 12, 2, 3, None, None,
                                         rope_form="axial", rope_params=[100.0], rope_skip=1, rope_layout="x")
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] suffix = -1; expected an int >= 0"):
@@ -915,3 +919,181 @@ def test_rope_mrope_module_in_attention_and_errors():
         rt.attention(q, k, v, rope=m, positions=pos[:, 1:])
     with pytest.raises(ValueError, match=r"mrope sections = 1,2,1 sum to 4 frequency pairs; expected D/2 = 8"):
         m(torch.randn(1, 1, L, 16, dtype=F64), positions=pos)
+
+
+def vjepa2_cases():
+    return [c for c in rope_cases() if c.name.startswith("vjepa2_")]
+
+
+def vjepa2_by_hand(x, pos, skip=0, suffix=0, theta=10000.0):
+    """transformers' rotate_queries_or_keys on the three slices of 2*((D//3)//2) channels, the rest
+    passed through (apply_rotary_embeddings), written out here at the float64 x with rpe's float32
+    angles: x (B, H, L, D), pos (N, 3) (frame, row, col) of tokens skip .. L − suffix."""
+    D = x.shape[-1]
+    s = 2 * ((D // 3) // 2)
+    m = s // 2
+    omega = 1.0 / torch.tensor(theta, dtype=torch.float32) ** (torch.arange(m, dtype=torch.float32) / m)
+    end = x.shape[2] - suffix
+    mid = x[:, :, skip:end]
+    parts = []
+    for a in range(3):
+        angle = (pos[:, a:a + 1].float() * omega).double()  # (N, m)
+        c, sn = angle.cos().repeat(1, 2), angle.sin().repeat(1, 2)  # tiled twice over the slice
+        xs = mid[..., a * s:(a + 1) * s]
+        y1, y2 = xs.unflatten(-1, (-1, 2)).unbind(-1)
+        rot = torch.stack((-y2, y1), -1).flatten(-2)  # adjacent pairs
+        parts.append(xs * c + rot * sn)
+    parts.append(mid[..., 3 * s:])
+    return torch.cat([x[:, :, :skip], torch.cat(parts, -1), x[:, :, end:]], 2)
+
+
+@pytest.mark.parametrize("case", vjepa2_cases(), ids=lambda p: p.name)
+def test_rope_vjepa2_golden_clip_and_position_ids(case):
+    """The V-JEPA 2 golden cases through the clip instead of the ids: get_position_ids gives the
+    case's (frame, row, col) ids (every token, or the mask's kept ones); a whole clip rotated from
+    grid_depth × grid_size (or frames and a square inferred from L) equals the case's y and
+    grad_x, and equals the rotation at the ids exactly."""
+    meta = json.loads((case / "meta.json").read_text())
+    m = rope_module(meta)
+    kept = meta["kept"]
+    ids = m.get_position_ids(None if kept is None else torch.tensor(kept))
+    assert ids.dtype == torch.int64 and torch.equal(ids.float(), npy(case / "positions.npy"))
+    if kept is not None:
+        return
+    x = npy(case / "x.npy").requires_grad_()
+    y = m(x)
+    assert_close(y, np.load(case / "y.npy"), 2e-5, 2e-5, "y")
+    assert torch.equal(y, m(x, positions=ids))
+    y.backward(npy(case / "grad_y.npy"))
+    assert_close(x.grad, np.load(case / "grad_x.npy"), 2e-5, 2e-5, "grad_x")
+    frames, rows, cols = meta["grid_thw"]
+    bare = rt.RoPEVJEPA2()  # no grid: frames given, the frame's square side inferred from L
+    assert torch.equal(bare(x.detach(), frames=frames), y.detach())
+    assert torch.equal(bare(x.detach(), rows, cols, frames=frames), y.detach())
+
+
+def test_rope_vjepa2_by_hand_and_not_a_rotation():
+    """D = 14: three slices of 4 channels (2 frequencies each), 2 passed through; class token and
+    a suffix token unrotated; the source's map written out (vjepa2_by_hand) at float32 angles; the
+    two channels of a partnership turn by different angles, so the map does not keep norms, and
+    its backward is its transpose (<y, g> = <x, grad_x>)."""
+    torch.manual_seed(5)
+    m = rt.RoPEVJEPA2(theta=100.0, grid_depth=2, grid_size=(2, 3), head_dim=14, skip=1, suffix=1)
+    x = torch.randn(2, 3, 1 + 12 + 1, 14, dtype=F64, requires_grad=True)
+    y = m(x)
+    ids = m.get_position_ids()
+    assert ids.tolist()[:4] == [[0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0]] and ids.tolist()[6] == [1, 0, 0]
+    want = vjepa2_by_hand(x.detach(), ids, 1, 1, 100.0)
+    assert_close(y, want.numpy(), 1e-12, 1e-10, "y")
+    assert torch.equal(y[:, :, 0], x[:, :, 0]) and torch.equal(y[:, :, -1], x[:, :, -1])
+    assert torch.equal(y[..., 12:], x[..., 12:])  # the passed-through channels
+    assert not torch.allclose(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-6)  # not a rotation (the source's map)
+    g = torch.randn_like(y)
+    (gx,) = torch.autograd.grad(y, x, g)
+    assert abs(float(((y * g).sum() - (x * gx).sum()).detach())) < 1e-10
+    # the first frame alone: the operators' grid (ids (0, row, col)), as the clip of one frame
+    one = rt.RoPEVJEPA2(theta=100.0, skip=1, suffix=1)
+    x1 = x.detach()[:, :, :1 + 6 + 1]
+    assert torch.equal(one(x1, 2, 3), one(x1, positions=ids[:6]))
+    assert_close(one(x1, 2, 3), vjepa2_by_hand(x1, ids[:6], 1, 1, 100.0).numpy(), 1e-12, 1e-10, "one frame")
+    assert "grid_depth=2, grid_size=(2, 3), head_dim=14, skip=1, suffix=1" in repr(m)
+    assert (m.d_dim, m.h_dim, m.w_dim, m.attention_head_size) == (4, 4, 4, 14)
+    assert not list(m.parameters()) and not list(m.buffers())
+
+
+@pytest.mark.parametrize("where", ["clip", "mask_and_keys", "one_frame"])
+def test_rope_vjepa2_in_attention_equals_composed(where):
+    """rpe_torch.attention(rope=RoPEVJEPA2) equals the plain attention over the module's own maps
+    of q and k, output and the q, k, v gradients, float64: a 2-frame clip (grid_depth, the
+    attention's height and width) with a class and a suffix token; a mask's kept tokens for the
+    queries with the keys at other real ids; one frame (the operators' grid)."""
+    torch.manual_seed(7)
+    D = 20  # slices of 6 (3 frequencies), 2 channels passed through
+    if where == "clip":
+        m, grid, pos, key_pos = rt.RoPEVJEPA2(grid_depth=2, skip=1, suffix=1), (2, 3), None, None
+        L = 1 + 12 + 1
+    elif where == "mask_and_keys":
+        m, grid = rt.RoPEVJEPA2(grid_depth=3, grid_size=3), (None, None)
+        pos = m.get_position_ids(torch.tensor([0, 4, 5, 9, 13, 17, 22, 26]))
+        key_pos = pos.to(F64) * 0.75 + torch.tensor([0.5, -1.0, 0.25], dtype=F64)
+        L = pos.shape[0]
+    else:
+        m, grid, pos, key_pos = rt.RoPEVJEPA2(theta=1000.0, skip=2), (3, 3), None, None
+        L = 2 + 9
+    q, k, v = (torch.randn(2, 2, L, D, dtype=F64, requires_grad=True) for _ in range(3))
+    out = rt.attention(q, k, v, rope=m, height=grid[0], width=grid[1], positions=pos, key_positions=key_pos)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    qr = m(q, *grid, positions=pos)
+    kr = m(k, *grid, positions=key_pos if key_pos is not None else pos)
+    ref = torch.softmax(qr @ kr.transpose(-1, -2) * D ** -0.5, -1) @ v
+    assert_close(out, ref.detach().numpy(), 1e-12, 1e-10, "out")
+    for got, want, name in zip(grads, torch.autograd.grad(ref, (q, k, v), g), ("grad_q", "grad_k", "grad_v")):
+        assert_close(got, want.numpy(), 1e-11, 1e-9, name)
+    if where == "clip":  # the module's clip is the tokens' ids, by hand
+        assert_close(qr, vjepa2_by_hand(q.detach(), rt.RoPEVJEPA2(grid_depth=2, grid_size=(2, 3)).get_position_ids(), 1,
+                                        1).numpy(), 1e-12, 1e-10, "q rotated")
+    f = Wrap(rope=m, grid=grid, positions=pos, key_positions=key_pos)
+    assert gradcheck(lambda *a: f(*a), tuple(t.detach()[:1].requires_grad_() for t in (q, k, v)))
+
+
+def test_rope_vjepa2_errors_name_the_argument():
+    x = torch.randn(1, 2, 8, 14)
+    m = rt.RoPEVJEPA2(grid_depth=2, grid_size=2)
+    pos = m.get_position_ids()
+    cases = [
+        # positions: (N, 3) (frame, row, col), from the module and the attention
+        (lambda: m(x, positions=pos[:, 1:]), ValueError,
+         r"\[rpe\.torch\] positions has shape \(8, 2\); expected \(N, 3\) per-token \(frame, row, col\) coordinates"),
+        (lambda: rt.attention(x, x, x, rope=m, positions=pos[:, 1:]), ValueError,
+         r"\[rpe\.torch\] positions has shape \(8, 2\); expected \(N, 3\) per-token \(frame, row, col\)"),
+        (lambda: rt.attention(x, x, x, rope=m, key_positions=pos[:, :2]), ValueError,
+         r"\[rpe\.torch\] key_positions has shape \(8, 2\); expected \(N, 3\) per-token \(frame, row, col\)"),
+        (lambda: m(x, positions=pos[:7]), ValueError, r"\[rpe\.rope\] rope positions has shape \(7, 3\); expected \(8, 3\)"),
+        (lambda: torch.ops.rpe.rope_forward(x, "vjepa2", [10000.0], None, 0, 1, 1, "vjepa2", pos[:, :2]), ValueError,
+         r"\[rpe\.rope\] rope positions has shape \(8, 2\); expected 3 axes .*, shape \(8, 3\)"),
+        # head dims the form cannot take: the module's head_dim, then D of x (the library's messages)
+        (lambda: rt.RoPEVJEPA2(head_dim=4), ValueError, r"\[rpe\.torch\] head_dim = 4; expected an even number >= 6"),
+        (lambda: rt.RoPEVJEPA2(head_dim=15), ValueError, r"\[rpe\.torch\] head_dim = 15; expected an even number >= 6"),
+        (lambda: rt.RoPEVJEPA2(head_dim=16)(x, 2, 2, frames=2), ValueError,
+         r"\[rpe\.torch\] x has shape \(1, 2, 8, 14\); expected D = head_dim = 16"),
+        (lambda: m(torch.randn(1, 2, 8, 4)), ValueError,
+         r"\[rpe\.rope\] vjepa2 head_dim D = 4 gives slices of 0 channels \(2\*\(\(D/3\)/2\)\); expected D >= 6"),
+        (lambda: m(torch.randn(1, 2, 8, 7)), ValueError, r"\[rpe\.rope\] rope needs head_dim D = 7 to be a positive "
+                                                           r"multiple of 2"),
+        (lambda: rt.attention(*(torch.randn(1, 2, 8, 4),) * 3, rope=m), ValueError,
+         r"\[rpe\.rope\] vjepa2 head_dim D = 4 gives slices of 0 channels"),  # the policy's own component
+        # the layout: vjepa2's own, and only for it
+        (lambda: rt.RoPEVJEPA2(layout="half"), ValueError, r"\[rpe\.torch\] layout = 'half'; expected 'vjepa2'"),
+        (lambda: rt.RoPEAxial(layout="vjepa2"), ValueError, r"\[rpe\.torch\] layout = 'vjepa2'; expected 'pairs' or 'half'"),
+        (lambda: torch.ops.rpe.rope_forward(x, "vjepa2", [10000.0], None, 0, 2, 4, "pairs"), ValueError,
+         r"\[rpe\.rope\] rope layout = pairs for a form that runs in its own layout; expected rope::layout::vjepa2"),
+        (lambda: torch.ops.rpe.rope_forward(x, "axial", [100.0], None, 0, 2, 4, "vjepa2"), ValueError,
+         r"\[rpe\.rope\] rope layout = vjepa2 for a form other than rope::vjepa2; expected pairs or half"),
+        (lambda: torch.ops.rpe.attention_forward(x, x, x, [], [], [], "", "", "", "", "", "", [0.0] * 12, 2, 4, None, None,
+                                                 rope_form="vjepa2", rope_params=[10000.0], rope_layout="half"), ValueError,
+         r"\[rpe\.attention\] rope layout = half for a form that runs in its own layout"),
+        (lambda: torch.ops.rpe.rope_forward(x, "vjepa2", [], None, 0, 2, 4, "vjepa2"), ValueError,
+         r"\[rpe\.torch\] rope_params holds 0 values for form 'vjepa2'; expected 1 \(theta\)"),
+        # the clip against L, its sides, the parameters
+        (lambda: m(torch.randn(1, 2, 9, 14)), ValueError,
+         r"\[rpe\.torch\] L = 9; expected skip \+ frames\*height\*width \+ suffix = 0 \+ 2\*2\*2 \+ 0"),
+        (lambda: rt.RoPEVJEPA2(grid_depth=2)(torch.randn(1, 2, 10, 14)), ValueError,
+         r"\[rpe\.torch\] L = 10 is not skip \+ frames\*side\*side \+ suffix \(skip = 0, frames = 2, suffix = 0\)"),
+        (lambda: rt.RoPEVJEPA2()(x, 2, None), ValueError, r"\[rpe\.torch\] height = 2, width = None; give both or neither"),
+        (lambda: rt.RoPEVJEPA2()(x, 2, 2, frames=0), ValueError, r"\[rpe\.torch\] frames = 0; expected 1 <= frames"),
+        (lambda: rt.RoPEVJEPA2(grid_depth=0), ValueError, r"\[rpe\.torch\] grid_depth = 0; expected 1 <= grid_depth"),
+        (lambda: rt.RoPEVJEPA2(grid_size=(2, 0)), ValueError, r"\[rpe\.torch\] grid_size cols = 0"),
+        (lambda: rt.RoPEVJEPA2(grid_size="4"), ValueError, r"\[rpe\.torch\] grid_size = '4'; expected an int or a pair"),
+        (lambda: rt.RoPEVJEPA2(theta=math.inf), ValueError, r"\[rpe\.torch\] theta = inf; expected a finite number"),
+        (lambda: rt.RoPEVJEPA2(theta=0.0, grid_depth=2)(x), ValueError, r"\[rpe\.rope\] theta = 0; expected finite and > 0"),
+        (lambda: rt.RoPEVJEPA2().get_position_ids(), ValueError, r"\[rpe\.torch\] grid_size = None; expected the frame's"),
+        (lambda: m.get_position_ids(torch.tensor([0, 8])), ValueError,
+         r"\[rpe\.torch\] masks holds indices in \[0, 8\]; expected 0 <= index < 8"),
+        (lambda: m.get_position_ids(torch.tensor([[0, 1]])), ValueError,
+         r"\[rpe\.torch\] masks is \(1, 2\); expected an integer tensor \(N,\) of kept token indices"),
+    ]
+    for make, error, pattern in cases:
+        with pytest.raises(error, match=pattern) as info:
+            make()
+        assert "[rpe." in str(info.value), str(info.value)
