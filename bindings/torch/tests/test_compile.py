@@ -2,7 +2,7 @@
 with iRPE (model b, 2 blocks, contextual iRPE on q, k, v with a class token), both as the
 reference's module composition and through the fused attention, a small RoPE-Mixed ViT block
 on rpe_torch.attention, and blocks with the newer RoPE options (DINOv3, layout half, per-token
-positions, a suffix). No graph break (fullgraph), logits and gradients equal to eager; the
+positions, a suffix; V-JEPA 2 on a clip of two frames). No graph break (fullgraph), logits and gradients equal to eager; the
 exported program saves, loads and gives the same outputs. Shapes are tiny: compiling is the cost."""
 import io
 
@@ -80,6 +80,27 @@ def rope_options_model(kind):
     return RoPEOptionsBlock(rope).double(), torch.randn(2, 11, 16, dtype=torch.float64)
 
 
+class VJEPA2Block(nn.Module):
+    """An attention block with V-JEPA 2's RoPE on a clip of 2 frames of 2 x 2 tokens after a class
+    token: the module makes the clip's (frame, row, col) ids inside forward."""
+
+    def __init__(self, dim=28, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.rope = rpe_torch.RoPEVJEPA2(grid_depth=2, grid_size=2, head_dim=dim // heads, skip=1)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        return x + rpe_torch.attention(q, k, v, rope=self.rope).transpose(1, 2).reshape(b, n, c)
+
+
+def vjepa2_model():
+    torch.manual_seed(0)
+    return VJEPA2Block().double(), torch.randn(2, 9, 28, dtype=torch.float64)
+
+
 class SlotBlock(nn.Module):
     """An attention block whose term is a TermSlot built inside forward (as a user passes a
     learned table each call) or one of the ViT modules that build one per call (RelPosBias,
@@ -116,7 +137,7 @@ def slot_model(kind):
 
 MODELS = {"deit_irpe_modules": lambda: digits(False), "deit_irpe_fused": lambda: digits(True), "rope": rope_model,
           "rope_dinov3_positions": lambda: rope_options_model("dinov3"),
-          "rope_mixed_half_positions": lambda: rope_options_model("mixed"),
+          "rope_mixed_half_positions": lambda: rope_options_model("mixed"), "rope_vjepa2_clip": vjepa2_model,
           **{f"term_{kind}": (lambda kind=kind: slot_model(kind)) for kind in ("slot", "swin", "alibi", "decomposed")}}
 
 
