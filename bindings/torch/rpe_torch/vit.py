@@ -465,6 +465,18 @@ class RoPEVJEPA2(_RoPE):
             self.attention_head_size = d
             self.d_dim = self.h_dim = self.w_dim = 2 * ((d // 3) // 2)
 
+    @classmethod
+    def from_transformers(cls, module, skip=0, suffix=0):
+        """The RoPEVJEPA2 of a transformers ``VJEPA2RopeAttention`` (or any object with its
+        attributes ``grid_depth``, ``grid_size``, ``attention_head_size``): the same clip and head
+        dim, theta 10000 (the source's fixed base). Raises ValueError naming a missing attribute."""
+        for name in ("grid_depth", "grid_size", "attention_head_size"):
+            if not hasattr(module, name):
+                raise ValueError(f"[rpe.torch] module ({type(module).__name__}) has no attribute {name!r}; expected "
+                                 "a VJEPA2RopeAttention")
+        return cls(10000.0, int(module.grid_depth), int(module.grid_size), int(module.attention_head_size), skip=skip,
+                   suffix=suffix)
+
     def _rows_cols(self):
         return None if self.grid_size is None else _pair(self.grid_size, "grid_size")
 

@@ -999,6 +999,12 @@ def test_rope_vjepa2_by_hand_and_not_a_rotation():
     assert "grid_depth=2, grid_size=(2, 3), head_dim=14, skip=1, suffix=1" in repr(m)
     assert (m.d_dim, m.h_dim, m.w_dim, m.attention_head_size) == (4, 4, 4, 14)
     assert not list(m.parameters()) and not list(m.buffers())
+    # from transformers' VJEPA2RopeAttention (its attribute names; ViT-H: 16 heads of 80)
+    hf = type("VJEPA2RopeAttention", (), {"grid_depth": 8, "grid_size": 16, "attention_head_size": 80})()
+    t = rt.RoPEVJEPA2.from_transformers(hf, skip=1)
+    assert (t.theta, t.grid_depth, t.grid_size, t.d_dim, t.skip) == (10000.0, 8, 16, 26, 1)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] module \(object\) has no attribute 'grid_depth'"):
+        rt.RoPEVJEPA2.from_transformers(object())
 
 
 @pytest.mark.parametrize("where", ["clip", "mask_and_keys", "one_frame"])
