@@ -963,9 +963,10 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 /// The contextual q/k terms use per-bucket products (qs·table per row block: rows·D·K; k·s·table
 /// per head: L·D·K), the value term per-bucket sums of probabilities then one product, the bias
 /// terms a gather. With `in.rope` (rpe::rotary_embedding), each query row block is rotated as it
-/// is loaded (with the scaling) and the keys once per call into a (B, H, L, D) copy, from a
-/// cos/sin table (grid tokens, D/2) built once per grid and cached (rope::mixed: per call); the
-/// terms then see the rotated q and k (equal to rpe::rope_forward on q and k, then this call). Rows whose keys are all masked give zero probabilities and zero output (the
+/// is loaded (with the scaling) and each plane's keys just before its blocks into a per-thread
+/// (L, D) buffer (with contextual q terms: once per call into a (B, H, L, D) copy), from a
+/// cos/sin table (grid tokens, D/2) built once and cached (per grid; rope::mixed per frequency
+/// values, per-token positions per their values: rpe::rope_table_of); the terms then see the rotated q and k (equal to rpe::rope_forward on q and k, then this call). Rows whose keys are all masked give zero probabilities and zero output (the
 /// reference gives NaN); a NaN logit makes its row NaN. With `in.packed` (rpe::packed_sequences)
 /// each image is computed alone on its rows (block-diagonal; no `attn` output); with
 /// `in.key_lengths` only the first key_lengths[b] keys of batch element b are computed (the rest
