@@ -132,6 +132,62 @@ TEST_CASE("rope: the fixed forms' tables are cached per (policy, D, grid, scalar
     CHECK(t1->cos[(1 * 5 + 2) * 4 + 2] == doctest::Approx(std::cos(1.0)));
 }
 
+TEST_CASE("rope: tables made from data (mixed frequencies, per-token positions) are cached by the data's values") {
+    // rope::mixed on the grid: one table per frequency values, shared by equal values in another buffer
+    const std::int64_t heads = 2, pairs = 4, d = 2 * pairs;
+    std::vector<float> freqs(static_cast<std::size_t>(2 * heads * pairs));
+    for (std::size_t i = 0; i < freqs.size(); ++i) freqs[i] = 0.1f * static_cast<float>(i) - 0.7f;
+    const std::vector<float> same = freqs;
+    rpe::rotary_embedding<float> m{.form = rpe::rope::mixed{}, .freqs = cview(freqs, {2, heads, pairs})};
+    const auto t1 = rpe::rope_table_of(m, d, 3, 5);
+    CHECK(rpe::rope_table_of(m, d, 3, 5).get() == t1.get());
+    auto m2 = m;
+    m2.freqs = cview(same, {2, heads, pairs});
+    CHECK(rpe::rope_table_of(m2, d, 3, 5).get() == t1.get());
+    CHECK(rpe::rope_table_of(m, d, 5, 3).get() != t1.get());  // the grid
+    m2.layout = rpe::rope::layout::half;
+    CHECK(rpe::rope_table_of(m2, d, 3, 5).get() != t1.get());  // the layout
+    // a training step's new values: a new table with the new angles (the old one unchanged)
+    const std::vector<float> cos1 = t1->cos;
+    freqs[3] += 0.25f;
+    const auto t3 = rpe::rope_table_of(m, d, 3, 5);
+    CHECK(t3.get() != t1.get());
+    CHECK(t1->cos == cos1);
+    CHECK(t3->cos[(1 * 5 + 2) * pairs + 3] == std::cos(rpe::rope::mixed::angle(1, 2, freqs[3], freqs[heads * pairs + 3])));
+    CHECK(t3->cos[(1 * 5 + 2) * pairs + 3] != cos1[(1 * 5 + 2) * pairs + 3]);
+    freqs[3] -= 0.25f;
+    CHECK(rpe::rope_table_of(m, d, 3, 5).get() == t1.get());
+    // positions: one table per (form, positions' values, D, layout), equal to the grid's values
+    std::vector<float> pos;
+    for (int r = 0; r < 3; ++r)
+        for (int c = 0; c < 5; ++c) pos.insert(pos.end(), {static_cast<float>(r), static_cast<float>(c)});
+    const std::vector<float> pos_copy = pos;
+    rpe::rotary_embedding<float> a{.form = rpe::rope::axial{.theta = 123.0f}, .skip = 1};
+    a.positions = cview(pos, {15, 2});
+    const auto p1 = rpe::rope_query_table(a, d, 1, 1);
+    CHECK(rpe::rope_query_table(a, d, 1, 1).get() == p1.get());
+    CHECK(rpe::rope_position_table(a, cview(pos_copy, {15, 2}), d).get() == p1.get());
+    auto grid = a;
+    grid.positions = {};
+    CHECK(p1->cos == rpe::rope_table_of(grid, d, 3, 5)->cos);  // positions = the grid: its values, cached apart
+    CHECK(rpe::rope_table_of(grid, d, 3, 5).get() != p1.get());
+    a.form = rpe::rope::axial{.theta = 124.0f};
+    CHECK(rpe::rope_query_table(a, d, 1, 1).get() != p1.get());  // the policy
+    a.form = rpe::rope::axial{.theta = 123.0f};
+    pos[5] = 2.5f;
+    const auto p2 = rpe::rope_query_table(a, d, 1, 1);
+    CHECK(p2.get() != p1.get());  // the values
+    CHECK(p2->cos != p1->cos);
+    // mixed at positions: keyed by the frequencies and the positions
+    m.positions = cview(pos_copy, {15, 2});
+    const auto q1 = rpe::rope_query_table(m, d, 1, 1);
+    CHECK(q1->cos == t1->cos);
+    CHECK(q1.get() != t1.get());
+    CHECK(rpe::rope_query_table(m, d, 1, 1).get() == q1.get());
+    freqs[0] = 3.0f;
+    CHECK(rpe::rope_query_table(m, d, 1, 1).get() != q1.get());
+}
+
 TEST_CASE("rope: the table cache keys a fixed form by every parameter of its policy") {
     using rpe::rope::cat;
     auto table = [](rpe::rope_form form, std::int64_t d = 8, int height = 3, int width = 5) {

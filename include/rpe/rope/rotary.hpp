@@ -330,7 +330,7 @@ rope_table<S> build_mixed_table(const tensor_ref<const S>& freqs, int height, in
         for (std::int64_t n = 0; n < t.tokens; ++n)
             for (std::int64_t j = 0; j < t.pairs; ++j) {
                 // float32 as rope-vit (its frequencies are a float parameter; a double S keeps S)
-                // (built at every call: float cos/sin for float, as torch.polar in rope-vit)
+                // (float cos/sin for float, as torch.polar in rope-vit)
                 const std::int64_t f = h * t.pairs + j;
                 const S a = rope::mixed::angle(static_cast<int>(n / width), static_cast<int>(n % width), fx[f], fy[f]);
                 const auto e = static_cast<std::size_t>((h * t.tokens + n) * t.pairs + j);
@@ -343,7 +343,7 @@ rope_table<S> build_mixed_table(const tensor_ref<const S>& freqs, int height, in
 /// @brief The table of `r` at per-token positions p (N, A) (row, col; or (t, h, w) for a 3-axis
 /// form), checked by check_rope: heads 1 and the policy's angle_at for the fixed forms; heads H and the angle
 /// `x·fx + y·fy` (rope::mixed::angle_at) for rope::mixed, with t_x = x, t_y = y for its
-/// frequency gradient. Built at each call (positions are data), never cached.
+/// frequency gradient. Not cached itself: rope_position_table shares it through the RoPE cache.
 template <class S>
 rope_table<S> build_position_table(const rotary_embedding<S>& r, const tensor_ref<const float>& p, std::int64_t d) {
     rope_table<S> t;
@@ -411,22 +411,45 @@ rope_table<S> build_position_table(const rotary_embedding<S>& r, const tensor_re
     return t;
 }
 
-/// @brief Cache key of a fixed-form table: the policy (type and value, type-erased: every
-/// parameter that its operator== compares takes part), S, D, the grid and the channel layout
-/// (the table records it; its cos/sin are per pair either way).
+/// @brief Cache key of a table: the policy (type and value, type-erased: every parameter that
+/// its operator== compares takes part; null for rope::mixed), S, D, the grid and the channel
+/// layout (the table records it; its cos/sin are per pair either way), and for the tables built
+/// from data (rope::mixed's learned frequencies, per-token positions) that data bit for bit.
 struct rope_key {
-    std::shared_ptr<const rope_policy_base> policy;  ///< the form's policy; never null in a cache
+    std::shared_ptr<const rope_policy_base> policy;  ///< the fixed form's policy; null for rope::mixed
     int scalar_bytes = 0;
     std::int64_t d = 0;
-    int height = 0, width = 0;
+    int height = 0, width = 0;  ///< the grid; with positions, (tokens N, axes A) of the positions
     rope::layout layout = rope::layout::pairs;
+    bool positions = false;           ///< at per-token positions (their values in data) instead of the grid
+    std::vector<unsigned char> data;  ///< rope::mixed's freqs (2, H, D/2), then the positions (N, A): their bytes; else empty
+    std::size_t data_hash = 0;        ///< hash of data (kept with it by add_data)
+    /// @brief Appends `count` elements at `p` to data (their bytes) and updates data_hash.
+    template <class T>
+    void add_data(const T* p, std::int64_t count) {
+        const auto* b = reinterpret_cast<const unsigned char*>(p);
+        const std::size_t n = static_cast<std::size_t>(count) * sizeof(T);
+        data.insert(data.end(), b, b + n);
+        std::size_t h = data_hash ^ 0xcbf29ce484222325ULL;  // FNV-1a over 8-byte words, then the tail
+        std::size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            std::uint64_t w = 0;
+            std::memcpy(&w, b + i, 8);
+            h = (h ^ static_cast<std::size_t>(w)) * 0x100000001b3ULL;
+        }
+        for (; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
+        data_hash = h;
+    }
     friend bool operator==(const rope_key& a, const rope_key& b) {
-        return a.scalar_bytes == b.scalar_bytes && a.d == b.d && a.height == b.height && a.width == b.width &&
-               a.layout == b.layout && a.policy && b.policy && (a.policy == b.policy || a.policy->equals(*b.policy));
+        if (a.scalar_bytes != b.scalar_bytes || a.d != b.d || a.height != b.height || a.width != b.width ||
+            a.layout != b.layout || a.positions != b.positions || a.data_hash != b.data_hash || a.data != b.data)
+            return false;
+        if (!a.policy || !b.policy) return !a.policy && !b.policy && !a.data.empty();  // rope::mixed: its freqs
+        return a.policy == b.policy || a.policy->equals(*b.policy);
     }
 };
-/// @brief Hash of a rope_key: the policy's type and the sizes (equal policy types are told apart
-/// by ==).
+/// @brief Hash of a rope_key: the policy's type, the sizes and the data's hash (equal policy
+/// types are told apart by ==).
 struct rope_key_hash {
     std::size_t operator()(const rope_key& k) const noexcept {
         std::size_t h = k.policy ? k.policy->type().hash_code() : 0;
@@ -436,16 +459,30 @@ struct rope_key_hash {
         mix(static_cast<std::size_t>(k.height));
         mix(static_cast<std::size_t>(k.width));
         mix(static_cast<std::size_t>(k.layout));
+        mix(static_cast<std::size_t>(k.positions));
+        mix(k.data_hash);
         return h;
     }
 };
+
+/// @brief A key of S, D, the grid and r.layout, without policy or data.
+template <class S>
+rope_key sized_rope_key(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
+    rope_key key;
+    key.scalar_bytes = static_cast<int>(sizeof(S));
+    key.d = d;
+    key.height = height;
+    key.width = width;
+    key.layout = r.layout;
+    return key;
+}
 
 /// @brief The cache key of a fixed-form table of `r` (not rope::mixed) for element type S, D and
 /// the grid (and r.layout): the key of rope_table_of's host cache and of the CUDA backend's device copies.
 /// @throws rpe::invalid_argument `[rpe.rope] no fixed table for this form` for none or rope::mixed.
 template <class S>
 rope_key rope_key_of(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
-    rope_key key{nullptr, static_cast<int>(sizeof(S)), d, height, width, r.layout};
+    rope_key key = sized_rope_key<S>(r, d, height, width);
     std::visit(
         [&](const auto& p) {
             using P = std::remove_cvref_t<decltype(p)>;
@@ -459,35 +496,68 @@ rope_key rope_key_of(const rotary_embedding<S>& r, std::int64_t d, int height, i
     return key;
 }
 
-/// The process-wide cache of fixed-form tables (like rpe::bucket_cache for bucket ids), within a
+/// The process-wide cache of RoPE tables (like rpe::bucket_cache for bucket ids), within a
 /// byte budget (default_cache_budget(); rpe::set_cache_budget), least recently used out first.
 inline single_flight_cache<rope_key, std::shared_ptr<const void>, rope_key_hash>& rope_cache() {
     static single_flight_cache<rope_key, std::shared_ptr<const void>, rope_key_hash> cache;
     return cache;
 }
 
-}  // namespace detail
-
-/// @brief The cos/sin table of `r` for heads H, head dim D and a height × width grid: the fixed
-/// forms' tables are built once per (policy, D, grid, S, layout) and shared (thread-safe, as bucket
-/// ids); rope::mixed's is computed from `r.freqs` at each call (the frequencies are learned).
-/// @pre r checked by detail::check_rope; r.enabled().
-template <class S>
-std::shared_ptr<const rope_table<S>> rope_table_of(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
-    if (r.is_mixed()) return std::make_shared<const rope_table<S>>(detail::build_mixed_table(r.freqs, height, width, r.layout));
-    const detail::rope_key key = detail::rope_key_of(r, d, height, width);
+/// @brief The table of `key` from rope_cache(), made by `build()` (a rope_table<S>) on first use;
+/// it counts its cos/sin (and t_x, t_y) and the key's data against the budget.
+template <class S, class Build>
+std::shared_ptr<const rope_table<S>> cached_rope_table(const rope_key& key, Build&& build) {
     std::size_t bytes = 0;  // of the table built by this call (the budget's count)
-    auto v = detail::rope_cache().get_or_build(
+    auto v = rope_cache().get_or_build(
         key,
         [&]() -> std::shared_ptr<const void> {
-            auto built = detail::build_rope_table<S>(*key.policy, d, height, width);
-            built.layout = key.layout;
-            auto t = std::make_shared<const rope_table<S>>(std::move(built));
-            bytes = (t->cos.size() + t->sin.size()) * sizeof(S) + (t->tx.size() + t->ty.size()) * sizeof(float);
+            auto t = std::make_shared<const rope_table<S>>(build());
+            bytes = (t->cos.size() + t->sin.size()) * sizeof(S) + (t->tx.size() + t->ty.size()) * sizeof(float) + key.data.size();
             return t;
         },
         [&](const std::shared_ptr<const void>&) { return bytes; });
     return std::static_pointer_cast<const rope_table<S>>(v);
+}
+
+/// @brief The cache key of the table of `r` at per-token positions p (N, A) (checked by
+/// check_rope: contiguous, finite), or of rope::mixed on the grid (p null): the fixed form's
+/// policy (null for rope::mixed), S, D, the layout, the grid or (N, A), and as data the
+/// frequencies (rope::mixed, (2, H, D/2)) and the positions, bit for bit.
+template <class S>
+rope_key rope_data_key_of(const rotary_embedding<S>& r, std::int64_t d, int height, int width, const tensor_ref<const float>* p) {
+    rope_key key = sized_rope_key<S>(r, d, height, width);
+    if (r.is_mixed())
+        key.add_data(r.freqs.data, 2 * r.freqs.extent(1) * r.freqs.extent(2));
+    else
+        key = rope_key_of(r, d, height, width);
+    if (p) {
+        key.positions = true;
+        key.height = static_cast<int>(p->extent(0));
+        key.width = static_cast<int>(p->extent(1));
+        key.add_data(p->data, p->extent(0) * p->extent(1));
+    }
+    return key;
+}
+
+}  // namespace detail
+
+/// @brief The cos/sin table of `r` for heads H, head dim D and a height × width grid, built once
+/// and shared through a thread-safe cache within its byte budget (as bucket ids): the fixed
+/// forms' per (policy, D, grid, S, layout); rope::mixed's per (frequency values `r.freqs`, D,
+/// grid, S, layout): the frequencies are learned, so new values (a training step) make a new
+/// entry and the unused ones leave the cache least recently used first.
+/// @pre r checked by detail::check_rope; r.enabled().
+template <class S>
+std::shared_ptr<const rope_table<S>> rope_table_of(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
+    if (r.is_mixed())
+        return detail::cached_rope_table<S>(detail::rope_data_key_of(r, d, height, width, nullptr),
+                                            [&] { return detail::build_mixed_table(r.freqs, height, width, r.layout); });
+    const detail::rope_key key = detail::rope_key_of(r, d, height, width);
+    return detail::cached_rope_table<S>(key, [&] {
+        auto built = detail::build_rope_table<S>(*key.policy, d, height, width);
+        built.layout = key.layout;
+        return built;
+    });
 }
 
 /// @brief The embedding of the queries alone (key_positions dropped): what a standalone
@@ -505,23 +575,33 @@ rotary_embedding<S> key_rope(rotary_embedding<S> r) {
     return r;
 }
 
+/// @brief The table of `r` at per-token positions p (N, A) (r.positions or r.key_positions,
+/// checked by detail::check_rope): detail::build_position_table, shared through the cache of
+/// rope_table_of per (form, positions' values, D, S, layout; rope::mixed: with its frequency
+/// values), so the layers of a model that share the positions share one table.
+/// @pre r checked by detail::check_rope; r.enabled().
+template <class S>
+std::shared_ptr<const rope_table<S>> rope_position_table(const rotary_embedding<S>& r, const tensor_ref<const float>& p,
+                                                         std::int64_t d) {
+    return detail::cached_rope_table<S>(detail::rope_data_key_of(r, d, 0, 0, &p),
+                                        [&] { return detail::build_position_table(r, p, d); });
+}
+
 /// @brief The table that rotates the queries (or x of a standalone rotation): at
-/// `r.positions` when given (built per call), else the grid's (rope_table_of).
+/// `r.positions` when given (rope_position_table), else the grid's (rope_table_of).
 /// @pre r checked by detail::check_rope; r.enabled().
 template <class S>
 std::shared_ptr<const rope_table<S>> rope_query_table(const rotary_embedding<S>& r, std::int64_t d, int height, int width) {
-    if (r.positions.data != nullptr)
-        return std::make_shared<const rope_table<S>>(detail::build_position_table(r, r.positions, d));
+    if (r.positions.data != nullptr) return rope_position_table(r, r.positions, d);
     return rope_table_of(r, d, height, width);
 }
 
 /// @brief The table that rotates the keys of the fused attention: at `r.key_positions` when
-/// given, else the queries' table `query`.
+/// given (rope_position_table), else the queries' table `query`.
 template <class S>
 std::shared_ptr<const rope_table<S>> rope_key_table(const rotary_embedding<S>& r, std::int64_t d,
                                                     const std::shared_ptr<const rope_table<S>>& query) {
-    if (r.key_positions.data != nullptr)
-        return std::make_shared<const rope_table<S>>(detail::build_position_table(r, r.key_positions, d));
+    if (r.key_positions.data != nullptr) return rope_position_table(r, r.key_positions, d);
     return query;
 }
 

@@ -96,6 +96,15 @@ struct fused_plan {
     }
 };
 
+// With RoPE: the rotated keys of plane p, rows [0, nk) (nk = plan.keys(p); padded keys are not
+// read), into kr (L, D), contiguous: the forward's keys of one plane, rotated by the thread that
+// takes the plane's row blocks, while they sit in its cache (the same values as rotate_keys).
+template <class S, class Id>
+void rotate_plane_keys(const fused_plan<S, Id>& plan, std::int64_t p, S* kr) {
+    cpu::rope_rotate_rows(*plan.rope_k, p % plan.h, plan.rope_skip, 0, plan.keys(p), plan.d, plan.kv.plane(p), kr, S(1), false,
+                          plan.kv.sl);
+}
+
 // With RoPE: the rotated keys of every plane into kr (B·H·L·D, contiguous), once per call.
 template <class S, class Id>
 void rotate_keys(fused_plan<S, Id>& plan, S* kr) {
@@ -189,15 +198,22 @@ void materialise_ids(fused_plan<S, Id>& plan, const std::vector<cpu::shared_scra
 // contextual q tables (plane_query_products); blk the block's ids per table (load_block_ids).
 // Only the plane's first nk = plan.keys(p) keys are computed: lg is (rb, nk), the ids' rows stay L apart.
 // logits_given: lg already holds qs·kᵀ (the bf16 forward's own product); only the terms, masks
-// and softmax follow.
+// and softmax follow. keys: the plane's keys (L, D) contiguous (the forward's rotated keys of
+// this plane, rotate_plane_keys), or null: plan.kv.
 template <class S, class Id>
 void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, std::int64_t i0,
                          std::int64_t rb, const S* qs_blk, const S* tq, const Id* const* blk, S* lg, S* work,
-                         bool logits_given = false) {
+                         bool logits_given = false, const S* keys = nullptr) {
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, nk = plan.keys(p), d = plan.d, h = p % plan.h;
-    if (!logits_given) map<S>(lg, rb, nk).noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, nk, d).transpose();
+    if (!logits_given) {
+        if (keys)
+            map<S>(lg, rb, nk).noalias() =
+                cmap<S>(qs_blk, rb, d) * cpu::plane_rows<S>(keys, 1, n, d).rows(0, 0, nk, d).transpose();
+        else
+            map<S>(lg, rb, nk).noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, nk, d).transpose();
+    }
     // contextual key terms: per-bucket products of the block, (rb, K) each, side by side in work
     std::int64_t offset = 0;
     for (const auto& t : plan.on_k)
@@ -327,9 +343,10 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         fused_plan<S, Id> plan;
         std::int64_t blocks = 0, items = 0, first = 0, tq_per_plane = 0;
         bool ctx_q = false;
+        bool keys_per_plane = false;  // RoPE: each plane's keys rotated by the thread that takes its blocks
     };
     std::vector<state> st(parts.size());
-    std::int64_t items = 0, lg_max = 0, work_max = 0, qs_max = 0, ids_max = 0, ks_max = 0;
+    std::int64_t items = 0, lg_max = 0, work_max = 0, qs_max = 0, ids_max = 0, ks_max = 0, kp_max = 0;
     int tables_max = 0;
     for (std::size_t m = 0; m < parts.size(); ++m) {
         auto& x = st[m];
@@ -342,6 +359,11 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         items += x.items;
         x.ctx_q = has_contextual_query(plan);
         x.tq_per_plane = x.ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * n * plan.k : 0;
+        // RoPE keys: rotated plane by plane into the thread's (L, D) buffer as its blocks are taken
+        // (still in cache for the logits' product), unless the contextual q products, computed
+        // before the row blocks, need every plane's rotated keys first (then one (B, H, L, D) copy)
+        x.keys_per_plane = plan.rope && !x.ctx_q;
+        kp_max = std::max(kp_max, x.keys_per_plane ? n * plan.d : 0);
         lg_max = std::max(lg_max, rb_max * n);
         // work: (rb, K) per-bucket values, two side by side for Cross's two key tables
         work_max = std::max(work_max, 2 * rb_max * std::max<std::int64_t>(plan.k, 1));
@@ -357,12 +379,12 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
     for (auto& x : st) {
         const std::int64_t planes = x.plan.b * x.plan.h;
         tq_s.emplace_back(ws, planes * x.tq_per_plane);
-        kr_s.emplace_back(ws, x.plan.rope ? planes * x.plan.l * x.plan.d : 0);
+        kr_s.emplace_back(ws, x.plan.rope && !x.keys_per_plane ? planes * x.plan.l * x.plan.d : 0);
         full_ids.push_back(declare_full_ids(x.plan, ws));
     }
     cpu::thread_scratch<S> ks_s(ws, ks_max);
     cpu::thread_scratch<S> lg_s(ws, lg_max), work_s(ws, work_max);
-    cpu::thread_scratch<S> qs_s(ws, qs_max);
+    cpu::thread_scratch<S> qs_s(ws, qs_max), kp_s(ws, kp_max);
     cpu::thread_scratch<Id> ids_s(ws, ids_max);
     cpu::thread_scratch<const Id*> blk_s(ws, tables_max);
     ws.allocate();
@@ -371,7 +393,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
     for (std::size_t m = 0; m < st.size(); ++m) {
         auto& plan = st[m].plan;
         materialise_ids(plan, full_ids[m]);
-        rotate_keys(plan, kr_s[m].data());
+        if (!st[m].keys_per_plane) rotate_keys(plan, kr_s[m].data());
         if (st[m].ctx_q) all_query_products(plan, ks_s, tq_s[m].data());
         ov.emplace_back(parts[m].out);
         firsts.push_back(st[m].first);
@@ -380,9 +402,11 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
 #pragma omp parallel
 #endif
     {
-        S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine();
+        S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *kp = kp_s.mine();
         Id* idbuf = ids_s.mine();
         const Id** blk = blk_s.mine();
+        std::size_t kp_part = st.size();  // the (part, plane) whose rotated keys kp holds: none yet
+        std::int64_t kp_plane = -1;
         // (part, plane, row block) items: a few planes on many threads still use every thread; each
         // block writes its own rows of out, so the thread count does not change any result
 #if defined(_OPENMP)
@@ -400,7 +424,13 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             load_block_ids(plan, i0, rb, idbuf, blk);
             plan.load_queries(p, i0, rb, qs);
             const std::int64_t nk = plan.keys(p);  // keys >= nk are padding (key_lengths): not computed
-            block_probabilities(plan, in, p, i0, rb, qs, tq_s[m].data() + p * x.tq_per_plane, blk, lg, work);
+            if (x.keys_per_plane && (kp_part != m || kp_plane != p)) {
+                rotate_plane_keys(plan, p, kp);
+                kp_part = m;
+                kp_plane = p;
+            }
+            block_probabilities(plan, in, p, i0, rb, qs, tq_s[m].data() + p * x.tq_per_plane, blk, lg, work, false,
+                                x.keys_per_plane ? static_cast<const S*>(kp) : nullptr);
             auto o = ov[m].rows(p, i0, rb, d);
             if (nk == 0)
                 o.setZero();  // every key padded: zero probabilities, zero output
@@ -933,9 +963,10 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 /// The contextual q/k terms use per-bucket products (qs·table per row block: rows·D·K; k·s·table
 /// per head: L·D·K), the value term per-bucket sums of probabilities then one product, the bias
 /// terms a gather. With `in.rope` (rpe::rotary_embedding), each query row block is rotated as it
-/// is loaded (with the scaling) and the keys once per call into a (B, H, L, D) copy, from a
-/// cos/sin table (grid tokens, D/2) built once per grid and cached (rope::mixed: per call); the
-/// terms then see the rotated q and k (equal to rpe::rope_forward on q and k, then this call). Rows whose keys are all masked give zero probabilities and zero output (the
+/// is loaded (with the scaling) and each plane's keys just before its blocks into a per-thread
+/// (L, D) buffer (with contextual q terms: once per call into a (B, H, L, D) copy), from a
+/// cos/sin table (grid tokens, D/2) built once and cached (per grid; rope::mixed per frequency
+/// values, per-token positions per their values: rpe::rope_table_of); the terms then see the rotated q and k (equal to rpe::rope_forward on q and k, then this call). Rows whose keys are all masked give zero probabilities and zero output (the
 /// reference gives NaN); a NaN logit makes its row NaN. With `in.packed` (rpe::packed_sequences)
 /// each image is computed alone on its rows (block-diagonal; no `attn` output); with
 /// `in.key_lengths` only the first key_lengths[b] keys of batch element b are computed (the rest

@@ -59,6 +59,23 @@ RPE_ROPE_ROW_KERNEL void rope_rotate_pairs_row(const S* cs, const S* sn, std::in
     }
 }
 
+/// One row in the half layout: pair j is channels (j, j + np), turned with the operations of
+/// rope_rotate_pairs_row in the same order (c = scale·cos_j, s = sign·scale·sin_j, the second
+/// product rounded, then one fused step), so `half` equals `pairs` on permuted channels bit for
+/// bit; its loads and stores are contiguous (no interleaving shuffles, no copy). x and y may be
+/// the same row.
+template <class S>
+RPE_ROPE_ROW_KERNEL void rope_rotate_half_row(const S* cs, const S* sn, std::int64_t np, const S* x, S* y, S scale, S sign) {
+    const S* xb = x + np;
+    S* yb = y + np;
+    for (std::int64_t j = 0; j < np; ++j) {
+        const S c = cs[j] * scale, s = sign * sn[j] * scale, x0 = x[j], x1 = xb[j];
+        const S sx1 = s * x1, cx1 = c * x1;
+        y[j] = rope_mul_add(c, x0, -sx1);
+        yb[j] = rope_mul_add(s, x0, cx1);
+    }
+}
+
 /// One row's angle gradients in the pairs layout: a_j += g_2j+1·y_2j − g_2j·y_2j+1 (rounded as
 /// rope_rotate_pairs_row: the second product, then one fused step where the target has FMA).
 template <class S>
@@ -109,9 +126,9 @@ RPE_ROPE_ROW_KERNEL void rope_rotate_vjepa2_row(const S* cs, const S* sn, std::i
 /// Rows [i0, i0 + rb) of one (batch, head h) plane: dst = scale · R(angle) src, or with
 /// `inverse` dst = scale · Rᵀ src (the backward's rotation back); tokens below skip and from
 /// skip + t.tokens on (the suffix) are only scaled. Pair j is the channels of t.layout
-/// ((2j, 2j+1) or (j, j + D/2); half rows go through the pairs kernel on their channels
-/// interleaved; vjepa2 rows go through rope_rotate_vjepa2_row, whose `inverse` is the transpose
-/// map). src and dst are (rb, D), src rows `src_stride` apart (−1: D, contiguous; 0 is a real
+/// ((2j, 2j+1) or (j, j + D/2); half rows go through rope_rotate_half_row, the pairs kernel's
+/// arithmetic on contiguous halves; vjepa2 rows go through rope_rotate_vjepa2_row, whose
+/// `inverse` is the transpose map). src and dst are (rb, D), src rows `src_stride` apart (−1: D, contiguous; 0 is a real
 /// stride: one row repeated); they may be the same buffer.
 template <class S>
 void rope_rotate_rows(const rope_table<S>& t, std::int64_t h, std::int64_t skip, std::int64_t i0, std::int64_t rb, std::int64_t d,
@@ -119,7 +136,6 @@ void rope_rotate_rows(const rope_table<S>& t, std::int64_t h, std::int64_t skip,
     const S sign = inverse ? S(-1) : S(1);
     const std::int64_t ss = src_stride < 0 ? d : src_stride, np = t.pairs;
     const bool half = t.layout == rope::layout::half;
-    std::vector<S> buf(half ? static_cast<std::size_t>(2 * d) : 0);  // interleaved in, rotated out
     for (std::int64_t r = 0; r < rb; ++r) {
         const std::int64_t i = i0 + r;
         const S* x = src + r * ss;
@@ -134,16 +150,10 @@ void rope_rotate_rows(const rope_table<S>& t, std::int64_t h, std::int64_t skip,
             rope_rotate_vjepa2_row(cs, sn, d, x, y, scale, inverse);
             continue;
         }
-        if (!half) {
+        if (half)
+            rope_rotate_half_row(cs, sn, np, x, y, scale, sign);
+        else
             rope_rotate_pairs_row(cs, sn, np, x, y, scale, sign);
-            continue;
-        }
-        rope_half_to_pairs(x, np, buf.data());
-        rope_rotate_pairs_row(cs, sn, np, static_cast<const S*>(buf.data()), buf.data() + d, scale, sign);
-        for (std::int64_t j = 0; j < np; ++j) {
-            y[j] = buf[static_cast<std::size_t>(d + 2 * j)];
-            y[j + np] = buf[static_cast<std::size_t>(d + 2 * j + 1)];
-        }
     }
 }
 
