@@ -213,35 +213,14 @@ template <class S>
 std::vector<at::Tensor> attention_backward_impl(attention_args& a, at::ScalarType st) {
     auto s = setup_attention<S>(a, st);
     a.grad_out = prepared(a.grad_out, "grad_out", st);
-    at::Tensor gq = at::empty(a.q.sizes(), a.q.options()), gk = at::empty(a.k.sizes(), a.k.options()),
-               gv = at::empty(a.v.sizes(), a.v.options());  // contiguous (q, k, v may be strided views)
-    std::vector<at::Tensor> result{gq, gk, gv};
-    rpe::attention_term<S>* slots[] = {&s.in.rpe_q, &s.in.rpe_k, &s.in.rpe_v};
-    for (int i = 0; i < 3; ++i)
-        for (auto& t : a.tables[i]) {
-            result.push_back(at::empty_like(t));
-            slots[i]->grad_tables.push_back(mref<S>(result.back()));
-        }
-    at::Tensor grad_freqs;
-    if (s.in.rope.is_mixed() && a.rope_freqs.defined()) {
-        grad_freqs = at::empty(a.rope_freqs.sizes(), a.rope_freqs.options());
-        s.in.rope.grad_freqs = mref<S>(grad_freqs);
-    }
+    backward_outputs<S> out(a, s.in);
+    auto g = out.grads(a.grad_out);
     if (a.attn.defined()) {  // the forward's probabilities: not recomputed
         a.attn = prepared(a.attn, "attn", st);
-        rpe::attention_backward<S>(s.in,
-                                   {.grad_out = cref<S>(a.grad_out),
-                                    .grad_q = mref<S>(gq),
-                                    .grad_k = mref<S>(gk),
-                                    .grad_v = mref<S>(gv),
-                                    .saved_attn = cref<S>(a.attn)},
-                                   s.opt);
-    } else {
-        rpe::attention_backward<S>(
-            s.in, {.grad_out = cref<S>(a.grad_out), .grad_q = mref<S>(gq), .grad_k = mref<S>(gk), .grad_v = mref<S>(gv)}, s.opt);
+        g.saved_attn = cref<S>(a.attn);
     }
-    if (grad_freqs.defined()) result.push_back(grad_freqs);  // last: the rope frequencies' gradient
-    return result;
+    rpe::attention_backward<S>(s.in, g, s.opt);
+    return out.result();
 }
 
 at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk,

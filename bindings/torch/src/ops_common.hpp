@@ -658,6 +658,44 @@ attention_setup<S, T> setup_attention(attention_args& a, at::ScalarType st, cons
     return s;
 }
 
+// The attention backward's outputs, allocated and wired into `s.in`: grad_q, grad_k, grad_v
+// (contiguous, shaped as q, k, v: these may be strided views), one gradient per table of the
+// query, key and value slots in that order (wired as the slots' grad_tables), and the RoPE-Mixed
+// frequencies' gradient when rope_freqs is given. `grads(grad_out)` is the library's gradient
+// argument; `result()` lists them in the operator's order (the frequencies' gradient last).
+template <class S>
+struct backward_outputs {
+    at::Tensor gq, gk, gv, grad_freqs;
+    std::vector<at::Tensor> tables;
+
+    backward_outputs(const attention_args& a, rpe::attention_inputs<S>& in)
+        : gq(at::empty(a.q.sizes(), a.q.options())),
+          gk(at::empty(a.k.sizes(), a.k.options())),
+          gv(at::empty(a.v.sizes(), a.v.options())) {
+        rpe::attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+        for (int i = 0; i < 3; ++i)
+            for (auto& t : a.tables[i]) {
+                tables.push_back(at::empty_like(t));
+                slots[i]->grad_tables.push_back(mref<S>(tables.back()));
+            }
+        if (in.rope.is_mixed() && a.rope_freqs.defined()) {
+            grad_freqs = at::empty(a.rope_freqs.sizes(), a.rope_freqs.options());
+            in.rope.grad_freqs = mref<S>(grad_freqs);
+        }
+    }
+
+    rpe::attention_gradients<S> grads(const at::Tensor& grad_out) {
+        return {.grad_out = cref<S>(grad_out), .grad_q = mref<S>(gq), .grad_k = mref<S>(gk), .grad_v = mref<S>(gv)};
+    }
+
+    std::vector<at::Tensor> result() const {
+        std::vector<at::Tensor> r{gq, gk, gv};
+        r.insert(r.end(), tables.begin(), tables.end());
+        if (grad_freqs.defined()) r.push_back(grad_freqs);
+        return r;
+    }
+};
+
 inline attention_args make_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
                                 at::TensorList tk, at::TensorList tv, c10::string_view mq, c10::string_view oq,
                                 c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,

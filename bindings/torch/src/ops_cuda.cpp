@@ -250,24 +250,9 @@ std::vector<at::Tensor> attention_backward_cuda(attention_args& a, at::ScalarTyp
     auto s = setup_attention<S, T>(a, st, w);
     s.opt.stream = current_stream(w);
     a.grad_out = prepared(a.grad_out, "grad_out", st, w);
-    at::Tensor gq = at::empty(a.q.sizes(), a.q.options()), gk = at::empty(a.k.sizes(), a.k.options()),
-               gv = at::empty(a.v.sizes(), a.v.options());
-    std::vector<at::Tensor> result{gq, gk, gv};
-    rpe::attention_term<S>* slots[] = {&s.in.rpe_q, &s.in.rpe_k, &s.in.rpe_v};
-    for (int i = 0; i < 3; ++i)
-        for (auto& t : a.tables[i]) {
-            result.push_back(at::empty_like(t));
-            slots[i]->grad_tables.push_back(mref<S>(result.back()));
-        }
-    at::Tensor grad_freqs;
-    if (s.in.rope.is_mixed() && a.rope_freqs.defined()) {
-        grad_freqs = at::empty(a.rope_freqs.sizes(), a.rope_freqs.options());
-        s.in.rope.grad_freqs = mref<S>(grad_freqs);
-    }
-    rpe_torch::cuda::attention_backward<S>(
-        s.in, {.grad_out = cref<S>(a.grad_out), .grad_q = mref<S>(gq), .grad_k = mref<S>(gk), .grad_v = mref<S>(gv)}, s.opt);
-    if (grad_freqs.defined()) result.push_back(grad_freqs);  // last: the rope frequencies' gradient
-    return result;
+    backward_outputs<S> out(a, s.in);
+    rpe_torch::cuda::attention_backward<S>(s.in, out.grads(a.grad_out), s.opt);
+    return out.result();
 }
 
 at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk,
