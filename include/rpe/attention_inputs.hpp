@@ -116,7 +116,7 @@ struct attention_inputs {
     tensor_ref<const std::int32_t> positions = {};      ///< (L − skip, 2 or 3) iRPE positions, or empty = the grid
     tensor_ref<const std::int32_t> key_positions = {};  ///< the keys' (L − skip, 2 or 3), or empty = positions
     packed_sequences packed = {};                       ///< several images in one sequence, or none
-    tensor_ref<const std::int32_t> key_lengths = {};    ///< (B,) valid keys per batch element, or empty = all
+    tensor_ref<const std::int32_t> key_lengths = {};    ///< (B,) index after each element's last valid key, or empty = all
 };
 
 /// @brief Options of the attention step, for both backends (each ignores what it does not use).

@@ -594,8 +594,9 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     to L) with ``packed_grids`` (M, 2) (height, width) or (M, 3) of each image, or
     ``packed_positions`` (L − M·skip, 2 or 3) every image's positions, image after image (no
     height, width, rope, rpe_positions, key_lengths or save_attn with them); ``key_lengths``
-    (B,) integer valid keys per batch element (keys at index >= key_lengths[b] are padding, as
-    key_padding_mask marks them, and are skipped); these are integer CPU tensors, not
+    (B,) integer, the index after each batch element's last valid key (keys at index >=
+    key_lengths[b] are padding, as key_padding_mask marks them, and are skipped; with a mask, a key
+    is padded when either marks it, so take it from the mask: last valid index + 1); these are integer CPU tensors, not
     differentiated, refused on CUDA (docs/positions.md); save_attn: keep the (B, H, L, L) probabilities for
     the backward, which then does not recompute them (True / False; None: when they take at most
     64 MiB, e.g. DeiT-S at batch 64 in float32). Rows whose keys are all masked give zeros (the
@@ -683,6 +684,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         if not isinstance(rope, _RoPE):
             raise TypeError(f"[rpe.torch] rope is a {type(rope).__name__}; expected an rpe_torch RoPEAxial, RoPEMixed, "
                             "RoPECat, RoPEDinoV3, RoPEMRoPE or RoPEVJEPA2 module")
+        rope._check_head_dim(q, "q")  # a module built for one head_dim refuses another
         # a V-JEPA 2 clip of several frames: its per-token (frame, row, col) ids as the positions
         rh, rw, positions = rope._grid(L, *(grid if grid is not None and height is None else (height, width)), positions)
         form, rope_params, rope_skip, h, w = rope._spec(L, rh, rw, positions)

@@ -128,6 +128,10 @@ class _RoPE(nn.Module):
     def _freqs(self):
         return None
 
+    def _check_head_dim(self, x, name="x"):
+        """Refuses x (B, H, L, D) whose D the module was not built for (ValueError); a no-op for
+        the forms whose tables the operators check against D themselves."""
+
     def _grid(self, L, height, width, positions=None):
         """(height, width, positions) the operators get for L tokens: as given (a form on a 2D
         grid); RoPEVJEPA2 turns a clip of several frames into its per-token (frame, row, col) ids."""
@@ -501,6 +505,12 @@ class RoPEVJEPA2(_RoPE):
                                  f"expected 0 <= index < {n} (grid_depth*rows*cols)")
         return _clip_ids(self.grid_depth, grid[0], grid[1], masks)
 
+    def _check_head_dim(self, x, name="x"):
+        """ValueError when x's D is not the ``head_dim`` the module was built with (if any)."""
+        if self.attention_head_size is not None and x.shape[-1] != self.attention_head_size:
+            raise ValueError(f"[rpe.torch] {name} has shape {tuple(x.shape)}; expected D = head_dim = "
+                             f"{self.attention_head_size} (the RoPEVJEPA2 module's)")
+
     def _grid(self, L, height, width, positions=None, frames=None):
         """(height, width, positions) of the operators: positions as given; a one-frame clip as the
         operators' grid; a clip of several frames as its (frame, row, col) ids (grid 1 × 1)."""
@@ -536,9 +546,7 @@ class RoPEVJEPA2(_RoPE):
         _check_device("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D)")
-        if self.attention_head_size is not None and x.shape[3] != self.attention_head_size:
-            raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected D = head_dim = "
-                             f"{self.attention_head_size}")
+        self._check_head_dim(x)
         return self._rotate(x, *self._grid(x.shape[2], height, width, positions, frames))
 
     def _params(self):

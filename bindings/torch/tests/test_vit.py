@@ -1063,6 +1063,9 @@ def test_rope_vjepa2_errors_name_the_argument():
         (lambda: rt.RoPEVJEPA2(head_dim=15), ValueError, r"\[rpe\.torch\] head_dim = 15; expected an even number >= 6"),
         (lambda: rt.RoPEVJEPA2(head_dim=16)(x, 2, 2, frames=2), ValueError,
          r"\[rpe\.torch\] x has shape \(1, 2, 8, 14\); expected D = head_dim = 16"),
+        # the attention too: a module built for one head_dim never runs on another D's slices
+        (lambda: rt.attention(x, x, x, rope=rt.RoPEVJEPA2(grid_depth=2, grid_size=2, head_dim=16)), ValueError,
+         r"\[rpe\.torch\] q has shape \(1, 2, 8, 14\); expected D = head_dim = 16"),
         (lambda: m(torch.randn(1, 2, 8, 4)), ValueError,
          r"\[rpe\.rope\] vjepa2 head_dim D = 4 gives slices of 0 channels \(2\*\(\(D/3\)/2\)\); expected D >= 6"),
         (lambda: m(torch.randn(1, 2, 8, 7)), ValueError, r"\[rpe\.rope\] rope needs head_dim D = 7 to be a positive "
