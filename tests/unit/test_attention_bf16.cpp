@@ -1178,6 +1178,16 @@ double check_term_bf16(const rpe::term_spec& spec, std::int64_t b, int height, i
         std::vector<std::vector<float>> gtf;
         std::vector<std::vector<double>> gtd;
         run(bf16{}, mode, ob, gxb, gtb);
+        {  // one thread: the same bits
+            std::vector<bf16> ob1, gxb1;
+            std::vector<std::vector<bf16>> gtb1;
+            set_threads(1);
+            run(bf16{}, mode, ob1, gxb1, gtb1);
+            set_threads(2);
+            CHECK(same_bits(ob, ob1));
+            CHECK(same_bits(gxb, gxb1));
+            for (std::size_t t = 0; t < gtb.size(); ++t) CHECK(same_bits(gtb[t], gtb1[t]));
+        }
         run(0.0f, mode, of, gxf, gtf);
         run(0.0, mode, od, gxd, gtd);
         CHECK(rounded_from(ob, of));
@@ -1296,6 +1306,15 @@ TEST_CASE(
         std::vector<float> yf, gxf, gff;
         std::vector<double> yd, gxd, gfd;
         run(bf16{}, yb, gxb, gfb);
+        {  // one thread: the same bits
+            std::vector<bf16> y1, gx1, gf1;
+            set_threads(1);
+            run(bf16{}, y1, gx1, gf1);
+            set_threads(2);
+            CHECK(same_bits(yb, y1));
+            CHECK(same_bits(gxb, gx1));
+            CHECK(same_bits(gfb, gf1));
+        }
         run(0.0f, yf, gxf, gff);
         run(0.0, yd, gxd, gfd);
         CHECK(rounded_from(yb, yf));
