@@ -77,7 +77,7 @@ usr="$prefix/usr"
 arch_lib="$(ls -d "$usr"/lib/*-linux-gnu 2>/dev/null | head -n 1)"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DCMAKE_CUDA_ARCHITECTURES=90 -DRPE_ENABLE_CUDA=ON \
-    -DRPE_BUILD_TESTS=ON -DRPE_BUILD_BENCHMARKS=ON -DRPE_BUILD_EXAMPLES=OFF \
+    -DRPE_BUILD_TESTS=ON -DRPE_BUILD_BENCHMARKS=ON -DRPE_BUILD_EXAMPLES=OFF -DRPE_TEST_OPT=-O1 \
     -DCMAKE_PREFIX_PATH="$usr" \
     -DEigen3_DIR="$usr/share/eigen3/cmake" -Ddoctest_DIR="$usr/lib/cmake/doctest" \
     -Dnlohmann_json_DIR="$usr/share/cmake/nlohmann_json" -Dbenchmark_DIR="$arch_lib/cmake/benchmark" \

@@ -24,7 +24,21 @@
 #include <string>
 #include <vector>
 
-int main() {
+int main(int argc, char** argv) {
+    // No options: the run is fixed (it is a check). Anything given gets the usage, not a silent run.
+    if (argc > 1) {
+        const char* usage =
+            "usage: detr (no options): runs one DETR encoder layer with iRPE three ways (padded with "
+            "the key padding mask, with key_lengths, packed) and checks each against one call per "
+            "image\n";
+        const std::string arg = argv[1];
+        if (arg == "--help" || arg == "-h") {
+            std::fputs(usage, stdout);
+            return 0;
+        }
+        std::fprintf(stderr, "detr: unexpected argument '%s'; %s", arg.c_str(), usage);
+        return 2;
+    }
     namespace dt = rpe::examples::detr;
     const dt::layer_config cfg{
         .d_model = 64, .nhead = 8, .dim_feedforward = 128, .ratio = 2.0, .shared_head = true, .rpe_on = "k"};

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import operator
 
 import torch
 from torch import nn
@@ -41,14 +42,19 @@ def _count(v, name, low=1, high=1 << 30):
     return int(v)
 
 
+def _is_int(v):
+    """True for a Python, numpy or torch integer (anything with ``__index__``), not a bool."""
+    return not isinstance(v, bool) and hasattr(type(v), "__index__")
+
+
 def _pair(v, name):
-    """(rows, cols) from an int or a 2-sequence of ints; ValueError otherwise."""
-    if isinstance(v, int) and not isinstance(v, bool):
+    """(rows, cols) from an int or a 2-sequence of ints (Python, numpy or torch integers);
+    ValueError otherwise (floats included: they are not truncated)."""
+    if _is_int(v):
         v = (v, v)
-    if (not isinstance(v, (tuple, list)) or len(v) != 2
-            or not all(isinstance(s, int) and not isinstance(s, bool) for s in v)):
+    if not isinstance(v, (tuple, list)) or len(v) != 2 or not all(_is_int(s) for s in v):
         raise ValueError(f"[rpe.torch] {name} = {v!r}; expected an int or a pair of ints (rows, cols)")
-    return int(v[0]), int(v[1])
+    return operator.index(v[0]), operator.index(v[1])
 
 
 def _square_grid(L, skip, height, width):
@@ -57,7 +63,10 @@ def _square_grid(L, skip, height, width):
     if (height is None) != (width is None):
         raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither (a square grid)")
     if height is not None:
-        return int(height), int(width)
+        for v, name in ((height, "height"), (width, "width")):
+            if not _is_int(v):
+                raise TypeError(f"[rpe.torch] {name} = {v!r}; expected an int (rows or cols of the grid)")
+        return operator.index(height), operator.index(width)
     side = math.isqrt(max(L - skip, 0))
     if L - skip < 1 or side * side != L - skip:
         raise ValueError(f"[rpe.torch] L = {L} is not skip + a square (skip = {skip}); pass height and width")
@@ -175,7 +184,7 @@ class RoPEAxial(_RoPE):
 
     def __init__(self, theta=100.0, skip=0, layout="pairs", suffix=0):
         super().__init__(skip, layout, suffix)
-        self.theta = float(theta)
+        self.theta = _theta(theta)
 
     def _params(self):
         return [self.theta]
@@ -201,7 +210,7 @@ class RoPEMixed(_RoPE):
         if _count(head_dim, "head_dim", 2) % 2:
             raise ValueError(f"[rpe.torch] head_dim = {head_dim}; expected an even number (RoPE-Mixed rotates pairs)")
         angles = torch.rand(num_heads) * 2 * math.pi if rotate else torch.zeros(num_heads)
-        self.freqs = nn.Parameter(_ops.rope_mixed_init(float(theta), int(head_dim), angles))
+        self.freqs = nn.Parameter(_ops.rope_mixed_init(_theta(theta), int(head_dim), angles))
 
     def _freqs(self):
         return self.freqs
@@ -224,7 +233,7 @@ class RoPECat(_RoPE):
         super().__init__(skip, layout, suffix)
         if grid_indexing not in ("ij", "xy"):
             raise ValueError(f"[rpe.torch] grid_indexing = {grid_indexing!r}; expected 'ij' or 'xy'")
-        self.temperature, self.in_pixels, self.max_res = float(temperature), bool(in_pixels), float(max_res)
+        self.temperature, self.in_pixels, self.max_res = _theta(temperature, "temperature"), bool(in_pixels), float(max_res)
         self.linear_bands, self.grid_offset, self.grid_indexing = bool(linear_bands), float(grid_offset), grid_indexing
         self.ref_feat_shape = None if ref_feat_shape is None else _pair(ref_feat_shape, "ref_feat_shape")
 
@@ -241,10 +250,30 @@ class RoPECat(_RoPE):
 _DINOV3_NORMALIZE = {"separate": 0, "max": 1, "min": 2}
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _real(v, name):
+    """A finite float within float32's range (the library computes in float32); ValueError naming
+    the parameter otherwise."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
         raise ValueError(f"[rpe.torch] {name} = {v!r}; expected a finite number")
+    if abs(float(v)) > _FLOAT32_MAX:
+        raise ValueError(f"[rpe.torch] {name} = {v!r}; expected |{name}| <= {_FLOAT32_MAX:.8g} (the library computes "
+                         "in float32)")
     return float(v)
+
+
+def _theta(v, name="theta"):
+    """A frequency base as the library takes it: a number within float32's range (its sign and
+    finiteness are the library's checks, whose messages name it); ValueError otherwise."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"[rpe.torch] {name} = {v!r}; expected a number")
+    v = float(v)
+    if math.isfinite(v) and abs(v) > _FLOAT32_MAX:
+        raise ValueError(f"[rpe.torch] {name} = {v!r}; expected |{name}| <= {_FLOAT32_MAX:.8g} (the library computes "
+                         "in float32)")
+    return v
 
 
 def _real_pair(v, name):
@@ -383,9 +412,10 @@ class RoPEMRoPE(_RoPE):
     def __init__(self, sections=(16, 24, 24), theta=1000000.0, interleaved=False, skip=0, layout="half", suffix=0):
         super().__init__(skip, layout, suffix)
         sections = tuple(sections)
-        if len(sections) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in sections):
+        if len(sections) != 3 or not all(_is_int(v) and v >= 0 for v in sections):
             raise ValueError(f"[rpe.torch] sections = {sections!r}; expected 3 ints >= 0 (t, h, w frequency pairs)")
-        self.sections, self.theta, self.interleaved = sections, float(theta), bool(interleaved)
+        sections = tuple(operator.index(v) for v in sections)
+        self.sections, self.theta, self.interleaved = sections, _theta(theta), bool(interleaved)
 
     def _params(self):
         return [self.theta, *self.sections, 1.0 if self.interleaved else 0.0]
@@ -459,7 +489,7 @@ class RoPEVJEPA2(_RoPE):
             rows, cols = _pair(grid_size, "grid_size")
             _count(rows, "grid_size rows")
             _count(cols, "grid_size cols")
-        self.grid_size = grid_size if grid_size is None or isinstance(grid_size, int) else (rows, cols)
+        self.grid_size = None if grid_size is None else operator.index(grid_size) if _is_int(grid_size) else (rows, cols)
         self.attention_head_size = self.d_dim = self.h_dim = self.w_dim = None
         if head_dim is not None:
             d = _count(head_dim, "head_dim")

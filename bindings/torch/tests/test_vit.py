@@ -886,6 +886,41 @@ def test_rope_mrope_by_name_on_the_grid(interleaved, sections, axes):
         torch.ops.rpe.rope_forward(x, "mrope", [theta, 1, 2, 1], None, skip, H, W, "half")
 
 
+def test_rope_grid_sides_and_bases_are_checked_not_truncated():
+    """Heights and widths are integers (a float is refused, not truncated by int()); numpy and
+    torch integers are taken where Python ints are; a frequency base beyond float32's range is
+    refused naming the value given (the library computes in float32)."""
+    x = torch.randn(1, 2, 6, 8)
+    ref = rt.RoPEAxial()(x, 2, 3)
+    # numpy / torch integers give the same rotation as Python ints
+    assert torch.equal(rt.RoPEAxial()(x, np.int64(2), torch.tensor(3)), ref)
+    m = rt.RoPEVJEPA2(grid_size=np.int64(3), grid_depth=np.int32(1))
+    assert m.grid_size == 3 and type(m.grid_size) is int
+    assert torch.equal(rt.RoPEVJEPA2(grid_size=(np.int64(2), 3))(x), rt.RoPEVJEPA2(grid_size=(2, 3))(x))
+    assert rt.RoPEMRoPE(sections=(np.int64(1), 1, 2)).sections == (1, 1, 2)
+    cases = [
+        (lambda: rt.RoPEAxial()(x, 2.0, 3), TypeError, r"\[rpe\.torch\] height = 2\.0; expected an int"),
+        (lambda: rt.RoPEAxial()(x, 2, 3.9), TypeError, r"\[rpe\.torch\] width = 3\.9; expected an int"),
+        (lambda: rt.RoPEVJEPA2()(torch.randn(1, 2, 6, 14), 2.5, 3), TypeError,
+         r"\[rpe\.torch\] height = 2\.5; expected an int"),
+        (lambda: rt.RoPEVJEPA2(grid_size=3.0), ValueError, r"\[rpe\.torch\] grid_size = 3\.0; expected an int or a pair"),
+        (lambda: rt.RoPEVJEPA2(theta=1e300), ValueError,
+         r"\[rpe\.torch\] theta = 1e\+300; expected \|theta\| <= 3\.4028235e\+38 \(the library computes in float32\)"),
+        (lambda: rt.RoPEAxial(theta=1e300), ValueError, r"\[rpe\.torch\] theta = 1e\+300; expected \|theta\| <= 3\.4028235e\+38"),
+        (lambda: rt.RoPEMRoPE(theta=-1e39), ValueError, r"\[rpe\.torch\] theta = -1e\+39; expected \|theta\| <= "),
+        (lambda: rt.RoPECat(temperature=1e40), ValueError, r"\[rpe\.torch\] temperature = 1e\+40; expected "),
+        (lambda: rt.RoPEMixed(2, 8, theta=1e39), ValueError, r"\[rpe\.torch\] theta = 1e\+39; expected "),
+        (lambda: rt.RoPEAxial(theta="10"), ValueError, r"\[rpe\.torch\] theta = '10'; expected a number"),
+        (lambda: rt.RoPEMRoPE(sections=(1.0, 1, 2)), ValueError, r"\[rpe\.torch\] sections = \(1\.0, 1, 2\); expected 3 ints"),
+    ]
+    for make, error, pattern in cases:
+        with pytest.raises(error, match=pattern):
+            make()
+    # the library's own checks of the base still name it (sign, finiteness)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] theta = -1; expected finite and > 0"):
+        rt.RoPEAxial(theta=-1.0)(x, 2, 3)
+
+
 def test_rope_mrope_module_in_attention_and_errors():
     """RoPEMRoPE at per-token (t, h, w) position ids (a text token, a 1x2x3 image, two text
     tokens, as get_rope_index numbers them) in rpe_torch.attention equals the attention over the
