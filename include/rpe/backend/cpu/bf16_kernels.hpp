@@ -1,6 +1,7 @@
 /// @file backend/cpu/bf16_kernels.hpp
-/// @brief bf16 kernels of the CPU backend (not API): conversions between rpe::bf16 and float, and
-/// the bf16 matrix product with float accumulation of the bf16 attention.
+/// @brief bf16 kernels of the CPU backend (not API): conversions between rpe::bf16 and float, the
+/// bf16 matrix product with float accumulation of the bf16 attention, and on it the bf16 Linear
+/// layers y = x·Wᵀ with W packed once (bf16_linear: the whole-model bf16 benchmarks).
 ///
 /// The instruction set is the including unit's (isa.hpp): with AVX512_BF16 (`__AVX512BF16__` and
 /// `__AVX512F__`, e.g. `-march=native` on Zen 4, Cooper Lake, Sapphire Rapids) the product runs on
@@ -11,9 +12,13 @@
 /// (rpe::bf16::round_bits: to nearest, ties to even, NaN quieted, denormals kept).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "../../bf16.hpp"
 #include "isa.hpp"
@@ -51,7 +56,8 @@ inline bool cpu_has_avx512_bf16() {
 inline const char* bf16_isa() { return hw_bf16 && cpu_has_avx512_bf16() ? "AVX512_BF16" : "portable"; }
 
 /// @brief Test hook (not API): while true, the bf16 attention of this ISA takes the portable path
-/// (float conversion and the float kernels) even where hw_bf16 is true.
+/// (float conversion and the float kernels) even where hw_bf16 is true, and bf16_gemm_auto and
+/// bf16_linear take bf16_gemm_portable.
 inline std::atomic<bool> bf16_portable_only{false};
 
 /// @brief dst[i] = float(src[i]) for i < n (exact).
@@ -190,6 +196,152 @@ inline void bf16_gemm(std::int64_t m, std::int64_t n, std::int64_t kd, const bf1
     }
 }
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// bf16 Linear layers: y = x·Wᵀ, W packed once (the whole-model bf16 benchmarks,
+// examples/vit/vit_model_bf16.hpp). bf16_gemm above is the AVX512_BF16 kernel; bf16_gemm_portable
+// computes the same on every unit; bf16_linear picks one and runs W's column panels and blocks of
+// rows of x in parallel.
+// ---------------------------------------------------------------------------------------------
+
+// Rows [i, i + MR) of bf16_gemm_portable: MR × 32 float accumulators per column block, B's pairs
+// converted to float once per pair row and used by the MR rows.
+template <int MR>
+inline void bf16_gemm_portable_rows(std::int64_t i, std::int64_t n, std::int64_t kd, const bf16* a, std::int64_t lda,
+                                    const bf16* bp, float* c, std::int64_t ldc, float alpha, bool add) {
+    const std::int64_t npad = bf16_pack_columns(n), pairs = (kd + 1) / 2;
+    for (std::int64_t j0 = 0; j0 < n; j0 += 32) {
+        float acc[MR][32] = {};
+        float b0[32], b1[32];
+        const bf16* b = bp + j0 * 2;
+        for (std::int64_t kk = 0; kk < pairs; ++kk) {
+            const bf16* bk = b + kk * npad * 2;
+            for (int j = 0; j < 32; ++j) {
+                b0[j] = static_cast<float>(bk[2 * j]);
+                b1[j] = static_cast<float>(bk[2 * j + 1]);
+            }
+            for (int r = 0; r < MR; ++r) {
+                const bf16* ar = a + (i + r) * lda + 2 * kk;
+                const float a0 = static_cast<float>(ar[0]), a1 = 2 * kk + 1 < kd ? static_cast<float>(ar[1]) : 0.0f;
+                for (int j = 0; j < 32; ++j) acc[r][j] += a0 * b0[j] + a1 * b1[j];
+            }
+        }
+        const std::int64_t cols = std::min<std::int64_t>(32, n - j0);
+        for (int r = 0; r < MR; ++r) {
+            float* cr = c + (i + r) * ldc + j0;
+            for (std::int64_t j = 0; j < cols; ++j) cr[j] = add ? cr[j] + alpha * acc[r][j] : alpha * acc[r][j];
+        }
+    }
+}
+
+/// @brief bf16_gemm's product on every unit (no AVX512_BF16 needed): C(m, n) = alpha·A·B (+ C when
+/// `add`), A (m, kd) bf16 rows `lda` apart, B (kd, n) packed by bf16_pack_rows /
+/// bf16_pack_transposed, C float rows `ldc` apart (columns past n untouched). The bf16 values are
+/// converted to float (exactly), each product a·b is exact in float (8 × 8 significant bits), and
+/// the sums are rounded in float: |C − exact| ≤ (kd + 2)·2^-24·(|alpha|·Σ_r |a_ir·b_rj| + |C|),
+/// as bf16_gemm (whose instruction also flushes float denormals to zero; this one keeps them).
+inline void bf16_gemm_portable(std::int64_t m, std::int64_t n, std::int64_t kd, const bf16* a, std::int64_t lda, const bf16* bp,
+                               float* c, std::int64_t ldc, float alpha, bool add) {
+    constexpr int mr = 4;
+    std::int64_t i = 0;
+    for (; i + mr <= m; i += mr) bf16_gemm_portable_rows<mr>(i, n, kd, a, lda, bp, c, ldc, alpha, add);
+    for (; i < m; ++i) bf16_gemm_portable_rows<1>(i, n, kd, a, lda, bp, c, ldc, alpha, add);
+}
+
+/// @brief True when this unit's bf16 products run on AVX512_BF16 now: hw_bf16, the CPU reports
+/// the instruction, and the test hook bf16_portable_only is off.
+inline bool bf16_hw_now() { return hw_bf16 && cpu_has_avx512_bf16() && !bf16_portable_only.load(std::memory_order_relaxed); }
+
+/// @brief C(m, n) = alpha·A·B (+ C when `add`) on the path of bf16_hw_now(): bf16_gemm
+/// (AVX512_BF16) or bf16_gemm_portable; same arguments and error bound as those.
+inline void bf16_gemm_auto(std::int64_t m, std::int64_t n, std::int64_t kd, const bf16* a, std::int64_t lda, const bf16* bp,
+                           float* c, std::int64_t ldc, float alpha, bool add) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    if (bf16_hw_now()) {
+        bf16_gemm(m, n, kd, a, lda, bp, c, ldc, alpha, add);
+        return;
+    }
+#endif
+    bf16_gemm_portable(m, n, kd, a, lda, bp, c, ldc, alpha, add);
+}
+
+/// @brief A Linear layer's weight W (n outputs, kd inputs; nn.Linear's (out, in), row-major)
+/// packed for bf16_linear: in column panels of `panel` outputs (the last one narrower when n is not
+/// a multiple), panel p holding B = W[p·panel : p·panel + width]ᵀ (kd × width) as
+/// bf16_pack_transposed packs it (so a narrower last panel has its own npad, its width rounded up
+/// to 32), panels one after another (panel p at p·panel_size()). A panel
+/// of 128 outputs is kd·256 bytes (96 KiB for kd = 384, 384 KiB for 1536): one thread's panel stays
+/// in its L2 while blocks of rows of x stream past it. Made by bf16_pack_linear.
+struct bf16_linear_weight {
+    static constexpr std::int64_t panel = 128;  ///< outputs per panel (a multiple of 32, bf16_gemm's block)
+    std::int64_t n = 0;                         ///< outputs (W's rows)
+    std::int64_t kd = 0;                        ///< inputs (W's columns)
+    std::vector<bf16> packed;                   ///< the panels (see above)
+    /// @brief Number of panels, ⌈n / panel⌉.
+    [[nodiscard]] std::int64_t panels() const { return (n + panel - 1) / panel; }
+    /// @brief Elements of one full panel (the stride between panels).
+    [[nodiscard]] std::int64_t panel_size() const { return bf16_pack_size(kd, panel); }
+};
+
+/// @brief Packs W (n, kd), rows `ldw` apart (ldw ≥ kd), for bf16_linear (see bf16_linear_weight).
+/// Done once per weight (at model set-up); n ≥ 0, kd ≥ 1.
+inline bf16_linear_weight bf16_pack_linear(const bf16* w, std::int64_t ldw, std::int64_t n, std::int64_t kd) {
+    bf16_linear_weight pw;
+    pw.n = n;
+    pw.kd = kd;
+    pw.packed.resize(static_cast<std::size_t>(pw.panels() * pw.panel_size()));
+    for (std::int64_t p = 0; p < pw.panels(); ++p) {
+        const std::int64_t j0 = p * pw.panel, width = std::min(pw.panel, n - j0);
+        bf16_pack_transposed(w + j0 * ldw, ldw, kd, width, pw.packed.data() + p * pw.panel_size());
+    }
+    return pw;
+}
+
+/// @brief y (m, n) = x (m, kd) · Wᵀ (+ y when `add`): a Linear layer without its bias, bf16 x and
+/// W, float accumulation and float y. x: bf16 rows `ldx` apart; w: W packed by bf16_pack_linear;
+/// y: float rows `ldy` apart (only its first n columns are written). The tiles (blocks of 64 rows
+/// of x × one panel of W) run in parallel with OpenMP (panel-major: a thread keeps its panel
+/// while the rows stream), each by bf16_gemm_auto (so the error bound of bf16_gemm_portable). With
+/// `epilogue` (a callable `(i0, rows, j0, cols, float* t, ldt)`, not `nullptr`), the tile t = the
+/// rows [i0, i0 + rows) × columns [j0, j0 + cols) of x·Wᵀ (rows ldt apart) is computed into the
+/// thread's own float scratch instead of y and handed to the epilogue while it is in cache (y and
+/// add unused; the epilogue may overwrite t and writes the layer's outputs: bias, activation,
+/// rounding to bf16; it runs concurrently for different tiles and must not throw).
+template <class Epilogue>
+void bf16_linear_tiles(std::int64_t m, const bf16* x, std::int64_t ldx, const bf16_linear_weight& w, float* y, std::int64_t ldy,
+                       bool add, Epilogue&& epilogue) {
+    constexpr bool own_tile = !std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>;
+    constexpr std::int64_t mb = 64;  // rows per tile: a multiple of bf16_gemm's 8 rows
+    const std::int64_t blocks = (m + mb - 1) / mb, panels = w.panels(), items = blocks * panels;
+    if (m <= 0 || w.n <= 0) return;
+#if defined(_OPENMP)
+#pragma omp parallel if (items > 1)
+#endif
+    {
+        std::vector<float> tile(own_tile ? static_cast<std::size_t>(mb * w.panel) : 0);
+#if defined(_OPENMP)
+#pragma omp for schedule(static)
+#endif
+        for (std::int64_t item = 0; item < items; ++item) {
+            const std::int64_t p = item / blocks, i0 = (item % blocks) * mb;
+            const std::int64_t j0 = p * w.panel, rows = std::min(mb, m - i0), cols = std::min(w.panel, w.n - j0);
+            const bf16* b = w.packed.data() + p * w.panel_size();
+            if constexpr (own_tile) {
+                bf16_gemm_auto(rows, cols, w.kd, x + i0 * ldx, ldx, b, tile.data(), w.panel, 1.0f, false);
+                epilogue(i0, rows, j0, cols, tile.data(), w.panel);
+            } else {
+                bf16_gemm_auto(rows, cols, w.kd, x + i0 * ldx, ldx, b, y + i0 * ldy + j0, ldy, 1.0f, add);
+            }
+        }
+    }
+}
+
+/// @brief y (m, n) = x (m, kd) · Wᵀ (+ y when `add`), float y rows `ldy` apart: bf16_linear_tiles
+/// without an epilogue (see there for the layouts, threads and error bound).
+inline void bf16_linear(std::int64_t m, const bf16* x, std::int64_t ldx, const bf16_linear_weight& w, float* y, std::int64_t ldy,
+                        bool add) {
+    bf16_linear_tiles(m, x, ldx, w, y, ldy, add, nullptr);
+}
 
 }  // namespace RPE_ISA_NS
 }  // namespace rpe::detail::cpu
