@@ -49,9 +49,17 @@ int run_bf16(const rpe::examples::vit_model<float>& model, std::vector<float> im
 }  // namespace
 
 int main(int argc, char** argv) {
-    const bool bf16 = argc > 1 && std::string(argv[1]) == "--bf16";
+    const char* usage =
+        "usage: deit_s [--bf16]: DeiT-S with iRPE-K on random weights against the model without "
+        "RPE (float), or with --bf16 the bf16 model against the float one\n";
+    const std::string arg = argc > 1 ? argv[1] : "";
+    if (arg == "--help" || arg == "-h") {
+        std::fputs(usage, stdout);
+        return 0;
+    }
+    const bool bf16 = arg == "--bf16";
     if (argc > 2 || (argc == 2 && !bf16)) {
-        std::fprintf(stderr, "usage: deit_s [--bf16]\n");
+        std::fprintf(stderr, "deit_s: unexpected argument '%s'; %s", argv[argc > 2 && bf16 ? 2 : 1], usage);
         return 2;
     }
     namespace ex = rpe::examples;
