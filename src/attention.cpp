@@ -1,5 +1,5 @@
 // The one instantiation of the CPU fused attention in a program (rpe::cpu::attention_forward and
-// both attention_backward overloads, float and double; rpe::bf16's forward and its refusing backward): rpe's own programs (tests, tools,
+// both attention_backward overloads, float and double; rpe::bf16's forward and backward): rpe's own programs (tests, tools,
 // benchmarks, examples) link the object library rpe_attention, a user's program the installed
 // target rpe::attention (which adds this file to it); both define RPE_EXTERN_ATTENTION, so each
 // translation unit that calls the fused attention skips its instantiation (see

@@ -4,7 +4,9 @@
 // and the portable float path, forced with the test hook bf16_portable_only): no RPE, contextual
 // Product on k, on q, k, v, bias and Cross terms, shared and per-head tables, skip tokens, both
 // masks, strided q/k/v, 1 or 2 threads, RoPE, key_lengths, packed sequences; every golden
-// attention case in bf16; errors.
+// attention case in bf16; errors. Then the bf16 backward (the float backward rounded once, bit for
+// bit, and against the float64 composed backward; its error model is stated above its tests), the
+// standalone terms and the standalone RoPE rotation in bf16.
 //
 // Tolerance (docs/attention.md, "bf16"): the inputs are bf16 values, exact in float and double, so
 // the reference sees the same problem. The products accumulate in float (error ~D·2^-24 relative),
@@ -28,6 +30,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -603,7 +606,739 @@ TEST_CASE("bf16 attention reproduces every golden attention case (bf16-rounded i
                                                          << worst_golden);
 }
 
-TEST_CASE("bf16 attention: bad arguments are refused; the bf16 backward is not supported") {
+// ---------------------------------------------------------------------------------------------
+// The bf16 backward (rpe::attention_backward on rpe::bf16 storage), the standalone terms and the
+// standalone RoPE rotation in bf16.
+//
+// Error model of the backward (docs/attention.md, "bf16"): the inputs (q, k, v, tables, masks,
+// frequencies, grad_out) are bf16 values, exact in float and double, so the float64 composed
+// backward sees the same problem. The bf16 backward converts them to float, runs the float
+// backward (products and sums in float, every gradient accumulated in float) and rounds each
+// gradient to bf16 once. So (1) each bf16 gradient is the float backward's result on the same
+// values rounded once, bit for bit, and (2) against float64, per element of a gradient tensor G:
+//   |got − ref| ≤ u·|ref| + 16·N·2^-24·max|G_ref|,
+// u = 2^-8 the one bf16 rounding (8 significant bits, to nearest), and the float accumulation
+// term: sums of at most N = L + D + K terms in float (error ≤ N·2^-24·Σ|terms|), Σ|terms| allowed
+// 16 times the tensor's largest gradient (the softmax gradient's cancellation on these O(1)
+// inputs). The measured worst ratios are printed (MESSAGE).
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+template <class T>
+rpe::tensor_ref<T> view_like(T* data, const rpe::tensor_ref<const T>& t) {
+    rpe::tensor_ref<T> r;
+    r.data = data;
+    r.rank = t.rank;
+    r.shape = t.shape;
+    return r;
+}
+
+// The gradients of one backward call: q, k, v, every table (slot order q, k, v), rope freqs.
+template <class T>
+struct grads {
+    std::vector<T> q, k, v, freqs;
+    std::vector<std::vector<T>> tables;
+};
+
+// attention_backward (or, with `composed`, the composed forward then its backward) on `in`, every
+// table's gradient and, for rope::mixed, the frequencies' gradient requested.
+template <class T>
+grads<T> backward_of(rpe::attention_inputs<T> in, const std::vector<T>& go, const rpe::attention_options& opt = {},
+                     const std::type_identity_t<std::vector<T>>* saved = nullptr, bool composed = false) {
+    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), l = in.q.extent(2), d = in.q.extent(3);
+    grads<T> g;
+    const std::size_t n = static_cast<std::size_t>(b * h * l * d);
+    g.q.assign(n, T(-3.0f));
+    g.k.assign(n, T(-3.0f));
+    g.v.assign(n, T(-3.0f));
+    g.tables.reserve(6);
+    for (auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v}) {
+        slot->grad_tables.clear();
+        for (const auto& t : slot->tables) {
+            g.tables.emplace_back(static_cast<std::size_t>(t.size()), T(-3.0f));
+            slot->grad_tables.push_back(view_like(g.tables.back().data(), t));
+        }
+    }
+    if (in.rope.is_mixed()) {
+        g.freqs.assign(static_cast<std::size_t>(in.rope.freqs.size()), T(-3.0f));
+        in.rope.grad_freqs = view_like(g.freqs.data(), in.rope.freqs);
+    }
+    rpe::attention_gradients<T> ag{.grad_out = rpe::tensor_ref<const T>(go.data(), {b, h, l, d}),
+                                   .grad_q = rpe::tensor_ref<T>(g.q.data(), {b, h, l, d}),
+                                   .grad_k = rpe::tensor_ref<T>(g.k.data(), {b, h, l, d}),
+                                   .grad_v = rpe::tensor_ref<T>(g.v.data(), {b, h, l, d})};
+    std::vector<T> attn;
+    if constexpr (std::is_same_v<T, double>) {
+        if (composed) {
+            std::vector<T> out(n);
+            attn.assign(static_cast<std::size_t>(b * h * l * l), 0.0);
+            rpe::composed_attention_forward(in, rpe::tensor_ref<T>(out.data(), {b, h, l, d}),
+                                            rpe::tensor_ref<T>(attn.data(), {b, h, l, l}), opt);
+            ag.saved_attn = rpe::tensor_ref<const T>(attn.data(), {b, h, l, l});
+            rpe::composed_attention_backward(in, ag, opt);
+            return g;
+        }
+    }
+    if (saved) ag.saved_attn = rpe::tensor_ref<const T>(saved->data(), {b, h, l, l});
+    rpe::attention_backward(in, ag, opt);
+    return g;
+}
+
+// The case's problem in float (its bf16 values, exact), for the float backward.
+struct float_mirror {
+    std::vector<float> q, k, v, mask, freqs;
+    std::vector<std::vector<float>> tables;
+    rpe::attention_inputs<float> in;
+};
+
+std::vector<float> floats_of(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
+
+void mirror_of(const pair_case& c, float_mirror& m) {
+    const auto& src = c.ind;
+    m.q = floats_of(c.qd);
+    m.k = floats_of(c.kd);
+    m.v = floats_of(c.vd);
+    auto& in = m.in;
+    in.q = {m.q.data(), {c.b, c.h, c.l, c.d}};
+    in.k = {m.k.data(), {c.b, c.h, c.l, c.d}};
+    in.v = {m.v.data(), {c.b, c.h, c.l, c.d}};
+    in.height = src.height;
+    in.width = src.width;
+    in.depth = src.depth;
+    in.key_padding_mask = src.key_padding_mask;
+    in.positions = src.positions;
+    in.key_positions = src.key_positions;
+    in.packed = src.packed;
+    in.key_lengths = src.key_lengths;
+    if (src.attn_mask.data) {
+        m.mask = floats_of(c.mask_d);
+        in.attn_mask = {m.mask.data(), {c.l, c.l}};
+    }
+    m.tables.reserve(6);
+    const rpe::attention_term<double>* from[] = {&src.rpe_q, &src.rpe_k, &src.rpe_v};
+    rpe::attention_term<float>* to[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    for (int s = 0; s < 3; ++s) {
+        to[s]->term = from[s]->term;
+        for (const auto& t : from[s]->tables) {
+            m.tables.emplace_back(t.data, t.data + t.size());
+            rpe::tensor_ref<const float> v;
+            v.data = m.tables.back().data();
+            v.rank = t.rank;
+            v.shape = t.shape;
+            to[s]->tables.push_back(v);
+        }
+    }
+    in.rope.form = src.rope.form;
+    in.rope.skip = src.rope.skip;
+    in.rope.layout = src.rope.layout;
+    in.rope.positions = src.rope.positions;
+    in.rope.key_positions = src.rope.key_positions;
+    in.rope.suffix = src.rope.suffix;
+    if (src.rope.freqs.data) {
+        m.freqs.assign(src.rope.freqs.data, src.rope.freqs.data + src.rope.freqs.size());
+        in.rope.freqs.data = m.freqs.data();
+        in.rope.freqs.rank = src.rope.freqs.rank;
+        in.rope.freqs.shape = src.rope.freqs.shape;
+    }
+}
+
+// Whether every bf16 value is the float one rounded once (bit for bit).
+bool rounded_from(const std::vector<bf16>& got, const std::vector<float>& f) {
+    if (got.size() != f.size()) return false;
+    for (std::size_t i = 0; i < f.size(); ++i)
+        if (got[i].bits != bf16(f[i]).bits) return false;
+    return true;
+}
+
+// Worst |got − ref| / (u·|ref| + 16·N·2^-24·max|ref|) over one gradient tensor (≤ 1 passes).
+double worst_ratio(const std::vector<bf16>& got, const std::vector<double>& ref, std::int64_t n_sum) {
+    REQUIRE(got.size() == ref.size());
+    double most = 0;
+    for (double r : ref) most = std::max(most, std::fabs(r));
+    const double floor = 16.0 * static_cast<double>(n_sum) * 0x1p-24 * most + 1e-30;
+    double worst = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+        const double g = static_cast<double>(got[i]);
+        REQUIRE(std::isfinite(g));
+        worst = std::max(worst, std::fabs(g - ref[i]) / (u_bf16 * std::fabs(ref[i]) + floor));
+    }
+    return worst;
+}
+
+// One backward comparison: the case's bf16 backward against the float backward (bits) and the
+// float64 composed backward (bounds). Returns the worst ratio over every gradient.
+struct backward_check {
+    grads<bf16> got;
+    double worst = 0;
+};
+
+backward_check check_backward(pair_case& c, const rpe::attention_options& opt = {}, std::uint32_t seed = 77) {
+    std::vector<bf16> go;
+    std::vector<double> god;
+    {
+        std::mt19937 keep = c.rng;
+        c.rng.seed(seed);
+        c.fill(go, god, c.b * c.h * c.l * c.d, 1.0);
+        c.rng = keep;
+    }
+    float_mirror m;
+    mirror_of(c, m);
+    backward_check r;
+    r.got = backward_of(c.in, go, opt);
+    const auto fl = backward_of(m.in, floats_of(god), opt);
+    const auto ref = backward_of(c.ind, god, opt, nullptr, true);
+    CHECK(rounded_from(r.got.q, fl.q));
+    CHECK(rounded_from(r.got.k, fl.k));
+    CHECK(rounded_from(r.got.v, fl.v));
+    CHECK(rounded_from(r.got.freqs, fl.freqs));
+    REQUIRE(r.got.tables.size() == fl.tables.size());
+    for (std::size_t t = 0; t < fl.tables.size(); ++t) CHECK(rounded_from(r.got.tables[t], fl.tables[t]));
+    std::int64_t k = 0;
+    for (const auto& t : c.terms) k = std::max<std::int64_t>(k, t->num_buckets());
+    const std::int64_t n_sum = c.l + c.d + k;
+    r.worst =
+        std::max({worst_ratio(r.got.q, ref.q, n_sum), worst_ratio(r.got.k, ref.k, n_sum), worst_ratio(r.got.v, ref.v, n_sum)});
+    if (!ref.freqs.empty()) r.worst = std::max(r.worst, worst_ratio(r.got.freqs, ref.freqs, n_sum * c.b * c.l));
+    for (std::size_t t = 0; t < ref.tables.size(); ++t)  // a table's gradient sums over B·H·L·L pairs
+        r.worst = std::max(r.worst, worst_ratio(r.got.tables[t], ref.tables[t], n_sum * c.b * c.h * c.l));
+    CHECK(r.worst <= 1.0);
+    return r;
+}
+
+bool same_grads(const grads<bf16>& a, const grads<bf16>& b) {
+    if (!(same_bits(a.q, b.q) && same_bits(a.k, b.k) && same_bits(a.v, b.v) && same_bits(a.freqs, b.freqs))) return false;
+    if (a.tables.size() != b.tables.size()) return false;
+    for (std::size_t t = 0; t < a.tables.size(); ++t)
+        if (!same_bits(a.tables[t], b.tables[t])) return false;
+    return true;
+}
+
+// Whether rpe::attention_backward(in, grad_out, grad_q, grad_k, grad_v) is a valid call for these types.
+template <class In, class Go, class G>
+constexpr bool backward_accepts = requires(const In& in, Go go, G g) {
+    rpe::attention_backward(in, go, g, g, g);
+};
+
+}  // namespace
+
+TEST_CASE("bf16 attention backward: the float backward rounded once; within the bound of the float64 composed backward") {
+    struct config {
+        const char* name;
+        std::int64_t b, h, d;
+        int height, width, skip;
+        const char* terms;
+        bool shared, kpm, attn_mask;
+    };
+    // terms as the forward's test: "k", "qkv" contextual Product; "Bk" bias Euclidean; "Cqkv" Cross
+    const config configs[] = {
+        {"none", 2, 3, 16, 3, 4, 1, "", true, false, false},
+        {"k shared", 2, 3, 16, 4, 4, 1, "k", true, false, false},
+        {"qkv per head, masks", 2, 2, 6, 3, 3, 1, "qkv", false, true, true},
+        {"qkv shared", 2, 2, 8, 4, 5, 1, "qkv", true, false, false},
+        {"bias k, odd D", 1, 3, 5, 4, 4, 1, "Bk", false, false, true},
+        {"bias q, no skip", 2, 2, 8, 3, 3, 0, "Bq", true, true, false},
+        {"Cross qkv, skip 2", 2, 2, 8, 3, 4, 2, "Cqkv", false, false, false},
+        {"deit-like k, D 64", 1, 2, 64, 7, 7, 1, "k", true, false, false},
+    };
+    double worst = 0;
+    for (const auto& cf : configs) {
+        CAPTURE(cf.name);
+        pair_case c(cf.b, cf.h, cf.d, cf.height, cf.width, cf.skip, 13);
+        const std::string t = cf.terms;
+        if (t == "k") c.add_term(rpe::method::product, true, rpe::target::key, cf.shared, cf.skip);
+        if (t == "qkv")
+            for (auto tg : {rpe::target::query, rpe::target::key, rpe::target::value})
+                c.add_term(rpe::method::product, true, tg, cf.shared, cf.skip);
+        if (t == "Bk") c.add_term(rpe::method::euclidean, false, rpe::target::key, cf.shared, cf.skip);
+        if (t == "Bq") c.add_term(rpe::method::euclidean, false, rpe::target::query, cf.shared, cf.skip);
+        if (t == "Cqkv")
+            for (auto tg : {rpe::target::query, rpe::target::key, rpe::target::value})
+                c.add_term(rpe::method::cross, true, tg, cf.shared, cf.skip);
+        if (cf.kpm) c.add_key_padding_mask(true);
+        if (cf.attn_mask) c.add_attn_mask();
+        const auto r = check_backward(c);
+        worst = std::max(worst, r.worst);
+        MESSAGE(std::string(cf.name) << ": worst |grad - ref| / bound " << r.worst);
+    }
+    MESSAGE("bf16 backward: worst |grad - ref| / bound " << worst);
+}
+
+TEST_CASE("bf16 attention backward: 1 or 2 threads, strided q/k/v, any partials budget give the same bits") {
+    pair_case c(2, 2, 8, 4, 4, 1, 5);
+    c.add_term(rpe::method::product, true, rpe::target::query, false, 1);
+    c.add_term(rpe::method::product, true, rpe::target::key, false, 1);
+    c.add_term(rpe::method::product, true, rpe::target::value, true, 1);
+    c.add_key_padding_mask(false);
+    std::vector<bf16> go;
+    std::vector<double> god;
+    c.fill(go, god, c.b * c.h * c.l * c.d, 1.0);
+    set_threads(1);
+    const auto one = backward_of(c.in, go);
+    set_threads(2);
+    const auto two = backward_of(c.in, go);
+    CHECK(same_grads(one, two));
+    // the smallest budget: items in waves of one; the same sums in the same order
+    CHECK(same_grads(one, backward_of(c.in, go, {.backward_budget_bytes = 1})));
+    // the plan counts float partials for bf16 (its backward runs in float)
+    float_mirror m;
+    mirror_of(c, m);
+    for (auto& s : {&m.in.rpe_q, &m.in.rpe_k, &m.in.rpe_v}) s->grad_tables.clear();
+    const auto pb = rpe::cpu::plan_backward_scratch(c.in), pf = rpe::cpu::plan_backward_scratch(m.in);
+    CHECK(pb.bytes == pf.bytes);
+    CHECK(pb.items == pf.items);
+    // the same q, k, v read in place from a packed (B, L, 3, H, D) buffer
+    std::vector<bf16> packed(static_cast<std::size_t>(c.b * c.l * 3 * c.h * c.d));
+    for (std::int64_t bb = 0; bb < c.b; ++bb)
+        for (std::int64_t hh = 0; hh < c.h; ++hh)
+            for (std::int64_t i = 0; i < c.l; ++i)
+                for (std::int64_t e = 0; e < c.d; ++e) {
+                    const std::size_t src = static_cast<std::size_t>(((bb * c.h + hh) * c.l + i) * c.d + e);
+                    const std::size_t dst = static_cast<std::size_t>((((bb * c.l + i) * 3) * c.h + hh) * c.d + e);
+                    packed[dst] = c.q[src];
+                    packed[dst + static_cast<std::size_t>(c.h * c.d)] = c.k[src];
+                    packed[dst + static_cast<std::size_t>(2 * c.h * c.d)] = c.v[src];
+                }
+    const std::int64_t sb = c.l * 3 * c.h * c.d, sh = c.d, sl = 3 * c.h * c.d;
+    auto strided = c.in;
+    strided.q = rpe::tensor_ref<const bf16>::with_strides(packed.data(), {c.b, c.h, c.l, c.d}, {sb, sh, sl, 1});
+    strided.k = rpe::tensor_ref<const bf16>::with_strides(packed.data() + c.h * c.d, {c.b, c.h, c.l, c.d}, {sb, sh, sl, 1});
+    strided.v = rpe::tensor_ref<const bf16>::with_strides(packed.data() + 2 * c.h * c.d, {c.b, c.h, c.l, c.d}, {sb, sh, sl, 1});
+    CHECK(same_grads(one, backward_of(strided, go)));
+}
+
+TEST_CASE("bf16 attention backward from saved probabilities: the float backward on the same saved values") {
+    pair_case c(2, 2, 8, 3, 4, 1, 31);
+    for (auto tg : {rpe::target::query, rpe::target::key, rpe::target::value})
+        c.add_term(rpe::method::product, true, tg, true, 1);
+    std::vector<bf16> go;
+    std::vector<double> god;
+    c.fill(go, god, c.b * c.h * c.l * c.d, 1.0);
+    const auto fwd = run_bf16(c, false);  // the bf16 forward's probabilities, rounded to bf16
+    const auto got = backward_of(c.in, go, {}, &fwd.attn);
+    float_mirror m;
+    mirror_of(c, m);
+    std::vector<float> saved(fwd.attn.size());
+    for (std::size_t i = 0; i < saved.size(); ++i) saved[i] = static_cast<float>(fwd.attn[i]);
+    const auto fl = backward_of(m.in, floats_of(god), {}, &saved);
+    CHECK(rounded_from(got.q, fl.q));
+    CHECK(rounded_from(got.k, fl.k));
+    CHECK(rounded_from(got.v, fl.v));
+    for (std::size_t t = 0; t < fl.tables.size(); ++t) CHECK(rounded_from(got.tables[t], fl.tables[t]));
+    // against float64 (recomputed probabilities): the saved probabilities carry a bf16 rounding
+    // each (relative u), which moves the gradients by about u times their size: within 4u·max|G|
+    const auto ref = backward_of(c.ind, god, {}, nullptr, true);
+    double worst = 0;
+    for (const auto& [g, r] : {std::pair{&got.q, &ref.q}, std::pair{&got.k, &ref.k}, std::pair{&got.v, &ref.v}}) {
+        double most = 0, err = 0;
+        for (std::size_t i = 0; i < r->size(); ++i) {
+            most = std::max(most, std::fabs((*r)[i]));
+            err = std::max(err, std::fabs(static_cast<double>((*g)[i]) - (*r)[i]));
+        }
+        worst = std::max(worst, err / (4 * u_bf16 * most));
+    }
+    CHECK(worst <= 1.0);
+    MESSAGE("saved_attn in bf16: worst |grad - ref| / (4u max|grad|) " << worst);
+}
+
+TEST_CASE("bf16 attention backward with RoPE (rope::mixed, its frequency gradient), key_lengths and packed sequences") {
+    SUBCASE("rope::mixed with grad_freqs, contextual Product on k") {
+        pair_case c(2, 2, 8, 3, 4, 1, 41);
+        c.add_term(rpe::method::product, true, rpe::target::key, true, 1);
+        std::vector<bf16> freqs;
+        std::vector<double> freqs_d;
+        c.fill(freqs, freqs_d, 2 * c.h * c.d / 2, 0.5);
+        c.in.rope = {.form = rpe::rope::mixed{}, .skip = 1, .freqs = {freqs.data(), {2, c.h, c.d / 2}}};
+        c.ind.rope = {.form = rpe::rope::mixed{}, .skip = 1, .freqs = {freqs_d.data(), {2, c.h, c.d / 2}}};
+        const auto r = check_backward(c);
+        CHECK(r.got.freqs.size() == freqs.size());
+        MESSAGE("rope::mixed: worst |grad - ref| / bound " << r.worst);
+    }
+    SUBCASE("key_lengths (qkv contextual Product)") {
+        pair_case c(3, 2, 8, 4, 4, 1, 21);
+        for (auto tg : {rpe::target::query, rpe::target::key, rpe::target::value})
+            c.add_term(rpe::method::product, true, tg, true, 1);
+        const std::vector<std::int32_t> lengths{5, 17, 1};
+        c.in.key_lengths = c.ind.key_lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {c.b});
+        const auto r = check_backward(c);
+        // padded keys get exactly zero grad_k and grad_v
+        bool zero = true;
+        for (std::int64_t p = 0; p < c.b * c.h; ++p)
+            for (std::int64_t j = lengths[static_cast<std::size_t>(p / c.h)]; j < c.l; ++j)
+                for (std::int64_t e = 0; e < c.d; ++e) {
+                    const std::size_t x = static_cast<std::size_t>((p * c.l + j) * c.d + e);
+                    zero = zero && r.got.k[x].bits == 0 && r.got.v[x].bits == 0;
+                }
+        CHECK(zero);
+        MESSAGE("key_lengths: worst |grad - ref| / bound " << r.worst);
+    }
+    SUBCASE("packed: 3 images, Product on k and v") {
+        pair_case c(2, 2, 8, 1, 21, 1, 23);  // L = 7 + 10 + 5 = 22
+        c.add_term(rpe::method::product, true, rpe::target::key, false, 1);
+        c.add_term(rpe::method::product, true, rpe::target::value, true, 1);
+        const std::vector<std::int32_t> lengths{7, 10, 5}, grids{2, 3, 3, 3, 1, 4};
+        for (auto* in : {&c.in.packed, &c.ind.packed}) {
+            in->lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {3});
+            in->grids = rpe::tensor_ref<const std::int32_t>(grids.data(), {3, 2});
+        }
+        c.in.height = c.in.width = c.ind.height = c.ind.width = 0;
+        const auto r = check_backward(c);
+        MESSAGE("packed: worst |grad - ref| / bound " << r.worst);
+    }
+}
+
+TEST_CASE("bf16 attention backward reproduces the golden attention gradients (bf16-rounded inputs)") {
+    // Three golden cases with gradients (Cross qkv per head; bias Euclidean k; qkv with masks): the
+    // bf16 backward on bf16-rounded inputs and grad_output against (1) the float64 composed
+    // backward on the same rounded values (the bound above) and (2) the golden float64 gradients
+    // of the unrounded inputs: rounding the inputs to bf16 moves each gradient by about 2^-7 of
+    // the gradients' scale (the forward's golden comparison measures 2^-7.3 on the outputs), so
+    // within 2^-4·(1 + max|golden|) per tensor.
+    using json = nlohmann::json;
+    double worst_kernel = 0, worst_golden = 0;
+    for (const char* name : {"cross_ctx_qkv_unshared_4x6_skip1_r1.9", "euclidean_bias_k_unshared_6x4_skip0_r1.9",
+                             "product_ctx_qkv_shared_4x5_skip1_r1.9_B2H2D8_masked"}) {
+        INFO("case " << name);
+        const std::string dir = rpe_test::golden(std::string("attention/") + name);
+        const json meta = rpe_test::read_meta<json>(dir);
+        const std::int64_t b = meta.at("batch").get<std::int64_t>(), h = meta.at("heads").get<std::int64_t>(),
+                           l = meta.at("L").get<std::int64_t>(), d = meta.at("head_dim").get<std::int64_t>();
+        const int height = meta.at("height").get<int>(), width = meta.at("width").get<int>(), skip = meta.at("skip").get<int>();
+        pair_case c(b, h, d, height, width, skip, 1);
+        const std::vector<std::int64_t> qshape{b, h, l, d};
+        auto round_into = [](const std::vector<float>& src, std::vector<bf16>& x, std::vector<double>& y) {
+            x.resize(src.size());
+            y.resize(src.size());
+            for (std::size_t i = 0; i < src.size(); ++i) {
+                x[i] = bf16(src[i]);
+                y[i] = static_cast<double>(x[i]);
+            }
+        };
+        round_into(rpe_test::load<float>(dir, "q.npy", qshape), c.q, c.qd);
+        round_into(rpe_test::load<float>(dir, "k.npy", qshape), c.k, c.kd);
+        round_into(rpe_test::load<float>(dir, "v.npy", qshape), c.v, c.vd);
+        if (meta.value("key_padding_mask", false)) {
+            c.kpm = rpe_test::load<std::uint8_t>(dir, "key_padding_mask.npy", {b, l});
+            c.in.key_padding_mask = c.ind.key_padding_mask = {c.kpm.data(), {b, l}};
+        }
+        const std::string on = meta.at("rpe_on").get<std::string>(), method = meta.at("method").get<std::string>();
+        const char letters[3] = {'q', 'k', 'v'};
+        const rpe::target targets[3] = {rpe::target::query, rpe::target::key, rpe::target::value};
+        std::vector<std::string> grad_files;
+        std::vector<std::vector<std::int64_t>> grad_shapes;
+        for (int t = 0; t < 3; ++t) {
+            if (on.find(letters[t]) == std::string::npos) continue;
+            rpe::term_spec spec;
+            spec.method = method == "product" ? rpe::method::product
+                          : method == "cross" ? rpe::method::cross
+                                              : rpe::method::euclidean;
+            spec.contextual = meta.at("mode").get<std::string>() == "contextual";
+            spec.target = targets[t];
+            spec.alpha = meta.at("alpha").get<double>();
+            spec.beta = meta.at("beta").get<double>();
+            spec.gamma = meta.at("gamma").get<double>();
+            spec.shared_head = meta.at("shared_head").get<bool>();
+            spec.skip = skip;
+            spec.num_heads = static_cast<int>(h);
+            spec.head_dim = static_cast<int>(d);
+            c.terms.push_back(rpe::make_term<double>(spec));
+            const auto& term = *c.terms.back();
+            rpe::attention_term<bf16>* slot = t == 0 ? &c.in.rpe_q : t == 1 ? &c.in.rpe_k : &c.in.rpe_v;
+            rpe::attention_term<double>* slot_d = t == 0 ? &c.ind.rpe_q : t == 1 ? &c.ind.rpe_k : &c.ind.rpe_v;
+            slot->term = slot_d->term = &term;
+            const auto shape = term.table_shape();
+            for (const auto& e : meta.at("rpe").at(std::string(1, letters[t])).at("tables")) {
+                round_into(rpe_test::load<float>(dir, e.at("table").get<std::string>(), shape), c.tables.emplace_back(),
+                           c.tables_d.emplace_back());
+                slot->tables.push_back(table_view(c.tables.back(), shape));
+                slot_d->tables.push_back(table_view(c.tables_d.back(), shape));
+                const std::string g = e.at("grad").get<std::string>();
+                grad_files.push_back(g.substr(0, g.size() - 4) + "_f64.npy");
+                grad_shapes.push_back(shape);
+            }
+        }
+        std::vector<bf16> go;
+        std::vector<double> god;
+        round_into(rpe_test::load<float>(dir, "grad_output.npy", qshape), go, god);
+        // (1) the kernel against float64 on the same values (check_backward draws its own
+        // grad_out: run the comparison here with the golden one)
+        float_mirror m;
+        mirror_of(c, m);
+        const auto got = backward_of(c.in, go);
+        const auto fl = backward_of(m.in, floats_of(god));
+        const auto ref = backward_of(c.ind, god, {}, nullptr, true);
+        CHECK(rounded_from(got.q, fl.q));
+        CHECK(rounded_from(got.k, fl.k));
+        CHECK(rounded_from(got.v, fl.v));
+        std::int64_t k = 0;
+        for (const auto& t : c.terms) k = std::max<std::int64_t>(k, t->num_buckets());
+        const std::int64_t n_sum = l + d + k;
+        double wk =
+            std::max({worst_ratio(got.q, ref.q, n_sum), worst_ratio(got.k, ref.k, n_sum), worst_ratio(got.v, ref.v, n_sum)});
+        REQUIRE(got.tables.size() == grad_files.size());
+        for (std::size_t t = 0; t < got.tables.size(); ++t) {
+            CHECK(rounded_from(got.tables[t], fl.tables[t]));
+            wk = std::max(wk, worst_ratio(got.tables[t], ref.tables[t], n_sum * b * h * l));
+        }
+        CHECK(wk <= 1.0);
+        worst_kernel = std::max(worst_kernel, wk);
+        // (2) against the golden float64 gradients of the unrounded inputs
+        auto golden_err = [&](const std::vector<bf16>& g, const std::vector<double>& gold) {
+            REQUIRE(g.size() == gold.size());
+            double most = 0, err = 0;
+            for (std::size_t i = 0; i < g.size(); ++i) {
+                most = std::max(most, std::fabs(gold[i]));
+                err = std::max(err, std::fabs(static_cast<double>(g[i]) - gold[i]));
+            }
+            return err / (1 + most);
+        };
+        double wg = std::max({golden_err(got.q, rpe_test::load<double>(dir, "grad_q_f64.npy", qshape)),
+                              golden_err(got.k, rpe_test::load<double>(dir, "grad_k_f64.npy", qshape)),
+                              golden_err(got.v, rpe_test::load<double>(dir, "grad_v_f64.npy", qshape))});
+        for (std::size_t t = 0; t < got.tables.size(); ++t)
+            wg = std::max(wg, golden_err(got.tables[t], rpe_test::load<double>(dir, grad_files[t], grad_shapes[t])));
+        CHECK(wg <= 0x1p-4);
+        worst_golden = std::max(worst_golden, wg);
+    }
+    MESSAGE("golden backward in bf16: worst |grad - ref| / bound "
+            << worst_kernel << "; worst |grad - golden| / (1 + max|golden|) " << worst_golden);
+}
+
+namespace {
+
+template <class T>
+std::vector<T> cast_all(const std::vector<bf16>& x) {
+    std::vector<T> out(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) out[i] = static_cast<T>(x[i]);
+    return out;
+}
+
+std::vector<bf16> random_bf16(std::mt19937& rng, std::int64_t n, double sigma = 1.0) {
+    std::normal_distribution<double> normal(0.0, sigma);
+    std::vector<bf16> x(static_cast<std::size_t>(n));
+    for (auto& e : x) e = bf16(static_cast<float>(normal(rng)));
+    return x;
+}
+
+template <class T>
+rpe::tensor_ref<T> shaped(T* data, const std::vector<std::int64_t>& shape) {
+    rpe::tensor_ref<T> r;
+    r.data = data;
+    r.rank = static_cast<int>(shape.size());
+    for (std::size_t i = 0; i < shape.size(); ++i) r.shape[i] = shape[i];
+    return r;
+}
+
+// One standalone term call in bf16, float and double on the same values: the term's forward
+// (overwrite and accumulate) and backward (overwrite and accumulate). The bf16 outputs must be the
+// float ones rounded once (bits); against double within u·|ref| + 16·N·2^-24·max|ref| (N the
+// longest sum: D for the contextual forward, B·H·L·L for a table's gradient).
+double check_term_bf16(const rpe::term_spec& spec, std::int64_t b, int height, int width, std::uint32_t seed) {
+    const auto term = rpe::make_term<double>(spec);
+    const rpe::term_desc& desc = *term;
+    const auto ids = desc.bucket_ids(height, width);
+    const std::int64_t h = spec.num_heads, d = spec.head_dim, l = ids->length();
+    const bool value = spec.target == rpe::target::value;
+    std::mt19937 rng(seed);
+    const auto tshape = desc.table_shape();
+    std::int64_t tsize = 1;
+    for (auto e : tshape) tsize *= e;
+    std::vector<std::vector<bf16>> tb;
+    for (int t = 0; t < desc.num_tables(); ++t) tb.push_back(random_bf16(rng, tsize, 0.5));
+    const std::vector<std::int64_t> xshape{b, h, l, value ? l : d}, oshape{b, h, l, value ? d : l};
+    const std::int64_t xsize = b * h * l * (value ? l : d), osize = b * h * l * (value ? d : l);
+    const auto xb = spec.contextual ? random_bf16(rng, xsize) : std::vector<bf16>{};
+    const auto out0 = random_bf16(rng, osize), gob = random_bf16(rng, osize), gx0 = random_bf16(rng, xsize),
+               gt0 = random_bf16(rng, tsize);
+    auto run = [&]<class T>(T, rpe::write mode, std::vector<T>& out, std::vector<T>& gx, std::vector<std::vector<T>>& gt) {
+        std::vector<std::vector<T>> tabs;
+        std::vector<rpe::tensor_ref<const T>> tv;
+        tabs.reserve(tb.size());
+        for (const auto& t : tb) {
+            tabs.push_back(cast_all<T>(t));
+            tv.push_back(shaped<const T>(tabs.back().data(), tshape));
+        }
+        const auto x = cast_all<T>(xb), go = cast_all<T>(gob);
+        const rpe::tensor_ref<const T> xv = spec.contextual ? shaped<const T>(x.data(), xshape) : rpe::tensor_ref<const T>{};
+        out = cast_all<T>(out0);
+        rpe::cpu::term_forward<T>(desc, *ids, tv, xv, shaped<T>(out.data(), oshape), mode);
+        gx = spec.contextual ? cast_all<T>(gx0) : std::vector<T>{};
+        gt.assign(tb.size(), cast_all<T>(gt0));
+        std::vector<rpe::tensor_ref<T>> gtv;
+        for (auto& g : gt) gtv.push_back(shaped<T>(g.data(), tshape));
+        rpe::cpu::term_backward<T>(desc, *ids, tv, xv, shaped<const T>(go.data(), oshape),
+                                   spec.contextual ? shaped<T>(gx.data(), xshape) : rpe::tensor_ref<T>{}, gtv, mode);
+    };
+    double worst = 0;
+    for (const auto mode : {rpe::write::overwrite, rpe::write::accumulate}) {
+        CAPTURE(static_cast<int>(mode));
+        std::vector<bf16> ob, gxb;
+        std::vector<float> of, gxf;
+        std::vector<double> od, gxd;
+        std::vector<std::vector<bf16>> gtb;
+        std::vector<std::vector<float>> gtf;
+        std::vector<std::vector<double>> gtd;
+        run(bf16{}, mode, ob, gxb, gtb);
+        {  // one thread: the same bits
+            std::vector<bf16> ob1, gxb1;
+            std::vector<std::vector<bf16>> gtb1;
+            set_threads(1);
+            run(bf16{}, mode, ob1, gxb1, gtb1);
+            set_threads(2);
+            CHECK(same_bits(ob, ob1));
+            CHECK(same_bits(gxb, gxb1));
+            for (std::size_t t = 0; t < gtb.size(); ++t) CHECK(same_bits(gtb[t], gtb1[t]));
+        }
+        run(0.0f, mode, of, gxf, gtf);
+        run(0.0, mode, od, gxd, gtd);
+        CHECK(rounded_from(ob, of));
+        CHECK(rounded_from(gxb, gxf));
+        for (std::size_t t = 0; t < gtb.size(); ++t) CHECK(rounded_from(gtb[t], gtf[t]));
+        worst = std::max(worst, worst_ratio(ob, od, d + 2));
+        if (spec.contextual) worst = std::max(worst, worst_ratio(gxb, gxd, l + 2));
+        for (std::size_t t = 0; t < gtb.size(); ++t) worst = std::max(worst, worst_ratio(gtb[t], gtd[t], b * h * l * l + 1));
+    }
+    CHECK(worst <= 1.0);
+    return worst;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 standalone terms (rpe::cpu::term_forward / term_backward, rpe::term, any_term): float kernels rounded once") {
+    struct config {
+        rpe::method method;
+        bool contextual;
+        rpe::target target;
+        bool shared;
+        int skip;
+    };
+    const config configs[] = {
+        {rpe::method::product, true, rpe::target::key, false, 1},   {rpe::method::product, true, rpe::target::query, true, 1},
+        {rpe::method::product, true, rpe::target::value, false, 0}, {rpe::method::euclidean, false, rpe::target::key, false, 1},
+        {rpe::method::cross, true, rpe::target::key, true, 2},      {rpe::method::cross, false, rpe::target::query, false, 0},
+    };
+    double worst = 0;
+    std::uint32_t seed = 3;
+    for (const auto& cf : configs) {
+        rpe::term_spec spec;
+        spec.method = cf.method;
+        spec.contextual = cf.contextual;
+        spec.target = cf.target;
+        spec.ratio(1.9);
+        spec.shared_head = cf.shared;
+        spec.skip = cf.skip;
+        spec.num_heads = 3;
+        spec.head_dim = 8;
+        CAPTURE(static_cast<int>(cf.method));
+        CAPTURE(static_cast<int>(cf.target));
+        worst = std::max(worst, check_term_bf16(spec, 2, 3, 4, ++seed));
+    }
+    MESSAGE("bf16 terms: worst |out - ref| / bound " << worst);
+
+    // the compile-time term and its any_term take bf16 too: the same bits as the descriptor's call
+    namespace mapping = rpe::mapping;
+    const mapping::product<> prod{rpe::index::piecewise::from_ratio(1.9)};
+    const rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::key, bf16> t(
+        prod, {.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1});
+    const auto ids = t.bucket_ids(3, 3);
+    std::mt19937 rng(8);
+    const auto shape = t.table_shape();
+    const auto table = random_bf16(rng, shape[0] * shape[1] * shape[2], 0.5);
+    const std::int64_t l = 10;
+    const auto x = random_bf16(rng, 2 * l * 4);
+    std::vector<bf16> a(static_cast<std::size_t>(2 * l * l)), b(a.size());
+    const rpe::tensor_ref<const bf16> tv = shaped<const bf16>(table.data(), shape), xv(x.data(), {1, 2, l, 4});
+    t.forward(*ids, tv, xv, rpe::tensor_ref<bf16>(a.data(), {1, 2, l, l}), rpe::write::overwrite);
+    const auto any = rpe::make_any_term(t);
+    const rpe::tensor_ref<const bf16> tabs[] = {tv};
+    any->forward(*ids, tabs, xv, rpe::tensor_ref<bf16>(b.data(), {1, 2, l, l}), rpe::write::overwrite);
+    CHECK(same_bits(a, b));
+    std::vector<float> tf = cast_all<float>(table), xf = cast_all<float>(x), of(a.size());
+    const rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::key, float> tfl(
+        prod, {.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1});
+    tfl.forward(*ids, shaped<const float>(tf.data(), shape), rpe::tensor_ref<const float>(xf.data(), {1, 2, l, 4}),
+                rpe::tensor_ref<float>(of.data(), {1, 2, l, l}), rpe::write::overwrite);
+    CHECK(rounded_from(a, of));
+    // errors name the argument, as in float
+    CHECK(rpe_test::throws_with(
+        [&] {
+            t.forward(*ids, tv, xv, rpe::tensor_ref<bf16>(a.data(), {1, 2, l, l - 1}), rpe::write::overwrite);
+        },
+        "out has shape"));
+    CHECK(rpe_test::throws_with(
+        [&] {
+            t.backward(*ids, tv, xv, rpe::tensor_ref<const bf16>(a.data(), {1, 2, l, l}),
+                       rpe::tensor_ref<bf16>(b.data(), {1, 2, l, 3}), rpe::tensor_ref<bf16>{}, rpe::write::overwrite);
+        },
+        "grad_x"));
+}
+
+TEST_CASE(
+    "bf16 standalone RoPE (rpe::rope_forward / rope_backward): the float rotation rounded once; rope::mixed frequency gradient") {
+    const std::int64_t b = 2, h = 2, d = 8;
+    const int height = 3, width = 4, skip = 1;
+    const std::int64_t l = skip + height * width;
+    std::mt19937 rng(17);
+    const auto x = random_bf16(rng, b * h * l * d), gy = random_bf16(rng, b * h * l * d),
+               freqs = random_bf16(rng, 2 * h * d / 2, 0.5);
+    double worst = 0;
+    for (const bool mixed : {false, true}) {
+        CAPTURE(mixed);
+        auto run = [&]<class T>(T, std::vector<T>& y, std::vector<T>& gx, std::vector<T>& gf) {
+            const auto xt = cast_all<T>(x), gyt = cast_all<T>(gy), ft = cast_all<T>(freqs);
+            rpe::rotary_embedding<T> r;
+            r.skip = skip;
+            if (mixed) {
+                r.form = rpe::rope::mixed{};
+                r.freqs = rpe::tensor_ref<const T>(ft.data(), {2, h, d / 2});
+                gf.assign(ft.size(), T(-3.0f));
+                r.grad_freqs = rpe::tensor_ref<T>(gf.data(), {2, h, d / 2});
+            } else {
+                r.form = rpe::rope::axial{.theta = 100.0f};
+            }
+            y.assign(xt.size(), T(-3.0f));
+            gx.assign(xt.size(), T(-3.0f));
+            rpe::rope_forward(r, height, width, rpe::tensor_ref<const T>(xt.data(), {b, h, l, d}),
+                              rpe::tensor_ref<T>(y.data(), {b, h, l, d}));
+            rpe::rope_backward(r, height, width, rpe::tensor_ref<const T>(xt.data(), {b, h, l, d}),
+                               rpe::tensor_ref<const T>(gyt.data(), {b, h, l, d}), rpe::tensor_ref<T>(gx.data(), {b, h, l, d}));
+        };
+        std::vector<bf16> yb, gxb, gfb;
+        std::vector<float> yf, gxf, gff;
+        std::vector<double> yd, gxd, gfd;
+        run(bf16{}, yb, gxb, gfb);
+        {  // one thread: the same bits
+            std::vector<bf16> y1, gx1, gf1;
+            set_threads(1);
+            run(bf16{}, y1, gx1, gf1);
+            set_threads(2);
+            CHECK(same_bits(yb, y1));
+            CHECK(same_bits(gxb, gx1));
+            CHECK(same_bits(gfb, gf1));
+        }
+        run(0.0f, yf, gxf, gff);
+        run(0.0, yd, gxd, gfd);
+        CHECK(rounded_from(yb, yf));
+        CHECK(rounded_from(gxb, gxf));
+        CHECK(rounded_from(gfb, gff));
+        // the double rotation's table holds cos/sin rounded to double, the float one's to float:
+        // 2^-24 relative on each product, inside the bound's float term
+        worst = std::max({worst, worst_ratio(yb, yd, 4), worst_ratio(gxb, gxd, 4)});
+        if (mixed) worst = std::max(worst, worst_ratio(gfb, gfd, 2 * b * l * 4));
+    }
+    CHECK(worst <= 1.0);
+    MESSAGE("bf16 RoPE: worst |y - ref| / bound " << worst);
+    // bad shapes are refused naming the argument
+    std::vector<bf16> y(x.size());
+    const rpe::rotary_embedding<bf16> r{.form = rpe::rope::axial{.theta = 100.0f}, .skip = skip};
+    CHECK(rpe_test::throws_with(
+        [&] {
+            rpe::rope_forward(r, height, width, rpe::tensor_ref<const bf16>(x.data(), {b, h, l, d}),
+                              rpe::tensor_ref<bf16>(y.data(), {b, h, l - 1, d}));
+        },
+        "y has shape"));
+}
+
+TEST_CASE("bf16 attention: bad arguments of the forward and the backward are refused, naming the argument") {
     pair_case c(1, 2, 4, 2, 3, 1, 2);
     c.add_term(rpe::method::product, true, rpe::target::key, true, 1);
     std::vector<bf16> out(static_cast<std::size_t>(c.b * c.h * c.l * c.d)), small(out.size() - 1);
@@ -637,16 +1372,49 @@ TEST_CASE("bf16 attention: bad arguments are refused; the bf16 backward is not s
             rpe::attention_forward(bad, rpe::tensor_ref<bf16>(out.data(), {c.b, c.h, c.l, c.d}));
         },
         "k has shape"));
-    // the backward in bf16
-    std::vector<bf16> g(out.size());
-    CHECK(rpe_test::throws_with<rpe::not_supported>(
+    // the backward in bf16: bad gradients are refused naming the argument, before any write
+    const std::size_t n = out.size();
+    std::vector<bf16> go(n, bf16(0.5f)), gq(n, bf16(-3.0f)), gk(n, bf16(-3.0f)), gv(n, bf16(-3.0f));
+    const auto shape = {c.b, c.h, c.l, c.d};
+    const rpe::tensor_ref<const bf16> gov(go.data(), shape);
+    const rpe::tensor_ref<bf16> gqv(gq.data(), shape), gkv(gk.data(), shape), gvv(gv.data(), shape);
+    CHECK(rpe_test::throws_with(
         [&] {
-            rpe::attention_backward(c.in, rpe::tensor_ref<const bf16>(g.data(), {c.b, c.h, c.l, c.d}),
-                                    rpe::tensor_ref<bf16>(g.data(), {c.b, c.h, c.l, c.d}),
-                                    rpe::tensor_ref<bf16>(g.data(), {c.b, c.h, c.l, c.d}),
-                                    rpe::tensor_ref<bf16>(g.data(), {c.b, c.h, c.l, c.d}));
+            rpe::attention_backward(c.in, gov, rpe::tensor_ref<bf16>(gq.data(), {c.b, c.h, c.l - 1, c.d}), gkv, gvv);
         },
-        {"backward in bf16", "not supported"}));
+        "grad_q has shape"));
+    CHECK(rpe_test::throws_with(
+        [&] {
+            rpe::attention_backward(c.in, rpe::tensor_ref<const bf16>(go.data(), {c.b, c.h, c.l, c.d - 1}), gqv, gkv, gvv);
+        },
+        "grad_out has shape"));
+    CHECK(rpe_test::throws_with([&] { rpe::attention_backward(c.in, gov, gqv, rpe::tensor_ref<bf16>(gq.data(), shape), gvv); },
+                                {"grad_k", "grad_q"}));  // overlapping outputs
+    auto bad_g = c.in;
+    std::vector<bf16> gt(static_cast<std::size_t>(c.in.rpe_k.tables[0].size()));
+    auto gt_shape = c.in.rpe_k.tables[0];
+    gt_shape.shape[1] += 1;
+    bad_g.rpe_k.grad_tables = {view_like(gt.data(), gt_shape)};
+    CHECK(rpe_test::throws_with([&] { rpe::attention_backward(bad_g, gov, gqv, gkv, gvv); }, "rpe_k grad_tables[0]"));
+    std::vector<bf16> small_attn(static_cast<std::size_t>(c.l * c.l));
+    CHECK(rpe_test::throws_with(
+        [&] {
+            rpe::attention_backward(c.in, {.grad_out = gov,
+                                           .grad_q = gqv,
+                                           .grad_k = gkv,
+                                           .grad_v = gvv,
+                                           .saved_attn = rpe::tensor_ref<const bf16>(small_attn.data(), {c.l, c.l})});
+        },
+        "saved_attn"));
+    bool untouched = true;  // every refused call left the gradients alone
+    for (std::size_t i = 0; i < n; ++i) untouched = untouched && gq[i].bits == bf16(-3.0f).bits && gk[i].bits == bf16(-3.0f).bits;
+    CHECK(untouched);
+    // and a good call works (no longer rpe::not_supported)
+    rpe::attention_backward(c.in, gov, gqv, gkv, gvv);
+    CHECK(std::isfinite(static_cast<float>(gq[0])));
+    static_assert(!backward_accepts<rpe::attention_inputs<bf16>, rpe::tensor_ref<const float>, rpe::tensor_ref<float>>);
+    static_assert(!backward_accepts<rpe::attention_inputs<float>, rpe::tensor_ref<const bf16>, rpe::tensor_ref<bf16>>);
+    static_assert(backward_accepts<rpe::attention_inputs<bf16>, rpe::tensor_ref<const bf16>, rpe::tensor_ref<bf16>>);
     // mixed types are refused at compile time: one scalar type per call
     static_assert(!forward_accepts<rpe::attention_inputs<bf16>, rpe::tensor_ref<float>>);
     static_assert(!forward_accepts<rpe::attention_inputs<float>, rpe::tensor_ref<bf16>>);

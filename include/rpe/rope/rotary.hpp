@@ -56,7 +56,8 @@ rope_form rope_form_of(const P& p) {
 /// `x_2j + i·x_2j+1`: `y_2j = c·x_2j − s·x_2j+1`, `y_2j+1 = s·x_2j + c·x_2j+1` (rope-vit's
 /// complex product, timm's `x·cos + rot(x)·sin`); `half` (j, j + D/2), the rotate-half form
 /// `y = x·cos + rotate_half(x)·sin` (DINOv3, Qwen2-VL).
-/// @tparam S element type of the frequencies (float or double).
+/// @tparam S element type of the frequencies (float or double; rpe::bf16 on the CPU: storage, converted
+/// to float to compute).
 template <class S>
 struct rotary_embedding {
     rope_form form;                             ///< std::monostate (no rotation) or a rope:: policy

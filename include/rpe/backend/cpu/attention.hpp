@@ -520,7 +520,9 @@ template <class S>
 backward_layout backward_layout_of(const attention_inputs<S>& in, const attention_options& opt, bool saved_attn) {
     check_backward_budget(opt);
     backward_layout lay;
-    lay.per_line = std::max<std::int64_t>(1, 64 / static_cast<std::int64_t>(sizeof(S)));
+    // the partials' values: float for bf16 storage (its backward runs in float: fused_backward_bf16)
+    using value_type = std::conditional_t<std::is_same_v<S, bf16>, float, S>;
+    lay.per_line = std::max<std::int64_t>(1, 64 / static_cast<std::int64_t>(sizeof(value_type)));
     const std::int64_t planes = in.q.extent(0) * in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
     std::int64_t k = 0, item = 0, grad_tables = 0, q_partials = 0, q_grad_tables = 0;
     for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
@@ -550,7 +552,7 @@ backward_layout backward_layout_of(const attention_inputs<S>& in, const attentio
     // and the contextual q table partials of the plane
     const std::int64_t buffers = grad_tables + (ctx_q ? 1 : 0) + (lay.chunks > 1 ? 2 : 0) + (lay.plane_elems > 0 ? 1 : 0);
     const std::int64_t pad_whole = buffers * lay.per_line, pad_split = (buffers + 1 + q_grad_tables) * lay.per_line;
-    const std::int64_t elem = static_cast<std::int64_t>(sizeof(S)), budget = opt.backward_budget_bytes / elem;
+    const std::int64_t elem = static_cast<std::int64_t>(sizeof(value_type)), budget = opt.backward_budget_bytes / elem;
     const std::int64_t per_plane = lay.chunks * lay.item_elems + lay.plane_elems;
     // split: one plane's products, accumulator and contextual q table partials
     const std::int64_t split_fixed = lay.plane_elems + lay.gq_stride + q_partials + pad_split;
@@ -947,6 +949,9 @@ void fused_forward_bf16(const attention_inputs<bf16>& in, const std::shared_ptr<
                         tensor_ref<bf16> attn, const attention_options& opt);
 // packed_forward on rpe::bf16 storage (attention_bf16.hpp): the portable path.
 inline void packed_forward_bf16(const attention_inputs<bf16>& in, tensor_ref<bf16> out, const attention_options& opt);
+// The backward on rpe::bf16 storage (attention_bf16.hpp): in float, the gradients rounded once.
+inline void fused_backward_bf16(const attention_inputs<bf16>& in, const attention_gradients<bf16>& g,
+                                const attention_options& opt);
 
 }  // namespace RPE_ISA_NS
 }  // namespace detail
@@ -1026,17 +1031,23 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 /// partials take items·(2·L·D + L·K per contextual query table + table sizes) values; the items
 /// run in waves whose partials fit `opt.backward_budget_bytes` (default 256 MiB), with the same
 /// results for every budget (plan_backward_scratch tells the bytes; see docs/attention.md).
-/// @throws rpe::not_supported for S = rpe::bf16 (`[rpe.attention] the backward in bf16 (rpe::bf16)
-///   is not supported by the cpu backend; ...`): not in this version.
+/// S = rpe::bf16: bf16 storage of every input and output (q, k, v, tables, attn_mask, RoPE
+/// frequencies, grad_out, saved_attn, grad_q, grad_k, grad_v, grad_tables, rope grad_freqs), the
+/// computation in float: the inputs are converted to float once per call (contiguous copies), the
+/// float backward runs (float accumulation of every sum, the table and frequency gradients
+/// included, in its fixed order), and each gradient is rounded to bf16 once when written
+/// (detail::fused_backward_bf16; accuracy in docs/attention.md, "bf16"). The table gradients are
+/// therefore bf16 values (the output type is the call's S): to accumulate a table's gradient in
+/// float over steps, add these per-call results into a float master copy. Extra memory of the
+/// call: float copies of q, k, v, grad_out and the three gradients (7·B·H·L·D floats), of the tables
+/// and their gradients, and of saved_attn (B·H·L·L floats) when given; the partials budget is
+/// that of the float backward (plan_backward_scratch counts float partials for bf16).
 template <class S>
 void attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt = {}) {
+    detail::check_attention_backward(in, g, opt, attention_caps);
     if constexpr (std::is_same_v<S, bf16>) {
-        (void)in, (void)g, (void)opt;
-        throw not_supported(detail::message("attention",
-                                            "the backward in bf16 (rpe::bf16) is not supported by the cpu backend; run the "
-                                            "forward and backward in float for training"));
+        detail::fused_backward_bf16(in, g, opt);
     } else {
-        detail::check_attention_backward(in, g, opt, attention_caps);
         if (in.packed.enabled()) return detail::packed_backward(in, g, opt);
         detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
             detail::fused_backward<S, Id>(in, ids, g.saved_attn, g.grad_out, g.grad_q, g.grad_k, g.grad_v, opt);
@@ -1073,7 +1084,8 @@ struct backward_scratch {
 /// wave. Depends on the shapes, the terms, which `grad_tables` are given, `opt.row_block`, the
 /// budget and whether `g.saved_attn` is given (`saved_attn`), never on the thread count.
 /// Per-thread buffers (logits blocks, about threads·(2·rows·L + 2·rows·K) values) and the (L, L) id
-/// copies are not counted.
+/// copies are not counted. For S = rpe::bf16 the partials are float values (that backward runs in
+/// float); its float copies of the inputs and gradients (see attention_backward) are not counted.
 /// @throws rpe::invalid_argument as attention_backward for bad inputs or options (e.g.
 ///   `[rpe.attention] options.backward_budget_bytes = 0; expected > 0 (bytes)`).
 template <class S>

@@ -1,6 +1,7 @@
 /// @file backend/cpu/attention_bf16.hpp
-/// @brief The fused attention forward on rpe::bf16 storage (not API: rpe::cpu::attention_forward
-/// with S = rpe::bf16 calls it). Included at the end of backend/cpu/attention.hpp.
+/// @brief The fused attention forward and backward on rpe::bf16 storage (not API:
+/// rpe::cpu::attention_forward / attention_backward with S = rpe::bf16 call them). Included at the
+/// end of backend/cpu/attention.hpp.
 ///
 /// Two paths, the same results up to float rounding (docs/attention.md, "bf16"):
 /// - AVX512_BF16 (hw_bf16, bf16_kernels.hpp), without RoPE: per plane k packed once (kᵀ in pairs,
@@ -15,6 +16,8 @@
 ///   test hook bf16_portable_only): q, k, v,
 ///   tables, attn_mask and RoPE frequencies converted to float once per call (contiguous copies,
 ///   3·B·H·L·D floats), the float forward, outputs rounded to bf16 once.
+/// The backward (fused_backward_bf16) has the portable path only: the inputs, grad_out and
+/// saved_attn converted to float once, the float backward, each gradient rounded to bf16 once.
 #pragma once
 
 #include <algorithm>
@@ -166,6 +169,74 @@ inline void packed_forward_bf16(const attention_inputs<bf16>& in, tensor_ref<bf1
     packed_forward<float>(f.in, tensor_ref<float>(fo.data(), {in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)}),
                           opt);
     cpu::float_to_bf16(fo.data(), out.data, out.size());
+}
+
+// The bf16 backward (rpe::cpu::attention_backward with S = rpe::bf16), on a checked call: q, k, v,
+// tables, attn_mask, RoPE frequencies (make_float_inputs), grad_out and saved_attn converted to
+// float once (contiguous copies), the float backward (fused_backward, or packed_backward with
+// in.packed) into float gradients, each gradient rounded to bf16 once: grad_q, grad_k, grad_v, the
+// requested grad_tables and rope grad_freqs. Every gradient, the table gradients included, is
+// summed in float by the float backward (its fixed order: thread-count independent) and rounded
+// only when written. Nothing is written before the float backward has returned, so a call that
+// throws (a bad grid, positions) leaves the outputs untouched.
+inline void fused_backward_bf16(const attention_inputs<bf16>& in, const attention_gradients<bf16>& g,
+                                const attention_options& opt) {
+    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
+    bf16_float_inputs f;
+    make_float_inputs(in, true, f);
+    // float buffers of the requested table gradients, wired into the float inputs' slots
+    const attention_term<bf16>* from[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    attention_term<float>* to[] = {&f.in.rpe_q, &f.in.rpe_k, &f.in.rpe_v};
+    std::size_t wanted = 0;
+    for (const auto* slot : from)
+        for (const auto& t : slot->grad_tables) wanted += t.data ? 1 : 0;
+    std::vector<std::vector<float>> grad_tables;
+    grad_tables.reserve(wanted);  // the views below point into these vectors
+    std::vector<std::pair<const float*, tensor_ref<bf16>>> table_outs;
+    for (int s = 0; s < 3; ++s) {
+        to[s]->grad_tables.assign(from[s]->grad_tables.size(), tensor_ref<float>{});
+        for (std::size_t t = 0; t < from[s]->grad_tables.size(); ++t) {
+            const auto& gt = from[s]->grad_tables[t];
+            if (!gt.data) continue;  // not wanted
+            grad_tables.emplace_back(static_cast<std::size_t>(gt.size()));
+            tensor_ref<float> v;
+            v.data = grad_tables.back().data();
+            v.rank = gt.rank;
+            v.shape = gt.shape;
+            to[s]->grad_tables[t] = v;
+            table_outs.emplace_back(v.data, gt);
+        }
+    }
+    std::vector<float> grad_freqs;
+    if (in.rope.grad_freqs.data) {
+        grad_freqs.resize(static_cast<std::size_t>(in.rope.grad_freqs.size()));
+        f.in.rope.grad_freqs.data = grad_freqs.data();
+        f.in.rope.grad_freqs.rank = in.rope.grad_freqs.rank;
+        f.in.rope.grad_freqs.shape = in.rope.grad_freqs.shape;
+    }
+    const std::vector<float> go = bf16_contiguous_to_float(g.grad_out);
+    const std::vector<float> saved = g.saved_attn.data ? bf16_contiguous_to_float(g.saved_attn) : std::vector<float>{};
+    const std::size_t elems = static_cast<std::size_t>(b * h * n * d);
+    std::vector<float> gq(elems), gk(elems), gv(elems);
+    const attention_gradients<float> fg{
+        .grad_out = tensor_ref<const float>(go.data(), {b, h, n, d}),
+        .grad_q = tensor_ref<float>(gq.data(), {b, h, n, d}),
+        .grad_k = tensor_ref<float>(gk.data(), {b, h, n, d}),
+        .grad_v = tensor_ref<float>(gv.data(), {b, h, n, d}),
+        .saved_attn = g.saved_attn.data ? tensor_ref<const float>(saved.data(), {b, h, n, n}) : tensor_ref<const float>{}};
+    if (in.packed.enabled()) {
+        packed_backward<float>(f.in, fg, opt);
+    } else {
+        dispatch_ids(f.in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
+            fused_backward<float, Id>(f.in, ids, fg.saved_attn, fg.grad_out, fg.grad_q, fg.grad_k, fg.grad_v, opt);
+        });
+    }
+    // every gradient rounded to bf16 once
+    cpu::float_to_bf16(gq.data(), g.grad_q.data, g.grad_q.size());
+    cpu::float_to_bf16(gk.data(), g.grad_k.data, g.grad_k.size());
+    cpu::float_to_bf16(gv.data(), g.grad_v.data, g.grad_v.size());
+    for (const auto& [src, dst] : table_outs) cpu::float_to_bf16(src, dst.data, dst.size());
+    if (in.rope.grad_freqs.data) cpu::float_to_bf16(grad_freqs.data(), in.rope.grad_freqs.data, in.rope.grad_freqs.size());
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)

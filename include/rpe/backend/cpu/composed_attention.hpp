@@ -155,9 +155,13 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp: the step calls the CP
 /// @throws rpe::invalid_argument `[rpe.attention] ...` / `[rpe.term] ...` for mismatched shapes,
 ///   grid, heads, or a term on the wrong slot; checks run before any output is written.
 /// Cost: O(B·H·L²·D) for the content products plus the terms' costs (rpe::term).
+/// S: float or double (rpe::bf16 is refused at compile time: rpe::attention_forward takes it).
 template <class S>
 void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn,
                                 const attention_options& opt = {}) {
+    static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>,
+                  "rpe: composed_attention_forward (the plain baseline) takes float or double; for rpe::bf16 storage use "
+                  "rpe::attention_forward (the fused attention)");
     const auto s = detail::check_attention(in, cpu::attention_caps);
     detail::check_attention_outputs(in, s, out, attn, true);
     if (in.packed.enabled()) {  // each image alone on copies of its tokens; attn block-diagonal, 0 across images
@@ -238,9 +242,13 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
 /// Masked keys get exactly zero grad_k and grad_v rows. `opt`: the forward's (same scale).
 /// @throws as the forward; rpe::invalid_argument `[rpe.attention] saved_attn = empty; expected the
 ///   (B, H, L, L) probabilities ...` when `g.saved_attn` is not given.
+/// S: float or double (rpe::bf16 is refused at compile time: rpe::attention_backward takes it).
 template <class S>
 void composed_attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g,
                                  const attention_options& opt = {}) {
+    static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>,
+                  "rpe: composed_attention_backward (the plain baseline) takes float or double; for rpe::bf16 storage use "
+                  "rpe::attention_backward (the fused attention)");
     const auto s = detail::check_attention(in, cpu::attention_caps);
     detail::require(g.saved_attn.data != nullptr || g.saved_attn.rank != 0, "attention",
                     "saved_attn = empty; expected the (B, H, L, L) probabilities of composed_attention_forward (the "

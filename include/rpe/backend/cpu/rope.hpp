@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
+#include "../../bf16.hpp"
 #include "../../detail/check.hpp"
 #include "../../error.hpp"
 #include "../../rope/rotary.hpp"
@@ -213,6 +215,65 @@ void rope_frequency_grad(const rope_table<S>& t, std::int64_t planes, std::int64
     }
 }
 
+/// Float copies of a bf16 rotation's tensors: x (and grad_y) converted once, the embedding with
+/// its frequencies in float (rope::mixed) and a float grad_freqs buffer when one is wanted.
+struct rope_bf16_copies {
+    std::vector<float> x, grad_y, freqs, grad_freqs, y;
+    rotary_embedding<float> r;
+};
+
+// The embedding's fields, mirrored: this fails to compile when rotary_embedding gains a field
+// (forward it in rope_bf16_copies_of, or refuse it for bf16).
+struct rope_bf16_known_fields {
+    rope_form form;
+    int skip;
+    tensor_ref<const bf16> freqs;
+    tensor_ref<bf16> grad_freqs;
+    rope::layout layout;
+    tensor_ref<const float> positions, key_positions;
+    int suffix;
+};
+static_assert(sizeof(rope_bf16_known_fields) == sizeof(rotary_embedding<bf16>),
+              "rpe::rotary_embedding gained a field: forward it in detail::cpu::rope_bf16_copies_of (backend/cpu/rope.hpp)");
+
+// Scalar conversions (rpe::bf16's, the bits of bf16_kernels.hpp's vector ones): this header
+// stays free of the intrinsics headers.
+inline std::vector<float> rope_bf16_to_float(const tensor_ref<const bf16>& t) {
+    std::vector<float> out(static_cast<std::size_t>(t.size()));
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data[i]);
+    return out;
+}
+
+// n floats rounded to bf16 (to nearest, ties to even), once.
+inline void rope_round_to_bf16(const float* src, bf16* dst, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16(src[i]);
+}
+
+inline void rope_bf16_copies_of(const rotary_embedding<bf16>& r, const tensor_ref<const bf16>& x,
+                                const tensor_ref<const bf16>* grad_y, bool want_freqs, rope_bf16_copies& c) {
+    c.r.form = r.form;
+    c.r.skip = r.skip;
+    c.r.layout = r.layout;
+    c.r.positions = r.positions;
+    c.r.key_positions = r.key_positions;
+    c.r.suffix = r.suffix;
+    if (r.freqs.data) {
+        c.freqs = rope_bf16_to_float(r.freqs);
+        c.r.freqs.data = c.freqs.data();
+        c.r.freqs.rank = r.freqs.rank;
+        c.r.freqs.shape = r.freqs.shape;
+    }
+    if (want_freqs) {
+        c.grad_freqs.resize(static_cast<std::size_t>(r.grad_freqs.size()));
+        c.r.grad_freqs.data = c.grad_freqs.data();
+        c.r.grad_freqs.rank = r.grad_freqs.rank;
+        c.r.grad_freqs.shape = r.grad_freqs.shape;
+    }
+    c.x = rope_bf16_to_float(x);
+    if (grad_y) c.grad_y = rope_bf16_to_float(*grad_y);
+    c.y.resize(c.x.size());
+}
+
 }  // namespace RPE_ISA_NS
 }  // namespace detail::cpu
 
@@ -230,22 +291,33 @@ inline namespace RPE_ISA_NS {  // see isa.hpp
 /// @throws rpe::invalid_argument `[rpe.rope] ...` (shapes, L, D not a multiple of 4 (axial,
 ///   cat) or 2 (mixed), policy parameters, overlapping buffers) before anything is written.
 /// Threads: OpenMP over (batch, head) planes; results do not depend on the thread count.
+/// @tparam S float, double or rpe::bf16 (bf16 storage of x, y and the frequencies: x and the
+///   frequencies converted to float once, the float rotation, y rounded to bf16 once).
 /// Source: rope-vit apply_rotary_emb; timm apply_rot_embed_cat (see rpe::rope).
 template <class S>
 void rope_forward(const rotary_embedding<S>& r, int height, int width, tensor_ref<const S> x, tensor_ref<S> y) {
     const std::int64_t planes =
         detail::check_rope_call(r, height, width, x, static_cast<const tensor_ref<const S>*>(nullptr), y, "y");
-    const std::int64_t l = x.extent(2), d = x.extent(3), heads = x.extent(1);
-    if (!r.enabled()) {
-        std::copy(x.data, x.data + x.size(), y.data);
-        return;
-    }
-    const auto t = rope_query_table(r, d, height, width);
+    if constexpr (std::is_same_v<S, bf16>) {
+        detail::cpu::rope_bf16_copies c;
+        (void)planes;
+        detail::cpu::rope_bf16_copies_of(r, x, nullptr, false, c);
+        const auto shape = {x.extent(0), x.extent(1), x.extent(2), x.extent(3)};
+        rope_forward<float>(c.r, height, width, tensor_ref<const float>(c.x.data(), shape), tensor_ref<float>(c.y.data(), shape));
+        detail::cpu::rope_round_to_bf16(c.y.data(), y.data, y.size());
+    } else {
+        const std::int64_t l = x.extent(2), d = x.extent(3), heads = x.extent(1);
+        if (!r.enabled()) {
+            std::copy(x.data, x.data + x.size(), y.data);
+            return;
+        }
+        const auto t = rope_query_table(r, d, height, width);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
-    for (std::int64_t p = 0; p < planes; ++p)
-        detail::cpu::rope_rotate_rows(*t, p % heads, r.skip, 0, l, d, x.data + p * l * d, y.data + p * l * d, S(1), false);
+        for (std::int64_t p = 0; p < planes; ++p)
+            detail::cpu::rope_rotate_rows(*t, p % heads, r.skip, 0, l, d, x.data + p * l * d, y.data + p * l * d, S(1), false);
+    }
 }
 
 /// @brief Backward of rope_forward for `sum(y · grad_y)`: `grad_x = Rᵀ grad_y` and, for
@@ -254,6 +326,9 @@ void rope_forward(const rotary_embedding<S>& r, int height, int width, tensor_re
 /// with row_t (the positions' x and y with r.positions).
 /// @param x the forward's input (B, H, L, D) (read for the frequency gradient).
 /// @param grad_y (B, H, L, D); @param grad_x (B, H, L, D), written, separate from the inputs.
+/// @tparam S float, double or rpe::bf16 (bf16 storage: x, grad_y and the frequencies converted to
+///   float once, the float backward (the frequency gradient summed in float), grad_x and
+///   grad_freqs rounded to bf16 once).
 /// @throws as rope_forward, and `[rpe.rope] rope grad_freqs ...` for a bad grad_freqs.
 template <class S>
 void rope_backward(const rotary_embedding<S>& r, int height, int width, tensor_ref<const S> x, tensor_ref<const S> grad_y,
@@ -261,32 +336,44 @@ void rope_backward(const rotary_embedding<S>& r, int height, int width, tensor_r
     const std::int64_t planes = detail::check_rope_call(r, height, width, x, &grad_y, grad_x, "grad_x");
     const std::int64_t l = x.extent(2), d = x.extent(3), heads = x.extent(1);
     const bool want_freqs = detail::check_rope_call_gradient(r, x, grad_y, grad_x);
-    if (!r.enabled()) {
-        std::copy(grad_y.data, grad_y.data + grad_y.size(), grad_x.data);
-        return;
-    }
-    const auto t = rope_query_table(r, d, height, width);
-    const std::int64_t n = t->tokens, pairs = t->pairs;
-    std::vector<S> ga(want_freqs ? static_cast<std::size_t>(planes * n * pairs) : 0);
+    if constexpr (std::is_same_v<S, bf16>) {
+        (void)planes, (void)l, (void)d, (void)heads;
+        detail::cpu::rope_bf16_copies c;
+        detail::cpu::rope_bf16_copies_of(r, x, &grad_y, want_freqs, c);
+        const auto shape = {x.extent(0), x.extent(1), x.extent(2), x.extent(3)};
+        rope_backward<float>(c.r, height, width, tensor_ref<const float>(c.x.data(), shape),
+                             tensor_ref<const float>(c.grad_y.data(), shape), tensor_ref<float>(c.y.data(), shape));
+        detail::cpu::rope_round_to_bf16(c.y.data(), grad_x.data, grad_x.size());
+        if (want_freqs) detail::cpu::rope_round_to_bf16(c.grad_freqs.data(), r.grad_freqs.data, r.grad_freqs.size());
+    } else {
+        if (!r.enabled()) {
+            std::copy(grad_y.data, grad_y.data + grad_y.size(), grad_x.data);
+            return;
+        }
+        const auto t = rope_query_table(r, d, height, width);
+        const std::int64_t n = t->tokens, pairs = t->pairs;
+        std::vector<S> ga(want_freqs ? static_cast<std::size_t>(planes * n * pairs) : 0);
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
-    {
-        std::vector<S> y(want_freqs ? static_cast<std::size_t>(l * d) : 0);
+        {
+            std::vector<S> y(want_freqs ? static_cast<std::size_t>(l * d) : 0);
 #if defined(_OPENMP)
 #pragma omp for schedule(static)
 #endif
-        for (std::int64_t p = 0; p < planes; ++p) {
-            const std::int64_t h = p % heads;
-            if (want_freqs) {
-                detail::cpu::rope_rotate_rows(*t, h, r.skip, 0, l, d, x.data + p * l * d, y.data(), S(1), false);
-                detail::cpu::rope_angle_grad_rows(pairs, r.skip, 0, l, y.data(), grad_y.data + p * l * d,
-                                                  ga.data() + p * n * pairs, t->layout, n);
+            for (std::int64_t p = 0; p < planes; ++p) {
+                const std::int64_t h = p % heads;
+                if (want_freqs) {
+                    detail::cpu::rope_rotate_rows(*t, h, r.skip, 0, l, d, x.data + p * l * d, y.data(), S(1), false);
+                    detail::cpu::rope_angle_grad_rows(pairs, r.skip, 0, l, y.data(), grad_y.data + p * l * d,
+                                                      ga.data() + p * n * pairs, t->layout, n);
+                }
+                detail::cpu::rope_rotate_rows(*t, h, r.skip, 0, l, d, grad_y.data + p * l * d, grad_x.data + p * l * d, S(1),
+                                              true);
             }
-            detail::cpu::rope_rotate_rows(*t, h, r.skip, 0, l, d, grad_y.data + p * l * d, grad_x.data + p * l * d, S(1), true);
         }
+        if (want_freqs) detail::cpu::rope_frequency_grad(*t, planes, heads, ga.data(), r.grad_freqs.data);
     }
-    if (want_freqs) detail::cpu::rope_frequency_grad(*t, planes, heads, ga.data(), r.grad_freqs.data);
 }
 
 }  // namespace RPE_ISA_NS

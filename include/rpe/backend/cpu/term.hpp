@@ -3,11 +3,16 @@
 /// detail/term_checks.hpp (not API: use rpe::term or rpe::any_term).
 ///
 /// One instantiation per (scalar, mode, target) serves every mapping: the mapping only decides
-/// the bucket ids, which arrive built. Shapes and layouts: see rpe::term.
+/// the bucket ids, which arrive built. Shapes and layouts: see rpe::term. rpe::bf16 storage runs
+/// the float kernels on float copies (term_forward_bf16, term_backward_bf16), each output rounded
+/// to bf16 once.
 #pragma once
 
 #include <span>
+#include <type_traits>
+#include <vector>
 
+#include "../../bf16.hpp"
 #include "../../bucket_ids.hpp"
 #include "../../detail/term_checks.hpp"
 #include "../../mode.hpp"
@@ -19,50 +24,155 @@
 namespace rpe::detail::cpu {
 inline namespace RPE_ISA_NS {  // see isa.hpp
 
+template <bool Bias, target Tg>
+void term_forward_bf16(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const bf16>> tables, const bf16* x,
+                       tensor_ref<bf16> out, bool accumulate);
+template <bool Bias, target Tg>
+void term_backward_bf16(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const bf16>> tables, const bf16* x,
+                        tensor_ref<const bf16> grad_out, bf16* grad_x, std::span<const tensor_ref<bf16>> grad_tables,
+                        bool accumulate);
+
 /// @brief Forward of a checked term call: writes (or with `accumulate` adds) the term into `out`.
-/// Cross (two tables) sums its tables' terms.
+/// Cross (two tables) sums its tables' terms. S = rpe::bf16: term_forward_bf16.
 template <class S, bool Bias, target Tg>
 void term_forward(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const S>> tables, const S* x,
                   tensor_ref<S> out, bool accumulate) {
-    const int num_tables = static_cast<int>(tables.size());
-    for (int t = 0; t < num_tables; ++t) {
-        const bool acc_t = accumulate || t > 0;
-        const S* table = tables[static_cast<std::size_t>(t)].data;
-        visit_id_width(ids.id_bytes(), [&]<class Id>() {
-            const id_rows<Id> id{&ids, t, Tg == target::query};
-            if constexpr (Bias)
-                bias_forward(d, id, table, out.extent(0), out.extent(1), acc_t, out.data);
-            else if constexpr (Tg == target::value)
-                contextual_v_forward(d, id, x, table, acc_t, out.data);
-            else
-                contextual_qk_forward(d, id, x, table, acc_t, out.data);
-        });
+    if constexpr (std::is_same_v<S, bf16>) {
+        term_forward_bf16<Bias, Tg>(d, ids, tables, x, out, accumulate);
+    } else {
+        const int num_tables = static_cast<int>(tables.size());
+        for (int t = 0; t < num_tables; ++t) {
+            const bool acc_t = accumulate || t > 0;
+            const S* table = tables[static_cast<std::size_t>(t)].data;
+            visit_id_width(ids.id_bytes(), [&]<class Id>() {
+                const id_rows<Id> id{&ids, t, Tg == target::query};
+                if constexpr (Bias)
+                    bias_forward(d, id, table, out.extent(0), out.extent(1), acc_t, out.data);
+                else if constexpr (Tg == target::value)
+                    contextual_v_forward(d, id, x, table, acc_t, out.data);
+                else
+                    contextual_qk_forward(d, id, x, table, acc_t, out.data);
+            });
+        }
     }
 }
 
 /// @brief Backward of a checked term call: `grad_x` (null to skip; always null in bias mode) and
-/// each non-null `grad_tables[t]`, overwritten or with `accumulate` added to.
+/// each non-null `grad_tables[t]`, overwritten or with `accumulate` added to. S = rpe::bf16:
+/// term_backward_bf16.
 template <class S, bool Bias, target Tg>
 void term_backward(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const S>> tables, const S* x,
                    tensor_ref<const S> grad_out, S* grad_x, std::span<const tensor_ref<S>> grad_tables, bool accumulate) {
-    const int num_tables = static_cast<int>(tables.size());
-    for (int t = 0; t < num_tables; ++t) {
-        S* gt = grad_tables[static_cast<std::size_t>(t)].data;
-        const S* table = tables[static_cast<std::size_t>(t)].data;
-        const bool acc_x = accumulate || t > 0;
-        visit_id_width(ids.id_bytes(), [&]<class Id>() {
-            const id_rows<Id> id{&ids, t, Tg == target::query};
-            if constexpr (Bias) {
-                if (gt) bias_backward(d, id, grad_out.data, grad_out.extent(0), grad_out.extent(1), accumulate, gt);
-            } else if constexpr (Tg == target::value) {
-                if (grad_x) contextual_v_backward(d, id, x, table, grad_out.data, acc_x, grad_x, static_cast<S*>(nullptr));
-                if (gt) contextual_v_backward(d, id, x, table, grad_out.data, accumulate, static_cast<S*>(nullptr), gt);
-            } else {
-                // one scatter of grad_out serves both gradients
-                if (grad_x || gt) contextual_qk_backward(d, id, x, table, grad_out.data, acc_x, accumulate, grad_x, gt);
-            }
-        });
+    if constexpr (std::is_same_v<S, bf16>) {
+        term_backward_bf16<Bias, Tg>(d, ids, tables, x, grad_out, grad_x, grad_tables, accumulate);
+    } else {
+        const int num_tables = static_cast<int>(tables.size());
+        for (int t = 0; t < num_tables; ++t) {
+            S* gt = grad_tables[static_cast<std::size_t>(t)].data;
+            const S* table = tables[static_cast<std::size_t>(t)].data;
+            const bool acc_x = accumulate || t > 0;
+            visit_id_width(ids.id_bytes(), [&]<class Id>() {
+                const id_rows<Id> id{&ids, t, Tg == target::query};
+                if constexpr (Bias) {
+                    if (gt) bias_backward(d, id, grad_out.data, grad_out.extent(0), grad_out.extent(1), accumulate, gt);
+                } else if constexpr (Tg == target::value) {
+                    if (grad_x) contextual_v_backward(d, id, x, table, grad_out.data, acc_x, grad_x, static_cast<S*>(nullptr));
+                    if (gt) contextual_v_backward(d, id, x, table, grad_out.data, accumulate, static_cast<S*>(nullptr), gt);
+                } else {
+                    // one scatter of grad_out serves both gradients
+                    if (grad_x || gt) contextual_qk_backward(d, id, x, table, grad_out.data, acc_x, accumulate, grad_x, gt);
+                }
+            });
+        }
     }
+}
+
+// Elements of a term's x: none (bias), (B, H, L, L) (value), (B, H, L, D) (query, key).
+template <bool Bias, target Tg>
+std::int64_t term_x_size(const term_dims& d) {
+    if constexpr (Bias) return 0;
+    return d.batch * d.heads * d.length * (Tg == target::value ? d.length : d.dim);
+}
+
+// n bf16 values as a float vector (exact). Scalar conversions (rpe::bf16's, the bits of
+// bf16_kernels.hpp's vector ones): this header stays free of the intrinsics headers.
+inline std::vector<float> term_to_float(const bf16* src, std::int64_t n) {
+    std::vector<float> out(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(src[i]);
+    return out;
+}
+
+// n floats rounded to bf16 (to nearest, ties to even), once.
+inline void term_round_to_bf16(const float* src, bf16* dst, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16(src[i]);
+}
+
+// A float view of `f` with the shape of `t` (contiguous).
+template <class T, class U>
+tensor_ref<T> term_float_view(T* f, const tensor_ref<U>& t) {
+    tensor_ref<T> v;
+    v.data = f;
+    v.rank = t.rank;
+    v.shape = t.shape;
+    return v;
+}
+
+/// @brief term_forward on rpe::bf16 storage: the tables and x converted to float once, `out` too
+/// when accumulating (the sum then in float), the float kernels (Cross: both tables summed in
+/// float), `out` rounded to bf16 once.
+template <bool Bias, target Tg>
+void term_forward_bf16(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const bf16>> tables, const bf16* x,
+                       tensor_ref<bf16> out, bool accumulate) {
+    std::vector<std::vector<float>> tf;
+    std::vector<tensor_ref<const float>> tv;
+    tf.reserve(tables.size());
+    for (const auto& t : tables) {
+        tf.push_back(term_to_float(t.data, t.size()));
+        tv.push_back(term_float_view<const float>(tf.back().data(), t));
+    }
+    const std::vector<float> xf = term_to_float(x, term_x_size<Bias, Tg>(d));
+    std::vector<float> of =
+        accumulate ? term_to_float(out.data, out.size()) : std::vector<float>(static_cast<std::size_t>(out.size()));
+    term_forward<float, Bias, Tg>(d, ids, std::span<const tensor_ref<const float>>(tv), xf.empty() ? nullptr : xf.data(),
+                                  term_float_view<float>(of.data(), out), accumulate);
+    term_round_to_bf16(of.data(), out.data, out.size());
+}
+
+/// @brief term_backward on rpe::bf16 storage: tables, x and grad_out converted to float once,
+/// grad_x and the requested grad_tables too when accumulating, the float kernels (every sum, a
+/// shared table's over heads and batch included, in float), each gradient rounded to bf16 once.
+template <bool Bias, target Tg>
+void term_backward_bf16(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const bf16>> tables, const bf16* x,
+                        tensor_ref<const bf16> grad_out, bf16* grad_x, std::span<const tensor_ref<bf16>> grad_tables,
+                        bool accumulate) {
+    std::vector<std::vector<float>> tf, gf;
+    std::vector<tensor_ref<const float>> tv;
+    std::vector<tensor_ref<float>> gv;
+    tf.reserve(tables.size());
+    gf.reserve(grad_tables.size());
+    for (const auto& t : tables) {
+        tf.push_back(term_to_float(t.data, t.size()));
+        tv.push_back(term_float_view<const float>(tf.back().data(), t));
+    }
+    for (const auto& g : grad_tables) {
+        if (!g.data) {
+            gf.emplace_back();
+            gv.emplace_back();  // not wanted
+            continue;
+        }
+        gf.push_back(accumulate ? term_to_float(g.data, g.size()) : std::vector<float>(static_cast<std::size_t>(g.size())));
+        gv.push_back(term_float_view<float>(gf.back().data(), g));
+    }
+    const std::int64_t nx = term_x_size<Bias, Tg>(d);
+    const std::vector<float> xf = term_to_float(x, nx), gof = term_to_float(grad_out.data, grad_out.size());
+    std::vector<float> gxf = grad_x ? (accumulate ? term_to_float(grad_x, nx) : std::vector<float>(static_cast<std::size_t>(nx)))
+                                    : std::vector<float>{};
+    term_backward<float, Bias, Tg>(d, ids, std::span<const tensor_ref<const float>>(tv), xf.empty() ? nullptr : xf.data(),
+                                   term_float_view<const float>(gof.data(), grad_out), grad_x ? gxf.data() : nullptr,
+                                   std::span<const tensor_ref<float>>(gv), accumulate);
+    if (grad_x) term_round_to_bf16(gxf.data(), grad_x, nx);
+    for (std::size_t t = 0; t < grad_tables.size(); ++t)
+        if (grad_tables[t].data) term_round_to_bf16(gf[t].data(), grad_tables[t].data, grad_tables[t].size());
 }
 
 }  // namespace RPE_ISA_NS
@@ -74,6 +184,8 @@ inline namespace RPE_ISA_NS {  // see isa.hpp: term_forward / term_backward inst
 /// @brief Forward of term `desc` on the CPU: writes (`write::overwrite`) or adds
 /// (`write::accumulate`) the term into `out`. Shapes as rpe::term (tables: desc.num_tables()
 /// views shaped desc.table_shape(); x unused ({}) in bias mode).
+/// @tparam S float, double or rpe::bf16 (bf16 storage: the tables, x and, when accumulating, out
+///   converted to float, the float kernels, out rounded to bf16 once).
 /// @throws rpe::invalid_argument `[rpe.term] ...` for ids built for another mapping or skip, a
 ///   shape that does not match, a null or overlapping buffer, before anything is written.
 template <class S>
@@ -88,6 +200,8 @@ void term_forward(const term_desc& desc, const bucket_ids& ids, std::span<const 
 
 /// @brief Backward of term_forward for `sum(out · grad_out)`: `grad_x` (`{}` to skip; always
 /// `{}` in bias mode) and each non-empty `grad_tables[t]`, overwritten or added to (`mode`).
+/// S = rpe::bf16: the inputs (and, when accumulating, the gradients) converted to float, every
+/// sum in float, each gradient rounded to bf16 once (the table gradients are bf16 values).
 /// @throws as term_forward.
 template <class S>
 void term_backward(const term_desc& desc, const bucket_ids& ids, std::span<const tensor_ref<const S>> tables,
