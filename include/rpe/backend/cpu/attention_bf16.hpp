@@ -4,12 +4,14 @@
 /// end of backend/cpu/attention.hpp.
 ///
 /// Two paths, the same results up to float rounding (docs/attention.md, "bf16"):
-/// - AVX512_BF16 (hw_bf16, bf16_kernels.hpp), without RoPE: q·kᵀ and P·v on vdpbf16ps from k and
-///   v packed once per call, float accumulation; the probabilities are rounded to bf16 for P·v
-///   (as flash attention does on GPUs); the iRPE terms, masks and softmax are the float kernels
-///   on float copies of the tables (converted once per call) and of the query block (contextual
-///   key terms) or the keys (contextual query terms); the value term from the float
-///   probabilities.
+/// - AVX512_BF16 (hw_bf16, bf16_kernels.hpp), without RoPE: per plane k packed once (kᵀ in pairs,
+///   with the bf16 contextual key tables' columns after the L keys) and v; one vdpbf16ps product
+///   per block of rows gives the scaled logits and the contextual key products; the contextual
+///   query products s·(k·table_q) on vdpbf16ps per plane (the bf16 tables packed once per call),
+///   looked up per block by key and added transposed; bias gathers from float copies of the
+///   tables (converted once per call); the softmax per row in float, its exponentials rounded to
+///   bf16 for P·v (as flash attention does on GPUs) and the product scaled by 1/Σe; the value
+///   terms from the float probabilities.
 /// - portable (no AVX512_BF16 in this unit or the CPU, RoPE, key_lengths, packed sequences, or the
 ///   test hook bf16_portable_only): q, k, v,
 ///   tables, attn_mask and RoPE frequencies converted to float once per call (contiguous copies,
@@ -18,7 +20,11 @@
 /// saved_attn converted to float once, the float backward, each gradient rounded to bf16 once.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
 #include <vector>
 
 #include "../../bf16.hpp"
@@ -234,30 +240,294 @@ inline void fused_backward_bf16(const attention_inputs<bf16>& in, const attentio
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
+namespace bf16_hw {
+
+// B(r, j0 + j) = rows[r·sl + j] (r < kd, j < n) into a packed B of npad columns (the layout of
+// cpu::bf16_pack_columns), zeroed before: v for P·v, or a contextual key table (D, K) beside the
+// keys, so that one product gives the logits and the per-bucket products. Two rows at a time, 16
+// columns per vector (the pair of a column is one 32-bit word).
+inline void pack_rows_at(const bf16* rows, std::int64_t sl, std::int64_t kd, std::int64_t n, std::int64_t npad, std::int64_t j0,
+                         bf16* bp) {
+    for (std::int64_t r = 0; r < kd; r += 2) {
+        const bf16* a = rows + r * sl;
+        const bf16* b = r + 1 < kd ? a + sl : nullptr;  // an odd kd's last pair: a zero partner
+        bf16* dst = bp + ((r / 2) * npad + j0) * 2;
+        std::int64_t j = 0;
+        if (b)
+            for (; j + 16 <= n; j += 16) {
+                const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + j)));
+                const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + j)));
+                _mm512_storeu_si512(dst + 2 * j, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            }
+        for (; j < n; ++j) {
+            dst[2 * j] = a[j];
+            if (b) dst[2 * j + 1] = b[j];
+        }
+    }
+}
+
+// Transposes the 16 × 16 matrix of 32-bit elements r[l][m] in place (r[m][l]).
+inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int k = 0; k < 8; ++k) {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 4; ++k) {
+        const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 2]);
+        const __m512d c = _mm512_castps_pd(t[4 * k + 1]), e = _mm512_castps_pd(t[4 * k + 3]);
+        r[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, e));
+        r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, e));
+    }
+    // r[4k + c], 128-bit block b: column 4b + c of rows 4k..4k+3
+    for (int c = 0; c < 4; ++c) {
+        const __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+        const __m512 v0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88), v1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+        t[c] = _mm512_shuffle_f32x4(u0, v0, 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(u1, v1, 0x88);
+        t[8 + c] = _mm512_shuffle_f32x4(u0, v0, 0xdd);
+        t[12 + c] = _mm512_shuffle_f32x4(u1, v1, 0xdd);
+    }
+    for (int l = 0; l < 16; ++l) r[l] = t[l];
+}
+
+// The first `count` of 16 lanes (none for count ≤ 0).
+inline __mmask16 lanes(std::int64_t count) {
+    return count >= 16 ? __mmask16(0xffff) : count <= 0 ? __mmask16(0) : static_cast<__mmask16>((1u << count) - 1u);
+}
+
+// lg[i·ldl + j] += g[j·ldg + i] for i < rows, j < n: a (n, rows) block added transposed, in
+// 16 × 16 tiles (g is read in whole tiles: ldg ≥ rows rounded up to 16; the lanes past `rows`
+// are not used).
+inline void add_transposed(const float* g, std::int64_t ldg, std::int64_t rows, std::int64_t n, float* lg, std::int64_t ldl) {
+    __m512 r[16];
+    for (std::int64_t i0 = 0; i0 < rows; i0 += 16) {
+        const std::int64_t ir = std::min<std::int64_t>(16, rows - i0);
+        for (std::int64_t j0 = 0; j0 < n; j0 += 16) {
+            const std::int64_t jr = std::min<std::int64_t>(16, n - j0);
+            const __mmask16 jm = lanes(jr);
+            for (int l = 0; l < 16; ++l) r[l] = l < jr ? _mm512_loadu_ps(g + (j0 + l) * ldg + i0) : _mm512_setzero_ps();
+            transpose16(r);  // r[m][l] = g(j0 + l, i0 + m)
+            for (std::int64_t m = 0; m < ir; ++m) {
+                float* row = lg + (i0 + m) * ldl + j0;
+                _mm512_mask_storeu_ps(row, jm, _mm512_add_ps(_mm512_maskz_loadu_ps(jm, row), r[m]));
+            }
+        }
+    }
+}
+
+// g[j·ldg + i] = w[j·k + ids[j·ldi + i]] for j < n, i < rows (ids < k): per key j a lookup of its
+// own row of k values (the contextual query term's products) by the ids of the block's queries.
+template <class Id>
+inline void lookup_rows(const float* w, std::int64_t k, const Id* ids, std::int64_t ldi, std::int64_t n, std::int64_t rows,
+                        float* g, std::int64_t ldg) {
+    if (k > 64) {
+        for (std::int64_t j = 0; j < n; ++j) cpu::gather_row<false>(g + j * ldg, w + j * k, k, ids + j * ldi, rows);
+        return;
+    }
+    const __mmask16 m0 = lanes(k), m1 = lanes(k - 16), m2 = lanes(k - 32), m3 = lanes(k - 48);
+    const __m512i bit5 = _mm512_set1_epi32(32);
+    for (std::int64_t j = 0; j < n; ++j) {
+        const float* wj = w + j * k;
+        const __m512 t0 = _mm512_maskz_loadu_ps(m0, wj), t1 = k > 16 ? _mm512_maskz_loadu_ps(m1, wj + 16) : _mm512_setzero_ps();
+        const __m512 t2 = k > 32 ? _mm512_maskz_loadu_ps(m2, wj + 32) : _mm512_setzero_ps();
+        const __m512 t3 = k > 48 ? _mm512_maskz_loadu_ps(m3, wj + 48) : _mm512_setzero_ps();
+        const Id* idj = ids + j * ldi;
+        for (std::int64_t i = 0; i < rows; i += 16) {
+            __m512i idx;
+            if (i + 16 <= rows) {
+                idx = cpu::simd::load_ids16(idj + i);
+            } else {  // the tail: ids past `rows` may lie past the buffer
+                Id tail[16] = {};
+                std::copy(idj + i, idj + rows, tail);
+                idx = cpu::simd::load_ids16(tail);
+            }
+            const __m512 lo = _mm512_permutex2var_ps(t0, idx, t1), hi = _mm512_permutex2var_ps(t2, idx, t3);
+            _mm512_storeu_ps(g + j * ldg + i, _mm512_mask_blend_ps(_mm512_test_epi32_mask(idx, bit5), lo, hi));
+        }
+    }
+}
+
+// out[i·k + ids[i·ldi + j]] = Σ_j g[i·ldg + j] for i < rows, j < n (ids < k): the value terms' sums
+// of probabilities per bucket. Four partial sums per bucket (keys j mod 4) added at the end, so
+// that repeated buckets do not serialise on store-to-load forwarding and no branch depends on
+// the ids; part: 4·k floats of scratch.
+template <class Id>
+inline void scatter_rows4(const float* g, std::int64_t ldg, const Id* ids, std::int64_t ldi, std::int64_t rows, std::int64_t n,
+                          std::int64_t k, float* part, float* out) {
+    for (std::int64_t i = 0; i < rows; ++i) {
+        std::fill(part, part + 4 * k, 0.0f);
+        float *p0 = part, *p1 = part + k, *p2 = part + 2 * k, *p3 = part + 3 * k;
+        const float* gi = g + i * ldg;
+        const Id* r = ids + i * ldi;
+        std::int64_t j = 0;
+        for (; j + 4 <= n; j += 4) {
+            p0[r[j]] += gi[j];
+            p1[r[j + 1]] += gi[j + 1];
+            p2[r[j + 2]] += gi[j + 2];
+            p3[r[j + 3]] += gi[j + 3];
+        }
+        for (; j < n; ++j) p0[r[j]] += gi[j];
+        float* o = out + i * k;
+        for (std::int64_t b = 0; b < k; ++b) o[b] = (p0[b] + p1[b]) + (p2[b] + p3[b]);
+    }
+}
+
+// Packs kᵀ from the rows of k: B(r, j) = rows[j·sl + r] (r < kd, j < n) into a packed B of npad
+// columns (bf16_pack_columns), zeroed first; 16 keys × 16 pairs at a time (a pair is one 32-bit
+// word: a 16 × 16 transpose).
+inline void pack_transposed_at(const bf16* rows, std::int64_t sl, std::int64_t kd, std::int64_t n, std::int64_t npad,
+                               std::int64_t size, bf16* bp) {
+    std::memset(static_cast<void*>(bp), 0, static_cast<std::size_t>(size) * sizeof(bf16));
+    const std::int64_t pairs = kd / 2;
+    __m512 r[16];
+    for (std::int64_t j0 = 0; j0 < n; j0 += 16) {
+        const std::int64_t jr = std::min<std::int64_t>(16, n - j0);
+        for (std::int64_t p0 = 0; p0 < pairs; p0 += 16) {
+            const __mmask16 pm = lanes(pairs - p0);
+            for (int l = 0; l < 16; ++l)
+                r[l] = l < jr ? _mm512_maskz_loadu_ps(pm, rows + (j0 + l) * sl + 2 * p0) : _mm512_setzero_ps();
+            transpose16(r);  // r[m][l] = pair p0 + m of key j0 + l
+            for (std::int64_t m = 0; m < std::min<std::int64_t>(16, pairs - p0); ++m)
+                _mm512_mask_storeu_ps(bp + ((p0 + m) * npad + j0) * 2, lanes(jr), r[m]);
+        }
+        if (kd & 1)
+            for (std::int64_t j = j0; j < j0 + jr; ++j) bp[(pairs * npad + j) * 2] = rows[j * sl + kd - 1];
+    }
+}
+
+// Elements of a bf16 row of n exponentials as softmax_row_bf16 writes them (n rounded up to 16).
+inline std::int64_t padded_row(std::int64_t n) { return (n + 15) / 16 * 16; }
+
+// The softmax of one row of n float logits, keys with mask[j] != 0 excluded (mask may be null),
+// as cpu::softmax_row: max-subtracted, e_j = exp(x_j − max) (0 below the smallest normal number
+// and for −∞), 1/Σe. Writes the e_j rounded to bf16 (vcvtneps2bf16: to nearest even) into pe
+// (padded_row(n) elements, zeros past n) and returns 1/Σe (P·v then takes Σⱼ bf16(e_j)·v_j and
+// scales by it); when `probs`, also the float probabilities e_j/Σe in place of the row (for attn
+// and the value terms). A NaN or +∞ logit: the row and pe NaN, returns 1; every key masked (or
+// −∞): zeros, returns 0.
+inline float softmax_row_bf16(float* row, std::int64_t n, const std::uint8_t* mask, bf16* pe, bool probs) {
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    if (mask)
+        for (std::int64_t j = 0; j < n; ++j)
+            if (mask[j]) row[j] = -inf;
+    const __m512 ninf = _mm512_set1_ps(-inf);
+    const std::int64_t full = n / 16 * 16;
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - full)) - 1u);
+    __m512 mx = ninf;
+    __mmask16 nan = 0;
+    for (std::int64_t j = 0; j < full; j += 16) {
+        const __m512 x = _mm512_loadu_ps(row + j);
+        nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, x);
+    }
+    if (tail) {
+        const __m512 x = _mm512_mask_loadu_ps(ninf, tail, row + full);
+        nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, x);
+    }
+    const float m = _mm512_reduce_max_ps(mx);
+    const std::int64_t np = padded_row(n);
+    if (nan || m == inf) {  // NaN, as exp(∞ − ∞) would give
+        if (probs) std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
+        std::fill(pe, pe + n, bf16::from_bits(0x7fc0));
+        std::fill(pe + n, pe + np, bf16::from_bits(0));
+        return 1.0f;
+    }
+    if (m == -inf) {
+        if (probs) std::fill(row, row + n, 0.0f);
+        std::fill(pe, pe + np, bf16::from_bits(0));
+        return 0.0f;
+    }
+    // exp(x − max) as softmax_row: Eigen's vectorised exp, the smallest normal number subtracted
+    // and clamped at 0 (an exact 0 for masked keys and past n)
+    const __m512 pm = _mm512_set1_ps(m), tiny = _mm512_set1_ps(std::numeric_limits<float>::min()), zero = _mm512_setzero_ps();
+    __m512 acc = zero;
+    for (std::int64_t j = 0; j < np; j += 16) {
+        const __m512 x = j < full ? _mm512_loadu_ps(row + j) : _mm512_mask_loadu_ps(ninf, tail, row + j);
+        const __m512 e = _mm512_max_ps(_mm512_sub_ps(Eigen::internal::pexp(_mm512_sub_ps(x, pm)), tiny), zero);
+        acc = _mm512_add_ps(acc, e);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pe + j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+        if (probs) {
+            if (j < full)
+                _mm512_storeu_ps(row + j, e);
+            else
+                _mm512_mask_storeu_ps(row + j, tail, e);
+        }
+    }
+    const float inv = 1.0f / _mm512_reduce_add_ps(acc);
+    if (probs) {
+        const __m512 pi = _mm512_set1_ps(inv);
+        for (std::int64_t j = 0; j < full; j += 16) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), pi));
+        if (tail) _mm512_mask_storeu_ps(row + full, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + full), pi));
+    }
+    return inv;
+}
+
+}  // namespace bf16_hw
+
 // The AVX512_BF16 path (see the file comment); no RoPE, no key_lengths (every plane's L keys).
+// Per plane, once: kᵀ packed in pairs with the contextual key tables' (D, K) columns after the L
+// keys (the plane's head), v packed, and the contextual query terms' products s·(k·table_q) on
+// vdpbf16ps from the tables packed once per call. Per block of rows: one product gives the
+// scaled logits and the contextual key products, (rb, L + ΣK) rows; the bias and contextual
+// gathers, masks and softmax_row_bf16 (exponentials rounded to bf16) per row; P·v on vdpbf16ps,
+// scaled by 1/Σe; the value terms from the float probabilities. Every row's result depends on
+// that row only (not on the row blocks or threads).
 template <class Id>
 void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<bf16> out,
                            tensor_ref<bf16> attn, const attention_options& opt) {
     using cpu::cmap;
     using cpu::map;
     bf16_float_inputs f;
-    make_float_inputs(in, false, f);
+    make_float_inputs(in, false, f);  // float tables: the bias gathers and the value terms
     auto plan = make_plan<float, Id>(f.in, ids, false, opt);
-    const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
+    const std::int64_t n = plan.l, d = plan.d, planes = plan.b * plan.h;
+    // rows per block: at most 32, so that a block's logits and exponentials stay in L1/L2 between
+    // the passes (the results do not depend on it)
+    const std::int64_t rb_max = std::min<std::int64_t>(plan.rb, 32);
+    plan.rb = rb_max;
     const std::int64_t blocks = (n + rb_max - 1) / rb_max, items = planes * blocks;
-    const bool ctx_q = has_contextual_query(plan);
-    const bool ctx_k = std::any_of(plan.on_k.begin(), plan.on_k.end(), [](const auto& t) { return !t.bias; });
-    const std::int64_t tq_per_plane = ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * n * k : 0;
-    const std::int64_t kp_size = cpu::bf16_pack_size(d, n), vp_size = cpu::bf16_pack_size(n, d);
+    // contextual key tables: their columns after the L keys of each plane's packed kᵀ
+    std::vector<std::int64_t> kcol(plan.on_k.size(), 0);
+    std::int64_t ncols = n;
+    for (std::size_t t = 0; t < plan.on_k.size(); ++t)
+        if (!plan.on_k[t].bias) {
+            kcol[t] = ncols;
+            ncols += plan.on_k[t].k;
+        }
+    // contextual query tables: packed per table and head, once per call
+    std::vector<std::int64_t> qpack(plan.on_q.size(), -1);
+    std::int64_t qpack_size = 0;
+    for (std::size_t t = 0; t < plan.on_q.size(); ++t)
+        if (!plan.on_q[t].bias) {
+            qpack[t] = qpack_size;
+            qpack_size += plan.on_q[t].table_heads * cpu::bf16_pack_size(d, plan.on_q[t].k);
+        }
+    const bool ctx_q = qpack_size > 0;
+    const bool probs = attn.data || !plan.on_v.empty();  // the float probabilities are needed
+    const std::int64_t tq_per_plane = ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * n * plan.k : 0;
+    const std::int64_t npad_k = cpu::bf16_pack_columns(ncols), kp_size = cpu::bf16_pack_size(d, ncols);
+    const std::int64_t vp_size = cpu::bf16_pack_size(n, d), np = bf16_hw::padded_row(n);
+    const std::int64_t vk =
+        std::max<std::int64_t>(1, std::accumulate(plan.on_v.begin(), plan.on_v.end(), std::int64_t{0},
+                                                  [](std::int64_t a, const auto& t) { return std::max(a, t.k); }));
     const cpu::plane_rows<bf16> qb(in.q), kb(in.k), vb(in.v);
     cpu::workspace ws;
     cpu::shared_scratch<float> tq_s(ws, planes * tq_per_plane);
-    cpu::thread_scratch<float> ks_s(ws, ctx_q ? n * d : 0);
-    cpu::shared_scratch<float> kf_s(ws, ctx_q ? planes * n * d : 0);  // float keys for the contextual query products
-    cpu::shared_scratch<bf16> kp_s(ws, planes * kp_size), vp_s(ws, planes * vp_size);
-    cpu::thread_scratch<float> lg_s(ws, rb_max * n), work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
-    cpu::thread_scratch<float> qs_s(ws, ctx_k ? rb_max * d : 0), o_s(ws, rb_max * d);
-    cpu::thread_scratch<bf16> pb_s(ws, rb_max * n);
+    cpu::shared_scratch<bf16> kp_s(ws, planes * kp_size), vp_s(ws, planes * vp_size), qt_s(ws, qpack_size);
+    cpu::thread_scratch<float> lg_s(ws, rb_max * ncols), work_s(ws, rb_max * vk), o_s(ws, rb_max * d), inv_s(ws, rb_max);
+    cpu::thread_scratch<bf16> pb_s(ws, rb_max * np);
+    // contextual query terms: id(j, i) rows (key j, every query i), made once per call, and per
+    // block the (L, rb) terms of its queries looked up and added transposed; where those ids would
+    // take more than materialise_ids_bytes per table, per row gathers from the transposed ids
+    const std::int64_t rbp = bf16_hw::padded_row(rb_max);
+    const std::int64_t nq_ctx = std::count_if(plan.on_q.begin(), plan.on_q.end(), [](const auto& t) { return !t.bias; });
+    const bool q_lookup = n * n * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
+    cpu::shared_scratch<Id> qid_s(ws, q_lookup ? nq_ctx * n * n : 0);
+    cpu::thread_scratch<float> g_s(ws, ctx_q && q_lookup ? n * rbp : 0), part_s(ws, 4 * vk);
     cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
     cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
     const auto full_ids = declare_full_ids(plan, ws);
@@ -265,27 +535,57 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
     materialise_ids(plan, full_ids);
     bf16* const kp = kp_s.data();
     bf16* const vp = vp_s.data();
-    float* const kf = kf_s.data();
+    bf16* const qt = qt_s.data();
+    float* const tq = tq_s.data();
+    const float scale = plan.scale;
+    std::vector<const Id*> qid(plan.on_q.size(), nullptr);
+    for (std::size_t t = 0, next = 0; t < plan.on_q.size(); ++t) {
+        if (plan.on_q[t].bias || !q_lookup) continue;
+        Id* dst = qid_s.data() + static_cast<std::int64_t>(next++) * n * n;
+        const cpu::id_rows<Id> rows{plan.on_q[t].rows.ids, plan.on_q[t].rows.table, false};
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (n > 64)
+#endif
+        for (std::int64_t j = 0; j < n; ++j) {
+            const Id* r = rows(j, 1, dst + j * n);
+            if (r != dst + j * n) std::copy(r, r + n, dst + j * n);
+        }
+        qid[t] = dst;
+    }
+    for (std::size_t t = 0; t < plan.on_q.size(); ++t) {
+        if (qpack[t] < 0) continue;
+        const auto& ft = plan.on_q[t];
+        const bf16* table = in.rpe_q.tables[t].data;
+        for (std::int64_t hh = 0; hh < ft.table_heads; ++hh)
+            cpu::bf16_pack_rows(table + hh * d * ft.k, ft.k, d, ft.k, qt + qpack[t] + hh * cpu::bf16_pack_size(d, ft.k));
+    }
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
-        cpu::bf16_pack_transposed(kb.plane(p), kb.sl, d, n, kp + p * kp_size);
-        cpu::bf16_pack_rows(vb.plane(p), vb.sl, n, d, vp + p * vp_size);
-        if (ctx_q)
-            for (std::int64_t i = 0; i < n; ++i) cpu::bf16_to_float(kb.plane(p) + i * kb.sl, kf + (p * n + i) * d, d);
+        const std::int64_t h = p % plan.h;
+        bf16* kpp = kp + p * kp_size;
+        bf16_hw::pack_transposed_at(kb.plane(p), kb.sl, d, n, npad_k, kp_size, kpp);
+        for (std::size_t t = 0; t < plan.on_k.size(); ++t) {
+            const auto& ft = plan.on_k[t];
+            if (!ft.bias)
+                bf16_hw::pack_rows_at(in.rpe_k.tables[t].data + ft.head(h) * d * ft.k, ft.k, d, ft.k, npad_k, kcol[t], kpp);
+        }
+        std::memset(static_cast<void*>(vp + p * vp_size), 0, static_cast<std::size_t>(vp_size) * sizeof(bf16));
+        bf16_hw::pack_rows_at(vb.plane(p), vb.sl, n, d, cpu::bf16_pack_columns(d), 0, vp + p * vp_size);
+        for (std::size_t t = 0; t < plan.on_q.size(); ++t) {  // s·(k·table_q[h']) (L, K) at tq + t·L·K_max
+            const auto& ft = plan.on_q[t];
+            if (qpack[t] >= 0)
+                cpu::bf16_gemm(n, ft.k, d, kb.plane(p), kb.sl, qt + qpack[t] + ft.head(h) * cpu::bf16_pack_size(d, ft.k),
+                               tq + p * tq_per_plane + static_cast<std::int64_t>(t) * n * plan.k, ft.k, scale, false);
+        }
     }
-    if (ctx_q) {
-        plan.kv = cpu::plane_rows<float>(kf, plan.h, n, d);
-        all_query_products(plan, ks_s, tq_s.data());
-    }
-    const float* tq = tq_s.data();
-    const float scale = plan.scale;
 #if defined(_OPENMP)
 #pragma omp parallel
 #endif
     {
-        float *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *o = o_s.mine();
+        float *lg = lg_s.mine(), *work = work_s.mine(), *o = o_s.mine(), *inv = inv_s.mine(), *g = g_s.mine(),
+              *part = part_s.mine();
         bf16* pb = pb_s.mine();
         Id* idbuf = ids_s.mine();
         const Id** blk = blk_s.mine();
@@ -296,25 +596,47 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
             const std::int64_t p = item / blocks, i0 = (item % blocks) * rb_max, h = p % plan.h;
             const std::int64_t rb = std::min(rb_max, n - i0);
             load_block_ids(plan, i0, rb, idbuf, blk);
-            const bf16* qrows = qb.plane(p) + i0 * qb.sl;
-            // logits: s·(q·kᵀ), float accumulation
-            cpu::bf16_gemm(rb, n, d, qrows, qb.sl, kp + p * kp_size, lg, n, scale, false);
-            if (ctx_k)  // the scaled float queries of the block, for the contextual key terms' products
-                for (std::int64_t i = 0; i < rb; ++i) {
-                    cpu::bf16_to_float(qrows + i * qb.sl, qs + i * d, d);
-                    for (std::int64_t e = 0; e < d; ++e) qs[i * d + e] *= scale;
+            // s·(q·kᵀ) and s·(q·table_k) of the contextual key tables, float accumulation
+            cpu::bf16_gemm(rb, ncols, d, qb.plane(p) + i0 * qb.sl, qb.sl, kp + p * kp_size, lg, ncols, scale, false);
+            for (std::size_t t = 0; t < plan.on_q.size(); ++t) {  // + tq[j, id(j, i)] (query target, contextual)
+                const auto& ft = plan.on_q[t];
+                if (ft.bias || !q_lookup) continue;
+                const float* tqt = tq + p * tq_per_plane + static_cast<std::int64_t>(t) * n * plan.k;
+                bf16_hw::lookup_rows(tqt, ft.k, qid[t] + i0, n, n, rb, g, rbp);
+                bf16_hw::add_transposed(g, rbp, rb, n, lg, ncols);
+            }
+            const std::uint8_t* mask =
+                in.key_padding_mask.data ? in.key_padding_mask.data + (p / plan.h) * in.key_padding_mask.stride(0) : nullptr;
+            for (std::int64_t i = 0; i < rb; ++i) {
+                float* row = lg + i * ncols;
+                for (std::size_t t = 0; t < plan.on_k.size(); ++t) {
+                    const auto& ft = plan.on_k[t];
+                    cpu::gather_add(row, ft.bias ? ft.table + ft.head(h) * ft.k : row + kcol[t], ft.k, blk[ft.slot] + i * n, n);
                 }
-            block_probabilities(plan, f.in, p, i0, rb, qs, tq + p * tq_per_plane, blk, lg, work, true);
-            // out = P·v (P rounded to bf16) + the value terms (from the float P)
-            cpu::float_to_bf16(lg, pb, rb * n);
-            cpu::bf16_gemm(rb, d, n, pb, n, vp + p * vp_size, o, d, 1.0f, false);
+                for (std::size_t t = 0; t < plan.on_q.size(); ++t) {
+                    const auto& ft = plan.on_q[t];
+                    const Id* rid = blk[ft.slot] + i * n;  // transposed: [i, j] holds id(j, i)
+                    if (ft.bias)
+                        cpu::gather_add(row, ft.table + ft.head(h) * ft.k, ft.k, rid, n);
+                    else if (!q_lookup)
+                        cpu::gather_add_strided(row, tq + p * tq_per_plane + static_cast<std::int64_t>(t) * n * plan.k, ft.k, rid,
+                                                n);
+                }
+                if (f.in.attn_mask.data)  // the float copy, (L, L) contiguous
+                    map<float>(row, 1, n).array() += cmap<float>(f.in.attn_mask.data + (i0 + i) * n, 1, n).array();
+                inv[i] = bf16_hw::softmax_row_bf16(row, n, mask, pb + i * np, probs);
+            }
+            // out = (Σⱼ bf16(e_j)·v_j)/Σe + the value terms (from the float probabilities)
+            cpu::bf16_gemm(rb, d, n, pb, np, vp + p * vp_size, o, d, 1.0f, false);
             auto om = map<float>(o, rb, d);
+            for (std::int64_t i = 0; i < rb; ++i) om.row(i) *= inv[i];
             for (const auto& t : plan.on_v) {
-                cpu::scatter_rows(lg, blk[t.slot], rb, n, t.k, work);
+                bf16_hw::scatter_rows4(lg, ncols, blk[t.slot], n, rb, n, t.k, part, work);
                 om.noalias() += cmap<float>(work, rb, t.k) * cmap<float>(t.table + t.head(h) * t.k * d, t.k, d);
             }
             cpu::float_to_bf16(o, out.data + (p * n + i0) * d, rb * d);
-            if (attn.data) cpu::float_to_bf16(lg, attn.data + (p * n + i0) * n, rb * n);
+            if (attn.data)
+                for (std::int64_t i = 0; i < rb; ++i) cpu::float_to_bf16(lg + i * ncols, attn.data + (p * n + i0 + i) * n, n);
         }
     }
 }
