@@ -12,7 +12,7 @@
 // the reference sees the same problem. The products accumulate in float (error ~D·2^-24 relative),
 // the softmax and the iRPE terms run in float; what is left is bf16 rounding of unit roundoff
 // u = 2^-8 (8 significant bits): the output rounded once (≤ u·|out|) and, on the AVX512_BF16
-// path, the probabilities rounded to bf16 before P·v (≤ u·Σ_j p_ij·|v_jd|). So each output
+// path, the exponentials rounded to bf16 (before the normalisation) before P·v (≤ u·Σ_j p_ij·|v_jd|). So each output
 // element must satisfy |out − ref| ≤ u·(|ref| + Σ_j p_ij·|v_jd|) + 1e-5·(1 + |ref| + Σ_j p_ij·|v_jd|)
 // (the last term: the float computation), and each probability |attn − ref| ≤ u·ref + 1e-6.
 #include <doctest/doctest.h>
@@ -351,7 +351,7 @@ TEST_CASE("bf16 attention forward against the float64 composed attention: none, 
             const auto got = run_bf16(c, portable);
             if (!portable) first = got.out;
             // the hook switches the path: where this build has AVX512_BF16, the two differ (the
-            // probabilities rounded to bf16 before P·v) unless every row is fully masked
+            // exponentials rounded to bf16 (before the normalisation) before P·v) unless every row is fully masked
             if (portable && std::string(cpu::bf16_isa()) == "AVX512_BF16") paths_differ += !same_bits(first, got.out);
             const double worst = check_against(got, ref);
             MESSAGE(std::string(cf.name) << (portable ? std::string(" portable") : std::string(" default path"))

@@ -990,8 +990,8 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 /// S = rpe::bf16: bf16 storage of q, k, v, tables, attn_mask, RoPE frequencies, out and attn,
 /// float accumulation, outputs rounded to bf16 once (detail::fused_forward_bf16: vdpbf16ps
 /// products where the unit is built with AVX512_BF16, else float conversion and the float
-/// kernels; accuracy in docs/attention.md, "bf16"). Calls with `in.packed` or `in.key_lengths`
-/// take the portable path.
+/// kernels; accuracy in docs/attention.md, "bf16"). Calls with `in.packed`, `in.key_lengths` or
+/// RoPE take the portable path.
 template <class S>
 void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {
