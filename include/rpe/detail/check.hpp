@@ -58,8 +58,9 @@ void check_strided_rows(const tensor_ref<T>& t, const char* component, std::stri
                                        "; expected the last stride 1 (each row of D values contiguous)"));
 }
 
-/// @brief Throws rpe::invalid_argument when two views share memory (an output aliasing another
-/// argument would be overwritten while it is read).
+/// @brief Throws rpe::invalid_argument when two views' address ranges (first to last element,
+/// strided views' gaps included) intersect: an output aliasing another argument would be
+/// overwritten while it is read. A view placed in another's gaps is refused too (conservative).
 template <class T, class U>
 void check_no_overlap(const tensor_ref<T>& a, const tensor_ref<U>& b, const char* component, std::string_view a_name,
                       std::string_view b_name) {
@@ -69,7 +70,9 @@ void check_no_overlap(const tensor_ref<T>& a, const tensor_ref<U>& b, const char
     const auto a1 = a0 + static_cast<std::uintptr_t>(a.span()) * sizeof(T);  // span: strided views too
     const auto b1 = b0 + static_cast<std::uintptr_t>(b.span()) * sizeof(U);
     if (!(a1 <= b0 || b1 <= a0))
-        throw invalid_argument(message(component, a_name, " overlaps ", b_name, " in memory; expected separate buffers"));
+        throw invalid_argument(message(component, a_name, " overlaps ", b_name,
+                                       " in memory (views are compared by the address range from their first to their last "
+                                       "element, the gaps of strided views included); expected separate buffers"));
 }
 
 }  // namespace rpe::detail
