@@ -33,10 +33,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
+#include "cpu_paths.hpp"
 #include "golden.hpp"
 
 namespace {
@@ -44,20 +41,6 @@ namespace {
 using rpe::bf16;
 namespace cpu = rpe::detail::cpu;
 constexpr double u_bf16 = 1.0 / 256;  // 2^-8
-
-// While alive, the bf16 attention takes the portable path (or, with false, its default path).
-struct portable_path {
-    explicit portable_path(bool on) { cpu::bf16_portable_only = on; }
-    ~portable_path() { cpu::bf16_portable_only = false; }
-    portable_path(const portable_path&) = delete;
-    portable_path& operator=(const portable_path&) = delete;
-};
-
-void set_threads([[maybe_unused]] int n) {
-#if defined(_OPENMP)
-    omp_set_num_threads(n);
-#endif
-}
 
 template <class T>
 rpe::tensor_ref<const T> table_view(const std::vector<T>& t, const std::vector<std::int64_t>& shape) {
@@ -184,7 +167,7 @@ struct bf16_results {
 };
 
 bf16_results run_bf16(pair_case& c, bool portable, const rpe::attention_options& opt = {}) {
-    const portable_path hook(portable);
+    const rpe_test::bf16_portable_path hook(portable);
     bf16_results r;
     r.out.assign(static_cast<std::size_t>(c.b * c.h * c.l * c.d), bf16(-3.0f));
     r.attn.assign(static_cast<std::size_t>(c.b * c.h * c.l * c.l), bf16(-3.0f));
@@ -394,9 +377,9 @@ TEST_CASE("bf16 attention: strided q, k, v and 1 or 2 threads give the same bits
     c.add_term(rpe::method::product, true, rpe::target::value, true, 1);
     for (const bool portable : {false, true}) {
         CAPTURE(portable);
-        set_threads(1);
+        rpe_test::set_threads(1);
         const auto one = run_bf16(c, portable);
-        set_threads(2);
+        rpe_test::set_threads(2);
         const auto two = run_bf16(c, portable);
         CHECK(same_bits(one.out, two.out));
         CHECK(same_bits(one.attn, two.attn));
@@ -421,7 +404,7 @@ TEST_CASE("bf16 attention: strided q, k, v and 1 or 2 threads give the same bits
         c.in = saved;
         CHECK(same_bits(one.out, strided.out));
     }
-    set_threads(2);
+    rpe_test::set_threads(2);
 }
 
 TEST_CASE("bf16 attention with RoPE: rotated in float (the portable path on every machine)") {
@@ -481,7 +464,7 @@ TEST_CASE("bf16 attention with key_lengths and packed sequences: the portable pa
         // no attn output with packed sequences: the outputs alone, within the same bounds
         std::vector<bf16> outs[2];
         for (const bool portable : {false, true}) {
-            const portable_path hook(portable);
+            const rpe_test::bf16_portable_path hook(portable);
             auto& out = outs[portable ? 1 : 0];
             out.assign(static_cast<std::size_t>(c.b * c.h * c.l * c.d), bf16(-3.0f));
             rpe::attention_forward(c.in, rpe::tensor_ref<bf16>(out.data(), {c.b, c.h, c.l, c.d}));
@@ -872,9 +855,9 @@ TEST_CASE("bf16 attention backward: 1 or 2 threads, strided q/k/v, any partials 
     std::vector<bf16> go;
     std::vector<double> god;
     c.fill(go, god, c.b * c.h * c.l * c.d, 1.0);
-    set_threads(1);
+    rpe_test::set_threads(1);
     const auto one = backward_of(c.in, go);
-    set_threads(2);
+    rpe_test::set_threads(2);
     const auto two = backward_of(c.in, go);
     CHECK(same_grads(one, two));
     // the smallest budget: items in waves of one; the same sums in the same order
@@ -1181,9 +1164,9 @@ double check_term_bf16(const rpe::term_spec& spec, std::int64_t b, int height, i
         {  // one thread: the same bits
             std::vector<bf16> ob1, gxb1;
             std::vector<std::vector<bf16>> gtb1;
-            set_threads(1);
+            rpe_test::set_threads(1);
             run(bf16{}, mode, ob1, gxb1, gtb1);
-            set_threads(2);
+            rpe_test::set_threads(2);
             CHECK(same_bits(ob, ob1));
             CHECK(same_bits(gxb, gxb1));
             for (std::size_t t = 0; t < gtb.size(); ++t) CHECK(same_bits(gtb[t], gtb1[t]));
@@ -1308,9 +1291,9 @@ TEST_CASE(
         run(bf16{}, yb, gxb, gfb);
         {  // one thread: the same bits
             std::vector<bf16> y1, gx1, gf1;
-            set_threads(1);
+            rpe_test::set_threads(1);
             run(bf16{}, y1, gx1, gf1);
-            set_threads(2);
+            rpe_test::set_threads(2);
             CHECK(same_bits(yb, y1));
             CHECK(same_bits(gxb, gx1));
             CHECK(same_bits(gfb, gf1));

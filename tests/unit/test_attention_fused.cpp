@@ -3,6 +3,7 @@
 // blocks, thread counts and id storages (tables, on the fly); and the fused results do not depend
 // on the thread count.
 #include <doctest/doctest.h>
+#include "cpu_paths.hpp"
 #include <rpe/rpe.hpp>
 #include <rpe/make_term.hpp>
 
@@ -10,10 +11,6 @@
 #include <limits>
 #include <random>
 #include <vector>
-
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 
 namespace {
 
@@ -176,12 +173,6 @@ void check_gradients_close(const results<S>& a, const results<S>& b, double tol)
     for (std::size_t t = 0; t < a.gt.size(); ++t) CHECK(max_rel_diff(a.gt[t], b.gt[t]) < tol);
 }
 
-void set_threads([[maybe_unused]] int n) {
-#if defined(_OPENMP)
-    omp_set_num_threads(n);
-#endif
-}
-
 }  // namespace
 
 TEST_CASE("fused attention equals the composed attention on random configurations") {
@@ -190,7 +181,7 @@ TEST_CASE("fused attention equals the composed attention on random configuration
         random_attention<double> c(seed);
         const auto composed = run(c, false, 0);
         const std::int64_t row_block = 1 + static_cast<std::int64_t>(seed % 5);
-        set_threads(1 + static_cast<int>(seed % 3));
+        rpe_test::set_threads(1 + static_cast<int>(seed % 3));
         // ids as (L, L) tables and computed on the fly (rpe::id_storage) give the same results
         for (const auto storage : {rpe::id_storage::table, rpe::id_storage::on_the_fly}) {
             CAPTURE(static_cast<int>(storage));
@@ -200,17 +191,17 @@ TEST_CASE("fused attention equals the composed attention on random configuration
             check_gradients_close(fused, composed, 1e-12);
         }
     }
-    set_threads(2);
+    rpe_test::set_threads(2);
 }
 
 TEST_CASE("fused attention gives bit-identical results for 1, 2 and 4 threads") {
     for (std::uint32_t seed = 100; seed < 110; ++seed) {
         CAPTURE(seed);
         random_attention<float> c(seed);
-        set_threads(1);
+        rpe_test::set_threads(1);
         const auto one = run(c, true, 3);
         for (int threads : {2, 4}) {
-            set_threads(threads);
+            rpe_test::set_threads(threads);
             const auto many = run(c, true, 3);
             CHECK(many.out == one.out);
             CHECK(many.gq == one.gq);
@@ -219,7 +210,7 @@ TEST_CASE("fused attention gives bit-identical results for 1, 2 and 4 threads") 
             CHECK(many.gt == one.gt);
         }
     }
-    set_threads(2);
+    rpe_test::set_threads(2);
 }
 
 TEST_CASE("fused attention: fully masked rows give zeros, padded keys get zero gradients") {
@@ -332,7 +323,7 @@ void check_same(const results<S>& a, const results<S>& b) {
 }  // namespace
 
 TEST_CASE("attention reads q, k, v in place from a packed (B, L, 3, H, D) buffer: the same results as contiguous copies") {
-    set_threads(2);
+    rpe_test::set_threads(2);
     for (std::uint32_t seed = 1; seed <= 20; ++seed) {
         CAPTURE(seed);
         random_attention<double> c(seed);
@@ -542,7 +533,7 @@ TEST_CASE("fused attention backward from the forward's probabilities equals the 
         CAPTURE(seed);
         random_attention<double> c(seed);
         const std::int64_t row_block = 1 + static_cast<std::int64_t>(seed % 4);
-        set_threads(1 + static_cast<int>(seed % 2));
+        rpe_test::set_threads(1 + static_cast<int>(seed % 2));
         const auto recomputed = run(c, true, row_block);  // its attn is the forward's probabilities
         results<double> r;
         const auto n = static_cast<std::size_t>(c.b * c.h * c.l * c.d);
@@ -560,7 +551,7 @@ TEST_CASE("fused attention backward from the forward's probabilities equals the 
                                 {.row_block = row_block});
         check_gradients_close(r, recomputed, 1e-12);
     }
-    set_threads(2);
+    rpe_test::set_threads(2);
 }
 
 TEST_CASE("fused attention backward from probabilities: attn is checked before anything is written") {
@@ -614,7 +605,7 @@ TEST_CASE("fused backward: bit-identical results for every backward budget and 1
         const std::int64_t row_block = 1 + seed % 2;  // small blocks: many chunks per (batch, head)
         for (bool saved : {false, true}) {
             CAPTURE(saved);
-            set_threads(1);
+            rpe_test::set_threads(1);
             const auto ref = run_backward(c, row_block, rpe::attention_options{}.backward_budget_bytes, saved);
             const auto plan = rpe::cpu::plan_backward_scratch(c.in, {.row_block = row_block}, saved);
             REQUIRE(plan.items == c.b * c.h * plan.chunks);
@@ -633,7 +624,7 @@ TEST_CASE("fused backward: bit-identical results for every backward budget and 1
                 if (at.items_at_once >= plan.chunks && at.items_at_once < plan.items) ++waves;
                 for (int threads : {1, 2}) {
                     CAPTURE(threads);
-                    set_threads(threads);
+                    rpe_test::set_threads(threads);
                     const auto r = run_backward(c, row_block, budget, saved);
                     CHECK(r.gq == ref.gq);
                     CHECK(r.gk == ref.gk);
@@ -645,7 +636,7 @@ TEST_CASE("fused backward: bit-identical results for every backward budget and 1
     }
     CHECK(split > 0);
     CHECK(waves > 0);
-    set_threads(2);
+    rpe_test::set_threads(2);
 }
 
 namespace {

@@ -11,6 +11,7 @@
 // of unit roundoff 2^-24 on partial sums bounded by Σ|a·b|), then scaled by alpha and added to
 // C (two more): |C − ref| ≤ (kd + 2)·2^-24·(|alpha|·Σ_r |a_ir·b_rj| + |C0| + |ref|).
 #include <doctest/doctest.h>
+#include "cpu_paths.hpp"
 #include <rpe/rpe.hpp>
 
 #include <algorithm>
@@ -22,28 +23,10 @@
 #include <string>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
 namespace {
 
 using rpe::bf16;
 namespace cpu = rpe::detail::cpu;
-
-// While alive, the bf16 products take the portable kernel (with false: their default path).
-struct portable_path {
-    explicit portable_path(bool on) { cpu::bf16_portable_only = on; }
-    ~portable_path() { cpu::bf16_portable_only = false; }
-    portable_path(const portable_path&) = delete;
-    portable_path& operator=(const portable_path&) = delete;
-};
-
-void set_threads([[maybe_unused]] int n) {
-#if defined(_OPENMP)
-    omp_set_num_threads(n);
-#endif
-}
 
 std::vector<bf16> random_bf16(std::size_t n, std::mt19937& rng) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -167,11 +150,11 @@ TEST_CASE("bf16_linear and bf16_linear_tiles against float64 on both paths; 1 an
         auto wref = [&](std::int64_t r, std::int64_t j) { return as_double(w[static_cast<std::size_t>(j * ldw + r)]); };
         for (const bool portable : {false, true}) {
             CAPTURE(portable);
-            const portable_path path(portable);
+            const rpe_test::bf16_portable_path path(portable);
             std::vector<float> first;
             for (const int threads : {1, 2}) {
                 CAPTURE(threads);
-                set_threads(threads);
+                rpe_test::set_threads(threads);
                 // y = 0.5 + x·Wᵀ (add), and y = x·Wᵀ
                 std::vector<float> y(static_cast<std::size_t>(m * ldy), 0.5f), y0(y.size(), 9.0f);
                 cpu::bf16_linear(m, x.data(), ldx, pw, y.data(), ldy, true);
@@ -213,7 +196,7 @@ TEST_CASE("bf16_linear and bf16_linear_tiles against float64 on both paths; 1 an
             }
         }
     }
-    set_threads(2);
+    rpe_test::set_threads(2);
 }
 
 TEST_CASE("bf16 products: the path of this build and CPU") {
@@ -221,7 +204,7 @@ TEST_CASE("bf16 products: the path of this build and CPU") {
     CHECK((isa == "AVX512_BF16" || isa == "portable"));
     CHECK(cpu::bf16_hw_now() == (isa == "AVX512_BF16"));
     {
-        const portable_path path(true);
+        const rpe_test::bf16_portable_path path(true);
         CHECK_FALSE(cpu::bf16_hw_now());
     }
 }

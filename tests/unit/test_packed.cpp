@@ -17,21 +17,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_paths.hpp"
 #include "golden.hpp"
-
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 
 namespace {
 
 using pos_ref = rpe::tensor_ref<const std::int32_t>;
-
-void set_threads([[maybe_unused]] int n) {
-#if defined(_OPENMP)
-    omp_set_num_threads(n);
-#endif
-}
 
 template <class S>
 std::vector<S> random_vector(std::size_t n, std::uint32_t seed) {
@@ -401,15 +392,15 @@ TEST_CASE("packed: results are bit-identical for 1, 2 and 3 threads") {
             CAPTURE(bh);
             CAPTURE(positions);
             const packed_problem<float> pb(four_images(positions), 1, true, 21, bh, bh);
-            set_threads(1);
+            rpe_test::set_threads(1);
             const auto one = run(pb.packed(), pb.go, false);
             check_close(one, pb.one_by_one(false), 2e-5);
             for (const int threads : {2, 3}) {
-                set_threads(threads);
+                rpe_test::set_threads(threads);
                 check_identical(one, run(pb.packed(), pb.go, false));
             }
         }
-    set_threads(2);
+    rpe_test::set_threads(2);
 }
 
 TEST_CASE("packed: without terms it is block-diagonal attention; plan_backward_scratch is the largest image's") {
@@ -549,9 +540,9 @@ TEST_CASE("key_lengths: bit-identical for 1 and 2 threads") {
     in.width = 7;
     in.key_lengths = pos_ref(lengths.data(), {b});
     in.rpe_k = {.term = &tk, .tables = {view<const float>(table, tk.table_shape())}};
-    set_threads(1);
+    rpe_test::set_threads(1);
     const auto one = run(in, go, false);
-    set_threads(2);
+    rpe_test::set_threads(2);
     const auto two = run(in, go, false);
     check_identical(one, two);
 }

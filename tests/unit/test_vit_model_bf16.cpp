@@ -27,21 +27,13 @@
 #include <vector>
 
 #include "../../examples/vit/vit_model_bf16.hpp"
+#include "cpu_paths.hpp"
 
 namespace {
 
 using rpe::examples::vit_config;
 using rpe::examples::vit_model;
 using rpe::examples::vit_model_bf16;
-namespace cpu = rpe::detail::cpu;
-
-// While alive, the bf16 products (and the bf16 attention) take the portable path.
-struct portable_path {
-    explicit portable_path(bool on) { cpu::bf16_portable_only = on; }
-    ~portable_path() { cpu::bf16_portable_only = false; }
-    portable_path(const portable_path&) = delete;
-    portable_path& operator=(const portable_path&) = delete;
-};
 
 /// A small DeiT (as test_vit_model.cpp): 16×16×3 images, patch 4 (G 4, L 17), C 32, H 4 (D 8),
 /// depth 2, MLP 64, 5 classes, iRPE contextual Product ratio 1.9 (K 50) on `rpe_on`.
@@ -123,7 +115,7 @@ TEST_CASE("vit_model_bf16: logits against vit_model<float> on the same bf16-roun
             CHECK(scale > 0.1);
             for (const bool portable : {false, true}) {
                 CAPTURE(portable);
-                const portable_path path(portable);
+                const rpe_test::bf16_portable_path path(portable);
                 const auto got = forward(bf, images, n);
                 const double err = max_abs_diff(got, ref) / scale;
                 worst = std::max(worst, err);
@@ -158,7 +150,7 @@ TEST_CASE("vit_model_bf16: the rounded weights, the paths agree, the chunk size 
     const auto hw = forward(bf, images, n);
     std::vector<float> portable;
     {
-        const portable_path path(true);
+        const rpe_test::bf16_portable_path path(true);
         portable = forward(bf, images, n);
     }
     const double scale = max_abs(hw);

@@ -60,20 +60,10 @@ inline std::vector<float> bf16_rows_to_float(const tensor_ref<const bf16>& t) {
     return out;
 }
 
-// make_float_inputs copies the inputs field by field: these mirrors of the fields it knows fail to
-// compile when attention_inputs or rotary_embedding gains one (forward the new field there, and
-// in the AVX512_BF16 path, or refuse it for bf16).
-struct bf16_known_rope_fields {
-    rope_form form;
-    int skip;
-    tensor_ref<const bf16> freqs;
-    tensor_ref<bf16> grad_freqs;
-    rope::layout layout;
-    tensor_ref<const float> positions, key_positions;
-    int suffix;
-};
-static_assert(sizeof(bf16_known_rope_fields) == sizeof(rotary_embedding<bf16>),
-              "rpe::rotary_embedding gained a field: forward it in detail::make_float_inputs (attention_bf16.hpp)");
+// make_float_inputs copies the inputs field by field: this mirror of the fields it knows fails to
+// compile when attention_inputs gains one (forward the new field there, and in the AVX512_BF16
+// path, or refuse it for bf16). rotary_embedding's fields are mirrored by
+// cpu::rope_bf16_known_fields (rope.hpp), whose assertion names this file too.
 struct bf16_known_input_fields {
     tensor_ref<const bf16> q, k, v;
     int height, width;

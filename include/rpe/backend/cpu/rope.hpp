@@ -223,7 +223,8 @@ struct rope_bf16_copies {
 };
 
 // The embedding's fields, mirrored: this fails to compile when rotary_embedding gains a field
-// (forward it in rope_bf16_copies_of, or refuse it for bf16).
+// (forward it in rope_bf16_copies_of and in the bf16 attention's make_float_inputs, or refuse it
+// for bf16).
 struct rope_bf16_known_fields {
     rope_form form;
     int skip;
@@ -234,7 +235,8 @@ struct rope_bf16_known_fields {
     int suffix;
 };
 static_assert(sizeof(rope_bf16_known_fields) == sizeof(rotary_embedding<bf16>),
-              "rpe::rotary_embedding gained a field: forward it in detail::cpu::rope_bf16_copies_of (backend/cpu/rope.hpp)");
+              "rpe::rotary_embedding gained a field: forward it in detail::cpu::rope_bf16_copies_of (backend/cpu/rope.hpp) "
+              "and detail::make_float_inputs (backend/cpu/attention_bf16.hpp)");
 
 // Scalar conversions (rpe::bf16's, the bits of bf16_kernels.hpp's vector ones): this header
 // stays free of the intrinsics headers.
