@@ -28,10 +28,9 @@
 /// tensor not on the CPU a ValueError `[rpe.torch] ...`; nothing is written before the checks.
 /// The argument code is shared with the CUDA kernels of the same operators (ops_cuda.cpp, built
 /// when torch and nvcc both have CUDA) through ops_common.hpp.
-#include <torch/library.h>
-#include <ATen/ATen.h>
-#include <c10/util/BFloat16.h>
-
+// rpe's headers first: they include the x86 intrinsics headers under their own diagnostics guard
+// (rpe/backend/cpu/eigen.hpp: g++ 12's -Wmaybe-uninitialized false positives in AVX-512 intrinsics,
+// GCC bug 105593), which has no effect once Torch's headers have included them.
 #include <rpe/any_term.hpp>
 #include <rpe/make_term.hpp>
 #include <rpe/attention.hpp>
@@ -45,6 +44,10 @@
 #include <rpe/vit/swin_bias.hpp>
 #include <rpe/vit/alibi_2d.hpp>
 #include <rpe/vit/decomposed_rel_pos.hpp>
+
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <climits>
