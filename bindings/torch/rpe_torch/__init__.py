@@ -572,7 +572,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     ``qs = q·scale; logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·scale)ᵀ (+ attn_mask)``, padded keys
     −∞, ``a = softmax(logits)``, ``out = a·v + rpe_v(a)``.
 
-    q, k, v: (B, H, L, D), float32 or float64 on the CPU (also float16 / bfloat16 on CUDA when has_cuda_kernels()); rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
+    q, k, v: (B, H, L, D), float32, float64 or bfloat16 on the CPU (bfloat16: rpe::bf16 storage, computed in float, each output rounded once; also float16 on CUDA when has_cuda_kernels()); rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
     modules from build_rpe, the ViT term modules RelPosBias, DecomposedRelPos, ALiBi2D or a
     TermSlot (SwinV2's CPB table), or None; height, width: the grid (L = skip + height·width;
     square when None; a ViT term's own grid by default); key_padding_mask: (B, L) bool/uint8, true =

@@ -403,6 +403,13 @@ for _name in ("term_backward", "attention_backward", "rope_backward", "cpb_table
 _LOW = (torch.bfloat16, torch.float16)
 _autocast_lib = torch.library.Library(_lib, "IMPL")
 
+#: The forward operators with a bfloat16 CPU kernel (rpe::bf16 storage, ops.cpp), each with the
+#: indices of its floating arguments that are not cast to bfloat16 under bfloat16 autocast: the
+#: RoPE's real-valued per-token positions (the library reads them in float32) and the iRPE terms'
+#: integer positions (left as given, so that a wrong dtype keeps its own message).
+BF16_OPS = {"term_forward": (11, 12), "attention_forward": (23, 24), "attention_forward_attn": (23, 24),
+            "rope_forward": (8,), "table_from_timm": (), "table_to_timm": ()}
+
 
 def _cast(value, dtype, from_dtypes):
     """value with every tensor of a dtype in from_dtypes cast to dtype (lists / tuples walked)."""
@@ -413,19 +420,37 @@ def _cast(value, dtype, from_dtypes):
     return value
 
 
+def _cast_args(args, dtype, from_dtypes, keep=()):
+    """_cast of each positional argument, except those at the indices in keep (left as given)."""
+    return tuple(a if i in keep else _cast(a, dtype, from_dtypes) for i, a in enumerate(args))
+
+
 def _register_autocast(name, device_type="cpu"):
-    """Under ``torch.autocast(device_type)``, operator ``name`` runs its float32 kernel: floating
-    inputs in float16 / bfloat16 / float32 are up-cast to float32 (float64 ones are left alone, as
-    autocast does), the kernel accumulates in float32, and the float32 outputs are returned in the
-    autocast dtype (``torch.get_autocast_dtype``), as PyTorch's lower-precision autocast ops do.
-    The casts are ordinary differentiable ops: gradients reach the inputs in their own dtypes."""
+    """Under ``torch.autocast(device_type)``, operator ``name`` runs in the autocast dtype's kernel
+    or, without one, in float32:
+
+    - autocast dtype bfloat16 and an operator of :data:`BF16_OPS`: its floating inputs in float16
+      / float32 are cast to bfloat16 (as autocast casts a Linear's weights; the RoPE positions
+      excepted), the bf16 kernel runs (rpe::bf16 storage: computed in float, each output rounded
+      to bf16 once) and its bfloat16 outputs are returned;
+    - otherwise (autocast float16: the CPU has no float16 kernel; or an operator without a bf16
+      kernel) floating inputs in float16 / bfloat16 / float32 are up-cast to float32, the kernel
+      accumulates in float32, and the float32 outputs are returned in the autocast dtype
+      (``torch.get_autocast_dtype``), as PyTorch's lower-precision autocast ops do.
+
+    float64 inputs are left alone in both (as autocast does). The casts are ordinary
+    differentiable ops: gradients reach the inputs in their own dtypes (float32 parameters get
+    float32 gradients)."""
     op = getattr(_ops, name).default
     key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
     key = getattr(torch._C.DispatchKey, key_name)
+    keep = BF16_OPS.get(name)
 
     def run(*args):
         dtype = torch.get_autocast_dtype(device_type)
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            if dtype == torch.bfloat16 and keep is not None:
+                return op(*_cast_args(args, torch.bfloat16, (torch.float16, torch.float32), keep))
             out = op(*_cast(args, torch.float32, _LOW))
         return _cast(out, dtype, (torch.float32,))
 
@@ -435,7 +460,7 @@ def _register_autocast(name, device_type="cpu"):
     _autocast_lib.impl(name, lambda keyset, *args: run(*args), key_name, with_keyset=True)
 
 
-#: The forward operators that take floating tensors: autocast up-casts around them.
+#: The forward operators that take floating tensors: autocast casts around them.
 AUTOCAST_OPS = ("term_forward", "attention_forward", "attention_forward_attn", "rope_forward", "table_from_timm",
                 "table_to_timm", "cpb_table", "cpb_bias_forward", "resize_rel_pos", "decomposed_tables")
 for _name in AUTOCAST_OPS:

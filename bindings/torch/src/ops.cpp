@@ -18,18 +18,25 @@
 /// `.contiguous()`; the attention's q, k, v also when only their last stride is 1, e.g. permuted
 /// views of a qkv projection); outputs are fresh tensors.
 ///
+/// dtypes: float32 and float64; bfloat16 (rpe::bf16 storage: computed in float, each output
+/// rounded to bf16 once) for the term, attention, RoPE and timm-table operators; one dtype per
+/// call (the first tensor argument's). float16 has no CPU kernel (TypeError; CPU autocast with
+/// float16 up-casts to float32 in Python, _registrations.py).
+///
 /// Errors: rpe's `rpe::invalid_argument` / `rpe::out_of_range` (message `[rpe.<component>] ...`)
 /// become `c10::ValueError` (Python ValueError), a wrong dtype `c10::TypeError` (TypeError), a
 /// tensor not on the CPU a ValueError `[rpe.torch] ...`; nothing is written before the checks.
 /// The argument code is shared with the CUDA kernels of the same operators (ops_cuda.cpp, built
 /// when torch and nvcc both have CUDA) through ops_common.hpp.
-#include <torch/library.h>
-#include <ATen/ATen.h>
-
+// rpe's headers first: they include the x86 intrinsics headers under their own diagnostics guard
+// (rpe/backend/cpu/eigen.hpp: g++ 12's -Wmaybe-uninitialized false positives in AVX-512 intrinsics,
+// GCC bug 105593), which has no effect once Torch's headers have included them.
 #include <rpe/any_term.hpp>
 #include <rpe/make_term.hpp>
 #include <rpe/attention.hpp>
 #include <rpe/backend/cpu/rope.hpp>
+#include <rpe/backend/cpu/term.hpp>
+#include <rpe/bf16.hpp>
 #include <rpe/caches.hpp>
 #include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/swin.hpp>
@@ -37,6 +44,10 @@
 #include <rpe/vit/swin_bias.hpp>
 #include <rpe/vit/alibi_2d.hpp>
 #include <rpe/vit/decomposed_rel_pos.hpp>
+
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <climits>
@@ -47,6 +58,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "ops_common.hpp"
@@ -63,35 +75,73 @@ namespace {
 
 using namespace rpe_torch::ops;  // the helpers shared with the CUDA kernels (ops_common.hpp)
 
+// torch.bfloat16 tensors are read and written as rpe::bf16 (data_of: the raw pointer): both are
+// the upper 16 bits of a binary32 (c10::BFloat16 holds them as its one uint16_t).
+static_assert(sizeof(c10::BFloat16) == sizeof(rpe::bf16) && alignof(c10::BFloat16) == alignof(rpe::bf16),
+              "c10::BFloat16 and rpe::bf16 must have the same size and alignment (reinterpreted pointers)");
+
+// The dtype of the CPU kernels' first tensor argument `name`: float32, float64 or bfloat16 (the
+// library's rpe::bf16 storage: computed in float, each output rounded to bf16 once; docs/torch.md).
+// Errors: ValueError for an undefined tensor; TypeError for another dtype (float16: no CPU kernel).
+at::ScalarType checked_cpu_type(const at::Tensor& t, const char* name) {
+    TORCH_CHECK_VALUE(t.defined(), "[rpe.torch] ", name, " is undefined; expected a tensor");
+    const auto st = t.scalar_type();
+    TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kBFloat16, "[rpe.torch] ", name, " has dtype ",
+                     c10::toString(st), "; expected float32, float64 or bfloat16",
+                     st == at::kHalf ? " (the CPU operators have no float16 kernel: cast to bfloat16 or float32, or run under "
+                                       "torch.autocast('cpu', dtype=torch.float16), which computes in float32)"
+                                     : "");
+    return st;
+}
+
+// Runs f.template operator()<S, T>() for the CPU storage type S of st (float, double, rpe::bf16)
+// and the scalar T of the terms that describe the call (S; float for rpe::bf16: the registry
+// builds float or double terms, whose descriptors the bf16 kernels run, rpe::cpu::term_forward).
+template <class F>
+decltype(auto) on_cpu_type(at::ScalarType st, F&& f) {
+    if (st == at::kDouble) return f.template operator()<double, double>();
+    if (st == at::kBFloat16) return f.template operator()<rpe::bf16, float>();
+    return f.template operator()<float, float>();
+}
+
 /// term_forward: see the schema in TORCH_LIBRARY below.
-template <class S>
+template <class S, class T>
 at::Tensor term_forward_impl(const c10::optional<at::Tensor>& x_opt, at::TensorList tables_in, c10::string_view method,
                              c10::string_view mode, c10::string_view target, double alpha, double beta, double gamma,
                              int64_t skip, int64_t height, int64_t width, at::ScalarType st,
                              const c10::optional<at::Tensor>& positions, const c10::optional<at::Tensor>& key_positions) {
-    const auto c = setup_term<S>(x_opt, tables_in, nullptr, method, mode, target, alpha, beta, gamma, skip, height, width, st, {},
-                                 positions, key_positions);
+    const auto c = setup_term<S, T>(x_opt, tables_in, nullptr, method, mode, target, alpha, beta, gamma, skip, height, width, st,
+                                    {}, positions, key_positions);
     at::Tensor out = c.new_output();
     const auto views = crefs<S>(c.tables);
-    c.term->forward(*c.ids, views, c.contextual ? cref<S>(c.x) : rpe::tensor_ref<const S>{}, mref<S>(out), rpe::write::overwrite);
+    const auto x = c.contextual ? cref<S>(c.x) : rpe::tensor_ref<const S>{};
+    if constexpr (std::is_same_v<S, T>)
+        c.term->forward(*c.ids, views, x, mref<S>(out), rpe::write::overwrite);
+    else  // bf16 storage: the float term's descriptor on the bf16 kernels (float inside, out rounded once)
+        rpe::cpu::term_forward<S>(c.term->desc(), *c.ids, views, x, mref<S>(out), rpe::write::overwrite);
     return out;
 }
 
-template <class S>
+template <class S, class T>
 std::vector<at::Tensor> term_backward_impl(const c10::optional<at::Tensor>& x_opt, at::TensorList tables_in,
                                            const at::Tensor& grad_out_in, c10::string_view method, c10::string_view mode,
                                            c10::string_view target, double alpha, double beta, double gamma, int64_t skip,
                                            int64_t height, int64_t width, at::ScalarType st,
                                            const c10::optional<at::Tensor>& positions,
                                            const c10::optional<at::Tensor>& key_positions) {
-    const auto c = setup_term<S>(x_opt, tables_in, &grad_out_in, method, mode, target, alpha, beta, gamma, skip, height, width,
-                                 st, {}, positions, key_positions);
+    const auto c = setup_term<S, T>(x_opt, tables_in, &grad_out_in, method, mode, target, alpha, beta, gamma, skip, height, width,
+                                    st, {}, positions, key_positions);
     std::vector<at::Tensor> result = c.new_gradients();
     std::vector<rpe::tensor_ref<S>> grad_views;
     for (std::size_t i = 1; i < result.size(); ++i) grad_views.push_back(mref<S>(result[i]));
     const auto views = crefs<S>(c.tables);
-    c.term->backward(*c.ids, views, c.contextual ? cref<S>(c.x) : rpe::tensor_ref<const S>{}, cref<S>(c.grad_out),
-                     c.contextual ? mref<S>(result[0]) : rpe::tensor_ref<S>{}, grad_views, rpe::write::overwrite);
+    const auto x = c.contextual ? cref<S>(c.x) : rpe::tensor_ref<const S>{};
+    const auto grad_x = c.contextual ? mref<S>(result[0]) : rpe::tensor_ref<S>{};
+    if constexpr (std::is_same_v<S, T>)
+        c.term->backward(*c.ids, views, x, cref<S>(c.grad_out), grad_x, grad_views, rpe::write::overwrite);
+    else  // bf16: every sum in float, each gradient rounded to bf16 once
+        rpe::cpu::term_backward<S>(c.term->desc(), *c.ids, views, x, cref<S>(c.grad_out), grad_x, grad_views,
+                                   rpe::write::overwrite);
     return result;
 }
 
@@ -101,11 +151,11 @@ at::Tensor term_forward(const c10::optional<at::Tensor>& x, at::TensorList table
                         const c10::optional<at::Tensor>& key_positions) {
     return translating([&] {
         TORCH_CHECK_VALUE(!tables.empty(), "[rpe.torch] tables is empty; expected 1 (or 2 for cross) tables");
-        const auto st = checked_float_type(tables[0], "tables[0]");
-        return st == at::kDouble ? term_forward_impl<double>(x, tables, method, mode, target, alpha, beta, gamma, skip, height,
-                                                             width, st, positions, key_positions)
-                                 : term_forward_impl<float>(x, tables, method, mode, target, alpha, beta, gamma, skip, height,
-                                                            width, st, positions, key_positions);
+        const auto st = checked_cpu_type(tables[0], "tables[0]");
+        return on_cpu_type(st, [&]<class S, class T>() {
+            return term_forward_impl<S, T>(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width, st,
+                                           positions, key_positions);
+        });
     });
 }
 
@@ -116,11 +166,11 @@ std::vector<at::Tensor> term_backward(const c10::optional<at::Tensor>& x, at::Te
                                       const c10::optional<at::Tensor>& key_positions) {
     return translating([&] {
         TORCH_CHECK_VALUE(!tables.empty(), "[rpe.torch] tables is empty; expected 1 (or 2 for cross) tables");
-        const auto st = checked_float_type(tables[0], "tables[0]");
-        return st == at::kDouble ? term_backward_impl<double>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip,
-                                                              height, width, st, positions, key_positions)
-                                 : term_backward_impl<float>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip,
-                                                             height, width, st, positions, key_positions);
+        const auto st = checked_cpu_type(tables[0], "tables[0]");
+        return on_cpu_type(st, [&]<class S, class T>() {
+            return term_backward_impl<S, T>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width,
+                                            st, positions, key_positions);
+        });
     });
 }
 
@@ -167,9 +217,9 @@ at::Tensor rope_forward(const at::Tensor& x, c10::string_view form, at::ArrayRef
                         const c10::optional<at::Tensor>& freqs, int64_t skip, int64_t height, int64_t width,
                         c10::string_view layout, const c10::optional<at::Tensor>& positions, int64_t suffix) {
     return translating([&] {
-        const auto st = checked_float_type(x, "x");
+        const auto st = checked_cpu_type(x, "x");
         const rope_call c{form, params, freqs, skip, height, width, layout, positions, suffix};
-        return st == at::kDouble ? rope_impl<double>(x, nullptr, c, st)[0] : rope_impl<float>(x, nullptr, c, st)[0];
+        return on_cpu_type(st, [&]<class S, class T>() { return rope_impl<S>(x, nullptr, c, st)[0]; });
     });
 }
 
@@ -178,9 +228,9 @@ std::vector<at::Tensor> rope_backward(const at::Tensor& x, const at::Tensor& gra
                                       int64_t height, int64_t width, c10::string_view layout,
                                       const c10::optional<at::Tensor>& positions, int64_t suffix) {
     return translating([&] {
-        const auto st = checked_float_type(x, "x");
+        const auto st = checked_cpu_type(x, "x");
         const rope_call c{form, params, freqs, skip, height, width, layout, positions, suffix};
-        return st == at::kDouble ? rope_impl<double>(x, &grad_y, c, st) : rope_impl<float>(x, &grad_y, c, st);
+        return on_cpu_type(st, [&]<class S, class T>() { return rope_impl<S>(x, &grad_y, c, st); });
     });
 }
 
@@ -199,9 +249,9 @@ at::Tensor rope_mixed_init(double theta, int64_t head_dim, const at::Tensor& ang
     });
 }
 
-template <class S>
+template <class S, class T>
 std::vector<at::Tensor> attention_forward_impl(attention_args& a, at::ScalarType st, bool keep_attn) {
-    auto s = setup_attention<S>(a, st);
+    auto s = setup_attention<S, T>(a, st);
     at::Tensor out = at::empty(a.q.sizes(), a.q.options());  // contiguous (q may be a strided view)
     at::Tensor attn = keep_attn ? at::empty({a.q.size(0), a.q.size(1), a.q.size(2), a.q.size(2)}, a.q.options()) : at::Tensor();
     rpe::attention_forward<S>(s.in, mref<S>(out), keep_attn ? mref<S>(attn) : rpe::tensor_ref<S>{}, s.opt);
@@ -209,9 +259,9 @@ std::vector<at::Tensor> attention_forward_impl(attention_args& a, at::ScalarType
     return {out};
 }
 
-template <class S>
+template <class S, class T>
 std::vector<at::Tensor> attention_backward_impl(attention_args& a, at::ScalarType st) {
-    auto s = setup_attention<S>(a, st);
+    auto s = setup_attention<S, T>(a, st);
     a.grad_out = prepared(a.grad_out, "grad_out", st);
     backward_outputs<S> out(a, s.in);
     auto g = out.grads(a.grad_out);
@@ -238,9 +288,8 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
-        const auto st = checked_float_type(q, "q");
-        return (st == at::kDouble ? attention_forward_impl<double>(a, st, false)
-                                  : attention_forward_impl<float>(a, st, false))[0];
+        const auto st = checked_cpu_type(q, "q");
+        return on_cpu_type(st, [&]<class S, class T>() { return attention_forward_impl<S, T>(a, st, false)[0]; });
     });
 }
 
@@ -259,8 +308,8 @@ std::vector<at::Tensor> attention_forward_attn(
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
-        const auto st = checked_float_type(q, "q");
-        return st == at::kDouble ? attention_forward_impl<double>(a, st, true) : attention_forward_impl<float>(a, st, true);
+        const auto st = checked_cpu_type(q, "q");
+        return on_cpu_type(st, [&]<class S, class T>() { return attention_forward_impl<S, T>(a, st, true); });
     });
 }
 
@@ -281,8 +330,8 @@ std::vector<at::Tensor> attention_backward(
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
         a.grad_out = grad_out;
         if (attn) a.attn = *attn;
-        const auto st = checked_float_type(q, "q");
-        return st == at::kDouble ? attention_backward_impl<double>(a, st) : attention_backward_impl<float>(a, st);
+        const auto st = checked_cpu_type(q, "q");
+        return on_cpu_type(st, [&]<class S, class T>() { return attention_backward_impl<S, T>(a, st); });
     });
 }
 
@@ -343,9 +392,11 @@ decltype(auto) on_dtype(const at::Tensor& t, const char* name, F&& f) {
 // rpe::table_from_timm ((K, H) -> (H, K)) or, with to_timm, rpe::table_to_timm.
 at::Tensor timm_table(const at::Tensor& in, bool to_timm) {
     return translating([&] {
-        return on_dtype(in, to_timm ? "table" : "timm_table", [&]<class S>(at::ScalarType st) {
-            const at::Tensor t = prepared(in, to_timm ? "table" : "timm_table", st);
-            check_rank(t, 2, to_timm ? "table" : "timm_table", to_timm ? "(H, K)" : "(K, H)");
+        const char* name = to_timm ? "table" : "timm_table";
+        const auto st = checked_cpu_type(in, name);
+        return on_cpu_type(st, [&]<class S, class T>() {  // bfloat16 too: a transpose, exact
+            const at::Tensor t = prepared(in, name, st);
+            check_rank(t, 2, name, to_timm ? "(H, K)" : "(K, H)");
             at::Tensor out = at::empty({t.size(1), t.size(0)}, t.options());
             if (to_timm)
                 rpe::table_to_timm<S>(cref<S>(t), mref<S>(out));

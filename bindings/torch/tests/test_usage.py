@@ -2,7 +2,7 @@
 exception naming the argument (device, mixed devices, dtype, meta tensors, sizes beyond int32,
 a grid whose skip tokens disagree with the configuration, a per-head table for another head
 count); models pickle with torch.save and trace with torch.jit.trace; CPU autocast (bf16) runs
-the float32 kernels and returns bf16 within the documented tolerance of float64."""
+the bf16 kernels and returns bf16 within the documented tolerance of float64."""
 import io
 import os
 
@@ -75,7 +75,7 @@ def test_device_dtype_meta_and_size_errors_name_the_argument():
         rpe_torch.attention(q, k, v, height=2, width=3, rope=rpe_torch.RoPEMixed(2, 4, skip=1).double().to("meta"))
     with pytest.raises(TypeError, match=r"\[rpe.torch\] v has dtype Long"):
         rpe_torch.attention(q, k, v.detach().long(), *mods, height=2, width=3)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] q has dtype Int; expected float32 or float64"):
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] q has dtype Int; expected float32, float64 or bfloat16"):
         rpe_torch.attention(q.detach().int(), k, v, *mods, height=2, width=3)
     with pytest.raises(TypeError, match=r"\[rpe.torch\] x has dtype Int"):
         rpe_torch.RoPEAxial(skip=1)(q.detach().int(), 2, 3)
@@ -144,7 +144,8 @@ def test_cpu_autocast_bf16_through_the_operators():
         term = mods[1](q, 2, 3)
         rot = rpe_torch.RoPEAxial(skip=1)(q, 2, 3)
     assert out.dtype == term.dtype == rot.dtype == torch.bfloat16
-    # against float64 on the same (bf16-rounded) inputs: the float32 kernels, then one bf16 rounding
+    # against float64 on the same bf16 q, k, v and the unrounded tables: the bf16 kernels on the tables
+    # autocast rounded to bf16, each output rounded once
     mods64 = [m.double() for m in modules()]
     ref = rpe_torch.attention(q.double(), k.double(), v.double(), *mods64, height=2, width=3)
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=1e-2)
