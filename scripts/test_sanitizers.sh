@@ -3,6 +3,8 @@
 # (CMake workflow preset asan, build/asan), the tests that start threads under ThreadSanitizer
 # (preset tsan, build/tsan), and a short smoke run of every fuzzer (scripts/fuzz.sh). Installs
 # what is missing; safe to run again. Takes longer than scripts/test.sh (three more builds).
+# The presets leave out the tests whose result does not depend on the build's flags
+# (format.clang_format, header_size.policies: scripts/test.sh runs them) and the benchmarks.
 #
 #   scripts/test_sanitizers.sh
 set -euo pipefail

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_instances.cuh"
 #include "cuda_test.cuh"
 #include "golden_cases.hpp"
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_instances.cuh"
 #include "cuda_test.cuh"
 
 namespace {
