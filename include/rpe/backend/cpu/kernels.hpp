@@ -150,12 +150,16 @@ void scatter_rows(const S* g, const Id* idb, std::int64_t rows, std::int64_t n, 
 }
 
 /// @brief scatter_rows over the first n keys of rows `g_stride` (g) and `id_stride` (idb) apart
-/// (valid key lengths: n keys of rows of L).
+/// (valid key lengths: n keys of rows of L), into rows `out_stride` apart (0: k).
 template <class S, class Id>
 void scatter_rows(const S* g, std::int64_t g_stride, const Id* idb, std::int64_t id_stride, std::int64_t rows, std::int64_t n,
-                  std::int64_t k, S* out) {
-    std::fill(out, out + rows * k, S(0));
-    for (std::int64_t i = 0; i < rows; ++i) scatter_row(g + i * g_stride, idb + i * id_stride, n, out + i * k);
+                  std::int64_t k, S* out, std::int64_t out_stride = 0) {
+    const std::int64_t lo = out_stride > 0 ? out_stride : k;
+    for (std::int64_t i = 0; i < rows; ++i) {
+        S* o = out + i * lo;
+        std::fill(o, o + k, S(0));
+        scatter_row(g + i * g_stride, idb + i * id_stride, n, o);
+    }
 }
 
 /// @brief Key target: o[i,j] (+)= T[i, id(i,j)]; query target: o[i,j] (+)= T[j, id(j,i)].  T: (L, K),
