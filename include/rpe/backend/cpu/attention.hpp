@@ -375,6 +375,11 @@ struct forward_part {
     tensor_ref<S> out;
 };
 
+// Row stride of the forward's logits block for nk keys and `extra` columns after them (the
+// folded contextual key products, the value sums): nk without, else nk + extra rounded up to 16
+// (64-byte rows for float; with the fold the product's remainder columns are zero).
+inline std::int64_t lg_stride(std::int64_t nk, std::int64_t extra) { return extra > 0 ? (nk + extra + 15) / 16 * 16 : nk; }
+
 // The forward of one or more independent problems (the images of a packed sequence) in one
 // parallel region: their (part, plane, row block) items share the threads, so small images do not
 // leave threads idle. Each item is computed as in a call on its part alone (its own plan, ids, row
@@ -395,7 +400,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
     };
     std::vector<state> st(parts.size());
     std::int64_t items = 0, lg_max = 0, work_max = 0, qs_max = 0, ids_max = 0, ks_max = 0, kp_max = 0, kx_max = 0, vx_max = 0,
-                 g_max = 0;
+                 vk_max = 0, g_max = 0;
     int tables_max = 0;
     for (std::size_t m = 0; m < parts.size(); ++m) {
         auto& x = st[m];
@@ -416,13 +421,16 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         // that one product per block gives the logits and the per-bucket products (lg's rows are
         // nk + ΣK apart); with RoPE per plane, the keys are rotated straight into it
         for (const auto& t : plan.on_k) x.kx_cols += t.bias ? 0 : t.k;
-        kx_max = std::max(kx_max, x.kx_cols > 0 ? (n + x.kx_cols) * plan.d : 0);
-        kp_max = std::max(kp_max, x.keys_per_plane && x.kx_cols == 0 ? n * plan.d : 0);
         // value tables: per plane [v; table_v] (nk + ΣK, D), the per-bucket sums of the
         // probabilities written into lg's columns past nk, so that one product gives the output
         for (const auto& t : plan.on_v) x.vx_cols += t.k;
         vx_max = std::max(vx_max, x.vx_cols > 0 ? (n + x.vx_cols) * plan.d : 0);
-        lg_max = std::max(lg_max, rb_max * (n + std::max(x.kx_cols, x.vx_cols)));
+        for (const auto& t : plan.on_v) vk_max = std::max(vk_max, t.k);
+        // lg's rows (and with the fold the product's columns): n + ΣK rounded up to 16 (64-byte rows)
+        const std::int64_t ld_max = lg_stride(n, std::max(x.kx_cols, x.vx_cols));
+        kx_max = std::max(kx_max, x.kx_cols > 0 ? ld_max * plan.d : 0);
+        kp_max = std::max(kp_max, x.keys_per_plane && x.kx_cols == 0 ? n * plan.d : 0);
+        lg_max = std::max(lg_max, rb_max * ld_max);
 #if defined(__AVX512F__)
         // contextual query tables: key-order ids made once per call where they fit (as the
         // materialised ids), then per block a lookup by key and a transposed add (block_layout)
@@ -452,7 +460,8 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
     }
     cpu::thread_scratch<S> ks_s(ws, ks_max);
     cpu::thread_scratch<S> lg_s(ws, lg_max), work_s(ws, work_max);
-    cpu::thread_scratch<S> qs_s(ws, qs_max), kp_s(ws, kp_max), kx_s(ws, kx_max), vx_s(ws, vx_max), g_s(ws, g_max);
+    cpu::thread_scratch<S> qs_s(ws, qs_max), kp_s(ws, kp_max), kx_s(ws, kx_max), vx_s(ws, vx_max), g_s(ws, g_max),
+        part_s(ws, 4 * vk_max);
     cpu::thread_scratch<Id> ids_s(ws, ids_max);
     cpu::thread_scratch<const Id*> blk_s(ws, tables_max);
     ws.allocate();
@@ -490,7 +499,8 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
 #pragma omp parallel
 #endif
     {
-        S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *kp = kp_s.mine(), *kx = kx_s.mine(), *vx = vx_s.mine();
+        S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *kp = kp_s.mine(), *kx = kx_s.mine(), *vx = vx_s.mine(),
+          *part = part_s.mine();
         Id* idbuf = ids_s.mine();
         const Id** blk = blk_s.mine();
         std::size_t kp_part = st.size();  // the (part, plane) whose keys kp (or kx, vx) holds: none yet
@@ -516,7 +526,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             const std::int64_t nk = plan.keys(p);  // keys >= nk are padding (key_lengths): not computed
             const bool fold = x.kx_cols > 0, vfold = x.vx_cols > 0;
             // lg's rows: the logits, then the contextual key products (fold), later the value sums (vfold)
-            const std::int64_t ld = nk + std::max(x.kx_cols, x.vx_cols);
+            const std::int64_t ld = lg_stride(nk, std::max(x.kx_cols, x.vx_cols));
             if ((x.keys_per_plane || fold || vfold) && (kp_part != m || kp_plane != p)) {
                 if (vfold) {  // vx = [v; table_v] of this plane: (nk + ΣK, D)
                     map<S>(vx, nk, d) = plan.vv.rows(p, 0, nk, d);
@@ -537,6 +547,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
                             map<S>(kx + col * d, t.k, d) = cmap<S>(t.table + t.head(h) * d * t.k, d, t.k).transpose();
                             col += t.k;
                         }
+                    std::fill(kx + col * d, kx + ld * d, S(0));  // the padding columns: zero logits, not read
                 } else if (x.keys_per_plane) {
                     rotate_plane_keys(plan, p, kp);
                 }
@@ -556,7 +567,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             } else if (vfold) {  // out = [a | per-bucket sums of a]·[v; table_v]
                 std::int64_t col = nk;
                 for (const auto& t : plan.on_v) {
-                    cpu::scatter_rows(lg, ld, blk[t.slot], n, rb, nk, t.k, lg + col, ld);
+                    cpu::scatter_rows4(lg, ld, blk[t.slot], n, rb, nk, t.k, part, lg + col, ld);
                     col += t.k;
                 }
                 o.noalias() =

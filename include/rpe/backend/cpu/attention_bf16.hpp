@@ -271,31 +271,6 @@ using cpu::simd::lanes;
 using cpu::simd::lookup_rows;
 using cpu::simd::transpose16;
 
-// out[i·k + ids[i·ldi + j]] = Σ_j g[i·ldg + j] for i < rows, j < n (ids < k): the value terms' sums
-// of probabilities per bucket. Four partial sums per bucket (keys j mod 4) added at the end, so
-// that repeated buckets do not serialise on store-to-load forwarding and no branch depends on
-// the ids; part: 4·k floats of scratch.
-template <class Id>
-inline void scatter_rows4(const float* g, std::int64_t ldg, const Id* ids, std::int64_t ldi, std::int64_t rows, std::int64_t n,
-                          std::int64_t k, float* part, float* out) {
-    for (std::int64_t i = 0; i < rows; ++i) {
-        std::fill(part, part + 4 * k, 0.0f);
-        float *p0 = part, *p1 = part + k, *p2 = part + 2 * k, *p3 = part + 3 * k;
-        const float* gi = g + i * ldg;
-        const Id* r = ids + i * ldi;
-        std::int64_t j = 0;
-        for (; j + 4 <= n; j += 4) {
-            p0[r[j]] += gi[j];
-            p1[r[j + 1]] += gi[j + 1];
-            p2[r[j + 2]] += gi[j + 2];
-            p3[r[j + 3]] += gi[j + 3];
-        }
-        for (; j < n; ++j) p0[r[j]] += gi[j];
-        float* o = out + i * k;
-        for (std::int64_t b = 0; b < k; ++b) o[b] = (p0[b] + p1[b]) + (p2[b] + p3[b]);
-    }
-}
-
 // Packs kᵀ from the rows of k: B(r, j) = rows[j·sl + r] (r < kd, j < n) into a packed B of npad
 // columns (bf16_pack_columns), zeroed first; 16 keys × 16 pairs at a time (a pair is one 32-bit
 // word: a 16 × 16 transpose).
@@ -552,7 +527,7 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
             auto om = map<float>(o, rb, d);
             for (std::int64_t i = 0; i < rb; ++i) om.row(i) *= inv[i];
             for (const auto& t : plan.on_v) {
-                bf16_hw::scatter_rows4(lg, ncols, blk[t.slot], n, rb, n, t.k, part, work);
+                cpu::scatter_rows4(lg, ncols, blk[t.slot], n, rb, n, t.k, part, work);
                 om.noalias() += cmap<float>(work, rb, t.k) * cmap<float>(t.table + t.head(h) * t.k * d, t.k, d);
             }
             cpu::float_to_bf16(o, out.data + (p * n + i0) * d, rb * d);

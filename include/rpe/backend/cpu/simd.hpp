@@ -51,6 +51,10 @@ inline __m512i load_ids16(const Id* ids) {
     else
         return _mm512_loadu_si512(ids);
 }
+/// The first `count` of 16 lanes (none for count ≤ 0).
+inline __mmask16 lanes(std::int64_t count) {
+    return count >= 16 ? __mmask16(0xffff) : count <= 0 ? __mmask16(0) : static_cast<__mmask16>((1u << count) - 1u);
+}
 #endif
 #if defined(__AVX2__)
 /// 8 ids as int32 lanes (zero-extended).
@@ -81,11 +85,10 @@ inline void gather_row(S* row, const S* w, std::int64_t k, const Id* ids, std::i
     std::int64_t j = 0;
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<S, float>) {
-        if (k <= 64) {
-            alignas(64) float t[64] = {};
-            std::memcpy(t, w, static_cast<std::size_t>(k) * sizeof(float));
-            const __m512 t0 = _mm512_load_ps(t), t1 = _mm512_load_ps(t + 16), t2 = _mm512_load_ps(t + 32),
-                         t3 = _mm512_load_ps(t + 48);
+        if (k <= 64) {  // masked loads: no lane past k is read
+            const __m512 t0 = _mm512_maskz_loadu_ps(simd::lanes(k), w), t1 = _mm512_maskz_loadu_ps(simd::lanes(k - 16), w + 16),
+                         t2 = _mm512_maskz_loadu_ps(simd::lanes(k - 32), w + 32),
+                         t3 = _mm512_maskz_loadu_ps(simd::lanes(k - 48), w + 48);
             const __m512i bit5 = _mm512_set1_epi32(32);
             for (; j + 16 <= n; j += 16) {
                 const __m512i idx = simd::load_ids16(ids + j);
@@ -200,11 +203,6 @@ inline void transpose16(__m512 r[16]) {
         t[12 + c] = _mm512_shuffle_f32x4(u1, v1, 0xdd);
     }
     for (int l = 0; l < 16; ++l) r[l] = t[l];
-}
-
-// The first `count` of 16 lanes (none for count ≤ 0).
-inline __mmask16 lanes(std::int64_t count) {
-    return count >= 16 ? __mmask16(0xffff) : count <= 0 ? __mmask16(0) : static_cast<__mmask16>((1u << count) - 1u);
 }
 
 // lg[i·ldl + j] += g[j·ldg + i] for i < rows, j < n: a (n, rows) block added transposed, in
