@@ -193,44 +193,89 @@ void materialise_ids(fused_plan<S, Id>& plan, const std::vector<cpu::shared_scra
         }
 }
 
+// The forward's faster layout of a block (block_probabilities; null: the plain one of the backward).
+template <class S, class Id>
+struct block_layout {
+    // lg's rows are ld apart (0: nk); with folded_k, columns [nk, nk + ΣK) of each row hold the
+    // contextual key tables' per-bucket products qs·table_k, in on_k order (the forward's one
+    // product against [k; table_kᵀ], see fused_forward; after the softmax the forward puts the
+    // value terms' per-bucket sums there)
+    std::int64_t ld = 0;
+    bool folded_k = false;
+    // per on_q table: its key-order ids (L, L), [j, i] = id(j, i) (contextual tables, AVX-512F
+    // float only), or null: the per-row gathers
+    const Id* const* qid = nullptr;
+    S* g = nullptr;                                  // with qid: scratch of L·query_chunk values
+    static constexpr std::int64_t query_chunk = 32;  // rows per transposed lookup (a multiple of 16)
+};
+
 // Logits of rows [i0, i0 + rb) of plane p into lg (rb, L), then the masked softmax in place.
 // qs_blk (rb, D) are the scaled queries of those rows; tq holds the plane's products for the
 // contextual q tables (plane_query_products); blk the block's ids per table (load_block_ids).
 // Only the plane's first nk = plan.keys(p) keys are computed: lg is (rb, nk), the ids' rows stay L apart.
-// logits_given: lg already holds qs·kᵀ (the bf16 forward's own product); only the terms, masks
-// and softmax follow. keys: the plane's keys (L, D) contiguous (the forward's rotated keys of
-// this plane, rotate_plane_keys), or null: plan.kv.
+// logits_given: lg already holds qs·kᵀ (the bf16 forward's own product, or the forward's folded
+// product, see block_layout); only the terms, masks and softmax follow. keys: the plane's keys
+// (L, D) contiguous (the forward's rotated keys of this plane, rotate_plane_keys), or null:
+// plan.kv. lay: the forward's layout of lg and lookups (block_layout), or null.
 template <class S, class Id>
 void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S>& in, std::int64_t p, std::int64_t i0,
                          std::int64_t rb, const S* qs_blk, const S* tq, const Id* const* blk, S* lg, S* work,
-                         bool logits_given = false, const S* keys = nullptr) {
+                         bool logits_given = false, const S* keys = nullptr, const block_layout<S, Id>* lay = nullptr) {
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.l, nk = plan.keys(p), d = plan.d, h = p % plan.h;
+    const std::int64_t ld = lay && lay->ld > 0 ? lay->ld : nk;
+    const bool folded = lay && lay->folded_k;
     if (!logits_given) {
+        cpu::map_strided<S> logits(lg, rb, nk, Eigen::OuterStride<>(ld));
         if (keys)
-            map<S>(lg, rb, nk).noalias() =
-                cmap<S>(qs_blk, rb, d) * cpu::plane_rows<S>(keys, 1, n, d).rows(0, 0, nk, d).transpose();
+            logits.noalias() = cmap<S>(qs_blk, rb, d) * cpu::plane_rows<S>(keys, 1, n, d).rows(0, 0, nk, d).transpose();
         else
-            map<S>(lg, rb, nk).noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, nk, d).transpose();
+            logits.noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, nk, d).transpose();
     }
     // contextual key terms: per-bucket products of the block, (rb, K) each, side by side in work
+    // (folded: already in lg's columns past nk)
     std::int64_t offset = 0;
-    for (const auto& t : plan.on_k)
-        if (!t.bias) {
-            map<S>(work + offset, rb, t.k).noalias() = cmap<S>(qs_blk, rb, d) * cmap<S>(t.table + t.head(h) * d * t.k, d, t.k);
-            offset += rb * t.k;
-        }
+    if (!folded)
+        for (const auto& t : plan.on_k)
+            if (!t.bias) {
+                map<S>(work + offset, rb, t.k).noalias() =
+                    cmap<S>(qs_blk, rb, d) * cmap<S>(t.table + t.head(h) * d * t.k, d, t.k);
+                offset += rb * t.k;
+            }
+    // contextual query terms with key-order ids: per key its row of products looked up by the
+    // block's queries, added to the logits transposed (chunks of query_chunk rows)
+    std::uint64_t looked_up = 0;  // bit q: table q done here
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<S, float>)
+        if (lay && lay->qid)
+            for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
+                const auto& t = plan.on_q[q];
+                if (t.bias || !lay->qid[q] || q >= 64) continue;
+                const S* w = tq + static_cast<std::int64_t>(q) * n * plan.k;
+                constexpr std::int64_t cr_max = block_layout<S, Id>::query_chunk;
+                for (std::int64_t c0 = 0; c0 < rb; c0 += cr_max) {
+                    const std::int64_t cr = std::min(cr_max, rb - c0);
+                    cpu::simd::lookup_rows(w, t.k, lay->qid[q] + i0 + c0, n, nk, cr, lay->g, cr_max);
+                    cpu::simd::add_transposed(lay->g, cr_max, cr, nk, lg + c0 * ld, ld);
+                }
+                looked_up |= std::uint64_t{1} << q;
+            }
+#endif
     // masks: rows stride(0) apart (a packed image's views into the whole sequence's masks)
     const std::uint8_t* mask =
         in.key_padding_mask.data ? in.key_padding_mask.data + (p / plan.h) * in.key_padding_mask.stride(0) : nullptr;
     // one pass per row while it sits in L1: gathers, masks, max, exp, normalisation
     for (std::int64_t i = 0; i < rb; ++i) {
-        S* row = lg + i * nk;
-        std::int64_t off = 0;
+        S* row = lg + i * ld;
+        std::int64_t off = 0, col = nk;
         for (const auto& t : plan.on_k) {
-            const S* w = t.bias ? t.table + t.head(h) * t.k : work + off + i * t.k;
-            if (!t.bias) off += rb * t.k;
+            const S* w = t.table + t.head(h) * t.k;
+            if (!t.bias) {
+                w = folded ? row + col : work + off + i * t.k;  // folded: this row's own columns past nk
+                off += rb * t.k;
+                col += t.k;
+            }
             cpu::gather_add(row, w, t.k, blk[t.slot] + i * n, nk);
         }
         for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
@@ -238,7 +283,7 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
             const Id* ids = blk[t.slot] + i * n;  // transposed: [i, j] holds id(j, i)
             if (t.bias)
                 cpu::gather_add(row, t.table + t.head(h) * t.k, t.k, ids, nk);
-            else
+            else if (q >= 64 || !((looked_up >> q) & 1u))
                 cpu::gather_add_strided(row, tq + static_cast<std::int64_t>(q) * n * plan.k, t.k, ids, nk);
         }
         if (in.attn_mask.data)
@@ -330,6 +375,11 @@ struct forward_part {
     tensor_ref<S> out;
 };
 
+// Row stride of the forward's logits block for nk keys and `extra` columns after them (the
+// folded contextual key products, the value sums): nk without, else nk + extra rounded up to 16
+// (64-byte rows for float; with the fold the product's remainder columns are zero).
+inline std::int64_t lg_stride(std::int64_t nk, std::int64_t extra) { return extra > 0 ? (nk + extra + 15) / 16 * 16 : nk; }
+
 // The forward of one or more independent problems (the images of a packed sequence) in one
 // parallel region: their (part, plane, row block) items share the threads, so small images do not
 // leave threads idle. Each item is computed as in a call on its part alone (its own plan, ids, row
@@ -344,9 +394,13 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         std::int64_t blocks = 0, items = 0, first = 0, tq_per_plane = 0;
         bool ctx_q = false;
         bool keys_per_plane = false;  // RoPE: each plane's keys rotated by the thread that takes its blocks
+        std::int64_t kx_cols = 0;     // ΣK of the contextual key tables: folded into the logits' product
+        std::int64_t vx_cols = 0;     // ΣK of the value tables: folded into the output's product
+        bool q_lookup = false;        // contextual query tables looked up transposed (key-order ids)
     };
     std::vector<state> st(parts.size());
-    std::int64_t items = 0, lg_max = 0, work_max = 0, qs_max = 0, ids_max = 0, ks_max = 0, kp_max = 0;
+    std::int64_t items = 0, lg_max = 0, work_max = 0, qs_max = 0, ids_max = 0, ks_max = 0, kp_max = 0, kx_max = 0, vx_max = 0,
+                 vk_max = 0, g_max = 0;
     int tables_max = 0;
     for (std::size_t m = 0; m < parts.size(); ++m) {
         auto& x = st[m];
@@ -363,8 +417,27 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         // (still in cache for the logits' product), unless the contextual q products, computed
         // before the row blocks, need every plane's rotated keys first (then one (B, H, L, D) copy)
         x.keys_per_plane = plan.rope && !x.ctx_q;
-        kp_max = std::max(kp_max, x.keys_per_plane ? n * plan.d : 0);
-        lg_max = std::max(lg_max, rb_max * n);
+        // contextual key tables: per plane [k; table_kᵀ] (nk + ΣK, D) in a per-thread buffer, so
+        // that one product per block gives the logits and the per-bucket products (lg's rows are
+        // nk + ΣK apart); with RoPE per plane, the keys are rotated straight into it
+        for (const auto& t : plan.on_k) x.kx_cols += t.bias ? 0 : t.k;
+        // value tables: per plane [v; table_v] (nk + ΣK, D), the per-bucket sums of the
+        // probabilities written into lg's columns past nk, so that one product gives the output
+        for (const auto& t : plan.on_v) x.vx_cols += t.k;
+        vx_max = std::max(vx_max, x.vx_cols > 0 ? (n + x.vx_cols) * plan.d : 0);
+        for (const auto& t : plan.on_v) vk_max = std::max(vk_max, t.k);
+        // lg's rows (and with the fold the product's columns): n + ΣK rounded up to 16 (64-byte rows)
+        const std::int64_t ld_max = lg_stride(n, std::max(x.kx_cols, x.vx_cols));
+        kx_max = std::max(kx_max, x.kx_cols > 0 ? ld_max * plan.d : 0);
+        kp_max = std::max(kp_max, x.keys_per_plane && x.kx_cols == 0 ? n * plan.d : 0);
+        lg_max = std::max(lg_max, rb_max * ld_max);
+#if defined(__AVX512F__)
+        // contextual query tables: key-order ids made once per call where they fit (as the
+        // materialised ids), then per block a lookup by key and a transposed add (block_layout)
+        x.q_lookup =
+            std::is_same_v<S, float> && x.ctx_q && n * n * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
+        g_max = std::max(g_max, x.q_lookup ? n * block_layout<S, Id>::query_chunk : 0);
+#endif
         // work: (rb, K) per-bucket values, two side by side for Cross's two key tables
         work_max = std::max(work_max, 2 * rb_max * std::max<std::int64_t>(plan.k, 1));
         qs_max = std::max(qs_max, rb_max * plan.d);
@@ -376,22 +449,46 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
     cpu::workspace ws;
     std::vector<cpu::shared_scratch<S>> tq_s, kr_s;  // per part: contextual q products; rotated keys (RoPE)
     std::vector<std::vector<cpu::shared_scratch<Id>>> full_ids;
+    std::vector<cpu::shared_scratch<Id>> qid_s;  // per part: key-order ids of its contextual q tables
     for (auto& x : st) {
         const std::int64_t planes = x.plan.b * x.plan.h;
+        const std::int64_t nq_ctx = std::count_if(x.plan.on_q.begin(), x.plan.on_q.end(), [](const auto& t) { return !t.bias; });
+        qid_s.emplace_back(ws, x.q_lookup ? nq_ctx * x.plan.l * x.plan.l : 0);
         tq_s.emplace_back(ws, planes * x.tq_per_plane);
         kr_s.emplace_back(ws, x.plan.rope && !x.keys_per_plane ? planes * x.plan.l * x.plan.d : 0);
         full_ids.push_back(declare_full_ids(x.plan, ws));
     }
     cpu::thread_scratch<S> ks_s(ws, ks_max);
     cpu::thread_scratch<S> lg_s(ws, lg_max), work_s(ws, work_max);
-    cpu::thread_scratch<S> qs_s(ws, qs_max), kp_s(ws, kp_max);
+    cpu::thread_scratch<S> qs_s(ws, qs_max), kp_s(ws, kp_max), kx_s(ws, kx_max), vx_s(ws, vx_max), g_s(ws, g_max),
+        part_s(ws, 4 * vk_max);
     cpu::thread_scratch<Id> ids_s(ws, ids_max);
     cpu::thread_scratch<const Id*> blk_s(ws, tables_max);
     ws.allocate();
-    std::vector<cpu::plane_rows_mut<S>> ov;  // out, or a packed image's rows of it
-    std::vector<std::int64_t> firsts;        // each part's first item
+    std::vector<cpu::plane_rows_mut<S>> ov;              // out, or a packed image's rows of it
+    std::vector<std::int64_t> firsts;                    // each part's first item
+    std::vector<std::vector<const Id*>> qid(st.size());  // per part and on_q table: key-order ids, or null
     for (std::size_t m = 0; m < st.size(); ++m) {
         auto& plan = st[m].plan;
+        qid[m].assign(plan.on_q.size(), nullptr);
+        if (st[m].q_lookup) {
+            const std::int64_t n = plan.l;
+            Id* next = qid_s[m].data();
+            for (std::size_t t = 0; t < plan.on_q.size(); ++t) {
+                if (plan.on_q[t].bias) continue;
+                const cpu::id_rows<Id> rows{plan.on_q[t].rows.ids, plan.on_q[t].rows.table, false};  // id(j, ·)
+                Id* dst = next;
+                next += n * n;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (n > 64)
+#endif
+                for (std::int64_t j = 0; j < n; ++j) {
+                    const Id* r = rows(j, 1, dst + j * n);
+                    if (r != dst + j * n) std::copy(r, r + n, dst + j * n);
+                }
+                qid[m][t] = dst;
+            }
+        }
         materialise_ids(plan, full_ids[m]);
         if (!st[m].keys_per_plane) rotate_keys(plan, kr_s[m].data());
         if (st[m].ctx_q) all_query_products(plan, ks_s, tq_s[m].data());
@@ -402,11 +499,14 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
 #pragma omp parallel
 #endif
     {
-        S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *kp = kp_s.mine();
+        S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *kp = kp_s.mine(), *kx = kx_s.mine(), *vx = vx_s.mine(),
+          *part = part_s.mine();
         Id* idbuf = ids_s.mine();
         const Id** blk = blk_s.mine();
-        std::size_t kp_part = st.size();  // the (part, plane) whose rotated keys kp holds: none yet
+        std::size_t kp_part = st.size();  // the (part, plane) whose keys kp (or kx, vx) holds: none yet
         std::int64_t kp_plane = -1;
+        block_layout<S, Id> lay;
+        lay.g = g_s.mine();
         // (part, plane, row block) items: a few planes on many threads still use every thread; each
         // block writes its own rows of out, so the thread count does not change any result
 #if defined(_OPENMP)
@@ -424,26 +524,61 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             load_block_ids(plan, i0, rb, idbuf, blk);
             plan.load_queries(p, i0, rb, qs);
             const std::int64_t nk = plan.keys(p);  // keys >= nk are padding (key_lengths): not computed
-            if (x.keys_per_plane && (kp_part != m || kp_plane != p)) {
-                rotate_plane_keys(plan, p, kp);
+            const bool fold = x.kx_cols > 0, vfold = x.vx_cols > 0;
+            // lg's rows: the logits, then the contextual key products (fold), later the value sums (vfold)
+            const std::int64_t ld = lg_stride(nk, std::max(x.kx_cols, x.vx_cols));
+            if ((x.keys_per_plane || fold || vfold) && (kp_part != m || kp_plane != p)) {
+                if (vfold) {  // vx = [v; table_v] of this plane: (nk + ΣK, D)
+                    map<S>(vx, nk, d) = plan.vv.rows(p, 0, nk, d);
+                    std::int64_t row = nk;
+                    for (const auto& t : plan.on_v) {
+                        map<S>(vx + row * d, t.k, d) = cmap<S>(t.table + t.head(h) * t.k * d, t.k, d);
+                        row += t.k;
+                    }
+                }
+                if (fold) {  // kx = [k; table_kᵀ] of this plane: (nk + ΣK, D)
+                    if (x.keys_per_plane)
+                        rotate_plane_keys(plan, p, kx);
+                    else
+                        map<S>(kx, nk, d) = plan.kv.rows(p, 0, nk, d);
+                    std::int64_t col = nk;
+                    for (const auto& t : plan.on_k)
+                        if (!t.bias) {
+                            map<S>(kx + col * d, t.k, d) = cmap<S>(t.table + t.head(h) * d * t.k, d, t.k).transpose();
+                            col += t.k;
+                        }
+                    std::fill(kx + col * d, kx + ld * d, S(0));  // the padding columns: zero logits, not read
+                } else if (x.keys_per_plane) {
+                    rotate_plane_keys(plan, p, kp);
+                }
                 kp_part = m;
                 kp_plane = p;
             }
-            block_probabilities(plan, in, p, i0, rb, qs, tq_s[m].data() + p * x.tq_per_plane, blk, lg, work, false,
-                                x.keys_per_plane ? static_cast<const S*>(kp) : nullptr);
+            if (fold) map<S>(lg, rb, ld).noalias() = cmap<S>(qs, rb, d) * cmap<S>(kx, ld, d).transpose();
+            lay.ld = ld;
+            lay.folded_k = fold;
+            lay.qid = x.q_lookup ? qid[m].data() : nullptr;
+            block_probabilities(plan, in, p, i0, rb, qs, tq_s[m].data() + p * x.tq_per_plane, blk, lg, work, fold,
+                                x.keys_per_plane && !fold ? static_cast<const S*>(kp) : nullptr, &lay);
             auto o = ov[m].rows(p, i0, rb, d);
-            if (nk == 0)
-                o.setZero();  // every key padded: zero probabilities, zero output
-            else
-                o.noalias() = cmap<S>(lg, rb, nk) * plan.vv.rows(p, 0, nk, d);
-            for (const auto& t : plan.on_v) {
-                cpu::scatter_rows(lg, nk, blk[t.slot], n, rb, nk, t.k, work);
-                o.noalias() += cmap<S>(work, rb, t.k) * cmap<S>(t.table + t.head(h) * t.k * d, t.k, d);
+            const cpu::cmap_strided<S> probs(lg, rb, nk, Eigen::OuterStride<>(ld));
+            if (nk == 0) {
+                o.setZero();     // every key padded: zero probabilities, zero output
+            } else if (vfold) {  // out = [a | per-bucket sums of a]·[v; table_v]
+                std::int64_t col = nk;
+                for (const auto& t : plan.on_v) {
+                    cpu::scatter_rows4(lg, ld, blk[t.slot], n, rb, nk, t.k, part, lg + col, ld);
+                    col += t.k;
+                }
+                o.noalias() =
+                    cpu::cmap_strided<S>(lg, rb, nk + x.vx_cols, Eigen::OuterStride<>(ld)) * cmap<S>(vx, nk + x.vx_cols, d);
+            } else {
+                o.noalias() = probs * plan.vv.rows(p, 0, nk, d);
             }
             if (attn.data)
                 for (std::int64_t i = 0; i < rb; ++i) {
                     S* dst = attn.data + (p * n + i0 + i) * n;
-                    std::copy(lg + i * nk, lg + (i + 1) * nk, dst);
+                    std::copy(lg + i * ld, lg + i * ld + nk, dst);
                     std::fill(dst + nk, dst + n, S(0));
                 }
         }

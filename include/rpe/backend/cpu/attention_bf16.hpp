@@ -256,114 +256,10 @@ inline void pack_rows_at(const bf16* rows, std::int64_t sl, std::int64_t kd, std
     }
 }
 
-// Transposes the 16 × 16 matrix of 32-bit elements r[l][m] in place (r[m][l]).
-inline void transpose16(__m512 r[16]) {
-    __m512 t[16];
-    for (int k = 0; k < 8; ++k) {
-        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-    }
-    for (int k = 0; k < 4; ++k) {
-        const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 2]);
-        const __m512d c = _mm512_castps_pd(t[4 * k + 1]), e = _mm512_castps_pd(t[4 * k + 3]);
-        r[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-        r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, e));
-        r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, e));
-    }
-    // r[4k + c], 128-bit block b: column 4b + c of rows 4k..4k+3
-    for (int c = 0; c < 4; ++c) {
-        const __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
-        const __m512 v0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88), v1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
-        t[c] = _mm512_shuffle_f32x4(u0, v0, 0x88);
-        t[4 + c] = _mm512_shuffle_f32x4(u1, v1, 0x88);
-        t[8 + c] = _mm512_shuffle_f32x4(u0, v0, 0xdd);
-        t[12 + c] = _mm512_shuffle_f32x4(u1, v1, 0xdd);
-    }
-    for (int l = 0; l < 16; ++l) r[l] = t[l];
-}
-
-// The first `count` of 16 lanes (none for count ≤ 0).
-inline __mmask16 lanes(std::int64_t count) {
-    return count >= 16 ? __mmask16(0xffff) : count <= 0 ? __mmask16(0) : static_cast<__mmask16>((1u << count) - 1u);
-}
-
-// lg[i·ldl + j] += g[j·ldg + i] for i < rows, j < n: a (n, rows) block added transposed, in
-// 16 × 16 tiles (g is read in whole tiles: ldg ≥ rows rounded up to 16; the lanes past `rows`
-// are not used).
-inline void add_transposed(const float* g, std::int64_t ldg, std::int64_t rows, std::int64_t n, float* lg, std::int64_t ldl) {
-    __m512 r[16];
-    for (std::int64_t i0 = 0; i0 < rows; i0 += 16) {
-        const std::int64_t ir = std::min<std::int64_t>(16, rows - i0);
-        for (std::int64_t j0 = 0; j0 < n; j0 += 16) {
-            const std::int64_t jr = std::min<std::int64_t>(16, n - j0);
-            const __mmask16 jm = lanes(jr);
-            for (int l = 0; l < 16; ++l) r[l] = l < jr ? _mm512_loadu_ps(g + (j0 + l) * ldg + i0) : _mm512_setzero_ps();
-            transpose16(r);  // r[m][l] = g(j0 + l, i0 + m)
-            for (std::int64_t m = 0; m < ir; ++m) {
-                float* row = lg + (i0 + m) * ldl + j0;
-                _mm512_mask_storeu_ps(row, jm, _mm512_add_ps(_mm512_maskz_loadu_ps(jm, row), r[m]));
-            }
-        }
-    }
-}
-
-// g[j·ldg + i] = w[j·k + ids[j·ldi + i]] for j < n, i < rows (ids < k): per key j a lookup of its
-// own row of k values (the contextual query term's products) by the ids of the block's queries.
-template <class Id>
-inline void lookup_rows(const float* w, std::int64_t k, const Id* ids, std::int64_t ldi, std::int64_t n, std::int64_t rows,
-                        float* g, std::int64_t ldg) {
-    if (k > 64) {
-        for (std::int64_t j = 0; j < n; ++j) cpu::gather_row<false>(g + j * ldg, w + j * k, k, ids + j * ldi, rows);
-        return;
-    }
-    const __mmask16 m0 = lanes(k), m1 = lanes(k - 16), m2 = lanes(k - 32), m3 = lanes(k - 48);
-    const __m512i bit5 = _mm512_set1_epi32(32);
-    for (std::int64_t j = 0; j < n; ++j) {
-        const float* wj = w + j * k;
-        const __m512 t0 = _mm512_maskz_loadu_ps(m0, wj), t1 = k > 16 ? _mm512_maskz_loadu_ps(m1, wj + 16) : _mm512_setzero_ps();
-        const __m512 t2 = k > 32 ? _mm512_maskz_loadu_ps(m2, wj + 32) : _mm512_setzero_ps();
-        const __m512 t3 = k > 48 ? _mm512_maskz_loadu_ps(m3, wj + 48) : _mm512_setzero_ps();
-        const Id* idj = ids + j * ldi;
-        for (std::int64_t i = 0; i < rows; i += 16) {
-            __m512i idx;
-            if (i + 16 <= rows) {
-                idx = cpu::simd::load_ids16(idj + i);
-            } else {  // the tail: ids past `rows` may lie past the buffer
-                Id tail[16] = {};
-                std::copy(idj + i, idj + rows, tail);
-                idx = cpu::simd::load_ids16(tail);
-            }
-            const __m512 lo = _mm512_permutex2var_ps(t0, idx, t1), hi = _mm512_permutex2var_ps(t2, idx, t3);
-            _mm512_storeu_ps(g + j * ldg + i, _mm512_mask_blend_ps(_mm512_test_epi32_mask(idx, bit5), lo, hi));
-        }
-    }
-}
-
-// out[i·k + ids[i·ldi + j]] = Σ_j g[i·ldg + j] for i < rows, j < n (ids < k): the value terms' sums
-// of probabilities per bucket. Four partial sums per bucket (keys j mod 4) added at the end, so
-// that repeated buckets do not serialise on store-to-load forwarding and no branch depends on
-// the ids; part: 4·k floats of scratch.
-template <class Id>
-inline void scatter_rows4(const float* g, std::int64_t ldg, const Id* ids, std::int64_t ldi, std::int64_t rows, std::int64_t n,
-                          std::int64_t k, float* part, float* out) {
-    for (std::int64_t i = 0; i < rows; ++i) {
-        std::fill(part, part + 4 * k, 0.0f);
-        float *p0 = part, *p1 = part + k, *p2 = part + 2 * k, *p3 = part + 3 * k;
-        const float* gi = g + i * ldg;
-        const Id* r = ids + i * ldi;
-        std::int64_t j = 0;
-        for (; j + 4 <= n; j += 4) {
-            p0[r[j]] += gi[j];
-            p1[r[j + 1]] += gi[j + 1];
-            p2[r[j + 2]] += gi[j + 2];
-            p3[r[j + 3]] += gi[j + 3];
-        }
-        for (; j < n; ++j) p0[r[j]] += gi[j];
-        float* o = out + i * k;
-        for (std::int64_t b = 0; b < k; ++b) o[b] = (p0[b] + p1[b]) + (p2[b] + p3[b]);
-    }
-}
+using cpu::simd::add_transposed;  // simd.hpp: shared with the float forward
+using cpu::simd::lanes;
+using cpu::simd::lookup_rows;
+using cpu::simd::transpose16;
 
 // Packs kᵀ from the rows of k: B(r, j) = rows[j·sl + r] (r < kd, j < n) into a packed B of npad
 // columns (bf16_pack_columns), zeroed first; 16 keys × 16 pairs at a time (a pair is one 32-bit
@@ -621,7 +517,7 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
             auto om = map<float>(o, rb, d);
             for (std::int64_t i = 0; i < rb; ++i) om.row(i) *= inv[i];
             for (const auto& t : plan.on_v) {
-                bf16_hw::scatter_rows4(lg, ncols, blk[t.slot], n, rb, n, t.k, part, work);
+                cpu::scatter_rows4(lg, ncols, blk[t.slot], n, rb, n, t.k, part, work);
                 om.noalias() += cmap<float>(work, rb, t.k) * cmap<float>(t.table + t.head(h) * t.k * d, t.k, d);
             }
             cpu::float_to_bf16(o, out.data + (p * n + i0) * d, rb * d);

@@ -150,12 +150,43 @@ void scatter_rows(const S* g, const Id* idb, std::int64_t rows, std::int64_t n, 
 }
 
 /// @brief scatter_rows over the first n keys of rows `g_stride` (g) and `id_stride` (idb) apart
-/// (valid key lengths: n keys of rows of L).
+/// (valid key lengths: n keys of rows of L), into rows `out_stride` apart (0: k).
 template <class S, class Id>
 void scatter_rows(const S* g, std::int64_t g_stride, const Id* idb, std::int64_t id_stride, std::int64_t rows, std::int64_t n,
-                  std::int64_t k, S* out) {
-    std::fill(out, out + rows * k, S(0));
-    for (std::int64_t i = 0; i < rows; ++i) scatter_row(g + i * g_stride, idb + i * id_stride, n, out + i * k);
+                  std::int64_t k, S* out, std::int64_t out_stride = 0) {
+    const std::int64_t lo = out_stride > 0 ? out_stride : k;
+    for (std::int64_t i = 0; i < rows; ++i) {
+        S* o = out + i * lo;
+        std::fill(o, o + k, S(0));
+        scatter_row(g + i * g_stride, idb + i * id_stride, n, o);
+    }
+}
+
+/// @brief out[i·ldo + b] = Σ_{j < n, ids[i·ldi + j] = b} g[i·ldg + j] for i < rows, b < k (ids < k;
+/// ldo 0: k): the value terms' per-bucket sums of the probabilities in the fused forwards. Four
+/// partial sums per bucket (keys j mod 4), added as (p0 + p1) + (p2 + p3) at the end, so that
+/// repeated buckets do not serialise on store-to-load forwarding and no branch depends on the ids
+/// (scatter_row's runs mispredict where runs are short); part: 4·k values of scratch.
+template <class S, class Id>
+inline void scatter_rows4(const S* g, std::int64_t ldg, const Id* ids, std::int64_t ldi, std::int64_t rows, std::int64_t n,
+                          std::int64_t k, S* part, S* out, std::int64_t ldo = 0) {
+    const std::int64_t lo = ldo > 0 ? ldo : k;
+    for (std::int64_t i = 0; i < rows; ++i) {
+        std::fill(part, part + 4 * k, S(0));
+        S *p0 = part, *p1 = part + k, *p2 = part + 2 * k, *p3 = part + 3 * k;
+        const S* gi = g + i * ldg;
+        const Id* r = ids + i * ldi;
+        std::int64_t j = 0;
+        for (; j + 4 <= n; j += 4) {
+            p0[r[j]] += gi[j];
+            p1[r[j + 1]] += gi[j + 1];
+            p2[r[j + 2]] += gi[j + 2];
+            p3[r[j + 3]] += gi[j + 3];
+        }
+        for (; j < n; ++j) p0[r[j]] += gi[j];
+        S* o = out + i * lo;
+        for (std::int64_t b = 0; b < k; ++b) o[b] = (p0[b] + p1[b]) + (p2[b] + p3[b]);
+    }
 }
 
 /// @brief Key target: o[i,j] (+)= T[i, id(i,j)]; query target: o[i,j] (+)= T[j, id(j,i)].  T: (L, K),

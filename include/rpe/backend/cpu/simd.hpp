@@ -51,6 +51,10 @@ inline __m512i load_ids16(const Id* ids) {
     else
         return _mm512_loadu_si512(ids);
 }
+/// The first `count` of 16 lanes (none for count ≤ 0).
+inline __mmask16 lanes(std::int64_t count) {
+    return count >= 16 ? __mmask16(0xffff) : count <= 0 ? __mmask16(0) : static_cast<__mmask16>((1u << count) - 1u);
+}
 #endif
 #if defined(__AVX2__)
 /// 8 ids as int32 lanes (zero-extended).
@@ -81,11 +85,10 @@ inline void gather_row(S* row, const S* w, std::int64_t k, const Id* ids, std::i
     std::int64_t j = 0;
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<S, float>) {
-        if (k <= 64) {
-            alignas(64) float t[64] = {};
-            std::memcpy(t, w, static_cast<std::size_t>(k) * sizeof(float));
-            const __m512 t0 = _mm512_load_ps(t), t1 = _mm512_load_ps(t + 16), t2 = _mm512_load_ps(t + 32),
-                         t3 = _mm512_load_ps(t + 48);
+        if (k <= 64) {  // masked loads: no lane past k is read
+            const __m512 t0 = _mm512_maskz_loadu_ps(simd::lanes(k), w), t1 = _mm512_maskz_loadu_ps(simd::lanes(k - 16), w + 16),
+                         t2 = _mm512_maskz_loadu_ps(simd::lanes(k - 32), w + 32),
+                         t3 = _mm512_maskz_loadu_ps(simd::lanes(k - 48), w + 48);
             const __m512i bit5 = _mm512_set1_epi32(32);
             for (; j + 16 <= n; j += 16) {
                 const __m512i idx = simd::load_ids16(ids + j);
@@ -167,6 +170,95 @@ template <class S, class Id>
 inline void gather_add_strided(S* row, const S* w, std::int64_t k, const Id* ids, std::int64_t n) {
     gather_row_strided<true>(row, w, k, ids, n);
 }
+
+#if defined(__AVX512F__)
+namespace simd {
+// The transposed lookups of the contextual query term (float forward and the AVX512_BF16 bf16
+// forward): per key j, its row of per-bucket products looked up by the block's queries' ids
+// (lookup_rows), then added to the logits transposed (add_transposed), instead of one gather
+// per (query, 16 keys) from 16 different rows.
+
+// Transposes the 16 × 16 matrix of 32-bit elements r[l][m] in place (r[m][l]).
+inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int k = 0; k < 8; ++k) {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 4; ++k) {
+        const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 2]);
+        const __m512d c = _mm512_castps_pd(t[4 * k + 1]), e = _mm512_castps_pd(t[4 * k + 3]);
+        r[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, e));
+        r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, e));
+    }
+    // r[4k + c], 128-bit block b: column 4b + c of rows 4k..4k+3
+    for (int c = 0; c < 4; ++c) {
+        const __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+        const __m512 v0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88), v1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+        t[c] = _mm512_shuffle_f32x4(u0, v0, 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(u1, v1, 0x88);
+        t[8 + c] = _mm512_shuffle_f32x4(u0, v0, 0xdd);
+        t[12 + c] = _mm512_shuffle_f32x4(u1, v1, 0xdd);
+    }
+    for (int l = 0; l < 16; ++l) r[l] = t[l];
+}
+
+// lg[i·ldl + j] += g[j·ldg + i] for i < rows, j < n: a (n, rows) block added transposed, in
+// 16 × 16 tiles (g is read in whole tiles: ldg ≥ rows rounded up to 16; the lanes past `rows`
+// are not used).
+inline void add_transposed(const float* g, std::int64_t ldg, std::int64_t rows, std::int64_t n, float* lg, std::int64_t ldl) {
+    __m512 r[16];
+    for (std::int64_t i0 = 0; i0 < rows; i0 += 16) {
+        const std::int64_t ir = std::min<std::int64_t>(16, rows - i0);
+        for (std::int64_t j0 = 0; j0 < n; j0 += 16) {
+            const std::int64_t jr = std::min<std::int64_t>(16, n - j0);
+            const __mmask16 jm = lanes(jr);
+            for (int l = 0; l < 16; ++l) r[l] = l < jr ? _mm512_loadu_ps(g + (j0 + l) * ldg + i0) : _mm512_setzero_ps();
+            transpose16(r);  // r[m][l] = g(j0 + l, i0 + m)
+            for (std::int64_t m = 0; m < ir; ++m) {
+                float* row = lg + (i0 + m) * ldl + j0;
+                _mm512_mask_storeu_ps(row, jm, _mm512_add_ps(_mm512_maskz_loadu_ps(jm, row), r[m]));
+            }
+        }
+    }
+}
+
+// g[j·ldg + i] = w[j·k + ids[j·ldi + i]] for j < n, i < rows (ids < k): per key j a lookup of its
+// own row of k values (the contextual query term's products) by the ids of the block's queries.
+template <class Id>
+inline void lookup_rows(const float* w, std::int64_t k, const Id* ids, std::int64_t ldi, std::int64_t n, std::int64_t rows,
+                        float* g, std::int64_t ldg) {
+    if (k > 64) {
+        for (std::int64_t j = 0; j < n; ++j) gather_row<false>(g + j * ldg, w + j * k, k, ids + j * ldi, rows);
+        return;
+    }
+    const __mmask16 m0 = lanes(k), m1 = lanes(k - 16), m2 = lanes(k - 32), m3 = lanes(k - 48);
+    const __m512i bit5 = _mm512_set1_epi32(32);
+    for (std::int64_t j = 0; j < n; ++j) {
+        const float* wj = w + j * k;
+        const __m512 t0 = _mm512_maskz_loadu_ps(m0, wj), t1 = k > 16 ? _mm512_maskz_loadu_ps(m1, wj + 16) : _mm512_setzero_ps();
+        const __m512 t2 = k > 32 ? _mm512_maskz_loadu_ps(m2, wj + 32) : _mm512_setzero_ps();
+        const __m512 t3 = k > 48 ? _mm512_maskz_loadu_ps(m3, wj + 48) : _mm512_setzero_ps();
+        const Id* idj = ids + j * ldi;
+        for (std::int64_t i = 0; i < rows; i += 16) {
+            __m512i idx;
+            if (i + 16 <= rows) {
+                idx = load_ids16(idj + i);
+            } else {  // the tail: ids past `rows` may lie past the buffer
+                Id tail[16] = {};
+                std::copy(idj + i, idj + rows, tail);
+                idx = load_ids16(tail);
+            }
+            const __m512 lo = _mm512_permutex2var_ps(t0, idx, t1), hi = _mm512_permutex2var_ps(t2, idx, t3);
+            _mm512_storeu_ps(g + j * ldg + i, _mm512_mask_blend_ps(_mm512_test_epi32_mask(idx, bit5), lo, hi));
+        }
+    }
+}
+
+}  // namespace simd
+#endif
 
 /// @brief Softmax of one row of n logits in place, keys with `mask[j] != 0` excluded (mask may be
 /// null). A NaN or +∞ logit makes the whole row NaN; a row whose keys are all masked (or all
