@@ -209,7 +209,9 @@ class RoPEMixed(_RoPE):
         _count(num_heads, "num_heads")
         if _count(head_dim, "head_dim", 2) % 2:
             raise ValueError(f"[rpe.torch] head_dim = {head_dim}; expected an even number (RoPE-Mixed rotates pairs)")
-        angles = torch.rand(num_heads) * 2 * math.pi if rotate else torch.zeros(num_heads)
+        # float32 whatever torch's default dtype (rope_mixed_init takes float32 angles)
+        angles = (torch.rand(num_heads, dtype=torch.float32) * 2 * math.pi if rotate
+                  else torch.zeros(num_heads, dtype=torch.float32))
         self.freqs = nn.Parameter(_ops.rope_mixed_init(_theta(theta), int(head_dim), angles))
 
     def _freqs(self):

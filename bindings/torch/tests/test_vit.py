@@ -92,6 +92,24 @@ def test_rope_mixed_module_grad_reaches_freqs():
     assert x.grad.shape == x.shape
 
 
+@pytest.mark.parametrize("default", [torch.float64, torch.bfloat16])
+def test_rope_mixed_module_builds_under_another_default_dtype(default):
+    """RoPEMixed makes its angles in float32 (rope_mixed_init's dtype) whatever the default dtype;
+    the same seed gives the same frequencies as under the float32 default."""
+    torch.manual_seed(5)
+    want = rt.RoPEMixed(num_heads=3, head_dim=8).freqs.detach()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        torch.manual_seed(5)
+        got = rt.RoPEMixed(num_heads=3, head_dim=8).freqs.detach()
+        zero = rt.RoPEMixed(num_heads=3, head_dim=8, rotate=False).freqs.detach()
+    finally:
+        torch.set_default_dtype(old)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert zero.dtype == torch.float32 and zero.shape == (2, 3, 4)
+
+
 def rope_cases():
     return sorted(p.parent for p in (GOLDEN / "rope").glob("*/meta.json"))
 
