@@ -611,9 +611,18 @@ def rope(x, embedding, height=None, width=None, positions=None):
 # aside for them: a TermSlot built inside a compiled or exported forward (as the ViT modules do
 # per call) adds no graph break and no node.
 def _registry(op, *args):
-    """torch.ops.rpe.<op>(*args) outside any tracing dispatch mode (string-only operators)."""
-    with _disable_current_modes():
-        return getattr(torch.ops.rpe, op)(*args)
+    """torch.ops.rpe.<op>(*args) outside any tracing dispatch mode and outside torch.jit.trace's
+    tracer (string-only operators: a traced graph cannot hold their str outputs; their results
+    enter the trace as constants)."""
+    tracing = torch._C._get_tracing_state()
+    if tracing:
+        torch._C._set_tracing_state(None)
+    try:
+        with _disable_current_modes():
+            return getattr(torch.ops.rpe, op)(*args)
+    finally:
+        if tracing:
+            torch._C._set_tracing_state(tracing)
 
 
 @torch.compiler.assume_constant_result

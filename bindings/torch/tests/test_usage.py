@@ -132,6 +132,34 @@ def test_jit_trace(fused):
     assert "rpe::num_buckets" not in kinds
 
 
+@pytest.mark.parametrize("make", [lambda: rpe_torch.RelPosBias(3, 2), lambda: rpe_torch.ALiBi2D(2, 3, 3),
+                                  lambda: rpe_torch.DecomposedRelPos(3, 3, 8)],
+                         ids=["RelPosBias", "ALiBi2D", "DecomposedRelPos"])
+def test_jit_trace_vit_term_modules(make):
+    """The ViT term modules build a TermSlot per call through string-valued registry operators:
+    torch.jit.trace records their results as constants, not the operators (whose str outputs a
+    traced graph cannot hold), and the traced model gives eager's output on new inputs."""
+    torch.manual_seed(3)
+    term = make()
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.term = term
+
+        def forward(self, q):
+            return rpe_torch.attention(q, q, q, rpe_k=self.term, height=3, width=3)
+
+    model = Block()
+    with torch.no_grad():
+        traced = torch.jit.trace(model, torch.randn(1, 2, 9, 8))
+        x = torch.randn(2, 2, 9, 8)
+        assert torch.equal(traced(x), model(x))
+    kinds = {n.kind() for n in traced.inlined_graph.nodes()}
+    assert any(kind.startswith("rpe::") for kind in kinds), kinds
+    assert not {"rpe::families", "rpe::slot_spec", "rpe::family_mode"} & kinds, kinds
+
+
 # ---------------------------------------------------------------------------------------------
 # Autocast
 # ---------------------------------------------------------------------------------------------
