@@ -708,7 +708,12 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         raise ValueError("[rpe.torch] save_attn = True is not supported on CUDA: rpe's CUDA attention keeps no "
                          "(B, H, L, L) probabilities (its backward recomputes them); expected save_attn = None or False")
     if save_attn is None:  # CUDA: never (the CUDA attention has no probabilities output)
-        save_attn = q.device.type == "cpu" and q.shape[0] * q.shape[1] * L * L * q.element_size() <= 64 << 20
+        # bytes per saved probability: q's, or bf16's under CPU bf16 autocast (the kernel runs in bf16)
+        size = q.element_size()
+        if (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float16) and torch.is_autocast_enabled("cpu")
+                and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+            size = 2
+        save_attn = q.device.type == "cpu" and q.shape[0] * q.shape[1] * L * L * size <= 64 << 20
     # only worth it when a backward can follow
     save_attn = bool(save_attn) and not packed and torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, *tables, *([freqs] if freqs is not None else [])))

@@ -515,3 +515,30 @@ def test_float_only_table_modules_refuse_bf16_naming_the_argument():
         rpe_torch.attention(q, q, q, None, m, None, height=3, width=3)
     with torch.autocast("cpu", dtype=BF):  # autocast computes its tables in float32, then bf16
         assert rpe_torch.attention(q, q, q, None, m, None, height=3, width=3).dtype == BF
+
+
+def test_save_attn_default_counts_bf16_bytes_under_autocast(monkeypatch):
+    """save_attn=None keeps the probabilities when they take at most 64 MiB: under CPU bf16
+    autocast they are stored in bf16 (2 bytes), so float32 inputs are counted at 2 bytes, as bf16
+    inputs are. L = 4100, one head: 67.2 MB in float32 (not kept), 33.6 MB in bf16 (kept)."""
+    used = []
+
+    class Recorder:
+        def __getattr__(self, name):
+            used.append(name)
+            return getattr(torch.ops.rpe, name)
+
+    monkeypatch.setattr(rpe_torch, "_ops", Recorder())
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, 4100, 8, generator=g, requires_grad=True)
+
+    def called():
+        used.clear()
+        rpe_torch.attention(q, q, q)
+        return [n for n in used if n.startswith("attention_forward")]
+
+    assert called() == ["attention_forward"]  # float32: 67.2 MB > 64 MiB
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert called() == ["attention_forward_attn"]
+    with torch.autocast("cpu", dtype=torch.float16):  # computed in float32: counted at 4 bytes
+        assert called() == ["attention_forward"]
