@@ -36,6 +36,9 @@
 #include "cpu_paths.hpp"
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_attention_bf16 {
+
 namespace {
 
 using rpe::bf16;
@@ -1403,3 +1406,5 @@ TEST_CASE("bf16 attention: bad arguments of the forward and the backward are ref
     static_assert(!forward_accepts<rpe::attention_inputs<float>, rpe::tensor_ref<bf16>>);
     static_assert(forward_accepts<rpe::attention_inputs<bf16>, rpe::tensor_ref<bf16>>);
 }
+
+}  // namespace rpe_unit_attention_bf16

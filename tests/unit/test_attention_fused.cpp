@@ -12,6 +12,9 @@
 #include <random>
 #include <vector>
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_attention_fused {
+
 namespace {
 
 template <class S>
@@ -767,3 +770,5 @@ TEST_CASE("attention options: a backward budget <= 0 is rejected, naming the opt
     for (float x : out) CHECK(x == 42.0f);
     for (float x : gq) CHECK(x == 42.0f);
 }
+
+}  // namespace rpe_unit_attention_fused

@@ -11,6 +11,9 @@
 #include <random>
 #include <vector>
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_attention_scale {
+
 namespace {
 
 using M = rpe::mapping::product<rpe::index::piecewise>;
@@ -267,3 +270,5 @@ TEST_CASE("term descriptor: configuration, injectable cache, and the CPU term fu
     CHECK_THROWS_WITH_AS(rpe::make_term_desc(m, false, rpe::target::value, {.num_heads = 1, .head_dim = 1}),
                          doctest::Contains("[rpe.term] mode = bias with target = v"), rpe::invalid_argument);
 }
+
+}  // namespace rpe_unit_attention_scale

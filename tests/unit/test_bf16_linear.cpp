@@ -23,6 +23,9 @@
 #include <string>
 #include <vector>
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_bf16_linear {
+
 namespace {
 
 using rpe::bf16;
@@ -208,3 +211,5 @@ TEST_CASE("bf16 products: the path of this build and CPU") {
         CHECK_FALSE(cpu::bf16_hw_now());
     }
 }
+
+}  // namespace rpe_unit_bf16_linear

@@ -25,6 +25,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_core_attention {
+
 namespace {
 
 using json = nlohmann::json;
@@ -347,3 +350,5 @@ TEST_CASE_TEMPLATE("attention without RPE equals softmax(q k^T / sqrt(D)) v", S,
         }
     CHECK(rpe_test::max_abs_diff(r.out, out) <= (std::is_same_v<S, float> ? 1e-5 : 1e-13));
 }
+
+}  // namespace rpe_unit_core_attention

@@ -26,6 +26,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_core_cache {
+
 namespace {
 
 using rpe::index::piecewise;
@@ -333,3 +336,5 @@ TEST_CASE("bucket_cache: an entry larger than the whole budget is handed out and
     CHECK(cache.get(prod, 6, 6, 1) != nullptr);
     CHECK(cache.stats().hits == 1);
 }
+
+}  // namespace rpe_unit_core_cache

@@ -16,6 +16,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_core_custom_mapping {
+
 namespace {
 
 // --- what a user writes ---------------------------------------------------------------------
@@ -114,3 +117,5 @@ TEST_CASE("custom mapping: its validate() runs when a term or ids are built") {
     CHECK(rpe_test::throws_with([&] { (void)manhattan_key_term(bad, {.num_heads = 1, .head_dim = 2}); }, "beta = 1"));
     CHECK(rpe_test::throws_with([&] { (void)rpe::build_bucket_ids(bad, 2, 2, 0); }, "beta = 1"));
 }
+
+}  // namespace rpe_unit_core_custom_mapping

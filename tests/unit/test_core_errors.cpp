@@ -25,6 +25,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_core_errors {
+
 namespace {
 
 using rpe::target;
@@ -508,3 +511,5 @@ TEST_CASE("errors: composed attention rejects an output aliasing an input") {
         },
         "overlaps"));
 }
+
+}  // namespace rpe_unit_core_errors

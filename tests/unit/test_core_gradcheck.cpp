@@ -27,6 +27,9 @@
 
 #if defined(_OPENMP)
 #include <omp.h>
+
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_core_gradcheck {
 #endif
 
 namespace {
@@ -199,3 +202,5 @@ TEST_CASE("gradient check of the composed attention with q, k, v RPE and a key p
     const char* names[4] = {"table_k", "table_q_rows", "table_q_cols", "table_v"};
     for (std::size_t t = 0; t < tables.size(); ++t) check_param(tables[t], grads[t], loss, names[t]);
 }
+
+}  // namespace rpe_unit_core_gradcheck

@@ -11,6 +11,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_core_index {
+
 namespace {
 
 using rpe::index::clip;
@@ -167,3 +170,5 @@ TEST_CASE("index::clip values and range") {
         CHECK_FALSE(clip{3.0} == clip{4.0});
     }
 }
+
+}  // namespace rpe_unit_core_index

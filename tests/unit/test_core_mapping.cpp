@@ -17,6 +17,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_core_mapping {
+
 namespace {
 
 using rpe::index::clip;
@@ -318,3 +321,5 @@ TEST_CASE("paper variants: euclidean_paper and quantization_paper against hand-c
         CHECK(paper.bucket(10, 10) == 6);
     }
 }
+
+}  // namespace rpe_unit_core_mapping

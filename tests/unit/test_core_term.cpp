@@ -20,6 +20,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_core_term {
+
 namespace {
 
 using json = nlohmann::json;
@@ -217,3 +220,5 @@ TEST_CASE("errors: make_term validates alpha, beta, gamma with the term_spec pre
     s.num_heads = 0;
     CHECK(rpe_test::throws_with([&] { (void)rpe::make_term<float>(s); }, "num_heads = 0"));
 }
+
+}  // namespace rpe_unit_core_term

@@ -17,6 +17,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_core_term_props {
+
 namespace {
 
 using rpe::target;
@@ -272,3 +275,5 @@ TEST_CASE("a shared table collects every head and batch element") {
             summed[static_cast<std::size_t>(e)] += g_h[static_cast<std::size_t>(h * tsize + e)];
     CHECK(rpe_test::max_abs_diff(g[0], summed) <= 1e-12);
 }
+
+}  // namespace rpe_unit_core_term_props

@@ -11,6 +11,9 @@
 #include <random>
 #include <vector>
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_cpu_simd {
+
 namespace {
 
 using rpe::detail::cpu::gather_row;
@@ -157,3 +160,5 @@ TEST_CASE("cpu workspace: reused across calls, released on request, results unch
     t.forward(*ids, {table.data(), {1, 4, k}}, {x.data(), {1, 2, l, 4}}, {b.data(), {1, 2, l, l}}, rpe::write::overwrite);
     CHECK(a == b);
 }
+
+}  // namespace rpe_unit_cpu_simd

@@ -10,6 +10,9 @@
 #include "../../examples/01_custom_mapping/chebyshev.hpp"
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_custom_mapping_example {
+
 TEST_CASE("custom mapping example: Chebyshev ids by hand") {
     static_assert(rpe::Mapping<example::chebyshev>);
     const example::chebyshev m{rpe::index::piecewise::from_ratio(1.9)};
@@ -44,3 +47,5 @@ TEST_CASE("custom mapping example: validate and cache key") {
     CHECK(cache.get(rpe::mapping::product<>{m.index}, 4, 4, 0).get() != a.get());
     CHECK(cache.builds() == 3);
 }
+
+}  // namespace rpe_unit_custom_mapping_example

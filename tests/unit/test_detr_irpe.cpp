@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_detr_irpe {
+
 namespace {
 
 namespace dt = rpe::examples::detr;
@@ -226,3 +229,5 @@ TEST_CASE("detr_irpe: the example layer refuses bad weights and inputs, naming t
         },
         "key_lengths"));
 }
+
+}  // namespace rpe_unit_detr_irpe

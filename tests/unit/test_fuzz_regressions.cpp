@@ -18,6 +18,9 @@
 #include <rpe/io/safetensors.hpp>
 #include <rpe/mapping/quantization.hpp>
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_fuzz_regressions {
+
 namespace {
 
 using rpe::index::clip;
@@ -190,3 +193,5 @@ TEST_CASE("quantization_paper: a slowly saturating g on a 64x64 grid builds quic
     CHECK(ids->at(0, 64 * 64 - 1, 0) == 2000);
     CHECK(ids->at(0, 0, 0) == 1000);
 }
+
+}  // namespace rpe_unit_fuzz_regressions

@@ -17,6 +17,9 @@
 
 #include <rpe/io/npy.hpp>
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_io_npy {
+
 #ifndef RPE_TEST_DATA_DIR
 #error "RPE_TEST_DATA_DIR must be defined (path of tests/data)"
 #endif
@@ -579,3 +582,5 @@ TEST_CASE("npy: save_npy refuses more extents than load_npy reads back (64), bef
     CHECK_THROWS_AS(rpe::io::save_npy(path.string(), &one, std::span<const std::int64_t>(too_many)), rpe::invalid_argument);
     CHECK_FALSE(std::filesystem::exists(path));
 }
+
+}  // namespace rpe_unit_io_npy

@@ -16,6 +16,9 @@
 
 #include <rpe/io/safetensors.hpp>
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_io_safetensors {
+
 #ifndef RPE_TEST_DATA_DIR
 #error "RPE_TEST_DATA_DIR must be defined (path of tests/data)"
 #endif
@@ -525,3 +528,5 @@ TEST_CASE("safetensors: the digits model, when examples/data holds it") {
     CHECK(f.view<float>("pos_embed", {1, 65, 64}).size() == 65 * 64);
     CHECK(f.view<float>("blocks.0.attn.qkv.weight", {192, 64}).rank == 2);
 }
+
+}  // namespace rpe_unit_io_safetensors

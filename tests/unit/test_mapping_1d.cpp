@@ -19,6 +19,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_mapping_1d {
+
 namespace {
 
 // T5's `_relative_position_bucket` for one relative position (memory − query = j − i), step by
@@ -256,3 +259,5 @@ TEST_CASE("shaw: the article's loop formulas equal the contextual key and value 
         CHECK(rpe_test::max_abs_diff(out, z) <= 1e-12);
     }
 }
+
+}  // namespace rpe_unit_mapping_1d

@@ -20,6 +20,9 @@
 #include "cpu_paths.hpp"
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_packed {
+
 namespace {
 
 using pos_ref = rpe::tensor_ref<const std::int32_t>;
@@ -665,3 +668,5 @@ TEST_CASE("packed and key_lengths: bad inputs throw naming the parameter and its
         [&] { (void)rpe::detail::check_attention(pb.packed(), none); },
         "[rpe.attention] packed sequences (packed) is not supported by the test backend"));
 }
+
+}  // namespace rpe_unit_packed

@@ -21,6 +21,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_positions {
+
 namespace {
 
 using pos_ref = rpe::tensor_ref<const std::int32_t>;
@@ -541,3 +544,5 @@ TEST_CASE("positions: bad positions throw naming the parameter and its value") {
     rpe::attention_forward(in, {out.data(), {1, 1, l, d}});  // and now it runs (height, width unset)
     CHECK(std::isfinite(out[0]));
 }
+
+}  // namespace rpe_unit_positions

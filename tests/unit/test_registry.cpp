@@ -19,6 +19,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_registry {
+
 namespace {
 
 // A user's mapping, as a user writes it: the Manhattan distance through the piecewise index.
@@ -334,3 +337,5 @@ TEST_CASE("registry: a registration refused at load is recorded, not thrown, and
     CHECK(rpe::parse_family_spec("product").family == "product");
     // (a name not taken is added: test_taxicab above, through RPE_REGISTER_MAPPING)
 }
+
+}  // namespace rpe_unit_registry

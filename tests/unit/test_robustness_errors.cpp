@@ -13,6 +13,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_robustness_errors {
+
 namespace {
 
 using rpe::target;
@@ -506,3 +509,5 @@ TEST_CASE("errors: outputs over the masks, null attn or grad_out, visit() and ru
 TEST_CASE("errors: load_npy rejects a stream that is not .npy after its first chunk (/dev/zero never ends)") {
     CHECK(throws_with<rpe::runtime_error>([] { (void)rpe::io::load_npy("/dev/zero"); }, "/dev/zero"));
 }
+
+}  // namespace rpe_unit_robustness_errors

@@ -12,6 +12,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_robustness_ids {
+
 namespace {
 
 using rpe::id_storage;
@@ -320,3 +323,5 @@ TEST_CASE("fused attention on a 64 x 64 grid: on-the-fly ids give bit-identical 
     CHECK(gt[0] == gt[1]);
     for (const float x : r[0]) REQUIRE(std::isfinite(x));
 }
+
+}  // namespace rpe_unit_robustness_ids

@@ -36,6 +36,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_robustness_io {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -729,3 +732,5 @@ TEST_CASE("errors: alpha whose float32 underflows, gamma / alpha that overflows 
         CHECK(contains(error_of<rpe::invalid_argument>([&] { (void)rpe::build_bucket_ids(m, 3, 3, 0); }), "underflows float32"));
     }
 }
+
+}  // namespace rpe_unit_robustness_io

@@ -14,6 +14,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_rope_mrope {
+
 namespace {
 
 using json = nlohmann::json;
@@ -298,3 +301,5 @@ TEST_CASE("rope: Qwen2-VL's vision encoder RoPE is rope::cat, layout half, at th
     rpe::rope_forward(r, 1, 1, cview(x, shape), mview(y, shape));
     rpe_test::check_close(y, load<double>(dir, "y.npy", shape), 1e-6, 1e-5, "qwen2vl vision y");
 }
+
+}  // namespace rpe_unit_rope_mrope

@@ -17,6 +17,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_rope_vjepa2_sam2 {
+
 namespace {
 
 using json = nlohmann::json;
@@ -341,3 +344,5 @@ TEST_CASE("rope: SAM2 presets: the registry entry, repeated grid positions and t
     CHECK(rpe_test::throws_with([] { (void)rpe::rope::repeated_grid_positions(0, 3, 2); },
                                 "[rpe.rope] grid height, width = 0, 3; expected >= 1"));
 }
+
+}  // namespace rpe_unit_rope_vjepa2_sam2

@@ -12,6 +12,9 @@
 
 #include "../common/bad_term_calls.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_term_checks {
+
 namespace {
 
 using pw = rpe::index::piecewise;
@@ -170,3 +173,5 @@ TEST_CASE("term_config: the named configuration reaches the term, and a missing 
     CHECK_THROWS_WITH_AS(T(P{pw::from_ratio(1.9)}, {.num_heads = 2}), doctest::Contains("[rpe.term] head_dim = 0; expected >= 1"),
                          rpe::invalid_argument);
 }
+
+}  // namespace rpe_unit_term_checks

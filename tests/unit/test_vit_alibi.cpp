@@ -18,6 +18,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_vit_alibi {
+
 namespace {
 
 using rpe_test::cview;
@@ -322,3 +325,5 @@ TEST_CASE("2D ALiBi: a term is bounded to its grid (a larger grid is refused, a 
     CHECK(square_ids.get() != small_ids.get());
     CHECK(rpe_test::ids_matrix(*square_ids) == rpe_test::ids_matrix(*small_ids));
 }
+
+}  // namespace rpe_unit_vit_alibi

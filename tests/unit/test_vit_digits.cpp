@@ -27,6 +27,9 @@
 
 #if defined(_OPENMP)
 #include <omp.h>
+
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_vit_digits {
 #endif
 
 #ifndef RPE_TEST_DATA_DIR
@@ -291,3 +294,5 @@ TEST_CASE("vit_digits: a file whose metadata disagrees with the library is rejec
     const auto d = digits_error_of(R"("depth":"4")", R"("depth":"x")");
     CHECK(d.find("depth = 'x'") != std::string::npos);
 }
+
+}  // namespace rpe_unit_vit_digits

@@ -14,6 +14,9 @@
 
 #include "../../examples/vit/vit_model.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_vit_model {
+
 namespace {
 
 using rpe::examples::vit_config;
@@ -347,3 +350,5 @@ TEST_CASE("vit_model: configurations, weights and shapes are checked") {
     CHECK_THROWS_WITH_AS(rpe::examples::make_random_vit<float>(small_config(), {.std = -1}),
                          "[rpe.vit_model] init std = -1, rpe_std = 0.02; expected >= 0", rpe::invalid_argument);
 }
+
+}  // namespace rpe_unit_vit_model

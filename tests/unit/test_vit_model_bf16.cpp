@@ -29,6 +29,9 @@
 #include "../../examples/vit/vit_model_bf16.hpp"
 #include "cpu_paths.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_vit_model_bf16 {
+
 namespace {
 
 using rpe::examples::vit_config;
@@ -209,3 +212,5 @@ TEST_CASE("vit_model_bf16: shapes are checked before anything is written") {
     const std::string isa = vit_model_bf16::isa();
     CHECK((isa == "AVX512_BF16" || isa == "portable"));
 }
+
+}  // namespace rpe_unit_vit_model_bf16

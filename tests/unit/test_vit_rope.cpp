@@ -24,6 +24,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_vit_rope {
+
 namespace {
 
 using json = nlohmann::json;
@@ -1007,3 +1010,5 @@ TEST_CASE("rope: DINOv3 (rope::dinov3, layout half) against timm's RotaryEmbeddi
     CHECK(rpe::rope_table_of(a, 8, 2, 2).get() != rpe::rope_table_of(c, 8, 2, 2).get());
     CHECK(rpe::rope_table_of(a, 8, 2, 2)->cos != rpe::rope_table_of(c, 8, 2, 2)->cos);
 }
+
+}  // namespace rpe_unit_vit_rope

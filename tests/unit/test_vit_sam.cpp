@@ -19,6 +19,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_vit_sam {
+
 namespace {
 
 using rpe_test::cview;
@@ -463,3 +466,5 @@ TEST_CASE("decomposed rel pos: a term is bounded to its grid (a larger grid is r
         throws_with([] { rpe::mapping::within_grid<rpe::mapping::cross<rpe::index::clip>>{.height = 0, .width = 2}.validate(); },
                     {"[rpe.mapping.within_grid]", "height = 0"}));
 }
+
+}  // namespace rpe_unit_vit_sam

@@ -26,6 +26,9 @@
 
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_vit_swin {
+
 namespace {
 
 namespace mapping = rpe::mapping;
@@ -472,3 +475,5 @@ TEST_CASE("swinv2: CPB errors name the argument") {
         },
         {"raw has shape (5, 2)"}));
 }
+
+}  // namespace rpe_unit_vit_swin
