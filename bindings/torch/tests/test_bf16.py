@@ -290,35 +290,46 @@ def test_mixed_dtypes_are_refused_naming_the_argument():
 
     def with_(i, value):
         return tuple(value if j == i else x for j, x in enumerate(a))
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] k has dtype Float; expected BFloat16"):
+    f32, f64, bf = r"torch\.float32", r"torch\.float64", r"torch\.bfloat16"
+
+    def err(name, dtype, ref, ref_dtype, shared=""):  # the message names both arguments, both dtypes, the rule
+        return pytest.raises(TypeError, match=rf"\[rpe.torch\] {name} has dtype {dtype} but {ref} has {ref_dtype}; {shared}")
+    with err("k", f32, "q", bf, r"q, k, v, the tables, a float attn_mask, rope_freqs, grad_out and attn must share one dtype"):
         ops.attention_forward(*with_(1, a[1].float()))
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] tables_k\[0\] has dtype Float; expected BFloat16"):
+    with err(r"tables_k\[0\]", f32, "q", bf):
         ops.attention_forward(*with_(4, [a[4][0].float()]))
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] attn_mask has dtype Double; expected BFloat16"):
+    with err("attn_mask", f64, "q", bf):
         ops.attention_forward(*with_(16, a[16].double()))
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] rope_freqs has dtype Float; expected BFloat16"):
+    with err("rope_freqs", f32, "q", bf):
         ops.attention_forward(*with_(20, a[20].float()))
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] k has dtype BFloat16; expected Float \(the dtype of the first"):
+    with err("k", bf, "q", f32, "q, k, v"):
         ops.attention_forward(*with_(0, a[0].float()))  # q's dtype is the call's
     t = cast(term_cases()["ctx_k_product_shared"], BF)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] x has dtype Float; expected BFloat16"):
-        ops.term_forward(t[0].float(), *t[1:])
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] grad_out has dtype Float; expected BFloat16"):
+    with err("x", f32, r"tables\[0\]", bf, "x, the tables and grad_out must share one dtype"):
+        ops.term_forward(t[0].float(), *t[1:])  # the term operators' dtype is the tables'
+    with err("grad_out", f32, r"tables\[0\]", bf):
         ops.term_backward(t[0], t[1], torch.zeros(B, H, 7, 7), *t[2:])
     x = rnd(B, H, 7, D, grad=False).to(BF)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] freqs has dtype Float; expected BFloat16"):
+    with err("freqs", f32, "x", bf, "x, freqs and grad_y must share one dtype"):
         ops.rope_forward(x, "mixed", [], torch.zeros(2, H, D // 2), 1, 2, 3)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] grad_y has dtype Float; expected BFloat16"):
+    with err("grad_y", f32, "x", bf):
         ops.rope_backward(x, x.float(), "axial", [100.0], None, 1, 2, 3)
+    with err("grad_table", bf, "raw", f32, "raw and grad_table must share one dtype"):
+        ops.cpb_table_backward(torch.zeros(25, H), torch.zeros(H, 25, dtype=BF), 3, 3, True)
+    with err(r"rel_pos_w", f64, "rel_pos_h", f32, "rel_pos_h and rel_pos_w must share one dtype"):
+        ops.decomposed_tables(torch.zeros(5, D), torch.zeros(5, D, dtype=torch.float64), 3, 3, 0, False)
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] angles has dtype torch\.float64; expected torch\.float32 "
+                                        r"\(rope_mixed_init computes in float32\)"):
+        ops.rope_mixed_init(10.0, D, torch.zeros(H, dtype=torch.float64))
     # the public functions give the same messages
     mods = [m.to(BF) if m is not None else None for m in rpe_torch.build_rpe(
         rpe_torch.get_rpe_config(ratio=1.0, method="product", mode="ctx", skip=1, rpe_on="k"), head_dim=D, num_heads=H)]
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] tables_k\[0\] has dtype BFloat16; expected Float"):
+    with err(r"tables_k\[0\]", bf, "q", f32):
         rpe_torch.attention(x.float(), x.float(), x.float(), *mods, height=2, width=3)
 
 
 def test_float16_on_the_cpu_is_refused_outside_autocast():
-    msg = r"has dtype Half; expected float32, float64 or bfloat16 \(the CPU operators have no float16 kernel"
+    msg = r"has dtype torch\.float16; expected float32, float64 or bfloat16 \(the CPU operators have no float16 kernel"
     x = rnd(B, H, 7, D, grad=False).half()
     with pytest.raises(TypeError, match=r"\[rpe.torch\] q " + msg):
         rpe_torch.attention(x, x, x)
@@ -330,7 +341,7 @@ def test_float16_on_the_cpu_is_refused_outside_autocast():
     with pytest.raises(TypeError, match=r"\[rpe.torch\] timm_table " + msg):
         rpe_torch.table_from_timm(torch.zeros(15, H, dtype=torch.float16))
     # the table operators without a bf16 kernel name theirs
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] raw has dtype BFloat16; expected float32 or float64"):
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] raw has dtype torch\.bfloat16; expected float32 or float64"):
         ops.cpb_table(torch.zeros(15, H, dtype=BF), 2, 3, True)
 
 
@@ -511,7 +522,7 @@ def test_vit_terms_in_bf16(kind):
 def test_float_only_table_modules_refuse_bf16_naming_the_argument():
     m = rpe_torch.DecomposedRelPos(3, 3, D).to(BF)
     q = rnd(B, H, 9, D, grad=False).to(BF)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] rel_pos_h has dtype BFloat16; expected float32 or float64"):
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] rel_pos_h has dtype torch\.bfloat16; expected float32 or float64"):
         rpe_torch.attention(q, q, q, None, m, None, height=3, width=3)
     with torch.autocast("cpu", dtype=BF):  # autocast computes its tables in float32, then bf16
         assert rpe_torch.attention(q, q, q, None, m, None, height=3, width=3).dtype == BF

@@ -483,9 +483,9 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"\[rpe\.cpb\] raw has shape \(15, 2\); expected \(25, 2\)"):
         torch.ops.rpe.cpb_table(torch.zeros(15, 2, device="cuda"), 3, 3, True)  # the CPU kernel's check, on the host
     # dtypes and the library's own checks, as on the CPU
-    with pytest.raises(TypeError, match=r"\[rpe\.torch\] q has dtype Int; expected float32, float64, float16 or bfloat16"):
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] q has dtype torch\.int32; expected float32, float64, float16 or bfloat16"):
         rt.attention(q.int(), k, v, height=h, width=w)
-    with pytest.raises(TypeError, match=r"\[rpe\.torch\] k has dtype Double; expected Float"):
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] k has dtype torch\.float64 but q has torch\.float32; q, k, v, the tables"):
         rt.attention(q, k.double(), v, height=h, width=w)
     with pytest.raises(ValueError, match=r"\[rpe\.attention\] v has shape"):
         rt.attention(q, k, v[..., :4], height=h, width=w)
