@@ -17,6 +17,8 @@ bf16 once; docs/attention.md "bf16 storage") through the term, attention and RoP
   against float64 (logits and gradients; float32 parameters get float32 gradients); CPU autocast
   with float16 still up-casts to float32; torch.compile(fullgraph=True) of both.
 """
+import math
+
 import pytest
 import torch
 
@@ -498,13 +500,15 @@ def test_compile_fullgraph_bf16(kind):
         assert _max_rel(grads[n], eager_grads[n]) <= 0.05, n
 
 
-@pytest.mark.parametrize("kind", ["swin_timm_layout", "alibi"])
+@pytest.mark.parametrize("kind", ["swin_timm_layout", "alibi", "alibi_dtype"])
 def test_vit_terms_in_bf16(kind):
     """The ViT term modules converted with .to(torch.bfloat16) in the attention: RelPosBias in
-    timm's layout (table_from_timm in bf16, exact) and ALiBi2D's buffer; bf16 output and table
-    gradient, the attention within its bound of float64 on the same values."""
+    timm's layout (table_from_timm in bf16, exact) and ALiBi2D's buffer (converted, or built with
+    dtype=torch.bfloat16); bf16 output and table gradient, the attention within its bound of
+    float64 on the same values."""
     torch.manual_seed(0)
-    term = rpe_torch.RelPosBias(3, H) if kind == "swin_timm_layout" else rpe_torch.ALiBi2D(H, 3, 3)
+    term = {"swin_timm_layout": lambda: rpe_torch.RelPosBias(3, H), "alibi": lambda: rpe_torch.ALiBi2D(H, 3, 3),
+            "alibi_dtype": lambda: rpe_torch.ALiBi2D(H, 3, 3, dtype=BF)}[kind]()
     for p in term.parameters():
         torch.nn.init.normal_(p, std=0.5)
     q, k, v = (rnd(B, H, 9, D, seed=s).detach().to(BF) for s in (91, 92, 93))
@@ -517,6 +521,30 @@ def test_vit_terms_in_bf16(kind):
     ref = rpe_torch.attention(q.detach().double(), k.double(), v.double(), None, t64, None, height=3, width=3)
     bound = U * (ref.abs() + v.double().abs().max()) + 1e-5 * (1 + ref.abs() + v.double().abs().max())
     assert bool(((out.double() - ref).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("dtype", [BF, torch.float16])
+def test_alibi_takes_every_dtype_that_to_takes(dtype):
+    """ALiBi2D(..., dtype=d) for the low-precision dtypes that .to(d) converts it to: the float64
+    table rounded once to d (hand-checked value: head 0 of 2 has slope 1/16, so the bucket of
+    (Δr, Δc) = (1, 2) holds −√5/16); within one rounding of the float32 module converted with .to(d);
+    a dtype that is not floating point is a TypeError naming it."""
+    m = rpe_torch.ALiBi2D(2, 3, 3, skip=1, dtype=dtype)
+    f64 = rpe_torch.ALiBi2D(2, 3, 3, skip=1, dtype=torch.float64).table
+    assert m.table.dtype == dtype and m.table.shape == f64.shape
+    assert torch.equal(m.table, f64.to(dtype))
+    assert rpe_torch.alibi_slopes(2)[0] == 1 / 16
+    k = 2 * 5 + 2 + 2 + 1  # bucket (Δr + 2)·5 + (Δc + 2) of the 5 × 5 offsets, (Δr, Δc) = (1, 2)
+    assert float(f64[0, k]) == pytest.approx(-math.sqrt(5) / 16, rel=1e-15)
+    assert m.table[0, k] == torch.tensor(-math.sqrt(5) / 16, dtype=torch.float64).to(dtype)
+    conv = rpe_torch.ALiBi2D(2, 3, 3, skip=1).to(dtype).table
+    assert conv.dtype == dtype
+    assert float((m.table.double() - conv.double()).abs().max()) <= torch.finfo(dtype).eps * float(f64.abs().max())
+    if dtype == BF:  # float16: the CPU kernels take it under autocast only
+        assert m().dtype == BF and torch.equal(m()[0, :, 1:, 1:], rpe_torch.ALiBi2D(2, 3, 3, skip=1).to(BF)()[0, :, 1:, 1:])
+    for bad in (torch.int64, torch.bool, torch.complex64, "bfloat16"):
+        with pytest.raises(TypeError, match=r"\[rpe.torch\] dtype = .*; expected a floating-point torch.dtype"):
+            rpe_torch.ALiBi2D(2, 3, 3, dtype=bad)
 
 
 def test_float_only_table_modules_refuse_bf16_naming_the_argument():
