@@ -581,3 +581,76 @@ def test_save_attn_default_counts_bf16_bytes_under_autocast(monkeypatch):
         assert called() == ["attention_forward_attn"]
     with torch.autocast("cpu", dtype=torch.float16):  # computed in float32: counted at 4 bytes
         assert called() == ["attention_forward"]
+
+
+def _rope_block_bf16():
+    """test_compile's RoPE-Mixed block with a bias term on k (dim 16, 2 heads, 3 × 3 grid + 1), in bf16."""
+    torch.manual_seed(0)
+    return RoPEBlock().to(BF).train(), torch.randn(2, 10, 16).to(BF)
+
+
+def test_compile_inductor_fullgraph_bf16():
+    """torch.compile(fullgraph=True) with the default backend (inductor: C++ code generation for the
+    ops around the rpe operators, needs g++) of a bf16 RoPE-Mixed block with iRPE on k: no graph
+    break, eager's output and parameter gradients within bf16 rounding (inductor may round the
+    LayerNorm / Linear ops differently), every gradient in bf16."""
+    torch._dynamo.reset()
+    model, x = _rope_block_bf16()
+    eager, eager_grads = _logits_and_grads(model, x)
+    compiled = torch.compile(model, fullgraph=True)
+    out, grads = _logits_and_grads(model, x, None, compiled)
+    assert out.dtype == BF
+    torch.testing.assert_close(out, eager, atol=2e-2, rtol=2e-2)
+    assert grads.keys() == eager_grads.keys() and "rope.freqs" in grads and "rpe_k.lookup_table_bias" in grads
+    for n in grads:
+        assert grads[n].dtype == BF, n
+        assert _max_rel(grads[n], eager_grads[n]) <= 0.05, n
+
+
+def test_export_bf16_round_trip(tmp_path):
+    """torch.export of the bf16 block: the rpe operators in the graph with bf16 outputs, and
+    torch.export.save / load give eager's output bit for bit."""
+    model, x = _rope_block_bf16()
+    model.eval()
+    with torch.no_grad():
+        expected = model(x)
+    exported = torch.export.export(model, (x,))
+    rpe_nodes = [n for n in exported.graph.nodes if n.op == "call_function" and str(n.target).startswith("rpe.")]
+    # the attention (with the probabilities when export traces with grad enabled, as here)
+    assert {str(n.target) for n in rpe_nodes} & {"rpe.attention_forward.default",
+                                                  "rpe.attention_forward_attn.default"}, rpe_nodes
+    vals = [v for n in rpe_nodes for v in (n.meta["val"] if isinstance(n.meta["val"], (list, tuple)) else [n.meta["val"]])]
+    assert vals and all(v.dtype == BF for v in vals)
+    path = tmp_path / "rope_block_bf16.pt2"
+    torch.export.save(exported, path)
+    out = torch.export.load(path).module()(x)
+    assert out.dtype == BF
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["deit", "rope_mixed"])
+def test_timm_swap_in_bf16(family):
+    """timm's own model (test_timm's tiny DeiT / rope-vit RoPE-Mixed) converted to bf16, with
+    rpe_torch.timm.swap_attention: bf16 logits and gradients as close to the float64 model as
+    timm's own bf16 forward is (within twice its error, or 2e-2 / 5e-2 of the scale)."""
+    pytest.importorskip("timm")
+    import copy
+
+    import rpe_torch.timm as rtimm
+    from test_timm import FAMILIES, make, run
+    name, kwargs = FAMILIES[family]
+    ref64 = make(name, kwargs)
+    timm16 = copy.deepcopy(ref64).to(BF)
+    swapped16 = rtimm.swap_attention(copy.deepcopy(ref64)).to(BF)
+    assert rtimm.swapped(swapped16)
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, *ref64.patch_embed.img_size, dtype=torch.float64)
+    out64, grads64 = run(ref64, x, False)
+    out_t, grads_t = run(timm16, x.to(BF), False)
+    out_s, grads_s = run(swapped16, x.to(BF), False)
+    assert out_s.dtype == BF and all(g.dtype == BF for g in grads_s.values())
+    assert grads_s.keys() == grads64.keys()
+    err_s, err_t = _max_rel(out_s, out64), _max_rel(out_t, out64)
+    assert err_s <= max(2 * err_t, 2e-2), (err_s, err_t)
+    gerr_s, gerr_t = _worst_grad(grads_s, grads64), _worst_grad(grads_t, grads64)
+    assert gerr_s <= max(2 * gerr_t, 5e-2), (gerr_s, gerr_t)
