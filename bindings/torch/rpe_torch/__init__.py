@@ -601,8 +601,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     the backward, which then does not recompute them (True / False; None: when they take at most
     64 MiB, e.g. DeiT-S at batch 64 in float32; kept only when a backward can follow, except under
     torch.jit.trace, whose graph must hold one operator in every grad mode: there the choice is the
-    shapes' only, eager's in grad mode; pass False for a trace meant for inference only). Rows whose keys are all masked give zeros (the
-    reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and every table (first
+    shapes' only, eager's in grad mode; pass False for a trace meant for inference only). Rows
+    whose keys are all masked give zeros (the reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and every table (first
     derivatives only: a backward with create_graph=True through it raises RuntimeError). Raises ValueError / TypeError naming the
     parameter for bad input.
     """
