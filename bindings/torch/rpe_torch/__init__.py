@@ -599,8 +599,10 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     is padded when either marks it, so take it from the mask: last valid index + 1); these are integer CPU tensors, not
     differentiated, refused on CUDA (docs/positions.md); save_attn: keep the (B, H, L, L) probabilities for
     the backward, which then does not recompute them (True / False; None: when they take at most
-    64 MiB, e.g. DeiT-S at batch 64 in float32). Rows whose keys are all masked give zeros (the
-    reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and every table (first
+    64 MiB, e.g. DeiT-S at batch 64 in float32; kept only when a backward can follow, except under
+    torch.jit.trace, whose graph must hold one operator in every grad mode: there the choice is the
+    shapes' only, eager's in grad mode; pass False for a trace meant for inference only). Rows
+    whose keys are all masked give zeros (the reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and every table (first
     derivatives only: a backward with create_graph=True through it raises RuntimeError). Raises ValueError / TypeError naming the
     parameter for bad input.
     """
@@ -707,6 +709,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     if q.device.type == "cuda" and save_attn:
         raise ValueError("[rpe.torch] save_attn = True is not supported on CUDA: rpe's CUDA attention keeps no "
                          "(B, H, L, L) probabilities (its backward recomputes them); expected save_attn = None or False")
+    tracing = torch.jit.is_tracing()
     if save_attn is None:  # CUDA: never (the CUDA attention has no probabilities output)
         # bytes per saved probability: q's, or bf16's under CPU bf16 autocast (the kernel runs in bf16)
         size = q.element_size()
@@ -714,9 +717,11 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
                 and torch.get_autocast_dtype("cpu") == torch.bfloat16):
             size = 2
         save_attn = q.device.type == "cpu" and q.shape[0] * q.shape[1] * L * L * size <= 64 << 20
-    # only worth it when a backward can follow
-    save_attn = bool(save_attn) and not packed and torch.is_grad_enabled() and any(
-        t.requires_grad for t in (q, k, v, *tables, *([freqs] if freqs is not None else [])))
+    # only worth it when a backward can follow; not asked under torch.jit.trace, whose graph holds
+    # one operator whatever grad mode it later runs in (check_trace re-traces under no_grad): there
+    # the choice is the shapes' only, eager's in grad mode
+    save_attn = bool(save_attn) and not packed and (tracing or (torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v, *tables, *([freqs] if freqs is not None else [])))))
     # q, k, v are often strided views of a qkv projection: the kernels read them in place when each
     # row of D values is contiguous (last stride 1), else copy them (checked first: no copy of a
     # tensor the kernels refuse)

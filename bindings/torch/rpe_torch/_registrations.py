@@ -3,7 +3,7 @@ bindings/torch/src/ops.cpp): a fake (meta) kernel for every operator, with the o
 dtypes and strides of the real kernels (every output is a fresh contiguous tensor), so that
 ``torch.compile``, ``torch.export`` and FakeTensor tracing see through them; the autograd formula
 of every differentiable forward operator (``torch.library.register_autograd``: setup_context +
-backward, over the backward operators); and CPU autocast (see :func:`_register_autocast`).
+backward, over the backward operators); and CPU and CUDA autocast (see :func:`_register_autocast`).
 
 Nothing here computes: the fake kernels only shape, the backward formulas call the C++ backward
 operators. Imported by ``rpe_torch`` right after it loads the operator library.
@@ -397,7 +397,7 @@ for _name in ("term_backward", "attention_backward", "rope_backward", "cpb_table
 
 
 # ---------------------------------------------------------------------------------------------
-# Autocast (CPU)
+# Autocast (CPU and CUDA)
 # ---------------------------------------------------------------------------------------------
 
 _LOW = (torch.bfloat16, torch.float16)
@@ -409,6 +409,22 @@ _autocast_lib = torch.library.Library(_lib, "IMPL")
 #: integer positions (left as given, so that a wrong dtype keeps its own message).
 BF16_OPS = {"term_forward": (11, 12), "attention_forward": (23, 24), "attention_forward_attn": (23, 24),
             "rope_forward": (8,), "table_from_timm": (), "table_to_timm": ()}
+
+#: The forward operators with float16 and bfloat16 CUDA kernels (ops_cuda.cpp over rpe's CUDA
+#: backend: fp16 / bf16 storage, sums in float32), with the arguments left as given (as
+#: BF16_OPS). attention_forward_attn has no CUDA kernel (NotImplementedError, cast or not).
+CUDA_LOW_OPS = {"term_forward": (11, 12), "attention_forward": (23, 24), "attention_forward_attn": (23, 24),
+                "rope_forward": (8,)}
+
+#: (device type, autocast dtype) -> the operators that run in that dtype's own kernel under
+#: autocast, with the arguments they leave as given; every other operator computes in float32.
+#: On CUDA the table operators run their CPU kernel on the host (bf16: table_from_timm /
+#: table_to_timm only, exact transposes).
+LOW_PRECISION_KERNELS = {
+    ("cpu", torch.bfloat16): BF16_OPS,
+    ("cuda", torch.float16): CUDA_LOW_OPS,
+    ("cuda", torch.bfloat16): {**CUDA_LOW_OPS, "table_from_timm": (), "table_to_timm": ()},
+}
 
 
 def _cast(value, dtype, from_dtypes):
@@ -425,34 +441,52 @@ def _cast_args(args, dtype, from_dtypes, keep=()):
     return tuple(a if i in keep else _cast(a, dtype, from_dtypes) for i, a in enumerate(args))
 
 
-def _register_autocast(name, device_type="cpu"):
-    """Under ``torch.autocast(device_type)``, operator ``name`` runs in the autocast dtype's kernel
-    or, without one, in float32:
+def autocast_compute_dtype(name, device_type, dtype):
+    """The dtype operator ``name`` computes in under ``torch.autocast(device_type, dtype)``:
+    ``dtype`` itself when the device has a kernel of it for the operator
+    (:data:`LOW_PRECISION_KERNELS`), else float32 (the up-cast)."""
+    return dtype if name in LOW_PRECISION_KERNELS.get((device_type, dtype), {}) else torch.float32
 
-    - autocast dtype bfloat16 and an operator of :data:`BF16_OPS`: its floating inputs in float16
-      / float32 are cast to bfloat16 (as autocast casts a Linear's weights; the RoPE positions
-      excepted), the bf16 kernel runs (rpe::bf16 storage: computed in float, each output rounded
-      to bf16 once) and its bfloat16 outputs are returned;
-    - otherwise (autocast float16: the CPU has no float16 kernel; or an operator without a bf16
-      kernel) floating inputs in float16 / bfloat16 / float32 are up-cast to float32, the kernel
-      accumulates in float32, and the float32 outputs are returned in the autocast dtype
-      (``torch.get_autocast_dtype``), as PyTorch's lower-precision autocast ops do.
+
+def _autocast_call(op, name, device_type, dtype, args):
+    """Operator op (``name``) under autocast of ``device_type`` and ``dtype``, called with the
+    autocast key already excluded: see :func:`_register_autocast`."""
+    keep = LOW_PRECISION_KERNELS.get((device_type, dtype), {}).get(name)
+    if keep is not None:  # the dtype's own kernel: float32 / the other low dtype cast to it
+        others = tuple(t for t in (torch.float32, *_LOW) if t != dtype)
+        return op(*_cast_args(args, dtype, others, keep))
+    out = op(*_cast(args, torch.float32, _LOW))  # up-cast: float32 kernel, float32 sums
+    return _cast(out, dtype, (torch.float32,))
+
+
+def _register_autocast(name, device_type):
+    """Under ``torch.autocast(device_type)``, operator ``name`` runs in the autocast dtype's kernel
+    or, without one, in float32 (:func:`autocast_compute_dtype`):
+
+    - the device has a kernel of the autocast dtype for the operator (:data:`LOW_PRECISION_KERNELS`:
+      CPU bfloat16, rpe::bf16 storage; CUDA float16 and bfloat16, rpe's CUDA fp16 / bf16
+      storage; both compute in float and round each output once): its floating inputs in float32
+      or the other low-precision dtype are cast to the autocast dtype (as autocast casts a
+      Linear's weights; the RoPE positions excepted), that kernel runs and its outputs are
+      returned in the autocast dtype;
+    - otherwise (CPU float16: no float16 kernel; an operator without a kernel of that dtype, e.g.
+      the CPB / SAM tables) floating inputs in float16 / bfloat16 / float32 are up-cast to
+      float32, the float32 kernel accumulates in float32, and the float32 outputs are returned in
+      the autocast dtype (``torch.get_autocast_dtype``), as PyTorch's lower-precision autocast
+      ops do.
 
     float64 inputs are left alone in both (as autocast does). The casts are ordinary
     differentiable ops: gradients reach the inputs in their own dtypes (float32 parameters get
-    float32 gradients)."""
+    float32 gradients). Registered for the C++ dispatcher (``Autocast<device>`` key) and the
+    Python dispatcher (torch.compile, export)."""
     op = getattr(_ops, name).default
     key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
     key = getattr(torch._C.DispatchKey, key_name)
-    keep = BF16_OPS.get(name)
 
     def run(*args):
         dtype = torch.get_autocast_dtype(device_type)
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
-            if dtype == torch.bfloat16 and keep is not None:
-                return op(*_cast_args(args, torch.bfloat16, (torch.float16, torch.float32), keep))
-            out = op(*_cast(args, torch.float32, _LOW))
-        return _cast(out, dtype, (torch.float32,))
+            return _autocast_call(op, name, device_type, dtype, args)
 
     if op.has_kernel_for_dispatch_key(key):
         op.py_kernels.pop(key, None)
@@ -463,5 +497,8 @@ def _register_autocast(name, device_type="cpu"):
 #: The forward operators that take floating tensors: autocast casts around them.
 AUTOCAST_OPS = ("term_forward", "attention_forward", "attention_forward_attn", "rope_forward", "table_from_timm",
                 "table_to_timm", "cpb_table", "cpb_bias_forward", "resize_rel_pos", "decomposed_tables")
+#: The device types whose autocast has these rules.
+AUTOCAST_DEVICES = ("cpu", "cuda")
 for _name in AUTOCAST_OPS:
-    _register_autocast(_name)
+    for _device in AUTOCAST_DEVICES:
+        _register_autocast(_name, _device)

@@ -906,15 +906,22 @@ class ALiBi2D(nn.Module):
     """CROMA's 2D ALiBi (rpe::vit, "alibi" term): ``bias[h, i, j] = −m_h·√(Δr² + Δc²)`` on a
     height × width grid after ``skip`` tokens (bias 0 for them); the fixed (num_heads, K) table is
     the buffer ``table`` (rpe::vit::alibi_2d_table; no parameter). ``forward()`` gives the
-    (1, num_heads, L, L) bias; usable as ``rpe_k`` of ``rpe_torch.attention``."""
+    (1, num_heads, L, L) bias; usable as ``rpe_k`` of ``rpe_torch.attention``.
+
+    ``dtype``: any floating-point dtype the module can be converted to with ``.to(dtype)``
+    (float32, float64, bfloat16, float16): float32 and float64 tables are the library's; a bfloat16
+    or float16 one is the float64 table rounded once to it (the operators take bf16 on the CPU,
+    float16 under autocast or on CUDA). TypeError for a dtype that is not floating point."""
 
     def __init__(self, num_heads, height, width, skip=0, dtype=torch.float32):
         super().__init__()
-        if dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"[rpe.torch] dtype = {dtype}; expected torch.float32 or torch.float64")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"[rpe.torch] dtype = {dtype}; expected a floating-point torch.dtype (torch.float32, "
+                            "torch.float64, torch.bfloat16 or torch.float16)")
         self.num_heads, self.height, self.width, self.skip = int(num_heads), int(height), int(width), int(skip)
-        self.register_buffer("table", _ops.alibi_2d_table(self.num_heads, self.height, self.width, self.skip,
-                                                          dtype == torch.float64))
+        f64 = dtype != torch.float32  # float64, or rounded once from it to bfloat16 / float16
+        table = _ops.alibi_2d_table(self.num_heads, self.height, self.width, self.skip, f64)
+        self.register_buffer("table", table.to(dtype))
 
     def _slot(self, L, height, width):
         if (height, width) not in ((None, None), (self.height, self.width)):

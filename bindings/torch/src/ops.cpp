@@ -20,8 +20,9 @@
 ///
 /// dtypes: float32 and float64; bfloat16 (rpe::bf16 storage: computed in float, each output
 /// rounded to bf16 once) for the term, attention, RoPE and timm-table operators; one dtype per
-/// call (the first tensor argument's). float16 has no CPU kernel (TypeError; CPU autocast with
-/// float16 up-casts to float32 in Python, _registrations.py).
+/// call, read from one argument (q; x; tables[0] for the term operators; dtype_rule: another
+/// dtype is a TypeError naming both arguments). float16 has no CPU kernel (TypeError; CPU
+/// autocast with float16 up-casts to float32 in Python, _registrations.py).
 ///
 /// Errors: rpe's `rpe::invalid_argument` / `rpe::out_of_range` (message `[rpe.<component>] ...`)
 /// become `c10::ValueError` (Python ValueError), a wrong dtype `c10::TypeError` (TypeError), a
@@ -87,7 +88,7 @@ at::ScalarType checked_cpu_type(const at::Tensor& t, const char* name) {
     TORCH_CHECK_VALUE(t.defined(), "[rpe.torch] ", name, " is undefined; expected a tensor");
     const auto st = t.scalar_type();
     TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kBFloat16, "[rpe.torch] ", name, " has dtype ",
-                     c10::toString(st), "; expected float32, float64 or bfloat16",
+                     dtype_name(st), "; expected float32, float64 or bfloat16",
                      st == at::kHalf ? " (the CPU operators have no float16 kernel: cast to bfloat16 or float32, or run under "
                                        "torch.autocast('cpu', dtype=torch.float16), which computes in float32)"
                                      : "");
@@ -108,7 +109,7 @@ decltype(auto) on_cpu_type(at::ScalarType st, F&& f) {
 template <class S, class T>
 at::Tensor term_forward_impl(const c10::optional<at::Tensor>& x_opt, at::TensorList tables_in, c10::string_view method,
                              c10::string_view mode, c10::string_view target, double alpha, double beta, double gamma,
-                             int64_t skip, int64_t height, int64_t width, at::ScalarType st,
+                             int64_t skip, int64_t height, int64_t width, const dtype_rule& st,
                              const c10::optional<at::Tensor>& positions, const c10::optional<at::Tensor>& key_positions) {
     const auto c = setup_term<S, T>(x_opt, tables_in, nullptr, method, mode, target, alpha, beta, gamma, skip, height, width, st,
                                     {}, positions, key_positions);
@@ -126,7 +127,7 @@ template <class S, class T>
 std::vector<at::Tensor> term_backward_impl(const c10::optional<at::Tensor>& x_opt, at::TensorList tables_in,
                                            const at::Tensor& grad_out_in, c10::string_view method, c10::string_view mode,
                                            c10::string_view target, double alpha, double beta, double gamma, int64_t skip,
-                                           int64_t height, int64_t width, at::ScalarType st,
+                                           int64_t height, int64_t width, const dtype_rule& st,
                                            const c10::optional<at::Tensor>& positions,
                                            const c10::optional<at::Tensor>& key_positions) {
     const auto c = setup_term<S, T>(x_opt, tables_in, &grad_out_in, method, mode, target, alpha, beta, gamma, skip, height, width,
@@ -151,7 +152,7 @@ at::Tensor term_forward(const c10::optional<at::Tensor>& x, at::TensorList table
                         const c10::optional<at::Tensor>& key_positions) {
     return translating([&] {
         TORCH_CHECK_VALUE(!tables.empty(), "[rpe.torch] tables is empty; expected 1 (or 2 for cross) tables");
-        const auto st = checked_cpu_type(tables[0], "tables[0]");
+        const dtype_rule st{checked_cpu_type(tables[0], "tables[0]"), "tables[0]", term_dtypes};
         return on_cpu_type(st, [&]<class S, class T>() {
             return term_forward_impl<S, T>(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width, st,
                                            positions, key_positions);
@@ -166,7 +167,7 @@ std::vector<at::Tensor> term_backward(const c10::optional<at::Tensor>& x, at::Te
                                       const c10::optional<at::Tensor>& key_positions) {
     return translating([&] {
         TORCH_CHECK_VALUE(!tables.empty(), "[rpe.torch] tables is empty; expected 1 (or 2 for cross) tables");
-        const auto st = checked_cpu_type(tables[0], "tables[0]");
+        const dtype_rule st{checked_cpu_type(tables[0], "tables[0]"), "tables[0]", term_dtypes};
         return on_cpu_type(st, [&]<class S, class T>() {
             return term_backward_impl<S, T>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width,
                                             st, positions, key_positions);
@@ -187,7 +188,7 @@ struct rope_call {
 };
 
 template <class S>
-std::vector<at::Tensor> rope_impl(const at::Tensor& x_in, const at::Tensor* grad_y_in, const rope_call& c, at::ScalarType st) {
+std::vector<at::Tensor> rope_impl(const at::Tensor& x_in, const at::Tensor* grad_y_in, const rope_call& c, const dtype_rule& st) {
     const at::Tensor x = prepared(x_in, "x", st);
     auto r = make_rope<S>(c.form, c.params, c.skip, c.layout, c.suffix);
     TORCH_CHECK_VALUE(r.enabled(), "[rpe.torch] rope form = ''; expected ", rope_form_names());
@@ -217,7 +218,7 @@ at::Tensor rope_forward(const at::Tensor& x, c10::string_view form, at::ArrayRef
                         const c10::optional<at::Tensor>& freqs, int64_t skip, int64_t height, int64_t width,
                         c10::string_view layout, const c10::optional<at::Tensor>& positions, int64_t suffix) {
     return translating([&] {
-        const auto st = checked_cpu_type(x, "x");
+        const dtype_rule st{checked_cpu_type(x, "x"), "x", rope_dtypes};
         const rope_call c{form, params, freqs, skip, height, width, layout, positions, suffix};
         return on_cpu_type(st, [&]<class S, class T>() { return rope_impl<S>(x, nullptr, c, st)[0]; });
     });
@@ -228,7 +229,7 @@ std::vector<at::Tensor> rope_backward(const at::Tensor& x, const at::Tensor& gra
                                       int64_t height, int64_t width, c10::string_view layout,
                                       const c10::optional<at::Tensor>& positions, int64_t suffix) {
     return translating([&] {
-        const auto st = checked_cpu_type(x, "x");
+        const dtype_rule st{checked_cpu_type(x, "x"), "x", rope_dtypes};
         const rope_call c{form, params, freqs, skip, height, width, layout, positions, suffix};
         return on_cpu_type(st, [&]<class S, class T>() { return rope_impl<S>(x, &grad_y, c, st); });
     });
@@ -237,7 +238,8 @@ std::vector<at::Tensor> rope_backward(const at::Tensor& x, const at::Tensor& gra
 // rope-vit's initial RoPE-Mixed frequencies (rpe::rope::init_mixed_frequencies): (2, H, D/2) float32.
 at::Tensor rope_mixed_init(double theta, int64_t head_dim, const at::Tensor& angles_in) {
     return translating([&] {
-        const at::Tensor angles = prepared(angles_in, "angles", at::kFloat);
+        const at::Tensor angles =
+            prepared(angles_in, "angles", dtype_rule{at::kFloat, nullptr, "rope_mixed_init computes in float32"});
         check_rank(angles, 1, "angles", "(H,) per-head rotations");
         const int d = narrow(head_dim, "head_dim");
         at::Tensor out = at::empty({2, angles.size(0), std::max(d, 0) / 2}, angles.options());
@@ -250,7 +252,7 @@ at::Tensor rope_mixed_init(double theta, int64_t head_dim, const at::Tensor& ang
 }
 
 template <class S, class T>
-std::vector<at::Tensor> attention_forward_impl(attention_args& a, at::ScalarType st, bool keep_attn) {
+std::vector<at::Tensor> attention_forward_impl(attention_args& a, const dtype_rule& st, bool keep_attn) {
     auto s = setup_attention<S, T>(a, st);
     at::Tensor out = at::empty(a.q.sizes(), a.q.options());  // contiguous (q may be a strided view)
     at::Tensor attn = keep_attn ? at::empty({a.q.size(0), a.q.size(1), a.q.size(2), a.q.size(2)}, a.q.options()) : at::Tensor();
@@ -260,7 +262,7 @@ std::vector<at::Tensor> attention_forward_impl(attention_args& a, at::ScalarType
 }
 
 template <class S, class T>
-std::vector<at::Tensor> attention_backward_impl(attention_args& a, at::ScalarType st) {
+std::vector<at::Tensor> attention_backward_impl(attention_args& a, const dtype_rule& st) {
     auto s = setup_attention<S, T>(a, st);
     a.grad_out = prepared(a.grad_out, "grad_out", st);
     backward_outputs<S> out(a, s.in);
@@ -288,7 +290,7 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
-        const auto st = checked_cpu_type(q, "q");
+        const dtype_rule st{checked_cpu_type(q, "q"), "q", attention_dtypes};
         return on_cpu_type(st, [&]<class S, class T>() { return attention_forward_impl<S, T>(a, st, false)[0]; });
     });
 }
@@ -308,7 +310,7 @@ std::vector<at::Tensor> attention_forward_attn(
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
-        const auto st = checked_cpu_type(q, "q");
+        const dtype_rule st{checked_cpu_type(q, "q"), "q", attention_dtypes};
         return on_cpu_type(st, [&]<class S, class T>() { return attention_forward_impl<S, T>(a, st, true); });
     });
 }
@@ -330,7 +332,7 @@ std::vector<at::Tensor> attention_backward(
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
         a.grad_out = grad_out;
         if (attn) a.attn = *attn;
-        const auto st = checked_cpu_type(q, "q");
+        const dtype_rule st{checked_cpu_type(q, "q"), "q", attention_dtypes};
         return on_cpu_type(st, [&]<class S, class T>() { return attention_backward_impl<S, T>(a, st); });
     });
 }
@@ -382,18 +384,19 @@ at::Tensor bucket_ids(c10::string_view method, double alpha, double beta, double
 // ViT tables: timm layout (Swin, BEiT), SwinV2 CPB, SAM decomposed, 2D ALiBi
 // ---------------------------------------------------------------------------------------------
 
-// Dispatches f.template operator()<S>(st) on the dtype of t (float32 / float64).
+// Dispatches f.template operator()<S>(rule) on the dtype of t (float32 / float64), the argument
+// `name`; `shared`: which arguments share it (dtype_rule).
 template <class F>
-decltype(auto) on_dtype(const at::Tensor& t, const char* name, F&& f) {
-    const auto st = checked_float_type(t, name);
-    return st == at::kDouble ? f.template operator()<double>(st) : f.template operator()<float>(st);
+decltype(auto) on_dtype(const at::Tensor& t, const char* name, const char* shared, F&& f) {
+    const dtype_rule st{checked_float_type(t, name), name, shared};
+    return st.st == at::kDouble ? f.template operator()<double>(st) : f.template operator()<float>(st);
 }
 
 // rpe::table_from_timm ((K, H) -> (H, K)) or, with to_timm, rpe::table_to_timm.
 at::Tensor timm_table(const at::Tensor& in, bool to_timm) {
     return translating([&] {
         const char* name = to_timm ? "table" : "timm_table";
-        const auto st = checked_cpu_type(in, name);
+        const dtype_rule st{checked_cpu_type(in, name), name, "one tensor"};
         return on_cpu_type(st, [&]<class S, class T>() {  // bfloat16 too: a transpose, exact
             const at::Tensor t = prepared(in, name, st);
             check_rank(t, 2, name, to_timm ? "(H, K)" : "(K, H)");
@@ -449,7 +452,7 @@ rpe::cpb_bias<S> make_cpb(const at::Tensor& raw, int64_t window_h, int64_t windo
 // cpb_table: the (H, K) table from raw (cpb_bias::make_table); cpb_table_backward: grad_raw.
 at::Tensor cpb_table(const at::Tensor& raw_in, int64_t window_h, int64_t window_w, bool sigmoid16) {
     return translating([&] {
-        return on_dtype(raw_in, "raw", [&]<class S>(at::ScalarType st) {
+        return on_dtype(raw_in, "raw", "one tensor", [&]<class S>(const dtype_rule& st) {
             const at::Tensor raw = prepared(raw_in, "raw", st);
             const auto cpb = make_cpb<S>(raw, window_h, window_w, sigmoid16);
             at::Tensor table = at::empty({cpb.num_heads(), cpb.num_buckets()}, raw.options());
@@ -462,7 +465,7 @@ at::Tensor cpb_table(const at::Tensor& raw_in, int64_t window_h, int64_t window_
 at::Tensor cpb_table_backward(const at::Tensor& raw_in, const at::Tensor& grad_table_in, int64_t window_h, int64_t window_w,
                               bool sigmoid16) {
     return translating([&] {
-        return on_dtype(raw_in, "raw", [&]<class S>(at::ScalarType st) {
+        return on_dtype(raw_in, "raw", "raw and grad_table must share one dtype", [&]<class S>(const dtype_rule& st) {
             const at::Tensor raw = prepared(raw_in, "raw", st), grad_table = prepared(grad_table_in, "grad_table", st);
             const auto cpb = make_cpb<S>(raw, window_h, window_w, sigmoid16);
             at::Tensor grad_raw = at::empty_like(raw);
@@ -475,7 +478,7 @@ at::Tensor cpb_table_backward(const at::Tensor& raw_in, const at::Tensor& grad_t
 // cpb_bias_forward: the (1, H, L, L) bias on the window grid (cpb_bias::forward); backward: grad_raw.
 at::Tensor cpb_bias_forward(const at::Tensor& raw_in, int64_t window_h, int64_t window_w, bool sigmoid16) {
     return translating([&] {
-        return on_dtype(raw_in, "raw", [&]<class S>(at::ScalarType st) {
+        return on_dtype(raw_in, "raw", "one tensor", [&]<class S>(const dtype_rule& st) {
             const at::Tensor raw = prepared(raw_in, "raw", st);
             const auto cpb = make_cpb<S>(raw, window_h, window_w, sigmoid16);
             const auto ids = cpb.bucket_ids();
@@ -489,7 +492,7 @@ at::Tensor cpb_bias_forward(const at::Tensor& raw_in, int64_t window_h, int64_t 
 at::Tensor cpb_bias_backward(const at::Tensor& raw_in, const at::Tensor& grad_out_in, int64_t window_h, int64_t window_w,
                              bool sigmoid16) {
     return translating([&] {
-        return on_dtype(raw_in, "raw", [&]<class S>(at::ScalarType st) {
+        return on_dtype(raw_in, "raw", "raw and grad_out must share one dtype", [&]<class S>(const dtype_rule& st) {
             const at::Tensor raw = prepared(raw_in, "raw", st), grad_out = prepared(grad_out_in, "grad_out", st);
             const auto cpb = make_cpb<S>(raw, window_h, window_w, sigmoid16);
             at::Tensor grad_raw = at::empty_like(raw);
@@ -502,7 +505,7 @@ at::Tensor cpb_bias_backward(const at::Tensor& raw_in, const at::Tensor& grad_ou
 // SAM get_rel_pos's resize (rpe::vit::resize_rel_pos) and its backward.
 at::Tensor resize_rel_pos(const at::Tensor& rel_pos_in, int64_t length) {
     return translating([&] {
-        return on_dtype(rel_pos_in, "rel_pos", [&]<class S>(at::ScalarType st) {
+        return on_dtype(rel_pos_in, "rel_pos", "one tensor", [&]<class S>(const dtype_rule& st) {
             const at::Tensor rel_pos = prepared(rel_pos_in, "rel_pos", st);
             check_rank(rel_pos, 2, "rel_pos", "(length, C)");
             TORCH_CHECK_VALUE(length >= 1, "[rpe.torch] length = ", length, "; expected >= 1");
@@ -515,7 +518,7 @@ at::Tensor resize_rel_pos(const at::Tensor& rel_pos_in, int64_t length) {
 
 at::Tensor resize_rel_pos_backward(const at::Tensor& grad_out_in, int64_t in_length) {
     return translating([&] {
-        return on_dtype(grad_out_in, "grad_out", [&]<class S>(at::ScalarType st) {
+        return on_dtype(grad_out_in, "grad_out", "one tensor", [&]<class S>(const dtype_rule& st) {
             const at::Tensor grad_out = prepared(grad_out_in, "grad_out", st);
             check_rank(grad_out, 2, "grad_out", "(length, C)");
             TORCH_CHECK_VALUE(in_length >= 1, "[rpe.torch] in_length = ", in_length, "; expected >= 1");
@@ -541,7 +544,7 @@ rpe::vit::decomposed_rel_pos_config decomposed_config(int64_t height, int64_t wi
 std::vector<at::Tensor> decomposed_tables(const at::Tensor& h_in, const at::Tensor& w_in, int64_t height, int64_t width,
                                           int64_t skip, bool unscaled_query) {
     return translating([&] {
-        return on_dtype(h_in, "rel_pos_h", [&]<class S>(at::ScalarType st) {
+        return on_dtype(h_in, "rel_pos_h", "rel_pos_h and rel_pos_w must share one dtype", [&]<class S>(const dtype_rule& st) {
             const at::Tensor h = prepared(h_in, "rel_pos_h", st), w = prepared(w_in, "rel_pos_w", st);
             check_rank(h, 2, "rel_pos_h", "(2*height - 1, C) (other lengths are resized)");
             const auto cfg = decomposed_config(height, width, h.size(1), skip, unscaled_query);
@@ -557,16 +560,19 @@ std::vector<at::Tensor> decomposed_tables_backward(const at::Tensor& g0_in, cons
                                                    int64_t length_w, int64_t height, int64_t width, int64_t skip,
                                                    bool unscaled_query) {
     return translating([&] {
-        return on_dtype(g0_in, "grad_tables[0]", [&]<class S>(at::ScalarType st) {
-            const at::Tensor g0 = prepared(g0_in, "grad_tables[0]", st), g1 = prepared(g1_in, "grad_tables[1]", st);
-            check_rank(g0, 3, "grad_tables[0]", "(1, C, K)");
-            TORCH_CHECK_VALUE(length_h >= 1 && length_w >= 1, "[rpe.torch] length_h = ", length_h, ", length_w = ", length_w,
-                              "; expected >= 1");
-            const auto cfg = decomposed_config(height, width, g0.size(1), skip, unscaled_query);
-            at::Tensor gh = at::empty({length_h, g0.size(1)}, g0.options()), gw = at::empty({length_w, g0.size(1)}, g0.options());
-            rpe::vit::load_decomposed_rel_pos_backward<S>(cfg, {cref<S>(g0), cref<S>(g1)}, mref<S>(gh), mref<S>(gw));
-            return std::vector<at::Tensor>{gh, gw};
-        });
+        return on_dtype(
+            g0_in, "grad_tables[0]", "grad_tables[0] and grad_tables[1] must share one dtype",
+            [&]<class S>(const dtype_rule& st) {
+                const at::Tensor g0 = prepared(g0_in, "grad_tables[0]", st), g1 = prepared(g1_in, "grad_tables[1]", st);
+                check_rank(g0, 3, "grad_tables[0]", "(1, C, K)");
+                TORCH_CHECK_VALUE(length_h >= 1 && length_w >= 1, "[rpe.torch] length_h = ", length_h, ", length_w = ", length_w,
+                                  "; expected >= 1");
+                const auto cfg = decomposed_config(height, width, g0.size(1), skip, unscaled_query);
+                at::Tensor gh = at::empty({length_h, g0.size(1)}, g0.options()),
+                           gw = at::empty({length_w, g0.size(1)}, g0.options());
+                rpe::vit::load_decomposed_rel_pos_backward<S>(cfg, {cref<S>(g0), cref<S>(g1)}, mref<S>(gh), mref<S>(gw));
+                return std::vector<at::Tensor>{gh, gw};
+            });
     });
 }
 

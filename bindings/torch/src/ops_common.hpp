@@ -6,7 +6,10 @@
 /// RoPE from its form and parameters, and the setup of the fused attention's inputs. One code
 /// path, so that a bad argument gets the same exception and message from either device.
 ///
-/// Tensors go through `prepared(t, name, dtype, where)`: on the CPU (the default `where`) a tensor
+/// Tensors go through `prepared(t, name, dtype_rule, where)`: a tensor of another dtype than the
+/// call's (read from one argument, `dtype_rule::ref`) is a TypeError naming both, e.g.
+/// `[rpe.torch] k has dtype torch.float64 but q has torch.float32; q, k, v, ... must share one
+/// dtype`. On the CPU (the default `where`) a tensor
 /// on another device is a ValueError `[rpe.torch] <name> is on device <d>; expected cpu (...)`;
 /// for a CUDA operator every tensor must be on the device of its first tensor argument
 /// (`where::first`), else `[rpe.torch] <name> is on device cpu; expected cuda:0, the device of q
@@ -75,14 +78,58 @@ inline void check_device(const at::Tensor& t, const char* name, const where& w) 
                       " (the rpe_torch operators do not move tensors between devices)");
 }
 
+// The dtype st as torch names it ("torch.float32", "torch.bfloat16"), for messages (as Python
+// prints tensor.dtype, so that the C++ and Python checks read alike).
+inline std::string dtype_name(at::ScalarType st) {
+    switch (st) {
+        case at::kFloat: return "torch.float32";
+        case at::kDouble: return "torch.float64";
+        case at::kHalf: return "torch.float16";
+        case at::kBFloat16: return "torch.bfloat16";
+        case at::kByte: return "torch.uint8";
+        case at::kChar: return "torch.int8";
+        case at::kShort: return "torch.int16";
+        case at::kInt: return "torch.int32";
+        case at::kLong: return "torch.int64";
+        case at::kBool: return "torch.bool";
+        case at::kComplexFloat: return "torch.complex64";
+        case at::kComplexDouble: return "torch.complex128";
+        default: return std::string("torch.") + dtype_name(st);
+    }
+}
+
+// The dtype that every floating-point tensor argument of one operator call must have: `st`, read
+// from the argument `ref` ("q", "x", "tables[0]", "raw"; null: a fixed dtype), and `shared`, which
+// arguments share it and why, for the TypeError of prepared(). Converts to st.
+struct dtype_rule {
+    at::ScalarType st;
+    const char* ref;                                // the argument st was read from, or null for a fixed dtype
+    const char* shared;                             // e.g. "x, the tables and grad_out must share one dtype"
+    operator at::ScalarType() const { return st; }  // NOLINT(google-explicit-constructor): st where a dtype is wanted
+};
+
+// What dtype_rule::shared says for each operator family (docs/torch.md, "Errors").
+inline constexpr const char* attention_dtypes =
+    "q, k, v, the tables, a float attn_mask, rope_freqs, grad_out and attn must share one dtype";
+inline constexpr const char* term_dtypes = "x, the tables and grad_out must share one dtype";
+inline constexpr const char* rope_dtypes = "x, freqs and grad_y must share one dtype";
+
 // A defined tensor of dtype `want` on the device of `w` (the CPU by default), contiguous (copied
 // once if it is not). Errors: ValueError naming `name` and its device (another device than the
-// operator's: the operators never move tensors between devices), TypeError for another dtype.
-inline at::Tensor prepared(const at::Tensor& t, const char* name, at::ScalarType want, const where& w = {}) {
+// operator's: the operators never move tensors between devices); TypeError for another dtype,
+// naming `name`, its dtype, the argument the call's dtype was read from and its dtype, and which
+// arguments must share it (`[rpe.torch] k has dtype torch.float64 but q has torch.float32; q, k,
+// v, ... must share one dtype`).
+inline at::Tensor prepared(const at::Tensor& t, const char* name, const dtype_rule& want, const where& w = {}) {
     TORCH_CHECK_VALUE(t.defined(), "[rpe.torch] ", name, " is undefined; expected a tensor");
     check_device(t, name, w);
-    TORCH_CHECK_TYPE(t.scalar_type() == want, "[rpe.torch] ", name, " has dtype ", c10::toString(t.scalar_type()), "; expected ",
-                     c10::toString(want), " (the dtype of the first input)");
+    if (want.ref) {
+        TORCH_CHECK_TYPE(t.scalar_type() == want.st, "[rpe.torch] ", name, " has dtype ", dtype_name(t.scalar_type()), " but ",
+                         want.ref, " has ", dtype_name(want.st), "; ", want.shared);
+    } else {
+        TORCH_CHECK_TYPE(t.scalar_type() == want.st, "[rpe.torch] ", name, " has dtype ", dtype_name(t.scalar_type()),
+                         "; expected ", dtype_name(want.st), " (", want.shared, ")");
+    }
     check_int32_sizes(t, name);
     return t.contiguous();
 }
@@ -90,8 +137,8 @@ inline at::Tensor prepared(const at::Tensor& t, const char* name, at::ScalarType
 // q, k or v of the attention: as prepared(), but a strided tensor whose rows of D values are
 // contiguous (last stride 1, e.g. a permuted view of a qkv projection) is read in place.
 // The CUDA kernels read contiguous q, k, v only (rpe::cuda::attention_caps): there, as prepared().
-inline at::Tensor prepared_rows(const at::Tensor& t, const char* name, at::ScalarType want, const where& w = {}) {
-    if (w.device.is_cpu() && t.defined() && t.device().is_cpu() && t.scalar_type() == want &&
+inline at::Tensor prepared_rows(const at::Tensor& t, const char* name, const dtype_rule& want, const where& w = {}) {
+    if (w.device.is_cpu() && t.defined() && t.device().is_cpu() && t.scalar_type() == want.st &&
         (t.dim() == 0 || t.stride(-1) == 1 || t.size(-1) == 1)) {
         check_int32_sizes(t, name);
         return t;
@@ -102,7 +149,7 @@ inline at::Tensor prepared_rows(const at::Tensor& t, const char* name, at::Scala
 inline at::ScalarType checked_float_type(const at::Tensor& t, const char* name) {
     TORCH_CHECK_VALUE(t.defined(), "[rpe.torch] ", name, " is undefined; expected a tensor");
     const auto st = t.scalar_type();
-    TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble, "[rpe.torch] ", name, " has dtype ", c10::toString(st),
+    TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble, "[rpe.torch] ", name, " has dtype ", dtype_name(st),
                      "; expected float32 or float64");
     return st;
 }
@@ -282,7 +329,7 @@ std::vector<rpe::tensor_ref<const S>> crefs(const std::vector<at::Tensor>& ts) {
 }
 
 template <class S>
-std::vector<at::Tensor> prepared_tables(at::TensorList tables, const char* name, at::ScalarType st, const where& w = {}) {
+std::vector<at::Tensor> prepared_tables(at::TensorList tables, const char* name, const dtype_rule& st, const where& w = {}) {
     std::vector<at::Tensor> r;
     for (std::size_t i = 0; i < tables.size(); ++i)
         r.push_back(prepared(tables[i], (std::string(name) + "[" + std::to_string(i) + "]").c_str(), st, w));
@@ -305,7 +352,7 @@ inline at::Tensor prepared_index(const c10::optional<at::Tensor>& p, const char*
     TORCH_CHECK_VALUE(t.device().is_cpu(), "[rpe.torch] ", name, " is on device ", t.device().str(), "; expected cpu (", what,
                       " are read on the host)");
     const auto st = t.scalar_type();
-    TORCH_CHECK_TYPE(at::isIntegralType(st, false), "[rpe.torch] ", name, " has dtype ", c10::toString(st),
+    TORCH_CHECK_TYPE(at::isIntegralType(st, false), "[rpe.torch] ", name, " has dtype ", dtype_name(st),
                      "; expected an integer tensor (int32 or int64) of ", what);
     check_int32_sizes(t, name);
     if (st != at::kInt && t.numel() > 0) {
@@ -353,7 +400,7 @@ struct term_call {
 template <class S, class T = S>
 term_call<T> setup_term(const c10::optional<at::Tensor>& x_opt, at::TensorList tables_in, const at::Tensor* grad_out_in,
                         c10::string_view method, c10::string_view mode, c10::string_view target, double alpha, double beta,
-                        double gamma, int64_t skip, int64_t height, int64_t width, at::ScalarType st, const where& w = {},
+                        double gamma, int64_t skip, int64_t height, int64_t width, const dtype_rule& st, const where& w = {},
                         const c10::optional<at::Tensor>& positions = c10::nullopt,
                         const c10::optional<at::Tensor>& key_positions = c10::nullopt) {
     term_call<T> c;
@@ -434,8 +481,7 @@ inline at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const c
                       "; expected cpu (per-token RoPE positions are CPU only: rpe's CUDA backend refuses them)");
     const auto st = t.scalar_type();
     TORCH_CHECK_TYPE((at::isIntegralType(st, false) || st == at::kFloat || st == at::kDouble), "[rpe.torch] ", name,
-                     " has dtype ", c10::toString(st),
-                     "; expected an integer, float32 or float64 tensor of (row, col) coordinates");
+                     " has dtype ", dtype_name(st), "; expected an integer, float32 or float64 tensor of (row, col) coordinates");
     TORCH_CHECK_VALUE(t.dim() == 2 && (t.size(1) == 2 || t.size(1) == 3), "[rpe.torch] ", name, " has shape ", shape_of(t),
                       "; expected (N, 2) per-token (row, col) coordinates, or (N, 3) for a 3-axis form ((t, h, w) for "
                       "mrope, (frame, row, col) for vjepa2)");
@@ -544,7 +590,7 @@ struct attention_setup {
 // Prepares inputs in place (contiguous, dtype-checked, on w's device) and builds the library's
 // inputs and options (storage type S; terms of scalar T, see attention_setup).
 template <class S, class T = S>
-attention_setup<S, T> setup_attention(attention_args& a, at::ScalarType st, const where& w = {}) {
+attention_setup<S, T> setup_attention(attention_args& a, const dtype_rule& st, const where& w = {}) {
     static const char* qkv_names[] = {"q", "k", "v"};
     at::Tensor* qkv[] = {&a.q, &a.k, &a.v};
     for (int i = 0; i < 3; ++i) {
@@ -609,7 +655,7 @@ attention_setup<S, T> setup_attention(attention_args& a, at::ScalarType st, cons
             check_device(m, "key_padding_mask", w);
         }
         TORCH_CHECK_TYPE(m.scalar_type() == at::kBool || m.scalar_type() == at::kByte, "[rpe.torch] key_padding_mask has dtype ",
-                         c10::toString(m.scalar_type()), "; expected bool or uint8 (true = padded key)");
+                         dtype_name(m.scalar_type()), "; expected bool or uint8 (true = padded key)");
         check_rank(m, 2, "key_padding_mask", "(B, L)");
         a.key_padding_mask = m.to(at::kByte).ne(0).to(at::kByte).contiguous();
         s.in.key_padding_mask = cref<std::uint8_t>(a.key_padding_mask);

@@ -52,7 +52,7 @@ at::ScalarType checked_cuda_float_type(const at::Tensor& t, const char* name) {
     TORCH_CHECK_VALUE(t.defined(), "[rpe.torch] ", name, " is undefined; expected a tensor");
     const auto st = t.scalar_type();
     TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16, "[rpe.torch] ", name,
-                     " has dtype ", c10::toString(st), "; expected float32, float64, float16 or bfloat16");
+                     " has dtype ", dtype_name(st), "; expected float32, float64, float16 or bfloat16");
     return st;
 }
 
@@ -89,7 +89,7 @@ CUstream_st* current_stream(const where& w) { return at::cuda::getCurrentCUDAStr
 template <class S, class T>
 std::vector<at::Tensor> term_cuda(const c10::optional<at::Tensor>& x, at::TensorList tables, const at::Tensor* grad_out,
                                   c10::string_view method, c10::string_view mode, c10::string_view target, double alpha,
-                                  double beta, double gamma, int64_t skip, int64_t height, int64_t width, at::ScalarType st,
+                                  double beta, double gamma, int64_t skip, int64_t height, int64_t width, const dtype_rule& st,
                                   const where& w, const c10::optional<at::Tensor>& positions,
                                   const c10::optional<at::Tensor>& key_positions) {
     // per-token positions: refused by setup_term (ValueError naming them; rpe's CUDA backend has none)
@@ -119,7 +119,7 @@ std::vector<at::Tensor> term_dispatch(const c10::optional<at::Tensor>& x, at::Te
     const at::Tensor* t1 = tables.size() > 1 ? &tables[1] : nullptr;
     const where w =
         cuda_device_of({{"x", x ? &*x : nullptr}, {"tables[0]", &tables[0]}, {"tables[1]", t1}, {"grad_out", grad_out}});
-    const auto st = checked_cuda_float_type(tables[0], "tables[0]");
+    const dtype_rule st{checked_cuda_float_type(tables[0], "tables[0]"), "tables[0]", term_dtypes};
     const c10::cuda::CUDAGuard guard(w.device);
     return on_cuda_dtype(st, [&]<class S, class T>() {
         return term_cuda<S, T>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width, st, w,
@@ -156,7 +156,8 @@ template <class S>
 std::vector<at::Tensor> rope_cuda(const at::Tensor& x_in, const at::Tensor* grad_y_in, c10::string_view form,
                                   at::ArrayRef<double> params, const c10::optional<at::Tensor>& freqs_in, int64_t skip,
                                   int64_t height, int64_t width, c10::string_view layout,
-                                  const c10::optional<at::Tensor>& positions, int64_t suffix, at::ScalarType st, const where& w) {
+                                  const c10::optional<at::Tensor>& positions, int64_t suffix, const dtype_rule& st,
+                                  const where& w) {
     const at::Tensor x = prepared(x_in, "x", st, w);
     auto r = make_rope<S>(form, params, skip, layout, suffix);
     TORCH_CHECK_VALUE(r.enabled(), "[rpe.torch] rope form = ''; expected ", rope_form_names());
@@ -187,7 +188,7 @@ std::vector<at::Tensor> rope_dispatch(const at::Tensor& x, const at::Tensor* gra
                                       int64_t height, int64_t width, c10::string_view layout,
                                       const c10::optional<at::Tensor>& positions, int64_t suffix) {
     const where w = cuda_device_of({{"x", &x}, {"freqs", freqs ? &*freqs : nullptr}, {"grad_y", grad_y}});
-    const auto st = checked_cuda_float_type(x, "x");
+    const dtype_rule st{checked_cuda_float_type(x, "x"), "x", rope_dtypes};
     const c10::cuda::CUDAGuard guard(w.device);
     return on_cuda_dtype(st, [&]<class S, class T>() {
         return rope_cuda<S>(x, grad_y, form, params, freqs, skip, height, width, layout, positions, suffix, st, w);
@@ -237,7 +238,7 @@ where attention_device(const attention_args& a) {
 }
 
 template <class S, class T>
-at::Tensor attention_forward_cuda(attention_args& a, at::ScalarType st, const where& w) {
+at::Tensor attention_forward_cuda(attention_args& a, const dtype_rule& st, const where& w) {
     auto s = setup_attention<S, T>(a, st, w);
     s.opt.stream = current_stream(w);
     at::Tensor out = at::empty(a.q.sizes(), a.q.options());
@@ -246,7 +247,7 @@ at::Tensor attention_forward_cuda(attention_args& a, at::ScalarType st, const wh
 }
 
 template <class S, class T>
-std::vector<at::Tensor> attention_backward_cuda(attention_args& a, at::ScalarType st, const where& w) {
+std::vector<at::Tensor> attention_backward_cuda(attention_args& a, const dtype_rule& st, const where& w) {
     auto s = setup_attention<S, T>(a, st, w);
     s.opt.stream = current_stream(w);
     a.grad_out = prepared(a.grad_out, "grad_out", st, w);
@@ -272,7 +273,7 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
         // refused by setup_attention (ValueError naming the argument): rpe's CUDA attention has none
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
         const where w = attention_device(a);
-        const auto st = checked_cuda_float_type(q, "q");
+        const dtype_rule st{checked_cuda_float_type(q, "q"), "q", attention_dtypes};
         const c10::cuda::CUDAGuard guard(w.device);
         return on_cuda_dtype(st, [&]<class S, class T>() { return attention_forward_cuda<S, T>(a, st, w); });
     });
@@ -299,7 +300,7 @@ std::vector<at::Tensor> attention_backward(
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
         a.grad_out = grad_out;
         const where w = attention_device(a);
-        const auto st = checked_cuda_float_type(q, "q");
+        const dtype_rule st{checked_cuda_float_type(q, "q"), "q", attention_dtypes};
         const c10::cuda::CUDAGuard guard(w.device);
         return on_cuda_dtype(st, [&]<class S, class T>() { return attention_backward_cuda<S, T>(a, st, w); });
     });

@@ -17,6 +17,8 @@ bf16 once; docs/attention.md "bf16 storage") through the term, attention and RoP
   against float64 (logits and gradients; float32 parameters get float32 gradients); CPU autocast
   with float16 still up-casts to float32; torch.compile(fullgraph=True) of both.
 """
+import math
+
 import pytest
 import torch
 
@@ -290,35 +292,46 @@ def test_mixed_dtypes_are_refused_naming_the_argument():
 
     def with_(i, value):
         return tuple(value if j == i else x for j, x in enumerate(a))
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] k has dtype Float; expected BFloat16"):
+    f32, f64, bf = r"torch\.float32", r"torch\.float64", r"torch\.bfloat16"
+
+    def err(name, dtype, ref, ref_dtype, shared=""):  # the message names both arguments, both dtypes, the rule
+        return pytest.raises(TypeError, match=rf"\[rpe.torch\] {name} has dtype {dtype} but {ref} has {ref_dtype}; {shared}")
+    with err("k", f32, "q", bf, r"q, k, v, the tables, a float attn_mask, rope_freqs, grad_out and attn must share one dtype"):
         ops.attention_forward(*with_(1, a[1].float()))
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] tables_k\[0\] has dtype Float; expected BFloat16"):
+    with err(r"tables_k\[0\]", f32, "q", bf):
         ops.attention_forward(*with_(4, [a[4][0].float()]))
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] attn_mask has dtype Double; expected BFloat16"):
+    with err("attn_mask", f64, "q", bf):
         ops.attention_forward(*with_(16, a[16].double()))
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] rope_freqs has dtype Float; expected BFloat16"):
+    with err("rope_freqs", f32, "q", bf):
         ops.attention_forward(*with_(20, a[20].float()))
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] k has dtype BFloat16; expected Float \(the dtype of the first"):
+    with err("k", bf, "q", f32, "q, k, v"):
         ops.attention_forward(*with_(0, a[0].float()))  # q's dtype is the call's
     t = cast(term_cases()["ctx_k_product_shared"], BF)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] x has dtype Float; expected BFloat16"):
-        ops.term_forward(t[0].float(), *t[1:])
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] grad_out has dtype Float; expected BFloat16"):
+    with err("x", f32, r"tables\[0\]", bf, "x, the tables and grad_out must share one dtype"):
+        ops.term_forward(t[0].float(), *t[1:])  # the term operators' dtype is the tables'
+    with err("grad_out", f32, r"tables\[0\]", bf):
         ops.term_backward(t[0], t[1], torch.zeros(B, H, 7, 7), *t[2:])
     x = rnd(B, H, 7, D, grad=False).to(BF)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] freqs has dtype Float; expected BFloat16"):
+    with err("freqs", f32, "x", bf, "x, freqs and grad_y must share one dtype"):
         ops.rope_forward(x, "mixed", [], torch.zeros(2, H, D // 2), 1, 2, 3)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] grad_y has dtype Float; expected BFloat16"):
+    with err("grad_y", f32, "x", bf):
         ops.rope_backward(x, x.float(), "axial", [100.0], None, 1, 2, 3)
+    with err("grad_table", bf, "raw", f32, "raw and grad_table must share one dtype"):
+        ops.cpb_table_backward(torch.zeros(25, H), torch.zeros(H, 25, dtype=BF), 3, 3, True)
+    with err(r"rel_pos_w", f64, "rel_pos_h", f32, "rel_pos_h and rel_pos_w must share one dtype"):
+        ops.decomposed_tables(torch.zeros(5, D), torch.zeros(5, D, dtype=torch.float64), 3, 3, 0, False)
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] angles has dtype torch\.float64; expected torch\.float32 "
+                                        r"\(rope_mixed_init computes in float32\)"):
+        ops.rope_mixed_init(10.0, D, torch.zeros(H, dtype=torch.float64))
     # the public functions give the same messages
     mods = [m.to(BF) if m is not None else None for m in rpe_torch.build_rpe(
         rpe_torch.get_rpe_config(ratio=1.0, method="product", mode="ctx", skip=1, rpe_on="k"), head_dim=D, num_heads=H)]
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] tables_k\[0\] has dtype BFloat16; expected Float"):
+    with err(r"tables_k\[0\]", bf, "q", f32):
         rpe_torch.attention(x.float(), x.float(), x.float(), *mods, height=2, width=3)
 
 
 def test_float16_on_the_cpu_is_refused_outside_autocast():
-    msg = r"has dtype Half; expected float32, float64 or bfloat16 \(the CPU operators have no float16 kernel"
+    msg = r"has dtype torch\.float16; expected float32, float64 or bfloat16 \(the CPU operators have no float16 kernel"
     x = rnd(B, H, 7, D, grad=False).half()
     with pytest.raises(TypeError, match=r"\[rpe.torch\] q " + msg):
         rpe_torch.attention(x, x, x)
@@ -330,7 +343,7 @@ def test_float16_on_the_cpu_is_refused_outside_autocast():
     with pytest.raises(TypeError, match=r"\[rpe.torch\] timm_table " + msg):
         rpe_torch.table_from_timm(torch.zeros(15, H, dtype=torch.float16))
     # the table operators without a bf16 kernel name theirs
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] raw has dtype BFloat16; expected float32 or float64"):
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] raw has dtype torch\.bfloat16; expected float32 or float64"):
         ops.cpb_table(torch.zeros(15, H, dtype=BF), 2, 3, True)
 
 
@@ -487,13 +500,15 @@ def test_compile_fullgraph_bf16(kind):
         assert _max_rel(grads[n], eager_grads[n]) <= 0.05, n
 
 
-@pytest.mark.parametrize("kind", ["swin_timm_layout", "alibi"])
+@pytest.mark.parametrize("kind", ["swin_timm_layout", "alibi", "alibi_dtype"])
 def test_vit_terms_in_bf16(kind):
     """The ViT term modules converted with .to(torch.bfloat16) in the attention: RelPosBias in
-    timm's layout (table_from_timm in bf16, exact) and ALiBi2D's buffer; bf16 output and table
-    gradient, the attention within its bound of float64 on the same values."""
+    timm's layout (table_from_timm in bf16, exact) and ALiBi2D's buffer (converted, or built with
+    dtype=torch.bfloat16); bf16 output and table gradient, the attention within its bound of
+    float64 on the same values."""
     torch.manual_seed(0)
-    term = rpe_torch.RelPosBias(3, H) if kind == "swin_timm_layout" else rpe_torch.ALiBi2D(H, 3, 3)
+    term = {"swin_timm_layout": lambda: rpe_torch.RelPosBias(3, H), "alibi": lambda: rpe_torch.ALiBi2D(H, 3, 3),
+            "alibi_dtype": lambda: rpe_torch.ALiBi2D(H, 3, 3, dtype=BF)}[kind]()
     for p in term.parameters():
         torch.nn.init.normal_(p, std=0.5)
     q, k, v = (rnd(B, H, 9, D, seed=s).detach().to(BF) for s in (91, 92, 93))
@@ -508,10 +523,34 @@ def test_vit_terms_in_bf16(kind):
     assert bool(((out.double() - ref).abs() <= bound).all())
 
 
+@pytest.mark.parametrize("dtype", [BF, torch.float16])
+def test_alibi_takes_every_dtype_that_to_takes(dtype):
+    """ALiBi2D(..., dtype=d) for the low-precision dtypes that .to(d) converts it to: the float64
+    table rounded once to d (hand-checked value: head 0 of 2 has slope 1/16, so the bucket of
+    (Δr, Δc) = (1, 2) holds −√5/16); within one rounding of the float32 module converted with .to(d);
+    a dtype that is not floating point is a TypeError naming it."""
+    m = rpe_torch.ALiBi2D(2, 3, 3, skip=1, dtype=dtype)
+    f64 = rpe_torch.ALiBi2D(2, 3, 3, skip=1, dtype=torch.float64).table
+    assert m.table.dtype == dtype and m.table.shape == f64.shape
+    assert torch.equal(m.table, f64.to(dtype))
+    assert rpe_torch.alibi_slopes(2)[0] == 1 / 16
+    k = 2 * 5 + 2 + 2 + 1  # bucket (Δr + 2)·5 + (Δc + 2) of the 5 × 5 offsets, (Δr, Δc) = (1, 2)
+    assert float(f64[0, k]) == pytest.approx(-math.sqrt(5) / 16, rel=1e-15)
+    assert m.table[0, k] == torch.tensor(-math.sqrt(5) / 16, dtype=torch.float64).to(dtype)
+    conv = rpe_torch.ALiBi2D(2, 3, 3, skip=1).to(dtype).table
+    assert conv.dtype == dtype
+    assert float((m.table.double() - conv.double()).abs().max()) <= torch.finfo(dtype).eps * float(f64.abs().max())
+    if dtype == BF:  # float16: the CPU kernels take it under autocast only
+        assert m().dtype == BF and torch.equal(m()[0, :, 1:, 1:], rpe_torch.ALiBi2D(2, 3, 3, skip=1).to(BF)()[0, :, 1:, 1:])
+    for bad in (torch.int64, torch.bool, torch.complex64, "bfloat16"):
+        with pytest.raises(TypeError, match=r"\[rpe.torch\] dtype = .*; expected a floating-point torch.dtype"):
+            rpe_torch.ALiBi2D(2, 3, 3, dtype=bad)
+
+
 def test_float_only_table_modules_refuse_bf16_naming_the_argument():
     m = rpe_torch.DecomposedRelPos(3, 3, D).to(BF)
     q = rnd(B, H, 9, D, grad=False).to(BF)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] rel_pos_h has dtype BFloat16; expected float32 or float64"):
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] rel_pos_h has dtype torch\.bfloat16; expected float32 or float64"):
         rpe_torch.attention(q, q, q, None, m, None, height=3, width=3)
     with torch.autocast("cpu", dtype=BF):  # autocast computes its tables in float32, then bf16
         assert rpe_torch.attention(q, q, q, None, m, None, height=3, width=3).dtype == BF
@@ -542,3 +581,76 @@ def test_save_attn_default_counts_bf16_bytes_under_autocast(monkeypatch):
         assert called() == ["attention_forward_attn"]
     with torch.autocast("cpu", dtype=torch.float16):  # computed in float32: counted at 4 bytes
         assert called() == ["attention_forward"]
+
+
+def _rope_block_bf16():
+    """test_compile's RoPE-Mixed block with a bias term on k (dim 16, 2 heads, 3 × 3 grid + 1), in bf16."""
+    torch.manual_seed(0)
+    return RoPEBlock().to(BF).train(), torch.randn(2, 10, 16).to(BF)
+
+
+def test_compile_inductor_fullgraph_bf16():
+    """torch.compile(fullgraph=True) with the default backend (inductor: C++ code generation for the
+    ops around the rpe operators, needs g++) of a bf16 RoPE-Mixed block with iRPE on k: no graph
+    break, eager's output and parameter gradients within bf16 rounding (inductor may round the
+    LayerNorm / Linear ops differently), every gradient in bf16."""
+    torch._dynamo.reset()
+    model, x = _rope_block_bf16()
+    eager, eager_grads = _logits_and_grads(model, x)
+    compiled = torch.compile(model, fullgraph=True)
+    out, grads = _logits_and_grads(model, x, None, compiled)
+    assert out.dtype == BF
+    torch.testing.assert_close(out, eager, atol=2e-2, rtol=2e-2)
+    assert grads.keys() == eager_grads.keys() and "rope.freqs" in grads and "rpe_k.lookup_table_bias" in grads
+    for n in grads:
+        assert grads[n].dtype == BF, n
+        assert _max_rel(grads[n], eager_grads[n]) <= 0.05, n
+
+
+def test_export_bf16_round_trip(tmp_path):
+    """torch.export of the bf16 block: the rpe operators in the graph with bf16 outputs, and
+    torch.export.save / load give eager's output bit for bit."""
+    model, x = _rope_block_bf16()
+    model.eval()
+    with torch.no_grad():
+        expected = model(x)
+    exported = torch.export.export(model, (x,))
+    rpe_nodes = [n for n in exported.graph.nodes if n.op == "call_function" and str(n.target).startswith("rpe.")]
+    # the attention (with the probabilities when export traces with grad enabled, as here)
+    assert {str(n.target) for n in rpe_nodes} & {"rpe.attention_forward.default",
+                                                  "rpe.attention_forward_attn.default"}, rpe_nodes
+    vals = [v for n in rpe_nodes for v in (n.meta["val"] if isinstance(n.meta["val"], (list, tuple)) else [n.meta["val"]])]
+    assert vals and all(v.dtype == BF for v in vals)
+    path = tmp_path / "rope_block_bf16.pt2"
+    torch.export.save(exported, path)
+    out = torch.export.load(path).module()(x)
+    assert out.dtype == BF
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["deit", "rope_mixed"])
+def test_timm_swap_in_bf16(family):
+    """timm's own model (test_timm's tiny DeiT / rope-vit RoPE-Mixed) converted to bf16, with
+    rpe_torch.timm.swap_attention: bf16 logits and gradients as close to the float64 model as
+    timm's own bf16 forward is (within twice its error, or 2e-2 / 5e-2 of the scale)."""
+    pytest.importorskip("timm")
+    import copy
+
+    import rpe_torch.timm as rtimm
+    from test_timm import FAMILIES, make, run
+    name, kwargs = FAMILIES[family]
+    ref64 = make(name, kwargs)
+    timm16 = copy.deepcopy(ref64).to(BF)
+    swapped16 = rtimm.swap_attention(copy.deepcopy(ref64)).to(BF)
+    assert rtimm.swapped(swapped16)
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, *ref64.patch_embed.img_size, dtype=torch.float64)
+    out64, grads64 = run(ref64, x, False)
+    out_t, grads_t = run(timm16, x.to(BF), False)
+    out_s, grads_s = run(swapped16, x.to(BF), False)
+    assert out_s.dtype == BF and all(g.dtype == BF for g in grads_s.values())
+    assert grads_s.keys() == grads64.keys()
+    err_s, err_t = _max_rel(out_s, out64), _max_rel(out_t, out64)
+    assert err_s <= max(2 * err_t, 2e-2), (err_s, err_t)
+    gerr_s, gerr_t = _worst_grad(grads_s, grads64), _worst_grad(grads_t, grads64)
+    assert gerr_s <= max(2 * gerr_t, 5e-2), (gerr_s, gerr_t)

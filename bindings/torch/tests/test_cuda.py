@@ -8,7 +8,9 @@ devices, features rpe's CUDA backend lacks, operators without a CUDA kernel, dty
 Every test that needs a device skips when ``torch.cuda.is_available()`` is False (they run on a
 lent GPU through scripts/gpu_check.sh --torch). Without a device, test_cuda_kernels_registered
 checks, when CTest says the library was built with them (RPE_TORCH_EXPECT_CUDA=1), that the CUDA
-kernels are registered and that the operators without one refuse with their message.
+kernels are registered and that the operators without one refuse with their message; the CUDA
+autocast rules (AutocastCUDA kernels, registered by rpe_torch whatever the library) are checked
+on CPU tensors through the dispatcher, and under torch.autocast("cuda") on a device.
 
 Tolerances (docs/torch.md, as docs/cuda.md's for the C++ backend, twice as wide for fp16 / bf16):
 ``|gpu − cpu| ≤ ε·(|cpu| + rms(cpu))`` per element with ε = 8·u·√N (float32, float64; the CPU
@@ -120,6 +122,119 @@ def test_cuda_kernels_registered():
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
         torch.ops.rpe.term_forward.default.redispatch(cuda, None, [torch.zeros(1, 26)], "product", "bias", "k", 1.0, 2.0,
                                                       8.0, 0, 2, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA autocast: the rules run without a device (the AutocastCUDA kernels on CPU tensors)
+# ---------------------------------------------------------------------------------------------
+
+AUTOCAST_CUDA = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)
+
+
+class cuda_autocast_dtype:
+    """torch.get_autocast_dtype("cuda") set to dtype inside (restored after)."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __enter__(self):
+        self.old = torch.get_autocast_dtype("cuda")
+        torch.set_autocast_dtype("cuda", self.dtype)
+
+    def __exit__(self, *exc):
+        torch.set_autocast_dtype("cuda", self.old)
+
+
+def test_cuda_autocast_kernels_registered():
+    """Every forward operator that takes floating tensors has an AutocastCUDA kernel, for the C++
+    dispatcher and the Python one (torch.compile, export); the backward operators have none (they
+    run in the forward's dtypes). Independent of the library's CUDA kernels and of a device."""
+    from rpe_torch._registrations import AUTOCAST_OPS
+    assert {"term_forward", "attention_forward", "rope_forward", "cpb_table", "decomposed_tables"} <= set(AUTOCAST_OPS)
+    for name in AUTOCAST_OPS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"rpe::{name}", "AutocastCUDA"), name
+        assert torch._C.DispatchKey.AutocastCUDA in getattr(torch.ops.rpe, name).default.py_kernels, name
+    for name in ("term_backward", "attention_backward", "rope_backward"):
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"rpe::{name}", "AutocastCUDA"), name
+
+
+def test_cuda_autocast_rules_on_cpu_tensors():
+    """The AutocastCUDA kernels, called through the dispatcher on CPU tensors: float16 and bfloat16
+    autocast cast the operators with CUDA fp16 / bf16 kernels (terms, attention, RoPE) to that dtype
+    (on CPU tensors the float16 cast shows as the CPU kernel's refusal of float16, naming it; the
+    bf16 one runs the CPU bf16 kernel: bit for bit the operator on bf16-cast inputs); the table
+    operators without one compute in float32 and return the autocast dtype (the float32 result
+    rounded once); float64 is left alone."""
+    from rpe_torch._registrations import autocast_compute_dtype
+    for name in ("term_forward", "attention_forward", "rope_forward"):
+        for dt in LOW:
+            assert autocast_compute_dtype(name, "cuda", dt) == dt, (name, dt)
+        assert autocast_compute_dtype(name, "cpu", torch.float16) == torch.float32, name
+    assert autocast_compute_dtype("table_from_timm", "cuda", torch.bfloat16) == torch.bfloat16
+    assert autocast_compute_dtype("table_from_timm", "cuda", torch.float16) == torch.float32
+    assert autocast_compute_dtype("cpb_table", "cuda", torch.bfloat16) == torch.float32
+    ops = torch.ops.rpe
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(2, 26, generator=g)
+    term = ("product", "bias", "k", 1.0, 2.0, 8.0, 1, 2, 3, None, None)
+    raw, rel_h, rel_w = torch.randn(25, 2, generator=g), torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
+    with cuda_autocast_dtype(torch.float16):
+        with pytest.raises(TypeError, match=r"\[rpe\.torch\] tables\[0\] has dtype torch\.float16"):
+            ops.term_forward.default.redispatch(AUTOCAST_CUDA, None, [table], *term)
+        out = ops.cpb_table.default.redispatch(AUTOCAST_CUDA, raw, 3, 3, True)
+        assert out.dtype == torch.float16 and torch.equal(out, ops.cpb_table(raw, 3, 3, True).half())
+        out = ops.table_from_timm.default.redispatch(AUTOCAST_CUDA, table.t().bfloat16())  # bf16 up-cast, exact
+        assert out.dtype == torch.float16 and torch.equal(out, table.bfloat16().float().half())
+        out = ops.cpb_table.default.redispatch(AUTOCAST_CUDA, raw.double(), 3, 3, True)
+        assert out.dtype == torch.float64 and torch.equal(out, ops.cpb_table(raw.double(), 3, 3, True))
+    with cuda_autocast_dtype(torch.bfloat16):
+        out = ops.term_forward.default.redispatch(AUTOCAST_CUDA, None, [table], *term)
+        assert out.dtype == torch.bfloat16 and torch.equal(out, ops.term_forward(None, [table.bfloat16()], *term))
+        out = ops.term_forward.default.redispatch(AUTOCAST_CUDA, None, [table.half()], *term)  # fp16 cast to bf16 too
+        assert torch.equal(out, ops.term_forward(None, [table.half().bfloat16()], *term))
+        rows, cols = ops.decomposed_tables.default.redispatch(AUTOCAST_CUDA, rel_h, rel_w, 3, 3, 0, False)
+        r32, c32 = ops.decomposed_tables(rel_h, rel_w, 3, 3, 0, False)
+        assert rows.dtype == cols.dtype == torch.bfloat16
+        assert torch.equal(rows, r32.bfloat16()) and torch.equal(cols, c32.bfloat16())
+
+
+@needs_gpu
+@not_dry
+@pytestmark_kernels
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+def test_cuda_autocast_runs_the_low_precision_kernels(dtype):
+    """A float32 iRPE-QKV attention under torch.autocast("cuda", dtype): the fp16 / bf16 CUDA
+    kernels run (bit for bit the attention on the dtype-cast inputs and tables; sums in float32),
+    the output is in dtype, the float32 leaves and parameters get float32 gradients; within the
+    low-precision tolerance of the CPU float32 attention on the same values; a table operator
+    without a kernel of dtype (cpb_table) computes in float32 on the host and returns dtype."""
+    g = torch.Generator().manual_seed(11)
+    B, H, h, w, D = 2, 2, 3, 3, 8
+    L = 1 + h * w
+    cfg = rt.get_rpe_config(ratio=RATIO, method="product", mode="ctx", skip=1, rpe_on="qkv")
+    mods = [m for m in rt.build_rpe(cfg, head_dim=D, num_heads=H)]
+    with torch.no_grad():  # values exact in dtype: the cast inside autocast is then exact too
+        for m in mods:
+            for p in m.parameters():
+                p.copy_(torch.randn(p.shape, generator=g).to(dtype).float())
+    qkv = [torch.randn(B, H, L, D, generator=g).to(dtype).float() for _ in range(3)]
+    mods_g = [copy_module(m).to(DEVICE) for m in mods]
+    leaves = [t.to(DEVICE).requires_grad_() for t in qkv]
+    with torch.autocast("cuda", dtype=dtype):
+        out = rt.attention(*leaves, *mods_g, height=h, width=w)
+    assert out.dtype == dtype
+    expected = rt.attention(*(t.detach().to(dtype) for t in leaves), *[copy_module(m).to(dtype) for m in mods_g],
+                            height=h, width=w)
+    assert torch.equal(out, expected)
+    assert_matches(out, rt.attention(*qkv, *mods, height=h, width=w), dtype, D + L, "out (autocast)", attention=True)
+    out.float().sum().backward()
+    assert all(t.grad.dtype == torch.float32 for t in leaves)
+    assert all(p.grad.dtype == torch.float32 for m in mods_g for p in m.parameters())
+    raw = torch.randn(25, H, generator=g).to(DEVICE)
+    with torch.autocast("cuda", dtype=dtype):
+        t = torch.ops.rpe.cpb_table(raw, 3, 3, True)
+    assert t.dtype == dtype and t.device.type == "cuda"
+    assert torch.equal(t, torch.ops.rpe.cpb_table(raw, 3, 3, True).to(dtype))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,9 +598,9 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"\[rpe\.cpb\] raw has shape \(15, 2\); expected \(25, 2\)"):
         torch.ops.rpe.cpb_table(torch.zeros(15, 2, device="cuda"), 3, 3, True)  # the CPU kernel's check, on the host
     # dtypes and the library's own checks, as on the CPU
-    with pytest.raises(TypeError, match=r"\[rpe\.torch\] q has dtype Int; expected float32, float64, float16 or bfloat16"):
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] q has dtype torch\.int32; expected float32, float64, float16 or bfloat16"):
         rt.attention(q.int(), k, v, height=h, width=w)
-    with pytest.raises(TypeError, match=r"\[rpe\.torch\] k has dtype Double; expected Float"):
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] k has dtype torch\.float64 but q has torch\.float32; q, k, v, the tables"):
         rt.attention(q, k.double(), v, height=h, width=w)
     with pytest.raises(ValueError, match=r"\[rpe\.attention\] v has shape"):
         rt.attention(q, k, v[..., :4], height=h, width=w)

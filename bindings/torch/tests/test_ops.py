@@ -144,9 +144,10 @@ def test_attention_float32_matches_float64():
 def test_errors_name_the_parameter():
     mods, q, k, v, L = attention_setup("product", "contextual", "qkv", True, 1, dtype=torch.float32)
     rq, rk, rv = mods
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] k has dtype"):
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] k has dtype torch\.float64 but q has torch\.float32; "
+                                        r"q, k, v, the tables, a float attn_mask, rope_freqs, grad_out and attn must share one dtype"):
         irpe.attention(q, k.double(), v, rq, rk, rv, height=2, width=3)
-    with pytest.raises(TypeError, match=r"tables_k\[0\] has dtype"):
+    with pytest.raises(TypeError, match=r"tables_k\[0\] has dtype torch\.float64 but q has torch\.float32"):
         irpe.attention(q, k, v, rq, copy.deepcopy(rk).double(), rv, height=2, width=3)
     with pytest.raises(ValueError, match=r"L = 7 < height\*width = 3\*3"):
         irpe.attention(q, k, v, rq, rk, rv, height=3, width=3)

@@ -331,7 +331,7 @@ def test_operator_errors_name_the_argument():
                                      [0.0] * 4 + [1.9, 3.8, 15.2, 1.0] + [0.0] * 4, 2, 3, None, None, None, "", [],
                                      None, 0, "pairs", None, None, 0, *idx)
 
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] rpe_positions has dtype Float; expected an integer tensor"):
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] rpe_positions has dtype torch\.float32; expected an integer tensor"):
         op(rpe_positions=pos.float())
     with pytest.raises(ValueError, match=r"\[rpe.torch\] key_lengths holds values in \[4294967296, 4294967296\]; expected 32-bit"):
         op(key_lengths=torch.tensor([4294967296]))

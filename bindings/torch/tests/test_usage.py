@@ -73,11 +73,11 @@ def test_device_dtype_meta_and_size_errors_name_the_argument():
         mods[1](q.detach().to("meta"), 2, 3)
     with pytest.raises(ValueError, match=r"rope freqs is on device meta"):
         rpe_torch.attention(q, k, v, height=2, width=3, rope=rpe_torch.RoPEMixed(2, 4, skip=1).double().to("meta"))
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] v has dtype Long"):
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] v has dtype torch\.int64 but q has torch\.float64; q, k, v, the tables"):
         rpe_torch.attention(q, k, v.detach().long(), *mods, height=2, width=3)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] q has dtype Int; expected float32, float64 or bfloat16"):
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] q has dtype torch\.int32; expected float32, float64 or bfloat16"):
         rpe_torch.attention(q.detach().int(), k, v, *mods, height=2, width=3)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] x has dtype Int"):
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] x has dtype torch\.int32"):
         rpe_torch.RoPEAxial(skip=1)(q.detach().int(), 2, 3)
     with pytest.raises(TypeError, match=r"q is a list"):
         rpe_torch.attention([1.0], k, v)
@@ -158,6 +158,47 @@ def test_jit_trace_vit_term_modules(make):
     kinds = {n.kind() for n in traced.inlined_graph.nodes()}
     assert any(kind.startswith("rpe::") for kind in kinds), kinds
     assert not {"rpe::families", "rpe::slot_spec", "rpe::family_mode"} & kinds, kinds
+
+
+@pytest.mark.parametrize("save_attn", [None, True, False], ids=["save_attn_None", "save_attn_True", "save_attn_False"])
+def test_jit_trace_with_grad_enabled_checks_and_matches_eager(save_attn):
+    """A trace made with grad enabled passes check_trace (which re-traces under no_grad: the
+    operator must not depend on the grad mode; under the tracer save_attn=None is decided by the
+    shapes only, as eager decides it in grad mode) and gives eager's output and gradients on new
+    inputs, bit for bit, and eager's output under no_grad."""
+    torch.manual_seed(5)
+    mods = modules(rpe_on="qkv", skip=1, heads=2, D=4, mode="ctx", dtype=torch.float32)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(4, 12)
+            self.rq, self.rk, self.rv = mods
+
+        def forward(self, x):  # x: (B, H, L, 4)
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            return rpe_torch.attention(q, k, v, self.rq, self.rk, self.rv, height=2, width=3, save_attn=save_attn)
+
+    model = Block()
+    x0, x1 = torch.randn(1, 2, 7, 4), torch.randn(2, 2, 7, 4)
+    traced = torch.jit.trace(model, x0, check_inputs=[(x1,)])  # check_trace=True (the default)
+    kinds = {n.kind() for n in traced.inlined_graph.nodes()}
+    keeps = save_attn is not False  # None: 1·2·7·7 float32 probabilities, far below 64 MiB
+    assert ("rpe::attention_forward_attn" in kinds) == keeps, kinds
+    assert ("rpe::attention_forward" in kinds) == (not keeps), kinds
+    w = torch.randn(2, 2, 7, 4)
+    out_e, out_t = model(x1), traced(x1)
+    assert torch.equal(out_t, out_e)
+    grads_e = torch.autograd.grad((out_e * w).sum(), list(model.parameters()))
+    grads_t = torch.autograd.grad((out_t * w).sum(), list(model.parameters()))
+    for (name, _), ge, gt in zip(model.named_parameters(), grads_e, grads_t):
+        assert torch.equal(gt, ge), name
+    with torch.no_grad():  # the same graph runs in inference
+        assert torch.equal(traced(x1), out_e)
+    # under no_grad, save_attn=None traces the same operator (the shapes decide), as check_trace wants
+    with torch.no_grad():
+        kinds = {n.kind() for n in torch.jit.trace(model, x0).inlined_graph.nodes()}
+    assert ("rpe::attention_forward_attn" in kinds) == keeps, kinds
 
 
 # ---------------------------------------------------------------------------------------------
