@@ -1,5 +1,5 @@
 // The one instantiation of the CPU fused attention in a program (rpe::cpu::attention_forward and
-// both attention_backward overloads, float and double; rpe::bf16's forward and backward): rpe's own programs (tests, tools,
+// both attention_backward overloads, float and double; rpe::bf16's and rpe::f16's forward and backward): rpe's own programs (tests, tools,
 // benchmarks, examples) link the object library rpe_attention, a user's program the installed
 // target rpe::attention (which adds this file to it); both define RPE_EXTERN_ATTENTION, so each
 // translation unit that calls the fused attention skips its instantiation (see
@@ -28,6 +28,10 @@ template void attention_forward<bf16>(const attention_inputs<bf16>&, tensor_ref<
 template void attention_backward<bf16>(const attention_inputs<bf16>&, const attention_gradients<bf16>&, const attention_options&);
 template void attention_backward<bf16>(const attention_inputs<bf16>&, tensor_ref<const bf16>, tensor_ref<bf16>, tensor_ref<bf16>,
                                        tensor_ref<bf16>, const attention_options&);
+template void attention_forward<f16>(const attention_inputs<f16>&, tensor_ref<f16>, tensor_ref<f16>, const attention_options&);
+template void attention_backward<f16>(const attention_inputs<f16>&, const attention_gradients<f16>&, const attention_options&);
+template void attention_backward<f16>(const attention_inputs<f16>&, tensor_ref<const f16>, tensor_ref<f16>, tensor_ref<f16>,
+                                      tensor_ref<f16>, const attention_options&);
 
 }  // namespace RPE_ISA_NS
 }  // namespace rpe::cpu

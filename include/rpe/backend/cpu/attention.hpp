@@ -17,6 +17,7 @@
 #include "../../any_term.hpp"  // rpe::any_term, make_any_term: the CPU terms that users attach to slots
 #include "../../attention_inputs.hpp"
 #include "../../bf16.hpp"
+#include "../../f16.hpp"
 #include "../../detail/check.hpp"
 #include "../../detail/validate.hpp"
 #include "../../error.hpp"
@@ -655,8 +656,8 @@ template <class S>
 backward_layout backward_layout_of(const attention_inputs<S>& in, const attention_options& opt, bool saved_attn) {
     check_backward_budget(opt);
     backward_layout lay;
-    // the partials' values: float for bf16 storage (its backward runs in float: fused_backward_bf16)
-    using value_type = std::conditional_t<std::is_same_v<S, bf16>, float, S>;
+    // the partials' values: float for bf16 and f16 storage (their backward runs in float)
+    using value_type = std::conditional_t<std::is_same_v<S, bf16> || std::is_same_v<S, f16>, float, S>;
     lay.per_line = std::max<std::int64_t>(1, 64 / static_cast<std::int64_t>(sizeof(value_type)));
     const std::int64_t planes = in.q.extent(0) * in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
     std::int64_t k = 0, item = 0, grad_tables = 0, q_partials = 0, q_grad_tables = 0;
@@ -1087,6 +1088,13 @@ inline void packed_forward_bf16(const attention_inputs<bf16>& in, tensor_ref<bf1
 // The backward on rpe::bf16 storage (attention_bf16.hpp): in float, the gradients rounded once.
 inline void fused_backward_bf16(const attention_inputs<bf16>& in, const attention_gradients<bf16>& g,
                                 const attention_options& opt);
+// The forward, packed forward and backward on rpe::f16 storage (attention_f16.hpp): in float, each
+// output rounded to f16 once.
+template <class Id>
+void fused_forward_f16(const attention_inputs<f16>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<f16> out,
+                       tensor_ref<f16> attn, const attention_options& opt);
+inline void packed_forward_f16(const attention_inputs<f16>& in, tensor_ref<f16> out, const attention_options& opt);
+inline void fused_backward_f16(const attention_inputs<f16>& in, const attention_gradients<f16>& g, const attention_options& opt);
 
 }  // namespace RPE_ISA_NS
 }  // namespace detail
@@ -1127,6 +1135,10 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 /// products where the unit is built with AVX512_BF16, else float conversion and the float
 /// kernels; accuracy in docs/attention.md, "bf16"). Calls with `in.packed`, `in.key_lengths` or
 /// RoPE take the portable path.
+/// S = rpe::f16 (IEEE binary16): f16 storage of the same tensors, float computation: the inputs
+/// converted to float once per call (F16C / AVX-512F conversions where the unit has them), the
+/// float forward, out and attn rounded to f16 once (detail::fused_forward_f16: bit for bit the
+/// f16 rounding of the float forward on the f16 values; docs/attention.md, "f16").
 template <class S>
 void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {
@@ -1134,12 +1146,16 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
     if (in.packed.enabled()) {
         if constexpr (std::is_same_v<S, bf16>)
             return detail::packed_forward_bf16(in, out, opt);
+        else if constexpr (std::is_same_v<S, f16>)
+            return detail::packed_forward_f16(in, out, opt);
         else
             return detail::packed_forward(in, out, opt);
     }
     detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
         if constexpr (std::is_same_v<S, bf16>)
             detail::fused_forward_bf16<Id>(in, ids, out, attn, opt);
+        else if constexpr (std::is_same_v<S, f16>)
+            detail::fused_forward_f16<Id>(in, ids, out, attn, opt);
         else
             detail::fused_forward<S, Id>(in, ids, out, attn, opt);
     });
@@ -1177,11 +1193,15 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 /// call: float copies of q, k, v, grad_out and the three gradients (7·B·H·L·D floats), of the tables
 /// and their gradients, and of saved_attn (B·H·L·L floats) when given; the partials budget is
 /// that of the float backward (plan_backward_scratch counts float partials for bf16).
+/// S = rpe::f16: as bf16 (the same float copies, the float backward, each gradient rounded to f16
+/// once: detail::fused_backward_f16; docs/attention.md, "f16").
 template <class S>
 void attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt = {}) {
     detail::check_attention_backward(in, g, opt, attention_caps);
     if constexpr (std::is_same_v<S, bf16>) {
         detail::fused_backward_bf16(in, g, opt);
+    } else if constexpr (std::is_same_v<S, f16>) {
+        detail::fused_backward_f16(in, g, opt);
     } else {
         if (in.packed.enabled()) return detail::packed_backward(in, g, opt);
         detail::dispatch_ids(in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
@@ -1219,8 +1239,9 @@ struct backward_scratch {
 /// wave. Depends on the shapes, the terms, which `grad_tables` are given, `opt.row_block`, the
 /// budget and whether `g.saved_attn` is given (`saved_attn`), never on the thread count.
 /// Per-thread buffers (logits blocks, about threads·(2·rows·L + 2·rows·K) values) and the (L, L) id
-/// copies are not counted. For S = rpe::bf16 the partials are float values (that backward runs in
-/// float); its float copies of the inputs and gradients (see attention_backward) are not counted.
+/// copies are not counted. For S = rpe::bf16 and rpe::f16 the partials are float values (that
+/// backward runs in float); its float copies of the inputs and gradients (see attention_backward)
+/// are not counted.
 /// @throws rpe::invalid_argument as attention_backward for bad inputs or options (e.g.
 ///   `[rpe.attention] options.backward_budget_bytes = 0; expected > 0 (bytes)`).
 template <class S>
@@ -1273,6 +1294,12 @@ extern template void attention_backward<bf16>(const attention_inputs<bf16>&, con
                                               const attention_options&);
 extern template void attention_backward<bf16>(const attention_inputs<bf16>&, tensor_ref<const bf16>, tensor_ref<bf16>,
                                               tensor_ref<bf16>, tensor_ref<bf16>, const attention_options&);
+extern template void attention_forward<f16>(const attention_inputs<f16>&, tensor_ref<f16>, tensor_ref<f16>,
+                                            const attention_options&);
+extern template void attention_backward<f16>(const attention_inputs<f16>&, const attention_gradients<f16>&,
+                                             const attention_options&);
+extern template void attention_backward<f16>(const attention_inputs<f16>&, tensor_ref<const f16>, tensor_ref<f16>,
+                                             tensor_ref<f16>, tensor_ref<f16>, const attention_options&);
 #endif
 
 }  // namespace RPE_ISA_NS
@@ -1284,3 +1311,4 @@ using cpu::attention_forward;
 }  // namespace rpe
 
 #include "attention_bf16.hpp"  // detail::fused_forward_bf16, over the float kernels above
+#include "attention_f16.hpp"   // detail::fused_forward_f16, over the float kernels above
