@@ -14,6 +14,7 @@
 #include "backend/cpu/term.hpp"
 #include "backend/tags.hpp"
 #include "bf16.hpp"
+#include "f16.hpp"
 #include "bucket_cache.hpp"
 #include "bucket_ids.hpp"
 #include "concepts.hpp"
@@ -50,16 +51,17 @@ namespace rpe {
 /// does not match, a null or overlapping buffer. Exception guarantee: every check runs before
 /// anything is written, so a call that throws leaves the outputs untouched.
 /// Thread-safety: const member functions may run concurrently on distinct outputs.
-/// Scalar S: float, double or rpe::bf16. bf16 is storage only: forward and backward convert the
+/// Scalar S: float, double, rpe::bf16 or rpe::f16. bf16 is storage only: forward and backward convert the
 /// tables, x, grad_out (and, with write::accumulate, the outputs) to float once per call, run the
 /// float kernels (every sum in float) and round each output to bf16 once (docs/attention.md, "bf16").
+/// rpe::f16 (IEEE binary16) likewise, each output rounded to f16 once (docs/attention.md, "f16").
 /// Source: paper eqs. 13–17; reference `iRPE` module and `build_rpe` in microsoft/Cream
 /// `iRPE/DeiT-with-iRPE/irpe.py`.
 template <GridMapping M, Mode Md, target Tg, class S, Backend B>
 requires ModeOnTarget<Md, Tg>  // bias mode on values does not exist
 class term {
-    static_assert(std::is_same_v<S, float> || std::is_same_v<S, double> || std::is_same_v<S, bf16>,
-                  "rpe: the scalar type must be float, double or rpe::bf16");
+    static_assert(std::is_same_v<S, float> || std::is_same_v<S, double> || std::is_same_v<S, bf16> || std::is_same_v<S, f16>,
+                  "rpe: the scalar type must be float, double, rpe::bf16 or rpe::f16");
     static_assert(std::is_same_v<B, backend::cpu>,
                   "rpe: this header provides the CPU backend; include <rpe/cuda.cuh> and compile with nvcc for backend::cuda");
 

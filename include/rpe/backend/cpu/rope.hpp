@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../../bf16.hpp"
+#include "../../f16.hpp"
 #include "../../detail/check.hpp"
 #include "../../error.hpp"
 #include "../../rope/rotary.hpp"
@@ -276,6 +277,47 @@ inline void rope_bf16_copies_of(const rotary_embedding<bf16>& r, const tensor_re
     c.y.resize(c.x.size());
 }
 
+// rpe::f16 storage: the same float copies (rope_bf16_copies holds floats only). Scalar conversions
+// (rpe::f16's, the bits of f16_kernels.hpp's hardware ones): this header stays free of the
+// intrinsics headers.
+inline std::vector<float> rope_f16_to_float(const tensor_ref<const f16>& t) {
+    std::vector<float> out(static_cast<std::size_t>(t.size()));
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data[i]);
+    return out;
+}
+
+// n floats rounded to f16 (to nearest, ties to even), once.
+inline void rope_round_to_f16(const float* src, f16* dst, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = f16(src[i]);
+}
+
+inline void rope_f16_copies_of(const rotary_embedding<f16>& r, const tensor_ref<const f16>& x,
+                               const tensor_ref<const f16>* grad_y, bool want_freqs, rope_bf16_copies& c) {
+    static_assert(sizeof(rotary_embedding<f16>) == sizeof(rope_bf16_known_fields),
+                  "rpe::rotary_embedding gained a field: forward it in detail::cpu::rope_f16_copies_of (backend/cpu/rope.hpp)");
+    c.r.form = r.form;
+    c.r.skip = r.skip;
+    c.r.layout = r.layout;
+    c.r.positions = r.positions;
+    c.r.key_positions = r.key_positions;
+    c.r.suffix = r.suffix;
+    if (r.freqs.data) {
+        c.freqs = rope_f16_to_float(r.freqs);
+        c.r.freqs.data = c.freqs.data();
+        c.r.freqs.rank = r.freqs.rank;
+        c.r.freqs.shape = r.freqs.shape;
+    }
+    if (want_freqs) {
+        c.grad_freqs.resize(static_cast<std::size_t>(r.grad_freqs.size()));
+        c.r.grad_freqs.data = c.grad_freqs.data();
+        c.r.grad_freqs.rank = r.grad_freqs.rank;
+        c.r.grad_freqs.shape = r.grad_freqs.shape;
+    }
+    c.x = rope_f16_to_float(x);
+    if (grad_y) c.grad_y = rope_f16_to_float(*grad_y);
+    c.y.resize(c.x.size());
+}
+
 }  // namespace RPE_ISA_NS
 }  // namespace detail::cpu
 
@@ -293,8 +335,8 @@ inline namespace RPE_ISA_NS {  // see isa.hpp
 /// @throws rpe::invalid_argument `[rpe.rope] ...` (shapes, L, D not a multiple of 4 (axial,
 ///   cat) or 2 (mixed), policy parameters, overlapping buffers) before anything is written.
 /// Threads: OpenMP over (batch, head) planes; results do not depend on the thread count.
-/// @tparam S float, double or rpe::bf16 (bf16 storage of x, y and the frequencies: x and the
-///   frequencies converted to float once, the float rotation, y rounded to bf16 once).
+/// @tparam S float, double, rpe::bf16 or rpe::f16 (16-bit storage of x, y and the frequencies: x
+///   and the frequencies converted to float once, the float rotation, y rounded to bf16 / f16 once).
 /// Source: rope-vit apply_rotary_emb; timm apply_rot_embed_cat (see rpe::rope).
 template <class S>
 void rope_forward(const rotary_embedding<S>& r, int height, int width, tensor_ref<const S> x, tensor_ref<S> y) {
@@ -307,6 +349,13 @@ void rope_forward(const rotary_embedding<S>& r, int height, int width, tensor_re
         const auto shape = {x.extent(0), x.extent(1), x.extent(2), x.extent(3)};
         rope_forward<float>(c.r, height, width, tensor_ref<const float>(c.x.data(), shape), tensor_ref<float>(c.y.data(), shape));
         detail::cpu::rope_round_to_bf16(c.y.data(), y.data, y.size());
+    } else if constexpr (std::is_same_v<S, f16>) {
+        detail::cpu::rope_bf16_copies c;
+        (void)planes;
+        detail::cpu::rope_f16_copies_of(r, x, nullptr, false, c);
+        const auto shape = {x.extent(0), x.extent(1), x.extent(2), x.extent(3)};
+        rope_forward<float>(c.r, height, width, tensor_ref<const float>(c.x.data(), shape), tensor_ref<float>(c.y.data(), shape));
+        detail::cpu::rope_round_to_f16(c.y.data(), y.data, y.size());
     } else {
         const std::int64_t l = x.extent(2), d = x.extent(3), heads = x.extent(1);
         if (!r.enabled()) {
@@ -328,9 +377,9 @@ void rope_forward(const rotary_embedding<S>& r, int height, int width, tensor_re
 /// with row_t (the positions' x and y with r.positions).
 /// @param x the forward's input (B, H, L, D) (read for the frequency gradient).
 /// @param grad_y (B, H, L, D); @param grad_x (B, H, L, D), written, separate from the inputs.
-/// @tparam S float, double or rpe::bf16 (bf16 storage: x, grad_y and the frequencies converted to
-///   float once, the float backward (the frequency gradient summed in float), grad_x and
-///   grad_freqs rounded to bf16 once).
+/// @tparam S float, double, rpe::bf16 or rpe::f16 (16-bit storage: x, grad_y and the frequencies
+///   converted to float once, the float backward (the frequency gradient summed in float), grad_x
+///   and grad_freqs rounded to bf16 / f16 once).
 /// @throws as rope_forward, and `[rpe.rope] rope grad_freqs ...` for a bad grad_freqs.
 template <class S>
 void rope_backward(const rotary_embedding<S>& r, int height, int width, tensor_ref<const S> x, tensor_ref<const S> grad_y,
@@ -347,6 +396,15 @@ void rope_backward(const rotary_embedding<S>& r, int height, int width, tensor_r
                              tensor_ref<const float>(c.grad_y.data(), shape), tensor_ref<float>(c.y.data(), shape));
         detail::cpu::rope_round_to_bf16(c.y.data(), grad_x.data, grad_x.size());
         if (want_freqs) detail::cpu::rope_round_to_bf16(c.grad_freqs.data(), r.grad_freqs.data, r.grad_freqs.size());
+    } else if constexpr (std::is_same_v<S, f16>) {
+        (void)planes, (void)l, (void)d, (void)heads;
+        detail::cpu::rope_bf16_copies c;
+        detail::cpu::rope_f16_copies_of(r, x, &grad_y, want_freqs, c);
+        const auto shape = {x.extent(0), x.extent(1), x.extent(2), x.extent(3)};
+        rope_backward<float>(c.r, height, width, tensor_ref<const float>(c.x.data(), shape),
+                             tensor_ref<const float>(c.grad_y.data(), shape), tensor_ref<float>(c.y.data(), shape));
+        detail::cpu::rope_round_to_f16(c.y.data(), grad_x.data, grad_x.size());
+        if (want_freqs) detail::cpu::rope_round_to_f16(c.grad_freqs.data(), r.grad_freqs.data, r.grad_freqs.size());
     } else {
         if (!r.enabled()) {
             std::copy(grad_y.data, grad_y.data + grad_y.size(), grad_x.data);

@@ -5,7 +5,8 @@
 /// One instantiation per (scalar, mode, target) serves every mapping: the mapping only decides
 /// the bucket ids, which arrive built. Shapes and layouts: see rpe::term. rpe::bf16 storage runs
 /// the float kernels on float copies (term_forward_bf16, term_backward_bf16), each output rounded
-/// to bf16 once.
+/// to bf16 once; rpe::f16 likewise (term_f16.hpp, the conversions in hardware where the unit has
+/// them).
 #pragma once
 
 #include <span>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "../../bf16.hpp"
+#include "../../f16.hpp"
 #include "../../bucket_ids.hpp"
 #include "../../detail/term_checks.hpp"
 #include "../../mode.hpp"
@@ -31,14 +33,24 @@ template <bool Bias, target Tg>
 void term_backward_bf16(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const bf16>> tables, const bf16* x,
                         tensor_ref<const bf16> grad_out, bf16* grad_x, std::span<const tensor_ref<bf16>> grad_tables,
                         bool accumulate);
+template <bool Bias, target Tg>
+void term_forward_f16(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const f16>> tables, const f16* x,
+                      tensor_ref<f16> out, bool accumulate);
+template <bool Bias, target Tg>
+void term_backward_f16(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const f16>> tables, const f16* x,
+                       tensor_ref<const f16> grad_out, f16* grad_x, std::span<const tensor_ref<f16>> grad_tables,
+                       bool accumulate);
 
 /// @brief Forward of a checked term call: writes (or with `accumulate` adds) the term into `out`.
-/// Cross (two tables) sums its tables' terms. S = rpe::bf16: term_forward_bf16.
+/// Cross (two tables) sums its tables' terms. S = rpe::bf16: term_forward_bf16; rpe::f16:
+/// term_forward_f16.
 template <class S, bool Bias, target Tg>
 void term_forward(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const S>> tables, const S* x,
                   tensor_ref<S> out, bool accumulate) {
     if constexpr (std::is_same_v<S, bf16>) {
         term_forward_bf16<Bias, Tg>(d, ids, tables, x, out, accumulate);
+    } else if constexpr (std::is_same_v<S, f16>) {
+        term_forward_f16<Bias, Tg>(d, ids, tables, x, out, accumulate);
     } else {
         const int num_tables = static_cast<int>(tables.size());
         for (int t = 0; t < num_tables; ++t) {
@@ -59,12 +71,14 @@ void term_forward(const term_dims& d, const bucket_ids& ids, std::span<const ten
 
 /// @brief Backward of a checked term call: `grad_x` (null to skip; always null in bias mode) and
 /// each non-null `grad_tables[t]`, overwritten or with `accumulate` added to. S = rpe::bf16:
-/// term_backward_bf16.
+/// term_backward_bf16; rpe::f16: term_backward_f16.
 template <class S, bool Bias, target Tg>
 void term_backward(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const S>> tables, const S* x,
                    tensor_ref<const S> grad_out, S* grad_x, std::span<const tensor_ref<S>> grad_tables, bool accumulate) {
     if constexpr (std::is_same_v<S, bf16>) {
         term_backward_bf16<Bias, Tg>(d, ids, tables, x, grad_out, grad_x, grad_tables, accumulate);
+    } else if constexpr (std::is_same_v<S, f16>) {
+        term_backward_f16<Bias, Tg>(d, ids, tables, x, grad_out, grad_x, grad_tables, accumulate);
     } else {
         const int num_tables = static_cast<int>(tables.size());
         for (int t = 0; t < num_tables; ++t) {
@@ -184,8 +198,8 @@ inline namespace RPE_ISA_NS {  // see isa.hpp: term_forward / term_backward inst
 /// @brief Forward of term `desc` on the CPU: writes (`write::overwrite`) or adds
 /// (`write::accumulate`) the term into `out`. Shapes as rpe::term (tables: desc.num_tables()
 /// views shaped desc.table_shape(); x unused ({}) in bias mode).
-/// @tparam S float, double or rpe::bf16 (bf16 storage: the tables, x and, when accumulating, out
-///   converted to float, the float kernels, out rounded to bf16 once).
+/// @tparam S float, double, rpe::bf16 or rpe::f16 (16-bit storage: the tables, x and, when
+///   accumulating, out converted to float, the float kernels, out rounded to bf16 / f16 once).
 /// @throws rpe::invalid_argument `[rpe.term] ...` for ids built for another mapping or skip, a
 ///   shape that does not match, a null or overlapping buffer, before anything is written.
 template <class S>
@@ -200,8 +214,9 @@ void term_forward(const term_desc& desc, const bucket_ids& ids, std::span<const 
 
 /// @brief Backward of term_forward for `sum(out · grad_out)`: `grad_x` (`{}` to skip; always
 /// `{}` in bias mode) and each non-empty `grad_tables[t]`, overwritten or added to (`mode`).
-/// S = rpe::bf16: the inputs (and, when accumulating, the gradients) converted to float, every
-/// sum in float, each gradient rounded to bf16 once (the table gradients are bf16 values).
+/// S = rpe::bf16 or rpe::f16: the inputs (and, when accumulating, the gradients) converted to
+/// float, every sum in float, each gradient rounded to bf16 / f16 once (the table gradients are
+/// bf16 / f16 values).
 /// @throws as term_forward.
 template <class S>
 void term_backward(const term_desc& desc, const bucket_ids& ids, std::span<const tensor_ref<const S>> tables,
@@ -217,3 +232,5 @@ void term_backward(const term_desc& desc, const bucket_ids& ids, std::span<const
 
 }  // namespace RPE_ISA_NS
 }  // namespace rpe::cpu
+
+#include "term_f16.hpp"  // detail::cpu::term_forward_f16 / term_backward_f16, over the float kernels above
