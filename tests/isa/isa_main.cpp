@@ -1,8 +1,8 @@
 // Test rpe_isa_test: two units of one program (isa_unit.cpp built for the x86-64 baseline and for
-// AVX2 + FMA; a third for AVX-512 + AVX512_BF16 where the compiler takes it) run the same fused attention and term forward through rpe. rpe's ISA-dependent code
+// AVX2 + FMA + F16C; a third for AVX-512 + AVX512_BF16 where the compiler takes it) run the same fused attention and term forward through rpe. rpe's ISA-dependent code
 // is in a namespace per ISA (rpe/backend/cpu/isa.hpp), so each unit keeps its own copy: the two
 // report their own ISA (through the functions' addresses, which the linker would merge) and
-// give the same results up to float rounding. Exit 77 (skipped) on a CPU without AVX2 + FMA,
+// give the same results up to float rounding. Exit 77 (skipped) on a CPU without AVX2 + FMA + F16C,
 // after running the baseline unit alone.
 #include <cmath>
 #include <cstdio>
@@ -47,12 +47,12 @@ int main() {
     check(base.ns == "sse2", "the baseline unit's rpe code is in namespace sse2");
 #if defined(__GNUC__)
     __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #else
     const bool avx2 = false;
 #endif
     if (!avx2) {
-        std::printf("this CPU lacks AVX2 or FMA: the AVX2 unit is not run\n");
+        std::printf("this CPU lacks AVX2, FMA or F16C: the AVX2 unit is not run\n");
         return failures ? 1 : 77;
     }
     const isa_result wide = run_avx2();
@@ -67,6 +67,14 @@ int main() {
     check(base.bf16_path == "portable" && wide.bf16_path == "portable",
           "the baseline and AVX2 units take the portable bf16 path");
     check(close(wide.attention_bf16, base.attention_bf16, "attention bf16", 0x1p-12, 0x1p-7), "bf16 attention outputs agree");
+    // f16: the baseline unit converts with the portable code, the AVX2 unit (built with -mf16c)
+    // with F16C: the same bits; the attention one f16 rounding (2^-11 relative) apart at most
+    std::printf("f16 conversions: baseline %s, AVX2 unit %s\n", base.f16_path.c_str(), wide.f16_path.c_str());
+    check(base.f16_path == "portable" && wide.f16_path == "F16C",
+          "the baseline unit converts f16 portably, the AVX2 unit with F16C");
+    check(base.f16_bits == wide.f16_bits && base.f16_bits.size() > 4000, "float -> f16: the same bits (portable and F16C)");
+    check(base.f16_wide == wide.f16_wide && base.f16_wide.size() == 65536, "f16 -> float: the same bits on all 65536 values");
+    check(close(wide.attention_f16, base.attention_f16, "attention f16", 0x1p-14, 0x1p-10), "f16 attention outputs agree");
 #if defined(RPE_ISA_TEST_BF16_UNIT)
     const bool bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
@@ -87,6 +95,11 @@ int main() {
     // 2^-8 more than the two output roundings
     check(close(hw.attention_bf16, base.attention_bf16, "attention bf16 (AVX512_BF16 unit)", 0x1p-7, 0x1p-7),
           "bf16 attention outputs agree (vdpbf16ps and portable paths)");
+    check(hw.f16_path == "AVX-512F", "the AVX512_BF16 unit converts f16 with AVX-512F");
+    check(hw.f16_bits == base.f16_bits && hw.f16_wide == base.f16_wide,
+          "f16 conversions: AVX-512F and portable give the same bits");
+    check(close(hw.attention_f16, base.attention_f16, "attention f16 (AVX512_BF16 unit)", 0x1p-14, 0x1p-10),
+          "f16 attention outputs agree");
 #endif
     return failures ? 1 : 0;
 }

@@ -1,9 +1,12 @@
 // One unit of test rpe_isa_test, compiled twice: RPE_ISA_TEST_ENTRY names the entry point of the
 // copy (run_baseline, run_avx2, run_avx512_bf16); the ISA flags come from CMakeLists.txt.
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
-#include <rpe/rpe.hpp>
+#include <rpe/rpe.hpp>                      // first: Eigen includes the intrinsics headers (g++ 12 then keeps quiet about them)
+#include <rpe/backend/cpu/f16_kernels.hpp>  // rpe.hpp has it already; named for what this file uses
 
 #include "isa_unit.hpp"
 
@@ -76,6 +79,46 @@ isa_result RPE_ISA_TEST_ENTRY() {
     for (std::size_t i = 0; i < n; ++i) r.attention_bf16[i] = static_cast<float>(outb[i]);
     const char* (*volatile bf16_path)() = &rpe::detail::cpu::bf16_isa;
     r.bf16_path = bf16_path();
+
+    // the same attention on f16 storage (the inputs rounded to f16), and the f16 conversions of
+    // this unit (hardware or portable) on a fixed sample and on every f16 value
+    const auto to_f16 = [](const std::vector<float>& x) {
+        std::vector<rpe::f16> r(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) r[i] = rpe::f16(x[i]);
+        return r;
+    };
+    const auto qh = to_f16(q), kh = to_f16(k), vh = to_f16(v), tqh = to_f16(table_q), tkh = to_f16(table_k),
+               tvh = to_f16(table_v);
+    rpe::attention_inputs<rpe::f16> inh;
+    inh.q = {qh.data(), qkv};
+    inh.k = {kh.data(), qkv};
+    inh.v = {vh.data(), qkv};
+    inh.height = height;
+    inh.width = width;
+    inh.rpe_q = {tq.get(), {{tqh.data(), tq->table_shape()}}};
+    inh.rpe_k = {tk.get(), {{tkh.data(), tk->table_shape()}}};
+    inh.rpe_v = {tv.get(), {{tvh.data(), tv->table_shape()}}};
+    std::vector<rpe::f16> outh(n);
+    rpe::attention_forward(inh, rpe::tensor_ref<rpe::f16>(outh.data(), qkv));
+    r.attention_f16.resize(n);
+    for (std::size_t i = 0; i < n; ++i) r.attention_f16[i] = static_cast<float>(outh[i]);
+    std::vector<float> sample = pseudo_random(4099, 7);
+    for (std::size_t i = 0; i < sample.size(); i += 3)  // ties of the normal range, then spread over the exponents
+        sample[i] = std::bit_cast<float>((std::bit_cast<std::uint32_t>(sample[i]) & 0xffffe000u) | 0x1000u);
+    for (std::size_t i = 1; i < sample.size(); i += 5) sample[i] = std::ldexp(sample[i], static_cast<int>(i % 48) - 30);
+    for (std::uint32_t u : {0x477fe000u, 0x477ff000u, 0x477fefffu, 0x33000000u, 0x33000001u, 0x387fe000u, 0x7f800000u,
+                            0xff800000u, 0x7fc00000u, 0x7f800001u, 0x80000000u, 0x00000001u})
+        sample.push_back(std::bit_cast<float>(u));
+    std::vector<rpe::f16> sh(sample.size());
+    rpe::detail::cpu::float_to_f16(sample.data(), sh.data(), static_cast<std::int64_t>(sample.size()));
+    for (const auto h : sh) r.f16_bits.push_back(h.bits);
+    std::vector<rpe::f16> all(65536);
+    for (std::uint32_t h = 0; h < 65536; ++h) all[h] = rpe::f16::from_bits(static_cast<std::uint16_t>(h));
+    std::vector<float> wide(all.size());
+    rpe::detail::cpu::f16_to_float(all.data(), wide.data(), static_cast<std::int64_t>(all.size()));
+    for (const float w : wide) r.f16_wide.push_back(std::bit_cast<std::uint32_t>(w));
+    const char* (*volatile f16_path)() = &rpe::detail::cpu::f16_isa;
+    r.f16_path = f16_path();
 
     // the key term alone: a contextual product term on the scaled queries
     const rpe::term<rpe::mapping::product<>, rpe::mode::contextual, rpe::target::key> on_key(product, cfg);
