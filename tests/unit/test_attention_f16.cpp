@@ -446,6 +446,35 @@ TEST_CASE("f16 attention forward: row blocks, strided q, k, v and 1 or 2 threads
     CHECK(ph.items == pf.items);
 }
 
+TEST_CASE("f16 attention forward in chunks of batch elements: the same bits as in one chunk") {
+    // f16_forward_chunk_bytes bounds the float copies the forward holds: 1 byte gives one batch
+    // element per chunk; key_padding_mask and key_lengths are cut per chunk, q, k, v read strided
+    tri_case c(3, 2, 8, 3, 4, 1, 19);
+    for (auto tg : {rpe::target::query, rpe::target::key, rpe::target::value})
+        c.add_term(rpe::method::product, true, tg, false, 1);
+    c.add_key_padding_mask(false);
+    c.add_attn_mask();
+    for (std::int64_t bb = 0; bb < c.b; ++bb) c.kpm[static_cast<std::size_t>(bb * c.l)] = 0;  // no fully masked row
+    const std::vector<std::int32_t> lengths{13, 7, 10};
+    c.in.key_lengths = c.inf.key_lengths = c.ind.key_lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {c.b});
+    const auto whole = forward_of(c.in);
+    check_forward(c);
+    auto& budget = rpe::detail::cpu::f16_forward_chunk_bytes;
+    const auto saved = budget.load();
+    for (const std::int64_t bytes : {std::int64_t{1}, 2 * 4 * c.h * c.l * (4 * c.d + c.l)}) {  // chunks of 1, then 2 (and 1)
+        CAPTURE(bytes);
+        budget = bytes;
+        const auto chunked = forward_of(c.in);
+        CHECK(same_bits(whole.out, chunked.out));
+        CHECK(same_bits(whole.attn, chunked.attn));
+        // without attn: the chunk holds q, k, v and out only
+        std::vector<f16> out(whole.out.size(), f16(-3.0f));
+        rpe::attention_forward(c.in, rpe::tensor_ref<f16>(out.data(), {c.b, c.h, c.l, c.d}));
+        CHECK(same_bits(whole.out, out));
+    }
+    budget = saved;
+}
+
 TEST_CASE("f16 attention with RoPE, key_lengths and packed sequences: the float path rounded once") {
     SUBCASE("RoPE axial, contextual Product on k") {
         tri_case c(1, 2, 8, 4, 4, 1, 9);

@@ -1136,8 +1136,8 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 /// kernels; accuracy in docs/attention.md, "bf16"). Calls with `in.packed`, `in.key_lengths` or
 /// RoPE take the portable path.
 /// S = rpe::f16 (IEEE binary16): f16 storage of the same tensors, float computation: the inputs
-/// converted to float once per call (F16C / AVX-512F conversions where the unit has them), the
-/// float forward, out and attn rounded to f16 once (detail::fused_forward_f16: bit for bit the
+/// converted to float once (F16C / AVX-512F conversions where the unit has them; q, k, v per chunk
+/// of batch elements whose float copies fit 64 MiB), the float forward, out and attn rounded to f16 once (detail::fused_forward_f16: bit for bit the
 /// f16 rounding of the float forward on the f16 values; docs/attention.md, "f16").
 template <class S>
 void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},

@@ -6,7 +6,8 @@
 /// One path, fp32 compute (no CPU that rpe targets has fp16 arithmetic worth using: Zen 4 has
 /// none; the conversions are in the hardware, F16C / AVX-512F, f16_kernels.hpp): q, k, v, the
 /// tables, attn_mask and the RoPE frequencies converted to float once per call (contiguous
-/// copies, exact), the float forward or backward (fused_forward / fused_backward /
+/// copies, exact; the forward converts q, k, v per chunk of batch elements, see
+/// cpu::f16_forward_chunk_bytes), the float forward or backward (fused_forward / fused_backward /
 /// packed_forward / packed_backward<float>: the float kernels themselves, every sum in float),
 /// and each output rounded to f16 once (to nearest even). So an f16 result is bit for bit the f16
 /// rounding of the float path's result on the same (f16-valued) inputs: its error is one f16
@@ -16,6 +17,8 @@
 /// (attention_bf16.hpp, with its AVX512_BF16 products).
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -61,8 +64,8 @@ void set_view(To& to, float* data, const From& from) {  // a float view of `from
 }
 
 // Float copies of a 16-bit call's inputs and attention_inputs<float> over them (terms, masks,
-// positions, packing shared): q, k, v contiguous (B, H, L, D), the tables, attn_mask and the RoPE
-// frequencies. The field list is that of bf16's make_float_inputs, whose static_assert
+// positions, packing shared): the tables, attn_mask and the RoPE frequencies, and q, k, v of the
+// batch elements that load_batch names (contiguous (nb, H, L, D)). The field list is that of bf16's make_float_inputs, whose static_assert
 // (attention_bf16.hpp) fails when attention_inputs gains a field: forward it here too.
 template <class H>
 struct float_inputs {
@@ -70,14 +73,10 @@ struct float_inputs {
     std::vector<float> q, k, v, attn_mask, freqs;
     attention_inputs<float> in;
 
+    // Everything but q, k, v (load_batch converts those); the per-batch views (key_padding_mask,
+    // key_lengths) over every batch element.
     explicit float_inputs(const attention_inputs<H>& from) {
-        const std::int64_t b = from.q.extent(0), h = from.q.extent(1), n = from.q.extent(2), d = from.q.extent(3);
-        q = rows_to_float(from.q);
-        k = rows_to_float(from.k);
-        v = rows_to_float(from.v);
-        in.q = tensor_ref<const float>(q.data(), {b, h, n, d});
-        in.k = tensor_ref<const float>(k.data(), {b, h, n, d});
-        in.v = tensor_ref<const float>(v.data(), {b, h, n, d});
+        const std::int64_t n = from.q.extent(2);
         in.height = from.height;
         in.width = from.width;
         in.depth = from.depth;
@@ -117,29 +116,80 @@ struct float_inputs {
             }
         }
     }
+    // q, k, v of batch elements [b0, b0 + nb) as float (contiguous (nb, H, L, D)), and the per-batch
+    // views of `in` cut to them: `in` is then the call restricted to those batch elements.
+    void load_batch(const attention_inputs<H>& from, std::int64_t b0, std::int64_t nb) {
+        const std::int64_t h = from.q.extent(1), n = from.q.extent(2), d = from.q.extent(3);
+        const auto cut = [&](auto t) {  // batch elements [b0, b0 + nb) of a view whose first extent is B
+            if (!t.data) return t;
+            t.data += b0 * t.stride(0);
+            t.shape[0] = nb;
+            return t;
+        };
+        q = rows_to_float(cut(from.q));
+        k = rows_to_float(cut(from.k));
+        v = rows_to_float(cut(from.v));
+        in.q = tensor_ref<const float>(q.data(), {nb, h, n, d});
+        in.k = tensor_ref<const float>(k.data(), {nb, h, n, d});
+        in.v = tensor_ref<const float>(v.data(), {nb, h, n, d});
+        in.key_padding_mask = cut(from.key_padding_mask);
+        in.key_lengths = cut(from.key_lengths);
+    }
     float_inputs(const float_inputs&) = delete;  // `in` points into the vectors
     float_inputs& operator=(const float_inputs&) = delete;
 };
 static_assert(sizeof(attention_inputs<f16>) == sizeof(attention_inputs<bf16>),
               "attention_inputs<rpe::f16> must hold the fields that half_glue::float_inputs forwards");
 
-// The forward: the float forward on float copies, out and attn rounded once.
+}  // namespace half_glue
+}  // namespace RPE_ISA_NS
+}  // namespace rpe::detail
+
+namespace rpe::detail::cpu {
+inline namespace RPE_ISA_NS {
+/// @brief The most bytes of float copies (q, k, v, out and, when requested, attn) that the f16
+/// forward holds at once (not API; a tuning and test hook): it converts and runs the batch
+/// elements in chunks that fit (at least one element per chunk). The results do not depend on it:
+/// every (batch, head) plane is computed alone by the float forward.
+inline std::atomic<std::int64_t> f16_forward_chunk_bytes{std::int64_t{64} << 20};
+}  // namespace RPE_ISA_NS
+}  // namespace rpe::detail::cpu
+
+namespace rpe::detail {
+inline namespace RPE_ISA_NS {
+namespace half_glue {
+
+// The forward: the float forward on float copies, out and attn rounded once, over chunks of batch
+// elements whose float copies fit cpu::f16_forward_chunk_bytes (the tables, attn_mask and RoPE
+// frequencies converted once for all chunks).
 template <class H, class Id>
 void forward(const attention_inputs<H>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<H> out, tensor_ref<H> attn,
              const attention_options& opt) {
     const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
-    const float_inputs<H> f(in);
-    std::vector<float> fo(static_cast<std::size_t>(out.size())), fa(attn.data ? static_cast<std::size_t>(attn.size()) : 0);
-    const tensor_ref<float> fav = attn.data ? tensor_ref<float>(fa.data(), {b, h, n, n}) : tensor_ref<float>{};
-    fused_forward<float, Id>(f.in, ids, tensor_ref<float>(fo.data(), {b, h, n, d}), fav, opt);
-    from_float(fo.data(), out.data, out.size());
-    if (attn.data) from_float(fa.data(), attn.data, attn.size());
+    const std::int64_t per_element =
+        static_cast<std::int64_t>(sizeof(float)) * h * n * (4 * d + (attn.data ? n : 0));  // q, k, v, out (, attn)
+    const std::int64_t budget = cpu::f16_forward_chunk_bytes.load(std::memory_order_relaxed);
+    const std::int64_t chunk =
+        std::clamp<std::int64_t>(per_element > 0 ? budget / per_element : b, 1, std::max<std::int64_t>(b, 1));
+    float_inputs<H> f(in);
+    std::vector<float> fo, fa;
+    for (std::int64_t b0 = 0; b0 < b; b0 += chunk) {
+        const std::int64_t nb = std::min(chunk, b - b0);
+        f.load_batch(in, b0, nb);
+        fo.resize(static_cast<std::size_t>(nb * h * n * d));
+        fa.resize(attn.data ? static_cast<std::size_t>(nb * h * n * n) : 0);
+        const tensor_ref<float> fav = attn.data ? tensor_ref<float>(fa.data(), {nb, h, n, n}) : tensor_ref<float>{};
+        fused_forward<float, Id>(f.in, ids, tensor_ref<float>(fo.data(), {nb, h, n, d}), fav, opt);
+        from_float(fo.data(), out.data + b0 * h * n * d, nb * h * n * d);
+        if (attn.data) from_float(fa.data(), attn.data + b0 * h * n * n, nb * h * n * n);
+    }
 }
 
 // Packed sequences (attention_inputs::packed): packed_forward<float> on float copies, out rounded once.
 template <class H>
 void packed_forward(const attention_inputs<H>& in, tensor_ref<H> out, const attention_options& opt) {
-    const float_inputs<H> f(in);
+    float_inputs<H> f(in);
+    f.load_batch(in, 0, in.q.extent(0));
     std::vector<float> fo(static_cast<std::size_t>(out.size()));
     detail::packed_forward<float>(
         f.in, tensor_ref<float>(fo.data(), {in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)}), opt);
@@ -155,6 +205,7 @@ template <class H>
 void backward(const attention_inputs<H>& in, const attention_gradients<H>& g, const attention_options& opt) {
     const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
     float_inputs<H> f(in);
+    f.load_batch(in, 0, b);
     const attention_term<H>* from[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
     attention_term<float>* to[] = {&f.in.rpe_q, &f.in.rpe_k, &f.in.rpe_v};
     std::size_t wanted = 0;
