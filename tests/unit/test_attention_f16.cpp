@@ -19,8 +19,11 @@
 #include <rpe/make_term.hpp>
 #include <rpe/rpe.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -588,6 +591,104 @@ TEST_CASE("f16 attention: outputs beyond the f16 range are infinite, as any f16 
     for (std::size_t i = 0; i < got.out.size(); ++i)
         all_inf = all_inf && got.out[i].bits == 0x7c00 && std::isfinite(fl.out[i]) && fl.out[i] >= 65520.0f;
     CHECK(all_inf);
+}
+
+namespace {
+
+// A golden attention case in f16: q, k, v and the tables (float files) rounded to f16; the terms
+// from rpe::make_term (their spec from meta.json). check_forward's two checks, then against the
+// golden output itself (float64 from the unrounded inputs): rounding the inputs to f16 (relative
+// 2^-11) moves the logits by about 2^-10·s·Σ|q||k| and the outputs by about that times |v| (the
+// bf16 test's 2^-5 for u = 2^-8, scaled by 2^-3): within 2^-8·(1 + |golden|).
+void run_golden_f16(const std::string& dir, double& worst_kernel, double& worst_golden) {
+    using json = nlohmann::json;
+    const json meta = rpe_test::read_meta<json>(dir);
+    const std::int64_t b = meta.at("batch").get<std::int64_t>(), h = meta.at("heads").get<std::int64_t>(),
+                       l = meta.at("L").get<std::int64_t>(), d = meta.at("head_dim").get<std::int64_t>();
+    const int height = meta.at("height").get<int>(), width = meta.at("width").get<int>(), skip = meta.at("skip").get<int>();
+    tri_case c(b, h, d, height, width, skip, 1);
+    REQUIRE(c.l == l);
+    const std::vector<std::int64_t> qshape{b, h, l, d};
+    auto round_into = [](const std::vector<float>& src, std::vector<f16>& x, std::vector<float>& y, std::vector<double>& z) {
+        x.resize(src.size());
+        y.resize(src.size());
+        z.resize(src.size());
+        for (std::size_t i = 0; i < src.size(); ++i) {
+            x[i] = f16(src[i]);
+            y[i] = static_cast<float>(x[i]);
+            z[i] = static_cast<double>(x[i]);
+        }
+    };
+    round_into(rpe_test::load<float>(dir, "q.npy", qshape), c.q, c.qf, c.qd);
+    round_into(rpe_test::load<float>(dir, "k.npy", qshape), c.k, c.kf, c.kd);
+    round_into(rpe_test::load<float>(dir, "v.npy", qshape), c.v, c.vf, c.vd);
+    if (meta.value("key_padding_mask", false)) {
+        c.kpm = rpe_test::load<std::uint8_t>(dir, "key_padding_mask.npy", {b, l});
+        c.in.key_padding_mask = c.inf.key_padding_mask = c.ind.key_padding_mask = {c.kpm.data(), {b, l}};
+    }
+    const std::string on = meta.at("rpe_on").get<std::string>(), method = meta.at("method").get<std::string>();
+    const char letters[3] = {'q', 'k', 'v'};
+    const rpe::target targets[3] = {rpe::target::query, rpe::target::key, rpe::target::value};
+    for (int t = 0; t < 3; ++t) {
+        if (on.find(letters[t]) == std::string::npos) continue;
+        rpe::term_spec spec;
+        spec.method = method == "product" ? rpe::method::product
+                      : method == "cross" ? rpe::method::cross
+                                          : rpe::method::euclidean;
+        spec.contextual = meta.at("mode").get<std::string>() == "contextual";
+        spec.target = targets[t];
+        spec.alpha = meta.at("alpha").get<double>();
+        spec.beta = meta.at("beta").get<double>();
+        spec.gamma = meta.at("gamma").get<double>();
+        spec.shared_head = meta.at("shared_head").get<bool>();
+        spec.skip = skip;
+        spec.num_heads = static_cast<int>(h);
+        spec.head_dim = static_cast<int>(d);
+        c.terms.push_back(rpe::make_term<double>(spec));
+        const auto& term = *c.terms.back();
+        REQUIRE(term.num_buckets() == meta.at("num_buckets").get<int>());
+        rpe::attention_term<f16>* slot[] = {&c.in.rpe_q, &c.in.rpe_k, &c.in.rpe_v};
+        rpe::attention_term<float>* slot_f[] = {&c.inf.rpe_q, &c.inf.rpe_k, &c.inf.rpe_v};
+        rpe::attention_term<double>* slot_d[] = {&c.ind.rpe_q, &c.ind.rpe_k, &c.ind.rpe_v};
+        slot[t]->term = slot_f[t]->term = slot_d[t]->term = &term;
+        const auto shape = term.table_shape();
+        rpe::tensor_ref<const double> like;
+        like.rank = static_cast<int>(shape.size());
+        for (std::size_t i = 0; i < shape.size(); ++i) like.shape[i] = shape[i];
+        for (const auto& e : meta.at("rpe").at(std::string(1, letters[t])).at("tables")) {
+            round_into(rpe_test::load<float>(dir, e.at("table").get<std::string>(), shape), c.tables.emplace_back(),
+                       c.tables_f.emplace_back(), c.tables_d.emplace_back());
+            slot[t]->tables.push_back(view_as<const f16>(c.tables.back().data(), like));
+            slot_f[t]->tables.push_back(view_as<const float>(c.tables_f.back().data(), like));
+            slot_d[t]->tables.push_back(view_as<const double>(c.tables_d.back().data(), like));
+        }
+    }
+    worst_kernel = std::max(worst_kernel, check_forward(c));
+    const auto got = forward_of(c.in);
+    const auto golden_out = rpe_test::load<double>(dir, "output_f64.npy", qshape);
+    double w = 0;
+    for (std::size_t x = 0; x < golden_out.size(); ++x)
+        w = std::max(w, std::fabs(static_cast<double>(got.out[x]) - golden_out[x]) / (1 + std::fabs(golden_out[x])));
+    CHECK(w <= 0x1p-8);
+    worst_golden = std::max(worst_golden, w);
+}
+
+}  // namespace
+
+TEST_CASE("f16 attention reproduces every golden attention case (f16-rounded inputs)") {
+    namespace fs = std::filesystem;
+    std::vector<std::string> dirs;
+    for (const auto& e : fs::directory_iterator(rpe_test::golden("attention")))
+        if (fs::exists(e.path() / "meta.json")) dirs.push_back(e.path().string());
+    std::sort(dirs.begin(), dirs.end());
+    CHECK(dirs.size() == 9);
+    double worst_kernel = 0, worst_golden = 0;
+    for (const auto& dir : dirs) {
+        INFO("case " << dir);
+        run_golden_f16(dir, worst_kernel, worst_golden);
+    }
+    MESSAGE("golden in f16: worst |out - ref| / bound " << worst_kernel << "; worst |out - golden| / (1 + |golden|) "
+                                                        << worst_golden);
 }
 
 TEST_CASE("f16 attention: bad arguments of the forward and the backward are refused, naming the argument") {
