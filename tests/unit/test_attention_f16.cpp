@@ -35,6 +35,9 @@
 #include "cpu_paths.hpp"
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_attention_f16 {
+
 namespace {
 
 using rpe::f16;
@@ -765,3 +768,5 @@ TEST_CASE("f16 attention: bad arguments of the forward and the backward are refu
     static_assert(!backward_accepts<rpe::attention_inputs<rpe::bf16>, rpe::tensor_ref<const f16>, rpe::tensor_ref<f16>>);
     static_assert(backward_accepts<rpe::attention_inputs<f16>, rpe::tensor_ref<const f16>, rpe::tensor_ref<f16>>);
 }
+
+}  // namespace rpe_unit_attention_f16

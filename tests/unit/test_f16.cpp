@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_f16 {
+
 namespace {
 
 using rpe::f16;
@@ -196,3 +199,5 @@ TEST_CASE("f16 array conversions: this unit's hardware path and the portable one
     CHECK(differ == 0);
 #endif
 }
+
+}  // namespace rpe_unit_f16

@@ -19,6 +19,9 @@
 #include "cpu_paths.hpp"
 #include "golden.hpp"
 
+// Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
+namespace rpe_unit_term_f16 {
+
 namespace {
 
 using rpe::f16;
@@ -276,3 +279,5 @@ TEST_CASE(
         },
         "y has shape"));
 }
+
+}  // namespace rpe_unit_term_f16
