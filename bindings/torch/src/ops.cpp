@@ -18,11 +18,10 @@
 /// `.contiguous()`; the attention's q, k, v also when only their last stride is 1, e.g. permuted
 /// views of a qkv projection); outputs are fresh tensors.
 ///
-/// dtypes: float32 and float64; bfloat16 (rpe::bf16 storage: computed in float, each output
-/// rounded to bf16 once) for the term, attention, RoPE and timm-table operators; one dtype per
-/// call, read from one argument (q; x; tables[0] for the term operators; dtype_rule: another
-/// dtype is a TypeError naming both arguments). float16 has no CPU kernel (TypeError; CPU
-/// autocast with float16 up-casts to float32 in Python, _registrations.py).
+/// dtypes: float32 and float64; bfloat16 and float16 (rpe::bf16 / rpe::f16 storage: computed in
+/// float, each output rounded to bf16 / f16 once) for the term, attention, RoPE and timm-table
+/// operators; one dtype per call, read from one argument (q; x; tables[0] for the term operators;
+/// dtype_rule: another dtype is a TypeError naming both arguments).
 ///
 /// Errors: rpe's `rpe::invalid_argument` / `rpe::out_of_range` (message `[rpe.<component>] ...`)
 /// become `c10::ValueError` (Python ValueError), a wrong dtype `c10::TypeError` (TypeError), a
@@ -38,6 +37,7 @@
 #include <rpe/backend/cpu/rope.hpp>
 #include <rpe/backend/cpu/term.hpp>
 #include <rpe/bf16.hpp>
+#include <rpe/f16.hpp>
 #include <rpe/caches.hpp>
 #include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/swin.hpp>
@@ -49,6 +49,7 @@
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <climits>
@@ -80,28 +81,31 @@ using namespace rpe_torch::ops;  // the helpers shared with the CUDA kernels (op
 // the upper 16 bits of a binary32 (c10::BFloat16 holds them as its one uint16_t).
 static_assert(sizeof(c10::BFloat16) == sizeof(rpe::bf16) && alignof(c10::BFloat16) == alignof(rpe::bf16),
               "c10::BFloat16 and rpe::bf16 must have the same size and alignment (reinterpreted pointers)");
+// torch.float16 tensors likewise as rpe::f16: both are IEEE binary16 (c10::Half holds its bits as
+// its one uint16_t).
+static_assert(sizeof(c10::Half) == sizeof(rpe::f16) && alignof(c10::Half) == alignof(rpe::f16),
+              "c10::Half and rpe::f16 must have the same size and alignment (reinterpreted pointers)");
 
-// The dtype of the CPU kernels' first tensor argument `name`: float32, float64 or bfloat16 (the
-// library's rpe::bf16 storage: computed in float, each output rounded to bf16 once; docs/torch.md).
-// Errors: ValueError for an undefined tensor; TypeError for another dtype (float16: no CPU kernel).
+// The dtype of the CPU kernels' first tensor argument `name`: float32, float64, bfloat16 or float16
+// (the library's rpe::bf16 / rpe::f16 storage: computed in float, each output rounded to bf16 /
+// f16 once; docs/torch.md). Errors: ValueError for an undefined tensor; TypeError for another dtype.
 at::ScalarType checked_cpu_type(const at::Tensor& t, const char* name) {
     TORCH_CHECK_VALUE(t.defined(), "[rpe.torch] ", name, " is undefined; expected a tensor");
     const auto st = t.scalar_type();
-    TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kBFloat16, "[rpe.torch] ", name, " has dtype ",
-                     dtype_name(st), "; expected float32, float64 or bfloat16",
-                     st == at::kHalf ? " (the CPU operators have no float16 kernel: cast to bfloat16 or float32, or run under "
-                                       "torch.autocast('cpu', dtype=torch.float16), which computes in float32)"
-                                     : "");
+    TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kBFloat16 || st == at::kHalf, "[rpe.torch] ", name,
+                     " has dtype ", dtype_name(st), "; expected float32, float64, bfloat16 or float16");
     return st;
 }
 
-// Runs f.template operator()<S, T>() for the CPU storage type S of st (float, double, rpe::bf16)
-// and the scalar T of the terms that describe the call (S; float for rpe::bf16: the registry
-// builds float or double terms, whose descriptors the bf16 kernels run, rpe::cpu::term_forward).
+// Runs f.template operator()<S, T>() for the CPU storage type S of st (float, double, rpe::bf16,
+// rpe::f16) and the scalar T of the terms that describe the call (S; float for rpe::bf16 and
+// rpe::f16: the registry builds float or double terms, whose descriptors the 16-bit kernels run,
+// rpe::cpu::term_forward).
 template <class F>
 decltype(auto) on_cpu_type(at::ScalarType st, F&& f) {
     if (st == at::kDouble) return f.template operator()<double, double>();
     if (st == at::kBFloat16) return f.template operator()<rpe::bf16, float>();
+    if (st == at::kHalf) return f.template operator()<rpe::f16, float>();
     return f.template operator()<float, float>();
 }
 
@@ -118,7 +122,7 @@ at::Tensor term_forward_impl(const c10::optional<at::Tensor>& x_opt, at::TensorL
     const auto x = c.contextual ? cref<S>(c.x) : rpe::tensor_ref<const S>{};
     if constexpr (std::is_same_v<S, T>)
         c.term->forward(*c.ids, views, x, mref<S>(out), rpe::write::overwrite);
-    else  // bf16 storage: the float term's descriptor on the bf16 kernels (float inside, out rounded once)
+    else  // bf16 / f16 storage: the float term's descriptor on the 16-bit kernels (float inside, out rounded once)
         rpe::cpu::term_forward<S>(c.term->desc(), *c.ids, views, x, mref<S>(out), rpe::write::overwrite);
     return out;
 }
@@ -140,7 +144,7 @@ std::vector<at::Tensor> term_backward_impl(const c10::optional<at::Tensor>& x_op
     const auto grad_x = c.contextual ? mref<S>(result[0]) : rpe::tensor_ref<S>{};
     if constexpr (std::is_same_v<S, T>)
         c.term->backward(*c.ids, views, x, cref<S>(c.grad_out), grad_x, grad_views, rpe::write::overwrite);
-    else  // bf16: every sum in float, each gradient rounded to bf16 once
+    else  // bf16 / f16: every sum in float, each gradient rounded once
         rpe::cpu::term_backward<S>(c.term->desc(), *c.ids, views, x, cref<S>(c.grad_out), grad_x, grad_views,
                                    rpe::write::overwrite);
     return result;
@@ -397,7 +401,7 @@ at::Tensor timm_table(const at::Tensor& in, bool to_timm) {
     return translating([&] {
         const char* name = to_timm ? "table" : "timm_table";
         const dtype_rule st{checked_cpu_type(in, name), name, "one tensor"};
-        return on_cpu_type(st, [&]<class S, class T>() {  // bfloat16 too: a transpose, exact
+        return on_cpu_type(st, [&]<class S, class T>() {  // bfloat16 and float16 too: a transpose, exact
             const at::Tensor t = prepared(in, name, st);
             check_rank(t, 2, name, to_timm ? "(H, K)" : "(K, H)");
             at::Tensor out = at::empty({t.size(1), t.size(0)}, t.options());
