@@ -572,7 +572,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     ``qs = q·scale; logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·scale)ᵀ (+ attn_mask)``, padded keys
     −∞, ``a = softmax(logits)``, ``out = a·v + rpe_v(a)``.
 
-    q, k, v: (B, H, L, D), float32, float64 or bfloat16 on the CPU (bfloat16: rpe::bf16 storage, computed in float, each output rounded once; also float16 on CUDA when has_cuda_kernels()); rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
+    q, k, v: (B, H, L, D), float32, float64, bfloat16 or float16 (bfloat16 / float16 on the CPU: rpe::bf16 / rpe::f16 storage, computed in float, each output rounded once; on CUDA when has_cuda_kernels()); rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
     modules from build_rpe, the ViT term modules RelPosBias, DecomposedRelPos, ALiBi2D or a
     TermSlot (SwinV2's CPB table), or None; height, width: the grid (L = skip + height·width;
     square when None; a ViT term's own grid by default); key_padding_mask: (B, L) bool/uint8, true =
@@ -711,10 +711,11 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
                          "(B, H, L, L) probabilities (its backward recomputes them); expected save_attn = None or False")
     tracing = torch.jit.is_tracing()
     if save_attn is None:  # CUDA: never (the CUDA attention has no probabilities output)
-        # bytes per saved probability: q's, or bf16's under CPU bf16 autocast (the kernel runs in bf16)
+        # bytes per saved probability: q's, or 2 under CPU bf16 / float16 autocast of a float32,
+        # bf16 or float16 q (the kernel runs in the autocast dtype)
         size = q.element_size()
-        if (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float16) and torch.is_autocast_enabled("cpu")
-                and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+        if (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in (torch.bfloat16, torch.float16)):
             size = 2
         save_attn = q.device.type == "cpu" and q.shape[0] * q.shape[1] * L * L * size <= 64 << 20
     # only worth it when a backward can follow; not asked under torch.jit.trace, whose graph holds

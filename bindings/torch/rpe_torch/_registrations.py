@@ -403,12 +403,15 @@ for _name in ("term_backward", "attention_backward", "rope_backward", "cpb_table
 _LOW = (torch.bfloat16, torch.float16)
 _autocast_lib = torch.library.Library(_lib, "IMPL")
 
-#: The forward operators with a bfloat16 CPU kernel (rpe::bf16 storage, ops.cpp), each with the
-#: indices of its floating arguments that are not cast to bfloat16 under bfloat16 autocast: the
+#: The forward operators with bfloat16 and float16 CPU kernels (rpe::bf16 / rpe::f16 storage,
+#: ops.cpp), each with the indices of its floating arguments that are not cast to the autocast
+#: dtype under bfloat16 / float16 autocast: the
 #: RoPE's real-valued per-token positions (the library reads them in float32) and the iRPE terms'
 #: integer positions (left as given, so that a wrong dtype keeps its own message).
 BF16_OPS = {"term_forward": (11, 12), "attention_forward": (23, 24), "attention_forward_attn": (23, 24),
             "rope_forward": (8,), "table_from_timm": (), "table_to_timm": ()}
+#: The same operators, float16 on the CPU (rpe::f16 storage: computed in float, rounded once).
+F16_OPS = BF16_OPS
 
 #: The forward operators with float16 and bfloat16 CUDA kernels (ops_cuda.cpp over rpe's CUDA
 #: backend: fp16 / bf16 storage, sums in float32), with the arguments left as given (as
@@ -422,6 +425,7 @@ CUDA_LOW_OPS = {"term_forward": (11, 12), "attention_forward": (23, 24), "attent
 #: table_to_timm only, exact transposes).
 LOW_PRECISION_KERNELS = {
     ("cpu", torch.bfloat16): BF16_OPS,
+    ("cpu", torch.float16): F16_OPS,
     ("cuda", torch.float16): CUDA_LOW_OPS,
     ("cuda", torch.bfloat16): {**CUDA_LOW_OPS, "table_from_timm": (), "table_to_timm": ()},
 }
@@ -464,13 +468,12 @@ def _register_autocast(name, device_type):
     or, without one, in float32 (:func:`autocast_compute_dtype`):
 
     - the device has a kernel of the autocast dtype for the operator (:data:`LOW_PRECISION_KERNELS`:
-      CPU bfloat16, rpe::bf16 storage; CUDA float16 and bfloat16, rpe's CUDA fp16 / bf16
+      CPU bfloat16 and float16, rpe::bf16 / rpe::f16 storage; CUDA float16 and bfloat16, rpe's CUDA fp16 / bf16
       storage; both compute in float and round each output once): its floating inputs in float32
       or the other low-precision dtype are cast to the autocast dtype (as autocast casts a
       Linear's weights; the RoPE positions excepted), that kernel runs and its outputs are
       returned in the autocast dtype;
-    - otherwise (CPU float16: no float16 kernel; an operator without a kernel of that dtype, e.g.
-      the CPB / SAM tables) floating inputs in float16 / bfloat16 / float32 are up-cast to
+    - otherwise (an operator without a kernel of that dtype, e.g. the CPB / SAM tables) floating inputs in float16 / bfloat16 / float32 are up-cast to
       float32, the float32 kernel accumulates in float32, and the float32 outputs are returned in
       the autocast dtype (``torch.get_autocast_dtype``), as PyTorch's lower-precision autocast
       ops do.

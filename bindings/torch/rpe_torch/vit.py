@@ -910,8 +910,8 @@ class ALiBi2D(nn.Module):
 
     ``dtype``: any floating-point dtype the module can be converted to with ``.to(dtype)``
     (float32, float64, bfloat16, float16): float32 and float64 tables are the library's; a bfloat16
-    or float16 one is the float64 table rounded once to it (the operators take bf16 on the CPU,
-    float16 under autocast or on CUDA). TypeError for a dtype that is not floating point."""
+    or float16 one is the float64 table rounded once to it (the operators take both on the CPU
+    and on CUDA). TypeError for a dtype that is not floating point."""
 
     def __init__(self, num_heads, height, width, skip=0, dtype=torch.float32):
         super().__init__()
