@@ -10,12 +10,12 @@ bf16 once; docs/attention.md "bf16 storage") through the term, attention and RoP
   backward; the forward with RoPE, key lengths or packed sequences, which take the portable path)
   the bf16 operator gives exactly the float32 operator's result on the same values rounded to bf16.
 - Every CPU operator with a bf16 kernel passes torch.library.opcheck in bf16 (fake kernels: the
-  real kernels' dtypes and strides); a mixed-dtype call is a TypeError naming the argument;
-  float16 is refused with a message that names the alternatives.
+  real kernels' dtypes and strides); a mixed-dtype call is a TypeError naming the argument
+  (float16 on the CPU: tests/test_f16.py).
 - Models: the digits DeiT-iRPE (K: bias Euclidean per head; QKV: contextual Product) converted
   with .to(torch.bfloat16), and float32 models under torch.autocast("cpu", dtype=torch.bfloat16),
-  against float64 (logits and gradients; float32 parameters get float32 gradients); CPU autocast
-  with float16 still up-casts to float32; torch.compile(fullgraph=True) of both.
+  against float64 (logits and gradients; float32 parameters get float32 gradients);
+  torch.compile(fullgraph=True) of both.
 """
 import math
 
@@ -330,18 +330,7 @@ def test_mixed_dtypes_are_refused_naming_the_argument():
         rpe_torch.attention(x.float(), x.float(), x.float(), *mods, height=2, width=3)
 
 
-def test_float16_on_the_cpu_is_refused_outside_autocast():
-    msg = r"has dtype torch\.float16; expected float32, float64 or bfloat16 \(the CPU operators have no float16 kernel"
-    x = rnd(B, H, 7, D, grad=False).half()
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] q " + msg):
-        rpe_torch.attention(x, x, x)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] x " + msg):
-        rpe_torch.RoPEAxial(skip=1)(x, 2, 3)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] tables\[0\] " + msg):
-        ops.term_forward(None, [torch.zeros(H, 26, dtype=torch.float16)], "product", "bias", "k", *(1.0, 2.0, 8.0),
-                         1, 2, 3)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] timm_table " + msg):
-        rpe_torch.table_from_timm(torch.zeros(15, H, dtype=torch.float16))
+def test_table_operators_without_a_bf16_kernel_refuse_it():
     # the table operators without a bf16 kernel name theirs
     with pytest.raises(TypeError, match=r"\[rpe.torch\] raw has dtype torch\.bfloat16; expected float32 or float64"):
         ops.cpb_table(torch.zeros(15, H, dtype=BF), 2, 3, True)
@@ -470,14 +459,6 @@ def test_cpu_autocast_bf16_runs_the_bf16_kernels():
         assert ops.attention_forward(*a64).dtype == F64
 
 
-def test_cpu_autocast_float16_still_up_casts_to_float32():
-    a32 = cast(attention_args(), torch.float32)
-    with torch.autocast("cpu", dtype=torch.float16):
-        out = ops.attention_forward(*cast(a32, torch.float16))
-    assert out.dtype == torch.float16
-    assert torch.equal(out, ops.attention_forward(*cast(cast(a32, torch.float16), torch.float32)).half())
-
-
 # ---------------------------------------------------------------------------------------------
 # torch.compile
 # ---------------------------------------------------------------------------------------------
@@ -540,8 +521,8 @@ def test_alibi_takes_every_dtype_that_to_takes(dtype):
     conv = rpe_torch.ALiBi2D(2, 3, 3, skip=1).to(dtype).table
     assert conv.dtype == dtype
     assert float((m.table.double() - conv.double()).abs().max()) <= torch.finfo(dtype).eps * float(f64.abs().max())
-    if dtype == BF:  # float16: the CPU kernels take it under autocast only
-        assert m().dtype == BF and torch.equal(m()[0, :, 1:, 1:], rpe_torch.ALiBi2D(2, 3, 3, skip=1).to(BF)()[0, :, 1:, 1:])
+    assert m().dtype == dtype
+    assert torch.equal(m()[0, :, 1:, 1:], rpe_torch.ALiBi2D(2, 3, 3, skip=1).to(dtype)()[0, :, 1:, 1:])
     for bad in (torch.int64, torch.bool, torch.complex64, "bfloat16"):
         with pytest.raises(TypeError, match=r"\[rpe.torch\] dtype = .*; expected a floating-point torch.dtype"):
             rpe_torch.ALiBi2D(2, 3, 3, dtype=bad)
@@ -557,9 +538,9 @@ def test_float_only_table_modules_refuse_bf16_naming_the_argument():
 
 
 def test_save_attn_default_counts_bf16_bytes_under_autocast(monkeypatch):
-    """save_attn=None keeps the probabilities when they take at most 64 MiB: under CPU bf16
-    autocast they are stored in bf16 (2 bytes), so float32 inputs are counted at 2 bytes, as bf16
-    inputs are. L = 4100, one head: 67.2 MB in float32 (not kept), 33.6 MB in bf16 (kept)."""
+    """save_attn=None keeps the probabilities when they take at most 64 MiB: under CPU bf16 (or
+    float16) autocast they are stored in bf16 (float16), 2 bytes, so float32 inputs are counted at
+    2 bytes, as bf16 inputs are. L = 4100, one head: 67.2 MB in float32 (not kept), 33.6 MB in bf16 (kept)."""
     used = []
 
     class Recorder:
@@ -579,8 +560,8 @@ def test_save_attn_default_counts_bf16_bytes_under_autocast(monkeypatch):
     assert called() == ["attention_forward"]  # float32: 67.2 MB > 64 MiB
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert called() == ["attention_forward_attn"]
-    with torch.autocast("cpu", dtype=torch.float16):  # computed in float32: counted at 4 bytes
-        assert called() == ["attention_forward"]
+    with torch.autocast("cpu", dtype=torch.float16):  # the float16 kernel: counted at 2 bytes
+        assert called() == ["attention_forward_attn"]
 
 
 def _rope_block_bf16():

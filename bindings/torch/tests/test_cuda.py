@@ -161,15 +161,15 @@ def test_cuda_autocast_kernels_registered():
 def test_cuda_autocast_rules_on_cpu_tensors():
     """The AutocastCUDA kernels, called through the dispatcher on CPU tensors: float16 and bfloat16
     autocast cast the operators with CUDA fp16 / bf16 kernels (terms, attention, RoPE) to that dtype
-    (on CPU tensors the float16 cast shows as the CPU kernel's refusal of float16, naming it; the
-    bf16 one runs the CPU bf16 kernel: bit for bit the operator on bf16-cast inputs); the table
+    (on CPU tensors the cast runs the CPU float16 / bf16 kernel: bit for bit the operator on the
+    cast inputs); the table
     operators without one compute in float32 and return the autocast dtype (the float32 result
     rounded once); float64 is left alone."""
     from rpe_torch._registrations import autocast_compute_dtype
     for name in ("term_forward", "attention_forward", "rope_forward"):
         for dt in LOW:
             assert autocast_compute_dtype(name, "cuda", dt) == dt, (name, dt)
-        assert autocast_compute_dtype(name, "cpu", torch.float16) == torch.float32, name
+        assert autocast_compute_dtype(name, "cpu", torch.float16) == torch.float16, name
     assert autocast_compute_dtype("table_from_timm", "cuda", torch.bfloat16) == torch.bfloat16
     assert autocast_compute_dtype("table_from_timm", "cuda", torch.float16) == torch.float32
     assert autocast_compute_dtype("cpb_table", "cuda", torch.bfloat16) == torch.float32
@@ -179,8 +179,8 @@ def test_cuda_autocast_rules_on_cpu_tensors():
     term = ("product", "bias", "k", 1.0, 2.0, 8.0, 1, 2, 3, None, None)
     raw, rel_h, rel_w = torch.randn(25, 2, generator=g), torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
     with cuda_autocast_dtype(torch.float16):
-        with pytest.raises(TypeError, match=r"\[rpe\.torch\] tables\[0\] has dtype torch\.float16"):
-            ops.term_forward.default.redispatch(AUTOCAST_CUDA, None, [table], *term)
+        out = ops.term_forward.default.redispatch(AUTOCAST_CUDA, None, [table], *term)
+        assert out.dtype == torch.float16 and torch.equal(out, ops.term_forward(None, [table.half()], *term))
         out = ops.cpb_table.default.redispatch(AUTOCAST_CUDA, raw, 3, 3, True)
         assert out.dtype == torch.float16 and torch.equal(out, ops.cpb_table(raw, 3, 3, True).half())
         out = ops.table_from_timm.default.redispatch(AUTOCAST_CUDA, table.t().bfloat16())  # bf16 up-cast, exact

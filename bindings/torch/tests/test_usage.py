@@ -75,7 +75,7 @@ def test_device_dtype_meta_and_size_errors_name_the_argument():
         rpe_torch.attention(q, k, v, height=2, width=3, rope=rpe_torch.RoPEMixed(2, 4, skip=1).double().to("meta"))
     with pytest.raises(TypeError, match=r"\[rpe.torch\] v has dtype torch\.int64 but q has torch\.float64; q, k, v, the tables"):
         rpe_torch.attention(q, k, v.detach().long(), *mods, height=2, width=3)
-    with pytest.raises(TypeError, match=r"\[rpe.torch\] q has dtype torch\.int32; expected float32, float64 or bfloat16"):
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] q has dtype torch\.int32; expected float32, float64, bfloat16 or float16"):
         rpe_torch.attention(q.detach().int(), k, v, *mods, height=2, width=3)
     with pytest.raises(TypeError, match=r"\[rpe.torch\] x has dtype torch\.int32"):
         rpe_torch.RoPEAxial(skip=1)(q.detach().int(), 2, 3)
