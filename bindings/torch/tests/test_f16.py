@@ -191,17 +191,24 @@ def test_attention_autograd_in_f16_with_saved_probabilities():
 
 def test_f16_overflow_is_infinite():
     """Inputs are finite float16 values; an output whose float value is beyond 65504 rounds to +∞:
-    v = 60000 and a contextual value table of 8000 everywhere (each grid query's term adds 8000;
-    the skip token's row, no term, stays 60000), as any float16 rounding would."""
+    v = 60000 and a contextual value table of 8000 everywhere (every query's term, the skip token's
+    included, adds 8000: 68000 in float32), as any float16 rounding would; with a table of 1000
+    (61000) every output is finite, the float32 result rounded once."""
     a = list(attention_args())
     L = a[0].shape[2]
     a[0:3] = [torch.zeros(B, H, L, D), torch.zeros(B, H, L, D), torch.full((B, H, L, D), 60000.0)]
-    a[3:6], a[6:12] = [[], [], [torch.full((1, 26, D), 8000.0)]], ["", "", "", "", "product", "contextual"]
+    a[6:12] = ["", "", "", "", "product", "contextual"]
     a[15] = a[16] = None
-    out = ops.attention_forward(*cast(a, F16))
-    assert out.dtype == F16
-    assert bool(torch.isposinf(out[:, :, 1:]).all())
-    assert bool((out[:, :, 0] == 60000.0).all())
+    for value, finite in ((8000.0, False), (1000.0, True)):
+        a[3:6] = [[], [], [torch.full((1, 26, D), value)]]
+        h, f32, _ = rounded(a)
+        out, ref = ops.attention_forward(*h), ops.attention_forward(*f32)
+        assert bool(torch.isfinite(ref).all()) and float(ref.min()) == pytest.approx(60000 + value, rel=1e-6)
+        if finite:
+            assert_bits(out, ref, "in range")
+            assert bool(torch.isfinite(out).all())
+        else:
+            assert out.dtype == F16 and bool(torch.isposinf(out).all())
 
 
 # ---------------------------------------------------------------------------------------------
