@@ -301,14 +301,14 @@ def test_cpu_autocast_f16_runs_the_f16_kernels():
 
 def test_cpu_autocast_f16_rope_block():
     """A float32 RoPE-Mixed block with iRPE on k under torch.autocast("cpu", dtype=torch.float16):
-    gradients reach the float32 parameters in float32; output and gradients against float64 within
-    the bf16 autocast tolerances (float16 has 3 more significant bits)."""
+    gradients reach the float32 parameters in float32; output and gradients against float64
+    (measured 0.0001 and 0.0021 of the scale; bf16 autocast: 0.0008, 0.009)."""
     m64, x64 = _rope_model(F64)
     ref, ref_grads = _logits_and_grads(m64, x64)
     m32, x32 = _rope_model(torch.float32)
     out, grads = _logits_and_grads(m32, x32, torch.autocast("cpu", dtype=F16))
     assert all(g.dtype == torch.float32 for g in grads.values())
     assert grads.keys() == ref_grads.keys()
-    assert _max_rel(out, ref) <= 0.02, _max_rel(out, ref)
+    assert _max_rel(out, ref) <= 2e-3, _max_rel(out, ref)
     worst = _worst_grad(grads, ref_grads)
-    assert worst <= 0.1, worst
+    assert worst <= 2e-2, worst
