@@ -466,19 +466,21 @@ inline std::string rope_form_names() {
 }
 
 // Per-token positions (N, 2) (row, col) — (N, 3) for a 3-axis form (mrope: (t, h, w); vjepa2:
-// (frame, row, col)) — of
-// `name`, integer or floating, on the CPU: the float32 contiguous tensor the library reads
-// (rpe::rotary_embedding::positions), or undefined when not given. The library checks the axes
-// against the form, N against L and that every value is finite. For a CUDA operator
-// (w on a CUDA device) any positions are a ValueError: rpe's CUDA backend has none
-// (rpe::not_supported `[rpe.rope] rope positions ... are not supported by the cuda backend`).
+// (frame, row, col)) — of `name`, integer or floating: the float32 contiguous tensor the library
+// reads (rpe::rotary_embedding::positions), or undefined when not given. The library checks the
+// axes against the form, N against L and that every value is finite. A CPU operator takes them on
+// the CPU; a CUDA operator (w on a CUDA device) on the CPU or on w's device (rpe's CUDA backend
+// copies device positions to the host for its checks and tables, and reads host ones in place).
 inline at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const char* name, const where& w = {}) {
     if (!p || !p->defined()) return {};
     const at::Tensor& t = *p;
-    TORCH_CHECK_VALUE(w.device.is_cpu(), "[rpe.torch] ", name, " is given with tensors on device ", w.device.str(),
-                      "; expected cpu (per-token RoPE positions are CPU only: rpe's CUDA backend refuses them)");
-    TORCH_CHECK_VALUE(t.device().is_cpu(), "[rpe.torch] ", name, " is on device ", t.device().str(),
-                      "; expected cpu (per-token RoPE positions are CPU only: rpe's CUDA backend refuses them)");
+    if (w.device.is_cpu()) {
+        TORCH_CHECK_VALUE(t.device().is_cpu(), "[rpe.torch] ", name, " is on device ", t.device().str(),
+                          "; expected cpu, the device of the other tensors");
+    } else {
+        TORCH_CHECK_VALUE(t.device().is_cpu() || t.device() == w.device, "[rpe.torch] ", name, " is on device ", t.device().str(),
+                          "; expected cpu or ", w.device.str(), ", the device of the other tensors");
+    }
     const auto st = t.scalar_type();
     TORCH_CHECK_TYPE((at::isIntegralType(st, false) || st == at::kFloat || st == at::kDouble), "[rpe.torch] ", name,
                      " has dtype ", dtype_name(st), "; expected an integer, float32 or float64 tensor of (row, col) coordinates");
