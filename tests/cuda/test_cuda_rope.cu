@@ -31,7 +31,8 @@ using namespace rpe_cuda_test;
 // 0: RoPE-Axial (rope-vit, θ = 100); 1: RoPE-Mixed (learned frequencies); 2: timm's cat in
 // EVA-02's configuration with a reference grid; 3: timm's cat in pixels, 'xy' indexing;
 // 4: DINOv3 (rope::custom, half layout); 5: rope::mrope sections (2, 2, 2) (3-axis positions,
-// half layout, D = 12); 6: RoPE-Axial through rope::custom.
+// half layout, D = 12); 6: RoPE-Axial through rope::custom; 7: V-JEPA 2 (its own layout, 3-axis
+// positions, D = 14: slices of 4 channels, the last 2 channels copied).
 rpe::rope_form form_of(int form) {
     switch (form) {
         case 0: return rpe::rope::axial{.theta = 100.0f};
@@ -40,11 +41,15 @@ rpe::rope_form form_of(int form) {
         case 4: return rpe::rope::custom{rpe::rope::dinov3{}};
         case 5: return rpe::rope::custom{rpe::rope::mrope{.section_t = 2, .section_h = 2, .section_w = 2}};
         case 6: return rpe::rope::custom{rpe::rope::axial{.theta = 10.0f}};
+        case 7: return rpe::rope::custom{rpe::rope::vjepa2{}};
         default: return rpe::rope::cat{.in_pixels = true, .xy_indexing = true};
     }
 }
-rpe::rope::layout layout_of(int form) { return form == 4 || form == 5 ? rpe::rope::layout::half : rpe::rope::layout::pairs; }
-int axes_of(int form) { return form == 5 ? 3 : 2; }
+rpe::rope::layout layout_of(int form) {
+    if (form == 7) return rpe::rope::layout::vjepa2;
+    return form == 4 || form == 5 ? rpe::rope::layout::half : rpe::rope::layout::pairs;
+}
+int axes_of(int form) { return form == 5 || form == 7 ? 3 : 2; }
 
 // n random per-token positions of `axes` coordinates, real-valued in [−1, 4) (seeded).
 std::vector<float> random_positions(std::int64_t n, int axes, unsigned seed) {
@@ -310,6 +315,12 @@ TEST_CASE_TEMPLATE("cuda rope_forward and rope_backward match the CPU rotation (
     SUBCASE("mrope at random 3-axis positions, skip 2, suffix 1, D = 12") {
         compare_rope<S>({.form = 5, .skip = 2, .dim = 12, .suffix = 1, .positions = true}, 490);
     }
+    SUBCASE("vjepa2 on the grid (ids (0, row, col)), D = 14, suffix 1") {
+        compare_rope<S>({.form = 7, .dim = 14, .suffix = 1}, 496);
+    }
+    SUBCASE("vjepa2 at random 3-axis positions, D = 14, skip 0, suffix 2") {
+        compare_rope<S>({.form = 7, .skip = 0, .dim = 14, .suffix = 2, .positions = true}, 497);
+    }
     SUBCASE("mixed at random positions, larger: B 2, H 4, D 64, 49 tokens, skip 0, suffix 4") {
         compare_rope<S>({.form = 1, .skip = 0, .heads = 4, .dim = 64, .height = 7, .width = 7, .suffix = 4, .positions = true},
                         495);
@@ -344,6 +355,10 @@ TEST_CASE_TEMPLATE("cuda fused attention with RoPE matches the CPU fused attenti
     SUBCASE("mixed: queries on the grid, keys at positions") {
         compare_rope_attention<S>({.form = 1, .key_positions = true}, 605);
     }
+    SUBCASE("vjepa2: queries and keys at 3-axis positions, D = 14") {
+        compare_rope_attention<S>({.form = 7, .dim = 14, .positions = true, .key_positions = true}, 615);
+    }
+    SUBCASE("vjepa2 on the grid with suffix 2, D = 14") { compare_rope_attention<S>({.form = 7, .dim = 14, .suffix = 2}, 620); }
     SUBCASE("mrope: queries and keys at 3-axis positions, D = 12") {
         compare_rope_attention<S>({.form = 5, .dim = 12, .positions = true, .key_positions = true}, 610);
     }
@@ -618,34 +633,17 @@ TEST_CASE("cuda rope: bad positions, key_positions and suffix raise the CPU's ex
                "rope key_positions has shape (7, 3); expected 2 axes (row, col)");
 }
 
-TEST_CASE("cuda rope: rope::vjepa2 (its own channel layout) is rpe::not_supported, before any CUDA call") {
+TEST_CASE("cuda rope: rope::vjepa2 in another layout raises the CPU's exception before any CUDA call") {
     const std::int64_t b = 1, h = 1, l = 6, d = 14;
     const std::vector<std::int64_t> shape{b, h, l, d};
     const auto x = random_floats(b * h * l * d, 10);
-    std::vector<float> y(x.size()), g(x.size());
+    std::vector<float> y(x.size());
     const auto pos = rpe::rope::grid_positions(2, 1, 3);
     rpe::rotary_embedding<float> r{.form = rpe::rope::custom{rpe::rope::vjepa2{}}};
-    r.layout = rpe::rope::layout::vjepa2;
-    r.positions = view<const float>(pos.data(), {l, 3});
-    const char* message =
-        "[rpe.rope] rope::vjepa2 (V-JEPA 2's channel layout, rope::layout::vjepa2) is not supported by the "
-        "cuda backend";
-    CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
-                         doctest::Contains(message), rpe::not_supported);
-    CHECK_THROWS_WITH_AS(rpe::cuda::rope_backward(r, 1, 1, view<const float>(x.data(), shape), view<const float>(g.data(), shape),
-                                                  view<float>(y.data(), shape)),
-                         doctest::Contains(message), rpe::not_supported);
-    rpe::attention_inputs<float> in;
-    in.q = in.k = in.v = view<const float>(x.data(), shape);
-    in.height = 2;
-    in.width = 3;
-    in.rope = r;
-    in.rope.positions = {};  // on the grid (ids (0, row, col)) too
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(y.data(), shape)), doctest::Contains(message),
-                         rpe::not_supported);
-    // a bad input is still the CPU's invalid_argument first
     r.layout = rpe::rope::layout::pairs;
-    CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
-                         doctest::Contains("rope layout = pairs for a form that runs in its own layout"), rpe::invalid_argument);
+    r.positions = view<const float>(pos.data(), {l, 3});
+    same_error([&] { rpe::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)); },
+               [&] { rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)); },
+               "rope layout = pairs for a form that runs in its own layout");
 }
 }  // TEST_SUITE("host")

@@ -41,7 +41,7 @@ using attention_inputs = rpe::attention_inputs<S>;
 /// @brief What the CUDA attention supports (checked by the shared front): contiguous q, k, v only
 /// (no strided views), no `attn` output and no backward from saved probabilities (there is no
 /// (L, L) buffer), RoPE with the frequencies' gradient (RoPE positions, key_positions and suffix
-/// included; not rope::vjepa2's layout), both masks, 3D grids, D ≤ 128; no per-token positions of
+/// included, rope::vjepa2's layout too), both masks, 3D grids, D ≤ 128; no per-token positions of
 /// the iRPE terms, packed sequences or key lengths yet (rpe::not_supported before any CUDA call).
 inline constexpr attention_capabilities attention_caps{.backend = "cuda",
                                                        .strided_qkv = false,
@@ -808,7 +808,7 @@ namespace rpe::cuda {
 /// or the grid, k at `rope.key_positions` when given, else as q; positions in device memory are
 /// copied to the host and waited for, host memory is read in place; skip and suffix tokens
 /// copied), and the kernels then run on the rotated q and k (same meaning and checks as the
-/// CPU's attention_inputs::rope; rope::vjepa2's layout: rpe::not_supported).
+/// CPU's attention_inputs::rope).
 template <class S>
 void attention_forward(const attention_inputs<S>& in_given, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {

@@ -18,6 +18,7 @@
 #include "bucket_ids.cuh"
 #include "../../error.hpp"
 #include "../../rope/rotary.hpp"
+#include "../../rope/rounding.hpp"
 #include "../../tensor.hpp"
 #include "error.cuh"
 #include "kernels.cuh"
@@ -222,19 +223,40 @@ __global__ void rope_mixed_table_kernel(const S* __restrict__ freqs, std::int64_
 
 // y = R x (or Rᵀ x with `inverse`) for x, y (planes, L, D), one thread per channel pair; tokens
 // below skip and from skip + t.tokens on (the suffix) are copied. x and y may be the same
-// buffer (each thread reads its pair, then writes it).
+// buffer (each thread reads its pair, then writes it). V-JEPA 2's layout (rope::layout::vjepa2,
+// D = 2·pairs, slices of s = 2·⌊⌊D/3⌋/2⌋ channels, m = s/2): thread j takes channels (c, c + 1),
+// c = 2j; from 3s on they are copied; else in slice a = c div s, l = c mod s, channel c reads
+// entry e0 = a·m + (l mod m), channel c + 1 entry e1 = a·m + ((l + 1) mod m):
+// y_c = cos_e0·x_c − sin_e0·x_c+1, y_c+1 = cos_e1·x_c+1 + sin_e1·x_c, and with `inverse` the
+// transpose map y_c = cos_e0·x_c + sin_e1·x_c+1, y_c+1 = cos_e1·x_c+1 − sin_e0·x_c, each product
+// rounded, then the sum (no fused multiply-add), as rope_rotate_vjepa2_row on the CPU.
 template <class S, class A>
 __global__ void rope_rotate_kernel(rope_view<A> t, const S* x, S* y, std::int64_t planes, std::int64_t heads, std::int64_t n,
                                    bool inverse) {
     const std::int64_t pairs = t.pairs, total = planes * n * pairs;
+    const bool vjepa2 = t.layout == rope::layout::vjepa2;
+    const std::int64_t slice = 2 * (((2 * pairs) / 3) / 2), half_slice = slice / 2;  // vjepa2's s and m
     for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
          e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
         const std::int64_t j = e % pairs, r = e / pairs, i = r % n, h = (r / n) % heads;
         const std::int64_t c0 = r * 2 * pairs + t.pair_channel(j), c1 = c0 + t.pair_step();
         const A x0 = to_acc(x[c0]), x1 = to_acc(x[c1]);
-        if (i < t.skip || i - t.skip >= t.tokens) {
+        if (i < t.skip || i - t.skip >= t.tokens || (vjepa2 && 2 * j >= 3 * slice)) {
             y[c0] = from_acc<S>(x0);
             y[c1] = from_acc<S>(x1);
+            continue;
+        }
+        if (vjepa2) {
+            const std::int64_t a = (2 * j) / slice, l = (2 * j) % slice, base = t.at(h, i - t.skip);
+            const std::int64_t e0 = base + a * half_slice + l % half_slice, e1 = base + a * half_slice + (l + 1) % half_slice;
+            const A p0 = detail::rounded_product(t.cos[e0], x0), p1 = detail::rounded_product(t.cos[e1], x1);
+            if (!inverse) {
+                y[c0] = from_acc<S>(p0 - detail::rounded_product(t.sin[e0], x1));
+                y[c1] = from_acc<S>(p1 + detail::rounded_product(t.sin[e1], x0));
+            } else {
+                y[c0] = from_acc<S>(p0 + detail::rounded_product(t.sin[e1], x1));
+                y[c1] = from_acc<S>(p1 - detail::rounded_product(t.sin[e0], x0));
+            }
             continue;
         }
         const std::int64_t o = t.at(h, i - t.skip) + j;
@@ -337,17 +359,12 @@ class rope_call_table {
 public:
     using A = acc_t<S>;
     /// @pre r checked by check_rope against (H = heads, D = d) and the grid (its positions given
-    ///   as host copies, host_rope_positions); r.enabled(). @throws rpe::not_supported for
-    ///   rope::vjepa2's channel layout.
+    ///   as host copies, host_rope_positions); r.enabled().
     rope_call_table(const rotary_embedding<S>& r, const tensor_ref<const float>* host_p, std::int64_t heads, std::int64_t d,
                     int height, int width, cudaStream_t stream)
         : cos_(r.is_mixed() ? heads * tokens_of(host_p, height, width) * (d / 2) : 0, stream),
           sin_(r.is_mixed() ? heads * tokens_of(host_p, height, width) * (d / 2) : 0, stream),
           pos_(r.is_mixed() && host_p ? 2 * host_p->extent(0) : 0, stream) {
-        if (r.layout == rope::layout::vjepa2)
-            throw not_supported(message("rope",
-                                        "rope::vjepa2 (V-JEPA 2's channel layout, rope::layout::vjepa2) is not supported by "
-                                        "the cuda backend; expected pairs or half (the CPU backend takes rope::vjepa2)"));
         const std::int64_t tokens = tokens_of(host_p, height, width), pairs = d / 2;
         if (r.is_mixed()) {
             const float* pos = nullptr;
@@ -442,8 +459,6 @@ namespace rpe::cuda {
 ///   double for double; then the device's cos and sin: within 2 ulp of the CPU's), at the grid or
 ///   at the positions, its frequency gradient weighing each token by its column and row or its
 ///   positions' x and y.
-/// @throws rpe::not_supported `[rpe.rope] rope::vjepa2 ... is not supported by the cuda backend`
-///   (V-JEPA 2's channel layout) after the checks, before any kernel.
 /// @throws rpe::invalid_argument `[rpe.rope] ...` with the CPU's messages (the same
 ///   rpe::detail::check_rope_call) before any CUDA call; rpe::cuda_error.
 /// Source: rope-vit apply_rotary_emb; timm apply_rot_embed_cat (see rpe::rope).
