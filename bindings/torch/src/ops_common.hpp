@@ -443,18 +443,6 @@ inline rpe::rope::layout layout_of(c10::string_view value, const char* name) {
     return rpe::rope::layout::half;
 }
 
-// The CUDA operators' refusal of what rpe's CUDA backend does not have of the rotary forms,
-// before any tensor is made on the device: V-JEPA 2's form and layout (rpe::not_supported in
-// rpe::cuda's RoPE table, said here by the torch names). Nothing for the CPU (w on the CPU).
-template <class S>
-void check_rope_device(const rpe::rotary_embedding<S>& r, c10::string_view form, const where& w) {
-    if (w.device.is_cpu() || !r.enabled()) return;
-    TORCH_CHECK_VALUE(r.layout != rpe::rope::layout::vjepa2, "[rpe.torch] rope form = '", str(form),
-                      "' (V-JEPA 2, channel layout 'vjepa2') is not supported by the cuda operators: rpe's CUDA backend ",
-                      "refuses it (rpe::not_supported); expected tensors on the cpu (the CPU operators take it) or a form in ",
-                      "layout 'pairs' or 'half' on ", w.device.str());
-}
-
 // The RoPE forms of rpe's registry (<rpe/families.hpp>), as "axial, mixed, ... or mrope".
 inline std::string rope_form_names() {
     std::vector<std::string> all;
@@ -677,7 +665,6 @@ attention_setup<S, T> setup_attention(attention_args& a, const dtype_rule& st, c
         s.in.attn_mask = cref<S>(m);
     }
     s.in.rope = make_rope<S>(a.rope_form, a.rope_params, a.rope_skip, a.rope_layout, a.rope_suffix);
-    check_rope_device(s.in.rope, a.rope_form, w);
     if (a.rope_freqs.defined()) {
         a.rope_freqs = prepared(a.rope_freqs, "rope_freqs", st, w);
         s.in.rope.freqs = cref<S>(a.rope_freqs);

@@ -494,6 +494,8 @@ def make_rope_suffix(kind, H, D, suffix):
         return rt.RoPEDinoV3(D, skip=1, suffix=suffix)
     if kind == "mrope":
         return rt.RoPEMRoPE(sections=(2, 3, 3), theta=100.0, skip=1, suffix=suffix)
+    if kind == "vjepa2":  # D = 16: slices of 4 channels, the last 4 channels unrotated
+        return rt.RoPEVJEPA2(theta=100.0, skip=1, suffix=suffix)
     return rt.RoPECat(skip=1, layout="half", suffix=suffix)
 
 
@@ -501,13 +503,13 @@ def make_rope_suffix(kind, H, D, suffix):
 @pytestmark_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("where", ["grid", "cuda", "cpu"])
-@pytest.mark.parametrize("kind", ["axial", "mixed", "cat_half", "dinov3", "mrope"])
+@pytest.mark.parametrize("kind", ["axial", "mixed", "cat_half", "dinov3", "mrope", "vjepa2"])
 def test_rope_positions_and_suffix_match_cpu(kind, where, dtype):
     """The CUDA rotation with suffix tokens, on the grid or at random real positions (on the
     device or the CPU), forward and backward (mixed's frequencies included), against the CPU's."""
     devices_dtype(dtype)
     B, H, h, w, D, suffix = 2, 3, 3, 4, 16, 2
-    axes = 3 if kind == "mrope" else 2
+    axes = 3 if kind in ("mrope", "vjepa2") else 2
     rope_c = make_rope_suffix(kind, H, D, suffix)
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
@@ -533,12 +535,12 @@ def test_rope_positions_and_suffix_match_cpu(kind, where, dtype):
 
 @needs_gpu
 @pytestmark_kernels
-@pytest.mark.parametrize("kind", ["axial", "mixed", "mrope"])
+@pytest.mark.parametrize("kind", ["axial", "mixed", "mrope", "vjepa2"])
 def test_attention_rope_positions_match_cpu(kind):
     """The CUDA attention with RoPE at per-token positions for q and other positions for k, and
     suffix tokens, forward and backward, against the CPU attention (float64)."""
     B, H, h, w, D, suffix = 2, 2, 3, 4, 16, 1
-    axes = 3 if kind == "mrope" else 2
+    axes = 3 if kind in ("mrope", "vjepa2") else 2
     L = 1 + h * w + suffix
     rope_c = make_rope_suffix(kind, H, D, suffix).double()
     g = torch.Generator().manual_seed(9)
@@ -657,15 +659,6 @@ def test_errors_name_the_argument():
                                    h, w, pos)
     with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope positions has shape \(5, 2\); expected \(6, 2\)"):
         torch.ops.rpe.rope_forward(q, "axial", [100.0], None, 1, h, w, "pairs", pos[:5].cuda())  # the library's check
-    # V-JEPA 2's form and layout: refused by the operators, before any tensor is made on the device
-    xv = torch.randn(B, H, h * w, 14, device="cuda")
-    vjepa2 = r"\[rpe\.torch\] rope form = 'vjepa2' \(V-JEPA 2, channel layout 'vjepa2'\) is not supported by the cuda"
-    with pytest.raises(ValueError, match=vjepa2):
-        torch.ops.rpe.rope_forward(xv, "vjepa2", [10000.0], None, 0, h, w, "vjepa2")
-    with pytest.raises(ValueError, match=vjepa2):
-        rt.RoPEVJEPA2()(xv, h, w)
-    with pytest.raises(ValueError, match=vjepa2):
-        rt.attention(xv, xv, xv, rope=rt.RoPEVJEPA2(), height=h, width=w)
     with pytest.raises(ValueError, match=r"\[rpe\.cpb\] raw has shape \(15, 2\); expected \(25, 2\)"):
         torch.ops.rpe.cpb_table(torch.zeros(15, 2, device="cuda"), 3, 3, True)  # the CPU kernel's check, on the host
     # dtypes and the library's own checks, as on the CPU
