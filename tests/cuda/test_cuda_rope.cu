@@ -3,8 +3,9 @@
 // gradient included) for RoPE-Axial, RoPE-Mixed and timm's RotaryEmbeddingCat with skip tokens
 // in float, double and fp16; the fused CUDA attention with attention_inputs::rope (alone, with
 // an iRPE-K term, with iRPE on q, k, v and key padding) forward and backward in float and double;
-// the device table cache; and, host-side (no device needed), bad RoPE inputs through the CUDA
-// entry points raising the CPU's exception with the CPU's message.
+// suffix tokens, per-token positions (every 2D form, rope::mrope, the keys at their own
+// positions in the attention), the device table cache; and, host-side (no device needed), bad
+// RoPE inputs through the CUDA entry points raising the CPU's exception with the CPU's message.
 #include <doctest/doctest.h>
 
 #include <rpe/cuda.cuh>
@@ -28,14 +29,35 @@ namespace {
 using namespace rpe_cuda_test;
 
 // 0: RoPE-Axial (rope-vit, θ = 100); 1: RoPE-Mixed (learned frequencies); 2: timm's cat in
-// EVA-02's configuration with a reference grid; 3: timm's cat in pixels, 'xy' indexing.
+// EVA-02's configuration with a reference grid; 3: timm's cat in pixels, 'xy' indexing;
+// 4: DINOv3 (rope::custom, half layout); 5: rope::mrope sections (2, 2, 2) (3-axis positions,
+// half layout, D = 12); 6: RoPE-Axial through rope::custom; 7: V-JEPA 2 (its own layout, 3-axis
+// positions, D = 14: slices of 4 channels, the last 2 channels copied).
 rpe::rope_form form_of(int form) {
     switch (form) {
         case 0: return rpe::rope::axial{.theta = 100.0f};
         case 1: return rpe::rope::mixed{};
         case 2: return rpe::rope::cat{.ref_height = 2, .ref_width = 3};
+        case 4: return rpe::rope::custom{rpe::rope::dinov3{}};
+        case 5: return rpe::rope::custom{rpe::rope::mrope{.section_t = 2, .section_h = 2, .section_w = 2}};
+        case 6: return rpe::rope::custom{rpe::rope::axial{.theta = 10.0f}};
+        case 7: return rpe::rope::custom{rpe::rope::vjepa2{}};
         default: return rpe::rope::cat{.in_pixels = true, .xy_indexing = true};
     }
+}
+rpe::rope::layout layout_of(int form) {
+    if (form == 7) return rpe::rope::layout::vjepa2;
+    return form == 4 || form == 5 ? rpe::rope::layout::half : rpe::rope::layout::pairs;
+}
+int axes_of(int form) { return form == 5 || form == 7 ? 3 : 2; }
+
+// n random per-token positions of `axes` coordinates, real-valued in [−1, 4) (seeded).
+std::vector<float> random_positions(std::int64_t n, int axes, unsigned seed) {
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> dist(-1.f, 4.f);
+    std::vector<float> p(static_cast<std::size_t>(n * axes));
+    for (auto& v : p) v = dist(gen);
+    return p;
 }
 
 // The comparison rule of test_cuda_attention.cu: tolerance eps·rms(expected) + eps·|expected|,
@@ -53,6 +75,8 @@ void check_vs(const std::string& what, const std::vector<double>& gpu, const std
 struct rope_config {
     int form = 0;
     int skip = 1, batch = 2, heads = 3, dim = 8, height = 3, width = 4;
+    int suffix = 0;          // trailing unrotated tokens
+    bool positions = false;  // random per-token positions (height·width of them) instead of the grid
 };
 
 // Standalone rotation: forward and backward (grad_freqs for mixed) on the GPU against the CPU
@@ -60,9 +84,12 @@ struct rope_config {
 template <class S>
 void compare_rope(const rope_config& cfg, unsigned seed) {
     using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
-    const std::int64_t b = cfg.batch, h = cfg.heads, l = cfg.skip + cfg.height * cfg.width, d = cfg.dim;
-    INFO("form " << cfg.form << ", skip " << cfg.skip << ", grid " << cfg.height << "x" << cfg.width << ", D " << d << ", S "
-                 << sizeof(S) << " bytes");
+    const std::int64_t n = cfg.height * cfg.width, b = cfg.batch, h = cfg.heads, l = cfg.skip + n + cfg.suffix, d = cfg.dim;
+    INFO("form " << cfg.form << ", skip " << cfg.skip << ", suffix " << cfg.suffix << ", positions " << cfg.positions << ", grid "
+                 << cfg.height << "x" << cfg.width << ", D " << d << ", S " << sizeof(S) << " bytes");
+    const int axes = axes_of(cfg.form);
+    const std::vector<std::int64_t> pshape{n, axes};
+    const auto pos = random_positions(n, axes, seed + 4);
     const std::vector<std::int64_t> shape{b, h, l, d}, fshape{2, h, d / 2};
     const auto x = round_through<S>(random_floats(b * h * l * d, seed + 1));
     const auto gy = round_through<S>(random_floats(b * h * l * d, seed + 2));
@@ -74,6 +101,9 @@ void compare_rope(const rope_config& cfg, unsigned seed) {
     const auto cx = cv(x), cgy = cv(gy), cf = cv(f);
     std::vector<C> cy(cx.size()), cgx(cx.size()), cgf(cf.size(), C(-7));
     rpe::rotary_embedding<C> cr{.form = form_of(cfg.form), .skip = cfg.skip};
+    cr.layout = layout_of(cfg.form);
+    cr.suffix = cfg.suffix;
+    if (cfg.positions) cr.positions = view<const float>(pos.data(), pshape);
     if (mixed) {
         cr.freqs = view<const C>(cf.data(), fshape);
         cr.grad_freqs = view<C>(cgf.data(), fshape);
@@ -86,7 +116,11 @@ void compare_rope(const rope_config& cfg, unsigned seed) {
     device_vec<S> dx(to_storage<S>(x)), dgy(to_storage<S>(gy)), df(to_storage<S>(f));
     device_vec<S> dy(to_storage<S>(std::vector<float>(x.size(), 99.f))), dgx(to_storage<S>(std::vector<float>(x.size(), 99.f))),
         dgf(to_storage<S>(std::vector<float>(f.size(), 99.f)));
+    device_vec<float> dpos(pos);
     rpe::rotary_embedding<S> gr{.form = form_of(cfg.form), .skip = cfg.skip};
+    gr.layout = layout_of(cfg.form);
+    gr.suffix = cfg.suffix;
+    if (cfg.positions) gr.positions = dpos.cref(pshape);  // device memory
     if (mixed) {
         gr.freqs = df.cref(fshape);
         gr.grad_freqs = dgf.ref(fshape);
@@ -101,9 +135,15 @@ void compare_rope(const rope_config& cfg, unsigned seed) {
     check_vs<S>("y", to_double(dy.host()), cy, 4.0);  // a rotation: a few roundings per element
     check_vs<S>("grad_x", to_double(dgx.host()), cgx, 4.0);
     if (mixed) check_vs<S>("grad_freqs", to_double(dgf.host()), cgf, static_cast<double>(b * l));
-    // the skip tokens are copied exactly, the others rotated (a test that ignored RoPE would fail)
+    // the skip and suffix tokens are copied exactly, the others rotated (a test that ignored RoPE would fail)
     const auto y = to_double(dy.host());
     for (std::size_t i = 0; i < static_cast<std::size_t>(cfg.skip * d); ++i) CHECK(y[i] == static_cast<double>(x[i]));
+    const auto gx = to_double(dgx.host());
+    for (std::int64_t p = 0; p < b * h; ++p)
+        for (auto i = static_cast<std::size_t>((p * l + cfg.skip + n) * d); i < static_cast<std::size_t>((p + 1) * l * d); ++i) {
+            CHECK(y[i] == static_cast<double>(x[i]));
+            CHECK(gx[i] == static_cast<double>(gy[i]));
+        }
     double moved = 0;
     for (std::size_t i = 0; i < y.size(); ++i) moved = std::max(moved, std::fabs(y[i] - static_cast<double>(x[i])));
     CHECK(moved > 0.1);
@@ -114,15 +154,22 @@ struct rope_attn_config {
     std::string on;  // iRPE terms: subset of "qkv" (contextual product, shared heads)
     bool padding = false;
     int skip = 1, batch = 2, heads = 2, dim = 16, height = 3, width = 4;
+    int suffix = 0;              // trailing unrotated tokens
+    bool positions = false;      // queries at random per-token positions (height·width of them)
+    bool key_positions = false;  // keys at other random positions
 };
 
 // The fused CUDA attention with RoPE (and iRPE terms) against the CPU fused attention.
 template <class S>
 void compare_rope_attention(const rope_attn_config& cfg, unsigned seed) {
     using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
-    const std::int64_t b = cfg.batch, h = cfg.heads, l = cfg.skip + cfg.height * cfg.width, d = cfg.dim;
-    INFO("form " << cfg.form << ", on '" << cfg.on << "', padding " << cfg.padding << ", L " << l << ", D " << d << ", S "
+    const std::int64_t n = cfg.height * cfg.width, b = cfg.batch, h = cfg.heads, l = cfg.skip + n + cfg.suffix, d = cfg.dim;
+    INFO("form " << cfg.form << ", on '" << cfg.on << "', padding " << cfg.padding << ", L " << l << ", D " << d << ", suffix "
+                 << cfg.suffix << ", positions " << cfg.positions << ", key_positions " << cfg.key_positions << ", S "
                  << sizeof(S) << " bytes");
+    const int axes = axes_of(cfg.form);
+    const std::vector<std::int64_t> pshape{n, axes};
+    const auto qpos = random_positions(n, axes, seed + 6), kpos = random_positions(n, axes, seed + 7);
     const std::vector<std::int64_t> shape{b, h, l, d}, fshape{2, h, d / 2};
     const auto q = random_floats(b * h * l * d, seed + 1), k = random_floats(b * h * l * d, seed + 2),
                v = random_floats(b * h * l * d, seed + 3), go = random_floats(b * h * l * d, seed + 4),
@@ -165,6 +212,10 @@ void compare_rope_attention(const rope_attn_config& cfg, unsigned seed) {
     if (!mask.empty()) cin.key_padding_mask = view<const std::uint8_t>(mask.data(), {b, l});
     std::vector<C> cgf(f.size(), C(-7));
     cin.rope = {.form = form_of(cfg.form), .skip = cfg.skip};
+    cin.rope.layout = layout_of(cfg.form);
+    cin.rope.suffix = cfg.suffix;
+    if (cfg.positions) cin.rope.positions = view<const float>(qpos.data(), pshape);
+    if (cfg.key_positions) cin.rope.key_positions = view<const float>(kpos.data(), pshape);
     if (mixed) {
         cin.rope.freqs = view<const C>(cf.data(), fshape);
         cin.rope.grad_freqs = view<C>(cgf.data(), fshape);
@@ -197,7 +248,12 @@ void compare_rope_attention(const rope_attn_config& cfg, unsigned seed) {
     gin.height = cfg.height;
     gin.width = cfg.width;
     if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, l});
+    device_vec<float> dqpos(qpos), dkpos(kpos);
     gin.rope = {.form = form_of(cfg.form), .skip = cfg.skip};
+    gin.rope.layout = layout_of(cfg.form);
+    gin.rope.suffix = cfg.suffix;
+    if (cfg.positions) gin.rope.positions = dqpos.cref(pshape);  // device memory
+    if (cfg.key_positions) gin.rope.key_positions = dkpos.cref(pshape);
     if (mixed) {
         gin.rope.freqs = df.cref(fshape);
         gin.rope.grad_freqs = dgf.ref(fshape);
@@ -218,11 +274,11 @@ void compare_rope_attention(const rope_attn_config& cfg, unsigned seed) {
     RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
     RPE_CUDA_CHECK(cudaStreamDestroy(stream));
 
-    const double n = static_cast<double>(d + l);
-    check_vs<S>("out", to_double(dout.host()), cout, n);
-    check_vs<S>("grad_q", to_double(dgq.host()), cgq, n);
-    check_vs<S>("grad_k", to_double(dgk.host()), cgk, n);
-    check_vs<S>("grad_v", to_double(dgv.host()), cgv, n);
+    const double len = static_cast<double>(d + l);
+    check_vs<S>("out", to_double(dout.host()), cout, len);
+    check_vs<S>("grad_q", to_double(dgq.host()), cgq, len);
+    check_vs<S>("grad_k", to_double(dgk.host()), cgk, len);
+    check_vs<S>("grad_v", to_double(dgv.host()), cgv, len);
     if (mixed) check_vs<S>("grad_freqs", to_double(dgf.host()), cgf, static_cast<double>(b * l * l));
     std::size_t u = 0;
     for (int s = 0; s < 3; ++s)
@@ -247,6 +303,28 @@ TEST_CASE_TEMPLATE("cuda rope_forward and rope_backward match the CPU rotation (
     SUBCASE("mixed, larger: B 3, H 4, D 64, 7 x 7 grid") {
         compare_rope<S>({.form = 1, .batch = 3, .heads = 4, .dim = 64, .height = 7, .width = 7}, 450);
     }
+    SUBCASE("suffix on the grid: axial, skip 1, suffix 3") { compare_rope<S>({.form = 0, .suffix = 3}, 460); }
+    SUBCASE("suffix on the grid: mixed, skip 0, suffix 2") { compare_rope<S>({.form = 1, .skip = 0, .suffix = 2}, 465); }
+    SUBCASE("dinov3 (custom, half layout) on the grid") { compare_rope<S>({.form = 4, .suffix = 1}, 470); }
+    SUBCASE("mrope on the grid (ids (0, row, col)), D = 12") { compare_rope<S>({.form = 5, .dim = 12}, 475); }
+    for (int form : {0, 1, 2, 3, 4, 6}) {
+        SUBCASE(("2D form " + std::to_string(form) + " at random positions, skip 1, suffix 2").c_str()) {
+            compare_rope<S>({.form = form, .suffix = 2, .positions = true}, 480 + static_cast<unsigned>(form));
+        }
+    }
+    SUBCASE("mrope at random 3-axis positions, skip 2, suffix 1, D = 12") {
+        compare_rope<S>({.form = 5, .skip = 2, .dim = 12, .suffix = 1, .positions = true}, 490);
+    }
+    SUBCASE("vjepa2 on the grid (ids (0, row, col)), D = 14, suffix 1") {
+        compare_rope<S>({.form = 7, .dim = 14, .suffix = 1}, 496);
+    }
+    SUBCASE("vjepa2 at random 3-axis positions, D = 14, skip 0, suffix 2") {
+        compare_rope<S>({.form = 7, .skip = 0, .dim = 14, .suffix = 2, .positions = true}, 497);
+    }
+    SUBCASE("mixed at random positions, larger: B 2, H 4, D 64, 49 tokens, skip 0, suffix 4") {
+        compare_rope<S>({.form = 1, .skip = 0, .heads = 4, .dim = 64, .height = 7, .width = 7, .suffix = 4, .positions = true},
+                        495);
+    }
 }
 
 TEST_CASE_TEMPLATE("cuda fused attention with RoPE matches the CPU fused attention (forward, backward, frequency gradient)", S,
@@ -262,6 +340,27 @@ TEST_CASE_TEMPLATE("cuda fused attention with RoPE matches the CPU fused attenti
     SUBCASE("cat (EVA-02) with iRPE-K, skip 2") { compare_rope_attention<S>({.form = 2, .on = "k", .skip = 2}, 560); }
     SUBCASE("mixed, larger: L = 50, D = 64, iRPE-K") {
         compare_rope_attention<S>({.form = 1, .on = "k", .batch = 1, .heads = 3, .dim = 64, .height = 7, .width = 7}, 570);
+    }
+    SUBCASE("axial on the grid with suffix 2") { compare_rope_attention<S>({.form = 0, .suffix = 2}, 580); }
+    SUBCASE("mixed on the grid with suffix 3 and key padding") {
+        compare_rope_attention<S>({.form = 1, .padding = true, .suffix = 3}, 585);
+    }
+    for (int form : {0, 1, 2, 4}) {
+        SUBCASE(("form " + std::to_string(form) + ": queries and keys at their own positions, suffix 1").c_str()) {
+            compare_rope_attention<S>({.form = form, .suffix = 1, .positions = true, .key_positions = true},
+                                      590 + static_cast<unsigned>(form));
+        }
+    }
+    SUBCASE("mixed: queries at positions, keys the same") { compare_rope_attention<S>({.form = 1, .positions = true}, 600); }
+    SUBCASE("mixed: queries on the grid, keys at positions") {
+        compare_rope_attention<S>({.form = 1, .key_positions = true}, 605);
+    }
+    SUBCASE("vjepa2: queries and keys at 3-axis positions, D = 14") {
+        compare_rope_attention<S>({.form = 7, .dim = 14, .positions = true, .key_positions = true}, 615);
+    }
+    SUBCASE("vjepa2 on the grid with suffix 2, D = 14") { compare_rope_attention<S>({.form = 7, .dim = 14, .suffix = 2}, 620); }
+    SUBCASE("mrope: queries and keys at 3-axis positions, D = 12") {
+        compare_rope_attention<S>({.form = 5, .dim = 12, .positions = true, .key_positions = true}, 610);
     }
 }
 
@@ -485,64 +584,66 @@ TEST_CASE(
                          doctest::Contains("[rpe.attention] options.scale = "), rpe::invalid_argument);
 }
 
-TEST_CASE("cuda rope: rope::mrope (3-axis positions) is rpe::not_supported, before any CUDA call") {
-    const std::int64_t b = 1, h = 1, l = 7, d = 12;
-    const std::vector<std::int64_t> shape{b, h, l, d};
-    const auto x = random_floats(b * h * l * d, 9);
-    std::vector<float> y(x.size()), g(x.size()), pos(static_cast<std::size_t>(3 * l), 1.0f);
+TEST_CASE("cuda rope: bad positions, key_positions and suffix raise the CPU's exceptions before any CUDA call") {
+    const std::int64_t l = 7, d = 12;
+    const std::vector<std::int64_t> shape{1, 1, l, d};
+    const auto x = random_floats(l * d, 9);
+    std::vector<float> y(x.size()), pos3(static_cast<std::size_t>(3 * l), 1.0f), pos2(static_cast<std::size_t>(2 * l), 1.0f);
     rpe::rotary_embedding<float> r{.form = rpe::rope::custom{rpe::rope::mrope{.section_t = 2, .section_h = 2, .section_w = 2}}};
     r.layout = rpe::rope::layout::half;
-    r.positions = view<const float>(pos.data(), {l, 3});
-    const char* message = "[rpe.rope] rope::mrope (a form with 3-axis positions (t, h, w)) is not supported by the cuda backend";
-    CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
-                         doctest::Contains(message), rpe::not_supported);
-    CHECK_THROWS_WITH_AS(rpe::cuda::rope_backward(r, 1, 1, view<const float>(x.data(), shape), view<const float>(g.data(), shape),
-                                                  view<float>(y.data(), shape)),
-                         doctest::Contains(message), rpe::not_supported);
-    r.positions = {};  // on the grid (ids (0, row, col)) too
-    CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 7, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
-                         doctest::Contains(message), rpe::not_supported);
+    const auto fwd = [&](const std::string& expected) {
+        same_error([&] { rpe::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)); },
+                   [&] { rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)); },
+                   expected);
+    };
+    r.positions = view<const float>(pos2.data(), {l, 2});
+    fwd("rope positions has shape (7, 2); expected 3 axes (t, h, w)");
+    r.positions = view<const float>(pos3.data(), {l - 1, 3});
+    fwd("rope positions has shape (6, 3)");
+    pos3[4] = std::nanf("");
+    r.positions = view<const float>(pos3.data(), {l, 3});
+    fwd("rope positions[1, 1] = nan; expected finite");
+    pos3[4] = 1.0f;
+    r.key_positions = view<const float>(pos3.data(), {l, 3});
+    fwd("rope key_positions is given to a standalone rotation");
+    r.key_positions = {};
+    r.suffix = -1;
+    fwd("rope suffix = -1");
+    r.suffix = 2;  // then 5 rotated tokens: 7 positions are too many
+    fwd("rope positions has shape (7, 3)");
+    r.form = rpe::rope::axial{};
+    r.layout = rpe::rope::layout::pairs;
+    r.positions = view<const float>(pos2.data(), {l - 2, 2});
+    r.suffix = 1;  // 6 rotated tokens
+    fwd("rope positions has shape (5, 2)");
+    r.positions = {};
+    r.suffix = 2;
+    same_error([&] { rpe::rope_forward(r, 2, 2, view<const float>(x.data(), shape), view<float>(y.data(), shape)); },
+               [&] { rpe::cuda::rope_forward(r, 2, 2, view<const float>(x.data(), shape), view<float>(y.data(), shape)); },
+               "L = 7; expected rope skip + height*width + suffix = 0 + 2*2 + 2");
+    // the attention: a bad key_positions is the CPU attention's message too
     rpe::attention_inputs<float> in;
     in.q = in.k = in.v = view<const float>(x.data(), shape);
     in.height = 1;
     in.width = 7;
-    in.rope = r;
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(y.data(), shape)), doctest::Contains(message),
-                         rpe::not_supported);
-    // a bad input is still the CPU's invalid_argument first
-    r.positions = view<const float>(pos.data(), {l, 2});
-    CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
-                         doctest::Contains("rope positions has shape (7, 2); expected 3 axes (t, h, w)"), rpe::invalid_argument);
+    in.rope = {.form = rpe::rope::axial{}};
+    in.rope.key_positions = view<const float>(pos3.data(), {l, 3});
+    same_error([&] { rpe::attention_forward(in, view<float>(y.data(), shape)); },
+               [&] { rpe::cuda::attention_forward(in, view<float>(y.data(), shape)); },
+               "rope key_positions has shape (7, 3); expected 2 axes (row, col)");
 }
 
-TEST_CASE("cuda rope: rope::vjepa2 (its own channel layout) is rpe::not_supported, before any CUDA call") {
+TEST_CASE("cuda rope: rope::vjepa2 in another layout raises the CPU's exception before any CUDA call") {
     const std::int64_t b = 1, h = 1, l = 6, d = 14;
     const std::vector<std::int64_t> shape{b, h, l, d};
     const auto x = random_floats(b * h * l * d, 10);
-    std::vector<float> y(x.size()), g(x.size());
+    std::vector<float> y(x.size());
     const auto pos = rpe::rope::grid_positions(2, 1, 3);
     rpe::rotary_embedding<float> r{.form = rpe::rope::custom{rpe::rope::vjepa2{}}};
-    r.layout = rpe::rope::layout::vjepa2;
-    r.positions = view<const float>(pos.data(), {l, 3});
-    const char* message =
-        "[rpe.rope] rope::vjepa2 (V-JEPA 2's channel layout, rope::layout::vjepa2) is not supported by the "
-        "cuda backend";
-    CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
-                         doctest::Contains(message), rpe::not_supported);
-    CHECK_THROWS_WITH_AS(rpe::cuda::rope_backward(r, 1, 1, view<const float>(x.data(), shape), view<const float>(g.data(), shape),
-                                                  view<float>(y.data(), shape)),
-                         doctest::Contains(message), rpe::not_supported);
-    rpe::attention_inputs<float> in;
-    in.q = in.k = in.v = view<const float>(x.data(), shape);
-    in.height = 2;
-    in.width = 3;
-    in.rope = r;
-    in.rope.positions = {};  // on the grid (ids (0, row, col)) too
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, view<float>(y.data(), shape)), doctest::Contains(message),
-                         rpe::not_supported);
-    // a bad input is still the CPU's invalid_argument first
     r.layout = rpe::rope::layout::pairs;
-    CHECK_THROWS_WITH_AS(rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)),
-                         doctest::Contains("rope layout = pairs for a form that runs in its own layout"), rpe::invalid_argument);
+    r.positions = view<const float>(pos.data(), {l, 3});
+    same_error([&] { rpe::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)); },
+               [&] { rpe::cuda::rope_forward(r, 1, 1, view<const float>(x.data(), shape), view<float>(y.data(), shape)); },
+               "rope layout = pairs for a form that runs in its own layout");
 }
 }  // TEST_SUITE("host")

@@ -583,8 +583,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     rope.suffix) and everything after sees the rotated q and k (the RoPEMixed frequencies get their
     gradient); positions: the rope's per-token (row, col) coordinates of q's (and k's) N = L −
     skip − suffix rotated tokens instead of the grid, (N, 2) integer or float ((N, 3) (t, h, w)
-    position ids for RoPEMRoPE, (frame, row, col) for RoPEVJEPA2), CPU only (not differentiated); key_positions: the keys' own
-    positions (same shape) (e.g. another grid; default:
+    position ids for RoPEMRoPE, (frame, row, col) for RoPEVJEPA2), on the CPU or q's device (not
+    differentiated); key_positions: the keys' own positions (same shape) (e.g. another grid; default:
     the queries') — ``positions`` / ``key_positions`` are the RoPE's only; the iRPE terms take
     their own, ``rpe_positions``: integer (N, 2) (row, col) — (N, 3) (t, row, col) for a 3D
     mapping — positions of the N = L − skip grid tokens instead of the grid (height, width are then
@@ -611,7 +611,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         raise ValueError("[rpe.torch] positions / key_positions are given without rope; expected a RoPE module "
                          "(they are the rotary embedding's per-token positions)")
     axes, names = getattr(rope, "position_axes", 2), getattr(rope, "position_names", None)
-    _check_positions("positions", positions, q, axes, names)  # first: on CUDA, the clearer message (CPU-only positions)
+    _check_positions("positions", positions, q, axes, names)
     _check_positions("key_positions", key_positions, q, axes, names)
     _check_index("rpe_positions", rpe_positions, q, axes=True, what="per-token iRPE positions")
     _check_index("rpe_key_positions", rpe_key_positions, q, axes=True, what="per-token iRPE key positions")

@@ -81,11 +81,11 @@ _LAYOUTS = ("pairs", "half")
 
 
 def _check_positions(name, positions, x=None, axes=2, what=None):
-    """Per-token RoPE positions: None, or an (N, axes) integer / float32 / float64 CPU tensor of
+    """Per-token RoPE positions: None, or an (N, axes) integer / float32 / float64 tensor of
     (row, col) coordinates — (t, h, w) when axes = 3 (M-RoPE), or the module's ``what`` (V-JEPA 2:
-    (frame, row, col)) — (the operators convert them to float32, as the library reads them).
-    CUDA tensors are refused here, before the dispatcher: rpe's CUDA backend has no per-token
-    positions (rpe::not_supported). ValueError / TypeError naming the argument otherwise."""
+    (frame, row, col)) — (the operators convert them to float32, as the library reads them), on the
+    CPU or on x's device (CUDA: rpe's CUDA backend copies them to the host for its checks and
+    tables). ValueError / TypeError naming the argument otherwise."""
     if positions is None:
         return
     if what is None:
@@ -93,10 +93,10 @@ def _check_positions(name, positions, x=None, axes=2, what=None):
     if not isinstance(positions, torch.Tensor):
         raise TypeError(f"[rpe.torch] {name} is a {type(positions).__name__}; expected a torch.Tensor (N, {axes}) of "
                         f"{what} coordinates")
-    device = positions.device if positions.device.type != "cpu" else (x.device if x is not None else positions.device)
-    if device.type != "cpu":
-        raise ValueError(f"[rpe.torch] {name} is given with tensors on device {device}; expected cpu (per-token RoPE "
-                         "positions are CPU only: rpe's CUDA backend refuses them with rpe::not_supported)")
+    if x is not None and positions.device.type != "cpu" and positions.device != x.device:
+        expected = "cpu" if x.device.type == "cpu" else f"cpu or {x.device}"
+        raise ValueError(f"[rpe.torch] {name} is on device {positions.device}; expected {expected}, the device of the "
+                         "other tensors")
     if positions.dtype == torch.bool or positions.is_complex() or (positions.is_floating_point()
                                                                   and positions.dtype not in (torch.float32, torch.float64)):
         raise TypeError(f"[rpe.torch] {name} has dtype {positions.dtype}; expected an integer, float32 or float64 tensor "
@@ -111,7 +111,7 @@ class _RoPE(nn.Module):
     or k (B, H, L, D): the first ``skip`` tokens (class, register tokens) and the last ``suffix``
     ones stay unrotated; the others sit on a height × width grid (L = skip + height·width +
     suffix; a square grid when both are None) or at ``positions`` (N, 2) (row, col), N = L −
-    skip − suffix, in the form's own coordinate frame (integer or real; CPU only). ``layout``:
+    skip − suffix, in the form's own coordinate frame (integer or real; on the CPU or x's device). ``layout``:
     the channel pairing, ``"pairs"`` (2j, 2j+1) or ``"half"`` (j, j + D/2, rotate-half)."""
 
     form = ""

@@ -443,18 +443,6 @@ inline rpe::rope::layout layout_of(c10::string_view value, const char* name) {
     return rpe::rope::layout::half;
 }
 
-// The CUDA operators' refusal of what rpe's CUDA backend does not have of the rotary forms,
-// before any tensor is made on the device: V-JEPA 2's form and layout (rpe::not_supported in
-// rpe::cuda's RoPE table, said here by the torch names). Nothing for the CPU (w on the CPU).
-template <class S>
-void check_rope_device(const rpe::rotary_embedding<S>& r, c10::string_view form, const where& w) {
-    if (w.device.is_cpu() || !r.enabled()) return;
-    TORCH_CHECK_VALUE(r.layout != rpe::rope::layout::vjepa2, "[rpe.torch] rope form = '", str(form),
-                      "' (V-JEPA 2, channel layout 'vjepa2') is not supported by the cuda operators: rpe's CUDA backend ",
-                      "refuses it (rpe::not_supported); expected tensors on the cpu (the CPU operators take it) or a form in ",
-                      "layout 'pairs' or 'half' on ", w.device.str());
-}
-
 // The RoPE forms of rpe's registry (<rpe/families.hpp>), as "axial, mixed, ... or mrope".
 inline std::string rope_form_names() {
     std::vector<std::string> all;
@@ -466,19 +454,21 @@ inline std::string rope_form_names() {
 }
 
 // Per-token positions (N, 2) (row, col) — (N, 3) for a 3-axis form (mrope: (t, h, w); vjepa2:
-// (frame, row, col)) — of
-// `name`, integer or floating, on the CPU: the float32 contiguous tensor the library reads
-// (rpe::rotary_embedding::positions), or undefined when not given. The library checks the axes
-// against the form, N against L and that every value is finite. For a CUDA operator
-// (w on a CUDA device) any positions are a ValueError: rpe's CUDA backend has none
-// (rpe::not_supported `[rpe.rope] rope positions ... are not supported by the cuda backend`).
+// (frame, row, col)) — of `name`, integer or floating: the float32 contiguous tensor the library
+// reads (rpe::rotary_embedding::positions), or undefined when not given. The library checks the
+// axes against the form, N against L and that every value is finite. A CPU operator takes them on
+// the CPU; a CUDA operator (w on a CUDA device) on the CPU or on w's device (rpe's CUDA backend
+// copies device positions to the host for its checks and tables, and reads host ones in place).
 inline at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const char* name, const where& w = {}) {
     if (!p || !p->defined()) return {};
     const at::Tensor& t = *p;
-    TORCH_CHECK_VALUE(w.device.is_cpu(), "[rpe.torch] ", name, " is given with tensors on device ", w.device.str(),
-                      "; expected cpu (per-token RoPE positions are CPU only: rpe's CUDA backend refuses them)");
-    TORCH_CHECK_VALUE(t.device().is_cpu(), "[rpe.torch] ", name, " is on device ", t.device().str(),
-                      "; expected cpu (per-token RoPE positions are CPU only: rpe's CUDA backend refuses them)");
+    if (w.device.is_cpu()) {
+        TORCH_CHECK_VALUE(t.device().is_cpu(), "[rpe.torch] ", name, " is on device ", t.device().str(),
+                          "; expected cpu, the device of the other tensors");
+    } else {
+        TORCH_CHECK_VALUE(t.device().is_cpu() || t.device() == w.device, "[rpe.torch] ", name, " is on device ", t.device().str(),
+                          "; expected cpu or ", w.device.str(), ", the device of the other tensors");
+    }
     const auto st = t.scalar_type();
     TORCH_CHECK_TYPE((at::isIntegralType(st, false) || st == at::kFloat || st == at::kDouble), "[rpe.torch] ", name,
                      " has dtype ", dtype_name(st), "; expected an integer, float32 or float64 tensor of (row, col) coordinates");
@@ -675,7 +665,6 @@ attention_setup<S, T> setup_attention(attention_args& a, const dtype_rule& st, c
         s.in.attn_mask = cref<S>(m);
     }
     s.in.rope = make_rope<S>(a.rope_form, a.rope_params, a.rope_skip, a.rope_layout, a.rope_suffix);
-    check_rope_device(s.in.rope, a.rope_form, w);
     if (a.rope_freqs.defined()) {
         a.rope_freqs = prepared(a.rope_freqs, "rope_freqs", st, w);
         s.in.rope.freqs = cref<S>(a.rope_freqs);

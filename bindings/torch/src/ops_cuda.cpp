@@ -18,17 +18,14 @@
 ///
 /// What rpe's CUDA backend does not have is refused with a Python exception naming it: the
 /// probabilities output (`attention_forward_attn`: NotImplementedError) and the backward from
-/// saved probabilities (`attn`), per-token RoPE positions (`rope_positions`, `positions`), RoPE
-/// suffix tokens and rope::mrope (ValueError, the library's rpe::not_supported message), the
-/// form vjepa2 in its layout vjepa2 (ValueError `[rpe.torch] rope form = 'vjepa2' (V-JEPA 2,
-/// channel layout 'vjepa2') is not supported by the cuda operators ...`, ops_common.hpp's
-/// check_rope_device, before any tensor is made on the device); the
-/// iRPE terms' per-token positions (`positions`, `key_positions` of the term operators,
+/// saved probabilities (`attn`); the iRPE terms' per-token positions (`positions`, `key_positions` of the term operators,
 /// `rpe_positions`, `rpe_key_positions` of the attention), packed sequences (`packed_lengths`,
 /// `packed_grids`, `packed_positions`) and valid key lengths (`key_lengths`) (ValueError naming
 /// the argument, from ops_common.hpp's prepared_index). The
 /// table operators (timm layout, CPB, SAM, rope_mixed_init), small host computations in rpe,
 /// run on the CPU with their tensors copied there and back (on_the_host).
+/// RoPE per-token positions (`positions`, `rope_positions`, `rope_key_positions`: on the CPU or the
+/// operator's device), suffix tokens, mrope and vjepa2 run as rpe's CUDA backend runs them.
 ///
 /// The rpe CUDA calls themselves are in ops_cuda.cu (nvcc), declared by cuda_kernels.hpp: this
 /// file is compiled by the host C++ compiler.
@@ -161,13 +158,13 @@ std::vector<at::Tensor> rope_cuda(const at::Tensor& x_in, const at::Tensor* grad
     const at::Tensor x = prepared(x_in, "x", st, w);
     auto r = make_rope<S>(form, params, skip, layout, suffix);
     TORCH_CHECK_VALUE(r.enabled(), "[rpe.torch] rope form = ''; expected ", rope_form_names());
-    check_rope_device(r, form, w);  // vjepa2: refused (ValueError naming it)
     at::Tensor freqs;
     if (freqs_in && freqs_in->defined()) {
         freqs = prepared(*freqs_in, "freqs", st, w);
         r.freqs = cref<S>(freqs);
     }
-    (void)prepared_positions(positions, "positions", w);  // refused on CUDA (ValueError naming it)
+    const at::Tensor pos = prepared_positions(positions, "positions", w);  // on the CPU or w's device
+    if (pos.defined()) r.positions = cref<float>(pos);
     check_grid(height, width);
     const int h = static_cast<int>(height), wd = static_cast<int>(width);
     at::Tensor out = at::empty(x.sizes(), x.options());

@@ -484,6 +484,86 @@ def test_rope_matches_cpu(kind, dtype):
         assert_matches(a.grad, b.grad, dtype, B * h * w, "grad freqs")
 
 
+def make_rope_suffix(kind, H, D, suffix):
+    """A RoPE module with skip 1 and `suffix` trailing tokens (D = 16: mrope's sections 2 + 3 + 3)."""
+    if kind == "axial":
+        return rt.RoPEAxial(theta=100.0, skip=1, suffix=suffix)
+    if kind == "mixed":
+        return rt.RoPEMixed(num_heads=H, head_dim=D, theta=10.0, skip=1, suffix=suffix)
+    if kind == "dinov3":
+        return rt.RoPEDinoV3(D, skip=1, suffix=suffix)
+    if kind == "mrope":
+        return rt.RoPEMRoPE(sections=(2, 3, 3), theta=100.0, skip=1, suffix=suffix)
+    if kind == "vjepa2":  # D = 16: slices of 4 channels, the last 4 channels unrotated
+        return rt.RoPEVJEPA2(theta=100.0, skip=1, suffix=suffix)
+    return rt.RoPECat(skip=1, layout="half", suffix=suffix)
+
+
+@needs_gpu
+@pytestmark_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("where", ["grid", "cuda", "cpu"])
+@pytest.mark.parametrize("kind", ["axial", "mixed", "cat_half", "dinov3", "mrope", "vjepa2"])
+def test_rope_positions_and_suffix_match_cpu(kind, where, dtype):
+    """The CUDA rotation with suffix tokens, on the grid or at random real positions (on the
+    device or the CPU), forward and backward (mixed's frequencies included), against the CPU's."""
+    devices_dtype(dtype)
+    B, H, h, w, D, suffix = 2, 3, 3, 4, 16, 2
+    axes = 3 if kind in ("mrope", "vjepa2") else 2
+    rope_c = make_rope_suffix(kind, H, D, suffix)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in rope_c.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+    rope_g = copy_module(rope_c).to(DEVICE, dtype)
+    rope_c = rope_c.to(reference_dtype(dtype))
+    pos = None if where == "grid" else torch.rand(h * w, axes, generator=g) * 5 - 1
+    pos_g = None if pos is None else (pos.to(DEVICE) if where == "cuda" else pos)
+    x = torch.randn(B, H, 1 + h * w + suffix, D, generator=g, dtype=torch.float64).requires_grad_()
+    xg, xc = on_gpu(x, dtype)
+    out_g, out_c = rope_g(xg, h, w, positions=pos_g), rope_c(xc, h, w, positions=pos)
+    assert_matches(out_g, out_c, dtype, 4, "out")
+    assert torch.equal(out_g[:, :, 1 + h * w:].cpu(), xg[:, :, 1 + h * w:].detach().cpu())  # the suffix: copied
+    grad = torch.randn(out_c.shape, generator=g, dtype=torch.float64)
+    grad_g = grad.to(DEVICE, dtype)
+    (out_g * grad_g).sum().backward()
+    (out_c * grad_g.cpu().to(out_c.dtype)).sum().backward()
+    assert_matches(xg.grad, xc.grad, dtype, 4, "grad x")
+    for a, b in zip(rope_g.parameters(), rope_c.parameters()):
+        assert_matches(a.grad, b.grad, dtype, B * h * w, "grad freqs")
+
+
+@needs_gpu
+@pytestmark_kernels
+@pytest.mark.parametrize("kind", ["axial", "mixed", "mrope", "vjepa2"])
+def test_attention_rope_positions_match_cpu(kind):
+    """The CUDA attention with RoPE at per-token positions for q and other positions for k, and
+    suffix tokens, forward and backward, against the CPU attention (float64)."""
+    B, H, h, w, D, suffix = 2, 2, 3, 4, 16, 1
+    axes = 3 if kind in ("mrope", "vjepa2") else 2
+    L = 1 + h * w + suffix
+    rope_c = make_rope_suffix(kind, H, D, suffix).double()
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for p in rope_c.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+    rope_g = copy_module(rope_c).to(DEVICE)
+    pos, kpos = (torch.rand(h * w, axes, generator=g) * 5 - 1 for _ in range(2))
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    qg, kg, vg = (t.detach().to(DEVICE).requires_grad_() for t in (q, k, v))
+    out_c = rt.attention(q, k, v, rope=rope_c, height=h, width=w, positions=pos, key_positions=kpos)
+    out_g = rt.attention(qg, kg, vg, rope=rope_g, height=h, width=w, positions=pos.to(DEVICE),
+                         key_positions=kpos.to(DEVICE))
+    assert_matches(out_g, out_c, torch.float64, D + L, "out", attention=True)
+    grad = torch.randn(out_c.shape, generator=g, dtype=torch.float64)
+    (out_c * grad).sum().backward()
+    (out_g * grad.to(DEVICE)).sum().backward()
+    for a, b, name in ((qg, q, "grad q"), (kg, k, "grad k"), (vg, v, "grad v")):
+        assert_matches(a.grad, b.grad, torch.float64, D + L, name, attention=True)
+    for a, b in zip(rope_g.parameters(), rope_c.parameters()):
+        assert_matches(a.grad, b.grad, torch.float64, B * L * L, "grad freqs")
+
+
 # ---------------------------------------------------------------------------------------------
 # Table operators (on the host)
 # ---------------------------------------------------------------------------------------------
@@ -556,13 +636,9 @@ def test_errors_name_the_argument():
         torch.ops.rpe.attention_backward(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None, None,
                                          q, attn=torch.zeros(B, H, L, L, device="cuda"))
     pos = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(-1, 2)
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is given with tensors on device cuda:0; expected cpu"):
-        rt.RoPEAxial(skip=1)(q, positions=pos)
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_positions is given with tensors on device cuda:0"):
-        torch.ops.rpe.attention_forward(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None, None,
-                                        "axial", [100.0], None, 1, "pairs", pos)
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is given with tensors on device cuda:0"):
-        torch.ops.rpe.rope_forward(q, "axial", [100.0], None, 1, h, w, "pairs", pos)
+    # RoPE positions: on the CPU or q's device; CUDA positions with CPU tensors are refused
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is on device cuda:0; expected cpu, the device of"):
+        rt.RoPEAxial(skip=1)(q.cpu(), positions=pos.cuda())
     # the iRPE terms' positions, packed sequences, key lengths: refused by Python and by the operators
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] rpe_positions is given with tensors on device cuda:0"):
         rt.attention(q, k, v, None, rpe_k, None, rpe_positions=pos)
@@ -581,20 +657,8 @@ def test_errors_name_the_argument():
                                          r"the cuda backend"):
         torch.ops.rpe.term_forward(None, [torch.zeros(H, 26, device="cuda")], "product", "bias", "k", 1.0, 2.0, 8.0, 1,
                                    h, w, pos)
-    with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope positions, key_positions and suffix are not supported by "
-                                         r"the cuda backend"):
-        torch.ops.rpe.rope_forward(q, "axial", [100.0], None, 0, h, w, "pairs", None, 1)
-    with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope::mrope .* is not supported by the cuda backend"):
-        torch.ops.rpe.rope_forward(q[..., :1 + h * w - 1, :], "mrope", [10000.0, 2, 1, 1, 0], None, 0, h, w)
-    # V-JEPA 2's form and layout: refused by the operators, before any tensor is made on the device
-    xv = torch.randn(B, H, h * w, 14, device="cuda")
-    vjepa2 = r"\[rpe\.torch\] rope form = 'vjepa2' \(V-JEPA 2, channel layout 'vjepa2'\) is not supported by the cuda"
-    with pytest.raises(ValueError, match=vjepa2):
-        torch.ops.rpe.rope_forward(xv, "vjepa2", [10000.0], None, 0, h, w, "vjepa2")
-    with pytest.raises(ValueError, match=vjepa2):
-        rt.RoPEVJEPA2()(xv, h, w)
-    with pytest.raises(ValueError, match=vjepa2):
-        rt.attention(xv, xv, xv, rope=rt.RoPEVJEPA2(), height=h, width=w)
+    with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope positions has shape \(5, 2\); expected \(6, 2\)"):
+        torch.ops.rpe.rope_forward(q, "axial", [100.0], None, 1, h, w, "pairs", pos[:5].cuda())  # the library's check
     with pytest.raises(ValueError, match=r"\[rpe\.cpb\] raw has shape \(15, 2\); expected \(25, 2\)"):
         torch.ops.rpe.cpb_table(torch.zeros(15, 2, device="cuda"), 3, 3, True)  # the CPU kernel's check, on the host
     # dtypes and the library's own checks, as on the CPU

@@ -703,8 +703,8 @@ def test_rope_layout_positions_dinov3_errors():
         m(x, positions=[[0, 0]] * 6)
     with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope positions\[1, 0\] = nan; expected finite"):
         m(x, positions=torch.tensor([[0.0, 0.0], [math.nan, 0.0]] + [[0.0, 0.0]] * 4))
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is given with tensors on device meta; expected cpu "
-                                         r"\(per-token RoPE positions are CPU only"):
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is on device meta; expected cpu, the device of the "
+                                         r"other tensors"):
         m(x, positions=torch.zeros(6, 2, device="meta"))
     with pytest.raises(TypeError, match=r"\[rpe\.torch\] positions has dtype torch\.bool; expected an integer, float32 or float64"):
         torch.ops.rpe.rope_forward(x, "axial", [100.0], None, 1, 1, 1, "pairs", torch.zeros(6, 2, dtype=torch.bool))
@@ -744,18 +744,18 @@ def test_rope_layout_positions_dinov3_errors():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (the meta-device case above runs the same check)")
-def test_rope_positions_on_cuda_are_refused():
-    """rpe's CUDA backend refuses per-token positions (rpe::not_supported): rpe_torch says so for
-    a CUDA positions tensor or CUDA q / x, naming the argument, before the dispatcher."""
+def test_rope_positions_on_another_device_are_refused():
+    """RoPE positions go on the CPU or on x's device (the CUDA operators take them: test_cuda.py
+    compares them with the CPU's); CUDA positions with CPU tensors are refused, naming the
+    argument, before the dispatcher."""
     m = rt.RoPEAxial(skip=1)
     x, pos = torch.randn(1, 2, 7, 8), grid_positions(2, 3)
-    for xx, pp in ((x, pos.cuda()), (x.cuda(), pos), (x.cuda(), pos.cuda())):
-        with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is given with tensors on device cuda:0; expected "
-                                             r"cpu \(per-token RoPE positions are CPU only"):
-            m(xx, positions=pp)
-        with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is given with tensors on device cuda"):
-            rt.attention(xx, xx, xx, rope=m, positions=pp)
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] key_positions is given with tensors on device cuda"):
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is on device cuda:0; expected cpu, the device of "
+                                         r"the other tensors"):
+        m(x, positions=pos.cuda())
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is on device cuda:0; expected cpu"):
+        rt.attention(x, x, x, rope=m, positions=pos.cuda())
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] key_positions is on device cuda:0; expected cpu"):
         rt.attention(x, x, x, rope=m, height=2, width=3, key_positions=pos.cuda())
 
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,8 +40,9 @@ using attention_inputs = rpe::attention_inputs<S>;
 
 /// @brief What the CUDA attention supports (checked by the shared front): contiguous q, k, v only
 /// (no strided views), no `attn` output and no backward from saved probabilities (there is no
-/// (L, L) buffer), RoPE with the frequencies' gradient, both masks, 3D grids, D ≤ 128; no per-token
-/// positions, packed sequences or key lengths yet (rpe::not_supported before any CUDA call).
+/// (L, L) buffer), RoPE with the frequencies' gradient (RoPE positions, key_positions and suffix
+/// included, rope::vjepa2's layout too), both masks, 3D grids, D ≤ 128; no per-token positions of
+/// the iRPE terms, packed sequences or key lengths yet (rpe::not_supported before any CUDA call).
 inline constexpr attention_capabilities attention_caps{.backend = "cuda",
                                                        .strided_qkv = false,
                                                        .saved_probabilities = false,
@@ -728,21 +730,51 @@ void attention_backward_impl(const rpe::attention_inputs<S>& in, tensor_ref<cons
 }
 
 // q and k rotated by in.rope into device scratch (storage type S, stream-ordered, freed at scope
-// exit) and the inputs that the kernels then read: `in` with those q, k and no rope.
+// exit) and the inputs that the kernels then read: `in` with those q, k and no rope. q turns by
+// table tq, k by tk (the keys' positions; tq's when the keys have none).
 template <class S>
 struct rotated_inputs {
     device_buffer<S> q, k;  // (B, H, L, D)
     rpe::attention_inputs<S> inputs;
 
-    rotated_inputs(const rpe::attention_inputs<S>& in, const attention_shape& s, const rope_view<acc_t<S>>& t,
-                   cudaStream_t stream)
+    rotated_inputs(const rpe::attention_inputs<S>& in, const attention_shape& s, const rope_view<acc_t<S>>& tq,
+                   const rope_view<acc_t<S>>& tk, cudaStream_t stream)
         : q(s.b * s.h * s.l * s.d, stream), k(s.b * s.h * s.l * s.d, stream), inputs(in) {
-        rope_rotate<S>(t, in.q.data, q.get(), s.b * s.h, s.h, s.l, false, stream);
-        rope_rotate<S>(t, in.k.data, k.get(), s.b * s.h, s.h, s.l, false, stream);
+        rope_rotate<S>(tq, in.q.data, q.get(), s.b * s.h, s.h, s.l, false, stream);
+        rope_rotate<S>(tk, in.k.data, k.get(), s.b * s.h, s.h, s.l, false, stream);
         inputs.q.data = q.get();
         inputs.k.data = k.get();
         inputs.rope = {};
     }
+};
+
+// The attention inputs with RoPE positions in host memory (what the shared front checks read):
+// `in` itself when its rope has none, else a copy whose rope points at host copies (hp).
+template <class S>
+struct rope_checked_inputs {
+    host_rope_positions<S> hp;
+    std::optional<rpe::attention_inputs<S>> copy;
+    rope_checked_inputs(const rpe::attention_inputs<S>& in, cudaStream_t stream) : hp(in.rope, stream) {
+        if (in.rope.has_positions()) {
+            copy.emplace(in);
+            copy->rope = hp.r;
+        }
+    }
+    const rpe::attention_inputs<S>& of(const rpe::attention_inputs<S>& in) const { return copy ? *copy : in; }
+};
+
+// The q and k tables of an attention call with RoPE (checked): q at rope.positions (or the grid),
+// k at rope.key_positions (or the queries' table).
+template <class S>
+struct rope_qk_tables {
+    rope_call_table<S> q;
+    std::optional<rope_call_table<S>> k;
+    rope_qk_tables(const rotary_embedding<S>& r, const attention_shape& s, int height, int width, cudaStream_t stream)
+        : q(r, query_positions(r), s.h, s.d, height, width, stream) {
+        if (r.key_positions.data) k.emplace(r, &r.key_positions, s.h, s.d, height, width, stream);
+    }
+    const rope_view<acc_t<S>>& qv() const { return q.view(); }
+    const rope_view<acc_t<S>>& kv() const { return k ? k->view() : q.view(); }
 };
 
 }  // namespace rpe::detail::gpu
@@ -772,11 +804,16 @@ namespace rpe::cuda {
 /// Source: paper eqs. 13–17 with the reference's attention order (`RPEAttention.forward`).
 ///
 /// With `in.rope` (rpe::rotary_embedding, device freqs): q and k are rotated first into device
-/// scratch (2·B·H·L·D elements of S), as rpe::cuda::rope_forward on both, and the kernels then
-/// run on the rotated q and k (same meaning and checks as the CPU's attention_inputs::rope).
+/// scratch (2·B·H·L·D elements of S), as rpe::cuda::rope_forward on both (q at `rope.positions`
+/// or the grid, k at `rope.key_positions` when given, else as q; positions in device memory are
+/// copied to the host and waited for, host memory is read in place; skip and suffix tokens
+/// copied), and the kernels then run on the rotated q and k (same meaning and checks as the
+/// CPU's attention_inputs::rope).
 template <class S>
-void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn = {},
+void attention_forward(const attention_inputs<S>& in_given, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {
+    const detail::gpu::rope_checked_inputs<S> checked(in_given, opt.stream);  // RoPE positions read by the checks
+    const attention_inputs<S>& in = checked.of(in_given);
     const auto shape = detail::check_attention_forward(in, out, attn, opt, attention_caps);  // the shared front
     const double scale = detail::softmax_scale(opt, shape.d);
     cudaStream_t stream = opt.stream;
@@ -784,8 +821,8 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
         detail::gpu::attention_forward_impl(in, out, scale, stream);
         return;
     }
-    const detail::gpu::rope_call_table<S> table(in.rope, shape.h, shape.d, in.height, in.width, stream);
-    const detail::gpu::rotated_inputs<S> rot(in, shape, table.view(), stream);
+    const detail::gpu::rope_qk_tables<S> tables(in.rope, shape, in.height, in.width, stream);
+    const detail::gpu::rotated_inputs<S> rot(in, shape, tables.qv(), tables.kv(), stream);
     detail::gpu::attention_forward_impl(rot.inputs, out, scale, stream);
 }
 
@@ -817,10 +854,13 @@ template <class S>
 /// With `in.rope`: the kernels run on the rotated q and k (recomputed, as in the forward), then
 /// grad_q and grad_k are rotated back (Rᵀ) and, for rope::mixed with `in.rope.grad_freqs` given
 /// (device, (2, H, D/2), overwritten), the frequencies' gradient is the sum over q and k of
-/// `col_t · (g_2p+1·y_2p − g_2p·y_2p+1)` (`fy`: row_t) per (b, h) plane, then over the batch in a
+/// `x_t · (g_2p+1·y_2p − g_2p·y_2p+1)` (`fy`: y_t; (x_t, y_t) the token's column and row, or its
+/// positions' x and y: q's and k's own) per (b, h) plane, then over the batch in a
 /// fixed order (deterministic). @throws also `[rpe.attention] rope grad_freqs ...` as the CPU.
 template <class S>
-void attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g, const attention_options& opt = {}) {
+void attention_backward(const attention_inputs<S>& in_given, const attention_gradients<S>& g, const attention_options& opt = {}) {
+    const detail::gpu::rope_checked_inputs<S> checked(in_given, opt.stream);  // RoPE positions read by the checks
+    const attention_inputs<S>& in = checked.of(in_given);
     const auto shape = detail::check_attention_backward(in, g, opt, attention_caps);  // the shared front
     const double scale = detail::softmax_scale(opt, shape.d);
     cudaStream_t stream = opt.stream;
@@ -830,16 +870,16 @@ void attention_backward(const attention_inputs<S>& in, const attention_gradients
         detail::gpu::attention_backward_impl(in, grad_out, grad_q, grad_k, grad_v, scale, stream);
         return;
     }
-    const detail::gpu::rope_call_table<S> table(in.rope, shape.h, shape.d, in.height, in.width, stream);
-    const detail::gpu::rotated_inputs<S> rot(in, shape, table.view(), stream);
+    const detail::gpu::rope_qk_tables<S> tables(in.rope, shape, in.height, in.width, stream);
+    const detail::gpu::rotated_inputs<S> rot(in, shape, tables.qv(), tables.kv(), stream);
     detail::gpu::attention_backward_impl(rot.inputs, grad_out, grad_q, grad_k, grad_v, scale, stream);
     // grad_q, grad_k now hold the gradients of the rotated q and k
     const std::int64_t planes = shape.b * shape.h;
     if (in.rope.grad_freqs.data != nullptr)
-        detail::gpu::rope_frequency_grad<S>(table.view(), rot.q.get(), grad_q.data, rot.k.get(), grad_k.data, false, planes,
-                                            shape.h, shape.l, in.rope.grad_freqs.data, stream);
-    detail::gpu::rope_rotate<S>(table.view(), grad_q.data, grad_q.data, planes, shape.h, shape.l, true, stream);
-    detail::gpu::rope_rotate<S>(table.view(), grad_k.data, grad_k.data, planes, shape.h, shape.l, true, stream);
+        detail::gpu::rope_frequency_grad<S>(tables.qv(), rot.q.get(), grad_q.data, tables.kv(), rot.k.get(), grad_k.data, false,
+                                            planes, shape.h, shape.l, in.rope.grad_freqs.data, stream);
+    detail::gpu::rope_rotate<S>(tables.qv(), grad_q.data, grad_q.data, planes, shape.h, shape.l, true, stream);
+    detail::gpu::rope_rotate<S>(tables.kv(), grad_k.data, grad_k.data, planes, shape.h, shape.l, true, stream);
 }
 
 /// @brief attention_backward recomputing the probabilities, with the tensors by position (as
