@@ -476,17 +476,9 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             Id* next = qid_s[m].data();
             for (std::size_t t = 0; t < plan.on_q.size(); ++t) {
                 if (plan.on_q[t].bias) continue;
-                const cpu::id_rows<Id> rows{plan.on_q[t].rows.ids, plan.on_q[t].rows.table, false};  // id(j, ·)
-                Id* dst = next;
+                cpu::key_order_ids(plan.on_q[t].rows, n, next);
+                qid[m][t] = next;
                 next += n * n;
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (n > 64)
-#endif
-                for (std::int64_t j = 0; j < n; ++j) {
-                    const Id* r = rows(j, 1, dst + j * n);
-                    if (r != dst + j * n) std::copy(r, r + n, dst + j * n);
-                }
-                qid[m][t] = dst;
             }
         }
         materialise_ids(plan, full_ids[m]);

@@ -94,6 +94,23 @@ struct id_rows {
     }
 };
 
+/// @brief Key-order ids of a query-target id set: dst (L, L) with dst[j·L + i] = id(j, i), row j
+/// the ids of key j's pairs with every query i (the pairs' own order, whatever `rows.transposed`
+/// says), for the contextual query term looked up per key (simd::lookup_rows). Rows made in
+/// parallel over j with OpenMP when L > 64 (each row written by one thread: the same ids for
+/// every thread count).
+template <class Id>
+void key_order_ids(const id_rows<Id>& rows, std::int64_t n, Id* dst) {
+    const id_rows<Id> by_key{rows.ids, rows.table, false};  // row j: id(j, ·)
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (n > 64)
+#endif
+    for (std::int64_t j = 0; j < n; ++j) {
+        const Id* r = by_key(j, 1, dst + j * n);
+        if (r != dst + j * n) std::copy(r, r + n, dst + j * n);
+    }
+}
+
 /// @brief Calls `f.template operator()<Id>()` with Id the unsigned type of `bytes` bytes (1, 2, 4).
 template <class F>
 void with_id_type(int bytes, F&& f) {
