@@ -751,14 +751,19 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     for (const auto& t : plan.on_v) vx_cols += t.k;
     const bool fold = kx_cols > 0;
     const std::int64_t ld_max = lg_stride(n, std::max(kx_cols, vx_cols));
-    // contextual query tables: looked up per key with key-order ids (AVX-512F float, as the forward)
+    // contextual query tables (AVX-512F float): key-order ids, for the recomputed logits' lookups
+    // per key (as the forward) and the per-(key, bucket) sums of dlogits accumulated per key
     bool q_lookup = false;
 #if defined(__AVX512F__)
-    q_lookup = std::is_same_v<S, float> && recompute_tq && n * n * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
+    q_lookup = std::is_same_v<S, float> && ctx_q && n * n * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
 #endif
     const std::int64_t nq_ctx = std::count_if(plan.on_q.begin(), plan.on_q.end(), [](const auto& t) { return !t.bias; });
     cpu::shared_scratch<Id> qid_s(ws, q_lookup ? nq_ctx * n * n : 0);
-    cpu::thread_scratch<S> g_s(ws, q_lookup ? n * block_layout<S, Id>::query_chunk : 0);
+    // rows per chunk of the per-key sums (a multiple of 16, at least the lookups' query_chunk): the
+    // four partial sums of a key's row are cleared and added once per chunk
+    constexpr std::int64_t sum_chunk = 64;
+    static_assert(sum_chunk >= block_layout<S, Id>::query_chunk && sum_chunk % 16 == 0);
+    cpu::thread_scratch<S> g_s(ws, q_lookup ? n * sum_chunk : 0);
     cpu::thread_scratch<S> kx_s(ws, fold ? ld_max * d : 0), part_s(ws, 4 * std::max<std::int64_t>(k, 1));
     cpu::thread_scratch<S> lg_s(ws, rb_max * ld_max), dp_s(ws, rb_max * ld_max),
         work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
@@ -932,11 +937,31 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         S* acc = t.bias ? (t.grad ? t.partial + slot * t.partial_stride : nullptr)
                                         : gq + static_cast<std::int64_t>(q) * n * k;
                         if (!acc) continue;
-                        if (t.bias)
+                        if (t.bias) {
                             cpu::scatter_sum4(dp, ld, idb, n, rb, nk, tk, part, acc);
-                        else  // keys j of a row hit different rows of acc: no store-to-load chains, no branch
-                            for (std::int64_t i = 0; i < rb; ++i)
-                                for (std::int64_t j = 0; j < nk; ++j) acc[j * tk + idb[i * n + j]] += dp[i * ld + j];
+                            continue;
+                        }
+#if defined(__AVX512F__)
+                        if constexpr (std::is_same_v<S, float>)
+                            if (q_lookup) {  // per key j its row of acc, from dlogits in key order (chunks of
+                                             // sum_chunk rows) and the key-order ids: acc's row stays in L1
+                                for (std::int64_t c0 = 0; c0 < rb; c0 += sum_chunk) {
+                                    const std::int64_t cr = std::min(sum_chunk, rb - c0);
+                                    cpu::simd::transpose_into(dp + c0 * ld, ld, cr, nk, bl.g, sum_chunk);
+                                    for (std::int64_t j = 0; j < nk; ++j) {
+                                        std::fill(part, part + 4 * tk, S(0));
+                                        cpu::scatter_into4(bl.g + j * sum_chunk, qid[q] + j * n + i0r + c0, cr, tk, part);
+                                        S* a = acc + j * tk;
+                                        for (std::int64_t e = 0; e < tk; ++e)
+                                            a[e] += (part[e] + part[tk + e]) + (part[2 * tk + e] + part[3 * tk + e]);
+                                    }
+                                }
+                                continue;
+                            }
+#endif
+                        // keys j of a row hit different rows of acc: no store-to-load chains, no branch
+                        for (std::int64_t i = 0; i < rb; ++i)
+                            for (std::int64_t j = 0; j < nk; ++j) acc[j * tk + idb[i * n + j]] += dp[i * ld + j];
                     }
                     // RoPE is not combined with packed images: with it, grad_q is contiguous
                     S* gq_rows = gqv.plane(p) + i0r * gqv.sl;
