@@ -771,4 +771,69 @@ TEST_CASE("attention options: a backward budget <= 0 is rejected, naming the opt
     for (float x : gq) CHECK(x == 42.0f);
 }
 
+TEST_CASE(
+    "float fused backward: the recomputed probabilities are the forward's (the same gradients as from saved ones, bit for bit)") {
+    // contextual q, k and v terms (the folded key product, the key-order query lookups with
+    // AVX-512F), 1 + 7 x 7 tokens, D = 16: products large enough for Eigen's blocked kernels
+    const std::int64_t b = 1, h = 2, height = 7, width = 7, l = 1 + height * width, d = 16, n = b * h * l * d;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> q(n), k(n), v(n), go(n), out(n), attn(static_cast<std::size_t>(b * h * l * l));
+    for (auto* x : {&q, &k, &v, &go})
+        for (auto& e : *x) e = normal(rng);
+    rpe::attention_inputs<float> in;
+    in.q = {q.data(), {b, h, l, d}};
+    in.k = {k.data(), {b, h, l, d}};
+    in.v = {v.data(), {b, h, l, d}};
+    in.height = static_cast<int>(height);
+    in.width = static_cast<int>(width);
+    std::vector<std::unique_ptr<rpe::any_term<float>>> terms;
+    std::vector<float> tables[3];
+    std::vector<float> grads[2][3];
+    rpe::attention_term<float>* slots[3] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    const rpe::target targets[3] = {rpe::target::query, rpe::target::key, rpe::target::value};
+    for (int t = 0; t < 3; ++t) {
+        rpe::term_spec spec;
+        spec.method = rpe::method::product;
+        spec.contextual = true;
+        spec.target = targets[t];
+        spec.ratio(1.9);
+        spec.skip = 1;
+        spec.num_heads = static_cast<int>(h);
+        spec.head_dim = static_cast<int>(d);
+        terms.push_back(rpe::make_term<float>(spec));
+        slots[t]->term = terms.back().get();
+        const auto shape = terms.back()->table_shape();
+        tables[t].resize(static_cast<std::size_t>(shape[0] * shape[1] * shape[2]));
+        for (auto& e : tables[t]) e = 0.3f * normal(rng);
+        slots[t]->tables = {rpe::tensor_ref<const float>(tables[t].data(), {shape[0], shape[1], shape[2]})};
+    }
+    rpe_test::set_threads(1);
+    rpe::attention_forward(in, rpe::tensor_ref<float>(out.data(), {b, h, l, d}),
+                           rpe::tensor_ref<float>(attn.data(), {b, h, l, l}));
+    std::vector<float> gq[2], gk[2], gv[2];
+    for (int saved = 0; saved < 2; ++saved) {
+        for (auto* x : {&gq[saved], &gk[saved], &gv[saved]}) x->assign(static_cast<std::size_t>(n), -3.0f);
+        for (int t = 0; t < 3; ++t) {
+            const auto shape = terms[static_cast<std::size_t>(t)]->table_shape();
+            grads[saved][t].assign(tables[t].size(), -3.0f);
+            slots[t]->grad_tables = {rpe::tensor_ref<float>(grads[saved][t].data(), {shape[0], shape[1], shape[2]})};
+        }
+        auto view = [&](std::vector<float>& x) { return rpe::tensor_ref<float>(x.data(), {b, h, l, d}); };
+        rpe::attention_gradients<float> g{.grad_out = rpe::tensor_ref<const float>(go.data(), {b, h, l, d}),
+                                          .grad_q = view(gq[saved]),
+                                          .grad_k = view(gk[saved]),
+                                          .grad_v = view(gv[saved])};
+        if (saved) g.saved_attn = rpe::tensor_ref<const float>(attn.data(), {b, h, l, l});
+        rpe::attention_backward(in, g);
+    }
+    rpe_test::set_threads(2);
+    CHECK(gq[0] == gq[1]);
+    CHECK(gk[0] == gk[1]);
+    CHECK(gv[0] == gv[1]);
+    for (int t = 0; t < 3; ++t) CHECK(grads[0][t] == grads[1][t]);
+    CHECK(std::isfinite(gq[0][5]));
+    CHECK(gq[0][5] != -3.0f);
+}
+
 }  // namespace rpe_unit_attention_fused

@@ -477,17 +477,9 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             Id* next = qid_s[m].data();
             for (std::size_t t = 0; t < plan.on_q.size(); ++t) {
                 if (plan.on_q[t].bias) continue;
-                const cpu::id_rows<Id> rows{plan.on_q[t].rows.ids, plan.on_q[t].rows.table, false};  // id(j, ·)
-                Id* dst = next;
+                cpu::key_order_ids(plan.on_q[t].rows, n, next);
+                qid[m][t] = next;
                 next += n * n;
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (n > 64)
-#endif
-                for (std::int64_t j = 0; j < n; ++j) {
-                    const Id* r = rows(j, 1, dst + j * n);
-                    if (r != dst + j * n) std::copy(r, r + n, dst + j * n);
-                }
-                qid[m][t] = dst;
             }
         }
         materialise_ids(plan, full_ids[m]);
@@ -750,7 +742,32 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     cpu::shared_scratch<S> gq_part(ws, padded(lay.slots * lay.gq_stride)), gq_acc(ws, padded(lay.acc_elems));
     cpu::shared_scratch<S> tq_s(ws, padded(lay.plane_slots * lay.plane_elems));
     cpu::thread_scratch<S> ks_s(ws, recompute_tq ? n * d : 0);
-    cpu::thread_scratch<S> lg_s(ws, rb_max * n), dp_s(ws, rb_max * n), work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
+    // The forward's layout (fused_forward): contextual key tables folded into the logits' product,
+    // per plane [k; table_kᵀ] (nk + ΣK, D) in a per-thread buffer, so that the recomputed logits
+    // and probabilities are the forward's; lg's and dp's rows ld = lg_stride(nk, ΣK) apart (the
+    // forward's, value tables counted). dp's columns past nk then take the key tables' per-bucket
+    // sums of dlogits, so that one product [dlogits | sums]·[k; table_kᵀ] gives dq.
+    std::int64_t kx_cols = 0, vx_cols = 0;
+    for (const auto& t : plan.on_k) kx_cols += t.bias ? 0 : t.k;
+    for (const auto& t : plan.on_v) vx_cols += t.k;
+    const bool fold = kx_cols > 0;
+    const std::int64_t ld_max = lg_stride(n, std::max(kx_cols, vx_cols));
+    // contextual query tables (AVX-512F float): key-order ids, for the recomputed logits' lookups
+    // per key (as the forward) and the per-(key, bucket) sums of dlogits accumulated per key
+    bool q_lookup = false;
+#if defined(__AVX512F__)
+    q_lookup = std::is_same_v<S, float> && ctx_q && n * n * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
+#endif
+    const std::int64_t nq_ctx = std::count_if(plan.on_q.begin(), plan.on_q.end(), [](const auto& t) { return !t.bias; });
+    cpu::shared_scratch<Id> qid_s(ws, q_lookup ? nq_ctx * n * n : 0);
+    // rows per chunk of the per-key sums (a multiple of 16, at least the lookups' query_chunk): the
+    // four partial sums of a key's row are cleared and added once per chunk
+    constexpr std::int64_t sum_chunk = 64;
+    static_assert(sum_chunk >= block_layout<S, Id>::query_chunk && sum_chunk % 16 == 0);
+    cpu::thread_scratch<S> g_s(ws, q_lookup ? n * sum_chunk : 0);
+    cpu::thread_scratch<S> kx_s(ws, fold ? ld_max * d : 0), part_s(ws, 4 * std::max<std::int64_t>(k, 1));
+    cpu::thread_scratch<S> lg_s(ws, rb_max * ld_max), dp_s(ws, rb_max * ld_max),
+        work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
     cpu::thread_scratch<S> qs_s(ws, rb_max * d), dqs_s(ws, rb_max * d);
     cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
     cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
@@ -767,6 +784,14 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     ws.allocate();
     materialise_ids(plan, full_ids);
     rotate_keys(plan, kr_s.data());
+    std::vector<const Id*> qid(plan.on_q.size(), nullptr);  // per on_q table: key-order ids, or null
+    if (q_lookup)
+        for (std::size_t t = 0, next = 0; t < plan.on_q.size(); ++t) {
+            if (plan.on_q[t].bias) continue;
+            Id* dst = qid_s.data() + static_cast<std::int64_t>(next++) * n * n;
+            cpu::key_order_ids(plan.on_q[t].rows, n, dst);
+            qid[t] = dst;
+        }
     if (rope_freqs) std::fill(ga_s.data(), ga_s.data() + ga_s.count, S(0));
     if (rope_k_apart) std::fill(gak_s.data(), gak_s.data() + gak_s.count, S(0));
     std::size_t next = 0;
@@ -798,8 +823,13 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
 #endif
         {
             S *lg = lg_s.mine(), *dp = dp_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *dqs = dqs_s.mine();
+            S *kx = kx_s.mine(), *part = part_s.mine();
             Id* idbuf = ids_s.mine();
             const Id** blk = blk_s.mine();
+            std::int64_t kx_plane = -1;  // the plane whose [k; table_kᵀ] kx holds: none yet
+            block_layout<S, Id> bl;
+            bl.g = g_s.mine();
+            bl.qid = q_lookup ? qid.data() : nullptr;
             // the contextual q products of the planes that start in this wave (kept while their chunks last)
             if (recompute_tq) {
 #if defined(_OPENMP)
@@ -822,24 +852,42 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 gk_all.setZero();
                 gv_all.setZero();
                 // keys >= nk are padding (key_lengths): not computed, their gradient rows stay zero
-                const std::int64_t nk = plan.keys(p), ldp = attn.data ? n : nk;  // ldp: the probabilities' row stride
+                const std::int64_t nk = plan.keys(p);
+                // ld: lg's and dp's row stride (the forward's); ldp: the probabilities' (given: n)
+                const std::int64_t ld = lg_stride(nk, std::max(kx_cols, vx_cols)), ldp = attn.data ? n : ld;
                 auto gk = gk_all.topRows(nk);
                 auto gv = gv_all.topRows(nk);
                 const auto vp = plan.vv.rows(p, 0, nk, d);
                 const auto kp = plan.kv.rows(p, 0, nk, d);
+                if (fold && kx_plane != p) {  // kx = [k; table_kᵀ] of this plane (rotated k with RoPE), zero rows up to ld
+                    map<S>(kx, nk, d) = kp;
+                    std::int64_t col = nk;
+                    for (const auto& t : plan.on_k)
+                        if (!t.bias) {
+                            map<S>(kx + col * d, t.k, d) = cmap<S>(t.table + t.head(h) * d * t.k, d, t.k).transpose();
+                            col += t.k;
+                        }
+                    std::fill(kx + col * d, kx + ld * d, S(0));
+                    kx_plane = p;
+                }
+                bl.ld = ld;
+                bl.folded_k = fold;
                 const std::int64_t i_end = std::min(n, (c + 1) * blocks_per_chunk * rb_max);
                 for (std::int64_t i0r = c * blocks_per_chunk * rb_max; i0r < i_end; i0r += rb_max) {
                     const std::int64_t rb = std::min(rb_max, n - i0r);
                     load_block_ids(plan, i0r, rb, idbuf, blk);
                     plan.load_queries(p, i0r, rb, qs);
                     const S* pr = lg;  // the block's probabilities: given, or recomputed into lg
-                    if (attn.data)
+                    if (attn.data) {
                         pr = attn.data + (p * n + i0r) * n;
-                    else
-                        block_probabilities(plan, in, p, i0r, rb, qs, tqp, blk, lg, work);
+                    } else {  // the forward's logits: with the fold, one product gives qs·kᵀ and qs·table_k
+                        if (fold) map<S>(lg, rb, ld).noalias() = cmap<S>(qs, rb, d) * cmap<S>(kx, ld, d).transpose();
+                        block_probabilities(plan, in, p, i0r, rb, qs, tqp, blk, lg, work, fold, static_cast<const S*>(nullptr),
+                                            &bl);
+                    }
                     const auto P = cpu::cmap_strided<S>(pr, rb, nk, Eigen::OuterStride<>(ldp));
                     const auto go = gov.rows(p, i0r, rb, d);
-                    auto dP = map<S>(dp, rb, nk);
+                    auto dP = cpu::map_strided<S>(dp, rb, nk, Eigen::OuterStride<>(ld));
                     dP.noalias() = go * vp.transpose();
                     gv.noalias() += P.transpose() * go;
                     for (auto& t : plan.on_v) {
@@ -847,37 +895,41 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         const std::int64_t tk = t.k;
                         const auto tab = cmap<S>(t.table + t.head(h) * tk * d, tk, d);
                         map<S>(work, rb, tk).noalias() = go * tab.transpose();
-                        for (std::int64_t i = 0; i < rb; ++i) cpu::gather_add(dp + i * nk, work + i * tk, tk, idb + i * n, nk);
-                        if (t.grad) {
-                            cpu::scatter_rows(pr, ldp, idb, n, rb, nk, tk, work);
+                        for (std::int64_t i = 0; i < rb; ++i) cpu::gather_add(dp + i * ld, work + i * tk, tk, idb + i * n, nk);
+                        if (t.grad) {  // per-bucket sums of the probabilities, branch-free
+                            cpu::scatter_rows4(pr, ldp, idb, n, rb, nk, tk, part, work);
                             map<S>(t.partial + slot * t.partial_stride, tk, d).noalias() +=
                                 cmap<S>(work, rb, tk).transpose() * go;
                         }
                     }
                     // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
-                    for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(pr + i * ldp, dp + i * nk, nk);
-                    const auto dL = cmap<S>(dp, rb, nk);
-                    auto dq = map<S>(dqs, rb, d);
-                    if (nk == 0)
-                        dq.setZero();  // every key padded: no logit depends on the queries
-                    else
-                        dq.noalias() = dL * kp;
+                    for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(pr + i * ldp, dp + i * ld, nk);
+                    const cpu::cmap_strided<S> dL(dp, rb, nk, Eigen::OuterStride<>(ld));
                     gk.noalias() += dL.transpose() * cmap<S>(qs, rb, d);
+                    // contextual key tables (folded): per-bucket sums of dlogits (rb, K) into dp's
+                    // columns past nk, for dq (below) and the table partials qsᵀ·sums
+                    std::int64_t col = nk;
                     for (auto& t : plan.on_k) {
                         const Id* idb = blk[t.slot];
                         const std::int64_t tk = t.k;
                         if (t.bias) {
-                            if (!t.grad) continue;
-                            S* acc = t.partial + slot * t.partial_stride;
-                            for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * nk, idb + i * n, nk, acc);
-                        } else {
-                            cpu::scatter_rows(dp, nk, idb, n, rb, nk, tk, work);
-                            const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
-                            dq.noalias() += cmap<S>(work, rb, tk) * tab.transpose();
-                            if (t.grad)
-                                map<S>(t.partial + slot * t.partial_stride, d, tk).noalias() +=
-                                    cmap<S>(qs, rb, d).transpose() * cmap<S>(work, rb, tk);
+                            if (t.grad) cpu::scatter_sum4(dp, ld, idb, n, rb, nk, tk, part, t.partial + slot * t.partial_stride);
+                            continue;
                         }
+                        cpu::scatter_rows4(dp, ld, idb, n, rb, nk, tk, part, dp + col, ld);
+                        if (t.grad)
+                            map<S>(t.partial + slot * t.partial_stride, d, tk).noalias() +=
+                                cmap<S>(qs, rb, d).transpose() * cpu::cmap_strided<S>(dp + col, rb, tk, Eigen::OuterStride<>(ld));
+                        col += tk;
+                    }
+                    auto dq = map<S>(dqs, rb, d);
+                    if (nk == 0) {
+                        dq.setZero();   // every key padded: no logit depends on the queries
+                    } else if (fold) {  // dq = [dlogits | sums | 0]·[k; table_kᵀ; 0]
+                        for (std::int64_t i = 0; i < rb; ++i) std::fill(dp + i * ld + col, dp + (i + 1) * ld, S(0));
+                        dq.noalias() = cmap<S>(dp, rb, ld) * cmap<S>(kx, ld, d);
+                    } else {
+                        dq.noalias() = dL * kp;  // (no contextual key tables)
                     }
                     for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
                         auto& t = plan.on_q[q];
@@ -886,11 +938,31 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         S* acc = t.bias ? (t.grad ? t.partial + slot * t.partial_stride : nullptr)
                                         : gq + static_cast<std::int64_t>(q) * n * k;
                         if (!acc) continue;
-                        if (t.bias)
-                            for (std::int64_t i = 0; i < rb; ++i) cpu::scatter_row(dp + i * nk, idb + i * n, nk, acc);
-                        else
-                            for (std::int64_t i = 0; i < rb; ++i)
-                                for (std::int64_t j = 0; j < nk; ++j) acc[j * tk + idb[i * n + j]] += dp[i * nk + j];
+                        if (t.bias) {
+                            cpu::scatter_sum4(dp, ld, idb, n, rb, nk, tk, part, acc);
+                            continue;
+                        }
+#if defined(__AVX512F__)
+                        if constexpr (std::is_same_v<S, float>)
+                            if (q_lookup) {  // per key j its row of acc, from dlogits in key order (chunks of
+                                             // sum_chunk rows) and the key-order ids: acc's row stays in L1
+                                for (std::int64_t c0 = 0; c0 < rb; c0 += sum_chunk) {
+                                    const std::int64_t cr = std::min(sum_chunk, rb - c0);
+                                    cpu::simd::transpose_into(dp + c0 * ld, ld, cr, nk, bl.g, sum_chunk);
+                                    for (std::int64_t j = 0; j < nk; ++j) {
+                                        std::fill(part, part + 4 * tk, S(0));
+                                        cpu::scatter_into4(bl.g + j * sum_chunk, qid[q] + j * n + i0r + c0, cr, tk, part);
+                                        S* a = acc + j * tk;
+                                        for (std::int64_t e = 0; e < tk; ++e)
+                                            a[e] += (part[e] + part[tk + e]) + (part[2 * tk + e] + part[3 * tk + e]);
+                                    }
+                                }
+                                continue;
+                            }
+#endif
+                        // keys j of a row hit different rows of acc: no store-to-load chains, no branch
+                        for (std::int64_t i = 0; i < rb; ++i)
+                            for (std::int64_t j = 0; j < nk; ++j) acc[j * tk + idb[i * n + j]] += dp[i * ld + j];
                     }
                     // RoPE is not combined with packed images: with it, grad_q is contiguous
                     S* gq_rows = gqv.plane(p) + i0r * gqv.sl;

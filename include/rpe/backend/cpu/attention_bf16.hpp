@@ -428,14 +428,7 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
     for (std::size_t t = 0, next = 0; t < plan.on_q.size(); ++t) {
         if (plan.on_q[t].bias || !q_lookup) continue;
         Id* dst = qid_s.data() + static_cast<std::int64_t>(next++) * n * n;
-        const cpu::id_rows<Id> rows{plan.on_q[t].rows.ids, plan.on_q[t].rows.table, false};
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (n > 64)
-#endif
-        for (std::int64_t j = 0; j < n; ++j) {
-            const Id* r = rows(j, 1, dst + j * n);
-            if (r != dst + j * n) std::copy(r, r + n, dst + j * n);
-        }
+        cpu::key_order_ids(plan.on_q[t].rows, n, dst);
         qid[t] = dst;
     }
     for (std::size_t t = 0; t < plan.on_q.size(); ++t) {

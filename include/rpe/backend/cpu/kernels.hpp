@@ -94,6 +94,23 @@ struct id_rows {
     }
 };
 
+/// @brief Key-order ids of a query-target id set: dst (L, L) with dst[j·L + i] = id(j, i), row j
+/// the ids of key j's pairs with every query i (the pairs' own order, whatever `rows.transposed`
+/// says), for the contextual query term looked up per key (simd::lookup_rows). Rows made in
+/// parallel over j with OpenMP when L > 64 (each row written by one thread: the same ids for
+/// every thread count).
+template <class Id>
+void key_order_ids(const id_rows<Id>& rows, std::int64_t n, Id* dst) {
+    const id_rows<Id> by_key{rows.ids, rows.table, false};  // row j: id(j, ·)
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (n > 64)
+#endif
+    for (std::int64_t j = 0; j < n; ++j) {
+        const Id* r = by_key(j, 1, dst + j * n);
+        if (r != dst + j * n) std::copy(r, r + n, dst + j * n);
+    }
+}
+
 /// @brief Calls `f.template operator()<Id>()` with Id the unsigned type of `bytes` bytes (1, 2, 4).
 template <class F>
 void with_id_type(int bytes, F&& f) {
@@ -162,6 +179,21 @@ void scatter_rows(const S* g, std::int64_t g_stride, const Id* idb, std::int64_t
     }
 }
 
+/// @brief part[(j mod 4)·k + r[j]] += g[j] for j < n (ids < k; the last n mod 4 keys into the first
+/// array): one row into the four partial sums of scatter_rows4 / scatter_sum4, no branch on the ids.
+template <class S, class Id>
+inline void scatter_into4(const S* g, const Id* r, std::int64_t n, std::int64_t k, S* part) {
+    S *p0 = part, *p1 = part + k, *p2 = part + 2 * k, *p3 = part + 3 * k;
+    std::int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        p0[r[j]] += g[j];
+        p1[r[j + 1]] += g[j + 1];
+        p2[r[j + 2]] += g[j + 2];
+        p3[r[j + 3]] += g[j + 3];
+    }
+    for (; j < n; ++j) p0[r[j]] += g[j];
+}
+
 /// @brief out[i·ldo + b] = Σ_{j < n, ids[i·ldi + j] = b} g[i·ldg + j] for i < rows, b < k (ids < k;
 /// ldo 0: k): the value terms' per-bucket sums of the probabilities in the fused forwards. Four
 /// partial sums per bucket (keys j mod 4), added as (p0 + p1) + (p2 + p3) at the end, so that
@@ -173,20 +205,24 @@ inline void scatter_rows4(const S* g, std::int64_t ldg, const Id* ids, std::int6
     const std::int64_t lo = ldo > 0 ? ldo : k;
     for (std::int64_t i = 0; i < rows; ++i) {
         std::fill(part, part + 4 * k, S(0));
-        S *p0 = part, *p1 = part + k, *p2 = part + 2 * k, *p3 = part + 3 * k;
-        const S* gi = g + i * ldg;
-        const Id* r = ids + i * ldi;
-        std::int64_t j = 0;
-        for (; j + 4 <= n; j += 4) {
-            p0[r[j]] += gi[j];
-            p1[r[j + 1]] += gi[j + 1];
-            p2[r[j + 2]] += gi[j + 2];
-            p3[r[j + 3]] += gi[j + 3];
-        }
-        for (; j < n; ++j) p0[r[j]] += gi[j];
+        scatter_into4(g + i * ldg, ids + i * ldi, n, k, part);
+        const S *p0 = part, *p1 = part + k, *p2 = part + 2 * k, *p3 = part + 3 * k;
         S* o = out + i * lo;
         for (std::int64_t b = 0; b < k; ++b) o[b] = (p0[b] + p1[b]) + (p2[b] + p3[b]);
     }
+}
+
+/// @brief out[b] += Σ_{i < rows, j < n, ids[i·ldi + j] = b} g[i·ldg + j] for b < k (ids < k): the
+/// bias tables' gradients of a row block in the fused backward, branch-free as scatter_rows4 (four
+/// partial sums per bucket over the whole block, keys j mod 4, added to out as (p0 + p1) + (p2 + p3)
+/// at the end); part: 4·k values of scratch.
+template <class S, class Id>
+inline void scatter_sum4(const S* g, std::int64_t ldg, const Id* ids, std::int64_t ldi, std::int64_t rows, std::int64_t n,
+                         std::int64_t k, S* part, S* out) {
+    std::fill(part, part + 4 * k, S(0));
+    for (std::int64_t i = 0; i < rows; ++i) scatter_into4(g + i * ldg, ids + i * ldi, n, k, part);
+    const S *p0 = part, *p1 = part + k, *p2 = part + 2 * k, *p3 = part + 3 * k;
+    for (std::int64_t b = 0; b < k; ++b) out[b] += (p0[b] + p1[b]) + (p2[b] + p3[b]);
 }
 
 /// @brief Key target: o[i,j] (+)= T[i, id(i,j)]; query target: o[i,j] (+)= T[j, id(j,i)].  T: (L, K),

@@ -225,6 +225,23 @@ inline void add_transposed(const float* g, std::int64_t ldg, std::int64_t rows, 
     }
 }
 
+// g[j·ldg + i] = a[i·lda + j] for i < rows, j < n: a (rows, n) block transposed into g (n, rows)
+// in 16 × 16 tiles (the float backward's dlogits in key order); g's rows are written in whole
+// tiles (ldg ≥ rows rounded up to 16), zeros in the lanes past `rows`.
+inline void transpose_into(const float* a, std::int64_t lda, std::int64_t rows, std::int64_t n, float* g, std::int64_t ldg) {
+    __m512 r[16];
+    for (std::int64_t i0 = 0; i0 < rows; i0 += 16) {
+        const std::int64_t ir = std::min<std::int64_t>(16, rows - i0);
+        for (std::int64_t j0 = 0; j0 < n; j0 += 16) {
+            const std::int64_t jr = std::min<std::int64_t>(16, n - j0);
+            const __mmask16 jm = lanes(jr);
+            for (int l = 0; l < 16; ++l) r[l] = l < ir ? _mm512_maskz_loadu_ps(jm, a + (i0 + l) * lda + j0) : _mm512_setzero_ps();
+            transpose16(r);  // r[m][l] = a(i0 + l, j0 + m)
+            for (std::int64_t m = 0; m < jr; ++m) _mm512_storeu_ps(g + (j0 + m) * ldg + i0, r[m]);
+        }
+    }
+}
+
 // g[j·ldg + i] = w[j·k + ids[j·ldi + i]] for j < n, i < rows (ids < k): per key j a lookup of its
 // own row of k values (the contextual query term's products) by the ids of the block's queries.
 template <class Id>
