@@ -63,7 +63,7 @@ inline std::vector<float> bf16_rows_to_float(const tensor_ref<const bf16>& t) {
 // make_float_inputs copies the inputs field by field: this mirror of the fields it knows fails to
 // compile when attention_inputs gains one (forward the new field there, and in the AVX512_BF16
 // path, or refuse it for bf16). rotary_embedding's fields are mirrored by
-// cpu::rope_bf16_known_fields (rope.hpp), whose assertion names this file too.
+// cpu::rope_known_fields (rope.hpp), whose assertion names this file too.
 struct bf16_known_input_fields {
     tensor_ref<const bf16> q, k, v;
     int height, width;

@@ -216,44 +216,50 @@ void rope_frequency_grad(const rope_table<S>& t, std::int64_t planes, std::int64
     }
 }
 
-/// Float copies of a bf16 rotation's tensors: x (and grad_y) converted once, the embedding with
-/// its frequencies in float (rope::mixed) and a float grad_freqs buffer when one is wanted.
-struct rope_bf16_copies {
+/// Float copies of a 16-bit (rpe::bf16 or rpe::f16) rotation's tensors: x (and grad_y) converted
+/// once, the embedding with its frequencies in float (rope::mixed) and a float grad_freqs buffer
+/// when one is wanted.
+struct rope_float_copies {
     std::vector<float> x, grad_y, freqs, grad_freqs, y;
     rotary_embedding<float> r;
 };
 
 // The embedding's fields, mirrored: this fails to compile when rotary_embedding gains a field
-// (forward it in rope_bf16_copies_of and in the bf16 attention's make_float_inputs, or refuse it
-// for bf16).
-struct rope_bf16_known_fields {
+// (forward it in rope_float_copies_of and in the 16-bit attentions' float inputs, or refuse it
+// for 16-bit storage).
+template <class H>
+struct rope_known_fields {
     rope_form form;
     int skip;
-    tensor_ref<const bf16> freqs;
-    tensor_ref<bf16> grad_freqs;
+    tensor_ref<const H> freqs;
+    tensor_ref<H> grad_freqs;
     rope::layout layout;
     tensor_ref<const float> positions, key_positions;
     int suffix;
 };
-static_assert(sizeof(rope_bf16_known_fields) == sizeof(rotary_embedding<bf16>),
-              "rpe::rotary_embedding gained a field: forward it in detail::cpu::rope_bf16_copies_of (backend/cpu/rope.hpp) "
-              "and detail::make_float_inputs (backend/cpu/attention_bf16.hpp)");
+static_assert(sizeof(rope_known_fields<bf16>) == sizeof(rotary_embedding<bf16>) &&
+                  sizeof(rope_known_fields<f16>) == sizeof(rotary_embedding<f16>),
+              "rpe::rotary_embedding gained a field: forward it in detail::cpu::rope_float_copies_of (backend/cpu/rope.hpp) "
+              "and detail::make_float_inputs (backend/cpu/attention_bf16.hpp, attention_f16.hpp)");
 
-// Scalar conversions (rpe::bf16's, the bits of bf16_kernels.hpp's vector ones): this header
-// stays free of the intrinsics headers.
-inline std::vector<float> rope_bf16_to_float(const tensor_ref<const bf16>& t) {
+// Scalar conversions of H = rpe::bf16 or rpe::f16 (the types' own, the bits of bf16_kernels.hpp's
+// and f16_kernels.hpp's vector ones): this header stays free of the intrinsics headers.
+template <class H>
+std::vector<float> rope_to_float(const tensor_ref<const H>& t) {
     std::vector<float> out(static_cast<std::size_t>(t.size()));
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data[i]);
     return out;
 }
 
-// n floats rounded to bf16 (to nearest, ties to even), once.
-inline void rope_round_to_bf16(const float* src, bf16* dst, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16(src[i]);
+// n floats rounded to H (to nearest, ties to even), once.
+template <class H>
+void rope_round_to(const float* src, H* dst, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = H(src[i]);
 }
 
-inline void rope_bf16_copies_of(const rotary_embedding<bf16>& r, const tensor_ref<const bf16>& x,
-                                const tensor_ref<const bf16>* grad_y, bool want_freqs, rope_bf16_copies& c) {
+template <class H>
+void rope_float_copies_of(const rotary_embedding<H>& r, const tensor_ref<const H>& x,
+                          std::type_identity_t<const tensor_ref<const H>*> grad_y, bool want_freqs, rope_float_copies& c) {
     c.r.form = r.form;
     c.r.skip = r.skip;
     c.r.layout = r.layout;
@@ -261,7 +267,7 @@ inline void rope_bf16_copies_of(const rotary_embedding<bf16>& r, const tensor_re
     c.r.key_positions = r.key_positions;
     c.r.suffix = r.suffix;
     if (r.freqs.data) {
-        c.freqs = rope_bf16_to_float(r.freqs);
+        c.freqs = rope_to_float(r.freqs);
         c.r.freqs.data = c.freqs.data();
         c.r.freqs.rank = r.freqs.rank;
         c.r.freqs.shape = r.freqs.shape;
@@ -272,49 +278,8 @@ inline void rope_bf16_copies_of(const rotary_embedding<bf16>& r, const tensor_re
         c.r.grad_freqs.rank = r.grad_freqs.rank;
         c.r.grad_freqs.shape = r.grad_freqs.shape;
     }
-    c.x = rope_bf16_to_float(x);
-    if (grad_y) c.grad_y = rope_bf16_to_float(*grad_y);
-    c.y.resize(c.x.size());
-}
-
-// rpe::f16 storage: the same float copies (rope_bf16_copies holds floats only). Scalar conversions
-// (rpe::f16's, the bits of f16_kernels.hpp's hardware ones): this header stays free of the
-// intrinsics headers.
-inline std::vector<float> rope_f16_to_float(const tensor_ref<const f16>& t) {
-    std::vector<float> out(static_cast<std::size_t>(t.size()));
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data[i]);
-    return out;
-}
-
-// n floats rounded to f16 (to nearest, ties to even), once.
-inline void rope_round_to_f16(const float* src, f16* dst, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = f16(src[i]);
-}
-
-inline void rope_f16_copies_of(const rotary_embedding<f16>& r, const tensor_ref<const f16>& x,
-                               const tensor_ref<const f16>* grad_y, bool want_freqs, rope_bf16_copies& c) {
-    static_assert(sizeof(rotary_embedding<f16>) == sizeof(rope_bf16_known_fields),
-                  "rpe::rotary_embedding gained a field: forward it in detail::cpu::rope_f16_copies_of (backend/cpu/rope.hpp)");
-    c.r.form = r.form;
-    c.r.skip = r.skip;
-    c.r.layout = r.layout;
-    c.r.positions = r.positions;
-    c.r.key_positions = r.key_positions;
-    c.r.suffix = r.suffix;
-    if (r.freqs.data) {
-        c.freqs = rope_f16_to_float(r.freqs);
-        c.r.freqs.data = c.freqs.data();
-        c.r.freqs.rank = r.freqs.rank;
-        c.r.freqs.shape = r.freqs.shape;
-    }
-    if (want_freqs) {
-        c.grad_freqs.resize(static_cast<std::size_t>(r.grad_freqs.size()));
-        c.r.grad_freqs.data = c.grad_freqs.data();
-        c.r.grad_freqs.rank = r.grad_freqs.rank;
-        c.r.grad_freqs.shape = r.grad_freqs.shape;
-    }
-    c.x = rope_f16_to_float(x);
-    if (grad_y) c.grad_y = rope_f16_to_float(*grad_y);
+    c.x = rope_to_float(x);
+    if (grad_y) c.grad_y = rope_to_float(*grad_y);
     c.y.resize(c.x.size());
 }
 
@@ -342,20 +307,13 @@ template <class S>
 void rope_forward(const rotary_embedding<S>& r, int height, int width, tensor_ref<const S> x, tensor_ref<S> y) {
     const std::int64_t planes =
         detail::check_rope_call(r, height, width, x, static_cast<const tensor_ref<const S>*>(nullptr), y, "y");
-    if constexpr (std::is_same_v<S, bf16>) {
-        detail::cpu::rope_bf16_copies c;
+    if constexpr (std::is_same_v<S, bf16> || std::is_same_v<S, f16>) {
+        detail::cpu::rope_float_copies c;
         (void)planes;
-        detail::cpu::rope_bf16_copies_of(r, x, nullptr, false, c);
+        detail::cpu::rope_float_copies_of(r, x, nullptr, false, c);
         const auto shape = {x.extent(0), x.extent(1), x.extent(2), x.extent(3)};
         rope_forward<float>(c.r, height, width, tensor_ref<const float>(c.x.data(), shape), tensor_ref<float>(c.y.data(), shape));
-        detail::cpu::rope_round_to_bf16(c.y.data(), y.data, y.size());
-    } else if constexpr (std::is_same_v<S, f16>) {
-        detail::cpu::rope_bf16_copies c;
-        (void)planes;
-        detail::cpu::rope_f16_copies_of(r, x, nullptr, false, c);
-        const auto shape = {x.extent(0), x.extent(1), x.extent(2), x.extent(3)};
-        rope_forward<float>(c.r, height, width, tensor_ref<const float>(c.x.data(), shape), tensor_ref<float>(c.y.data(), shape));
-        detail::cpu::rope_round_to_f16(c.y.data(), y.data, y.size());
+        detail::cpu::rope_round_to(c.y.data(), y.data, y.size());
     } else {
         const std::int64_t l = x.extent(2), d = x.extent(3), heads = x.extent(1);
         if (!r.enabled()) {
@@ -387,24 +345,15 @@ void rope_backward(const rotary_embedding<S>& r, int height, int width, tensor_r
     const std::int64_t planes = detail::check_rope_call(r, height, width, x, &grad_y, grad_x, "grad_x");
     const std::int64_t l = x.extent(2), d = x.extent(3), heads = x.extent(1);
     const bool want_freqs = detail::check_rope_call_gradient(r, x, grad_y, grad_x);
-    if constexpr (std::is_same_v<S, bf16>) {
+    if constexpr (std::is_same_v<S, bf16> || std::is_same_v<S, f16>) {
         (void)planes, (void)l, (void)d, (void)heads;
-        detail::cpu::rope_bf16_copies c;
-        detail::cpu::rope_bf16_copies_of(r, x, &grad_y, want_freqs, c);
+        detail::cpu::rope_float_copies c;
+        detail::cpu::rope_float_copies_of(r, x, &grad_y, want_freqs, c);
         const auto shape = {x.extent(0), x.extent(1), x.extent(2), x.extent(3)};
         rope_backward<float>(c.r, height, width, tensor_ref<const float>(c.x.data(), shape),
                              tensor_ref<const float>(c.grad_y.data(), shape), tensor_ref<float>(c.y.data(), shape));
-        detail::cpu::rope_round_to_bf16(c.y.data(), grad_x.data, grad_x.size());
-        if (want_freqs) detail::cpu::rope_round_to_bf16(c.grad_freqs.data(), r.grad_freqs.data, r.grad_freqs.size());
-    } else if constexpr (std::is_same_v<S, f16>) {
-        (void)planes, (void)l, (void)d, (void)heads;
-        detail::cpu::rope_bf16_copies c;
-        detail::cpu::rope_f16_copies_of(r, x, &grad_y, want_freqs, c);
-        const auto shape = {x.extent(0), x.extent(1), x.extent(2), x.extent(3)};
-        rope_backward<float>(c.r, height, width, tensor_ref<const float>(c.x.data(), shape),
-                             tensor_ref<const float>(c.grad_y.data(), shape), tensor_ref<float>(c.y.data(), shape));
-        detail::cpu::rope_round_to_f16(c.y.data(), grad_x.data, grad_x.size());
-        if (want_freqs) detail::cpu::rope_round_to_f16(c.grad_freqs.data(), r.grad_freqs.data, r.grad_freqs.size());
+        detail::cpu::rope_round_to(c.y.data(), grad_x.data, grad_x.size());
+        if (want_freqs) detail::cpu::rope_round_to(c.grad_freqs.data(), r.grad_freqs.data, r.grad_freqs.size());
     } else {
         if (!r.enabled()) {
             std::copy(grad_y.data, grad_y.data + grad_y.size(), grad_x.data);
