@@ -155,8 +155,8 @@ inline family_spec to_family_spec(const term_spec& spec) {
 template <class S = float>
 std::unique_ptr<any_term<S>> make_term(const family_spec& spec, const term_options& o, grid_extent g = {}) {
     static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>,
-                  "rpe: make_term's scalar type must be float or double (for rpe::bf16 storage, run a float term's "
-                  "descriptor with rpe::cpu::term_forward<rpe::bf16> / term_backward<rpe::bf16>)");
+                  "rpe: make_term's scalar type must be float or double (for rpe::bf16 / rpe::f16 storage, run a float term's "
+                  "descriptor with rpe::cpu::term_forward<rpe::bf16 or rpe::f16> / term_backward)");
     check_family_terms(family_of(spec.family), o.contextual, o.target);
     return visit_mapping(spec, g, [&](const auto& m) { return term_of<S>(m, o); });
 }
@@ -171,8 +171,8 @@ std::unique_ptr<any_term<S>> make_term(const family_spec& spec, const term_optio
 template <class S = float>
 std::unique_ptr<any_term<S>> make_term(const term_spec& spec) {
     static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>,
-                  "rpe: make_term's scalar type must be float or double (for rpe::bf16 storage, run a float term's "
-                  "descriptor with rpe::cpu::term_forward<rpe::bf16> / term_backward<rpe::bf16>)");
+                  "rpe: make_term's scalar type must be float or double (for rpe::bf16 / rpe::f16 storage, run a float term's "
+                  "descriptor with rpe::cpu::term_forward<rpe::bf16 or rpe::f16> / term_backward)");
     (void)spec.num_buckets();  // validates α, β, γ with the term_spec prefix
     return make_term<S>(to_family_spec(spec),
                         term_options{spec.contextual, spec.target, spec.num_heads, spec.head_dim, spec.shared_head, spec.skip});

@@ -159,9 +159,10 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp: the step calls the CP
 template <class S>
 void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_ref<S> attn,
                                 const attention_options& opt = {}) {
-    static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>,
-                  "rpe: composed_attention_forward (the plain baseline) takes float or double; for rpe::bf16 storage use "
-                  "rpe::attention_forward (the fused attention)");
+    static_assert(
+        std::is_same_v<S, float> || std::is_same_v<S, double>,
+        "rpe: composed_attention_forward (the plain baseline) takes float or double; for rpe::bf16 / rpe::f16 storage use "
+        "rpe::attention_forward (the fused attention)");
     const auto s = detail::check_attention(in, cpu::attention_caps);
     detail::check_attention_outputs(in, s, out, attn, true);
     if (in.packed.enabled()) {  // each image alone on copies of its tokens; attn block-diagonal, 0 across images
@@ -246,9 +247,10 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
 template <class S>
 void composed_attention_backward(const attention_inputs<S>& in, const attention_gradients<S>& g,
                                  const attention_options& opt = {}) {
-    static_assert(std::is_same_v<S, float> || std::is_same_v<S, double>,
-                  "rpe: composed_attention_backward (the plain baseline) takes float or double; for rpe::bf16 storage use "
-                  "rpe::attention_backward (the fused attention)");
+    static_assert(
+        std::is_same_v<S, float> || std::is_same_v<S, double>,
+        "rpe: composed_attention_backward (the plain baseline) takes float or double; for rpe::bf16 / rpe::f16 storage use "
+        "rpe::attention_backward (the fused attention)");
     const auto s = detail::check_attention(in, cpu::attention_caps);
     detail::require(g.saved_attn.data != nullptr || g.saved_attn.rank != 0, "attention",
                     "saved_attn = empty; expected the (B, H, L, L) probabilities of composed_attention_forward (the "
