@@ -218,6 +218,17 @@ public:
                                num_buckets_ - (three ? 3 : 1),
                                num_buckets_ - (three ? 2 : 1)};
     }
+    /// @brief At positions: the ids of the positions' bounding box grid, whose per-offset ids these
+    /// ids read (shared); null on a grid.
+    [[nodiscard]] const std::shared_ptr<const bucket_ids>& box() const { return box_; }
+    /// @brief At positions: the grid tokens' linear positions in the box's offset space and the
+    /// index of offset (0, 0, 0) (detail::id_positions; `key` points at the queries' positions
+    /// when the keys have none of their own), valid while this object lives; with grid() and the
+    /// per-offset ids, id(i, j) = detail::position_id. All null on a grid.
+    [[nodiscard]] detail::id_positions linear_positions() const {
+        if (!box_) return {};
+        return detail::id_positions{query_.data(), key_lin(), base_};
+    }
     /// @brief Table `table`'s per-offset ids ((2T−1)(2H−1)(2W−1) entries, see detail/offset_math.hpp)
     /// as `f(const Id*, std::size_t count)`; returns what f returns. Any storage.
     template <class F>

@@ -94,6 +94,18 @@ struct id_positions {
     std::int64_t base = 0;                ///< per-offset index of offset (0, 0, 0): ((T−1)(2H−1) + H−1)(2W−1) + W−1
 };
 
+/// @brief Id of pair (i, j) of tokens at positions (skip extra tokens, then grid tokens at the
+/// linear positions `p`) from the per-offset ids `off`: the extra ids when i or j is an extra
+/// token, else `off[base + query[i − skip] − key[j − skip]]` (the offset qpos_i − kpos_j). The
+/// same id as rpe::bucket_ids::at at positions and fill_position_row; the CUDA attention's
+/// kernels read ids at positions through it.
+template <class Src>
+RPE_HOST_DEVICE constexpr std::int64_t position_id(const id_grid& g, const id_positions& p, const Src* off, std::int64_t i,
+                                                   std::int64_t j) {
+    return (i < g.skip || j < g.skip) ? g.extra_id(i, j)
+                                      : static_cast<std::int64_t>(off[p.base + p.query[i - g.skip] - p.key[j - g.skip]]);
+}
+
 /// @brief Row i of the ids of tokens at positions (id(i, j) for every key j; with `transposed`
 /// id(j, i)) from the per-offset ids `off` into `dst` (L = skip + N entries). `g` gives skip and
 /// the extra ids (its depth, height and width are the box's, unused here).

@@ -41,8 +41,9 @@ using attention_inputs = rpe::attention_inputs<S>;
 /// @brief What the CUDA attention supports (checked by the shared front): contiguous q, k, v only
 /// (no strided views), no `attn` output and no backward from saved probabilities (there is no
 /// (L, L) buffer), RoPE with the frequencies' gradient (RoPE positions, key_positions and suffix
-/// included, rope::vjepa2's layout too), both masks, 3D grids, D ≤ 128; no per-token positions of
-/// the iRPE terms, packed sequences or key lengths yet (rpe::not_supported before any CUDA call).
+/// included, rope::vjepa2's layout too), both masks, 3D grids, D ≤ 128, per-token positions of
+/// the iRPE terms (positions, key_positions) and valid key lengths (key_lengths), each in device
+/// or host memory; no packed sequences (rpe::not_supported before any CUDA call).
 inline constexpr attention_capabilities attention_caps{.backend = "cuda",
                                                        .strided_qkv = false,
                                                        .saved_probabilities = false,
@@ -51,7 +52,10 @@ inline constexpr attention_capabilities attention_caps{.backend = "cuda",
                                                        .key_padding_mask = true,
                                                        .attn_mask = true,
                                                        .grid_3d = true,
-                                                       .max_head_dim = 128};
+                                                       .max_head_dim = 128,
+                                                       .positions = true,
+                                                       .packed = false,
+                                                       .key_lengths = true};
 
 }  // namespace rpe::cuda
 
@@ -64,11 +68,15 @@ inline constexpr int attn_max_tables = 2;
 // The ids of pair (i, j) for one table, computed from the per-offset ids (device memory, of the
 // call's one id type Id: every table's ids are uploaded at the call's widest width, so the
 // kernels take Id as a template argument and never switch on the width) by the host's offset
-// math: id(i, j) for k and v, id(j, i) for q (transposed).
+// math: id(i, j) for k and v, id(j, i) for q (transposed). At per-token positions
+// (attention_inputs::positions) `pos` holds the grid tokens' linear positions in the bounding
+// box's offset space (device memory) and `grid` the box with the term's skip and extra ids:
+// detail::position_id, as the host's bucket_ids::at; on a grid pos.query is null.
 struct attn_ids {
     const void* offsets = nullptr;
     bool transposed = false;
     id_grid grid{};
+    id_positions pos{};
 };
 
 struct attn_table {
@@ -87,6 +95,7 @@ struct attn_table {
 struct attn_args {
     const void *q = nullptr, *k = nullptr, *v = nullptr, *attn_mask = nullptr;
     const std::uint8_t* key_padding_mask = nullptr;
+    const std::int32_t* key_lengths = nullptr;  // (B) valid keys per batch element (device), or null: all L
     void* out = nullptr;
     const void* grad_out = nullptr;
     void *grad_q = nullptr, *grad_k = nullptr, *grad_v = nullptr;
@@ -101,7 +110,14 @@ struct attn_args {
 template <class Id>
 __device__ inline std::int64_t load_id(const attn_ids& v, std::int64_t i, std::int64_t j) {
     const std::int64_t a = v.transposed ? j : i, b = v.transposed ? i : j;
-    return v.grid.id(static_cast<const Id*>(v.offsets), a, b);
+    const Id* off = static_cast<const Id*>(v.offsets);
+    return v.pos.query ? position_id(v.grid, v.pos, off, a, b) : v.grid.id(off, a, b);
+}
+
+// Keys of batch element b that are computed: key_lengths[b], or all L; keys at index ≥ it are
+// padding (probability 0, zero gradients), never read.
+__device__ inline std::int64_t valid_keys(const attn_args& a, std::int64_t b) {
+    return a.key_lengths ? static_cast<std::int64_t>(a.key_lengths[b]) : a.n;
 }
 
 // Full-warp reductions through CUB's WarpReduce (shuffle-based for 32 lanes: its TempStorage
@@ -210,7 +226,8 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn
 #pragma unroll
         for (int r = 0; r < attn_max_dim / 32; ++r) o[r] = 0;
         bool nan_seen = false;
-        for (std::int64_t j0 = 0; j0 < n; j0 += 32) {
+        const std::int64_t nk = valid_keys(args, b);  // keys >= nk: padding (key_lengths), not computed
+        for (std::int64_t j0 = 0; j0 < nk; j0 += 32) {
             __syncthreads();  // the previous tile is no longer read
             stage_tile<S, A>(static_cast<const S*>(args.k), p, j0, n, dd, A(1), ktile);
             stage_tile<S, A>(static_cast<const S*>(args.v), p, j0, n, dd, A(1), vtile);
@@ -218,7 +235,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn
             if (!active) continue;
             const std::int64_t j = j0 + lane;
             A s = neg_inf;
-            if (j < n) {
+            if (j < nk) {
                 s = 0;
                 for (std::int64_t c = 0; c < dd; ++c) s += qs[c] * ktile[lane * (dd + 1) + c];
                 s += row_terms<S, A, Id>(args, p, h, i, j, scratch);
@@ -239,7 +256,8 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn
             for (int t = 0; t < args.nv; ++t)
                 for (int c = lane; c < args.on_v[t].k; c += 32) scratch[args.on_v[t].hist + c] *= alpha;
             __syncwarp();
-            for (int jj = 0; jj < 32; ++jj) {
+            const int tile_keys = static_cast<int>(nk - j0 < 32 ? nk - j0 : 32);  // padded keys' v rows unread
+            for (int jj = 0; jj < tile_keys; ++jj) {
                 const A pb = __shfl_sync(0xffffffffu, pj, jj);
 #pragma unroll
                 for (int r = 0; r < attn_max_dim / 32; ++r) {
@@ -247,7 +265,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn
                     if (c < dd) o[r] += pb * vtile[jj * (dd + 1) + c];
                 }
             }
-            if (j < n && pj != A(0))
+            if (j < nk && pj != A(0))
                 for (int t = 0; t < args.nv; ++t) {
                     const attn_table& tb = args.on_v[t];
                     atomicAdd(scratch + tb.hist + load_id<Id>(tb.ids, i, j), pj);
@@ -308,8 +326,9 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
         A dq[attn_max_dim / 32];
 #pragma unroll
         for (int r = 0; r < attn_max_dim / 32; ++r) dq[r] = 0;
-        for (int pass = 0; pass < 3; ++pass) {  // 0: m and l; 1: Σ P·dP; 2: dS and its sums
-            for (std::int64_t j0 = 0; j0 < n; j0 += 32) {
+        const std::int64_t nk = valid_keys(args, b);  // keys >= nk: padding (key_lengths), not computed
+        for (int pass = 0; pass < 3; ++pass) {        // 0: m and l; 1: Σ P·dP; 2: dS and its sums
+            for (std::int64_t j0 = 0; j0 < nk; j0 += 32) {
                 __syncthreads();
                 stage_tile<S, A>(static_cast<const S*>(args.k), p, j0, n, dd, A(1), ktile);
                 if (pass > 0) stage_tile<S, A>(static_cast<const S*>(args.v), p, j0, n, dd, A(1), vtile);
@@ -317,7 +336,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
                 if (!active) continue;
                 const std::int64_t j = j0 + lane;
                 A s = neg_inf;
-                if (j < n) {
+                if (j < nk) {
                     s = 0;
                     for (std::int64_t c = 0; c < dd; ++c) s += qs[c] * ktile[lane * (dd + 1) + c];
                     s += row_terms<S, A, Id>(args, p, h, i, j, scratch);
@@ -333,7 +352,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
                 }
                 const A pj = (l > A(0) && s != neg_inf) ? exp(s - m) / l : A(0);
                 A dp = 0;
-                if (j < n) {
+                if (j < nk) {
                     for (std::int64_t c = 0; c < dd; ++c) dp += go[c] * vtile[lane * (dd + 1) + c];
                     for (int t = 0; t < args.nv; ++t) {
                         const attn_table& tb = args.on_v[t];
@@ -345,7 +364,8 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
                     continue;
                 }
                 const A ds = pj * (dp - dsum);
-                for (int jj = 0; jj < 32; ++jj) {
+                const int tile_keys = static_cast<int>(nk - j0 < 32 ? nk - j0 : 32);  // padded keys' k rows unread
+                for (int jj = 0; jj < tile_keys; ++jj) {
                     const A db = __shfl_sync(0xffffffffu, ds, jj);
 #pragma unroll
                     for (int r = 0; r < attn_max_dim / 32; ++r) {
@@ -353,7 +373,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
                         if (c < dd) dq[r] += db * ktile[jj * (dd + 1) + c];
                     }
                 }
-                if (j < n) {
+                if (j < nk) {
                     for (int t = 0; t < args.nk; ++t) {
                         const attn_table& tb = args.on_k[t];
                         if (tb.rows) atomicAdd(scratch + tb.hist + load_id<Id>(tb.ids, i, j), ds);
@@ -410,7 +430,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
         const std::int64_t h = p % args.heads, b = p / args.heads;
         const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * attn_warps + warp;
         const bool active = j < n;
-        const bool padded = active && args.key_padding_mask && args.key_padding_mask[b * n + j];
+        const bool padded = active && ((args.key_padding_mask && args.key_padding_mask[b * n + j]) || j >= valid_keys(args, b));
         if (active) {
             for (std::int64_t c = lane; c < dd; c += 32) {
                 kj[c] = to_acc(static_cast<const S*>(args.k)[(p * n + j) * dd + c]);
@@ -496,12 +516,35 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
 
 namespace rpe::detail::gpu {
 
-// The kernel arguments of checked inputs (the public front checks them first): the tables'
-// device ids, uploaded at the call's widest id width (returned in `id_bytes`, for the one
-// dispatch on the id type), kept alive in `keep`.
+// What the kernel arguments of one call point at, alive until the call's work is enqueued
+// (the stream-ordered buffers are freed after it on the call's stream): the tables' device ids
+// (cached), at positions the linear positions of each slot's ids (queries, keys), and the
+// key_lengths uploaded from their host copy.
+struct attention_resources {
+    std::vector<std::shared_ptr<const cuda::device_bucket_ids>> ids;
+    std::vector<std::unique_ptr<device_buffer<std::int64_t>>> positions;
+    std::unique_ptr<device_buffer<std::int32_t>> key_lengths;
+};
+
+// Uploads `count` values of host memory `src` into a new stream-ordered device buffer (pageable
+// source: staged before cudaMemcpyAsync returns, so `src` may go away after the call).
+template <class T>
+std::unique_ptr<device_buffer<T>> upload(const T* src, std::int64_t count, cudaStream_t stream) {
+    auto buf = std::make_unique<device_buffer<T>>(count, stream);
+    if (count > 0)
+        RPE_CUDA_CHECK(
+            cudaMemcpyAsync(buf->get(), src, static_cast<std::size_t>(count) * sizeof(T), cudaMemcpyHostToDevice, stream));
+    return buf;
+}
+
+// The kernel arguments of checked inputs (the public front checks them first) whose positions
+// and key_lengths are in host memory (host_checked_inputs): the tables' device ids, uploaded at
+// the call's widest id width (returned in `id_bytes`, for the one dispatch on the id type), and at
+// positions the ids' linear positions (ids = term->bucket_ids(positions, key_positions), the
+// CPU's; the device reads the per-offset ids of their bounding box), kept alive in `keep`.
 template <class S>
-attn_args prepare_attention(const rpe::attention_inputs<S>& in, double scale, cudaStream_t stream,
-                            std::vector<std::shared_ptr<const cuda::device_bucket_ids>>& keep, int& id_bytes) {
+attn_args prepare_attention(const rpe::attention_inputs<S>& in, double scale, cudaStream_t stream, attention_resources& keep,
+                            int& id_bytes) {
     const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), dd = in.q.extent(3);
     attn_args args;
     args.q = in.q.data;
@@ -509,6 +552,11 @@ attn_args prepare_attention(const rpe::attention_inputs<S>& in, double scale, cu
     args.v = in.v.data;
     args.attn_mask = in.attn_mask.data;
     args.key_padding_mask = in.key_padding_mask.data;
+    if (!is_empty_view(in.key_lengths)) {  // host memory (checked) -> a pageable copy -> device
+        const std::vector<std::int32_t> lengths(in.key_lengths.data, in.key_lengths.data + b);
+        keep.key_lengths = upload(lengths.data(), b, stream);
+        args.key_lengths = keep.key_lengths->get();
+    }
     args.n = n;
     args.d = dd;
     args.heads = h;
@@ -522,7 +570,7 @@ attn_args prepare_attention(const rpe::attention_inputs<S>& in, double scale, cu
     id_bytes = 1;
     for (int s = 0; s < 3; ++s)
         if (slots[s]->term) {
-            host_ids[s] = slots[s]->term->bucket_ids(in.depth, in.height, in.width);
+            host_ids[s] = ids_of(*slots[s], in);  // the grid's, or at in.positions (host copies)
             id_bytes = std::max(id_bytes, host_ids[s]->id_bytes());
         }
     for (int s = 0; s < 3; ++s) {
@@ -530,8 +578,24 @@ attn_args prepare_attention(const rpe::attention_inputs<S>& in, double scale, cu
         if (!slot.term) continue;
         const term_desc& t = *slot.term;
         const auto shape = t.table_shape();
-        keep.push_back(cuda::device_bucket_cache::global().get(*host_ids[s], stream, id_bytes));
-        const auto& dev = *keep.back();
+        const bucket_ids& host = *host_ids[s];
+        // at positions: the bounding box grid's per-offset ids (a grid's ids, cached per box) and
+        // the N query and key linear positions of these ids
+        keep.ids.push_back(cuda::device_bucket_cache::global().get(host.at_positions() ? *host.box() : host, stream, id_bytes));
+        const auto& dev = *keep.ids.back();
+        id_positions pos{};
+        if (host.at_positions()) {
+            const id_positions hp = host.linear_positions();
+            const std::int64_t count = host.length() - host.skip();
+            keep.positions.push_back(upload(hp.query, count, stream));
+            pos.query = keep.positions.back()->get();
+            pos.key = pos.query;
+            if (hp.key != hp.query) {
+                keep.positions.push_back(upload(hp.key, count, stream));
+                pos.key = keep.positions.back()->get();
+            }
+            pos.base = hp.base;
+        }
         for (int u = 0; u < t.num_tables(); ++u) {
             attn_table& at = dst[s][(*counts[s])++];
             at.table = slot.tables[static_cast<std::size_t>(u)].data;
@@ -539,7 +603,7 @@ attn_args prepare_attention(const rpe::attention_inputs<S>& in, double scale, cu
             at.table_heads = static_cast<int>(shape[0]);
             at.bias = !t.contextual();
             // ids(i, j) of pair (i, j): id(i, j) for k and v, id(j, i) for q
-            at.ids = attn_ids{dev.offsets(u), wanted[s] == target::query, dev.grid()};
+            at.ids = attn_ids{dev.offsets(u), wanted[s] == target::query, host.grid(), pos};
         }
     }
     return args;
@@ -594,7 +658,7 @@ inline std::int64_t contextual_size(const attn_table* tables, int count, const a
 template <class S>
 void attention_forward_impl(const rpe::attention_inputs<S>& in, tensor_ref<S> out, double scale, cudaStream_t stream) {
     using A = acc_t<S>;
-    std::vector<std::shared_ptr<const cuda::device_bucket_ids>> keep;
+    detail::gpu::attention_resources keep;
     int id_bytes = 1;
     auto args = detail::gpu::prepare_attention(in, scale, stream, keep, id_bytes);
     args.out = out.data;
@@ -622,7 +686,7 @@ template <class S>
 void attention_backward_impl(const rpe::attention_inputs<S>& in, tensor_ref<const S> grad_out, tensor_ref<S> grad_q,
                              tensor_ref<S> grad_k, tensor_ref<S> grad_v, double softmax_scale, cudaStream_t stream) {
     using A = acc_t<S>;
-    std::vector<std::shared_ptr<const cuda::device_bucket_ids>> keep;
+    detail::gpu::attention_resources keep;
     int id_bytes = 1;
     auto args = detail::gpu::prepare_attention(in, softmax_scale, stream, keep, id_bytes);
     const std::int64_t h = args.heads, n = args.n, dd = args.d, planes = args.planes;
@@ -748,18 +812,53 @@ struct rotated_inputs {
     }
 };
 
-// The attention inputs with RoPE positions in host memory (what the shared front checks read):
-// `in` itself when its rope has none, else a copy whose rope points at host copies (hp).
+// Copies view `p` (int32, any shape) to `host` when it is contiguous, non-empty device or managed
+// memory, and returns the view of that copy (the copy waits for the caller's stream sync); else
+// returns `p` (host memory is read in place; what is not contiguous is refused by the checks
+// before any read). The same test as host_rope_positions: a pointer the runtime does not know
+// (or no device) is host memory.
+inline tensor_ref<const std::int32_t> host_view(const tensor_ref<const std::int32_t>& p, std::vector<std::int32_t>& host,
+                                                cudaStream_t stream, bool& copied) {
+    if (p.data == nullptr || p.rank == 0 || !p.contiguous() || p.size() <= 0) return p;
+    cudaPointerAttributes at{};
+    if (cudaPointerGetAttributes(&at, p.data) != cudaSuccess) {
+        (void)cudaGetLastError();  // no device, or not a CUDA pointer: host memory
+        return p;
+    }
+    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged) return p;
+    host.resize(static_cast<std::size_t>(p.size()));
+    RPE_CUDA_CHECK(cudaMemcpyAsync(host.data(), p.data, host.size() * sizeof(std::int32_t), cudaMemcpyDefault, stream));
+    copied = true;
+    tensor_ref<const std::int32_t> out = p;
+    out.data = host.data();
+    return out;
+}
+
+// The attention inputs with every view that the shared front checks read on the host in host
+// memory: RoPE positions (host_rope_positions), the iRPE terms' positions and key_positions (also
+// what the ids are built from) and key_lengths (uploaded again by prepare_attention). `in` itself
+// when none is in device memory, else a copy pointing at host copies (waited for).
 template <class S>
-struct rope_checked_inputs {
+struct host_checked_inputs {
     host_rope_positions<S> hp;
+    std::vector<std::int32_t> positions, key_positions, key_lengths;
     std::optional<rpe::attention_inputs<S>> copy;
-    rope_checked_inputs(const rpe::attention_inputs<S>& in, cudaStream_t stream) : hp(in.rope, stream) {
-        if (in.rope.has_positions()) {
+    host_checked_inputs(const rpe::attention_inputs<S>& in, cudaStream_t stream) : hp(in.rope, stream) {
+        bool copied = false;
+        const auto pos = host_view(in.positions, positions, stream, copied);
+        const auto kpos = host_view(in.key_positions, key_positions, stream, copied);
+        const auto lengths = host_view(in.key_lengths, key_lengths, stream, copied);
+        if (copied) RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+        if (copied || in.rope.has_positions()) {
             copy.emplace(in);
             copy->rope = hp.r;
+            copy->positions = pos;
+            copy->key_positions = kpos;
+            copy->key_lengths = lengths;
         }
     }
+    host_checked_inputs(const host_checked_inputs&) = delete;  // copy points into the vectors
+    host_checked_inputs& operator=(const host_checked_inputs&) = delete;
     const rpe::attention_inputs<S>& of(const rpe::attention_inputs<S>& in) const { return copy ? *copy : in; }
 };
 
@@ -809,10 +908,21 @@ namespace rpe::cuda {
 /// copied to the host and waited for, host memory is read in place; skip and suffix tokens
 /// copied), and the kernels then run on the rotated q and k (same meaning and checks as the
 /// CPU's attention_inputs::rope).
+///
+/// With `in.positions` (and `in.key_positions`): the iRPE terms' ids are those of
+/// rpe::build_bucket_ids(m, positions, key_positions, skip), as on the CPU (docs/positions.md):
+/// positions in device memory are copied to the host and waited for (host memory is read in
+/// place), checked by the shared front, and the ids built there (the term's bucket_ids(positions,
+/// key_positions): the per-offset ids of the positions' bounding box, uploaded once per box to the
+/// device id cache, and each token's linear position in it, uploaded per call, 8 bytes per token
+/// and side); the kernels read id(i, j) = per-offset id of pos_i − kpos_j. With `in.key_lengths`
+/// ((B,) int32, device or host memory, copied to the host and checked there: 0 ≤ length ≤ L, then
+/// uploaded): keys at index ≥ key_lengths[b] are padding, never read (as a key_padding_mask marking
+/// them; rows without a valid key give zeros). Packed sequences are refused (attention_caps).
 template <class S>
 void attention_forward(const attention_inputs<S>& in_given, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {
-    const detail::gpu::rope_checked_inputs<S> checked(in_given, opt.stream);  // RoPE positions read by the checks
+    const detail::gpu::host_checked_inputs<S> checked(in_given, opt.stream);  // positions, key_lengths read on the host
     const attention_inputs<S>& in = checked.of(in_given);
     const auto shape = detail::check_attention_forward(in, out, attn, opt, attention_caps);  // the shared front
     const double scale = detail::softmax_scale(opt, shape.d);
@@ -857,9 +967,12 @@ template <class S>
 /// `x_t · (g_2p+1·y_2p − g_2p·y_2p+1)` (`fy`: y_t; (x_t, y_t) the token's column and row, or its
 /// positions' x and y: q's and k's own) per (b, h) plane, then over the batch in a
 /// fixed order (deterministic). @throws also `[rpe.attention] rope grad_freqs ...` as the CPU.
+///
+/// With `in.positions` / `in.key_lengths`: as attention_forward (the same ids; padded keys' grad_k
+/// and grad_v rows are exactly zero and add nothing to the tables' gradients).
 template <class S>
 void attention_backward(const attention_inputs<S>& in_given, const attention_gradients<S>& g, const attention_options& opt = {}) {
-    const detail::gpu::rope_checked_inputs<S> checked(in_given, opt.stream);  // RoPE positions read by the checks
+    const detail::gpu::host_checked_inputs<S> checked(in_given, opt.stream);  // positions, key_lengths read on the host
     const attention_inputs<S>& in = checked.of(in_given);
     const auto shape = detail::check_attention_backward(in, g, opt, attention_caps);  // the shared front
     const double scale = detail::softmax_scale(opt, shape.d);
