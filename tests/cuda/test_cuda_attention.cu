@@ -2,15 +2,25 @@
 // (rpe::attention_forward / attention_backward, gradients of q, k, v and every table):
 // random inputs with iRPE on q, k, v (contextual and bias, shared and per head, Cross, skip
 // tokens, key padding mask with an all-masked row, additive attn_mask) in float, double, fp16
-// and bf16; and the golden attention vectors' output in float32.
+// and bf16; the iRPE terms at per-token positions (a permuted grid, key positions apart, 3D,
+// Cross's two tables, positions in host memory) and valid key lengths (key_lengths) against the
+// CPU fused attention given the same positions and lengths, in float and double; and the golden
+// attention vectors' output in float32.
 #include <doctest/doctest.h>
 
 #include <rpe/cuda.cuh>
 #include <rpe/rpe.hpp>
 #include <rpe/make_term.hpp>
 
+#include <rpe/mapping/cross.hpp>
+#include <rpe/mapping/product3d.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -202,11 +212,250 @@ void attention_suite(unsigned seed) {
     }
 }
 
+
+// The iRPE terms at per-token positions and key lengths: one call of each backend on the same
+// inputs, the CPU's results the reference (its positions and key_lengths are documented and
+// unit-tested against the grid and against key_padding_mask). Terms from rpe::make_term_desc (one
+// descriptor for both backends; the tables in each backend's memory).
+enum class at_mapping { product, cross, product3d };
+
+struct at_config {
+    std::string on = "qkv";  // subset of "qkv"
+    at_mapping mapping = at_mapping::product;
+    bool contextual = true;  // of the q and k terms (the value term is contextual)
+    bool shared = true;
+    int skip = 1, batch = 2, heads = 2, dim = 16;
+    std::vector<std::int32_t> positions = {};      // (N, axes), or empty: the grid height x width
+    std::vector<std::int32_t> key_positions = {};  // (N, axes), or empty
+    int height = 4, width = 5;                     // the grid when positions is empty
+    std::vector<std::int32_t> key_lengths = {};    // (B), or empty
+    bool padding = false;                          // also a key_padding_mask (batch 0: its last 2 keys)
+    bool host_positions = false;                   // positions and key_lengths in host memory on the GPU side too
+};
+
+/// (N, A) coordinates of a depth x height x width grid in token order, permuted: row i of the
+/// result is the grid token perm[i]'s coordinates ((r, c), or (t, r, c) when depth > 1).
+std::vector<std::int32_t> permuted_grid(int depth, int height, int width, std::uint32_t seed) {
+    const int n = depth * height * width, axes = depth > 1 ? 3 : 2;
+    std::vector<int> perm(static_cast<std::size_t>(n));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::mt19937 rng(seed);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<std::int32_t> out;
+    for (int i : perm) {
+        if (axes == 3) out.push_back(i / (height * width));
+        out.push_back((i / width) % height);
+        out.push_back(i % width);
+    }
+    return out;
+}
+
+template <class S>
+void compare_attention_at(const at_config& cfg, unsigned seed) {
+    using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
+    const int axes = cfg.mapping == at_mapping::product3d ? 3 : 2;
+    const bool at_positions = !cfg.positions.empty();
+    const std::int64_t tokens = at_positions ? static_cast<std::int64_t>(cfg.positions.size()) / axes : cfg.height * cfg.width;
+    const std::int64_t b = cfg.batch, h = cfg.heads, l = cfg.skip + tokens, d = cfg.dim;
+    INFO("on " << cfg.on << ", mapping " << static_cast<int>(cfg.mapping) << ", L " << l << ", positions " << at_positions
+               << ", key positions " << !cfg.key_positions.empty() << ", key lengths " << cfg.key_lengths.size() << ", S "
+               << sizeof(S) << " bytes");
+    const std::vector<std::int64_t> qshape{b, h, l, d};
+    const auto q = random_floats(b * h * l * d, seed + 1), k = random_floats(b * h * l * d, seed + 2),
+               v = random_floats(b * h * l * d, seed + 3), gout = random_floats(b * h * l * d, seed + 5);
+    std::vector<std::uint8_t> mask;
+    if (cfg.padding) {
+        mask.assign(static_cast<std::size_t>(b * l), 0);
+        mask[static_cast<std::size_t>(l - 1)] = mask[static_cast<std::size_t>(l - 2)] = 1;
+    }
+
+    // one descriptor per slot, for both backends
+    const auto g19 = rpe::index::piecewise::from_ratio(1.9);
+    std::optional<rpe::term_desc> terms[3];
+    std::vector<std::vector<float>> tables[3];
+    const rpe::target targets[3] = {rpe::target::query, rpe::target::key, rpe::target::value};
+    for (int s = 0; s < 3; ++s) {
+        if (cfg.on.find("qkv"[s]) == std::string::npos) continue;
+        const rpe::term_config tc{.num_heads = cfg.heads, .head_dim = cfg.dim, .shared_head = cfg.shared, .skip = cfg.skip};
+        const bool contextual = cfg.contextual || s == 2;
+        if (cfg.mapping == at_mapping::product)
+            terms[s] = rpe::make_term_desc(rpe::mapping::product<>{g19}, contextual, targets[s], tc);
+        else if (cfg.mapping == at_mapping::cross)
+            terms[s] = rpe::make_term_desc(rpe::mapping::cross<>{g19}, contextual, targets[s], tc);
+        else
+            terms[s] = rpe::make_term_desc(rpe::mapping::product3d<>{g19, g19, g19}, contextual, targets[s], tc);
+        for (int t = 0; t < terms[s]->num_tables(); ++t)
+            tables[s].push_back(random_floats(count(terms[s]->table_shape()), seed + 10 + 3 * s + t, 0.5f));
+    }
+    const std::vector<std::int64_t> pshape{tokens, axes};
+
+    // CPU
+    auto cv = [](const std::vector<float>& x) { return std::vector<C>(x.begin(), x.end()); };
+    const auto cq = cv(q), ck = cv(k), cvv = cv(v), cgout = cv(gout);
+    std::vector<std::vector<C>> ctables[3], cgtables[3];
+    rpe::attention_inputs<C> cin;
+    cin.q = view<const C>(cq.data(), qshape);
+    cin.k = view<const C>(ck.data(), qshape);
+    cin.v = view<const C>(cvv.data(), qshape);
+    if (!at_positions) {
+        cin.height = cfg.height;
+        cin.width = cfg.width;
+    } else {
+        cin.positions = view<const std::int32_t>(cfg.positions.data(), pshape);
+        if (!cfg.key_positions.empty()) cin.key_positions = view<const std::int32_t>(cfg.key_positions.data(), pshape);
+    }
+    if (!cfg.key_lengths.empty()) cin.key_lengths = view<const std::int32_t>(cfg.key_lengths.data(), {b});
+    if (!mask.empty()) cin.key_padding_mask = view<const std::uint8_t>(mask.data(), {b, l});
+    rpe::attention_term<C>* cslots[3] = {&cin.rpe_q, &cin.rpe_k, &cin.rpe_v};
+    for (int s = 0; s < 3; ++s) {
+        if (!terms[s]) continue;
+        cslots[s]->term = &*terms[s];
+        for (const auto& t : tables[s]) {
+            ctables[s].push_back(cv(t));
+            cgtables[s].emplace_back(t.size());
+        }
+        for (std::size_t t = 0; t < tables[s].size(); ++t) {
+            cslots[s]->tables.push_back(view<const C>(ctables[s][t].data(), terms[s]->table_shape()));
+            cslots[s]->grad_tables.push_back(view<C>(cgtables[s][t].data(), terms[s]->table_shape()));
+        }
+    }
+    std::vector<C> cout(static_cast<std::size_t>(b * h * l * d)), cgq(cout.size()), cgk(cout.size()), cgv(cout.size());
+    rpe::attention_forward(cin, view<C>(cout.data(), qshape));
+    rpe::attention_backward(cin, view<const C>(cgout.data(), qshape), view<C>(cgq.data(), qshape), view<C>(cgk.data(), qshape),
+                            view<C>(cgv.data(), qshape));
+
+    // GPU: the same positions and key lengths, in device memory (or host memory)
+    device_vec<S> dq(to_storage<S>(q)), dk(to_storage<S>(k)), dv(to_storage<S>(v)), dgout(to_storage<S>(gout)),
+        dout(cout.size()), dgq(cout.size()), dgk(cout.size()), dgv(cout.size());
+    device_vec<std::uint8_t> dmask(mask);
+    device_vec<std::int32_t> dpos(cfg.positions), dkpos(cfg.key_positions), dlengths(cfg.key_lengths);
+    rpe::cuda::attention_inputs<S> gin;
+    gin.q = dq.cref(qshape);
+    gin.k = dk.cref(qshape);
+    gin.v = dv.cref(qshape);
+    gin.height = cin.height;
+    gin.width = cin.width;
+    if (at_positions) {
+        gin.positions = cfg.host_positions ? cin.positions : dpos.cref(pshape);
+        if (!cfg.key_positions.empty()) gin.key_positions = cfg.host_positions ? cin.key_positions : dkpos.cref(pshape);
+    }
+    if (!cfg.key_lengths.empty()) gin.key_lengths = cfg.host_positions ? cin.key_lengths : dlengths.cref({b});
+    if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, l});
+    std::vector<std::unique_ptr<device_vec<S>>> dtables, dgtables;
+    rpe::cuda::attention_term<S>* gslots[3] = {&gin.rpe_q, &gin.rpe_k, &gin.rpe_v};
+    for (int s = 0; s < 3; ++s) {
+        if (!terms[s]) continue;
+        gslots[s]->term = &*terms[s];
+        for (const auto& t : tables[s]) {
+            dtables.push_back(std::make_unique<device_vec<S>>(to_storage<S>(t)));
+            gslots[s]->tables.push_back(dtables.back()->cref(terms[s]->table_shape()));
+            dgtables.push_back(std::make_unique<device_vec<S>>(to_storage<S>(std::vector<float>(t.size(), 99.f))));
+            gslots[s]->grad_tables.push_back(dgtables.back()->ref(terms[s]->table_shape()));
+        }
+    }
+    cudaStream_t stream = nullptr;
+    RPE_CUDA_CHECK(cudaStreamCreate(&stream));
+    rpe::cuda::attention_forward(gin, dout.ref(qshape), {}, {.stream = stream});
+    rpe::cuda::attention_backward(gin, dgout.cref(qshape), dgq.ref(qshape), dgk.ref(qshape), dgv.ref(qshape), {.stream = stream});
+    RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    RPE_CUDA_CHECK(cudaStreamDestroy(stream));
+
+    // tolerance as compare_attention's: rms-scaled 16u·sqrt(D + L) (table gradients: sqrt(B·H·L²))
+    const double u = rpe::cuda::unit_roundoff<S>();
+    auto check_vs = [&](const std::string& what, const std::vector<double>& gpu, const std::vector<C>& cpu, double len) {
+        const double e = 16.0 * u * std::sqrt(len);
+        std::vector<double> ex(cpu.begin(), cpu.end());
+        double ss = 0;
+        for (double x : ex) ss += x * x;
+        check_close(what, gpu, ex, e * std::sqrt(ss / static_cast<double>(std::max<std::size_t>(ex.size(), 1))), e);
+    };
+    const double n = static_cast<double>(d + l);
+    check_vs("out", to_double(dout.host()), cout, n);
+    check_vs("grad_q", to_double(dgq.host()), cgq, n);
+    check_vs("grad_k", to_double(dgk.host()), cgk, n);
+    check_vs("grad_v", to_double(dgv.host()), cgv, n);
+    std::size_t u_index = 0;
+    for (int s = 0; s < 3; ++s)
+        for (std::size_t t = 0; t < cgtables[s].size(); ++t)
+            check_vs(std::string("grad table ") + "qkv"[s] + std::to_string(t), to_double(dgtables[u_index++]->host()),
+                     cgtables[s][t], static_cast<double>(b * h * l * l));
+    // padded keys (key_lengths): exactly zero grad_k and grad_v rows; batches without a valid key: zero output
+    if (!cfg.key_lengths.empty()) {
+        const auto gk = dgk.host(), gv = dgv.host(), o = dout.host();
+        int nonzero = 0;
+        for (std::int64_t bb = 0; bb < b; ++bb)
+            for (std::int64_t hh = 0; hh < h; ++hh)
+                for (std::int64_t j = 0; j < l; ++j)
+                    for (std::int64_t c = 0; c < d; ++c) {
+                        const auto e = static_cast<std::size_t>(((bb * h + hh) * l + j) * d + c);
+                        if (j >= cfg.key_lengths[static_cast<std::size_t>(bb)])
+                            nonzero += rpe::cuda::to_acc(gk[e]) != 0 || rpe::cuda::to_acc(gv[e]) != 0;
+                        if (cfg.key_lengths[static_cast<std::size_t>(bb)] == 0) nonzero += rpe::cuda::to_acc(o[e]) != 0;
+                    }
+        CHECK(nonzero == 0);
+    }
+}
+
+template <class S>
+void attention_at_suite(unsigned seed) {
+    const auto grid45 = permuted_grid(1, 4, 5, 7);  // a 4 x 5 grid's 20 positions, scrambled
+    SUBCASE("a permuted 4 x 5 grid: contextual q, k, v, skip 1") { compare_attention_at<S>({.positions = grid45}, seed); }
+    SUBCASE("a permuted grid, bias q and k per head, skip 0") {
+        compare_attention_at<S>({.on = "qk", .contextual = false, .shared = false, .skip = 0, .positions = grid45}, seed);
+    }
+    // irregular positions (repeats, gaps, negative coordinates) and other key positions
+    std::vector<std::int32_t> irregular, keys;
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> coord(-4, 6);
+    for (int i = 0; i < 2 * 23; ++i) {
+        irregular.push_back(coord(rng));
+        keys.push_back(coord(rng));
+    }
+    SUBCASE("irregular positions and key positions apart: contextual q, k, v, skip 1") {
+        compare_attention_at<S>({.positions = irregular, .key_positions = keys}, seed);
+    }
+    SUBCASE("key positions apart: contextual k and v with a key padding mask; bias q; per head") {
+        compare_attention_at<S>({.on = "kv", .shared = false, .positions = irregular, .key_positions = keys, .padding = true},
+                                seed);
+        compare_attention_at<S>({.on = "q", .contextual = false, .shared = false, .positions = irregular, .key_positions = keys},
+                                seed);
+    }
+    SUBCASE("Cross (two tables) at key positions apart, skip 2") {
+        compare_attention_at<S>({.mapping = at_mapping::cross, .skip = 2, .positions = irregular, .key_positions = keys}, seed);
+    }
+    SUBCASE("3D product3d at a permuted 2 x 3 x 4 grid, key positions another permutation") {
+        compare_attention_at<S>({.mapping = at_mapping::product3d,
+                                 .positions = permuted_grid(2, 3, 4, 11),
+                                 .key_positions = permuted_grid(2, 3, 4, 12)},
+                                seed);
+    }
+    SUBCASE("positions and key_lengths in host memory") {
+        compare_attention_at<S>(
+            {.positions = grid45, .key_positions = permuted_grid(1, 4, 5, 8), .key_lengths = {13, 21}, .host_positions = true},
+            seed);
+    }
+    SUBCASE("key_lengths on the grid: contextual q, k, v; batch 1 without a valid key") {
+        compare_attention_at<S>({.key_lengths = {9, 0}}, seed);
+    }
+    SUBCASE("key_lengths and a key padding mask, L = 50 (two tiles of keys), at positions") {
+        compare_attention_at<S>({.batch = 3,
+                                 .positions = permuted_grid(1, 7, 7, 9),
+                                 .key_lengths = {37, 50, 1},
+                                 .padding = true},
+                                seed);
+    }
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("cuda fused attention forward and backward match the CPU fused attention", S, float, double, __half,
                    __nv_bfloat16) {
     attention_suite<S>(300);
+}
+
+TEST_CASE_TEMPLATE("cuda fused attention at per-token positions and key lengths matches the CPU fused attention", S, float,
+                   double) {
+    attention_at_suite<S>(400);
 }
 
 TEST_CASE("cuda fused attention matches the golden attention outputs and gradients in float32") {
@@ -269,26 +518,38 @@ TEST_CASE("cuda fused attention matches the golden attention outputs and gradien
 }
 
 TEST_SUITE("host") {
-TEST_CASE("cuda fused attention refuses per-token positions of the iRPE terms before any CUDA call") {
-    // host buffers: the shared front refuses the feature from cuda::attention_caps before any CUDA call
-    std::vector<float> q(1 * 1 * 4 * 2), out(q.size()), table(2 * 50);
-    const std::vector<std::int32_t> pos = {0, 0, 1, 2, 3, 1};
+TEST_CASE("cuda fused attention checks positions and key_lengths in host memory as the CPU does, before any CUDA call") {
+    // host buffers: the shared front's checks throw before any kernel (host memory is read in place)
+    std::vector<float> q(2 * 1 * 4 * 2), out(q.size()), table(2 * 50);
+    std::vector<std::int32_t> pos = {0, 0, 1, 2, 3, 1}, kpos = {0, 0, 1, 1};
     using P = rpe::mapping::product<rpe::index::piecewise>;
     const rpe::term_desc tk = rpe::make_term_desc(P{rpe::index::piecewise::from_ratio(1.9)}, true, rpe::target::key,
                                                   {.num_heads = 1, .head_dim = 2, .skip = 1});
-    rpe::cuda::attention_inputs<float> in;
-    in.q = in.k = in.v = {q.data(), {1, 1, 4, 2}};
+    rpe::attention_inputs<float> in;
+    in.q = in.k = in.v = {q.data(), {2, 1, 4, 2}};
     in.rpe_k = {.term = &tk, .tables = {{table.data(), {1, 2, 50}}}};
     in.positions = rpe::tensor_ref<const std::int32_t>(pos.data(), {3, 2});
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, {out.data(), {1, 1, 4, 2}}),
-                         "[rpe.attention] per-token positions of the iRPE terms (positions) is not supported by the cuda backend",
-                         rpe::not_supported);
+    const auto both = [&](const std::string& expected) {
+        CHECK_THROWS_WITH_AS(rpe::attention_forward(in, {out.data(), {2, 1, 4, 2}}), doctest::Contains(expected),
+                             rpe::invalid_argument);
+        CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, {out.data(), {2, 1, 4, 2}}), doctest::Contains(expected),
+                             rpe::invalid_argument);
+    };
+    in.key_positions = rpe::tensor_ref<const std::int32_t>(kpos.data(), {2, 2});
+    both("[rpe.attention] key_positions has shape (2, 2); expected (3 = L - skip = 4 - 1 of rpe_k, 2)");
+    in.key_positions = {};
+    pos[3] = rpe::max_position + 1;
+    both("[rpe.attention] positions[1, 1] = 1048577; expected |value| <= rpe::max_position = 1048576");
+    pos[3] = 2;
+    const std::vector<std::int32_t> lengths = {4, 5};
+    in.key_lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {2});
+    both("[rpe.attention] key_lengths[1] = 5; expected 0 <= length <= L = 4");
 }
 
-TEST_CASE("cuda fused attention refuses packed sequences and key lengths before any CUDA call") {
-    // host buffers: the shared front refuses both features from cuda::attention_caps before any CUDA call
+TEST_CASE("cuda fused attention refuses packed sequences before any CUDA call") {
+    // host buffers: the shared front refuses the feature from cuda::attention_caps before any CUDA call
     std::vector<float> q(1 * 1 * 5 * 2), out(q.size()), gq(q.size()), gk(q.size()), gv(q.size());
-    const std::vector<std::int32_t> lengths = {3, 2}, key_lengths = {4};
+    const std::vector<std::int32_t> lengths = {3, 2};
     rpe::cuda::attention_inputs<float> in;
     in.q = in.k = in.v = {q.data(), {1, 1, 5, 2}};
     in.packed.lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {2});
@@ -297,13 +558,6 @@ TEST_CASE("cuda fused attention refuses packed sequences and key lengths before 
     CHECK_THROWS_WITH_AS(rpe::cuda::attention_backward(in, {q.data(), {1, 1, 5, 2}}, {gq.data(), {1, 1, 5, 2}},
                                                        {gk.data(), {1, 1, 5, 2}}, {gv.data(), {1, 1, 5, 2}}),
                          "[rpe.attention] packed sequences (packed) is not supported by the cuda backend", rpe::not_supported);
-    in.packed = {};
-    in.height = 2;
-    in.width = 2;
-    in.key_lengths = rpe::tensor_ref<const std::int32_t>(key_lengths.data(), {1});
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, {out.data(), {1, 1, 5, 2}}),
-                         "[rpe.attention] valid key lengths (key_lengths) is not supported by the cuda backend",
-                         rpe::not_supported);
 }
 }  // TEST_SUITE("host")
 
