@@ -212,7 +212,6 @@ void attention_suite(unsigned seed) {
     }
 }
 
-
 // The iRPE terms at per-token positions and key lengths: one call of each backend on the same
 // inputs, the CPU's results the reference (its positions and key_lengths are documented and
 // unit-tested against the grid and against key_padding_mask). Terms from rpe::make_term_desc (one
@@ -325,8 +324,8 @@ void compare_attention_at(const at_config& cfg, unsigned seed) {
                             view<C>(cgv.data(), qshape));
 
     // GPU: the same positions and key lengths, in device memory (or host memory)
-    device_vec<S> dq(to_storage<S>(q)), dk(to_storage<S>(k)), dv(to_storage<S>(v)), dgout(to_storage<S>(gout)),
-        dout(cout.size()), dgq(cout.size()), dgk(cout.size()), dgv(cout.size());
+    device_vec<S> dq(to_storage<S>(q)), dk(to_storage<S>(k)), dv(to_storage<S>(v)), dgout(to_storage<S>(gout)), dout(cout.size()),
+        dgq(cout.size()), dgk(cout.size()), dgv(cout.size());
     device_vec<std::uint8_t> dmask(mask);
     device_vec<std::int32_t> dpos(cfg.positions), dkpos(cfg.key_positions), dlengths(cfg.key_lengths);
     rpe::cuda::attention_inputs<S> gin;
@@ -438,10 +437,7 @@ void attention_at_suite(unsigned seed) {
         compare_attention_at<S>({.key_lengths = {9, 0}}, seed);
     }
     SUBCASE("key_lengths and a key padding mask, L = 50 (two tiles of keys), at positions") {
-        compare_attention_at<S>({.batch = 3,
-                                 .positions = permuted_grid(1, 7, 7, 9),
-                                 .key_lengths = {37, 50, 1},
-                                 .padding = true},
+        compare_attention_at<S>({.batch = 3, .positions = permuted_grid(1, 7, 7, 9), .key_lengths = {37, 50, 1}, .padding = true},
                                 seed);
     }
 }
