@@ -3,10 +3,11 @@
 /// detail/term_checks.hpp (not API: use rpe::term or rpe::any_term).
 ///
 /// One instantiation per (scalar, mode, target) serves every mapping: the mapping only decides
-/// the bucket ids, which arrive built. Shapes and layouts: see rpe::term. rpe::bf16 storage runs
-/// the float kernels on float copies (term_forward_bf16, term_backward_bf16), each output rounded
-/// to bf16 once; rpe::f16 likewise (term_f16.hpp, the conversions in hardware where the unit has
-/// them).
+/// the bucket ids, which arrive built. Shapes and layouts: see rpe::term. 16-bit storage runs the
+/// float kernels on float copies, each output rounded once, by one driver for both types
+/// (term_forward_half, term_backward_half): rpe::bf16 (term_forward_bf16, term_backward_bf16;
+/// rpe::bf16's scalar conversions) and rpe::f16 (term_f16.hpp, the conversions in hardware where
+/// the unit has them).
 #pragma once
 
 #include <span>
@@ -108,18 +109,20 @@ std::int64_t term_x_size(const term_dims& d) {
     return d.batch * d.heads * d.length * (Tg == target::value ? d.length : d.dim);
 }
 
-// n bf16 values as a float vector (exact). Scalar conversions (rpe::bf16's, the bits of
-// bf16_kernels.hpp's vector ones): this header stays free of the intrinsics headers.
-inline std::vector<float> term_to_float(const bf16* src, std::int64_t n) {
+// The float copies of 16-bit storage H: half_to_float (n values as a float vector, exact) and
+// half_from_float (n floats rounded to H once, to nearest even), one overload pair per type.
+// rpe::bf16: its scalar conversions (the bits of bf16_kernels.hpp's vector ones); rpe::f16:
+// term_f16.hpp, in the hardware where the unit has it (declared here for the drivers below).
+inline std::vector<float> half_to_float(const bf16* src, std::int64_t n) {
     std::vector<float> out(static_cast<std::size_t>(n));
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(src[i]);
     return out;
 }
-
-// n floats rounded to bf16 (to nearest, ties to even), once.
-inline void term_round_to_bf16(const float* src, bf16* dst, std::int64_t n) {
+inline void half_from_float(const float* src, bf16* dst, std::int64_t n) {
     for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16(src[i]);
 }
+inline std::vector<float> half_to_float(const f16* src, std::int64_t n);
+inline void half_from_float(const float* src, f16* dst, std::int64_t n);
 
 // A float view of `f` with the shape of `t` (contiguous).
 template <class T, class U>
@@ -131,25 +134,71 @@ tensor_ref<T> term_float_view(T* f, const tensor_ref<U>& t) {
     return v;
 }
 
+/// @brief term_forward on 16-bit storage H (rpe::bf16, rpe::f16): the tables and x converted to
+/// float once, `out` too when accumulating (the sum then in float), the float kernels (Cross: both
+/// tables summed in float), `out` rounded to H once.
+template <class H, bool Bias, target Tg>
+void term_forward_half(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const H>> tables, const H* x,
+                       tensor_ref<H> out, bool accumulate) {
+    std::vector<std::vector<float>> tf;
+    std::vector<tensor_ref<const float>> tv;
+    tf.reserve(tables.size());  // the views below point into these vectors
+    for (const auto& t : tables) {
+        tf.push_back(half_to_float(t.data, t.size()));
+        tv.push_back(term_float_view<const float>(tf.back().data(), t));
+    }
+    const std::vector<float> xf = half_to_float(x, term_x_size<Bias, Tg>(d));
+    std::vector<float> of =
+        accumulate ? half_to_float(out.data, out.size()) : std::vector<float>(static_cast<std::size_t>(out.size()));
+    term_forward<float, Bias, Tg>(d, ids, std::span<const tensor_ref<const float>>(tv), xf.empty() ? nullptr : xf.data(),
+                                  term_float_view<float>(of.data(), out), accumulate);
+    half_from_float(of.data(), out.data, out.size());
+}
+
+/// @brief term_backward on 16-bit storage H (rpe::bf16, rpe::f16): tables, x and grad_out
+/// converted to float once, grad_x and the requested grad_tables too when accumulating, the float
+/// kernels (every sum, a shared table's over heads and batch included, in float), each gradient
+/// rounded to H once.
+template <class H, bool Bias, target Tg>
+void term_backward_half(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const H>> tables, const H* x,
+                        tensor_ref<const H> grad_out, H* grad_x, std::span<const tensor_ref<H>> grad_tables, bool accumulate) {
+    std::vector<std::vector<float>> tf, gf;
+    std::vector<tensor_ref<const float>> tv;
+    std::vector<tensor_ref<float>> gv;
+    tf.reserve(tables.size());  // the views below point into these vectors
+    gf.reserve(grad_tables.size());
+    for (const auto& t : tables) {
+        tf.push_back(half_to_float(t.data, t.size()));
+        tv.push_back(term_float_view<const float>(tf.back().data(), t));
+    }
+    for (const auto& g : grad_tables) {
+        if (!g.data) {
+            gf.emplace_back();
+            gv.emplace_back();  // not wanted
+            continue;
+        }
+        gf.push_back(accumulate ? half_to_float(g.data, g.size()) : std::vector<float>(static_cast<std::size_t>(g.size())));
+        gv.push_back(term_float_view<float>(gf.back().data(), g));
+    }
+    const std::int64_t nx = term_x_size<Bias, Tg>(d);
+    const std::vector<float> xf = half_to_float(x, nx), gof = half_to_float(grad_out.data, grad_out.size());
+    std::vector<float> gxf = grad_x ? (accumulate ? half_to_float(grad_x, nx) : std::vector<float>(static_cast<std::size_t>(nx)))
+                                    : std::vector<float>{};
+    term_backward<float, Bias, Tg>(d, ids, std::span<const tensor_ref<const float>>(tv), xf.empty() ? nullptr : xf.data(),
+                                   term_float_view<const float>(gof.data(), grad_out), grad_x ? gxf.data() : nullptr,
+                                   std::span<const tensor_ref<float>>(gv), accumulate);
+    if (grad_x) half_from_float(gxf.data(), grad_x, nx);
+    for (std::size_t t = 0; t < grad_tables.size(); ++t)
+        if (grad_tables[t].data) half_from_float(gf[t].data(), grad_tables[t].data, grad_tables[t].size());
+}
+
 /// @brief term_forward on rpe::bf16 storage: the tables and x converted to float once, `out` too
 /// when accumulating (the sum then in float), the float kernels (Cross: both tables summed in
 /// float), `out` rounded to bf16 once.
 template <bool Bias, target Tg>
 void term_forward_bf16(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const bf16>> tables, const bf16* x,
                        tensor_ref<bf16> out, bool accumulate) {
-    std::vector<std::vector<float>> tf;
-    std::vector<tensor_ref<const float>> tv;
-    tf.reserve(tables.size());
-    for (const auto& t : tables) {
-        tf.push_back(term_to_float(t.data, t.size()));
-        tv.push_back(term_float_view<const float>(tf.back().data(), t));
-    }
-    const std::vector<float> xf = term_to_float(x, term_x_size<Bias, Tg>(d));
-    std::vector<float> of =
-        accumulate ? term_to_float(out.data, out.size()) : std::vector<float>(static_cast<std::size_t>(out.size()));
-    term_forward<float, Bias, Tg>(d, ids, std::span<const tensor_ref<const float>>(tv), xf.empty() ? nullptr : xf.data(),
-                                  term_float_view<float>(of.data(), out), accumulate);
-    term_round_to_bf16(of.data(), out.data, out.size());
+    term_forward_half<bf16, Bias, Tg>(d, ids, tables, x, out, accumulate);
 }
 
 /// @brief term_backward on rpe::bf16 storage: tables, x and grad_out converted to float once,
@@ -159,34 +208,7 @@ template <bool Bias, target Tg>
 void term_backward_bf16(const term_dims& d, const bucket_ids& ids, std::span<const tensor_ref<const bf16>> tables, const bf16* x,
                         tensor_ref<const bf16> grad_out, bf16* grad_x, std::span<const tensor_ref<bf16>> grad_tables,
                         bool accumulate) {
-    std::vector<std::vector<float>> tf, gf;
-    std::vector<tensor_ref<const float>> tv;
-    std::vector<tensor_ref<float>> gv;
-    tf.reserve(tables.size());
-    gf.reserve(grad_tables.size());
-    for (const auto& t : tables) {
-        tf.push_back(term_to_float(t.data, t.size()));
-        tv.push_back(term_float_view<const float>(tf.back().data(), t));
-    }
-    for (const auto& g : grad_tables) {
-        if (!g.data) {
-            gf.emplace_back();
-            gv.emplace_back();  // not wanted
-            continue;
-        }
-        gf.push_back(accumulate ? term_to_float(g.data, g.size()) : std::vector<float>(static_cast<std::size_t>(g.size())));
-        gv.push_back(term_float_view<float>(gf.back().data(), g));
-    }
-    const std::int64_t nx = term_x_size<Bias, Tg>(d);
-    const std::vector<float> xf = term_to_float(x, nx), gof = term_to_float(grad_out.data, grad_out.size());
-    std::vector<float> gxf = grad_x ? (accumulate ? term_to_float(grad_x, nx) : std::vector<float>(static_cast<std::size_t>(nx)))
-                                    : std::vector<float>{};
-    term_backward<float, Bias, Tg>(d, ids, std::span<const tensor_ref<const float>>(tv), xf.empty() ? nullptr : xf.data(),
-                                   term_float_view<const float>(gof.data(), grad_out), grad_x ? gxf.data() : nullptr,
-                                   std::span<const tensor_ref<float>>(gv), accumulate);
-    if (grad_x) term_round_to_bf16(gxf.data(), grad_x, nx);
-    for (std::size_t t = 0; t < grad_tables.size(); ++t)
-        if (grad_tables[t].data) term_round_to_bf16(gf[t].data(), grad_tables[t].data, grad_tables[t].size());
+    term_backward_half<bf16, Bias, Tg>(d, ids, tables, x, grad_out, grad_x, grad_tables, accumulate);
 }
 
 }  // namespace RPE_ISA_NS
