@@ -410,6 +410,36 @@ TEST_CASE("bf16 attention: strided q, k, v and 1 or 2 threads give the same bits
     rpe_test::set_threads(2);
 }
 
+TEST_CASE("bf16 attention forward in chunks of batch elements (the portable path): the same bits as in one chunk") {
+    // half_forward_chunk_bytes bounds the float copies the portable forward holds (as f16's): 1 byte
+    // gives one batch element per chunk; key_padding_mask and key_lengths are cut per chunk
+    pair_case c(3, 2, 8, 3, 4, 1, 19);
+    for (auto tg : {rpe::target::query, rpe::target::key, rpe::target::value})
+        c.add_term(rpe::method::product, true, tg, false, 1);
+    c.add_key_padding_mask(false);
+    c.add_attn_mask();
+    for (std::int64_t bb = 0; bb < c.b; ++bb) c.kpm[static_cast<std::size_t>(bb * c.l)] = 0;  // no fully masked row
+    const std::vector<std::int32_t> lengths{13, 7, 10};
+    c.in.key_lengths = c.ind.key_lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {c.b});
+    const auto whole = run_bf16(c, true);
+    check_against(whole, reference_of(c));
+    auto& budget = rpe::detail::cpu::half_forward_chunk_bytes;
+    const auto saved = budget.load();
+    for (const std::int64_t bytes : {std::int64_t{1}, 2 * 4 * c.h * c.l * (4 * c.d + c.l)}) {  // chunks of 1, then 2 (and 1)
+        CAPTURE(bytes);
+        budget = bytes;
+        const auto chunked = run_bf16(c, true);
+        CHECK(same_bits(whole.out, chunked.out));
+        CHECK(same_bits(whole.attn, chunked.attn));
+        // without attn: the chunk holds q, k, v and out only
+        const rpe_test::bf16_portable_path hook(true);
+        std::vector<bf16> out(whole.out.size(), bf16(-3.0f));
+        rpe::attention_forward(c.in, rpe::tensor_ref<bf16>(out.data(), {c.b, c.h, c.l, c.d}));
+        CHECK(same_bits(whole.out, out));
+    }
+    budget = saved;
+}
+
 TEST_CASE("bf16 attention with RoPE: rotated in float (the portable path on every machine)") {
     pair_case c(1, 2, 8, 4, 4, 1, 9);
     c.add_term(rpe::method::product, true, rpe::target::key, true, 1);

@@ -453,7 +453,7 @@ TEST_CASE("f16 attention forward: row blocks, strided q, k, v and 1 or 2 threads
 }
 
 TEST_CASE("f16 attention forward in chunks of batch elements: the same bits as in one chunk") {
-    // f16_forward_chunk_bytes bounds the float copies the forward holds: 1 byte gives one batch
+    // half_forward_chunk_bytes bounds the float copies the forward holds: 1 byte gives one batch
     // element per chunk; key_padding_mask and key_lengths are cut per chunk, q, k, v read strided
     tri_case c(3, 2, 8, 3, 4, 1, 19);
     for (auto tg : {rpe::target::query, rpe::target::key, rpe::target::value})
@@ -465,7 +465,7 @@ TEST_CASE("f16 attention forward in chunks of batch elements: the same bits as i
     c.in.key_lengths = c.inf.key_lengths = c.ind.key_lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {c.b});
     const auto whole = forward_of(c.in);
     check_forward(c);
-    auto& budget = rpe::detail::cpu::f16_forward_chunk_bytes;
+    auto& budget = rpe::detail::cpu::half_forward_chunk_bytes;
     const auto saved = budget.load();
     for (const std::int64_t bytes : {std::int64_t{1}, 2 * 4 * c.h * c.l * (4 * c.d + c.l)}) {  // chunks of 1, then 2 (and 1)
         CAPTURE(bytes);

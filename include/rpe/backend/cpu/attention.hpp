@@ -1151,17 +1151,19 @@ void packed_backward(const attention_inputs<S>& in, const attention_gradients<S>
         }
 }
 
-// The forward on rpe::bf16 storage (defined in attention_bf16.hpp, included at the end).
+// The forward on rpe::bf16 storage (defined in attention_bf16.hpp, included at the end through
+// attention_half.hpp).
 template <class Id>
 void fused_forward_bf16(const attention_inputs<bf16>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<bf16> out,
                         tensor_ref<bf16> attn, const attention_options& opt);
-// packed_forward on rpe::bf16 storage (attention_bf16.hpp): the portable path.
+// packed_forward on rpe::bf16 storage (attention_bf16.hpp): the portable path (attention_half.hpp).
 inline void packed_forward_bf16(const attention_inputs<bf16>& in, tensor_ref<bf16> out, const attention_options& opt);
-// The backward on rpe::bf16 storage (attention_bf16.hpp): in float, the gradients rounded once.
+// The backward on rpe::bf16 storage (attention_bf16.hpp, over attention_half.hpp): in float, the
+// gradients rounded once.
 inline void fused_backward_bf16(const attention_inputs<bf16>& in, const attention_gradients<bf16>& g,
                                 const attention_options& opt);
-// The forward, packed forward and backward on rpe::f16 storage (attention_f16.hpp): in float, each
-// output rounded to f16 once.
+// The forward, packed forward and backward on rpe::f16 storage (attention_f16.hpp, over
+// attention_half.hpp): in float, each output rounded to f16 once.
 template <class Id>
 void fused_forward_f16(const attention_inputs<f16>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<f16> out,
                        tensor_ref<f16> attn, const attention_options& opt);
@@ -1204,7 +1206,8 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 /// outside any OpenMP parallel region; see docs/attention.md).
 /// S = rpe::bf16: bf16 storage of q, k, v, tables, attn_mask, RoPE frequencies, out and attn,
 /// float accumulation, outputs rounded to bf16 once (detail::fused_forward_bf16: vdpbf16ps
-/// products where the unit is built with AVX512_BF16, else float conversion and the float
+/// products where the unit is built with AVX512_BF16, else the portable path, f16's below: float
+/// conversion, q, k, v per chunk of batch elements whose float copies fit 64 MiB, and the float
 /// kernels; accuracy in docs/attention.md, "bf16"). Calls with `in.packed`, `in.key_lengths` or
 /// RoPE take the portable path.
 /// S = rpe::f16 (IEEE binary16): f16 storage of the same tensors, float computation: the inputs
@@ -1382,5 +1385,6 @@ using cpu::attention_forward;
 
 }  // namespace rpe
 
-#include "attention_bf16.hpp"  // detail::fused_forward_bf16, over the float kernels above
-#include "attention_f16.hpp"   // detail::fused_forward_f16, over the float kernels above
+// detail::fused_forward_bf16 / _f16 and the rest of the 16-bit storage, over the float kernels
+// above (attention_half.hpp includes attention_bf16.hpp and attention_f16.hpp at its end)
+#include "attention_half.hpp"

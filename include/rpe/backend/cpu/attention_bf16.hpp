@@ -1,7 +1,7 @@
 /// @file backend/cpu/attention_bf16.hpp
 /// @brief The fused attention forward and backward on rpe::bf16 storage (not API:
 /// rpe::cpu::attention_forward / attention_backward with S = rpe::bf16 call them). Included at the
-/// end of backend/cpu/attention.hpp.
+/// end of backend/cpu/attention_half.hpp.
 ///
 /// Two paths, the same results up to float rounding (docs/attention.md, "bf16"):
 /// - AVX512_BF16 (hw_bf16, bf16_kernels.hpp), without RoPE: per plane k packed once (kᵀ in pairs,
@@ -13,9 +13,10 @@
 ///   bf16 for P·v (as flash attention does on GPUs) and the product scaled by 1/Σe; the value
 ///   terms from the float probabilities.
 /// - portable (no AVX512_BF16 in this unit or the CPU, RoPE, key_lengths, packed sequences, or the
-///   test hook bf16_portable_only): q, k, v,
-///   tables, attn_mask and RoPE frequencies converted to float once per call (contiguous copies,
-///   3·B·H·L·D floats), the float forward, outputs rounded to bf16 once.
+///   test hook bf16_portable_only): the 16-bit glue of attention_half.hpp, shared with rpe::f16:
+///   q, k, v, tables, attn_mask and RoPE frequencies converted to float once per call (contiguous
+///   copies; q, k, v per chunk of batch elements whose float copies fit
+///   cpu::half_forward_chunk_bytes), the float forward, outputs rounded to bf16 once.
 /// The backward (fused_backward_bf16) has the portable path only: the inputs, grad_out and
 /// saved_attn converted to float once, the float backward, each gradient rounded to bf16 once.
 #pragma once
@@ -24,146 +25,34 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <vector>
 
 #include "../../bf16.hpp"
-#include "attention.hpp"  // the float kernels (attention.hpp includes this file at its end)
+#include "attention_half.hpp"  // half_glue and the float kernels (attention_half.hpp includes this file at its end)
 #include "bf16_kernels.hpp"
 
 namespace rpe::detail {
 inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 
-// Float copies of a bf16 call's inputs, and attention_inputs<float> over them (terms and masks
-// shared): tables, attn_mask and RoPE frequencies always; q, k, v (contiguous (B, H, L, D)) when
-// `qkv`, else views of q's shape with no data (the AVX512_BF16 path reads the bf16 ones).
-struct bf16_float_inputs {
-    std::vector<std::vector<float>> tables;
-    std::vector<float> q, k, v, attn_mask, freqs;
-    attention_inputs<float> in;
-};
-
-inline std::vector<float> bf16_contiguous_to_float(const tensor_ref<const bf16>& t) {
-    std::vector<float> out(static_cast<std::size_t>(t.size()));
-    cpu::bf16_to_float(t.data, out.data(), t.size());
-    return out;
-}
-
-// (B, H, L, D) bf16 rows (maybe strided) to a contiguous float (B, H, L, D).
-inline std::vector<float> bf16_rows_to_float(const tensor_ref<const bf16>& t) {
-    const std::int64_t b = t.extent(0), h = t.extent(1), n = t.extent(2), d = t.extent(3);
-    std::vector<float> out(static_cast<std::size_t>(b * h * n * d));
-    for (std::int64_t p = 0; p < b * h; ++p)
-        for (std::int64_t i = 0; i < n; ++i)
-            cpu::bf16_to_float(t.data + (p / h) * t.stride(0) + (p % h) * t.stride(1) + i * t.stride(2),
-                               out.data() + (p * n + i) * d, d);
-    return out;
-}
-
-// make_float_inputs copies the inputs field by field: this mirror of the fields it knows fails to
-// compile when attention_inputs gains one (forward the new field there, and in the AVX512_BF16
-// path, or refuse it for bf16). rotary_embedding's fields are mirrored by
-// cpu::rope_known_fields (rope.hpp), whose assertion names this file too.
-struct bf16_known_input_fields {
-    tensor_ref<const bf16> q, k, v;
-    int height, width;
-    attention_term<bf16> rpe_q, rpe_k, rpe_v;
-    tensor_ref<const bf16> attn_mask;
-    tensor_ref<const std::uint8_t> key_padding_mask;
-    int depth;
-    rotary_embedding<bf16> rope;
-    tensor_ref<const std::int32_t> positions, key_positions;
-    packed_sequences packed;
-    tensor_ref<const std::int32_t> key_lengths;
-};
-static_assert(sizeof(bf16_known_input_fields) == sizeof(attention_inputs<bf16>),
-              "rpe::attention_inputs gained a field: forward it in detail::make_float_inputs and handle it in "
-              "fused_forward_bf16_hw (attention_bf16.hpp)");
-
-inline void make_float_inputs(const attention_inputs<bf16>& in, bool qkv, bf16_float_inputs& f) {
-    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
-    auto& fi = f.in;
-    if (qkv) {
-        f.q = bf16_rows_to_float(in.q);
-        f.k = bf16_rows_to_float(in.k);
-        f.v = bf16_rows_to_float(in.v);
-    }
-    fi.q = tensor_ref<const float>(qkv ? f.q.data() : nullptr, {b, h, n, d});
-    fi.k = tensor_ref<const float>(qkv ? f.k.data() : nullptr, {b, h, n, d});
-    fi.v = tensor_ref<const float>(qkv ? f.v.data() : nullptr, {b, h, n, d});
-    fi.height = in.height;
-    fi.width = in.width;
-    fi.depth = in.depth;
-    fi.key_padding_mask = in.key_padding_mask;
-    fi.positions = in.positions;
-    fi.key_positions = in.key_positions;
-    fi.packed = in.packed;            // int32 lengths, grids, positions: shared, not converted
-    fi.key_lengths = in.key_lengths;  // int32: shared
-    std::size_t count = 0;
-    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v}) count += slot->tables.size();
-    f.tables.reserve(count);  // the views below point into these vectors
-    const attention_term<bf16>* from[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
-    attention_term<float>* to[] = {&fi.rpe_q, &fi.rpe_k, &fi.rpe_v};
-    for (int s = 0; s < 3; ++s) {
-        to[s]->term = from[s]->term;
-        for (const auto& t : from[s]->tables) {
-            f.tables.push_back(bf16_contiguous_to_float(t));
-            tensor_ref<const float> v;
-            v.data = f.tables.back().data();
-            v.rank = t.rank;
-            v.shape = t.shape;
-            to[s]->tables.push_back(v);
-        }
-    }
-    if (in.attn_mask.data) {
-        f.attn_mask = bf16_contiguous_to_float(in.attn_mask);
-        fi.attn_mask = tensor_ref<const float>(f.attn_mask.data(), {n, n});
-    }
-    if (in.rope.enabled()) {
-        fi.rope.form = in.rope.form;
-        fi.rope.skip = in.rope.skip;
-        fi.rope.layout = in.rope.layout;
-        fi.rope.positions = in.rope.positions;
-        fi.rope.key_positions = in.rope.key_positions;
-        fi.rope.suffix = in.rope.suffix;
-        if (in.rope.freqs.data) {
-            f.freqs = bf16_contiguous_to_float(in.rope.freqs);
-            fi.rope.freqs.data = f.freqs.data();
-            fi.rope.freqs.rank = in.rope.freqs.rank;
-            fi.rope.freqs.shape = in.rope.freqs.shape;
-        }
-    }
-}
-
-// The portable path: everything converted to float, the float forward, outputs rounded once.
+// The portable path: half_glue::forward (float copies per chunk of batch elements, the float
+// forward, outputs rounded to bf16 once).
 template <class Id>
 void fused_forward_bf16_portable(const attention_inputs<bf16>& in, const std::shared_ptr<const bucket_ids>* ids,
                                  tensor_ref<bf16> out, tensor_ref<bf16> attn, const attention_options& opt) {
-    bf16_float_inputs f;
-    make_float_inputs(in, true, f);
-    std::vector<float> fo(static_cast<std::size_t>(out.size())), fa(attn.data ? static_cast<std::size_t>(attn.size()) : 0);
-    tensor_ref<float> fov(fo.data(), {in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)});
-    tensor_ref<float> fav;
-    if (attn.data) fav = tensor_ref<float>(fa.data(), {in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(2)});
-    fused_forward<float, Id>(f.in, ids, fov, fav, opt);
-    cpu::float_to_bf16(fo.data(), out.data, out.size());
-    if (attn.data) cpu::float_to_bf16(fa.data(), attn.data, attn.size());
+    half_glue::forward<bf16, Id>(in, ids, out, attn, opt);
 }
 
 // Packed sequences (attention_inputs::packed) on the portable path: everything converted to
 // float, packed_forward (every image alone on its rows), the output rounded once.
 inline void packed_forward_bf16(const attention_inputs<bf16>& in, tensor_ref<bf16> out, const attention_options& opt) {
-    bf16_float_inputs f;
-    make_float_inputs(in, true, f);
-    std::vector<float> fo(static_cast<std::size_t>(out.size()));
-    packed_forward<float>(f.in, tensor_ref<float>(fo.data(), {in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)}),
-                          opt);
-    cpu::float_to_bf16(fo.data(), out.data, out.size());
+    half_glue::packed_forward<bf16>(in, out, opt);
 }
 
 // The bf16 backward (rpe::cpu::attention_backward with S = rpe::bf16), on a checked call: q, k, v,
-// tables, attn_mask, RoPE frequencies (make_float_inputs), grad_out and saved_attn converted to
-// float once (contiguous copies), the float backward (fused_backward, or packed_backward with
+// tables, attn_mask, RoPE frequencies (half_glue::float_inputs), grad_out and saved_attn converted
+// to float once (contiguous copies), the float backward (fused_backward, or packed_backward with
 // in.packed) into float gradients, each gradient rounded to bf16 once: grad_q, grad_k, grad_v, the
 // requested grad_tables and rope grad_freqs. Every gradient, the table gradients included, is
 // summed in float by the float backward (its fixed order: thread-count independent) and rounded
@@ -171,62 +60,7 @@ inline void packed_forward_bf16(const attention_inputs<bf16>& in, tensor_ref<bf1
 // throws (a bad grid, positions) leaves the outputs untouched.
 inline void fused_backward_bf16(const attention_inputs<bf16>& in, const attention_gradients<bf16>& g,
                                 const attention_options& opt) {
-    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
-    bf16_float_inputs f;
-    make_float_inputs(in, true, f);
-    // float buffers of the requested table gradients, wired into the float inputs' slots
-    const attention_term<bf16>* from[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
-    attention_term<float>* to[] = {&f.in.rpe_q, &f.in.rpe_k, &f.in.rpe_v};
-    std::size_t wanted = 0;
-    for (const auto* slot : from)
-        for (const auto& t : slot->grad_tables) wanted += t.data ? 1 : 0;
-    std::vector<std::vector<float>> grad_tables;
-    grad_tables.reserve(wanted);  // the views below point into these vectors
-    std::vector<std::pair<const float*, tensor_ref<bf16>>> table_outs;
-    for (int s = 0; s < 3; ++s) {
-        to[s]->grad_tables.assign(from[s]->grad_tables.size(), tensor_ref<float>{});
-        for (std::size_t t = 0; t < from[s]->grad_tables.size(); ++t) {
-            const auto& gt = from[s]->grad_tables[t];
-            if (!gt.data) continue;  // not wanted
-            grad_tables.emplace_back(static_cast<std::size_t>(gt.size()));
-            tensor_ref<float> v;
-            v.data = grad_tables.back().data();
-            v.rank = gt.rank;
-            v.shape = gt.shape;
-            to[s]->grad_tables[t] = v;
-            table_outs.emplace_back(v.data, gt);
-        }
-    }
-    std::vector<float> grad_freqs;
-    if (in.rope.grad_freqs.data) {
-        grad_freqs.resize(static_cast<std::size_t>(in.rope.grad_freqs.size()));
-        f.in.rope.grad_freqs.data = grad_freqs.data();
-        f.in.rope.grad_freqs.rank = in.rope.grad_freqs.rank;
-        f.in.rope.grad_freqs.shape = in.rope.grad_freqs.shape;
-    }
-    const std::vector<float> go = bf16_contiguous_to_float(g.grad_out);
-    const std::vector<float> saved = g.saved_attn.data ? bf16_contiguous_to_float(g.saved_attn) : std::vector<float>{};
-    const std::size_t elems = static_cast<std::size_t>(b * h * n * d);
-    std::vector<float> gq(elems), gk(elems), gv(elems);
-    const attention_gradients<float> fg{
-        .grad_out = tensor_ref<const float>(go.data(), {b, h, n, d}),
-        .grad_q = tensor_ref<float>(gq.data(), {b, h, n, d}),
-        .grad_k = tensor_ref<float>(gk.data(), {b, h, n, d}),
-        .grad_v = tensor_ref<float>(gv.data(), {b, h, n, d}),
-        .saved_attn = g.saved_attn.data ? tensor_ref<const float>(saved.data(), {b, h, n, n}) : tensor_ref<const float>{}};
-    if (in.packed.enabled()) {
-        packed_backward<float>(f.in, fg, opt);
-    } else {
-        dispatch_ids(f.in, opt.storage, [&]<class Id>(const std::shared_ptr<const bucket_ids>* ids) {
-            fused_backward<float, Id>(f.in, ids, fg.saved_attn, fg.grad_out, fg.grad_q, fg.grad_k, fg.grad_v, opt);
-        });
-    }
-    // every gradient rounded to bf16 once
-    cpu::float_to_bf16(gq.data(), g.grad_q.data, g.grad_q.size());
-    cpu::float_to_bf16(gk.data(), g.grad_k.data, g.grad_k.size());
-    cpu::float_to_bf16(gv.data(), g.grad_v.data, g.grad_v.size());
-    for (const auto& [src, dst] : table_outs) cpu::float_to_bf16(src, dst.data, dst.size());
-    if (in.rope.grad_freqs.data) cpu::float_to_bf16(grad_freqs.data(), in.rope.grad_freqs.data, in.rope.grad_freqs.size());
+    half_glue::backward<bf16>(in, g, opt);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -367,8 +201,11 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
                            tensor_ref<bf16> attn, const attention_options& opt) {
     using cpu::cmap;
     using cpu::map;
-    bf16_float_inputs f;
-    make_float_inputs(in, false, f);  // float tables: the bias gathers and the value terms
+    // float tables (the bias gathers and the value terms) and attn_mask; q, k, v: views of their
+    // shape with no data (read as bf16 below)
+    half_glue::float_inputs<bf16> f(in);
+    for (auto* x : {&f.in.q, &f.in.k, &f.in.v})
+        *x = tensor_ref<const float>(nullptr, {in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)});
     auto plan = make_plan<float, Id>(f.in, ids, false, opt);
     const std::int64_t n = plan.l, d = plan.d, planes = plan.b * plan.h;
     // rows per block: at most 32, so that a block's logits and exponentials stay in L1/L2 between

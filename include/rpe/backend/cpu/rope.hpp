@@ -240,7 +240,7 @@ struct rope_known_fields {
 static_assert(sizeof(rope_known_fields<bf16>) == sizeof(rotary_embedding<bf16>) &&
                   sizeof(rope_known_fields<f16>) == sizeof(rotary_embedding<f16>),
               "rpe::rotary_embedding gained a field: forward it in detail::cpu::rope_float_copies_of (backend/cpu/rope.hpp) "
-              "and detail::make_float_inputs (backend/cpu/attention_bf16.hpp, attention_f16.hpp)");
+              "and detail::half_glue::float_inputs (backend/cpu/attention_half.hpp)");
 
 // Scalar conversions of H = rpe::bf16 or rpe::f16 (the types' own, the bits of bf16_kernels.hpp's
 // and f16_kernels.hpp's vector ones): this header stays free of the intrinsics headers.
