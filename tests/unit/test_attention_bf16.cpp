@@ -5,8 +5,8 @@
 // Product on k, on q, k, v, bias and Cross terms, shared and per-head tables, skip tokens, both
 // masks, strided q/k/v, 1 or 2 threads, RoPE, key_lengths, packed sequences; every golden
 // attention case in bf16; errors. Then the bf16 backward (the float backward rounded once, bit for
-// bit, and against the float64 composed backward; its error model is stated above its tests), the
-// standalone terms and the standalone RoPE rotation in bf16.
+// bit, and against the float64 composed backward; its error model is stated above its tests). The
+// standalone terms and RoPE rotation in bf16: test_term_half.cpp.
 //
 // Tolerance (docs/attention.md, "bf16"): the inputs are bf16 values, exact in float and double, so
 // the reference sees the same problem. The products accumulate in float (error ~D·2^-24 relative),
@@ -35,6 +35,7 @@
 
 #include "cpu_paths.hpp"
 #include "golden.hpp"
+#include "half_checks.hpp"
 
 // Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
 namespace rpe_unit_attention_bf16 {
@@ -201,9 +202,7 @@ constexpr bool forward_accepts = requires(const In& in, Out o) {
     rpe::attention_forward(in, o);
 };
 
-bool same_bits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
-    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
-}
+using rpe_test::same_bits;
 
 }  // namespace
 
@@ -623,8 +622,7 @@ TEST_CASE("bf16 attention reproduces every golden attention case (bf16-rounded i
 }
 
 // ---------------------------------------------------------------------------------------------
-// The bf16 backward (rpe::attention_backward on rpe::bf16 storage), the standalone terms and the
-// standalone RoPE rotation in bf16.
+// The bf16 backward (rpe::attention_backward on rpe::bf16 storage).
 //
 // Error model of the backward (docs/attention.md, "bf16"): the inputs (q, k, v, tables, masks,
 // frequencies, grad_out) are bf16 values, exact in float and double, so the float64 composed
@@ -758,28 +756,10 @@ void mirror_of(const pair_case& c, float_mirror& m) {
     }
 }
 
-// Whether every bf16 value is the float one rounded once (bit for bit).
-bool rounded_from(const std::vector<bf16>& got, const std::vector<float>& f) {
-    if (got.size() != f.size()) return false;
-    for (std::size_t i = 0; i < f.size(); ++i)
-        if (got[i].bits != bf16(f[i]).bits) return false;
-    return true;
-}
-
-// Worst |got − ref| / (u·|ref| + 16·N·2^-24·max|ref|) over one gradient tensor (≤ 1 passes).
-double worst_ratio(const std::vector<bf16>& got, const std::vector<double>& ref, std::int64_t n_sum) {
-    REQUIRE(got.size() == ref.size());
-    double most = 0;
-    for (double r : ref) most = std::max(most, std::fabs(r));
-    const double floor = 16.0 * static_cast<double>(n_sum) * 0x1p-24 * most + 1e-30;
-    double worst = 0;
-    for (std::size_t i = 0; i < ref.size(); ++i) {
-        const double g = static_cast<double>(got[i]);
-        REQUIRE(std::isfinite(g));
-        worst = std::max(worst, std::fabs(g - ref[i]) / (u_bf16 * std::fabs(ref[i]) + floor));
-    }
-    return worst;
-}
+// Whether every bf16 value is the float one rounded once (bit for bit); worst |got − ref| /
+// (u·|ref| + 16·N·2^-24·max|ref| + 1e-30) over one gradient tensor (≤ 1 passes).
+using rpe_test::rounded_from;
+using rpe_test::worst_ratio;
 
 // One backward comparison: the case's bf16 backward against the float backward (bits) and the
 // float64 composed backward (bounds). Returns the worst ratio over every gradient.
@@ -1117,241 +1097,6 @@ TEST_CASE("bf16 attention backward reproduces the golden attention gradients (bf
     }
     MESSAGE("golden backward in bf16: worst |grad - ref| / bound "
             << worst_kernel << "; worst |grad - golden| / (1 + max|golden|) " << worst_golden);
-}
-
-namespace {
-
-template <class T>
-std::vector<T> cast_all(const std::vector<bf16>& x) {
-    std::vector<T> out(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) out[i] = static_cast<T>(x[i]);
-    return out;
-}
-
-std::vector<bf16> random_bf16(std::mt19937& rng, std::int64_t n, double sigma = 1.0) {
-    std::normal_distribution<double> normal(0.0, sigma);
-    std::vector<bf16> x(static_cast<std::size_t>(n));
-    for (auto& e : x) e = bf16(static_cast<float>(normal(rng)));
-    return x;
-}
-
-template <class T>
-rpe::tensor_ref<T> shaped(T* data, const std::vector<std::int64_t>& shape) {
-    rpe::tensor_ref<T> r;
-    r.data = data;
-    r.rank = static_cast<int>(shape.size());
-    for (std::size_t i = 0; i < shape.size(); ++i) r.shape[i] = shape[i];
-    return r;
-}
-
-// One standalone term call in bf16, float and double on the same values: the term's forward
-// (overwrite and accumulate) and backward (overwrite and accumulate). The bf16 outputs must be the
-// float ones rounded once (bits); against double within u·|ref| + 16·N·2^-24·max|ref| (N the
-// longest sum: D for the contextual forward, B·H·L·L for a table's gradient).
-double check_term_bf16(const rpe::term_spec& spec, std::int64_t b, int height, int width, std::uint32_t seed) {
-    const auto term = rpe::make_term<double>(spec);
-    const rpe::term_desc& desc = *term;
-    const auto ids = desc.bucket_ids(height, width);
-    const std::int64_t h = spec.num_heads, d = spec.head_dim, l = ids->length();
-    const bool value = spec.target == rpe::target::value;
-    std::mt19937 rng(seed);
-    const auto tshape = desc.table_shape();
-    std::int64_t tsize = 1;
-    for (auto e : tshape) tsize *= e;
-    std::vector<std::vector<bf16>> tb;
-    for (int t = 0; t < desc.num_tables(); ++t) tb.push_back(random_bf16(rng, tsize, 0.5));
-    const std::vector<std::int64_t> xshape{b, h, l, value ? l : d}, oshape{b, h, l, value ? d : l};
-    const std::int64_t xsize = b * h * l * (value ? l : d), osize = b * h * l * (value ? d : l);
-    const auto xb = spec.contextual ? random_bf16(rng, xsize) : std::vector<bf16>{};
-    const auto out0 = random_bf16(rng, osize), gob = random_bf16(rng, osize), gx0 = random_bf16(rng, xsize),
-               gt0 = random_bf16(rng, tsize);
-    auto run = [&]<class T>(T, rpe::write mode, std::vector<T>& out, std::vector<T>& gx, std::vector<std::vector<T>>& gt) {
-        std::vector<std::vector<T>> tabs;
-        std::vector<rpe::tensor_ref<const T>> tv;
-        tabs.reserve(tb.size());
-        for (const auto& t : tb) {
-            tabs.push_back(cast_all<T>(t));
-            tv.push_back(shaped<const T>(tabs.back().data(), tshape));
-        }
-        const auto x = cast_all<T>(xb), go = cast_all<T>(gob);
-        const rpe::tensor_ref<const T> xv = spec.contextual ? shaped<const T>(x.data(), xshape) : rpe::tensor_ref<const T>{};
-        out = cast_all<T>(out0);
-        rpe::cpu::term_forward<T>(desc, *ids, tv, xv, shaped<T>(out.data(), oshape), mode);
-        gx = spec.contextual ? cast_all<T>(gx0) : std::vector<T>{};
-        gt.assign(tb.size(), cast_all<T>(gt0));
-        std::vector<rpe::tensor_ref<T>> gtv;
-        for (auto& g : gt) gtv.push_back(shaped<T>(g.data(), tshape));
-        rpe::cpu::term_backward<T>(desc, *ids, tv, xv, shaped<const T>(go.data(), oshape),
-                                   spec.contextual ? shaped<T>(gx.data(), xshape) : rpe::tensor_ref<T>{}, gtv, mode);
-    };
-    double worst = 0;
-    for (const auto mode : {rpe::write::overwrite, rpe::write::accumulate}) {
-        CAPTURE(static_cast<int>(mode));
-        std::vector<bf16> ob, gxb;
-        std::vector<float> of, gxf;
-        std::vector<double> od, gxd;
-        std::vector<std::vector<bf16>> gtb;
-        std::vector<std::vector<float>> gtf;
-        std::vector<std::vector<double>> gtd;
-        run(bf16{}, mode, ob, gxb, gtb);
-        {  // one thread: the same bits
-            std::vector<bf16> ob1, gxb1;
-            std::vector<std::vector<bf16>> gtb1;
-            rpe_test::set_threads(1);
-            run(bf16{}, mode, ob1, gxb1, gtb1);
-            rpe_test::set_threads(2);
-            CHECK(same_bits(ob, ob1));
-            CHECK(same_bits(gxb, gxb1));
-            for (std::size_t t = 0; t < gtb.size(); ++t) CHECK(same_bits(gtb[t], gtb1[t]));
-        }
-        run(0.0f, mode, of, gxf, gtf);
-        run(0.0, mode, od, gxd, gtd);
-        CHECK(rounded_from(ob, of));
-        CHECK(rounded_from(gxb, gxf));
-        for (std::size_t t = 0; t < gtb.size(); ++t) CHECK(rounded_from(gtb[t], gtf[t]));
-        worst = std::max(worst, worst_ratio(ob, od, d + 2));
-        if (spec.contextual) worst = std::max(worst, worst_ratio(gxb, gxd, l + 2));
-        for (std::size_t t = 0; t < gtb.size(); ++t) worst = std::max(worst, worst_ratio(gtb[t], gtd[t], b * h * l * l + 1));
-    }
-    CHECK(worst <= 1.0);
-    return worst;
-}
-
-}  // namespace
-
-TEST_CASE("bf16 standalone terms (rpe::cpu::term_forward / term_backward, rpe::term, any_term): float kernels rounded once") {
-    struct config {
-        rpe::method method;
-        bool contextual;
-        rpe::target target;
-        bool shared;
-        int skip;
-    };
-    const config configs[] = {
-        {rpe::method::product, true, rpe::target::key, false, 1},   {rpe::method::product, true, rpe::target::query, true, 1},
-        {rpe::method::product, true, rpe::target::value, false, 0}, {rpe::method::euclidean, false, rpe::target::key, false, 1},
-        {rpe::method::cross, true, rpe::target::key, true, 2},      {rpe::method::cross, false, rpe::target::query, false, 0},
-    };
-    double worst = 0;
-    std::uint32_t seed = 3;
-    for (const auto& cf : configs) {
-        rpe::term_spec spec;
-        spec.method = cf.method;
-        spec.contextual = cf.contextual;
-        spec.target = cf.target;
-        spec.ratio(1.9);
-        spec.shared_head = cf.shared;
-        spec.skip = cf.skip;
-        spec.num_heads = 3;
-        spec.head_dim = 8;
-        CAPTURE(static_cast<int>(cf.method));
-        CAPTURE(static_cast<int>(cf.target));
-        worst = std::max(worst, check_term_bf16(spec, 2, 3, 4, ++seed));
-    }
-    MESSAGE("bf16 terms: worst |out - ref| / bound " << worst);
-
-    // the compile-time term and its any_term take bf16 too: the same bits as the descriptor's call
-    namespace mapping = rpe::mapping;
-    const mapping::product<> prod{rpe::index::piecewise::from_ratio(1.9)};
-    const rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::key, bf16> t(
-        prod, {.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1});
-    const auto ids = t.bucket_ids(3, 3);
-    std::mt19937 rng(8);
-    const auto shape = t.table_shape();
-    const auto table = random_bf16(rng, shape[0] * shape[1] * shape[2], 0.5);
-    const std::int64_t l = 10;
-    const auto x = random_bf16(rng, 2 * l * 4);
-    std::vector<bf16> a(static_cast<std::size_t>(2 * l * l)), b(a.size());
-    const rpe::tensor_ref<const bf16> tv = shaped<const bf16>(table.data(), shape), xv(x.data(), {1, 2, l, 4});
-    t.forward(*ids, tv, xv, rpe::tensor_ref<bf16>(a.data(), {1, 2, l, l}), rpe::write::overwrite);
-    const auto any = rpe::make_any_term(t);
-    const rpe::tensor_ref<const bf16> tabs[] = {tv};
-    any->forward(*ids, tabs, xv, rpe::tensor_ref<bf16>(b.data(), {1, 2, l, l}), rpe::write::overwrite);
-    CHECK(same_bits(a, b));
-    std::vector<float> tf = cast_all<float>(table), xf = cast_all<float>(x), of(a.size());
-    const rpe::term<mapping::product<>, rpe::mode::contextual, rpe::target::key, float> tfl(
-        prod, {.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1});
-    tfl.forward(*ids, shaped<const float>(tf.data(), shape), rpe::tensor_ref<const float>(xf.data(), {1, 2, l, 4}),
-                rpe::tensor_ref<float>(of.data(), {1, 2, l, l}), rpe::write::overwrite);
-    CHECK(rounded_from(a, of));
-    // errors name the argument, as in float
-    CHECK(rpe_test::throws_with(
-        [&] {
-            t.forward(*ids, tv, xv, rpe::tensor_ref<bf16>(a.data(), {1, 2, l, l - 1}), rpe::write::overwrite);
-        },
-        "out has shape"));
-    CHECK(rpe_test::throws_with(
-        [&] {
-            t.backward(*ids, tv, xv, rpe::tensor_ref<const bf16>(a.data(), {1, 2, l, l}),
-                       rpe::tensor_ref<bf16>(b.data(), {1, 2, l, 3}), rpe::tensor_ref<bf16>{}, rpe::write::overwrite);
-        },
-        "grad_x"));
-}
-
-TEST_CASE(
-    "bf16 standalone RoPE (rpe::rope_forward / rope_backward): the float rotation rounded once; rope::mixed frequency gradient") {
-    const std::int64_t b = 2, h = 2, d = 8;
-    const int height = 3, width = 4, skip = 1;
-    const std::int64_t l = skip + height * width;
-    std::mt19937 rng(17);
-    const auto x = random_bf16(rng, b * h * l * d), gy = random_bf16(rng, b * h * l * d),
-               freqs = random_bf16(rng, 2 * h * d / 2, 0.5);
-    double worst = 0;
-    for (const bool mixed : {false, true}) {
-        CAPTURE(mixed);
-        auto run = [&]<class T>(T, std::vector<T>& y, std::vector<T>& gx, std::vector<T>& gf) {
-            const auto xt = cast_all<T>(x), gyt = cast_all<T>(gy), ft = cast_all<T>(freqs);
-            rpe::rotary_embedding<T> r;
-            r.skip = skip;
-            if (mixed) {
-                r.form = rpe::rope::mixed{};
-                r.freqs = rpe::tensor_ref<const T>(ft.data(), {2, h, d / 2});
-                gf.assign(ft.size(), T(-3.0f));
-                r.grad_freqs = rpe::tensor_ref<T>(gf.data(), {2, h, d / 2});
-            } else {
-                r.form = rpe::rope::axial{.theta = 100.0f};
-            }
-            y.assign(xt.size(), T(-3.0f));
-            gx.assign(xt.size(), T(-3.0f));
-            rpe::rope_forward(r, height, width, rpe::tensor_ref<const T>(xt.data(), {b, h, l, d}),
-                              rpe::tensor_ref<T>(y.data(), {b, h, l, d}));
-            rpe::rope_backward(r, height, width, rpe::tensor_ref<const T>(xt.data(), {b, h, l, d}),
-                               rpe::tensor_ref<const T>(gyt.data(), {b, h, l, d}), rpe::tensor_ref<T>(gx.data(), {b, h, l, d}));
-        };
-        std::vector<bf16> yb, gxb, gfb;
-        std::vector<float> yf, gxf, gff;
-        std::vector<double> yd, gxd, gfd;
-        run(bf16{}, yb, gxb, gfb);
-        {  // one thread: the same bits
-            std::vector<bf16> y1, gx1, gf1;
-            rpe_test::set_threads(1);
-            run(bf16{}, y1, gx1, gf1);
-            rpe_test::set_threads(2);
-            CHECK(same_bits(yb, y1));
-            CHECK(same_bits(gxb, gx1));
-            CHECK(same_bits(gfb, gf1));
-        }
-        run(0.0f, yf, gxf, gff);
-        run(0.0, yd, gxd, gfd);
-        CHECK(rounded_from(yb, yf));
-        CHECK(rounded_from(gxb, gxf));
-        CHECK(rounded_from(gfb, gff));
-        // the double rotation's table holds cos/sin rounded to double, the float one's to float:
-        // 2^-24 relative on each product, inside the bound's float term
-        worst = std::max({worst, worst_ratio(yb, yd, 4), worst_ratio(gxb, gxd, 4)});
-        if (mixed) worst = std::max(worst, worst_ratio(gfb, gfd, 2 * b * l * 4));
-    }
-    CHECK(worst <= 1.0);
-    MESSAGE("bf16 RoPE: worst |y - ref| / bound " << worst);
-    // bad shapes are refused naming the argument
-    std::vector<bf16> y(x.size());
-    const rpe::rotary_embedding<bf16> r{.form = rpe::rope::axial{.theta = 100.0f}, .skip = skip};
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::rope_forward(r, height, width, rpe::tensor_ref<const bf16>(x.data(), {b, h, l, d}),
-                              rpe::tensor_ref<bf16>(y.data(), {b, h, l - 1, d}));
-        },
-        "y has shape"));
 }
 
 TEST_CASE("bf16 attention: bad arguments of the forward and the backward are refused, naming the argument") {

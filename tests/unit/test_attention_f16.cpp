@@ -34,6 +34,7 @@
 
 #include "cpu_paths.hpp"
 #include "golden.hpp"
+#include "half_checks.hpp"
 
 // Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
 namespace rpe_unit_attention_f16 {
@@ -189,17 +190,9 @@ fwd<T> forward_of(const rpe::attention_inputs<T>& in, const rpe::attention_optio
     return r;
 }
 
-// Whether every f16 value is the float one rounded once (bit for bit).
-bool rounded_from(const std::vector<f16>& got, const std::vector<float>& f) {
-    if (got.size() != f.size()) return false;
-    for (std::size_t i = 0; i < f.size(); ++i)
-        if (got[i].bits != f16(f[i]).bits) return false;
-    return true;
-}
-
-bool same_bits(const std::vector<f16>& a, const std::vector<f16>& b) {
-    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
-}
+// Whether every f16 value is the float one rounded once (bit for bit); whether two hold the same bits.
+using rpe_test::rounded_from;
+using rpe_test::same_bits;
 
 // The f16 forward of the case: (1) the float forward rounded once, bit for bit; (2) within the
 // float64 bound of the file comment. Returns the worst |out − ref| / bound.
@@ -291,19 +284,7 @@ bool same_grads(const grads<f16>& a, const grads<f16>& b) {
 }
 
 // Worst |got − ref| / (u·|ref| + 2^-25 + 16·N·2^-24·max|ref|) over one gradient tensor (≤ 1 passes).
-double worst_ratio(const std::vector<f16>& got, const std::vector<double>& ref, std::int64_t n_sum) {
-    REQUIRE(got.size() == ref.size());
-    double most = 0;
-    for (double r : ref) most = std::max(most, std::fabs(r));
-    const double floor = 16.0 * static_cast<double>(n_sum) * 0x1p-24 * most + sub_f16;
-    double worst = 0;
-    for (std::size_t i = 0; i < ref.size(); ++i) {
-        const double g = static_cast<double>(got[i]);
-        REQUIRE(std::isfinite(g));
-        worst = std::max(worst, std::fabs(g - ref[i]) / (u_f16 * std::fabs(ref[i]) + floor));
-    }
-    return worst;
-}
+using rpe_test::worst_ratio;
 
 struct backward_check {
     grads<f16> got;
