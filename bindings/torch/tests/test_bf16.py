@@ -4,14 +4,13 @@ bf16 once; docs/attention.md "bf16 storage") through the term, attention and RoP
 - Values: against the float64 operators on the same bf16-rounded inputs (exact in float64, so
   both compute the same problem) within the C++ tests' bounds (tests/unit/test_attention_bf16.cpp):
   forward attention |got − ref| ≤ u·(|ref| + Σⱼ pᵢⱼ|vⱼ|) + 1e-5·(1 + |ref| + Σⱼ pᵢⱼ|vⱼ|), the
-  probabilities within u·p + 1e-6; terms, RoPE and every gradient G within
-  u·|ref| + 16·N·2⁻²⁴·max|G_ref| (N the terms of each sum), u = 2⁻⁸.
-- Bits: where the library computes in float and rounds once (the terms, RoPE, the attention
-  backward; the forward with RoPE, key lengths or packed sequences, which take the portable path)
-  the bf16 operator gives exactly the float32 operator's result on the same values rounded to bf16.
-- Every CPU operator with a bf16 kernel passes torch.library.opcheck in bf16 (fake kernels: the
-  real kernels' dtypes and strides); a mixed-dtype call is a TypeError naming the argument
-  (float16 on the CPU: tests/test_f16.py).
+  probabilities within u·p + 1e-6, u = 2⁻⁸.
+- Bits: the forward with RoPE, key lengths or packed sequences (the portable path) gives exactly
+  the float32 operator's result on the same values rounded to bf16.
+- The terms, RoPE, the attention backward, autograd from saved probabilities and opcheck in bf16:
+  test_half.py (parametrized over bfloat16 and float16; this file holds the case tables it
+  shares). A mixed-dtype call is a TypeError naming the argument (float16 on the CPU:
+  tests/test_f16.py).
 - Models: the digits DeiT-iRPE (K: bias Euclidean per head; QKV: contextual Product) converted
   with .to(torch.bfloat16), and float32 models under torch.autocast("cpu", dtype=torch.bfloat16),
   against float64 (logits and gradients; float32 parameters get float32 gradients);
@@ -23,10 +22,9 @@ import pytest
 import torch
 
 import rpe_torch
-from rpe_torch._registrations import _ATTENTION_TAIL
 from digits_model import build, images
 from test_library import (B, D, H, attention_args, index_attention_args, op_cases, rnd,
-                          rope_positions_attention_args, term_cases, GRADCHECK_ONLY)
+                          rope_positions_attention_args, term_cases)
 from test_compile import RoPEBlock
 
 ops = torch.ops.rpe
@@ -38,8 +36,6 @@ U = 2.0 ** -8  # bf16 unit roundoff
 #: to bf16. Indices in each operator's schema.
 KEEP = {"rope_forward": (8,), "rope_backward": (9,), "attention_forward": (23, 24), "attention_forward_attn": (23, 24),
         "attention_backward": (25, 26)}
-BF16_OPS = ("term_forward", "term_backward", "attention_forward", "attention_forward_attn", "attention_backward",
-            "rope_forward", "rope_backward", "table_from_timm", "table_to_timm")
 
 
 def cast(args, dtype, keep=(), grad=False):
@@ -72,43 +68,11 @@ def assert_bits(got, want32, what):
         f"{what}: {int((got.view(torch.int16) != want.view(torch.int16)).sum())} of {got.numel()} values differ"
 
 
-def ratio_to_bound(got, ref, n):
-    """max |got − ref| / (u·|ref| + 16·n·2⁻²⁴·max|ref|): the C++ tests' bound for one rounding
-    after a float computation of sums of at most n terms."""
-    if ref.numel() == 0:
-        return 0.0
-    ref = ref.double()
-    err = (got.double() - ref).abs()
-    bound = U * ref.abs() + 16 * n * 2.0 ** -24 * float(ref.abs().max()) + 1e-30
-    return float((err / bound).max())
-
-
 # ---------------------------------------------------------------------------------------------
 # Terms
 # ---------------------------------------------------------------------------------------------
 
 TERMS = term_cases()
-
-
-@pytest.mark.parametrize("name", sorted(TERMS))
-def test_term_forward_backward_bf16(name):
-    args = TERMS[name]
-    b, f32, f64 = rounded(args)
-    out = ops.term_forward(*b)
-    assert out.dtype == BF and out.is_contiguous()
-    assert_bits(out, ops.term_forward(*f32), f"{name}: forward")
-    L = out.shape[-2]
-    n = L + D + max(t.shape[-1] if t.dim() == 2 or name.startswith("ctx_k") else t.shape[1] for t in args[1])
-    assert ratio_to_bound(out, ops.term_forward(*f64), n) <= 1, name
-    g = rnd(*out.shape, grad=False, seed=21).to(BF)
-    grads = ops.term_backward(b[0], b[1], g, *b[2:])
-    grads32 = ops.term_backward(f32[0], f32[1], g.float(), *f32[2:])
-    grads64 = ops.term_backward(f64[0], f64[1], g.double(), *f64[2:])
-    for i, (gb, g32, g64) in enumerate(zip(grads, grads32, grads64)):
-        assert gb.dtype == BF and gb.shape == g64.shape
-        assert_bits(gb, g32, f"{name}: gradient {i}")
-        # a table's gradient sums over (batch, head, query, key): N·B·H·L terms at most
-        assert ratio_to_bound(gb, g64, n * B * H * L if i else n) <= 1, (name, i)
 
 
 def test_term_through_the_modules_in_bf16():
@@ -133,24 +97,6 @@ def test_term_through_the_modules_in_bf16():
 # ---------------------------------------------------------------------------------------------
 
 ROPE_CASES = {n: a for n, (op, a) in op_cases().items() if op is ops.rope_forward}
-
-
-@pytest.mark.parametrize("name", sorted(ROPE_CASES))
-def test_rope_bf16_is_the_float_rotation_rounded_once(name):
-    args = ROPE_CASES[name]
-    b, f32, f64 = rounded(args, KEEP["rope_forward"])
-    y = ops.rope_forward(*b)
-    assert_bits(y, ops.rope_forward(*f32), f"{name}: forward")
-    assert ratio_to_bound(y, ops.rope_forward(*f64), 2) <= 1, name
-    gy = rnd(*y.shape, grad=False, seed=5).to(BF)
-    gb = ops.rope_backward(b[0], gy, *b[1:])  # rope_backward: x, grad_y, then rope_forward's arguments
-    g32 = ops.rope_backward(f32[0], gy.float(), *f32[1:])
-    g64 = ops.rope_backward(f64[0], gy.double(), *f64[1:])
-    for i in range(2):
-        assert gb[i].dtype == BF and gb[i].shape == g64[i].shape
-        assert_bits(gb[i], g32[i], f"{name}: gradient {i}")
-        # the frequency gradient sums over (batch, token) pairs
-        assert ratio_to_bound(gb[i], g64[i], 2 if i == 0 else 2 * B * y.shape[2]) <= 1, (name, i)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,70 +167,10 @@ def test_attention_forward_bf16(name):
         assert_bits(out, ops.attention_forward(*f32), name)
 
 
-@pytest.mark.parametrize("name", sorted(ATTENTION))
-def test_attention_backward_bf16_is_the_float_backward_rounded_once(name):
-    a = ATTENTION[name]
-    b, f32, f64 = rounded(a, KEEP["attention_forward"])
-    g = rnd(*b[0].shape, grad=False, seed=71).to(BF)
-
-    def backward(args, grad_out):  # attention_backward's argument order: grad_out after scale, attn (None) later
-        args = list(args) + list(_ATTENTION_TAIL[len(args) - 17:])
-        return ops.attention_backward(*args[:18], grad_out, *args[18:22], None, *args[22:])
-
-    got = backward(b, g)
-    want32 = backward(f32, g.float())
-    want64 = backward(f64, g.double())
-    assert len(got) == len(want64)
-    L = b[0].shape[2]
-    n = L + D + _buckets(a)
-    for i, (gb, g32, g64) in enumerate(zip(got, want32, want64)):
-        assert gb.dtype == BF and gb.shape == g64.shape and gb.is_contiguous()
-        assert_bits(gb, g32, f"{name}: gradient {i}")
-        assert ratio_to_bound(gb, g64, n if i < 3 else n * B * H * L) <= 1, (name, i)
-
-
-def test_attention_autograd_in_bf16_with_saved_probabilities():
-    """rpe_torch.attention on bf16 tensors and bf16 modules: bf16 output and gradients; the
-    backward from the saved bf16 probabilities within 4u·max|G| of the one that recomputes them."""
-    cfg = rpe_torch.get_rpe_config(ratio=1.0, method="product", mode="ctx", shared_head=False, skip=1, rpe_on="qkv")
-    mods = [m.to(BF) for m in rpe_torch.build_rpe(cfg, head_dim=D, num_heads=H)]
-    with torch.no_grad():
-        for m in mods:
-            for p in m.parameters():
-                p.normal_()
-    q, k, v = (rnd(B, H, 7, D, seed=s).detach().to(BF).requires_grad_() for s in (81, 82, 83))
-    grads = {}
-    for save in (True, False):
-        for t in (q, k, v, *[p for m in mods for p in m.parameters()]):
-            t.grad = None
-        out = rpe_torch.attention(q, k, v, *mods, height=2, width=3, save_attn=save)
-        assert out.dtype == BF
-        (out.float() * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
-        grads[save] = [t.grad.clone() for t in (q, k, v, *[p for m in mods for p in m.parameters()])]
-    for a, b in zip(grads[True], grads[False]):
-        assert a.dtype == BF
-        assert float((a.double() - b.double()).abs().max()) <= 4 * U * float(b.double().abs().max()) + 1e-6
-
-
 # ---------------------------------------------------------------------------------------------
-# Registration: opcheck in bf16; errors
+# Errors
 # ---------------------------------------------------------------------------------------------
 
-BF16_CASES = {n: (op, cast(a, BF, KEEP.get(n.split("[")[0], ()), grad=True)) for n, (op, a) in op_cases().items()
-              if n.split("[")[0] in BF16_OPS and n not in GRADCHECK_ONLY}
-
-
-def test_every_bf16_operator_is_opchecked():
-    assert {n.split("[")[0] for n in BF16_CASES} == set(BF16_OPS)
-
-
-@pytest.mark.parametrize("name", sorted(BF16_CASES))
-def test_opcheck_bf16(name):
-    op, args = BF16_CASES[name]
-    out = op(*args)
-    for t in flat(out):
-        assert t.dtype == BF and t.is_contiguous(), name
-    torch.library.opcheck(op, args)  # fake kernels: the real ones' dtypes and strides; aot dispatch
 
 
 def test_mixed_dtypes_are_refused_naming_the_argument():

@@ -1,31 +1,29 @@
 """float16 on the CPU operators: the rpe::f16 kernels (computed in float, each output rounded to
-IEEE binary16 once; docs/attention.md "f16 storage") through the term, attention, RoPE and
-timm-table operators. Small and quick; test_bf16.py has the models and the compiled graphs.
+IEEE binary16 once; docs/attention.md "f16 storage") through the attention and timm-table
+operators. Small and quick; test_half.py has the checks shared with bfloat16 (terms, RoPE, the
+attention backward, autograd from saved probabilities, opcheck), test_bf16.py the models and the
+compiled graphs.
 
-- Bits (the rpe::f16 contract, one path): every output and gradient of the float16 operator is
-  exactly the float32 operator's result on the same values rounded to float16, rounded once
-  (forward and backward, with and without RoPE, masks, key lengths, packed sequences).
+- Bits (the rpe::f16 contract, one path): the float16 attention forward (out and attn) is exactly
+  the float32 operator's result on the same values rounded to float16, rounded once (with and
+  without RoPE, masks, key lengths, packed sequences).
 - Values: against the float64 operators on the same f16-rounded inputs (exact in float64) within
-  the C++ tests' bounds (tests/unit/test_attention_f16.cpp, test_term_f16.cpp), u = 2⁻¹¹:
-  attention output u·|ref| + 2⁻²⁵ + 1e-5·(1 + |ref| + Σⱼ pᵢⱼ|vⱼ|), probabilities u·p + 2⁻²⁵ +
-  1e-6; terms, RoPE and every gradient G u·|ref| + 2⁻²⁵ + 16·N·2⁻²⁴·max|G_ref| (N the terms of
-  each sum).
-- Every CPU operator with a float16 kernel passes torch.library.opcheck in float16; a mixed-dtype
-  call is a TypeError naming both arguments; the table operators without a float16 kernel refuse
-  it naming theirs; a result beyond float16's range is ±∞.
+  the C++ tests' bounds (tests/unit/test_attention_f16.cpp), u = 2⁻¹¹: attention output
+  u·|ref| + 2⁻²⁵ + 1e-5·(1 + |ref| + Σⱼ pᵢⱼ|vⱼ|), probabilities u·p + 2⁻²⁵ + 1e-6.
+- A mixed-dtype call is a TypeError naming both arguments; the table operators without a float16
+  kernel refuse it naming theirs; a result beyond float16's range is ±∞.
 - torch.autocast("cpu", dtype=torch.float16) runs the float16 kernels (float32 and bf16 inputs
   cast to float16, RoPE's real positions left alone, float64 left alone; the CPB / SAM tables in
-  float32, returned in float16); a float32 RoPE block under it against float64; rpe_torch.attention
-  backward from the saved float16 probabilities.
+  float32, returned in float16); a float32 RoPE block under it against float64.
 """
 import pytest
 import torch
 
 import rpe_torch
-from rpe_torch._registrations import _ATTENTION_TAIL, LOW_PRECISION_KERNELS, autocast_compute_dtype
-from test_library import B, D, H, attention_args, op_cases, rnd, term_cases, GRADCHECK_ONLY
-from test_bf16 import ATTENTION, KEEP, ROPE_CASES, TERMS, _buckets, _logits_and_grads, _max_rel, _rope_model, \
-    _worst_grad, cast, flat
+from rpe_torch._registrations import LOW_PRECISION_KERNELS, autocast_compute_dtype
+from test_library import B, D, H, attention_args, rnd, term_cases
+from test_bf16 import ATTENTION, KEEP, ROPE_CASES, _logits_and_grads, _max_rel, _rope_model, _worst_grad, cast
+from test_half import assert_bits, rounded
 
 ops = torch.ops.rpe
 F16 = torch.float16
@@ -33,74 +31,10 @@ F64 = torch.float64
 U = 2.0 ** -11  # binary16 unit roundoff
 TINY = 2.0 ** -25  # half the subnormal step: the rounding error of an output below 2^-14
 
-F16_OPS = ("term_forward", "term_backward", "attention_forward", "attention_forward_attn", "attention_backward",
-           "rope_forward", "rope_backward", "table_from_timm", "table_to_timm")
-
-
-def rounded(args, keep=()):
-    """args with their floating tensors rounded to float16 (then as float16, float32, float64)."""
-    h = cast(args, F16, keep)
-    return h, cast(h, torch.float32, keep), cast(h, F64, keep)
-
-
-def assert_bits(got, want32, what):
-    """got (float16) is exactly want32 (float32) rounded to float16 once (to nearest even)."""
-    assert got.dtype == F16, what
-    want = want32.to(F16)
-    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), \
-        f"{what}: {int((got.view(torch.int16) != want.view(torch.int16)).sum())} of {got.numel()} values differ"
-
-
-def ratio_to_bound(got, ref, n):
-    """max |got − ref| / (u·|ref| + 2⁻²⁵ + 16·n·2⁻²⁴·max|ref|): one f16 rounding after a float
-    computation of sums of at most n terms."""
-    if ref.numel() == 0:
-        return 0.0
-    ref = ref.double()
-    err = (got.double() - ref).abs()
-    bound = U * ref.abs() + TINY + 16 * n * 2.0 ** -24 * float(ref.abs().max())
-    return float((err / bound).max())
-
 
 # ---------------------------------------------------------------------------------------------
-# Terms, RoPE
+# Tables
 # ---------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("name", sorted(TERMS))
-def test_term_f16_is_the_float_term_rounded_once(name):
-    args = TERMS[name]
-    h, f32, f64 = rounded(args)
-    out = ops.term_forward(*h)
-    assert out.dtype == F16 and out.is_contiguous()
-    assert_bits(out, ops.term_forward(*f32), f"{name}: forward")
-    L = out.shape[-2]
-    n = L + D + max(t.shape[-1] if t.dim() == 2 or name.startswith("ctx_k") else t.shape[1] for t in args[1])
-    assert ratio_to_bound(out, ops.term_forward(*f64), n) <= 1, name
-    g = rnd(*out.shape, grad=False, seed=21).to(F16)
-    grads = ops.term_backward(h[0], h[1], g, *h[2:])
-    grads32 = ops.term_backward(f32[0], f32[1], g.float(), *f32[2:])
-    grads64 = ops.term_backward(f64[0], f64[1], g.double(), *f64[2:])
-    for i, (gh, g32, g64) in enumerate(zip(grads, grads32, grads64)):
-        assert gh.dtype == F16 and gh.shape == g64.shape
-        assert_bits(gh, g32, f"{name}: gradient {i}")
-        assert ratio_to_bound(gh, g64, n * B * H * L if i else n) <= 1, (name, i)
-
-
-@pytest.mark.parametrize("name", sorted(ROPE_CASES))
-def test_rope_f16_is_the_float_rotation_rounded_once(name):
-    h, f32, f64 = rounded(ROPE_CASES[name], KEEP["rope_forward"])
-    y = ops.rope_forward(*h)
-    assert_bits(y, ops.rope_forward(*f32), f"{name}: forward")
-    assert ratio_to_bound(y, ops.rope_forward(*f64), 2) <= 1, name
-    gy = rnd(*y.shape, grad=False, seed=5).to(F16)
-    gh = ops.rope_backward(h[0], gy, *h[1:])
-    g32 = ops.rope_backward(f32[0], gy.float(), *f32[1:])
-    g64 = ops.rope_backward(f64[0], gy.double(), *f64[1:])
-    for i in range(2):
-        assert gh[i].dtype == F16 and gh[i].shape == g64[i].shape
-        assert_bits(gh[i], g32[i], f"{name}: gradient {i}")
-        assert ratio_to_bound(gh[i], g64[i], 2 if i == 0 else 2 * B * y.shape[2]) <= 1, (name, i)
-
 
 def test_timm_tables_in_f16_are_exact_transposes():
     t = rnd(15, H, grad=False, seed=7).to(F16)
@@ -116,10 +50,10 @@ def test_timm_tables_in_f16_are_exact_transposes():
 
 @pytest.mark.parametrize("name", sorted(ATTENTION))
 def test_attention_forward_f16_is_the_float_forward_rounded_once(name):
-    h, f32, f64 = rounded(ATTENTION[name], KEEP["attention_forward"])
+    h, f32, f64 = rounded(ATTENTION[name], F16, KEEP["attention_forward"])
     out = ops.attention_forward(*h)
     assert out.dtype == F16 and out.shape == h[0].shape and out.is_contiguous()
-    assert_bits(out, ops.attention_forward(*f32), name)
+    assert_bits(out, ops.attention_forward(*f32), F16, name)
     ref = ops.attention_forward(*f64)
     v = f64[2]
     if name == "packed_grids":  # no probabilities output with packed sequences: Σⱼ pᵢⱼ|vⱼ| ≤ max|v|
@@ -127,8 +61,8 @@ def test_attention_forward_f16_is_the_float_forward_rounded_once(name):
     else:
         out_a, attn = ops.attention_forward_attn(*h)
         out_a32, attn32 = ops.attention_forward_attn(*f32)
-        assert_bits(out_a, out_a32, f"{name}: out with attn")
-        assert_bits(attn, attn32, f"{name}: attn")
+        assert_bits(out_a, out_a32, F16, f"{name}: out with attn")
+        assert_bits(attn, attn32, F16, f"{name}: attn")
         _, attn64 = ops.attention_forward_attn(*f64)
         assert float(((attn.double() - attn64).abs() - (U * attn64 + TINY + 1e-6)).max()) <= 0, name
         pv = attn64 @ v.abs()
@@ -136,57 +70,6 @@ def test_attention_forward_f16_is_the_float_forward_rounded_once(name):
     err = (out.double() - ref).abs()
     ratio = float((err / (U * ref.abs() + TINY + 1e-5 * (1 + s))).max())
     assert ratio <= 1, (name, ratio)
-
-
-def _backward(args, grad_out, attn=None):
-    """attention_backward's argument order: grad_out after scale, attn later."""
-    args = list(args) + list(_ATTENTION_TAIL[len(args) - 17:])
-    return ops.attention_backward(*args[:18], grad_out, *args[18:22], attn, *args[22:])
-
-
-@pytest.mark.parametrize("name", sorted(ATTENTION))
-def test_attention_backward_f16_is_the_float_backward_rounded_once(name):
-    a = ATTENTION[name]
-    h, f32, f64 = rounded(a, KEEP["attention_forward"])
-    g = rnd(*h[0].shape, grad=False, seed=71).to(F16)
-    got = _backward(h, g)
-    want32 = _backward(f32, g.float())
-    want64 = _backward(f64, g.double())
-    assert len(got) == len(want64)
-    L = h[0].shape[2]
-    n = L + D + _buckets(a)
-    for i, (gh, g32, g64) in enumerate(zip(got, want32, want64)):
-        assert gh.dtype == F16 and gh.shape == g64.shape and gh.is_contiguous()
-        assert_bits(gh, g32, f"{name}: gradient {i}")
-        assert ratio_to_bound(gh, g64, n if i < 3 else n * B * H * L) <= 1, (name, i)
-    if name != "packed_grids":  # from the saved f16 probabilities: the float backward on them, rounded once
-        attn = ops.attention_forward_attn(*h)[1]
-        for i, (gh, g32) in enumerate(zip(_backward(h, g, attn), _backward(f32, g.float(), attn.float()))):
-            assert_bits(gh, g32, f"{name}: gradient {i} from saved attn")
-
-
-def test_attention_autograd_in_f16_with_saved_probabilities():
-    """rpe_torch.attention on float16 tensors and modules: float16 output and gradients; the
-    backward from the saved float16 probabilities within 4u·max|G| of the one that recomputes them."""
-    cfg = rpe_torch.get_rpe_config(ratio=1.0, method="product", mode="ctx", shared_head=False, skip=1, rpe_on="qkv")
-    mods = [m.to(F16) for m in rpe_torch.build_rpe(cfg, head_dim=D, num_heads=H)]
-    with torch.no_grad():
-        for m in mods:
-            for p in m.parameters():
-                p.normal_()
-    q, k, v = (rnd(B, H, 7, D, seed=s).detach().to(F16).requires_grad_() for s in (81, 82, 83))
-    params = [p for m in mods for p in m.parameters()]
-    grads = {}
-    for save in (True, False):
-        for t in (q, k, v, *params):
-            t.grad = None
-        out = rpe_torch.attention(q, k, v, *mods, height=2, width=3, save_attn=save)
-        assert out.dtype == F16
-        (out.float() * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
-        grads[save] = [t.grad.clone() for t in (q, k, v, *params)]
-    for a, b in zip(grads[True], grads[False]):
-        assert a.dtype == F16
-        assert float((a.double() - b.double()).abs().max()) <= 4 * U * float(b.double().abs().max()) + 1e-6
 
 
 def test_f16_overflow_is_infinite():
@@ -201,34 +84,20 @@ def test_f16_overflow_is_infinite():
     a[15] = a[16] = None
     for value, finite in ((8000.0, False), (1000.0, True)):
         a[3:6] = [[], [], [torch.full((1, 26, D), value)]]
-        h, f32, _ = rounded(a)
+        h, f32, _ = rounded(a, F16)
         out, ref = ops.attention_forward(*h), ops.attention_forward(*f32)
         assert bool(torch.isfinite(ref).all()) and float(ref.min()) == pytest.approx(60000 + value, rel=1e-6)
         if finite:
-            assert_bits(out, ref, "in range")
+            assert_bits(out, ref, F16, "in range")
             assert bool(torch.isfinite(out).all())
         else:
             assert out.dtype == F16 and bool(torch.isposinf(out).all())
 
 
 # ---------------------------------------------------------------------------------------------
-# Registration: opcheck in float16; errors
+# Errors
 # ---------------------------------------------------------------------------------------------
 
-F16_CASES = {n: (op, cast(a, F16, KEEP.get(n.split("[")[0], ()), grad=True)) for n, (op, a) in op_cases().items()
-             if n.split("[")[0] in F16_OPS and n not in GRADCHECK_ONLY}
-
-
-def test_every_f16_operator_is_opchecked():
-    assert {n.split("[")[0] for n in F16_CASES} == set(F16_OPS)
-
-
-@pytest.mark.parametrize("name", sorted(F16_CASES))
-def test_opcheck_f16(name):
-    op, args = F16_CASES[name]
-    for t in flat(op(*args)):
-        assert t.dtype == F16 and t.is_contiguous(), name
-    torch.library.opcheck(op, args)  # fake kernels: the real ones' dtypes and strides; aot dispatch
 
 
 def test_f16_errors_name_the_argument():
