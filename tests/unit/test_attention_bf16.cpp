@@ -35,6 +35,7 @@
 
 #include "cpu_paths.hpp"
 #include "golden.hpp"
+#include "half_attention_checks.hpp"
 #include "half_checks.hpp"
 
 // Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
@@ -195,12 +196,6 @@ double check_against(const bf16_results& got, const reference& ref) {
     CHECK(worst_p <= 1.0);
     return worst;
 }
-
-// Whether rpe::attention_forward(in, out) is a valid call for these types.
-template <class In, class Out>
-constexpr bool forward_accepts = requires(const In& in, Out o) {
-    rpe::attention_forward(in, o);
-};
 
 using rpe_test::same_bits;
 
@@ -422,21 +417,7 @@ TEST_CASE("bf16 attention forward in chunks of batch elements (the portable path
     c.in.key_lengths = c.ind.key_lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {c.b});
     const auto whole = run_bf16(c, true);
     check_against(whole, reference_of(c));
-    auto& budget = rpe::detail::cpu::half_forward_chunk_bytes;
-    const auto saved = budget.load();
-    for (const std::int64_t bytes : {std::int64_t{1}, 2 * 4 * c.h * c.l * (4 * c.d + c.l)}) {  // chunks of 1, then 2 (and 1)
-        CAPTURE(bytes);
-        budget = bytes;
-        const auto chunked = run_bf16(c, true);
-        CHECK(same_bits(whole.out, chunked.out));
-        CHECK(same_bits(whole.attn, chunked.attn));
-        // without attn: the chunk holds q, k, v and out only
-        const rpe_test::bf16_portable_path hook(true);
-        std::vector<bf16> out(whole.out.size(), bf16(-3.0f));
-        rpe::attention_forward(c.in, rpe::tensor_ref<bf16>(out.data(), {c.b, c.h, c.l, c.d}));
-        CHECK(same_bits(whole.out, out));
-    }
-    budget = saved;
+    rpe_test::check_chunked_forward(c.in, whole.out, whole.attn);
 }
 
 TEST_CASE("bf16 attention with RoPE: rotated in float (the portable path on every machine)") {
@@ -809,12 +790,6 @@ bool same_grads(const grads<bf16>& a, const grads<bf16>& b) {
     return true;
 }
 
-// Whether rpe::attention_backward(in, grad_out, grad_q, grad_k, grad_v) is a valid call for these types.
-template <class In, class Go, class G>
-constexpr bool backward_accepts = requires(const In& in, Go go, G g) {
-    rpe::attention_backward(in, go, g, g, g);
-};
-
 }  // namespace
 
 TEST_CASE("bf16 attention backward: the float backward rounded once; within the bound of the float64 composed backward") {
@@ -1102,84 +1077,7 @@ TEST_CASE("bf16 attention backward reproduces the golden attention gradients (bf
 TEST_CASE("bf16 attention: bad arguments of the forward and the backward are refused, naming the argument") {
     pair_case c(1, 2, 4, 2, 3, 1, 2);
     c.add_term(rpe::method::product, true, rpe::target::key, true, 1);
-    std::vector<bf16> out(static_cast<std::size_t>(c.b * c.h * c.l * c.d)), small(out.size() - 1);
-    // out of the wrong shape
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_forward(c.in, rpe::tensor_ref<bf16>(small.data(), {c.b, c.h, c.l - 1, c.d}));
-        },
-        "out"));
-    // attn of the wrong shape
-    std::vector<bf16> attn(static_cast<std::size_t>(c.l * c.l));
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_forward(c.in, rpe::tensor_ref<bf16>(out.data(), {c.b, c.h, c.l, c.d}),
-                                   rpe::tensor_ref<bf16>(attn.data(), {c.l, c.l}));
-        },
-        "attn"));
-    // a table of the wrong shape
-    auto bad = c.in;
-    bad.rpe_k.tables[0].shape[2] += 1;
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_forward(bad, rpe::tensor_ref<bf16>(out.data(), {c.b, c.h, c.l, c.d}));
-        },
-        "rpe_k table"));
-    // k of another shape than q
-    bad = c.in;
-    bad.k.shape[3] = 3;
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_forward(bad, rpe::tensor_ref<bf16>(out.data(), {c.b, c.h, c.l, c.d}));
-        },
-        "k has shape"));
-    // the backward in bf16: bad gradients are refused naming the argument, before any write
-    const std::size_t n = out.size();
-    std::vector<bf16> go(n, bf16(0.5f)), gq(n, bf16(-3.0f)), gk(n, bf16(-3.0f)), gv(n, bf16(-3.0f));
-    const auto shape = {c.b, c.h, c.l, c.d};
-    const rpe::tensor_ref<const bf16> gov(go.data(), shape);
-    const rpe::tensor_ref<bf16> gqv(gq.data(), shape), gkv(gk.data(), shape), gvv(gv.data(), shape);
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_backward(c.in, gov, rpe::tensor_ref<bf16>(gq.data(), {c.b, c.h, c.l - 1, c.d}), gkv, gvv);
-        },
-        "grad_q has shape"));
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_backward(c.in, rpe::tensor_ref<const bf16>(go.data(), {c.b, c.h, c.l, c.d - 1}), gqv, gkv, gvv);
-        },
-        "grad_out has shape"));
-    CHECK(rpe_test::throws_with([&] { rpe::attention_backward(c.in, gov, gqv, rpe::tensor_ref<bf16>(gq.data(), shape), gvv); },
-                                {"grad_k", "grad_q"}));  // overlapping outputs
-    auto bad_g = c.in;
-    std::vector<bf16> gt(static_cast<std::size_t>(c.in.rpe_k.tables[0].size()));
-    auto gt_shape = c.in.rpe_k.tables[0];
-    gt_shape.shape[1] += 1;
-    bad_g.rpe_k.grad_tables = {view_like(gt.data(), gt_shape)};
-    CHECK(rpe_test::throws_with([&] { rpe::attention_backward(bad_g, gov, gqv, gkv, gvv); }, "rpe_k grad_tables[0]"));
-    std::vector<bf16> small_attn(static_cast<std::size_t>(c.l * c.l));
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_backward(c.in, {.grad_out = gov,
-                                           .grad_q = gqv,
-                                           .grad_k = gkv,
-                                           .grad_v = gvv,
-                                           .saved_attn = rpe::tensor_ref<const bf16>(small_attn.data(), {c.l, c.l})});
-        },
-        "saved_attn"));
-    bool untouched = true;  // every refused call left the gradients alone
-    for (std::size_t i = 0; i < n; ++i) untouched = untouched && gq[i].bits == bf16(-3.0f).bits && gk[i].bits == bf16(-3.0f).bits;
-    CHECK(untouched);
-    // and a good call works (no longer rpe::not_supported)
-    rpe::attention_backward(c.in, gov, gqv, gkv, gvv);
-    CHECK(std::isfinite(static_cast<float>(gq[0])));
-    static_assert(!backward_accepts<rpe::attention_inputs<bf16>, rpe::tensor_ref<const float>, rpe::tensor_ref<float>>);
-    static_assert(!backward_accepts<rpe::attention_inputs<float>, rpe::tensor_ref<const bf16>, rpe::tensor_ref<bf16>>);
-    static_assert(backward_accepts<rpe::attention_inputs<bf16>, rpe::tensor_ref<const bf16>, rpe::tensor_ref<bf16>>);
-    // mixed types are refused at compile time: one scalar type per call
-    static_assert(!forward_accepts<rpe::attention_inputs<bf16>, rpe::tensor_ref<float>>);
-    static_assert(!forward_accepts<rpe::attention_inputs<float>, rpe::tensor_ref<bf16>>);
-    static_assert(forward_accepts<rpe::attention_inputs<bf16>, rpe::tensor_ref<bf16>>);
+    rpe_test::check_refused_arguments(c.in);
 }
 
 }  // namespace rpe_unit_attention_bf16

@@ -34,6 +34,7 @@
 
 #include "cpu_paths.hpp"
 #include "golden.hpp"
+#include "half_attention_checks.hpp"
 #include "half_checks.hpp"
 
 // Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
@@ -356,16 +357,6 @@ void add_terms(tri_case& c, const config& cf) {
     if (cf.attn_mask) c.add_attn_mask();
 }
 
-// Whether rpe::attention_forward(in, out) / attention_backward(in, go, g, g, g) are valid calls.
-template <class In, class Out>
-constexpr bool forward_accepts = requires(const In& in, Out o) {
-    rpe::attention_forward(in, o);
-};
-template <class In, class Go, class G>
-constexpr bool backward_accepts = requires(const In& in, Go go, G g) {
-    rpe::attention_backward(in, go, g, g, g);
-};
-
 }  // namespace
 
 TEST_CASE("f16 attention forward: the float forward rounded once; within one f16 rounding of the float64 composed attention") {
@@ -446,20 +437,7 @@ TEST_CASE("f16 attention forward in chunks of batch elements: the same bits as i
     c.in.key_lengths = c.inf.key_lengths = c.ind.key_lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {c.b});
     const auto whole = forward_of(c.in);
     check_forward(c);
-    auto& budget = rpe::detail::cpu::half_forward_chunk_bytes;
-    const auto saved = budget.load();
-    for (const std::int64_t bytes : {std::int64_t{1}, 2 * 4 * c.h * c.l * (4 * c.d + c.l)}) {  // chunks of 1, then 2 (and 1)
-        CAPTURE(bytes);
-        budget = bytes;
-        const auto chunked = forward_of(c.in);
-        CHECK(same_bits(whole.out, chunked.out));
-        CHECK(same_bits(whole.attn, chunked.attn));
-        // without attn: the chunk holds q, k, v and out only
-        std::vector<f16> out(whole.out.size(), f16(-3.0f));
-        rpe::attention_forward(c.in, rpe::tensor_ref<f16>(out.data(), {c.b, c.h, c.l, c.d}));
-        CHECK(same_bits(whole.out, out));
-    }
-    budget = saved;
+    rpe_test::check_chunked_forward(c.in, whole.out, whole.attn);
 }
 
 TEST_CASE("f16 attention with RoPE, key_lengths and packed sequences: the float path rounded once") {
@@ -678,76 +656,7 @@ TEST_CASE("f16 attention reproduces every golden attention case (f16-rounded inp
 TEST_CASE("f16 attention: bad arguments of the forward and the backward are refused, naming the argument") {
     tri_case c(1, 2, 4, 2, 3, 1, 2);
     c.add_term(rpe::method::product, true, rpe::target::key, true, 1);
-    std::vector<f16> out(static_cast<std::size_t>(c.b * c.h * c.l * c.d), f16(-3.0f)), small(out.size() - 1);
-    const auto shape = {c.b, c.h, c.l, c.d};
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_forward(c.in, rpe::tensor_ref<f16>(small.data(), {c.b, c.h, c.l - 1, c.d}));
-        },
-        "out"));
-    std::vector<f16> attn(static_cast<std::size_t>(c.l * c.l));
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_forward(c.in, rpe::tensor_ref<f16>(out.data(), shape), rpe::tensor_ref<f16>(attn.data(), {c.l, c.l}));
-        },
-        "attn"));
-    auto bad = c.in;
-    bad.rpe_k.tables[0].shape[2] += 1;
-    CHECK(rpe_test::throws_with([&] { rpe::attention_forward(bad, rpe::tensor_ref<f16>(out.data(), shape)); }, "rpe_k table"));
-    bad = c.in;
-    bad.k.shape[3] = 3;
-    CHECK(rpe_test::throws_with([&] { rpe::attention_forward(bad, rpe::tensor_ref<f16>(out.data(), shape)); }, "k has shape"));
-    CHECK(rpe_test::throws_with(
-        [&] { rpe::attention_forward(c.in, rpe::tensor_ref<f16>(out.data(), shape), {}, {.scale = std::nan("")}); }, "scale"));
-    bool out_untouched = true;
-    for (const auto& o : out) out_untouched = out_untouched && o.bits == f16(-3.0f).bits;
-    CHECK(out_untouched);
-    const std::size_t n = out.size();
-    std::vector<f16> go(n, f16(0.5f)), gq(n, f16(-3.0f)), gk(n, f16(-3.0f)), gv(n, f16(-3.0f));
-    const rpe::tensor_ref<const f16> gov(go.data(), shape);
-    const rpe::tensor_ref<f16> gqv(gq.data(), shape), gkv(gk.data(), shape), gvv(gv.data(), shape);
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_backward(c.in, gov, rpe::tensor_ref<f16>(gq.data(), {c.b, c.h, c.l - 1, c.d}), gkv, gvv);
-        },
-        "grad_q has shape"));
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_backward(c.in, rpe::tensor_ref<const f16>(go.data(), {c.b, c.h, c.l, c.d - 1}), gqv, gkv, gvv);
-        },
-        "grad_out has shape"));
-    CHECK(rpe_test::throws_with([&] { rpe::attention_backward(c.in, gov, gqv, rpe::tensor_ref<f16>(gq.data(), shape), gvv); },
-                                {"grad_k", "grad_q"}));  // overlapping outputs
-    auto bad_g = c.in;
-    std::vector<f16> gt(static_cast<std::size_t>(c.in.rpe_k.tables[0].size()));
-    auto gt_shape = c.in.rpe_k.tables[0];
-    gt_shape.shape[1] += 1;
-    bad_g.rpe_k.grad_tables = {view_as<f16>(gt.data(), gt_shape)};
-    CHECK(rpe_test::throws_with([&] { rpe::attention_backward(bad_g, gov, gqv, gkv, gvv); }, "rpe_k grad_tables[0]"));
-    std::vector<f16> small_attn(static_cast<std::size_t>(c.l * c.l));
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_backward(c.in, {.grad_out = gov,
-                                           .grad_q = gqv,
-                                           .grad_k = gkv,
-                                           .grad_v = gvv,
-                                           .saved_attn = rpe::tensor_ref<const f16>(small_attn.data(), {c.l, c.l})});
-        },
-        "saved_attn"));
-    bool untouched = true;  // every refused call left the gradients alone
-    for (std::size_t i = 0; i < n; ++i)
-        untouched = untouched && gq[i].bits == f16(-3.0f).bits && gk[i].bits == f16(-3.0f).bits && gv[i].bits == f16(-3.0f).bits;
-    CHECK(untouched);
-    rpe::attention_backward(c.in, gov, gqv, gkv, gvv);  // and a good call works
-    CHECK(std::isfinite(static_cast<float>(gq[0])));
-    // one scalar type per call: mixed types do not compile
-    static_assert(!forward_accepts<rpe::attention_inputs<f16>, rpe::tensor_ref<float>>);
-    static_assert(!forward_accepts<rpe::attention_inputs<f16>, rpe::tensor_ref<rpe::bf16>>);
-    static_assert(!forward_accepts<rpe::attention_inputs<float>, rpe::tensor_ref<f16>>);
-    static_assert(forward_accepts<rpe::attention_inputs<f16>, rpe::tensor_ref<f16>>);
-    static_assert(!backward_accepts<rpe::attention_inputs<f16>, rpe::tensor_ref<const float>, rpe::tensor_ref<float>>);
-    static_assert(!backward_accepts<rpe::attention_inputs<rpe::bf16>, rpe::tensor_ref<const f16>, rpe::tensor_ref<f16>>);
-    static_assert(backward_accepts<rpe::attention_inputs<f16>, rpe::tensor_ref<const f16>, rpe::tensor_ref<f16>>);
+    rpe_test::check_refused_arguments(c.in);
 }
 
 }  // namespace rpe_unit_attention_f16
