@@ -13,14 +13,21 @@
 #include <rpe/mapping/cross.hpp>
 #include <rpe/mapping/euclidean.hpp>
 #include <rpe/mapping/product.hpp>
+#include <rpe/mapping/product3d.hpp>
 #include <rpe/mapping/beit.hpp>
 #include <rpe/mapping/quantization.hpp>
 #include <rpe/mapping/swin.hpp>
+#include <rpe/make_term.hpp>
+#include <rpe/term_desc.hpp>
 #include <rpe/term.hpp>
 #include <rpe/vit/alibi_2d.hpp>
 #include <rpe/vit/decomposed_rel_pos.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
+#include <numeric>
+#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -65,16 +72,17 @@ std::vector<double> as_double(const std::vector<T>& v) {
 }
 
 /// One random problem for term<M, Md, Tg, ·>: the CUDA term in storage type S against the CPU
-/// term in C (double for double, else float) on the same float inputs.
-template <class S, class M, class Md, rpe::target Tg>
-void compare_term(const M& m, int batch, int heads, int dim, bool shared, int skip, int height, int width, bool accumulate,
-                  unsigned seed) {
+/// term in C (double for double, else float) on the same float inputs and the same host ids,
+/// `make_ids(cpu_term)` (a grid's, or ids at per-token positions).
+template <class S, class M, class Md, rpe::target Tg, class MakeIds>
+void compare_term_ids(const M& m, int batch, int heads, int dim, bool shared, int skip, MakeIds&& make_ids, bool accumulate,
+                      unsigned seed) {
     using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
     const rpe::term<M, Md, Tg, C> cpu(m, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
     const rpe::term<M, Md, Tg, S, cuda> gpu(m, {.num_heads = heads, .head_dim = dim, .shared_head = shared, .skip = skip});
     constexpr bool bias = std::is_same_v<Md, rpe::mode::bias>;
     constexpr int nt = rpe::detail::num_tables_of<M>();
-    const auto ids = cpu.bucket_ids(height, width);
+    const std::shared_ptr<const rpe::bucket_ids> ids = make_ids(cpu);
     const std::int64_t b = batch, h = heads, l = ids->length(), d = dim, k = cpu.num_buckets();
     const auto tshape = cpu.table_shape();
     std::vector<std::int64_t> xshape, oshape;
@@ -149,6 +157,14 @@ void compare_term(const M& m, int batch, int heads, int dim, bool shared, int sk
         check_vs_cpu<S>("grad_table[" + std::to_string(t) + "]", to_double(dgtab[t]->host()), as_double(cgtab[t]), n_bwd);
 }
 
+/// compare_term_ids on a height × width grid.
+template <class S, class M, class Md, rpe::target Tg>
+void compare_term(const M& m, int batch, int heads, int dim, bool shared, int skip, int height, int width, bool accumulate,
+                  unsigned seed) {
+    compare_term_ids<S, M, Md, Tg>(
+        m, batch, heads, dim, shared, skip, [&](const auto& t) { return t.bucket_ids(height, width); }, accumulate, seed);
+}
+
 template <class S>
 void random_suite(bool accumulate, unsigned seed) {
     const pw g = pw::from_ratio(1.9);
@@ -203,6 +219,211 @@ TEST_CASE_TEMPLATE("cuda term matches the CPU term on random inputs", S, float, 
 }
 
 TEST_CASE_TEMPLATE("cuda term in accumulate mode matches the CPU term", S, float, __half) { random_suite<S>(true, 200); }
+
+namespace {
+
+/// (N, A) coordinates of a depth × height × width grid's tokens, permuted: row i holds grid token
+/// perm[i]'s (r, c), or (t, r, c) when depth > 1.
+std::vector<std::int32_t> permuted_grid(int depth, int height, int width, unsigned seed) {
+    const int n = depth * height * width;
+    std::vector<int> perm(static_cast<std::size_t>(n));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::mt19937 rng(seed);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<std::int32_t> out;
+    for (int i : perm) {
+        if (depth > 1) out.push_back(i / (height * width));
+        out.push_back((i / width) % height);
+        out.push_back(i % width);
+    }
+    return out;
+}
+
+/// `count` random coordinates in [lo, hi] (repeats, gaps and negative values when lo < 0).
+std::vector<std::int32_t> random_coords(int count, int lo, int hi, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> coord(lo, hi);
+    std::vector<std::int32_t> out(static_cast<std::size_t>(count));
+    for (auto& c : out) c = coord(rng);
+    return out;
+}
+
+/// The make_ids of compare_term_ids for tokens at `pos` ((N, axes) int32), keys at `kpos` (empty:
+/// the queries'): the CPU term's bucket_ids(positions, key_positions), which the CUDA term takes too.
+auto at_positions(const std::vector<std::int32_t>& pos, const std::vector<std::int32_t>& kpos, int axes) {
+    return [&pos, &kpos, axes](const auto& t) {
+        const std::vector<std::int64_t> shape{static_cast<std::int64_t>(pos.size()) / axes, axes};
+        const auto p = view<const std::int32_t>(pos.data(), shape);
+        const auto k = kpos.empty() ? rpe::tensor_ref<const std::int32_t>{} : view<const std::int32_t>(kpos.data(), shape);
+        const auto ids = t.bucket_ids(p, k);
+        REQUIRE(ids->at_positions());
+        return ids;
+    };
+}
+
+/// The 3D case of compare_term_ids through the descriptor functions (a 3D mapping has no
+/// rpe::term class): rpe::cuda::term_forward / term_backward in S against rpe::cpu::term_forward
+/// / term_backward in C on the same float inputs and the same ids at positions `pos` ((N, 3)),
+/// keys at `kpos` (empty: the queries'); overwrite mode.
+template <class S>
+void compare_desc_at(const rpe::term_desc& desc, const std::vector<std::int32_t>& pos, const std::vector<std::int32_t>& kpos,
+                     int batch, unsigned seed) {
+    using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
+    const std::vector<std::int64_t> pshape{static_cast<std::int64_t>(pos.size()) / 3, 3};
+    const auto ids =
+        desc.bucket_ids(view<const std::int32_t>(pos.data(), pshape),
+                        kpos.empty() ? rpe::tensor_ref<const std::int32_t>{} : view<const std::int32_t>(kpos.data(), pshape));
+    REQUIRE(ids->at_positions());
+    const bool bias = !desc.contextual();
+    const bool value = desc.target() == rpe::target::value;
+    const int nt = desc.num_tables();
+    const std::int64_t b = batch, h = desc.num_heads(), l = ids->length(), d = desc.head_dim(), k = desc.num_buckets();
+    const auto tshape = desc.table_shape();
+    std::vector<std::int64_t> xshape, oshape;
+    if (bias) {
+        oshape = {b, h, l, l};
+    } else if (value) {
+        xshape = {b, h, l, l};
+        oshape = {b, h, l, d};
+    } else {
+        xshape = {b, h, l, d};
+        oshape = {b, h, l, l};
+    }
+    INFO("3D at positions: L = " << l << ", K = " << k << ", S = " << sizeof(S) << " bytes");
+    std::vector<std::vector<float>> tab(nt);
+    for (int t = 0; t < nt; ++t) tab[t] = random_floats(count(tshape), seed + 10 + t, 0.5f);
+    const auto x = xshape.empty() ? std::vector<float>{} : random_floats(count(xshape), seed + 1);
+    const auto gout = random_floats(count(oshape), seed + 3);
+
+    // CPU (C)
+    auto cv = [](const std::vector<float>& v) { return std::vector<C>(v.begin(), v.end()); };
+    std::vector<std::vector<C>> ctab(nt), cgtab(nt);
+    std::vector<rpe::tensor_ref<const C>> ctrefs;
+    std::vector<rpe::tensor_ref<C>> cgrefs;
+    for (int t = 0; t < nt; ++t) {
+        ctab[t] = cv(tab[t]);
+        cgtab[t].assign(tab[t].size(), C(0));
+        ctrefs.push_back(view<const C>(ctab[t].data(), tshape));
+        cgrefs.push_back(view<C>(cgtab[t].data(), tshape));
+    }
+    auto cx = cv(x), cgout = cv(gout);
+    std::vector<C> cout(static_cast<std::size_t>(count(oshape))), cgx(x.size());
+    const auto cx_ref = xshape.empty() ? rpe::tensor_ref<const C>{} : view<const C>(cx.data(), xshape);
+    rpe::cpu::term_forward<C>(desc, *ids, ctrefs, cx_ref, view<C>(cout.data(), oshape), rpe::write::overwrite);
+    rpe::cpu::term_backward<C>(desc, *ids, ctrefs, cx_ref, view<const C>(cgout.data(), oshape),
+                               xshape.empty() ? rpe::tensor_ref<C>{} : view<C>(cgx.data(), xshape), cgrefs,
+                               rpe::write::overwrite);
+
+    // GPU (S)
+    std::vector<std::unique_ptr<device_vec<S>>> dtab, dgtab;
+    std::vector<rpe::tensor_ref<const S>> gtrefs;
+    std::vector<rpe::tensor_ref<S>> ggrefs;
+    for (int t = 0; t < nt; ++t) {
+        dtab.push_back(std::make_unique<device_vec<S>>(to_storage<S>(tab[t])));
+        dgtab.push_back(std::make_unique<device_vec<S>>(to_storage<S>(std::vector<float>(tab[t].size(), 99.f))));
+        gtrefs.push_back(dtab[t]->cref(tshape));
+        ggrefs.push_back(dgtab[t]->ref(tshape));
+    }
+    device_vec<S> dx(to_storage<S>(x)), dgout(to_storage<S>(gout)), dgx(x.size()), dout(cout.size());
+    const auto dx_ref = xshape.empty() ? rpe::tensor_ref<const S>{} : dx.cref(xshape);
+    rpe::cuda::term_forward<S>(desc, *ids, gtrefs, dx_ref, dout.ref(oshape), rpe::write::overwrite);
+    rpe::cuda::term_backward<S>(desc, *ids, gtrefs, dx_ref, dgout.cref(oshape),
+                                xshape.empty() ? rpe::tensor_ref<S>{} : dgx.ref(xshape), ggrefs, rpe::write::overwrite);
+
+    const double n_fwd = bias ? 1.0 : (value ? static_cast<double>(l + k * d) : static_cast<double>(d));
+    check_vs_cpu<S>("out", to_double(dout.host()), as_double(cout), n_fwd);
+    if (!xshape.empty()) check_vs_cpu<S>("grad_x", to_double(dgx.host()), as_double(cgx), static_cast<double>(l * k + k * d));
+    for (int t = 0; t < nt; ++t)
+        check_vs_cpu<S>("grad_table[" + std::to_string(t) + "]", to_double(dgtab[t]->host()), as_double(cgtab[t]),
+                        static_cast<double>(b * h * l * l));
+}
+
+template <class S>
+void positions_suite(unsigned seed) {
+    const pw g = pw::from_ratio(1.9);
+    using P = rpe::mapping::product<pw>;
+    using X = rpe::mapping::cross<pw>;
+    using P3 = rpe::mapping::product3d<pw>;
+    using ctx = rpe::mode::contextual;
+    using bias = rpe::mode::bias;
+    using rpe::target;
+    const std::vector<std::int32_t> none;
+    const auto grid45 = permuted_grid(1, 4, 5, seed);  // a 4 x 5 grid's 20 positions, scrambled
+    const auto irregular = random_coords(2 * 23, -4, 6, seed + 1), keys = random_coords(2 * 23, -4, 6, seed + 2);
+    const auto grid234 = permuted_grid(2, 3, 4, seed + 3);  // 24 tokens of a 2 x 3 x 4 grid
+    const auto irregular3 = random_coords(3 * 17, -2, 3, seed + 4), keys3 = random_coords(3 * 17, -2, 3, seed + 5);
+    SUBCASE("permuted grid: contextual key, shared, skip 1") {
+        compare_term_ids<S, P, ctx, target::key>(P{g}, 2, 3, 8, true, 1, at_positions(grid45, none, 2), false, seed);
+    }
+    SUBCASE("permuted grid: contextual query, per head, skip 0") {
+        compare_term_ids<S, P, ctx, target::query>(P{g}, 2, 3, 8, false, 0, at_positions(grid45, none, 2), false, seed);
+    }
+    SUBCASE("permuted grid: contextual value, shared, skip 1, accumulate") {
+        compare_term_ids<S, P, ctx, target::value>(P{g}, 2, 2, 8, true, 1, at_positions(grid45, none, 2), true, seed);
+    }
+    SUBCASE("key positions apart: contextual key, per head, skip 1") {
+        compare_term_ids<S, P, ctx, target::key>(P{g}, 2, 2, 8, false, 1, at_positions(irregular, keys, 2), false, seed);
+    }
+    SUBCASE("key positions apart: contextual query, shared, skip 1") {
+        compare_term_ids<S, P, ctx, target::query>(P{g}, 1, 2, 8, true, 1, at_positions(irregular, keys, 2), false, seed);
+    }
+    SUBCASE("key positions apart: contextual value, per head, skip 0") {
+        compare_term_ids<S, P, ctx, target::value>(P{g}, 2, 2, 8, false, 0, at_positions(irregular, keys, 2), false, seed);
+    }
+    SUBCASE("key positions apart: bias key and query, per head, skip 1") {
+        compare_term_ids<S, P, bias, target::key>(P{g}, 2, 3, 4, false, 1, at_positions(irregular, keys, 2), false, seed);
+        compare_term_ids<S, P, bias, target::query>(P{g}, 2, 3, 4, false, 1, at_positions(irregular, keys, 2), true, seed);
+    }
+    SUBCASE("cross: contextual key (two tables), irregular positions, skip 1") {
+        compare_term_ids<S, X, ctx, target::key>(X{g}, 2, 2, 8, true, 1, at_positions(irregular, none, 2), false, seed);
+    }
+    SUBCASE("cross: contextual query and bias key, key positions apart, skip 1") {
+        compare_term_ids<S, X, ctx, target::query>(X{g}, 1, 2, 8, false, 1, at_positions(irregular, keys, 2), false, seed);
+        compare_term_ids<S, X, bias, target::key>(X{g}, 2, 2, 4, false, 1, at_positions(irregular, keys, 2), false, seed);
+    }
+    // 3D (product3d, a Mapping3D: the descriptor functions)
+    const P3 m3{g, g, g};
+    auto desc3 = [&](bool contextual, target tg, bool shared, int skip) {
+        return rpe::make_term_desc(m3, contextual, tg, {.num_heads = 2, .head_dim = 8, .shared_head = shared, .skip = skip});
+    };
+    SUBCASE("3D: contextual key and value on a permuted 2 x 3 x 4 grid, skip 1") {
+        compare_desc_at<S>(desc3(true, target::key, true, 1), grid234, none, 2, seed);
+        compare_desc_at<S>(desc3(true, target::value, false, 1), grid234, none, 1, seed);
+    }
+    SUBCASE("3D: contextual query and bias query, key positions apart, skip 1") {
+        compare_desc_at<S>(desc3(true, target::query, false, 1), irregular3, keys3, 2, seed);
+        compare_desc_at<S>(desc3(false, target::query, true, 1), irregular3, keys3, 2, seed);
+    }
+    SUBCASE("cross: contextual value, permuted grid, skip 0") {
+        compare_term_ids<S, X, ctx, target::value>(X{g}, 2, 2, 8, false, 0, at_positions(grid45, none, 2), false, seed);
+    }
+}
+
+}  // namespace
+
+// Ids at per-token positions (docs/positions.md): the CUDA term reads the bounding box's per-offset
+// ids and the tokens' linear positions; the CPU term at the same positions is the reference.
+TEST_CASE_TEMPLATE("cuda term at per-token positions matches the CPU term", S, float, double, __half) { positions_suite<S>(400); }
+
+TEST_CASE("ids at a grid's own coordinates give the grid's term (cuda)") {
+    // positions equal to the grid's own coordinates in token order: the grid's ids exactly, so
+    // the CUDA term at positions equals the CUDA term on the grid (same device, same order of sums)
+    using P = rpe::mapping::product<pw>;
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)},
+                                                                         {.num_heads = 2, .head_dim = 4, .skip = 1});
+    std::vector<std::int32_t> coords;
+    for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < 5; ++c) coords.insert(coords.end(), {r, c});
+    const auto grid = t.bucket_ids(4, 5);
+    const auto at = t.bucket_ids(view<const std::int32_t>(coords.data(), {20, 2}));
+    REQUIRE(at->at_positions());
+    const auto table = random_floats(2 * t.num_buckets(), 9);
+    device_vec<float> dtable(table), a(2 * 21 * 21), b(2 * 21 * 21);
+    const std::vector<std::int64_t> tshape{2, t.num_buckets()}, oshape{1, 2, 21, 21};
+    t.forward(*grid, dtable.cref(tshape), {}, a.ref(oshape), rpe::write::overwrite);
+    t.forward(*at, dtable.cref(tshape), {}, b.ref(oshape), rpe::write::overwrite);
+    CHECK(a.host() == b.host());  // a gather: bit-identical
+}
 
 namespace {
 
@@ -340,6 +561,39 @@ TEST_CASE("device bucket ids are cached per configuration and device") {
     CHECK(wrong == 0);
 }
 
+TEST_CASE("device ids at per-token positions: the host's ids through the views, both orientations") {
+    using P = rpe::mapping::product<pw>;
+    using X = rpe::mapping::cross<pw>;
+    const auto pos = random_coords(2 * 13, -3, 5, 11), kpos = random_coords(2 * 13, -3, 5, 12);
+    const std::vector<std::int64_t> shape{13, 2};
+    const auto p = view<const std::int32_t>(pos.data(), shape), k = view<const std::int32_t>(kpos.data(), shape);
+    const std::shared_ptr<const rpe::bucket_ids> cases[] = {rpe::build_bucket_ids(P{pw::from_ratio(1.9)}, p, 1),
+                                                            rpe::build_bucket_ids(P{pw::from_ratio(1.9)}, p, k, 2),
+                                                            rpe::build_bucket_ids(X{pw::from_ratio(1.9)}, p, k, 1)};
+    for (const auto& ids : cases) {
+        REQUIRE(ids->at_positions());
+        const std::int64_t n = ids->length();
+        const rpe::detail::gpu::term_device_ids dev(*ids, nullptr);
+        for (int t = 0; t < ids->num_tables(); ++t) {
+            CAPTURE(t);
+            rpe_cuda_test::device_vec<std::int32_t> buf(static_cast<std::size_t>(2 * n * n));
+            for (int transposed = 0; transposed < 2; ++transposed)
+                dev.visit(t, transposed == 1, [&](const auto& view) {
+                    eval_ids_kernel<<<static_cast<unsigned>((n * n + 127) / 128), 128>>>(view, n, buf.get() + transposed * n * n);
+                    RPE_CUDA_CHECK(cudaGetLastError());
+                });
+            const auto got = buf.host();
+            int wrong = 0;
+            for (std::int64_t i = 0; i < n; ++i)
+                for (std::int64_t j = 0; j < n; ++j)
+                    wrong += (got[static_cast<std::size_t>(i * n + j)] != ids->at(t, static_cast<int>(i), static_cast<int>(j))) +
+                             (got[static_cast<std::size_t>(n * n + i * n + j)] !=
+                              ids->at(t, static_cast<int>(j), static_cast<int>(i)));
+            CHECK(wrong == 0);
+        }
+    }
+}
+
 TEST_CASE("device ids of a 256 x 256 grid: per-offset ids only, the host's ids through the views") {
     using P = rpe::mapping::product<pw>;
     const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)},
@@ -452,22 +706,68 @@ TEST_CASE("cuda term rejects the shared list of bad calls with the CPU term's me
     rpe_test::check_bad_term_calls<float>(key, bias, value);
 }
 
-TEST_CASE("cuda term refuses bucket ids at per-token positions before any CUDA call") {
-    // host buffers: the refusal comes after the shared checks and before the device cache's first CUDA call
+TEST_CASE("the device id cache refuses ids at positions (their box goes up instead) before any CUDA call") {
+    using P = rpe::mapping::product<pw>;
+    const std::vector<std::int32_t> pos = {0, 0, 1, 2, 3, 1};
+    const auto ids = rpe::build_bucket_ids(P{pw::from_ratio(1.9)}, rpe::tensor_ref<const std::int32_t>(pos.data(), {3, 2}), 1);
+    REQUIRE(ids->at_positions());
+    CHECK(ids->box() != nullptr);
+    CHECK(!ids->box()->at_positions());
+    try {
+        (void)rpe::cuda::device_bucket_cache::global().get(*ids);
+        FAIL("ids at positions were accepted by the device id cache");
+    } catch (const rpe::not_supported& e) {
+        CHECK(std::string(e.what()).find("[rpe.bucket_ids] bucket ids at per-token positions (3 positions) are not a grid's") ==
+              0);
+    }
+}
+
+TEST_CASE("device_id_view at positions gives bucket_ids::at (evaluated on the host over host copies)") {
+    // the view the kernels get at positions (the box's per-offset ids, the ids' grid and linear
+    // positions), here over the host's own arrays: every pair, both orientations, 2D and 3D, Cross
+    using P = rpe::mapping::product<pw>;
+    using X = rpe::mapping::cross<pw>;
+    using P3 = rpe::mapping::product3d<pw>;
+    const pw g = pw::from_ratio(1.9);
+    const auto pos = random_coords(2 * 13, -3, 5, 11), kpos = random_coords(2 * 13, -3, 5, 12);
+    const auto pos3 = random_coords(3 * 11, -2, 3, 13), kpos3 = random_coords(3 * 11, -2, 3, 14);
+    const auto p = view<const std::int32_t>(pos.data(), {13, 2}), k = view<const std::int32_t>(kpos.data(), {13, 2});
+    const auto p3 = view<const std::int32_t>(pos3.data(), {11, 3}), k3 = view<const std::int32_t>(kpos3.data(), {11, 3});
+    const std::shared_ptr<const rpe::bucket_ids> cases[] = {
+        rpe::build_bucket_ids(P{g}, p, 1), rpe::build_bucket_ids(P{g}, p, k, 2), rpe::build_bucket_ids(X{g}, p, k, 1),
+        rpe::build_bucket_ids(P3{g, g, g}, p3, k3, 1)};
+    for (const auto& ids : cases) {
+        REQUIRE(ids->at_positions());
+        const int n = ids->length();
+        for (int t = 0; t < ids->num_tables(); ++t)
+            ids->box()->visit_offsets(t, [&](const auto* off, std::size_t) {
+                using Id = std::remove_cvref_t<decltype(*off)>;
+                int wrong = 0;
+                for (const bool transposed : {false, true}) {
+                    const rpe::cuda::device_id_view<Id> v{off, ids->grid(), transposed, ids->linear_positions()};
+                    for (int i = 0; i < n; ++i)
+                        for (int j = 0; j < n; ++j) wrong += v(i, j) != (transposed ? ids->at(t, j, i) : ids->at(t, i, j));
+                }
+                CHECK(wrong == 0);
+            });
+    }
+}
+
+TEST_CASE("cuda term at positions: the shared checks run before any CUDA call") {
+    // host buffers: ids at 3 positions (L = 4) against x and out of L = 5 fail in the shared checks
     using P = rpe::mapping::product<pw>;
     const rpe::term<P, rpe::mode::contextual, rpe::target::key, float, cuda> key(P{pw::from_ratio(1.9)},
                                                                                  {.num_heads = 1, .head_dim = 2, .skip = 1});
     const std::vector<std::int32_t> pos = {0, 0, 1, 2, 3, 1};
-    const auto ids = rpe::build_bucket_ids(P{pw::from_ratio(1.9)}, rpe::tensor_ref<const std::int32_t>(pos.data(), {3, 2}), 1);
-    std::vector<float> table(2 * 50), x(4 * 2), out(4 * 4);
-    try {
-        key.forward(*ids, {table.data(), {1, 2, 50}}, {x.data(), {1, 1, 4, 2}}, {out.data(), {1, 1, 4, 4}},
-                    rpe::write::overwrite);
-        FAIL("ids at positions were accepted by the cuda term");
-    } catch (const rpe::not_supported& e) {
-        CHECK(std::string(e.what()).find(
-                  "[rpe.bucket_ids] bucket ids at per-token positions (3 positions) are not supported by the cuda backend") == 0);
-    }
+    const auto ids = key.bucket_ids(rpe::tensor_ref<const std::int32_t>(pos.data(), {3, 2}));
+    REQUIRE(ids->length() == 4);
+    std::vector<float> table(2 * 50), x(5 * 2), out(5 * 5);
+    CHECK_THROWS_AS(key.forward(*ids, {table.data(), {1, 2, 50}}, {x.data(), {1, 1, 5, 2}}, {out.data(), {1, 1, 5, 5}},
+                                rpe::write::overwrite),
+                    rpe::invalid_argument);
+    CHECK_THROWS_AS(key.backward(*ids, {table.data(), {1, 2, 50}}, {x.data(), {1, 1, 5, 2}}, {out.data(), {1, 1, 5, 5}},
+                                 {x.data(), {1, 1, 5, 2}}, {table.data(), {1, 2, 50}}, rpe::write::overwrite),
+                    rpe::invalid_argument);
 }
 }  // TEST_SUITE("host")
 

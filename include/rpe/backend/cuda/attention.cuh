@@ -526,17 +526,6 @@ struct attention_resources {
     std::unique_ptr<device_buffer<std::int32_t>> key_lengths;
 };
 
-// Uploads `count` values of host memory `src` into a new stream-ordered device buffer (pageable
-// source: staged before cudaMemcpyAsync returns, so `src` may go away after the call).
-template <class T>
-std::unique_ptr<device_buffer<T>> upload(const T* src, std::int64_t count, cudaStream_t stream) {
-    auto buf = std::make_unique<device_buffer<T>>(count, stream);
-    if (count > 0)
-        RPE_CUDA_CHECK(
-            cudaMemcpyAsync(buf->get(), src, static_cast<std::size_t>(count) * sizeof(T), cudaMemcpyHostToDevice, stream));
-    return buf;
-}
-
 // The kernel arguments of checked inputs (the public front checks them first) whose positions
 // and key_lengths are in host memory (host_checked_inputs): the tables' device ids, uploaded at
 // the call's widest id width (returned in `id_bytes`, for the one dispatch on the id type), and at

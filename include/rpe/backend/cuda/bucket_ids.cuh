@@ -25,28 +25,35 @@
 namespace rpe::cuda {
 
 /// @brief Throws rpe::not_supported `[rpe.bucket_ids] bucket ids at per-token positions (N
-/// positions) are not supported by the cuda backend; ...` for host ids built from positions
-/// (bucket_ids::at_positions()): the device kernels compute ids from a grid and hold no
-/// positions. Called before any CUDA call.
+/// positions) are not a grid's: the device id cache uploads a grid's per-offset ids; expected
+/// their bounding box's ids (bucket_ids::box()) ...` for host ids built from positions
+/// (bucket_ids::at_positions()): device_bucket_ids holds per-offset ids only, and the CUDA terms
+/// and attention upload the box's (cached) and the linear positions (per call) themselves.
+/// Called before any CUDA call.
 inline void refuse_positions(const rpe::bucket_ids& host) {
     if (host.at_positions())
         throw not_supported(detail::message("bucket_ids", "bucket ids at per-token positions (", host.grid_string(),
-                                            ") are not supported by the cuda backend; expected ids of a grid"));
+                                            ") are not a grid's: the device id cache uploads a grid's per-offset ids; "
+                                            "expected their bounding box's ids (bucket_ids::box())"));
 }
 
 /// @brief The ids of one table on the device as a function of the token pair: `ids(i, j)` is
 /// id(i, j), or with `transposed` id(j, i) (the query target's order), computed from the
-/// per-offset ids `offsets` (device memory, compact type Id) and the grid. Trivially copyable:
-/// passed to kernels by value.
+/// per-offset ids `offsets` (device memory, compact type Id) and the grid; with `pos.query` set
+/// (tokens at per-token positions) from the bounding box's per-offset ids and the tokens' linear
+/// positions in it (device memory) through detail::position_id, as bucket_ids::at. Trivially
+/// copyable: passed to kernels by value.
 template <class Id>
 struct device_id_view {
     const Id* offsets = nullptr;  ///< (2T−1)(2H−1)(2W−1) per-offset ids, device memory
-    detail::id_grid grid{};       ///< frames, rows, columns, skip, extra id
+    detail::id_grid grid{};       ///< frames, rows, columns, skip, extra id (at positions: the box's)
     bool transposed = false;      ///< true: ids(i, j) = id(j, i)
+    detail::id_positions pos{};   ///< at positions: (N) query and key linear positions, device memory; else null
 
     /// @brief Id of pair (i, j) in this view's orientation, in [0, K).
     RPE_HOST_DEVICE std::int64_t operator()(std::int64_t i, std::int64_t j) const {
-        return transposed ? grid.id(offsets, j, i) : grid.id(offsets, i, j);
+        const std::int64_t a = transposed ? j : i, b = transposed ? i : j;
+        return pos.query ? detail::position_id(grid, pos, offsets, a, b) : grid.id(offsets, a, b);
     }
 };
 
@@ -62,7 +69,8 @@ public:
     /// widens the ids to that width (1, 2 or 4), so that every table of one call shares one id
     /// type; 0 keeps the host's width.
     /// @throws rpe::cuda_error when an allocation or copy fails; rpe::invalid_argument for a
-    ///   width other than 0, 1, 2 or 4; rpe::not_supported for ids at positions (refuse_positions).
+    ///   width other than 0, 1, 2 or 4; rpe::not_supported for ids at positions (refuse_positions:
+    ///   upload their box() instead).
     device_bucket_ids(const rpe::bucket_ids& host, cudaStream_t stream, int id_bytes = 0)
         : length_(host.length()),
           num_buckets_(host.num_buckets()),
@@ -121,6 +129,16 @@ public:
             return f(device_id_view<Id>{static_cast<const Id*>(p), grid_, transposed});
         });
     }
+    /// @brief As visit(table, transposed, f) for tokens at per-token positions: the view reads these
+    /// per-offset ids (the positions' bounding box's) at the linear positions `pos` (device memory,
+    /// N each; detail::position_id), `grid` giving skip and the extra ids (the host ids' grid()).
+    template <class F>
+    decltype(auto) visit(int table, bool transposed, const detail::id_grid& grid, const detail::id_positions& pos, F&& f) const {
+        const void* p = buffers_.at(static_cast<std::size_t>(table));
+        return visit_id_width(id_bytes_, [&]<class Id>() -> decltype(auto) {
+            return f(device_id_view<Id>{static_cast<const Id*>(p), grid, transposed, pos});
+        });
+    }
     /// @brief Table `table`'s per-offset ids (device memory; type by id_bytes()).
     [[nodiscard]] const void* offsets(int table) const { return buffers_.at(static_cast<std::size_t>(table)); }
 
@@ -148,8 +166,9 @@ public:
     /// @brief The device ids of `host` on the current device, uploaded on first use, at least
     /// `id_bytes` wide (0: the host's width; see device_bucket_ids).
     /// @throws rpe::cuda_error when the device query, allocation or copy fails; rpe::not_supported
-    ///   `[rpe.bucket_ids] bucket ids at per-token positions are not supported by the cuda backend`
-    ///   for ids built from positions (bucket_ids::at_positions()).
+    ///   `[rpe.bucket_ids] bucket ids at per-token positions (N positions) are not a grid's ...`
+    ///   for ids built from positions (bucket_ids::at_positions(); pass their box()), before any
+    ///   CUDA call.
     std::shared_ptr<const device_bucket_ids> get(const rpe::bucket_ids& host, cudaStream_t stream = nullptr, int id_bytes = 0) {
         refuse_positions(host);
         int device = 0;

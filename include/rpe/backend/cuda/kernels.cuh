@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -51,6 +52,18 @@ private:
     T* data_ = nullptr;
     cudaStream_t stream_;
 };
+
+/// @brief Uploads `count` values of host memory `src` into a new stream-ordered device buffer
+/// (pageable source: staged before cudaMemcpyAsync returns, so `src` may go away after the call).
+/// @throws rpe::cuda_error when the allocation or copy fails.
+template <class T>
+std::unique_ptr<device_buffer<T>> upload(const T* src, std::int64_t count, cudaStream_t stream) {
+    auto buf = std::make_unique<device_buffer<T>>(count, stream);
+    if (count > 0)
+        RPE_CUDA_CHECK(
+            cudaMemcpyAsync(buf->get(), src, static_cast<std::size_t>(count) * sizeof(T), cudaMemcpyHostToDevice, stream));
+    return buf;
+}
 
 /// @brief Blocks for a grid-stride loop over `total` items with `threads` per block.
 inline unsigned grid_for(std::int64_t total, int threads) {

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../../bucket_ids.hpp"
@@ -30,11 +31,48 @@
 
 namespace rpe::detail::gpu {
 
-// The CUDA work of a checked term forward (d: the checked sizes; dev: the device ids of the
+// The device ids that one term call reads, alive until the call's work is enqueued: on a grid the
+// grid's per-offset ids (device id cache); at per-token positions (bucket_ids::at_positions()) the
+// per-offset ids of the positions' bounding box (cached per box, as a grid's) and each grid
+// token's linear position in it (queries, and keys when they have their own), uploaded per call
+// into stream-ordered buffers (8 bytes per token and side; freed after the call's work on its
+// stream). visit() gives the kernels' device_id_view: id(i, j) = detail::position_id at positions,
+// the same ids as the host's bucket_ids::at.
+class term_device_ids {
+public:
+    term_device_ids(const rpe::bucket_ids& host, cudaStream_t stream)
+        : dev_(cuda::device_bucket_cache::global().get(host.at_positions() ? *host.box() : host, stream)), grid_(host.grid()) {
+        if (!host.at_positions()) return;
+        const id_positions hp = host.linear_positions();
+        const std::int64_t count = host.length() - host.skip();
+        query_ = upload(hp.query, count, stream);
+        pos_.query = query_->get();
+        pos_.key = pos_.query;
+        if (hp.key != hp.query) {
+            key_ = upload(hp.key, count, stream);
+            pos_.key = key_->get();
+        }
+        pos_.base = hp.base;
+    }
+    // Calls f(device_id_view<Id>) with table `table`'s ids, id(i, j) or with `transposed` id(j, i).
+    template <class F>
+    decltype(auto) visit(int table, bool transposed, F&& f) const {
+        if (pos_.query) return dev_->visit(table, transposed, grid_, pos_, std::forward<F>(f));
+        return dev_->visit(table, transposed, std::forward<F>(f));
+    }
+
+private:
+    std::shared_ptr<const cuda::device_bucket_ids> dev_;
+    id_grid grid_;
+    id_positions pos_{};
+    std::unique_ptr<device_buffer<std::int64_t>> query_, key_;
+};
+
+// The CUDA work of a checked term forward (d: the checked sizes; ids_dev: the device ids of the
 // call's host ids): writes, or with `acc` adds, the term into out. One instantiation per
 // (scalar, mode, target) serves every mapping.
 template <class S, bool Bias, target Tg>
-void term_forward_run(const term_dims& d, const cuda::device_bucket_ids& ids_dev, std::span<const tensor_ref<const S>> tables,
+void term_forward_run(const term_dims& d, const term_device_ids& ids_dev, std::span<const tensor_ref<const S>> tables,
                       tensor_ref<const S> x, tensor_ref<S> out, bool acc, cudaStream_t stream) {
     const auto* dev = &ids_dev;
     const int num_tables = static_cast<int>(tables.size());
@@ -72,7 +110,7 @@ void term_forward_run(const term_dims& d, const cuda::device_bucket_ids& ids_dev
 // The CUDA work of a checked term backward: grad_x (when non-empty and contextual) and each
 // non-null grad_tables[t], overwritten or with `acc` added to.
 template <class S, bool Bias, target Tg>
-void term_backward_run(const term_dims& d, const cuda::device_bucket_ids& ids_dev, std::span<const tensor_ref<const S>> tables,
+void term_backward_run(const term_dims& d, const term_device_ids& ids_dev, std::span<const tensor_ref<const S>> tables,
                        tensor_ref<const S> x, tensor_ref<const S> grad_out, tensor_ref<S> grad_x,
                        std::span<const tensor_ref<S>> grad_tables, bool acc, cudaStream_t stream) {
     const auto* dev = &ids_dev;
@@ -159,6 +197,13 @@ namespace rpe {
 /// configuration on a device), which uploads the ids and waits for that copy. Temporary
 /// buffers come from the stream-ordered allocator (cudaMallocAsync).
 ///
+/// Ids: a grid's, or at per-token positions (ids.at_positions(): bucket_ids(positions[,
+/// key_positions]), rpe::build_bucket_ids(m, positions, key_positions, skip); host objects as on
+/// the CPU), every mode, target and mapping alike: the device reads the per-offset ids of the
+/// positions' bounding box (uploaded once per box, as a grid's) and each token's linear position
+/// in it (uploaded per call, 8 bytes per token and side, no wait), id(i, j) =
+/// detail::position_id, the same ids as the CPU term's (docs/positions.md).
+///
 /// Algorithms (paper eqs. 15–17): contextual q/k: T = x·table per bucket (batched GEMM, (B, H, L, K) in
 /// acc_t), then a gather; backward: per-(b, h, i) bucket sums of grad (scatter), then
 /// grad_x = G·tableᵀ and per-(b, h) partials xᵀ·G reduced in a fixed order. Value: scatter of
@@ -230,6 +275,28 @@ public:
                                                                     bucket_cache& cache = bucket_cache::global()) const {
         return cache.get(mapping_, 1, height, width, layout_.skip, id_storage::automatic);
     }
+    /// @brief The shared host ids on a depth × height × width grid (depth > 1 needs a Mapping3D),
+    /// as the CPU term. @throws as bucket_cache::get.
+    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(int depth, int height, int width,
+                                                                    bucket_cache& cache = bucket_cache::global()) const {
+        return cache.get(mapping_, depth, height, width, layout_.skip, id_storage::automatic);
+    }
+    /// @brief The host ids of this term's skip tokens followed by tokens at per-token positions
+    /// ((N, 2) int32 (row, col), (N, 3) (t, row, col) for a 3D mapping; host memory), as the CPU
+    /// term: forward/backward upload their bounding box's per-offset ids once
+    /// (cuda::device_bucket_cache) and the N linear positions per call (docs/positions.md).
+    /// @throws as bucket_cache::get(m, positions, skip).
+    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(tensor_ref<const std::int32_t> positions,
+                                                                    bucket_cache& cache = bucket_cache::global()) const {
+        return cache.get(mapping_, positions, layout_.skip);
+    }
+    /// @brief As above with the keys at `key_positions` (same N, host memory; queries at `positions`).
+    /// @throws as bucket_cache::get(m, positions, key_positions, skip).
+    [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(tensor_ref<const std::int32_t> positions,
+                                                                    tensor_ref<const std::int32_t> key_positions,
+                                                                    bucket_cache& cache = bucket_cache::global()) const {
+        return cache.get(mapping_, positions, key_positions, layout_.skip);
+    }
 
     /// @brief Forward on `stream`: writes (`write::overwrite`) or adds (`write::accumulate`) the
     /// term into `out` (device memory); the mode has no default, the stream defaults to the legacy one.
@@ -240,8 +307,8 @@ public:
         detail::check_write_mode(mode);
         const detail::mapping_key<M> key(mapping());
         const auto d = detail::check_term_forward<S>(layout_, key, ids, std::span<const tensor_ref<const S>>(tables), x, out);
-        const auto dev = cuda::device_bucket_cache::global().get(ids, stream);
-        detail::gpu::term_forward_run<S, is_bias, Tg>(d, *dev, std::span<const tensor_ref<const S>>(tables), x, out,
+        const detail::gpu::term_device_ids dev(ids, stream);
+        detail::gpu::term_forward_run<S, is_bias, Tg>(d, dev, std::span<const tensor_ref<const S>>(tables), x, out,
                                                       mode == write::accumulate, stream);
     }
 
@@ -260,8 +327,8 @@ public:
         const detail::mapping_key<M> key(mapping());
         const auto d = detail::check_term_backward<S>(layout_, key, ids, std::span<const tensor_ref<const S>>(tables), x,
                                                       grad_out, grad_x, std::span<const tensor_ref<S>>(grad_tables));
-        const auto dev = cuda::device_bucket_cache::global().get(ids, stream);
-        detail::gpu::term_backward_run<S, is_bias, Tg>(d, *dev, std::span<const tensor_ref<const S>>(tables), x, grad_out, grad_x,
+        const detail::gpu::term_device_ids dev(ids, stream);
+        detail::gpu::term_backward_run<S, is_bias, Tg>(d, dev, std::span<const tensor_ref<const S>>(tables), x, grad_out, grad_x,
                                                        std::span<const tensor_ref<S>>(grad_tables), mode == write::accumulate,
                                                        stream);
     }
@@ -291,9 +358,9 @@ void term_forward(const term_desc& desc, const rpe::bucket_ids& ids, std::span<c
     static_assert(DeviceScalar<S>, "rpe: the CUDA term's scalar type must be float, double, __half or __nv_bfloat16");
     detail::check_write_mode(mode);
     const auto d = detail::check_term_forward<S>(desc.layout(), desc.key(), ids, tables, x, out);
-    const auto dev = device_bucket_cache::global().get(ids, stream);
+    const detail::gpu::term_device_ids dev(ids, stream);
     detail::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
-        detail::gpu::term_forward_run<S, Bias, Tg>(d, *dev, tables, x, out, mode == write::accumulate, stream);
+        detail::gpu::term_forward_run<S, Bias, Tg>(d, dev, tables, x, out, mode == write::accumulate, stream);
     });
 }
 
@@ -307,9 +374,9 @@ void term_backward(const term_desc& desc, const rpe::bucket_ids& ids, std::span<
     static_assert(DeviceScalar<S>, "rpe: the CUDA term's scalar type must be float, double, __half or __nv_bfloat16");
     detail::check_write_mode(mode);
     const auto d = detail::check_term_backward<S>(desc.layout(), desc.key(), ids, tables, x, grad_out, grad_x, grad_tables);
-    const auto dev = device_bucket_cache::global().get(ids, stream);
+    const detail::gpu::term_device_ids dev(ids, stream);
     detail::visit_mode_target(desc.layout(), [&]<bool Bias, target Tg>() {
-        detail::gpu::term_backward_run<S, Bias, Tg>(d, *dev, tables, x, grad_out, grad_x, grad_tables, mode == write::accumulate,
+        detail::gpu::term_backward_run<S, Bias, Tg>(d, dev, tables, x, grad_out, grad_x, grad_tables, mode == write::accumulate,
                                                     stream);
     });
 }
