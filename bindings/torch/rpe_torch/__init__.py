@@ -291,15 +291,20 @@ def _known_skip(config, num_buckets, base, skip, what):
 
 def _check_index(name, t, x=None, axes=None, what="integer tensor"):
     """An integer index tensor of the iRPE terms (per-token positions, packed lengths / grids /
-    positions, key lengths): None, or an integer CPU tensor (rank 2, axes 2 or 3 when ``axes``,
-    rank 1 otherwise). CUDA is refused here (rpe's CUDA backend has none of them). TypeError /
-    ValueError naming the argument; the values (ranges, sums, counts) are the library's checks."""
+    positions, key lengths): None, or an integer tensor (rank 2, axes 2 or 3 when ``axes``, rank 1
+    otherwise) on the CPU, or with CUDA tensors (has_cuda_kernels()) on the CPU or x's device;
+    packed sequences are refused on CUDA (rpe's CUDA backend has none). TypeError / ValueError
+    naming the argument; the values (ranges, sums, counts) are the library's checks."""
     if t is None:
         return
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"[rpe.torch] {name} is a {type(t).__name__}; expected a torch.Tensor ({what})")
     device = t.device if t.device.type != "cpu" else (x.device if x is not None else t.device)
-    if device.type != "cpu":
+    if device.type == "cuda" and has_cuda_kernels() and not name.startswith("packed"):
+        if t.device.type != "cpu" and x is not None and t.device != x.device:
+            raise ValueError(f"[rpe.torch] {name} is on device {t.device}; expected cpu or {x.device}, the device of the "
+                             "other tensors")
+    elif device.type != "cpu":
         raise ValueError(f"[rpe.torch] {name} is given with tensors on device {device}; expected cpu ({what} are "
                          "CPU only: rpe's CUDA backend refuses them with rpe::not_supported)")
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
@@ -323,7 +328,7 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
     bias, [(Ht, D, K)] q/k, [(Ht, K, D)] v, two for cross. Returns (1, Ht, L, L), (B, H, L, L)
     or (B, H, L, D). ``positions``: the tokens' integer positions instead of the grid, (N, 2)
     (row, col) or (N, 3) (t, row, col) for a 3D mapping, L = skip + N (height, width are then not
-    read), CPU only, not differentiated; ``key_positions``: the keys' (same shape), default the
+    read), on the CPU (or, with CUDA tensors, the CPU or their device), not differentiated; ``key_positions``: the keys' (same shape), default the
     queries' (docs/positions.md). Raises ValueError / TypeError naming the parameter for bad input.
     """
     _check_index("positions", positions, x, axes=True, what="per-token positions")
@@ -454,7 +459,7 @@ class iRPE(nn.Module):
         """The encoding for input x (B, H, L, head_dim) — for values, x is the (B, H, L, L)
         attention — on a height × width grid preceded by skip tokens (L = skip + height·width;
         a square grid when both are None), or at per-token integer ``positions`` (N, 2) (row,
-        col) (L = skip + N; ``key_positions`` the keys', default the queries'; CPU only; see
+        col) (L = skip + N; ``key_positions`` the keys', default the queries'; on the CPU or x's device; see
         :func:`term`). Returns (1, num_heads, L, L) in bias mode,
         (B, H, L, L) contextual on q/k, (B, H, L, head_dim) on v; None when mode is None.
         Raises ValueError for a length that is not skip + height·width or mismatched shapes,
@@ -596,8 +601,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     height, width, rope, rpe_positions, key_lengths or save_attn with them); ``key_lengths``
     (B,) integer, the index after each batch element's last valid key (keys at index >=
     key_lengths[b] are padding, as key_padding_mask marks them, and are skipped; with a mask, a key
-    is padded when either marks it, so take it from the mask: last valid index + 1); these are integer CPU tensors, not
-    differentiated, refused on CUDA (docs/positions.md); save_attn: keep the (B, H, L, L) probabilities for
+    is padded when either marks it, so take it from the mask: last valid index + 1); these are integer tensors on the CPU
+    (or, with CUDA tensors, the CPU or q's device; packed ones refused on CUDA), not differentiated (docs/positions.md); save_attn: keep the (B, H, L, L) probabilities for
     the backward, which then does not recompute them (True / False; None: when they take at most
     64 MiB, e.g. DeiT-S at batch 64 in float32; kept only when a backward can follow, except under
     torch.jit.trace, whose graph must hold one operator in every grad mode: there the choice is the

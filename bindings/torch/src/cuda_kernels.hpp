@@ -5,7 +5,10 @@
 /// forwards to rpe::cuda::* and instantiates them for S = float, double, __half and
 /// __nv_bfloat16. So nvcc never compiles Torch's headers and the host compiler never rpe's
 /// kernels. Shapes, errors and streams are those of the rpe::cuda functions (docs/cuda.md);
-/// every pointer is device memory of the current device; nothing waits for the device.
+/// every pointer is device memory of the current device, except the bucket ids (host objects,
+/// also at per-token positions) and the attention's iRPE positions, key_positions and key_lengths
+/// (device or host memory, as rpe::cuda::attention_forward takes them); nothing waits for the
+/// device (except as those functions say: device positions are copied to the host and waited for).
 #pragma once
 
 #include <rpe/attention_inputs.hpp>

@@ -337,20 +337,19 @@ std::vector<at::Tensor> prepared_tables(at::TensorList tables, const char* name,
 }
 
 // An integer index tensor of the iRPE terms (per-token positions, packed lengths / grids /
-// positions, valid key lengths): undefined when not given, else the contiguous int32 CPU tensor
-// the library reads (rpe::attention_inputs::positions, packed, key_lengths; shapes and values
-// are the library's checks, with its own messages). Errors: for a CUDA operator (w on a CUDA
-// device) any such tensor is a ValueError naming it (rpe's CUDA backend refuses them,
-// rpe::not_supported); a tensor on another device than the CPU a ValueError; a dtype other than
-// an integer one (bool excluded) a TypeError; values outside int32 a ValueError.
+// positions, valid key lengths): undefined when not given, else the contiguous int32 tensor the
+// library reads (rpe::attention_inputs::positions, packed, key_lengths; shapes and values are
+// the library's checks, with its own messages): on the CPU, or for a CUDA operator (w on a CUDA
+// device) on the CPU or w's device as given (rpe's CUDA attention copies device ones to the host
+// for its checks; the CUDA operators refuse packed sequences themselves). Errors: a tensor on
+// another device a ValueError; a dtype other than an integer one (bool excluded) a TypeError;
+// values outside int32 a ValueError.
 inline at::Tensor prepared_index(const c10::optional<at::Tensor>& p, const char* name, const char* what, const where& w = {}) {
     if (!p || !p->defined()) return {};
     const at::Tensor& t = *p;
-    TORCH_CHECK_VALUE(w.device.is_cpu(), "[rpe.torch] ", name, " (", what, ") is not supported by the cuda backend: rpe's CUDA ",
-                      "kernels refuse it (rpe::not_supported); expected ", name, " = None with tensors on device ",
-                      w.device.str());
-    TORCH_CHECK_VALUE(t.device().is_cpu(), "[rpe.torch] ", name, " is on device ", t.device().str(), "; expected cpu (", what,
-                      " are read on the host)");
+    TORCH_CHECK_VALUE(t.device().is_cpu() || (!w.device.is_cpu() && t.device() == w.device), "[rpe.torch] ", name,
+                      " is on device ", t.device().str(), "; expected cpu", w.device.is_cpu() ? "" : " or ",
+                      w.device.is_cpu() ? "" : w.device.str(), " (", what, " are read on the host)");
     const auto st = t.scalar_type();
     TORCH_CHECK_TYPE(at::isIntegralType(st, false), "[rpe.torch] ", name, " has dtype ", dtype_name(st),
                      "; expected an integer tensor (int32 or int64) of ", what);

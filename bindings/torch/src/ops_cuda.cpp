@@ -17,12 +17,17 @@
 /// configuration per device, see docs/cuda.md).
 ///
 /// What rpe's CUDA backend does not have is refused with a Python exception naming it: the
-/// probabilities output (`attention_forward_attn`: NotImplementedError) and the backward from
-/// saved probabilities (`attn`); the iRPE terms' per-token positions (`positions`, `key_positions` of the term operators,
-/// `rpe_positions`, `rpe_key_positions` of the attention), packed sequences (`packed_lengths`,
-/// `packed_grids`, `packed_positions`) and valid key lengths (`key_lengths`) (ValueError naming
-/// the argument, from ops_common.hpp's prepared_index). The
-/// table operators (timm layout, CPB, SAM, rope_mixed_init), small host computations in rpe,
+/// probabilities output (`attention_forward_attn`: NotImplementedError), the backward from
+/// saved probabilities (`attn`) and packed sequences (`packed_lengths`, `packed_grids`,
+/// `packed_positions`: ValueError naming the argument, refuse_packed). The iRPE terms' per-token
+/// positions (`positions`, `key_positions` of the term operators, `rpe_positions`,
+/// `rpe_key_positions` of the attention) and valid key lengths (`key_lengths`) are integer tensors
+/// on the CPU or the operator's device (ValueError naming one on another device, TypeError for a
+/// dtype that is not an integer one; converted to int32): the attention passes them to rpe's CUDA
+/// attention as they are (device ones are copied to the host there, for the checks and the ids);
+/// the term operators copy device positions to the CPU (the ids are built on the host), then rpe's
+/// CUDA terms upload the bounding box's per-offset ids and the linear positions (docs/positions.md).
+/// The table operators (timm layout, CPB, SAM, rope_mixed_init), small host computations in rpe,
 /// run on the CPU with their tensors copied there and back (on_the_host).
 /// RoPE per-token positions (`positions`, `rope_positions`, `rope_key_positions`: on the CPU or the
 /// operator's device), suffix tokens, mrope and vjepa2 run as rpe's CUDA backend runs them.
@@ -35,6 +40,8 @@
 #include <cuda_fp16.h>
 
 #include <initializer_list>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "cuda_kernels.hpp"
@@ -89,9 +96,17 @@ std::vector<at::Tensor> term_cuda(const c10::optional<at::Tensor>& x, at::Tensor
                                   double beta, double gamma, int64_t skip, int64_t height, int64_t width, const dtype_rule& st,
                                   const where& w, const c10::optional<at::Tensor>& positions,
                                   const c10::optional<at::Tensor>& key_positions) {
-    // per-token positions: refused by setup_term (ValueError naming them; rpe's CUDA backend has none)
+    // per-token positions: checked (the CPU or w's device, integer), then on the CPU: the term's
+    // host ids are built from them (rpe's CUDA term uploads the box's ids and the linear positions)
+    const auto on_host = [&](const c10::optional<at::Tensor>& p, const char* name,
+                             const char* what) -> c10::optional<at::Tensor> {
+        const at::Tensor t = prepared_index(p, name, what, w);
+        if (!t.defined()) return c10::nullopt;
+        return t.cpu();
+    };
     const auto c = setup_term<S, T>(x, tables, grad_out, method, mode, target, alpha, beta, gamma, skip, height, width, st, w,
-                                    positions, key_positions);
+                                    on_host(positions, "positions", "per-token iRPE positions"),
+                                    on_host(key_positions, "key_positions", "per-token iRPE key positions"));
     const auto views = crefs<S>(c.tables);
     const rpe::tensor_ref<const S> xv = c.contextual ? cref<S>(c.x) : rpe::tensor_ref<const S>{};
     if (!grad_out) {
@@ -114,8 +129,12 @@ std::vector<at::Tensor> term_dispatch(const c10::optional<at::Tensor>& x, at::Te
                                       const c10::optional<at::Tensor>& key_positions) {
     TORCH_CHECK_VALUE(!tables.empty(), "[rpe.torch] tables is empty; expected 1 (or 2 for cross) tables");
     const at::Tensor* t1 = tables.size() > 1 ? &tables[1] : nullptr;
-    const where w =
-        cuda_device_of({{"x", x ? &*x : nullptr}, {"tables[0]", &tables[0]}, {"tables[1]", t1}, {"grad_out", grad_out}});
+    const where w = cuda_device_of({{"x", x ? &*x : nullptr},
+                                    {"tables[0]", &tables[0]},
+                                    {"tables[1]", t1},
+                                    {"grad_out", grad_out},
+                                    {"positions", positions ? &*positions : nullptr},
+                                    {"key_positions", key_positions ? &*key_positions : nullptr}});
     const dtype_rule st{checked_cuda_float_type(tables[0], "tables[0]"), "tables[0]", term_dtypes};
     const c10::cuda::CUDAGuard guard(w.device);
     return on_cuda_dtype(st, [&]<class S, class T>() {
@@ -231,7 +250,25 @@ where attention_device(const attention_args& a) {
                            {"key_padding_mask", &a.key_padding_mask},
                            {"attn_mask", &a.attn_mask},
                            {"rope_freqs", &a.rope_freqs},
-                           {"grad_out", &a.grad_out}});
+                           {"grad_out", &a.grad_out},
+                           {"rpe_positions", &a.rpe_positions},
+                           {"rpe_key_positions", &a.rpe_key_positions},
+                           {"key_lengths", &a.key_lengths}});
+}
+
+// Packed sequences (packed_lengths, packed_grids, packed_positions): rpe's CUDA attention
+// refuses them (rpe::not_supported); a ValueError naming the first one given, before any other check.
+void refuse_packed(const attention_args& a, const where& w) {
+    const std::pair<const char*, const at::Tensor*> packed[] = {
+        {"packed_lengths (packed sequences' lengths)", &a.packed_lengths},
+        {"packed_grids (packed images' grids)", &a.packed_grids},
+        {"packed_positions (packed images' per-token positions)", &a.packed_positions}};
+    for (const auto& [what, t] : packed) {
+        const std::string_view text(what);
+        const std::string name(text.substr(0, text.find(' ')));
+        TORCH_CHECK_VALUE(!t->defined(), "[rpe.torch] ", what, " is not supported by the cuda backend: rpe's CUDA kernels ",
+                          "refuse it (rpe::not_supported); expected ", name, " = None with tensors on device ", w.device.str());
+    }
 }
 
 template <class S, class T>
@@ -267,9 +304,9 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
-        // refused by setup_attention (ValueError naming the argument): rpe's CUDA attention has none
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
         const where w = attention_device(a);
+        refuse_packed(a, w);  // positions and key_lengths: prepared by setup_attention (the CPU or w's device)
         const dtype_rule st{checked_cuda_float_type(q, "q"), "q", attention_dtypes};
         const c10::cuda::CUDAGuard guard(w.device);
         return on_cuda_dtype(st, [&]<class S, class T>() { return attention_forward_cuda<S, T>(a, st, w); });
@@ -293,10 +330,10 @@ std::vector<at::Tensor> attention_backward(
                           "CUDA attention keeps no (B, H, L, L) buffer and recomputes them; expected attn = None");
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
-        // refused by setup_attention (ValueError naming the argument): rpe's CUDA attention has none
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
         a.grad_out = grad_out;
         const where w = attention_device(a);
+        refuse_packed(a, w);  // positions and key_lengths: prepared by setup_attention (the CPU or w's device)
         const dtype_rule st{checked_cuda_float_type(q, "q"), "q", attention_dtypes};
         const c10::cuda::CUDAGuard guard(w.device);
         return on_cuda_dtype(st, [&]<class S, class T>() { return attention_backward_cuda<S, T>(a, st, w); });

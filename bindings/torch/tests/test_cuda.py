@@ -2,7 +2,8 @@
 its CPU operators: every term kind, the fused attention (iRPE on q, k, v, Cross, bias, masks,
 scale, RoPE axial / mixed / cat alone and with iRPE) and the standalone RoPE, values and
 gradients (through autograd: the backward operators too), in float32 and float64, and in
-float16 / bfloat16 against the CPU's float32 on the same rounded inputs; the errors (mixed
+float16 / bfloat16 against the CPU's float32 on the same rounded inputs; the iRPE terms and the
+attention at per-token positions and with valid key lengths (float64); the errors (mixed
 devices, features rpe's CUDA backend lacks, operators without a CUDA kernel, dtypes).
 
 Every test that needs a device skips when ``torch.cuda.is_available()`` is False (they run on a
@@ -565,6 +566,101 @@ def test_attention_rope_positions_match_cpu(kind):
 
 
 # ---------------------------------------------------------------------------------------------
+# iRPE at per-token positions, valid key lengths (compiled, not yet run on a GPU)
+# ---------------------------------------------------------------------------------------------
+
+def irpe_positions(n, axes, irregular, seed):
+    """(n, axes) int64 positions: a permuted h x w grid's coordinates (n = h·w, axes 2), or random
+    integers in [-3, 5] (repeats, gaps, negative values)."""
+    g = torch.Generator().manual_seed(seed)
+    if irregular:
+        return torch.randint(-3, 6, (n, axes), generator=g)
+    grid = torch.stack(torch.meshgrid(torch.arange(3), torch.arange(n // 3), indexing="ij"), -1).reshape(-1, 2)
+    return grid[torch.randperm(n, generator=g)]
+
+
+@needs_gpu
+@pytestmark_kernels
+@pytest.mark.parametrize("where", ["cuda", "cpu"])
+@pytest.mark.parametrize("keys_apart", [False, True])
+@pytest.mark.parametrize("method,kind", [("product", ("bias", "k")), ("product", ("contextual", "k")),
+                                         ("product", ("contextual", "v")), ("cross", ("contextual", "k"))])
+def test_term_at_positions_matches_cpu(method, kind, keys_apart, where):
+    """rt.term at per-token positions (int64 on q's device or on the CPU; key positions apart or
+    not), forward and backward, against the CPU operator at the same positions (float64)."""
+    mode, target = kind
+    x, tables, (B, H, L, D, K, h, w) = term_inputs(method, mode, target, True, 1)
+    n = L - 1
+    pos = irpe_positions(n, 2, keys_apart, 21)
+    kpos = irpe_positions(n, 2, True, 22) if keys_apart else None
+    dev = DEVICE if where == "cuda" else "cpu"
+    xg, xc = on_gpu(x, torch.float64) if x is not None else (None, None)
+    pairs = [on_gpu(t, torch.float64) for t in tables]
+    tg, tc = [p[0] for p in pairs], [p[1] for p in pairs]
+    args = (method, mode, target, RATIO, 2 * RATIO, 8 * RATIO, 1, 1, 1)
+    out_g = rt.term(xg, tg, *args, positions=pos.to(dev), key_positions=kpos.to(dev) if keys_apart else None)
+    out_c = rt.term(xc, tc, *args, positions=pos, key_positions=kpos)
+    n_sum = (L + K * D) if target == "v" else D
+    assert_matches(out_g, out_c, torch.float64, n_sum if mode == "contextual" else 1, "out")
+    grad = torch.randn(out_c.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    (out_g * grad.to(DEVICE)).sum().backward()
+    (out_c * grad).sum().backward()
+    for i, (a, b) in enumerate(zip(tg, tc)):
+        assert_matches(a.grad, b.grad, torch.float64, B * H * L * L, f"grad tables[{i}]")
+    if x is not None:
+        assert_matches(xg.grad, xc.grad, torch.float64, K * (D if target == "v" else 1) + L, "grad x")
+
+
+@needs_gpu
+@pytestmark_kernels
+@pytest.mark.parametrize("where", ["cuda", "cpu"])
+@pytest.mark.parametrize("case", ["positions", "key_positions", "key_lengths", "positions_and_key_lengths"])
+def test_attention_at_positions_and_key_lengths_matches_cpu(case, where):
+    """rt.attention with iRPE on q, k, v at per-token positions (rpe_positions, rpe_key_positions)
+    and / or valid key lengths (key_lengths), each on q's device or on the CPU, forward and
+    backward, against the CPU attention (float64); padded keys get exactly zero grad k and v."""
+    B, H, h, w, D, skip = 2, 2, 3, 4, 16, 1
+    L = skip + h * w
+    cfg = rt.get_rpe_config(ratio=RATIO, method=3, mode="contextual", shared_head=True, skip=skip, rpe_on="qkv")
+    g = torch.Generator().manual_seed(13)
+    mods_c = [m.double() if m is not None else None for m in rt.build_rpe(cfg, head_dim=D, num_heads=H)]
+    with torch.no_grad():
+        for m in mods_c:
+            if m is not None:
+                for p in m.parameters():
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    mods_g = [copy_module(m).to(DEVICE) if m is not None else None for m in mods_c]
+    dev = DEVICE if where == "cuda" else "cpu"
+    kw_c = {}
+    if case in ("positions", "positions_and_key_lengths"):
+        kw_c["rpe_positions"] = irpe_positions(h * w, 2, False, 31)
+    if case == "key_positions":
+        kw_c["rpe_positions"] = irpe_positions(h * w, 2, True, 32)
+        kw_c["rpe_key_positions"] = irpe_positions(h * w, 2, True, 33)
+    if "positions" not in kw_c:
+        kw_c.update(height=h, width=w)
+    if case in ("key_lengths", "positions_and_key_lengths"):
+        kw_c["key_lengths"] = torch.tensor([L - 3, L])
+    kw_g = {k: (t.to(dev) if isinstance(t, torch.Tensor) else t) for k, t in kw_c.items()}
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    qg, kg, vg = (t.detach().to(DEVICE).requires_grad_() for t in (q, k, v))
+    out_c = rt.attention(q, k, v, *mods_c, save_attn=False, **kw_c)
+    out_g = rt.attention(qg, kg, vg, *mods_g, **kw_g)
+    assert_matches(out_g, out_c, torch.float64, D + L, "out", attention=True)
+    grad = torch.randn(out_c.shape, generator=g, dtype=torch.float64)
+    (out_c * grad).sum().backward()
+    (out_g * grad.to(DEVICE)).sum().backward()
+    for a, b, name in ((qg, q, "grad q"), (kg, k, "grad k"), (vg, v, "grad v")):
+        assert_matches(a.grad, b.grad, torch.float64, D + L, name, attention=True)
+    params_g = [p for m in mods_g if m is not None for p in m.parameters()]
+    params_c = [p for m in mods_c if m is not None for p in m.parameters()]
+    for a, b in zip(params_g, params_c):
+        assert_matches(a.grad, b.grad, torch.float64, B * H * L * L, f"grad table {tuple(a.shape)}")
+    if "key_lengths" in kw_c:
+        assert bool(torch.all(kg.grad[0, :, L - 3:] == 0)) and bool(torch.all(vg.grad[0, :, L - 3:] == 0))
+
+
+# ---------------------------------------------------------------------------------------------
 # Table operators (on the host)
 # ---------------------------------------------------------------------------------------------
 
@@ -639,24 +735,31 @@ def test_errors_name_the_argument():
     # RoPE positions: on the CPU or q's device; CUDA positions with CPU tensors are refused
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is on device cuda:0; expected cpu, the device of"):
         rt.RoPEAxial(skip=1)(q.cpu(), positions=pos.cuda())
-    # the iRPE terms' positions, packed sequences, key lengths: refused by Python and by the operators
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rpe_positions is given with tensors on device cuda:0"):
-        rt.attention(q, k, v, None, rpe_k, None, rpe_positions=pos)
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] key_lengths is given with tensors on device cuda:0"):
-        rt.attention(q, k, v, None, rpe_k, None, height=h, width=w, key_lengths=torch.full((B,), L))
+    # packed sequences: refused by Python and by the operators (before any other check)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] packed_lengths is given with tensors on device cuda:0"):
+        rt.attention(q, k, v, None, rpe_k, None, packed_lengths=torch.tensor([L]), packed_grids=torch.tensor([[h, w]]))
     tail = ("", [], None, 0, "pairs", None, None, 0)
-    for i, (name, t) in enumerate((("rpe_positions", pos), ("rpe_key_positions", pos),
-                                   ("packed_lengths", torch.tensor([L])), ("packed_grids", torch.tensor([[h, w]])),
-                                   ("packed_positions", pos), ("key_lengths", torch.full((B,), L)))):
+    for i, (name, t) in enumerate((("packed_lengths", torch.tensor([L])), ("packed_grids", torch.tensor([[h, w]])),
+                                   ("packed_positions", pos))):
         idx = [None] * 6
-        idx[i] = t  # refused before any other check (rpe_key_positions without rpe_positions included)
+        idx[2 + i] = t
         with pytest.raises(ValueError, match=rf"\[rpe\.torch\] {name} \(.*\) is not supported by the cuda backend"):
             torch.ops.rpe.attention_forward(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None,
                                             None, *tail, *idx)
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions \(per-token iRPE positions\) is not supported by "
-                                         r"the cuda backend"):
+    # the iRPE terms' positions and key lengths: on the CPU or q's device, integer
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] rpe_positions has dtype torch\.float32; expected an integer"):
+        rt.attention(q, k, v, None, rpe_k, None, rpe_positions=pos.float().cuda())
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] key_lengths has dtype torch\.float32; expected an integer"):
+        torch.ops.rpe.attention_forward(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None,
+                                        None, *tail, None, None, None, None, None, torch.full((B,), float(L), device="cuda"))
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] positions has dtype torch\.float32; expected an integer"):
         torch.ops.rpe.term_forward(None, [torch.zeros(H, 26, device="cuda")], "product", "bias", "k", 1.0, 2.0, 8.0, 1,
-                                   h, w, pos)
+                                   h, w, pos.float().cuda())
+    with pytest.raises(ValueError, match=r"\[rpe\.attention\] key_lengths"):  # the library's check, on the host
+        rt.attention(q, k, v, None, rpe_k, None, height=h, width=w, key_lengths=torch.full((B,), L + 1, device="cuda"))
+    if torch.cuda.device_count() > 1:
+        with pytest.raises(ValueError, match=r"\[rpe\.torch\] key_lengths is on device cuda:1; expected cpu or cuda:0"):
+            rt.attention(q, k, v, None, rpe_k, None, height=h, width=w, key_lengths=torch.full((B,), L, device="cuda:1"))
     with pytest.raises(ValueError, match=r"\[rpe\.rope\] rope positions has shape \(5, 2\); expected \(6, 2\)"):
         torch.ops.rpe.rope_forward(q, "axial", [100.0], None, 1, h, w, "pairs", pos[:5].cuda())  # the library's check
     with pytest.raises(ValueError, match=r"\[rpe\.cpb\] raw has shape \(15, 2\); expected \(25, 2\)"):
