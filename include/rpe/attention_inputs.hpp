@@ -73,18 +73,23 @@ struct packed_sequences {
 
 /// @brief Inputs of the attention step.
 ///
-/// q, k, v: (B, H, L, D), projected and unscaled; `L = skip + depth·height·width` (depth 1
-/// unless the terms use a 3D mapping). They may be strided views whose last stride is 1
+/// q: (B, H, L, D); k, v: (B, H, L_k, D) (the same B, H, D; L_k = L in self-attention, any
+/// L_k ≥ 1 in cross-attention and with KV caches: SAM2's memory attention, decoders), projected and
+/// unscaled; with a term attached `L = L_k = skip + depth·height·width` (depth 1 unless the terms
+/// use a 3D mapping). Keys of another length (L_k ≠ L) take no iRPE term and no packing
+/// (rpe::not_supported: the terms' bucket ids pair the tokens of one sequence) and need a backend
+/// with attention_capabilities::cross_lengths (the CPU's). They may be strided views whose last stride is 1
 /// (tensor_ref::with_strides; e.g. read in place from a packed (B, L, 3, H, D) qkv projection);
 /// outputs, masks and tables are contiguous. The grid size is
 /// given explicitly (the reference's default of a square ⌊√L⌋ grid is not guessed).
-/// attn_mask: optional (L, L) additive mask (DETR's float `attn_mask`), added to the logits after
+/// attn_mask: optional (L, L_k) additive mask (DETR's float `attn_mask`), added to the logits after
 /// all RPE terms; −∞ entries mask a pair.
-/// key_padding_mask: optional (B, L), nonzero = padded key (DETR): those logits become −∞ after
+/// key_padding_mask: optional (B, L_k), nonzero = padded key (DETR): those logits become −∞ after
 /// all RPE terms are added. Rows whose keys are all masked give zero probabilities and zero
 /// output (the reference gives NaN there).
 /// rope: optional 2D rotary position embedding of q and k (rpe::rotary_embedding; 2D grids only,
-/// `L = rope.skip + height*width`): q and k are rotated first, and everything after (q·kᵀ and
+/// `L = rope.skip + height*width` (+ the queries' suffix); the keys at rope.key_positions or the
+/// queries' positions, `L_k = rope.skip + N_k + rope.suffix`): q and k are rotated first, and everything after (q·kᵀ and
 /// the iRPE terms, contextual ones included) sees the rotated q and k, as if rpe::rope_forward
 /// had been applied to both before the attention.
 /// positions: optional per-token positions of the iRPE terms instead of the grid (RoPE takes
@@ -96,7 +101,7 @@ struct packed_sequences {
 /// packed: optional several images in the sequence (rpe::packed_sequences): attention and terms
 /// within each image only; height, width, depth (0, 0, 1) and positions (empty) are then not used.
 /// key_lengths: optional (B,) int32 valid key lengths: keys at index ≥ key_lengths[b] of batch
-/// element b are padding (0 ≤ length ≤ L; 0: every key padded, zero output), the same results as a
+/// element b are padding (0 ≤ length ≤ L_k; 0: every key padded, zero output), the same results as a
 /// key_padding_mask that marks them, but those keys are skipped, never computed (combined with a
 /// key_padding_mask when both are given).
 /// One type for both backends: views point at host memory for the CPU backend and at device
@@ -104,13 +109,13 @@ struct packed_sequences {
 /// read (e.g. strided q/k/v on CUDA) is refused by the shared checks (attention_capabilities).
 template <class S>
 struct attention_inputs {
-    using scalar_type = S;                              ///< element type of q, k, v, tables, masks
-    tensor_ref<const S> q, k, v;                        ///< (B, H, L, D), contiguous or strided (rows of D contiguous)
-    int height = 0;                                     ///< grid rows
-    int width = 0;                                      ///< grid columns
+    using scalar_type = S;        ///< element type of q, k, v, tables, masks
+    tensor_ref<const S> q, k, v;  ///< q (B, H, L, D), k and v (B, H, L_k, D); contiguous or strided (rows of D contiguous)
+    int height = 0;               ///< grid rows
+    int width = 0;                ///< grid columns
     attention_term<S> rpe_q, rpe_k, rpe_v;              ///< RPE on queries, keys, values (each optional)
-    tensor_ref<const S> attn_mask;                      ///< (L, L) additive, or empty
-    tensor_ref<const std::uint8_t> key_padding_mask;    ///< (B, L) or empty
+    tensor_ref<const S> attn_mask;                      ///< (L, L_k) additive, or empty
+    tensor_ref<const std::uint8_t> key_padding_mask;    ///< (B, L_k) or empty
     int depth = 1;                                      ///< grid frames (3D mappings on T x H x W video grids)
     rotary_embedding<S> rope = {};                      ///< RoPE on q and k (form std::monostate = none)
     tensor_ref<const std::int32_t> positions = {};      ///< (L − skip, 2 or 3) iRPE positions, or empty = the grid
@@ -152,12 +157,13 @@ struct attention_options {
 /// optionally the forward's probabilities to reuse instead of recomputing them.
 ///
 /// `attention_backward(in, {.grad_out = go, .grad_q = gq, .grad_k = gk, .grad_v = gv,
-/// .saved_attn = attn}, opt)`. All (B, H, L, D) except saved_attn (B, H, L, L).
+/// .saved_attn = attn}, opt)`. grad_out and grad_q (B, H, L, D), grad_k and grad_v (B, H, L_k, D)
+/// (the shapes of q, k, v), saved_attn (B, H, L, L_k).
 template <class S>
 struct attention_gradients {
     tensor_ref<const S> grad_out;          ///< (B, H, L, D): gradient of the forward's `out`
-    tensor_ref<S> grad_q, grad_k, grad_v;  ///< (B, H, L, D), written (overwritten)
-    /// (B, H, L, L): the probabilities the forward wrote to its `attn` output for the same
+    tensor_ref<S> grad_q, grad_k, grad_v;  ///< shapes of q, k, v, written (overwritten)
+    /// (B, H, L, L_k): the probabilities the forward wrote to its `attn` output for the same
     /// inputs, reused instead of recomputed (same gradients up to float rounding; from other
     /// inputs they give wrong gradients: not checked against q and k), or empty to recompute.
     /// Needs a backend with attention_capabilities::saved_probabilities.
@@ -180,6 +186,9 @@ struct attention_capabilities {
     bool positions = false;            ///< per-token positions of the iRPE terms (attention_inputs::positions)
     bool packed = false;               ///< several images per sequence (attention_inputs::packed)
     bool key_lengths = false;          ///< valid key lengths per batch element (attention_inputs::key_lengths)
+    /// k and v of another length than q (L_k != L: cross-attention, KV caches), and RoPE's
+    /// query_suffix other than its suffix
+    bool cross_lengths = false;
 };
 
 namespace detail {
@@ -206,20 +215,22 @@ inline void require_feature(bool used, bool supported, const attention_capabilit
         throw not_supported(message("attention", feature, " is not supported by the ", caps.backend, " backend"));
 }
 
-/// @brief (B, H, L, D) of an attention call.
+/// @brief (B, H, L, D) of an attention call (L of the queries) and L_k, the keys' and values'
+/// length (L_k = L in self-attention).
 struct attention_shape {
     std::int64_t b, h, l, d;
+    std::int64_t lk = l;  ///< keys and values: (B, H, L_k, D)
 };
 
 /// @brief Checks attention_inputs::key_lengths: (B,) int32, contiguous, non-null, each value in
-/// [0, L]. @throws rpe::invalid_argument `[rpe.attention] key_lengths[1] = 9; expected 0 <= length
-///   <= L = 8` (or naming the shape).
+/// [0, L_k]. @throws rpe::invalid_argument `[rpe.attention] key_lengths[1] = 9; expected 0 <= length
+///   <= L = 8` (self-attention) or `... <= L_k = 8` (keys of another length), or naming the shape.
 inline void check_key_lengths(const tensor_ref<const std::int32_t>& lengths, const attention_shape& s) {
     check_shape(lengths, {s.b}, "attention", "key_lengths");
     check_nonnull(lengths, "attention", "key_lengths");
     for (std::int64_t b = 0; b < s.b; ++b)
-        require(lengths.data[b] >= 0 && lengths.data[b] <= s.l, "attention", "key_lengths[", b, "] = ", lengths.data[b],
-                "; expected 0 <= length <= L = ", s.l, " (keys at index >= length are padding)");
+        require(lengths.data[b] >= 0 && lengths.data[b] <= s.lk, "attention", "key_lengths[", b, "] = ", lengths.data[b],
+                "; expected 0 <= length <= ", s.lk == s.l ? "L = " : "L_k = ", s.lk, " (keys at index >= length are padding)");
 }
 
 /// @brief The checks of attention_inputs::packed that do not depend on the terms: lengths (M,)
@@ -297,7 +308,8 @@ inline void check_packed_term(const packed_sequences& pk, const attention_shape&
 /// @brief Checks q, k, v, the grid (depth, height, width), the masks and each attached term
 /// (slot, heads, head dim, skip + grid = L, tables' count and shapes) of any backend's attention
 /// inputs, and the features used against the backend's capabilities `caps` (strided q/k/v,
-/// RoPE, masks, 3D grids, head dim). Returns (B, H, L, D).
+/// RoPE, masks, 3D grids, head dim, keys of another length L_k: no terms, no packing with them).
+/// Returns (B, H, L, D) and L_k.
 /// @throws rpe::invalid_argument `[rpe.attention] ...` naming the argument; rpe::not_supported
 ///   `[rpe.attention] <feature> is not supported by the <backend> backend`.
 template <class In>
@@ -306,13 +318,16 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
     attention_shape s{in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)};
     require(s.b >= 1 && s.h >= 1 && s.l >= 1 && s.d >= 1, "attention", "q has shape ", in.q.shape_string(),
             "; expected positive extents");
-    // q sets (B, H, L, D); k and v must match it
-    if (!in.k.has_shape({s.b, s.h, s.l, s.d}))
+    // q sets (B, H, L, D); k is (B, H, L_k, D) with B, H, D of q (L_k may differ: cross-attention,
+    // KV caches); v has the shape of k
+    if (in.k.rank != 4 || in.k.extent(0) != s.b || in.k.extent(1) != s.h || in.k.extent(3) != s.d || in.k.extent(2) < 1)
+        throw invalid_argument(message("attention", "k has shape ", in.k.shape_string(), "; expected (", s.b, ", ", s.h,
+                                       ", L_k >= 1, ", s.d, "): B, H, D of q ", in.q.shape_string()));
+    s.lk = in.k.extent(2);
+    if (!in.v.has_shape({s.b, s.h, s.lk, s.d}))
         throw invalid_argument(
-            message("attention", "k has shape ", in.k.shape_string(), "; expected ", in.q.shape_string(), ", the shape of q"));
-    if (!in.v.has_shape({s.b, s.h, s.l, s.d}))
-        throw invalid_argument(
-            message("attention", "v has shape ", in.v.shape_string(), "; expected ", in.q.shape_string(), ", the shape of q"));
+            message("attention", "v has shape ", in.v.shape_string(), "; expected ", in.k.shape_string(), ", the shape of k"));
+    require_feature(s.lk != s.l, caps.cross_lengths, caps, "keys of another length than the queries (L_k != L)");
     // q, k, v may be strided views (rows of D contiguous) where the backend reads them so
     // (caps.strided_qkv); elsewhere a strided view is refused as not supported
     if (caps.strided_qkv) {
@@ -346,15 +361,29 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
     require_feature(with_lengths, caps.key_lengths, caps, "valid key lengths (key_lengths)");
     if (with_lengths) check_key_lengths(in.key_lengths, s);
     if (packed) check_packed_front(in, caps);
+    if (s.lk != s.l) {  // cross-attention: no terms, no packing (their ids and images pair equal lengths)
+        if (packed)
+            throw not_supported(message("attention", "packed sequences with keys of another length than the queries (L = ", s.l,
+                                        ", L_k = ", s.lk, "); expected L_k = L (each image attends to itself)"));
+        static constexpr const char* slot_names[] = {"rpe_q", "rpe_k", "rpe_v"};
+        const decltype(&in.rpe_q) term_slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+        for (int i = 0; i < 3; ++i)
+            if (term_slots[i]->term)
+                throw not_supported(message("attention", slot_names[i],
+                                            " is attached with keys of another length than the queries (L = ", s.l,
+                                            ", L_k = ", s.lk,
+                                            "); the iRPE terms need L_k = L (their bucket ids pair the tokens of one "
+                                            "sequence: rpe::build_bucket_ids takes positions and key_positions of one count)"));
+    }
     if (caps.max_head_dim > 0 && s.d > caps.max_head_dim)
         throw not_supported(message("attention", "head dim D = ", s.d, " is not supported by the ", caps.backend,
                                     " backend; expected D <= ", caps.max_head_dim));
     if (in.attn_mask.rank != 0 || in.attn_mask.data != nullptr) {
-        check_shape(in.attn_mask, {s.l, s.l}, "attention", "attn_mask");
+        check_shape(in.attn_mask, {s.l, s.lk}, "attention", "attn_mask");
         check_nonnull(in.attn_mask, "attention", "attn_mask");
     }
     if (in.key_padding_mask.rank != 0 || in.key_padding_mask.data != nullptr) {
-        check_shape(in.key_padding_mask, {s.b, s.l}, "attention", "key_padding_mask");
+        check_shape(in.key_padding_mask, {s.b, s.lk}, "attention", "key_padding_mask");
         check_nonnull(in.key_padding_mask, "attention", "key_padding_mask");
     }
     using slot_type = std::remove_cvref_t<decltype(in.rpe_q)>;
@@ -392,7 +421,9 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
             check_nonnull(tab, "attention", table_names[i]);
         }
     }
-    check_rope(in.rope, s.h, s.l, s.d, in.depth, in.height, in.width, "attention");
+    check_rope(in.rope, s.h, s.l, s.d, in.depth, in.height, in.width, "attention", s.lk);
+    require_feature(in.rope.enabled() && in.rope.query_suffix >= 0 && in.rope.query_suffix != in.rope.suffix, caps.cross_lengths,
+                    caps, "rope query_suffix other than suffix");
     return s;
 }
 
@@ -438,7 +469,7 @@ void check_grad_tables(const In& in,
 }
 
 /// @brief The forward's output checks: `out` (B, H, L, D) and, when `attn` is given (or
-/// `attn_required`), `attn` (B, H, L, L), each non-null and separate from every input and from
+/// `attn_required`), `attn` (B, H, L, L_k), each non-null and separate from every input and from
 /// each other. @throws rpe::invalid_argument `[rpe.attention] ...`.
 template <class In, class S>
 void check_attention_outputs(const In& in, const attention_shape& s, const tensor_ref<S>& out, const tensor_ref<S>& attn,
@@ -447,7 +478,7 @@ void check_attention_outputs(const In& in, const attention_shape& s, const tenso
     check_nonnull(out, "attention", "out");
     const bool with_attn = attn_required || attn.data != nullptr || attn.rank != 0;
     if (with_attn) {
-        check_shape(attn, {s.b, s.h, s.l, s.l}, "attention", "attn");
+        check_shape(attn, {s.b, s.h, s.l, s.lk}, "attention", "attn");
         check_nonnull(attn, "attention", "attn");
     }
     check_output_overlap(in, out, "out");
@@ -458,19 +489,19 @@ void check_attention_outputs(const In& in, const attention_shape& s, const tenso
 }
 
 /// @brief The backward's checks of grad_out and the outputs grad_q, grad_k, grad_v (each
-/// (B, H, L, D), non-null, separate from the inputs, from `attn` (when given), grad_out and each
+/// (B, H, L, D) and (B, H, L_k, D) for grad_k and grad_v, non-null, separate from the inputs, from `attn` (when given), grad_out and each
 /// other) and of the terms' grad_tables. @throws rpe::invalid_argument `[rpe.attention] ...`.
 template <class In, class S>
 void check_attention_gradients(const In& in, const attention_shape& s, const tensor_ref<const S>& attn,
                                const tensor_ref<const S>& grad_out, const tensor_ref<S>& grad_q, const tensor_ref<S>& grad_k,
                                const tensor_ref<S>& grad_v) {
-    const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d};
+    const std::vector<std::int64_t> shape{s.b, s.h, s.l, s.d}, key_shape{s.b, s.h, s.lk, s.d};
     check_shape(grad_out, shape, "attention", "grad_out");
     check_nonnull(grad_out, "attention", "grad_out");
     const tensor_ref<S>* outs[] = {&grad_q, &grad_k, &grad_v};
     static constexpr const char* names[] = {"grad_q", "grad_k", "grad_v"};
     for (int i = 0; i < 3; ++i) {
-        check_shape(*outs[i], shape, "attention", names[i]);
+        check_shape(*outs[i], i == 0 ? shape : key_shape, "attention", names[i]);
         check_nonnull(*outs[i], "attention", names[i]);
         check_output_overlap(in, *outs[i], names[i]);
         check_no_overlap(*outs[i], attn, "attention", names[i], "attn");
@@ -511,7 +542,7 @@ attention_shape check_attention_forward(const attention_inputs<S>& in, const ten
 }
 
 /// @brief Every check of a backward call on a backend with capabilities `caps`: as the forward's,
-/// then `g.saved_attn` when given (a backend feature; (B, H, L, L), non-null, contiguous), the
+/// then `g.saved_attn` when given (a backend feature; (B, H, L, L_k), non-null, contiguous), the
 /// RoPE frequencies' gradient (a backend feature) and the gradients' shapes and overlaps.
 /// @throws rpe::invalid_argument `[rpe.attention] ...`; rpe::not_supported for a missing feature.
 template <class S>
@@ -526,7 +557,7 @@ attention_shape check_attention_backward(const attention_inputs<S>& in, const at
     require_feature(saved && in.packed.enabled(), false, caps,
                     "the backward from saved probabilities (saved_attn) with packed sequences (packed)");
     if (saved) {
-        check_shape(g.saved_attn, {s.b, s.h, s.l, s.l}, "attention", "saved_attn");
+        check_shape(g.saved_attn, {s.b, s.h, s.l, s.lk}, "attention", "saved_attn");
         check_nonnull(g.saved_attn, "attention", "saved_attn");
     }
     require_feature(in.rope.enabled() && in.rope.grad_freqs.data != nullptr, caps.rope_freqs_grad, caps, "rope grad_freqs");

@@ -240,7 +240,7 @@ TEST_CASE("errors: messages name the right parameter (k blamed for q's shape, br
         [&] {
             rpe::attention_forward(a.in, mview(out, {2, 1, 13, 6}));
         },
-        "k has shape (2, 2, 13, 3); expected (2, 1, 13, 6), the shape of q"));
+        "k has shape (2, 2, 13, 3); expected (2, 1, L_k >= 1, 6): B, H, D of q (2, 1, 13, 6)"));
     rpe_test::term_problem<bias_term> b(bias_term(mapping::product<>{r19}, {.num_heads = 2, .head_dim = 3, .shared_head = false}),
                                         1, 3, 3, 9);
     std::vector<double> o(9 * 9 * 3);

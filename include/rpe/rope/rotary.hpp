@@ -73,7 +73,17 @@ struct rotary_embedding {
     /// The fused attention's keys: (N, A) positions of the key tokens (e.g. another grid);
     /// empty = the queries' (positions, or the grid).
     tensor_ref<const float> key_positions = {};
-    int suffix = 0;  ///< trailing tokens left unrotated (>= 0; SAM2's memory tokens)
+    int suffix =
+        0;  ///< trailing tokens left unrotated (>= 0; SAM2's memory tokens): the keys', and the queries' unless query_suffix
+    /// Trailing unrotated tokens of the queries (and of x in the standalone rotation) when they
+    /// differ from the keys': −1 (the default) = suffix. Cross-attention sets it: SAM2's queries
+    /// (the current frame's grid, query_suffix = 0) attend to keys with suffix = the object-pointer
+    /// tokens. Fused attention on the CPU (attention_capabilities::cross_lengths); the standalone
+    /// rotation on both backends.
+    int query_suffix = -1;
+
+    /// @brief The queries' trailing unrotated tokens: query_suffix, or suffix when it is −1.
+    [[nodiscard]] int queries_suffix() const { return query_suffix < 0 ? suffix : query_suffix; }
 
     /// @brief True unless the form is std::monostate.
     [[nodiscard]] bool enabled() const { return form.index() != 0; }
@@ -117,18 +127,22 @@ namespace detail {
 
 /// @brief Checks a rotary embedding against (H, L, D) and the grid: the layout (rope::vjepa2 in
 /// layout::vjepa2 only, and that layout for no other form), parameters of the policy,
-/// skip >= 0, L = skip + height·width, a flat grid (depth 1), D a positive multiple of the
+/// skip >= 0, suffix >= 0, query_suffix >= −1, L = skip + height·width + the queries' suffix
+/// (rotary_embedding::queries_suffix) and, for the fused attention's keys (`lk` ≥ 0: L_k),
+/// L_k = skip + N_k + suffix, N_k the rows of key_positions, else the queries' token count (the
+/// grid's or the positions'), a flat grid (depth 1), D a positive multiple of the
 /// form's head_dim_multiple (and the policy's check_head_dim when it has one: rope::mrope's
 /// sections sum to D/2), positions / key_positions (N, A) with A = rope_position_axes(form),
 /// finite, and for rope::mixed freqs (2, H, D/2) non-null (grad_freqs, when given, is checked by
-/// check_rope_gradient).
+/// check_rope_gradient). `lk` < 0 (the standalone rotation): no keys, key_positions (when given)
+/// as many as positions.
 /// @throws rpe::invalid_argument `[rpe.<component>] rope ...` (`rope layout = pairs for a form that
 ///   runs in its own layout; expected rope::layout::vjepa2`; a position axis count other than
 ///   the form's: `rope positions has shape (N, 3); expected 2 axes (row, col)` or
 ///   `... (N, 2); expected 3 axes (t, h, w)`).
 template <class S>
 void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, std::int64_t d, int depth, int height, int width,
-                const char* component) {
+                const char* component, std::int64_t lk = -1) {
     if (!r.enabled()) return;
     require(r.form.index() < std::variant_size_v<rope_form>, component, "rope form is valueless; expected a rope:: policy");
     require(r.layout == rope::layout::pairs || r.layout == rope::layout::half || r.layout == rope::layout::vjepa2, component,
@@ -171,7 +185,13 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
         r.form);
     require(r.skip >= 0, component, "rope skip = ", r.skip, "; expected >= 0");
     require(r.suffix >= 0, component, "rope suffix = ", r.suffix, "; expected >= 0");
-    const std::int64_t rotated = l - r.skip - r.suffix;
+    require(r.query_suffix >= -1, component, "rope query_suffix = ", r.query_suffix, "; expected >= 0, or -1 for suffix");
+    const int qsuffix = r.queries_suffix();
+    if (lk < 0) lk = l - qsuffix + r.suffix;  // no keys (standalone rotation): key_positions as many as positions
+    // the queries' rotated tokens, and the keys' (the same count unless at key_positions)
+    const std::int64_t rotated = l - r.skip - qsuffix, rotated_k = lk - r.skip - r.suffix;
+    // "suffix" in messages: the queries' count is named query_suffix when it is set apart
+    const char* qs_name = r.query_suffix < 0 ? "suffix" : "query_suffix";
     if (r.has_positions()) {
         const bool fixed_has_at = std::visit(
             [](const auto& p) {
@@ -188,43 +208,53 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
             r.form);
         require(fixed_has_at, component,
                 "rope positions are given for a form without angle_at(y, x, pair, head_dim); expected the grid");
-        require(rotated >= 1, component, "L = ", l, "; expected rope skip + suffix = ", r.skip, " + ", r.suffix,
+        require(rotated >= 1, component, "L = ", l, "; expected rope skip + ", qs_name, " = ", r.skip, " + ", qsuffix,
                 " below L (positions need rotated tokens)");
+        if (lk != l || r.suffix != qsuffix)
+            require(rotated_k >= 1, component, "L_k = ", lk, "; expected rope skip + suffix = ", r.skip, " + ", r.suffix,
+                    " below L_k (positions need rotated tokens)");
         const int axes = rope_position_axes(r.form);
-        const auto check_positions = [&](const tensor_ref<const float>& p, const char* name) {
+        const auto check_positions = [&](const tensor_ref<const float>& p, const char* name, std::int64_t count) {
             if (p.data == nullptr && p.rank == 0) return;
             require(p.rank == 2 && p.extent(1) >= 2 && p.extent(1) <= 3, component, "rope ", name, " has shape ",
                     p.shape_string(), "; expected (tokens, ", axes, ") coordinates ", axes == 3 ? "(t, h, w)" : "(row, col)");
             if (axes == 2)
                 require(p.extent(1) == 2, component, "rope ", name, " has shape ", p.shape_string(),
-                        "; expected 2 axes (row, col), shape (", rotated, ", 2): the 2D forms take no third axis");
+                        "; expected 2 axes (row, col), shape (", count, ", 2): the 2D forms take no third axis");
             else
                 require(p.extent(1) == 3, component, "rope ", name, " has shape ", p.shape_string(),
-                        "; expected 3 axes (t, h, w), shape (", rotated,
+                        "; expected 3 axes (t, h, w), shape (", count,
                         ", 3): this form (rope::mrope, rope::vjepa2) takes three position ids per token");
-            check_shape(p, {rotated, axes}, component, (std::string("rope ") + name).c_str());
+            check_shape(p, {count, axes}, component, (std::string("rope ") + name).c_str());
             check_nonnull(p, component, (std::string("rope ") + name).c_str());
             require(p.contiguous(), component, "rope ", name, " is a strided view; expected a contiguous buffer");
-            for (std::int64_t i = 0; i < axes * rotated; ++i)
+            for (std::int64_t i = 0; i < axes * count; ++i)
                 require(std::isfinite(p.data[i]), component, "rope ", name, "[", i / axes, ", ", i % axes, "] = ", p.data[i],
                         "; expected finite");
         };
-        check_positions(r.positions, "positions");
-        check_positions(r.key_positions, "key_positions");
+        check_positions(r.positions, "positions", rotated);
+        check_positions(r.key_positions, "key_positions", rotated_k);
         if (r.positions.data == nullptr) {  // queries on the grid, keys at positions
             require(depth == 1, component, "rope needs a 2D grid; depth = ", depth, "; expected 1");
             require(static_cast<std::int64_t>(height) * width == rotated, component, "L = ", l,
-                    "; expected rope skip + height*width + suffix = ", r.skip, " + ", height, "*", width, " + ", r.suffix);
+                    "; expected rope skip + height*width + ", qs_name, " = ", r.skip, " + ", height, "*", width, " + ", qsuffix);
+        } else if (r.key_positions.data == nullptr) {  // keys at the queries' positions
+            require(rotated_k == rotated, component, "L_k = ", lk, "; expected rope skip + N + suffix = ", r.skip, " + ", rotated,
+                    " + ", r.suffix, " (the keys at the queries' positions; give key_positions for others)");
         }
     } else {
         require(depth == 1, component, "rope needs a 2D grid; depth = ", depth, "; expected 1");
         require(height >= 1 && width >= 1, component, "rope grid height, width = ", height, ", ", width, "; expected >= 1");
-        if (r.suffix == 0 && l != r.skip + static_cast<std::int64_t>(height) * width)
+        if (qsuffix == 0 && l != r.skip + static_cast<std::int64_t>(height) * width)
             throw invalid_argument(
                 message(component, "L = ", l, "; expected rope skip + height*width = ", r.skip, " + ", height, "*", width));
-        if (r.suffix != 0 && l != r.skip + static_cast<std::int64_t>(height) * width + r.suffix)
-            throw invalid_argument(message(component, "L = ", l, "; expected rope skip + height*width + suffix = ", r.skip, " + ",
-                                           height, "*", width, " + ", r.suffix));
+        if (qsuffix != 0 && l != r.skip + static_cast<std::int64_t>(height) * width + qsuffix)
+            throw invalid_argument(message(component, "L = ", l, "; expected rope skip + height*width + ", qs_name, " = ", r.skip,
+                                           " + ", height, "*", width, " + ", qsuffix));
+        if (lk != r.skip + static_cast<std::int64_t>(height) * width + r.suffix)
+            throw invalid_argument(message(component, "L_k = ", lk, "; expected rope skip + height*width + suffix = ", r.skip,
+                                           " + ", height, "*", width, " + ", r.suffix,
+                                           " (the keys on the queries' grid; give key_positions for others)"));
     }
     if (r.is_mixed()) {
         check_shape(r.freqs, {2, h, d / 2}, component, "rope freqs");
@@ -573,6 +603,7 @@ template <class S>
 rotary_embedding<S> key_rope(rotary_embedding<S> r) {
     if (r.key_positions.data != nullptr) r.positions = r.key_positions;
     r.key_positions = {};
+    r.query_suffix = -1;  // the keys' suffix
     return r;
 }
 

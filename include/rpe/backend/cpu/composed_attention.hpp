@@ -32,6 +32,16 @@ namespace rpe {
 
 namespace detail {
 
+/// @brief What the composed baseline supports: the CPU attention's features, except keys of
+/// another length than the queries (attention_capabilities::cross_lengths: refused with
+/// rpe::not_supported; the fused CPU attention takes them).
+inline constexpr attention_capabilities composed_attention_caps = [] {
+    attention_capabilities c = ::rpe::cpu::attention_caps;
+    c.backend = "composed";
+    c.cross_lengths = false;
+    return c;
+}();
+
 /// A contiguous copy of a (B, H, L, D) view, strided or not.
 template <class S>
 std::vector<S> contiguous_copy(const tensor_ref<const S>& t) {
@@ -163,7 +173,7 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
         std::is_same_v<S, float> || std::is_same_v<S, double>,
         "rpe: composed_attention_forward (the plain baseline) takes float or double; for rpe::bf16 / rpe::f16 storage use "
         "rpe::attention_forward (the fused attention)");
-    const auto s = detail::check_attention(in, cpu::attention_caps);
+    const auto s = detail::check_attention(in, detail::composed_attention_caps);
     detail::check_attention_outputs(in, s, out, attn, true);
     if (in.packed.enabled()) {  // each image alone on copies of its tokens; attn block-diagonal, 0 across images
         std::fill(attn.data, attn.data + attn.size(), S(0));
@@ -251,7 +261,7 @@ void composed_attention_backward(const attention_inputs<S>& in, const attention_
         std::is_same_v<S, float> || std::is_same_v<S, double>,
         "rpe: composed_attention_backward (the plain baseline) takes float or double; for rpe::bf16 / rpe::f16 storage use "
         "rpe::attention_backward (the fused attention)");
-    const auto s = detail::check_attention(in, cpu::attention_caps);
+    const auto s = detail::check_attention(in, detail::composed_attention_caps);
     detail::require(g.saved_attn.data != nullptr || g.saved_attn.rank != 0, "attention",
                     "saved_attn = empty; expected the (B, H, L, L) probabilities of composed_attention_forward (the "
                     "composed backward does not recompute them)");

@@ -236,6 +236,7 @@ struct rope_known_fields {
     rope::layout layout;
     tensor_ref<const float> positions, key_positions;
     int suffix;
+    int query_suffix;
 };
 static_assert(sizeof(rope_known_fields<bf16>) == sizeof(rotary_embedding<bf16>) &&
                   sizeof(rope_known_fields<f16>) == sizeof(rotary_embedding<f16>),
@@ -266,6 +267,7 @@ void rope_float_copies_of(const rotary_embedding<H>& r, const tensor_ref<const H
     c.r.positions = r.positions;
     c.r.key_positions = r.key_positions;
     c.r.suffix = r.suffix;
+    c.r.query_suffix = r.query_suffix;
     if (r.freqs.data) {
         c.freqs = rope_to_float(r.freqs);
         c.r.freqs.data = c.freqs.data();

@@ -43,7 +43,9 @@ using attention_inputs = rpe::attention_inputs<S>;
 /// (L, L) buffer), RoPE with the frequencies' gradient (RoPE positions, key_positions and suffix
 /// included, rope::vjepa2's layout too), both masks, 3D grids, D ≤ 128, per-token positions of
 /// the iRPE terms (positions, key_positions) and valid key lengths (key_lengths), each in device
-/// or host memory; no packed sequences (rpe::not_supported before any CUDA call).
+/// or host memory; no packed sequences, and no keys of another length than the queries (L_k ≠ L;
+/// its kernels index k, v, masks and ids by one L) nor RoPE's query_suffix other than its suffix
+/// (cross_lengths false) (rpe::not_supported before any CUDA call).
 inline constexpr attention_capabilities attention_caps{.backend = "cuda",
                                                        .strided_qkv = false,
                                                        .saved_probabilities = false,
@@ -55,7 +57,8 @@ inline constexpr attention_capabilities attention_caps{.backend = "cuda",
                                                        .max_head_dim = 128,
                                                        .positions = true,
                                                        .packed = false,
-                                                       .key_lengths = true};
+                                                       .key_lengths = true,
+                                                       .cross_lengths = false};
 
 }  // namespace rpe::cuda
 
