@@ -35,7 +35,8 @@ namespace cpu {
 /// @brief What the CPU attention supports (checked by the shared front): everything —
 /// strided q/k/v (rows of D contiguous), the `attn` output and the backward from saved
 /// probabilities, RoPE with the frequencies' gradient, both masks, 3D grids, any head dim,
-/// per-token positions of the iRPE terms.
+/// per-token positions of the iRPE terms, packed sequences, key lengths, keys of another length
+/// than the queries (without terms or packing).
 inline constexpr attention_capabilities attention_caps{.backend = "cpu",
                                                        .strided_qkv = true,
                                                        .saved_probabilities = true,
@@ -47,7 +48,8 @@ inline constexpr attention_capabilities attention_caps{.backend = "cpu",
                                                        .max_head_dim = 0,
                                                        .positions = true,
                                                        .packed = true,
-                                                       .key_lengths = true};
+                                                       .key_lengths = true,
+                                                       .cross_lengths = true};
 
 }  // namespace cpu
 
@@ -74,7 +76,9 @@ struct fused_table {
 
 template <class S, class Id>
 struct fused_plan {
-    std::int64_t b = 0, h = 0, l = 0, d = 0, k = 0, rb = 0;
+    // l: queries; lk: keys and values (lk = l whenever a term is attached: the ids are (l, l), and
+    // the id rows below are l apart)
+    std::int64_t b = 0, h = 0, l = 0, d = 0, k = 0, rb = 0, lk = 0;
     S scale = 1;
     std::vector<fused_table<S, Id>> on_q, on_k, on_v;
     int tables = 0;                               // tables in on_q, on_k, on_v together
@@ -82,10 +86,10 @@ struct fused_plan {
     std::shared_ptr<const rope_table<S>> rope;    // cos/sin of the queries with RoPE, else null
     std::shared_ptr<const rope_table<S>> rope_k;  // of the keys (== rope unless key_positions)
     std::int64_t rope_skip = 0;
-    const std::int32_t* key_len = nullptr;  // (B) valid key lengths (attention_inputs::key_lengths), or null: all L
+    const std::int32_t* key_len = nullptr;  // (B) valid key lengths (attention_inputs::key_lengths), or null: all L_k
 
-    // Keys of plane p that are computed: key_lengths[b], or L.
-    [[nodiscard]] std::int64_t keys(std::int64_t p) const { return key_len ? key_len[p / h] : l; }
+    // Keys of plane p that are computed: key_lengths[b], or L_k.
+    [[nodiscard]] std::int64_t keys(std::int64_t p) const { return key_len ? key_len[p / h] : lk; }
 
     // The scaled (and, with RoPE, rotated) queries of rows [i0, i0 + rb) of plane p into qs (rb, D).
     void load_queries(std::int64_t p, std::int64_t i0, std::int64_t rb, S* qs) const {
@@ -98,7 +102,7 @@ struct fused_plan {
 };
 
 // With RoPE: the rotated keys of plane p, rows [0, nk) (nk = plan.keys(p); padded keys are not
-// read), into kr (L, D), contiguous: the forward's keys of one plane, rotated by the thread that
+// read), into kr (L_k, D), contiguous: the forward's keys of one plane, rotated by the thread that
 // takes the plane's row blocks, while they sit in its cache (the same values as rotate_keys).
 template <class S, class Id>
 void rotate_plane_keys(const fused_plan<S, Id>& plan, std::int64_t p, S* kr) {
@@ -106,11 +110,11 @@ void rotate_plane_keys(const fused_plan<S, Id>& plan, std::int64_t p, S* kr) {
                           plan.kv.sl);
 }
 
-// With RoPE: the rotated keys of every plane into kr (B·H·L·D, contiguous), once per call.
+// With RoPE: the rotated keys of every plane into kr (B·H·L_k·D, contiguous), once per call.
 template <class S, class Id>
 void rotate_keys(fused_plan<S, Id>& plan, S* kr) {
     if (!plan.rope) return;
-    const std::int64_t n = plan.l, d = plan.d, planes = plan.b * plan.h;
+    const std::int64_t n = plan.lk, d = plan.d, planes = plan.b * plan.h;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
@@ -224,13 +228,13 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
                          bool logits_given = false, const S* keys = nullptr, const block_layout<S, Id>* lay = nullptr) {
     using cpu::cmap;
     using cpu::map;
-    const std::int64_t n = plan.l, nk = plan.keys(p), d = plan.d, h = p % plan.h;
+    const std::int64_t n = plan.l, nk = plan.keys(p), d = plan.d, h = p % plan.h;  // n: the id rows' stride
     const std::int64_t ld = lay && lay->ld > 0 ? lay->ld : nk;
     const bool folded = lay && lay->folded_k;
     if (!logits_given) {
         cpu::map_strided<S> logits(lg, rb, nk, Eigen::OuterStride<>(ld));
         if (keys)
-            logits.noalias() = cmap<S>(qs_blk, rb, d) * cpu::plane_rows<S>(keys, 1, n, d).rows(0, 0, nk, d).transpose();
+            logits.noalias() = cmap<S>(qs_blk, rb, d) * cpu::plane_rows<S>(keys, 1, plan.lk, d).rows(0, 0, nk, d).transpose();
         else
             logits.noalias() = cmap<S>(qs_blk, rb, d) * plan.kv.rows(p, 0, nk, d).transpose();
     }
@@ -330,22 +334,24 @@ void all_query_products(const fused_plan<S, Id>& plan, const cpu::thread_scratch
     for (std::int64_t p = 0; p < planes; ++p) plane_query_products(plan, p, ks_s.mine(), tq + p * per_plane);
 }
 
-// Rows per block of a call on L tokens (attention_options::row_block, or automatic).
-inline std::int64_t row_block_of(const attention_options& opt, std::int64_t l) {
+// Rows per block of a call on L queries and L_k keys (attention_options::row_block, or automatic:
+// about 128K logits per block).
+inline std::int64_t row_block_of(const attention_options& opt, std::int64_t l, std::int64_t lk) {
     require(opt.row_block >= 0, "attention", "row_block = ", opt.row_block, "; expected >= 0");
     const std::int64_t rb =
-        opt.row_block > 0 ? opt.row_block : std::max<std::int64_t>(32, (std::int64_t{1} << 17) / std::max<std::int64_t>(l, 1));
+        opt.row_block > 0 ? opt.row_block : std::max<std::int64_t>(32, (std::int64_t{1} << 17) / std::max<std::int64_t>(lk, 1));
     return std::max<std::int64_t>(1, std::min(rb, l));
 }
 
 template <class S, class Id>
 fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, bool want_grads,
                             const attention_options& opt) {
-    const attention_shape s{in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)};  // checked by the caller
+    const attention_shape s{in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3), in.k.extent(2)};  // checked
     fused_plan<S, Id> plan;
     plan.b = s.b;
     plan.h = s.h;
     plan.l = s.l;
+    plan.lk = s.lk;
     plan.d = s.d;
     plan.scale = static_cast<S>(softmax_scale(opt, s.d));
     const attention_term<S>* slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
@@ -354,7 +360,7 @@ fused_plan<S, Id> make_plan(const attention_inputs<S>& in, const std::shared_ptr
     add_tables(plan, in.rpe_q, ids[0], plan.on_q, want_grads);
     add_tables(plan, in.rpe_k, ids[1], plan.on_k, want_grads);
     add_tables(plan, in.rpe_v, ids[2], plan.on_v, want_grads);
-    plan.rb = row_block_of(opt, s.l);
+    plan.rb = row_block_of(opt, s.l, s.lk);
     plan.qv = cpu::plane_rows<S>(in.q);
     plan.kv = cpu::plane_rows<S>(in.k);
     plan.vv = cpu::plane_rows<S>(in.v);
@@ -385,7 +391,7 @@ inline std::int64_t lg_stride(std::int64_t nk, std::int64_t extra) { return extr
 // parallel region: their (part, plane, row block) items share the threads, so small images do not
 // leave threads idle. Each item is computed as in a call on its part alone (its own plan, ids, row
 // block), by one thread, so the results do not depend on the thread count or on the other parts.
-// attn: (B, H, L, L) probabilities of a single part, or empty.
+// attn: (B, H, L, L_k) probabilities of a single part, or empty.
 template <class S, class Id>
 void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn, const attention_options& opt) {
     using cpu::cmap;
@@ -407,7 +413,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         auto& x = st[m];
         x.plan = make_plan<S, Id>(*parts[m].in, parts[m].ids, false, opt);
         const auto& plan = x.plan;
-        const std::int64_t n = plan.l, rb_max = plan.rb;
+        const std::int64_t n = plan.l, nkeys = plan.lk, rb_max = plan.rb;  // queries, keys
         x.blocks = (n + rb_max - 1) / rb_max;
         x.items = plan.b * plan.h * x.blocks;
         x.first = items;
@@ -425,12 +431,12 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         // value tables: per plane [v; table_v] (nk + ΣK, D), the per-bucket sums of the
         // probabilities written into lg's columns past nk, so that one product gives the output
         for (const auto& t : plan.on_v) x.vx_cols += t.k;
-        vx_max = std::max(vx_max, x.vx_cols > 0 ? (n + x.vx_cols) * plan.d : 0);
+        vx_max = std::max(vx_max, x.vx_cols > 0 ? (nkeys + x.vx_cols) * plan.d : 0);
         for (const auto& t : plan.on_v) vk_max = std::max(vk_max, t.k);
         // lg's rows (and with the fold the product's columns): n + ΣK rounded up to 16 (64-byte rows)
-        const std::int64_t ld_max = lg_stride(n, std::max(x.kx_cols, x.vx_cols));
+        const std::int64_t ld_max = lg_stride(nkeys, std::max(x.kx_cols, x.vx_cols));
         kx_max = std::max(kx_max, x.kx_cols > 0 ? ld_max * plan.d : 0);
-        kp_max = std::max(kp_max, x.keys_per_plane && x.kx_cols == 0 ? n * plan.d : 0);
+        kp_max = std::max(kp_max, x.keys_per_plane && x.kx_cols == 0 ? nkeys * plan.d : 0);
         lg_max = std::max(lg_max, rb_max * ld_max);
 #if defined(__AVX512F__)
         // contextual query tables: key-order ids made once per call where they fit (as the
@@ -443,7 +449,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         work_max = std::max(work_max, 2 * rb_max * std::max<std::int64_t>(plan.k, 1));
         qs_max = std::max(qs_max, rb_max * plan.d);
         ids_max = std::max(ids_max, plan.tables * rb_max * n);
-        ks_max = std::max(ks_max, x.ctx_q ? n * plan.d : 0);
+        ks_max = std::max(ks_max, x.ctx_q ? nkeys * plan.d : 0);
         tables_max = std::max(tables_max, plan.tables);
     }
     // every buffer is laid out here, in the calling thread's workspace, before the parallel region
@@ -456,7 +462,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         const std::int64_t nq_ctx = std::count_if(x.plan.on_q.begin(), x.plan.on_q.end(), [](const auto& t) { return !t.bias; });
         qid_s.emplace_back(ws, x.q_lookup ? nq_ctx * x.plan.l * x.plan.l : 0);
         tq_s.emplace_back(ws, planes * x.tq_per_plane);
-        kr_s.emplace_back(ws, x.plan.rope && !x.keys_per_plane ? planes * x.plan.l * x.plan.d : 0);
+        kr_s.emplace_back(ws, x.plan.rope && !x.keys_per_plane ? planes * x.plan.lk * x.plan.d : 0);
         full_ids.push_back(declare_full_ids(x.plan, ws));
     }
     cpu::thread_scratch<S> ks_s(ws, ks_max);
@@ -568,11 +574,11 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             } else {
                 o.noalias() = probs * plan.vv.rows(p, 0, nk, d);
             }
-            if (attn.data)
+            if (attn.data)  // (B, H, L, L_k)
                 for (std::int64_t i = 0; i < rb; ++i) {
-                    S* dst = attn.data + (p * n + i0 + i) * n;
+                    S* dst = attn.data + (p * n + i0 + i) * plan.lk;
                     std::copy(lg + i * ld, lg + i * ld + nk, dst);
-                    std::fill(dst + nk, dst + n, S(0));
+                    std::fill(dst + nk, dst + plan.lk, S(0));
                 }
         }
     }
@@ -652,6 +658,7 @@ backward_layout backward_layout_of(const attention_inputs<S>& in, const attentio
     using value_type = std::conditional_t<std::is_same_v<S, bf16> || std::is_same_v<S, f16>, float, S>;
     lay.per_line = std::max<std::int64_t>(1, 64 / static_cast<std::int64_t>(sizeof(value_type)));
     const std::int64_t planes = in.q.extent(0) * in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
+    const std::int64_t nkeys = in.k.extent(2);  // L_k (= n with terms)
     std::int64_t k = 0, item = 0, grad_tables = 0, q_partials = 0, q_grad_tables = 0;
     for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
         if (slot->term) k = std::max<std::int64_t>(k, slot->term->num_buckets());
@@ -668,12 +675,12 @@ backward_layout backward_layout_of(const attention_inputs<S>& in, const attentio
     }
     const bool ctx_q = in.rpe_q.term && in.rpe_q.term->contextual();
     const std::int64_t tq = ctx_q ? in.rpe_q.term->num_tables() * n * k : 0;
-    const std::int64_t rb = row_block_of(opt, n), blocks = (n + rb - 1) / rb;
+    const std::int64_t rb = row_block_of(opt, n, nkeys), blocks = (n + rb - 1) / rb;
     lay.chunks = planes > 0 ? backward_chunks(planes, blocks) : 1;
     lay.blocks_per_chunk = (blocks + lay.chunks - 1) / lay.chunks;
     lay.items = planes * lay.chunks;
     lay.gq_stride = tq;
-    lay.gkv_stride = lay.chunks > 1 ? n * d : 0;
+    lay.gkv_stride = lay.chunks > 1 ? nkeys * d : 0;
     lay.item_elems = item + lay.gq_stride + 2 * lay.gkv_stride;
     lay.plane_elems = ctx_q && !saved_attn ? tq : 0;
     // one line more per buffer: the per-slot buffers, the products; split also the accumulator
@@ -704,8 +711,8 @@ backward_layout backward_layout_of(const attention_inputs<S>& in, const attentio
     return lay;
 }
 
-// attn: the forward's (B, H, L, L) probabilities, or empty to recompute them block by block.
-// grad_out, grad_q, grad_k, grad_v: (B, H, L, D), rows of D contiguous (a packed image's views).
+// attn: the forward's (B, H, L, L_k) probabilities, or empty to recompute them block by block.
+// grad_out, grad_q: (B, H, L, D); grad_k, grad_v: (B, H, L_k, D); rows of D contiguous (a packed image's views).
 template <class S, class Id>
 void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<const S> attn,
                     tensor_ref<const S> grad_out, tensor_ref<S> grad_q, tensor_ref<S> grad_k, tensor_ref<S> grad_v,
@@ -715,7 +722,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     const cpu::plane_rows_mut<S> gqv(grad_q), gkv(grad_k), gvv(grad_v);
     using cpu::cmap;
     using cpu::map;
-    const std::int64_t n = plan.l, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
+    // n: queries (and the id rows' stride); nkeys: keys and values (= n with terms)
+    const std::int64_t n = plan.l, nkeys = plan.lk, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
     const std::int64_t nq = static_cast<std::int64_t>(plan.on_q.size());
     const std::int64_t tq_per_plane = nq * n * k;
     auto table_size = [&](const fused_table<S, Id>& t) { return t.bias ? t.k : d * t.k; };
@@ -751,7 +759,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     for (const auto& t : plan.on_k) kx_cols += t.bias ? 0 : t.k;
     for (const auto& t : plan.on_v) vx_cols += t.k;
     const bool fold = kx_cols > 0;
-    const std::int64_t ld_max = lg_stride(n, std::max(kx_cols, vx_cols));
+    const std::int64_t ld_max = lg_stride(nkeys, std::max(kx_cols, vx_cols));
     // contextual query tables (AVX-512F float): key-order ids, for the recomputed logits' lookups
     // per key (as the forward) and the per-(key, bucket) sums of dlogits accumulated per key
     bool q_lookup = false;
@@ -777,7 +785,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     // keys at their own positions: their angle gradients apart (their tokens' coordinates differ)
     const bool rope_k_apart = rope_freqs && plan.rope_k != plan.rope;
     const std::int64_t rope_nk = plan.rope_k ? plan.rope_k->tokens : 0;
-    cpu::shared_scratch<S> kr_s(ws, plan.rope ? planes * n * d : 0), ga_s(ws, rope_freqs ? planes * rope_n * rope_pairs : 0);
+    cpu::shared_scratch<S> kr_s(ws, plan.rope ? planes * nkeys * d : 0), ga_s(ws, rope_freqs ? planes * rope_n * rope_pairs : 0);
     cpu::shared_scratch<S> gak_s(ws, rope_k_apart ? planes * rope_nk * rope_pairs : 0);
     const auto ga_k = [&] { return rope_k_apart ? gak_s.data() : ga_s.data(); };  // after the workspace's allocate()
     const auto full_ids = declare_full_ids(plan, ws);
@@ -845,16 +853,16 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 const std::int64_t slot = item - i0, p = item / chunks, c = item % chunks, h = p % plan.h;
                 const S* tqp = recompute_tq ? tq + (p - p0) * lay.plane_elems : nullptr;
                 S* gq = ctx_q ? gq_w + slot * lay.gq_stride : nullptr;  // Σ dlogits per (j, bucket), contextual q tables
-                auto gk_all = chunks > 1 ? cpu::map_strided<S>(gk_w + slot * lay.gkv_stride, n, d, Eigen::OuterStride<>(d))
-                                         : gkv.rows(p, 0, n, d);
-                auto gv_all = chunks > 1 ? cpu::map_strided<S>(gv_w + slot * lay.gkv_stride, n, d, Eigen::OuterStride<>(d))
-                                         : gvv.rows(p, 0, n, d);
+                auto gk_all = chunks > 1 ? cpu::map_strided<S>(gk_w + slot * lay.gkv_stride, nkeys, d, Eigen::OuterStride<>(d))
+                                         : gkv.rows(p, 0, nkeys, d);
+                auto gv_all = chunks > 1 ? cpu::map_strided<S>(gv_w + slot * lay.gkv_stride, nkeys, d, Eigen::OuterStride<>(d))
+                                         : gvv.rows(p, 0, nkeys, d);
                 gk_all.setZero();
                 gv_all.setZero();
                 // keys >= nk are padding (key_lengths): not computed, their gradient rows stay zero
                 const std::int64_t nk = plan.keys(p);
-                // ld: lg's and dp's row stride (the forward's); ldp: the probabilities' (given: n)
-                const std::int64_t ld = lg_stride(nk, std::max(kx_cols, vx_cols)), ldp = attn.data ? n : ld;
+                // ld: lg's and dp's row stride (the forward's); ldp: the probabilities' (given: L_k)
+                const std::int64_t ld = lg_stride(nk, std::max(kx_cols, vx_cols)), ldp = attn.data ? nkeys : ld;
                 auto gk = gk_all.topRows(nk);
                 auto gv = gv_all.topRows(nk);
                 const auto vp = plan.vv.rows(p, 0, nk, d);
@@ -879,7 +887,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     plan.load_queries(p, i0r, rb, qs);
                     const S* pr = lg;  // the block's probabilities: given, or recomputed into lg
                     if (attn.data) {
-                        pr = attn.data + (p * n + i0r) * n;
+                        pr = attn.data + (p * n + i0r) * nkeys;
                     } else {  // the forward's logits: with the fold, one product gives qs·kᵀ and qs·table_k
                         if (fold) map<S>(lg, rb, ld).noalias() = cmap<S>(qs, rb, d) * cmap<S>(kx, ld, d).transpose();
                         block_probabilities(plan, in, p, i0r, rb, qs, tqp, blk, lg, work, fold, static_cast<const S*>(nullptr),
@@ -986,12 +994,12 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 const std::int64_t h = p % plan.h;
                 const std::int64_t c0 = std::max(i0, p * chunks) - p * chunks, c1 = std::min(i1, (p + 1) * chunks) - p * chunks;
                 const auto slot_of = [&](std::int64_t c) { return p * chunks + c - i0; };
-                auto gk = gkv.rows(p, 0, n, d);
+                auto gk = gkv.rows(p, 0, nkeys, d);
                 if (chunks > 1) {
-                    auto gv = gvv.rows(p, 0, n, d);
+                    auto gv = gvv.rows(p, 0, nkeys, d);
                     for (std::int64_t c = c0; c < c1; ++c) {
-                        const auto pk = map<S>(gk_w + slot_of(c) * lay.gkv_stride, n, d);
-                        const auto pv = map<S>(gv_w + slot_of(c) * lay.gkv_stride, n, d);
+                        const auto pk = map<S>(gk_w + slot_of(c) * lay.gkv_stride, nkeys, d);
+                        const auto pv = map<S>(gv_w + slot_of(c) * lay.gkv_stride, nkeys, d);
                         if (c == 0) {
                             gk = pk;
                             gv = pv;
@@ -1021,9 +1029,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back (contiguous grad_k with RoPE)
                     S* g = gkv.plane(p);
                     if (rope_freqs)
-                        cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, n, plan.kv.plane(p), g,
+                        cpu::rope_angle_grad_rows(rope_pairs, plan.rope_skip, 0, nkeys, plan.kv.plane(p), g,
                                                   ga_k() + p * rope_nk * rope_pairs, plan.rope_k->layout, rope_nk);
-                    cpu::rope_rotate_rows(*plan.rope_k, h, plan.rope_skip, 0, n, d, g, g, S(1), true);
+                    cpu::rope_rotate_rows(*plan.rope_k, h, plan.rope_skip, 0, nkeys, d, g, g, S(1), true);
                 }
             }
         }
@@ -1193,11 +1201,12 @@ inline namespace RPE_ISA_NS {  // see backend/cpu/isa.hpp
 /// each image is computed alone on its rows (block-diagonal; no `attn` output); with
 /// `in.key_lengths` only the first key_lengths[b] keys of batch element b are computed (the rest
 /// padded, as by key_padding_mask). See docs/positions.md.
-/// @param in   q, k, v (B, H, L, D), contiguous or strided views with rows of D contiguous (read
-///   in place, e.g. from a packed (B, L, 3, H, D) qkv), grid, optional terms and masks (see
-///   attention_inputs).
+/// @param in   q (B, H, L, D), k, v (B, H, L_k, D) (L_k = L in self-attention; any L_k without
+///   terms or packing: cross-attention, KV caches), contiguous or strided views with rows of D
+///   contiguous (read in place, e.g. from a packed (B, L, 3, H, D) qkv), grid, optional terms and
+///   masks (see attention_inputs).
 /// @param out  (B, H, L, D), written.
-/// @param attn (B, H, L, L) probabilities, written only when non-empty; pass `{}` otherwise.
+/// @param attn (B, H, L, L_k) probabilities, written only when non-empty; pass `{}` otherwise.
 /// @param opt  softmax scale, row block, id storage (attention_options; the stream is ignored).
 /// @throws rpe::invalid_argument `[rpe.attention] ...` / `[rpe.term] ...` for mismatched shapes,
 ///   grid, heads, or a term on the wrong slot, before anything is written.
@@ -1247,7 +1256,8 @@ void attention_forward(const attention_inputs<S>& in, tensor_ref<S> out, tensor_
 /// grad_k and grad_v rows. With `in.rope`, grad_q and grad_k are rotated back by the transpose
 /// rotation and, for rope::mixed with `in.rope.grad_freqs` given, the frequencies' gradient
 /// (2, H, D/2) is written (summed over q and k, batch and tokens in a fixed order).
-/// @param g  grad_out, grad_q, grad_k, grad_v (B, H, L, D) and optional saved_attn (B, H, L, L).
+/// @param g  grad_out, grad_q (B, H, L, D), grad_k, grad_v (B, H, L_k, D) and optional saved_attn
+///   (B, H, L, L_k).
 /// @param opt the forward's options (the same scale).
 /// @throws as attention_forward, and rpe::invalid_argument for a saved_attn of another shape,
 ///   null, strided, or overlapping an output.

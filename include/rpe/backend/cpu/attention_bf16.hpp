@@ -188,7 +188,7 @@ inline float softmax_row_bf16(float* row, std::int64_t n, const std::uint8_t* ma
 
 }  // namespace bf16_hw
 
-// The AVX512_BF16 path (see the file comment); no RoPE, no key_lengths (every plane's L keys).
+// The AVX512_BF16 path (see the file comment); no RoPE, no key_lengths, L_k = L (every plane's L keys).
 // Per plane, once: kᵀ packed in pairs with the contextual key tables' (D, K) columns after the L
 // keys (the plane's head), v packed, and the contextual query terms' products s·(k·table_q) on
 // vdpbf16ps from the tables packed once per call. Per block of rows: one product gives the
@@ -359,14 +359,14 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
 #endif
 
 // The bf16 forward: the AVX512_BF16 path where this unit is built for it and the CPU reports it
-// (and no RoPE, no key_lengths, no test hook), the portable path otherwise (packed sequences:
+// (and no RoPE, no key_lengths, keys as many as queries, no test hook), the portable path otherwise (packed sequences:
 // packed_forward_bf16, always portable).
 template <class Id>
 void fused_forward_bf16(const attention_inputs<bf16>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<bf16> out,
                         tensor_ref<bf16> attn, const attention_options& opt) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-    if (!in.rope.enabled() && is_empty_view(in.key_lengths) && !cpu::bf16_portable_only.load(std::memory_order_relaxed) &&
-        cpu::cpu_has_avx512_bf16()) {
+    if (!in.rope.enabled() && is_empty_view(in.key_lengths) && in.k.extent(2) == in.q.extent(2) &&
+        !cpu::bf16_portable_only.load(std::memory_order_relaxed) && cpu::cpu_has_avx512_bf16()) {
         fused_forward_bf16_hw<Id>(in, ids, out, attn, opt);
         return;
     }

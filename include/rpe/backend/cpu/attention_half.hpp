@@ -123,7 +123,7 @@ struct float_inputs {
         }
         if (from.attn_mask.data) {
             attn_mask = contiguous_to_float(from.attn_mask);
-            in.attn_mask = tensor_ref<const float>(attn_mask.data(), {n, n});
+            in.attn_mask = tensor_ref<const float>(attn_mask.data(), {n, from.k.extent(2)});
         }
         if (from.rope.enabled()) {
             in.rope.form = from.rope.form;
@@ -132,6 +132,7 @@ struct float_inputs {
             in.rope.positions = from.rope.positions;
             in.rope.key_positions = from.rope.key_positions;
             in.rope.suffix = from.rope.suffix;
+            in.rope.query_suffix = from.rope.query_suffix;
             if (from.rope.freqs.data) {
                 freqs = contiguous_to_float(from.rope.freqs);
                 set_view(in.rope.freqs, freqs.data(), from.rope.freqs);
@@ -141,7 +142,7 @@ struct float_inputs {
     // q, k, v of batch elements [b0, b0 + nb) as float (contiguous (nb, H, L, D)), and the per-batch
     // views of `in` cut to them: `in` is then the call restricted to those batch elements.
     void load_batch(const attention_inputs<H>& from, std::int64_t b0, std::int64_t nb) {
-        const std::int64_t h = from.q.extent(1), n = from.q.extent(2), d = from.q.extent(3);
+        const std::int64_t h = from.q.extent(1), n = from.q.extent(2), d = from.q.extent(3), nk = from.k.extent(2);
         const auto cut = [&](auto t) {  // batch elements [b0, b0 + nb) of a view whose first extent is B
             if (!t.data) return t;
             t.data += b0 * t.stride(0);
@@ -152,8 +153,8 @@ struct float_inputs {
         k = rows_to_float(cut(from.k));
         v = rows_to_float(cut(from.v));
         in.q = tensor_ref<const float>(q.data(), {nb, h, n, d});
-        in.k = tensor_ref<const float>(k.data(), {nb, h, n, d});
-        in.v = tensor_ref<const float>(v.data(), {nb, h, n, d});
+        in.k = tensor_ref<const float>(k.data(), {nb, h, nk, d});
+        in.v = tensor_ref<const float>(v.data(), {nb, h, nk, d});
         in.key_padding_mask = cut(from.key_padding_mask);
         in.key_lengths = cut(from.key_lengths);
     }
@@ -186,9 +187,9 @@ namespace half_glue {
 template <class H, class Id>
 void forward(const attention_inputs<H>& in, const std::shared_ptr<const bucket_ids>* ids, tensor_ref<H> out, tensor_ref<H> attn,
              const attention_options& opt) {
-    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
-    const std::int64_t per_element =
-        static_cast<std::int64_t>(sizeof(float)) * h * n * (4 * d + (attn.data ? n : 0));  // q, k, v, out (, attn)
+    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3), nk = in.k.extent(2);
+    const std::int64_t per_element = static_cast<std::int64_t>(sizeof(float)) * h *
+                                     (2 * n * d + 2 * nk * d + (attn.data ? n * nk : 0));  // q, out, k, v (, attn)
     const std::int64_t budget = cpu::half_forward_chunk_bytes.load(std::memory_order_relaxed);
     const std::int64_t chunk =
         std::clamp<std::int64_t>(per_element > 0 ? budget / per_element : b, 1, std::max<std::int64_t>(b, 1));
@@ -198,11 +199,11 @@ void forward(const attention_inputs<H>& in, const std::shared_ptr<const bucket_i
         const std::int64_t nb = std::min(chunk, b - b0);
         f.load_batch(in, b0, nb);
         fo.resize(static_cast<std::size_t>(nb * h * n * d));
-        fa.resize(attn.data ? static_cast<std::size_t>(nb * h * n * n) : 0);
-        const tensor_ref<float> fav = attn.data ? tensor_ref<float>(fa.data(), {nb, h, n, n}) : tensor_ref<float>{};
+        fa.resize(attn.data ? static_cast<std::size_t>(nb * h * n * nk) : 0);
+        const tensor_ref<float> fav = attn.data ? tensor_ref<float>(fa.data(), {nb, h, n, nk}) : tensor_ref<float>{};
         fused_forward<float, Id>(f.in, ids, tensor_ref<float>(fo.data(), {nb, h, n, d}), fav, opt);
         from_float(fo.data(), out.data + b0 * h * n * d, nb * h * n * d);
-        if (attn.data) from_float(fa.data(), attn.data + b0 * h * n * n, nb * h * n * n);
+        if (attn.data) from_float(fa.data(), attn.data + b0 * h * n * nk, nb * h * n * nk);
     }
 }
 
@@ -224,7 +225,7 @@ void packed_forward(const attention_inputs<H>& in, tensor_ref<H> out, const atte
 // order: thread-count independent). Nothing is written before the float backward has returned.
 template <class H>
 void backward(const attention_inputs<H>& in, const attention_gradients<H>& g, const attention_options& opt) {
-    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
+    const std::int64_t b = in.q.extent(0), h = in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3), nk = in.k.extent(2);
     float_inputs<H> f(in);
     f.load_batch(in, 0, b);
     const attention_term<H>* from[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
@@ -252,14 +253,14 @@ void backward(const attention_inputs<H>& in, const attention_gradients<H>& g, co
     }
     const std::vector<float> go = contiguous_to_float(g.grad_out);
     const std::vector<float> saved = g.saved_attn.data ? contiguous_to_float(g.saved_attn) : std::vector<float>{};
-    const std::size_t elems = static_cast<std::size_t>(b * h * n * d);
-    std::vector<float> gq(elems), gk(elems), gv(elems);
+    const std::size_t elems = static_cast<std::size_t>(b * h * n * d), key_elems = static_cast<std::size_t>(b * h * nk * d);
+    std::vector<float> gq(elems), gk(key_elems), gv(key_elems);
     const attention_gradients<float> fg{
         .grad_out = tensor_ref<const float>(go.data(), {b, h, n, d}),
         .grad_q = tensor_ref<float>(gq.data(), {b, h, n, d}),
-        .grad_k = tensor_ref<float>(gk.data(), {b, h, n, d}),
-        .grad_v = tensor_ref<float>(gv.data(), {b, h, n, d}),
-        .saved_attn = g.saved_attn.data ? tensor_ref<const float>(saved.data(), {b, h, n, n}) : tensor_ref<const float>{}};
+        .grad_k = tensor_ref<float>(gk.data(), {b, h, nk, d}),
+        .grad_v = tensor_ref<float>(gv.data(), {b, h, nk, d}),
+        .saved_attn = g.saved_attn.data ? tensor_ref<const float>(saved.data(), {b, h, n, nk}) : tensor_ref<const float>{}};
     if (in.packed.enabled()) {
         packed_backward<float>(f.in, fg, opt);
     } else {
