@@ -577,11 +577,13 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     ``qs = q·scale; logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·scale)ᵀ (+ attn_mask)``, padded keys
     −∞, ``a = softmax(logits)``, ``out = a·v + rpe_v(a)``.
 
-    q, k, v: (B, H, L, D), float32, float64, bfloat16 or float16 (bfloat16 / float16 on the CPU: rpe::bf16 / rpe::f16 storage, computed in float, each output rounded once; on CUDA when has_cuda_kernels()); rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
+    q: (B, H, L, D), k, v: (B, H, L_k, D) (L_k = L in self-attention; on the CPU any L_k ≥ 1 without
+    iRPE terms or packing: cross-attention, KV caches; masks, key_lengths and the probabilities then
+    follow L_k), float32, float64, bfloat16 or float16 (bfloat16 / float16 on the CPU: rpe::bf16 / rpe::f16 storage, computed in float, each output rounded once; on CUDA when has_cuda_kernels()); rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
     modules from build_rpe, the ViT term modules RelPosBias, DecomposedRelPos, ALiBi2D or a
     TermSlot (SwinV2's CPB table), or None; height, width: the grid (L = skip + height·width;
-    square when None; a ViT term's own grid by default); key_padding_mask: (B, L) bool/uint8, true =
-    padded key; attn_mask: (L, L) additive float (or bool, true = masked), not differentiated;
+    square when None; a ViT term's own grid by default); key_padding_mask: (B, L_k) bool/uint8, true =
+    padded key; attn_mask: (L, L_k) additive float (or bool, true = masked), not differentiated;
     scale: default D^-1/2; rope: a RoPEAxial / RoPEMixed / RoPECat / RoPEDinoV3 / RoPEMRoPE /
     RoPEVJEPA2 module (its ``layout``, ``skip`` and ``suffix``): q and k are rotated first (L =
     rope.skip + height·width + rope.suffix; RoPEVJEPA2: rope.skip + grid_depth·height·width +
@@ -589,8 +591,11 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     gradient); positions: the rope's per-token (row, col) coordinates of q's (and k's) N = L −
     skip − suffix rotated tokens instead of the grid, (N, 2) integer or float ((N, 3) (t, h, w)
     position ids for RoPEMRoPE, (frame, row, col) for RoPEVJEPA2), on the CPU or q's device (not
-    differentiated); key_positions: the keys' own positions (same shape) (e.g. another grid; default:
-    the queries') — ``positions`` / ``key_positions`` are the RoPE's only; the iRPE terms take
+    differentiated); key_positions: the keys' own positions, (N_k, 2), N_k = L_k − skip − suffix
+    (e.g. another grid, or SAM2's memory keys: the query grid repeated once per frame,
+    rpe::rope::repeated_grid_positions; default: the queries'; the module's suffix counts the
+    trailing unrotated tokens of q and k alike: SAM2's object-pointer keys, unrotated while the
+    queries have none, take the C++ API's query_suffix or a rotation of their own) — ``positions`` / ``key_positions`` are the RoPE's only; the iRPE terms take
     their own, ``rpe_positions``: integer (N, 2) (row, col) — (N, 3) (t, row, col) for a 3D
     mapping — positions of the N = L − skip grid tokens instead of the grid (height, width are then
     not read by the terms), ``rpe_key_positions`` the keys' (same shape; default the queries');
@@ -602,7 +607,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     (B,) integer, the index after each batch element's last valid key (keys at index >=
     key_lengths[b] are padding, as key_padding_mask marks them, and are skipped; with a mask, a key
     is padded when either marks it, so take it from the mask: last valid index + 1); these are integer tensors on the CPU
-    (or, with CUDA tensors, the CPU or q's device; packed ones refused on CUDA), not differentiated (docs/positions.md); save_attn: keep the (B, H, L, L) probabilities for
+    (or, with CUDA tensors, the CPU or q's device; packed ones refused on CUDA), not differentiated (docs/positions.md); save_attn: keep the (B, H, L, L_k) probabilities for
     the backward, which then does not recompute them (True / False; None: when they take at most
     64 MiB, e.g. DeiT-S at batch 64 in float32; kept only when a backward can follow, except under
     torch.jit.trace, whose graph must hold one operator in every grad mode: there the choice is the
@@ -722,7 +727,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         if (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float16, torch.bfloat16)
                 and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in (torch.bfloat16, torch.float16)):
             size = 2
-        save_attn = q.device.type == "cpu" and q.shape[0] * q.shape[1] * L * L * size <= 64 << 20
+        save_attn = q.device.type == "cpu" and q.shape[0] * q.shape[1] * L * int(k.shape[2]) * size <= 64 << 20
     # only worth it when a backward can follow; not asked under torch.jit.trace, whose graph holds
     # one operator whatever grad mode it later runs in (check_trace re-traces under no_grad): there
     # the choice is the shapes' only, eager's in grad mode

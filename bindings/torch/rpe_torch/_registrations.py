@@ -134,7 +134,7 @@ def _attention_forward_attn_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, 
                             rpe_positions=None, rpe_key_positions=None, packed_lengths=None, packed_grids=None,
                             packed_positions=None, key_lengths=None):
     b, h, n = q.shape[0], q.shape[1], q.shape[2]
-    return [_empty(q, q.shape), _empty(q, (b, h, n, n))]
+    return [_empty(q, q.shape), _empty(q, (b, h, n, k.shape[2]))]  # (B, H, L, L_k)
 
 
 @_fake("attention_backward")

@@ -259,7 +259,8 @@ template <class S, class T>
 std::vector<at::Tensor> attention_forward_impl(attention_args& a, const dtype_rule& st, bool keep_attn) {
     auto s = setup_attention<S, T>(a, st);
     at::Tensor out = at::empty(a.q.sizes(), a.q.options());  // contiguous (q may be a strided view)
-    at::Tensor attn = keep_attn ? at::empty({a.q.size(0), a.q.size(1), a.q.size(2), a.q.size(2)}, a.q.options()) : at::Tensor();
+    // (B, H, L, L_k): k may have another length than q (cross-attention)
+    at::Tensor attn = keep_attn ? at::empty({a.q.size(0), a.q.size(1), a.q.size(2), a.k.size(2)}, a.q.options()) : at::Tensor();
     rpe::attention_forward<S>(s.in, mref<S>(out), keep_attn ? mref<S>(attn) : rpe::tensor_ref<S>{}, s.opt);
     if (keep_attn) return {out, attn};
     return {out};
@@ -700,7 +701,7 @@ TORCH_LIBRARY(rpe, m) {
         "term_backward(Tensor? x, Tensor[] tables, Tensor grad_out, str method, str mode, str target, float alpha, "
         "float beta, float gamma, int skip, int height, int width, Tensor? positions=None, "
         "Tensor? key_positions=None) -> Tensor[]");
-    // The attention step: q, k, v (B, H, L, D) unscaled; method_* "" = no term on that slot;
+    // The attention step: q (B, H, L, D), k, v (B, H, L_k, D) unscaled (L_k ≠ L on the CPU without terms); method_* "" = no term on that slot;
     // params: (alpha, beta, gamma, skip) for q, k, v (12 values); scale: the softmax scale
     // (rpe::attention_options::scale, > 0; None = 1/sqrt(D)), applied by the kernels (q·scale
     // for q·kᵀ and the contextual k term, k·scale for the contextual q term; nothing is copied).
@@ -719,7 +720,7 @@ TORCH_LIBRARY(rpe, m) {
         "rpe_key_positions=None, "
         "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None) -> "
         "Tensor");
-    // [out, attn]: attention_forward that also returns the (B, H, L, L) probabilities, for
+    // [out, attn]: attention_forward that also returns the (B, H, L, L_k) probabilities, for
     // attention_backward's `attn` (the backward then does not recompute them).
     m.def(
         "attention_forward_attn(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "

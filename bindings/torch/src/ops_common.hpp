@@ -645,7 +645,7 @@ attention_setup<S, T> setup_attention(attention_args& a, const dtype_rule& st, c
         }
         TORCH_CHECK_TYPE(m.scalar_type() == at::kBool || m.scalar_type() == at::kByte, "[rpe.torch] key_padding_mask has dtype ",
                          dtype_name(m.scalar_type()), "; expected bool or uint8 (true = padded key)");
-        check_rank(m, 2, "key_padding_mask", "(B, L)");
+        check_rank(m, 2, "key_padding_mask", "(B, L_k)");
         a.key_padding_mask = m.to(at::kByte).ne(0).to(at::kByte).contiguous();
         s.in.key_padding_mask = cref<std::uint8_t>(a.key_padding_mask);
     }
@@ -660,7 +660,7 @@ attention_setup<S, T> setup_attention(attention_args& a, const dtype_rule& st, c
             m = at::zeros(m.sizes(), a.q.options()).masked_fill(m, -std::numeric_limits<double>::infinity());
         }
         m = prepared(m, "attn_mask", st, w);
-        check_rank(m, 2, "attn_mask", "(L, L)");
+        check_rank(m, 2, "attn_mask", "(L, L_k)");
         s.in.attn_mask = cref<S>(m);
     }
     s.in.rope = make_rope<S>(a.rope_form, a.rope_params, a.rope_skip, a.rope_layout, a.rope_suffix);
