@@ -73,8 +73,9 @@ struct rotary_embedding {
     /// The fused attention's keys: (N, A) positions of the key tokens (e.g. another grid);
     /// empty = the queries' (positions, or the grid).
     tensor_ref<const float> key_positions = {};
-    int suffix =
-        0;  ///< trailing tokens left unrotated (>= 0; SAM2's memory tokens): the keys', and the queries' unless query_suffix
+    /// Trailing tokens left unrotated (>= 0; SAM2's memory tokens): the keys', and the queries'
+    /// unless query_suffix is set.
+    int suffix = 0;
     /// Trailing unrotated tokens of the queries (and of x in the standalone rotation) when they
     /// differ from the keys': −1 (the default) = suffix. Cross-attention sets it: SAM2's queries
     /// (the current frame's grid, query_suffix = 0) attend to keys with suffix = the object-pointer
