@@ -66,12 +66,12 @@ struct rotary_embedding {
     tensor_ref<S> grad_freqs = {};              ///< rope::mixed backward: (2, H, D/2), overwritten; empty = not wanted
     rope::layout layout = rope::layout::pairs;  ///< channel pairing: (2j, 2j+1), (j, j + D/2) or V-JEPA 2's (rope::vjepa2)
     /// Per-token positions instead of the grid: (N, A) float coordinates — integer or real — of
-    /// the N = L − skip − suffix rotated tokens of q (and of x in the standalone rotation), in the
+    /// the N = L − skip − queries_suffix() rotated tokens of q (and of x in the standalone rotation), in the
     /// form's coordinate frame (each policy's angle_at); A = rope_position_axes(form): 2 (row, col)
     /// for the 2D forms, 3 (t, h, w) for rope::mrope. Empty = the grid.
     tensor_ref<const float> positions = {};
-    /// The fused attention's keys: (N, A) positions of the key tokens (e.g. another grid);
-    /// empty = the queries' (positions, or the grid).
+    /// The fused attention's keys: (N_k, A) positions of the key tokens (e.g. another grid),
+    /// N_k = L_k − skip − suffix; empty = the queries' (positions, or the grid).
     tensor_ref<const float> key_positions = {};
     /// Trailing tokens left unrotated (>= 0; SAM2's memory tokens): the keys', and the queries'
     /// unless query_suffix is set.

@@ -291,12 +291,12 @@ void rope_float_copies_of(const rotary_embedding<H>& r, const tensor_ref<const H
 inline namespace RPE_ISA_NS {  // see isa.hpp
 
 /// @brief Rotates a q or k tensor by a 2D rotary position embedding: `y = R x`, token by token
-/// (see rpe::rotary_embedding; the `r.skip` leading and `r.suffix` trailing tokens are copied
-/// unrotated).
+/// (see rpe::rotary_embedding; the `r.skip` leading and `r.queries_suffix()` trailing tokens (its
+/// query_suffix, or suffix when that is −1) are copied unrotated).
 /// @param r the embedding (form, skip, suffix, layout, optional per-token positions (N, 2), and
 ///   for rope::mixed freqs (2, H, D/2)).
-/// @param height, width the grid: L = r.skip + height·width + r.suffix (unused with r.positions:
-///   L = r.skip + N + r.suffix).
+/// @param height, width the grid: L = r.skip + height·width + r.queries_suffix() (unused with
+///   r.positions: L = r.skip + N + r.queries_suffix()).
 /// @param x (B, H, L, D) q or k, projected (before any scaling: the rotation commutes with it).
 /// @param y (B, H, L, D), written; separate from x.
 /// @throws rpe::invalid_argument `[rpe.rope] ...` (shapes, L, D not a multiple of 4 (axial,

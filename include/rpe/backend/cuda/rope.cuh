@@ -441,14 +441,14 @@ void rope_frequency_grad(const rope_view<acc_t<S>>& t0, const S* y0, const S* g0
 namespace rpe::cuda {
 
 /// @brief Rotates a q or k tensor by a 2D rotary position embedding on the GPU: `y = R x`, token
-/// by token, as rpe::rope_forward (see rpe::rotary_embedding; the `r.skip` leading and `r.suffix`
+/// by token, as rpe::rope_forward (see rpe::rotary_embedding; the `r.skip` leading and `r.queries_suffix()`
 /// trailing tokens are copied).
 /// @param r the embedding (form, skip, suffix, layout; for rope::mixed freqs (2, H, D/2) in device
-///   memory; optional per-token positions (N, A) float, N = L − skip − suffix, A =
+///   memory; optional per-token positions (N, A) float, N = L − skip − r.queries_suffix(), A =
 ///   rpe::rope_position_axes(form), in device memory (copied to the host and waited for: the
 ///   checks read them, and a fixed form's table at positions is rpe::rope_position_table's,
 ///   uploaded once per positions' values) or host memory (read in place)).
-/// @param height, width the grid: L = r.skip + height·width + r.suffix (unused with r.positions).
+/// @param height, width the grid: L = r.skip + height·width + r.queries_suffix() (unused with r.positions).
 /// @param x (B, H, L, D), device; @param y (B, H, L, D), device, written, separate from x.
 /// @param stream the caller's stream; nothing waits except a fixed form's first use of a
 ///   (policy, D, grid, device), which uploads its table and waits for that copy.
