@@ -324,6 +324,11 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
         throw invalid_argument(message("attention", "k has shape ", in.k.shape_string(), "; expected (", s.b, ", ", s.h,
                                        ", L_k >= 1, ", s.d, "): B, H, D of q ", in.q.shape_string()));
     s.lk = in.k.extent(2);
+    // a backend without cross-attention, and v of the queries' length: the odd one out is k
+    if (!caps.cross_lengths && s.lk != s.l && in.v.has_shape({s.b, s.h, s.l, s.d}))
+        throw invalid_argument(message("attention", "k has shape ", in.k.shape_string(), "; expected ", in.q.shape_string(),
+                                       ", the shape of q and v (the ", caps.backend,
+                                       " backend takes keys of the queries' length)"));
     if (!in.v.has_shape({s.b, s.h, s.lk, s.d}))
         throw invalid_argument(
             message("attention", "v has shape ", in.v.shape_string(), "; expected ", in.k.shape_string(), ", the shape of k"));

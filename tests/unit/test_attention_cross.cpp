@@ -569,6 +569,16 @@ TEST_CASE("attention cross: a backend without cross_lengths refuses L_k != L and
     CHECK(rpe_test::throws_with<rpe::not_supported>(
         [&] { (void)rpe::detail::check_attention(pb.inputs(), caps); },
         "[rpe.attention] keys of another length than the queries (L_k != L) is not supported by the test backend"));
+    {  // k alone of another length (v has the queries' length): k is named, not v
+        cross_problem odd(5, 7, 73);
+        auto in = odd.inputs();
+        in.v = rpe::tensor_ref<const double>(in.v.data, {odd.b, odd.h, 5, odd.d});
+        CHECK(rpe_test::throws_with([&] { (void)rpe::detail::check_attention(in, caps); },
+                                    "[rpe.attention] k has shape (2, 2, 7, 4); expected (2, 2, 5, 4), the shape of q and v "
+                                    "(the test backend takes keys of the queries' length)"));
+        CHECK(rpe_test::throws_with([&] { (void)rpe::detail::check_attention(in, rpe::cpu::attention_caps); },
+                                    "[rpe.attention] v has shape (2, 2, 5, 4); expected (2, 2, 7, 4), the shape of k"));
+    }
     // self-attention shapes (L = L_k = 6) with RoPE's query_suffix set apart from suffix: the queries
     // at 4 positions + 2 unrotated tokens, the keys at 6 positions
     cross_problem self(6, 6, 72);
