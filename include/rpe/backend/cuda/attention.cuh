@@ -118,7 +118,7 @@ __device__ inline std::int64_t load_id(const attn_ids& v, std::int64_t i, std::i
 }
 
 // Keys of batch element b that are computed: key_lengths[b], or all L; keys at index ≥ it are
-// padding (probability 0, zero gradients), never read.
+// padding (probability 0, zero gradients), never used (the last tile may load their rows; no product reads them).
 __device__ inline std::int64_t valid_keys(const attn_args& a, std::int64_t b) {
     return a.key_lengths ? static_cast<std::int64_t>(a.key_lengths[b]) : a.n;
 }
@@ -804,28 +804,6 @@ struct rotated_inputs {
     }
 };
 
-// Copies view `p` (int32, any shape) to `host` when it is contiguous, non-empty device or managed
-// memory, and returns the view of that copy (the copy waits for the caller's stream sync); else
-// returns `p` (host memory is read in place; what is not contiguous is refused by the checks
-// before any read). The same test as host_rope_positions: a pointer the runtime does not know
-// (or no device) is host memory.
-inline tensor_ref<const std::int32_t> host_view(const tensor_ref<const std::int32_t>& p, std::vector<std::int32_t>& host,
-                                                cudaStream_t stream, bool& copied) {
-    if (p.data == nullptr || p.rank == 0 || !p.contiguous() || p.size() <= 0) return p;
-    cudaPointerAttributes at{};
-    if (cudaPointerGetAttributes(&at, p.data) != cudaSuccess) {
-        (void)cudaGetLastError();  // no device, or not a CUDA pointer: host memory
-        return p;
-    }
-    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged) return p;
-    host.resize(static_cast<std::size_t>(p.size()));
-    RPE_CUDA_CHECK(cudaMemcpyAsync(host.data(), p.data, host.size() * sizeof(std::int32_t), cudaMemcpyDefault, stream));
-    copied = true;
-    tensor_ref<const std::int32_t> out = p;
-    out.data = host.data();
-    return out;
-}
-
 // The attention inputs with every view that the shared front checks read on the host in host
 // memory: RoPE positions (host_rope_positions), the iRPE terms' positions and key_positions (also
 // what the ids are built from) and key_lengths (uploaded again by prepare_attention). `in` itself
@@ -909,7 +887,7 @@ namespace rpe::cuda {
 /// device id cache, and each token's linear position in it, uploaded per call, 8 bytes per token
 /// and side); the kernels read id(i, j) = per-offset id of pos_i − kpos_j. With `in.key_lengths`
 /// ((B,) int32, device or host memory, copied to the host and checked there: 0 ≤ length ≤ L, then
-/// uploaded): keys at index ≥ key_lengths[b] are padding, never read (as a key_padding_mask marking
+/// uploaded): keys at index ≥ key_lengths[b] are padding, never used (as a key_padding_mask marking
 /// them; rows without a valid key give zeros). Packed sequences are refused (attention_caps).
 template <class S>
 void attention_forward(const attention_inputs<S>& in_given, tensor_ref<S> out, tensor_ref<S> attn = {},

@@ -65,6 +65,28 @@ std::unique_ptr<device_buffer<T>> upload(const T* src, std::int64_t count, cudaS
     return buf;
 }
 
+/// @brief Copies view `p` (int32, any shape) to `host` when it is contiguous, non-empty device or managed
+/// memory, and returns the view of that copy (the copy waits for the caller's stream sync); else
+/// returns `p` (host memory is read in place; what is not contiguous is refused by the checks
+/// before any read). The same test as host_rope_positions: a pointer the runtime does not know
+/// (or no device) is host memory.
+inline tensor_ref<const std::int32_t> host_view(const tensor_ref<const std::int32_t>& p, std::vector<std::int32_t>& host,
+                                                cudaStream_t stream, bool& copied) {
+    if (p.data == nullptr || p.rank == 0 || !p.contiguous() || p.size() <= 0) return p;
+    cudaPointerAttributes at{};
+    if (cudaPointerGetAttributes(&at, p.data) != cudaSuccess) {
+        (void)cudaGetLastError();  // no device, or not a CUDA pointer: host memory
+        return p;
+    }
+    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged) return p;
+    host.resize(static_cast<std::size_t>(p.size()));
+    RPE_CUDA_CHECK(cudaMemcpyAsync(host.data(), p.data, host.size() * sizeof(std::int32_t), cudaMemcpyDefault, stream));
+    copied = true;
+    tensor_ref<const std::int32_t> out = p;
+    out.data = host.data();
+    return out;
+}
+
 /// @brief Blocks for a grid-stride loop over `total` items with `threads` per block.
 inline unsigned grid_for(std::int64_t total, int threads) {
     const std::int64_t blocks = (total + threads - 1) / threads;

@@ -282,20 +282,30 @@ public:
         return cache.get(mapping_, depth, height, width, layout_.skip, id_storage::automatic);
     }
     /// @brief The host ids of this term's skip tokens followed by tokens at per-token positions
-    /// ((N, 2) int32 (row, col), (N, 3) (t, row, col) for a 3D mapping; host memory), as the CPU
-    /// term: forward/backward upload their bounding box's per-offset ids once
+    /// ((N, 2) int32 (row, col), (N, 3) (t, row, col) for a 3D mapping; host memory, or device
+    /// memory copied to the host on the legacy default stream and waited for: the ids are built on
+    /// the host), as the CPU term: forward/backward upload their bounding box's per-offset ids once
     /// (cuda::device_bucket_cache) and the N linear positions per call (docs/positions.md).
-    /// @throws as bucket_cache::get(m, positions, skip).
+    /// @throws as bucket_cache::get(m, positions, skip); rpe::cuda_error when the copy fails.
     [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(tensor_ref<const std::int32_t> positions,
                                                                     bucket_cache& cache = bucket_cache::global()) const {
-        return cache.get(mapping_, positions, layout_.skip);
+        std::vector<std::int32_t> host;
+        bool copied = false;
+        const auto pos = detail::gpu::host_view(positions, host, nullptr, copied);
+        if (copied) RPE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+        return cache.get(mapping_, pos, layout_.skip);
     }
-    /// @brief As above with the keys at `key_positions` (same N, host memory; queries at `positions`).
-    /// @throws as bucket_cache::get(m, positions, key_positions, skip).
+    /// @brief As above with the keys at `key_positions` (same N, host or device memory; queries at
+    /// `positions`). @throws as bucket_cache::get(m, positions, key_positions, skip); rpe::cuda_error.
     [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(tensor_ref<const std::int32_t> positions,
                                                                     tensor_ref<const std::int32_t> key_positions,
                                                                     bucket_cache& cache = bucket_cache::global()) const {
-        return cache.get(mapping_, positions, key_positions, layout_.skip);
+        std::vector<std::int32_t> host, key_host;
+        bool copied = false;
+        const auto pos = detail::gpu::host_view(positions, host, nullptr, copied);
+        const auto kpos = detail::gpu::host_view(key_positions, key_host, nullptr, copied);
+        if (copied) RPE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+        return cache.get(mapping_, pos, kpos, layout_.skip);
     }
 
     /// @brief Forward on `stream`: writes (`write::overwrite`) or adds (`write::accumulate`) the
