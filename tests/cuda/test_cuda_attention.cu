@@ -555,6 +555,33 @@ TEST_CASE("cuda fused attention refuses packed sequences before any CUDA call") 
                                                        {gk.data(), {1, 1, 5, 2}}, {gv.data(), {1, 1, 5, 2}}),
                          "[rpe.attention] packed sequences (packed) is not supported by the cuda backend", rpe::not_supported);
 }
+
+TEST_CASE("cuda fused attention refuses keys of another length and RoPE's query_suffix before any CUDA call") {
+    // host buffers: the shared front refuses them from cuda::attention_caps (cross_lengths = false)
+    std::vector<float> q(1 * 1 * 6 * 4), kv(1 * 1 * 7 * 4), out(q.size());
+    rpe::cuda::attention_inputs<float> in;
+    in.q = {q.data(), {1, 1, 6, 4}};
+    in.k = in.v = {kv.data(), {1, 1, 7, 4}};
+    CHECK_THROWS_WITH_AS(
+        rpe::cuda::attention_forward(in, {out.data(), {1, 1, 6, 4}}),
+        "[rpe.attention] keys of another length than the queries (L_k != L) is not supported by the cuda backend",
+        rpe::not_supported);
+    in.v = {q.data(), {1, 1, 6, 4}};  // k alone of another length: k is named
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, {out.data(), {1, 1, 6, 4}}),
+                         "[rpe.attention] k has shape (1, 1, 7, 4); expected (1, 1, 6, 4), the shape of q and v (the cuda "
+                         "backend takes keys of the queries' length)",
+                         rpe::invalid_argument);
+    // L = L_k = 6: the queries on a 2 x 2 grid + 2 unrotated tokens (query_suffix 2), the keys at 6 positions
+    std::vector<float> kpos(12, 1.0f);
+    in.k = in.v = {q.data(), {1, 1, 6, 4}};
+    in.height = in.width = 2;
+    in.rope = {.form = rpe::rope::axial{.theta = 100.0f}};
+    in.rope.key_positions = {kpos.data(), {6, 2}};
+    in.rope.query_suffix = 2;
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, {out.data(), {1, 1, 6, 4}}),
+                         "[rpe.attention] rope query_suffix other than suffix is not supported by the cuda backend",
+                         rpe::not_supported);
+}
 }  // TEST_SUITE("host")
 
 TEST_CASE("cuda fused attention rejects bad arguments") {
