@@ -6,8 +6,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <span>
@@ -89,6 +91,24 @@ template <class S>
 std::vector<float> round_through(const std::vector<float>& v) {
     std::vector<float> out(v.size());
     for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(rpe::cuda::to_acc(rpe::cuda::from_acc<S>(v[i])));
+    return out;
+}
+
+/// (N, A) coordinates of a depth × height × width grid's tokens in a seeded random order: row i
+/// holds grid token perm[i]'s (r, c), or (t, r, c) when depth > 1 (perm a std::shuffle of 0..N−1
+/// by std::mt19937(seed)).
+inline std::vector<std::int32_t> permuted_grid(int depth, int height, int width, unsigned seed) {
+    const int n = depth * height * width;
+    std::vector<int> perm(static_cast<std::size_t>(n));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::mt19937 rng(seed);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<std::int32_t> out;
+    for (int i : perm) {
+        if (depth > 1) out.push_back(i / (height * width));
+        out.push_back((i / width) % height);
+        out.push_back(i % width);
+    }
     return out;
 }
 

@@ -232,23 +232,6 @@ struct at_config {
     bool host_positions = false;                   // positions and key_lengths in host memory on the GPU side too
 };
 
-/// (N, A) coordinates of a depth x height x width grid in token order, permuted: row i of the
-/// result is the grid token perm[i]'s coordinates ((r, c), or (t, r, c) when depth > 1).
-std::vector<std::int32_t> permuted_grid(int depth, int height, int width, std::uint32_t seed) {
-    const int n = depth * height * width, axes = depth > 1 ? 3 : 2;
-    std::vector<int> perm(static_cast<std::size_t>(n));
-    std::iota(perm.begin(), perm.end(), 0);
-    std::mt19937 rng(seed);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    std::vector<std::int32_t> out;
-    for (int i : perm) {
-        if (axes == 3) out.push_back(i / (height * width));
-        out.push_back((i / width) % height);
-        out.push_back(i % width);
-    }
-    return out;
-}
-
 template <class S>
 void compare_attention_at(const at_config& cfg, unsigned seed) {
     using C = std::conditional_t<std::is_same_v<S, double>, double, float>;

@@ -222,23 +222,6 @@ TEST_CASE_TEMPLATE("cuda term in accumulate mode matches the CPU term", S, float
 
 namespace {
 
-/// (N, A) coordinates of a depth × height × width grid's tokens, permuted: row i holds grid token
-/// perm[i]'s (r, c), or (t, r, c) when depth > 1.
-std::vector<std::int32_t> permuted_grid(int depth, int height, int width, unsigned seed) {
-    const int n = depth * height * width;
-    std::vector<int> perm(static_cast<std::size_t>(n));
-    std::iota(perm.begin(), perm.end(), 0);
-    std::mt19937 rng(seed);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    std::vector<std::int32_t> out;
-    for (int i : perm) {
-        if (depth > 1) out.push_back(i / (height * width));
-        out.push_back((i / width) % height);
-        out.push_back(i % width);
-    }
-    return out;
-}
-
 /// `count` random coordinates in [lo, hi] (repeats, gaps and negative values when lo < 0).
 std::vector<std::int32_t> random_coords(int count, int lo, int hi, unsigned seed) {
     std::mt19937 rng(seed);
