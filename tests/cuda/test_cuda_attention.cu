@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -41,6 +42,23 @@ struct attn_config {
     bool padding = false, additive = false;
     double ratio = 1.9;
 };
+
+/// Attaches `term` to the GPU-side `slot`: its tables (`host`, each of term.table_shape()) copied
+/// to the device as S, and gradient tables on the device filled with 99 (a table gradient the
+/// backward leaves unwritten then fails the comparison). The device buffers are appended to
+/// `dtables` and `dgtables`, which own them (in slot order: the checks read dgtables in turn).
+template <class S>
+void attach_device_tables(rpe::cuda::attention_term<S>& slot, const rpe::term_desc& term,
+                          const std::vector<std::vector<float>>& host, std::vector<std::unique_ptr<device_vec<S>>>& dtables,
+                          std::vector<std::unique_ptr<device_vec<S>>>& dgtables) {
+    slot.term = &term;
+    for (const auto& t : host) {
+        dtables.push_back(std::make_unique<device_vec<S>>(to_storage<S>(t)));
+        slot.tables.push_back(dtables.back()->cref(term.table_shape()));
+        dgtables.push_back(std::make_unique<device_vec<S>>(to_storage<S>(std::vector<float>(t.size(), 99.f))));
+        slot.grad_tables.push_back(dgtables.back()->ref(term.table_shape()));
+    }
+}
 
 template <class S>
 void compare_attention(const attn_config& cfg, unsigned seed) {
@@ -131,16 +149,8 @@ void compare_attention(const attn_config& cfg, unsigned seed) {
     if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, l});
     if (!am.empty()) gin.attn_mask = dam.cref({l, l});
     rpe::cuda::attention_term<S>* gslots[3] = {&gin.rpe_q, &gin.rpe_k, &gin.rpe_v};
-    for (int s = 0; s < 3; ++s) {
-        if (!cfg_terms[s]) continue;
-        gslots[s]->term = cfg_terms[s].get();
-        for (const auto& t : tables[s]) {
-            dtables.push_back(std::make_unique<device_vec<S>>(to_storage<S>(t)));
-            gslots[s]->tables.push_back(dtables.back()->cref(cfg_terms[s]->table_shape()));
-            dgtables.push_back(std::make_unique<device_vec<S>>(to_storage<S>(std::vector<float>(t.size(), 99.f))));
-            gslots[s]->grad_tables.push_back(dgtables.back()->ref(cfg_terms[s]->table_shape()));
-        }
-    }
+    for (int s = 0; s < 3; ++s)
+        if (cfg_terms[s]) attach_device_tables(*gslots[s], *cfg_terms[s], tables[s], dtables, dgtables);
     cudaStream_t stream = nullptr;
     RPE_CUDA_CHECK(cudaStreamCreate(&stream));
     rpe::cuda::attention_forward(gin, dout.ref(qshape), {}, {.stream = stream});
@@ -325,16 +335,8 @@ void compare_attention_at(const at_config& cfg, unsigned seed) {
     if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, l});
     std::vector<std::unique_ptr<device_vec<S>>> dtables, dgtables;
     rpe::cuda::attention_term<S>* gslots[3] = {&gin.rpe_q, &gin.rpe_k, &gin.rpe_v};
-    for (int s = 0; s < 3; ++s) {
-        if (!terms[s]) continue;
-        gslots[s]->term = &*terms[s];
-        for (const auto& t : tables[s]) {
-            dtables.push_back(std::make_unique<device_vec<S>>(to_storage<S>(t)));
-            gslots[s]->tables.push_back(dtables.back()->cref(terms[s]->table_shape()));
-            dgtables.push_back(std::make_unique<device_vec<S>>(to_storage<S>(std::vector<float>(t.size(), 99.f))));
-            gslots[s]->grad_tables.push_back(dgtables.back()->ref(terms[s]->table_shape()));
-        }
-    }
+    for (int s = 0; s < 3; ++s)
+        if (terms[s]) attach_device_tables(*gslots[s], *terms[s], tables[s], dtables, dgtables);
     cudaStream_t stream = nullptr;
     RPE_CUDA_CHECK(cudaStreamCreate(&stream));
     rpe::cuda::attention_forward(gin, dout.ref(qshape), {}, {.stream = stream});
