@@ -402,6 +402,18 @@ def copy_module(m):
     return copy.deepcopy(m) if m is not None else None
 
 
+def check_float64_attention(out_g, out_c, qkv_g, qkv_c, g, n):
+    """A float64 attention on the GPU against the CPU's: the outputs, then the backward of both for
+    one incoming gradient drawn from generator g (after the outputs' check), and grad q, k, v
+    (qkv_g, qkv_c: the leaves of each side), each with the attention tolerance for n terms."""
+    assert_matches(out_g, out_c, torch.float64, n, "out", attention=True)
+    grad = torch.randn(out_c.shape, generator=g, dtype=torch.float64)
+    (out_c * grad).sum().backward()
+    (out_g * grad.to(DEVICE)).sum().backward()
+    for a, b, name in zip(qkv_g, qkv_c, ("grad q", "grad k", "grad v")):
+        assert_matches(a.grad, b.grad, torch.float64, n, name, attention=True)
+
+
 @needs_gpu
 @pytestmark_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
@@ -555,12 +567,7 @@ def test_attention_rope_positions_match_cpu(kind):
     out_c = rt.attention(q, k, v, rope=rope_c, height=h, width=w, positions=pos, key_positions=kpos)
     out_g = rt.attention(qg, kg, vg, rope=rope_g, height=h, width=w, positions=pos.to(DEVICE),
                          key_positions=kpos.to(DEVICE))
-    assert_matches(out_g, out_c, torch.float64, D + L, "out", attention=True)
-    grad = torch.randn(out_c.shape, generator=g, dtype=torch.float64)
-    (out_c * grad).sum().backward()
-    (out_g * grad.to(DEVICE)).sum().backward()
-    for a, b, name in ((qg, q, "grad q"), (kg, k, "grad k"), (vg, v, "grad v")):
-        assert_matches(a.grad, b.grad, torch.float64, D + L, name, attention=True)
+    check_float64_attention(out_g, out_c, (qg, kg, vg), (q, k, v), g, D + L)
     for a, b in zip(rope_g.parameters(), rope_c.parameters()):
         assert_matches(a.grad, b.grad, torch.float64, B * L * L, "grad freqs")
 
@@ -646,12 +653,7 @@ def test_attention_at_positions_and_key_lengths_matches_cpu(case, where):
     qg, kg, vg = (t.detach().to(DEVICE).requires_grad_() for t in (q, k, v))
     out_c = rt.attention(q, k, v, *mods_c, save_attn=False, **kw_c)
     out_g = rt.attention(qg, kg, vg, *mods_g, **kw_g)
-    assert_matches(out_g, out_c, torch.float64, D + L, "out", attention=True)
-    grad = torch.randn(out_c.shape, generator=g, dtype=torch.float64)
-    (out_c * grad).sum().backward()
-    (out_g * grad.to(DEVICE)).sum().backward()
-    for a, b, name in ((qg, q, "grad q"), (kg, k, "grad k"), (vg, v, "grad v")):
-        assert_matches(a.grad, b.grad, torch.float64, D + L, name, attention=True)
+    check_float64_attention(out_g, out_c, (qg, kg, vg), (q, k, v), g, D + L)
     params_g = [p for m in mods_g if m is not None for p in m.parameters()]
     params_c = [p for m in mods_c if m is not None for p in m.parameters()]
     for a, b in zip(params_g, params_c):
