@@ -805,9 +805,11 @@ struct rotated_inputs {
 };
 
 // The attention inputs with every view that the shared front checks read on the host in host
-// memory: RoPE positions (host_rope_positions), the iRPE terms' positions and key_positions (also
-// what the ids are built from) and key_lengths (uploaded again by prepare_attention). `in` itself
-// when none is in device memory, else a copy pointing at host copies (waited for).
+// memory: RoPE positions (host_rope_positions), the iRPE terms' positions and key_positions when a
+// term is attached (also what the ids are built from; without a term nothing reads them: they stay
+// as given, neither copied nor waited for) and key_lengths (uploaded again by prepare_attention).
+// `in` itself when none of these is in device memory, else a copy pointing at host copies (waited
+// for).
 template <class S>
 struct host_checked_inputs {
     host_rope_positions<S> hp;
@@ -815,8 +817,9 @@ struct host_checked_inputs {
     std::optional<rpe::attention_inputs<S>> copy;
     host_checked_inputs(const rpe::attention_inputs<S>& in, cudaStream_t stream) : hp(in.rope, stream) {
         bool copied = false;
-        const auto pos = host_view(in.positions, positions, stream, copied);
-        const auto kpos = host_view(in.key_positions, key_positions, stream, copied);
+        const bool with_terms = in.rpe_q.term || in.rpe_k.term || in.rpe_v.term;  // the only readers of positions
+        const auto pos = with_terms ? host_view(in.positions, positions, stream, copied) : in.positions;
+        const auto kpos = with_terms ? host_view(in.key_positions, key_positions, stream, copied) : in.key_positions;
         const auto lengths = host_view(in.key_lengths, key_lengths, stream, copied);
         if (copied) RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
         if (copied || in.rope.has_positions()) {
@@ -881,8 +884,8 @@ namespace rpe::cuda {
 ///
 /// With `in.positions` (and `in.key_positions`): the iRPE terms' ids are those of
 /// rpe::build_bucket_ids(m, positions, key_positions, skip), as on the CPU (docs/positions.md):
-/// positions in device memory are copied to the host and waited for (host memory is read in
-/// place), checked by the shared front, and the ids built there (the term's bucket_ids(positions,
+/// with a term attached, positions in device memory are copied to the host and waited for (host
+/// memory is read in place; without a term they are not read), checked by the shared front, and the ids built there (the term's bucket_ids(positions,
 /// key_positions): the per-offset ids of the positions' bounding box, uploaded once per box to the
 /// device id cache, and each token's linear position in it, uploaded per call, 8 bytes per token
 /// and side); the kernels read id(i, j) = per-offset id of pos_i − kpos_j. With `in.key_lengths`
