@@ -216,10 +216,11 @@ inline void require_feature(bool used, bool supported, const attention_capabilit
 }
 
 /// @brief (B, H, L, D) of an attention call (L of the queries) and L_k, the keys' and values'
-/// length (L_k = L in self-attention).
+/// length (L_k = L in self-attention). An aggregate without defaults: every construction spells
+/// all five, L_k as k.extent(2) (never assumed equal to L).
 struct attention_shape {
     std::int64_t b, h, l, d;
-    std::int64_t lk = l;  ///< keys and values: (B, H, L_k, D)
+    std::int64_t lk;  ///< keys and values: (B, H, L_k, D)
 };
 
 /// @brief Checks attention_inputs::key_lengths: (B,) int32, contiguous, non-null, each value in
@@ -315,7 +316,7 @@ inline void check_packed_term(const packed_sequences& pk, const attention_shape&
 template <class In>
 attention_shape check_attention(const In& in, const attention_capabilities& caps) {
     require(in.q.rank == 4, "attention", "q has shape ", in.q.shape_string(), "; expected (B, H, L, D)");
-    attention_shape s{in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)};
+    attention_shape s{in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3), in.k.extent(2)};  // k checked below
     require(s.b >= 1 && s.h >= 1 && s.l >= 1 && s.d >= 1, "attention", "q has shape ", in.q.shape_string(),
             "; expected positive extents");
     // q sets (B, H, L, D); k is (B, H, L_k, D) with B, H, D of q (L_k may differ: cross-attention,
@@ -323,7 +324,6 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
     if (in.k.rank != 4 || in.k.extent(0) != s.b || in.k.extent(1) != s.h || in.k.extent(3) != s.d || in.k.extent(2) < 1)
         throw invalid_argument(message("attention", "k has shape ", in.k.shape_string(), "; expected (", s.b, ", ", s.h,
                                        ", L_k >= 1, ", s.d, "): B, H, D of q ", in.q.shape_string()));
-    s.lk = in.k.extent(2);
     // a backend without cross-attention, and v of the queries' length: the odd one out is k
     if (!caps.cross_lengths && s.lk != s.l && in.v.has_shape({s.b, s.h, s.l, s.d}))
         throw invalid_argument(message("attention", "k has shape ", in.k.shape_string(), "; expected ", in.q.shape_string(),
