@@ -690,6 +690,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         modes.append(mode)
         params.extend([alpha, beta, gamma, float(skip)])
         counts.append(len(ts))
+        for i, t in enumerate(ts):  # the operators' names: tables_q[0], ...
+            _check_device(f"tables_{name[-1]}[{i}]", t)
         tables.extend(ts)
     rope_spec, freqs = ("", [], 0, "pairs", 0), None
     if rope is not None:

@@ -21,7 +21,8 @@
 /// dtypes: float32 and float64; bfloat16 and float16 (rpe::bf16 / rpe::f16 storage: computed in
 /// float, each output rounded to bf16 / f16 once) for the term, attention, RoPE and timm-table
 /// operators; one dtype per call, read from one argument (q; x; tables[0] for the term operators;
-/// dtype_rule: another dtype is a TypeError naming both arguments).
+/// dtype_rule); tensors of another dtype are a TypeError naming the argument that differs from the
+/// dtype most of the call's tensors have (check_one_dtype) and the first one that has it.
 ///
 /// Errors: rpe's `rpe::invalid_argument` / `rpe::out_of_range` (message `[rpe.<component>] ...`)
 /// become `c10::ValueError` (Python ValueError), a wrong dtype `c10::TypeError` (TypeError), a
@@ -193,6 +194,7 @@ struct rope_call {
 
 template <class S>
 std::vector<at::Tensor> rope_impl(const at::Tensor& x_in, const at::Tensor* grad_y_in, const rope_call& c, const dtype_rule& st) {
+    check_one_dtype({{"x", &x_in}, {"freqs", c.freqs ? &*c.freqs : nullptr}, {"grad_y", grad_y_in}}, st.shared);
     const at::Tensor x = prepared(x_in, "x", st);
     auto r = make_rope<S>(c.form, c.params, c.skip, c.layout, c.suffix);
     TORCH_CHECK_VALUE(r.enabled(), "[rpe.torch] rope form = ''; expected ", rope_form_names());

@@ -6,10 +6,12 @@
 /// RoPE from its form and parameters, and the setup of the fused attention's inputs. One code
 /// path, so that a bad argument gets the same exception and message from either device.
 ///
-/// Tensors go through `prepared(t, name, dtype_rule, where)`: a tensor of another dtype than the
-/// call's (read from one argument, `dtype_rule::ref`) is a TypeError naming both, e.g.
-/// `[rpe.torch] k has dtype torch.float64 but q has torch.float32; q, k, v, ... must share one
-/// dtype`. On the CPU (the default `where`) a tensor
+/// The floating tensors of a call are first checked together (check_one_dtype): tensors of
+/// different dtypes are a TypeError naming the one that differs from the dtype most of them have
+/// (a tie: the reference argument's) and the first one that has it, e.g. `[rpe.torch] k has dtype
+/// torch.float64 but q has torch.float32; q, k, v, ... must share one dtype`. Then tensors go
+/// through `prepared(t, name, dtype_rule, where)`, which checks each against the call's dtype
+/// (read from one argument, `dtype_rule::ref`) with the same message. On the CPU (the default `where`) a tensor
 /// on another device is a ValueError `[rpe.torch] <name> is on device <d>; expected cpu (...)`;
 /// for a CUDA operator every tensor must be on the device of its first tensor argument
 /// (`where::first`), else `[rpe.torch] <name> is on device cpu; expected cuda:0, the device of q
@@ -25,6 +27,7 @@
 #include <rpe/make_term.hpp>
 #include <rpe/rope/rotary.hpp>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -33,6 +36,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace rpe_torch::ops {
@@ -63,7 +67,7 @@ inline void check_int32_sizes(const at::Tensor& t, const char* name) {
 // device of its first tensor argument `first` (the CUDA kernels, bindings/torch/src/ops_cuda.cpp).
 struct where {
     c10::Device device = c10::Device(c10::kCPU);
-    const char* first = "";  // the argument whose device the others must share ("q", "x", "tables[0]")
+    std::string first;  // the argument whose device the others must share ("q", "x", "tables_k[0]")
 };
 
 // t is on w's device, or a ValueError naming `name`, its device and the expected one.
@@ -113,6 +117,59 @@ inline constexpr const char* attention_dtypes =
     "q, k, v, the tables, a float attn_mask, rope_freqs, grad_out and attn must share one dtype";
 inline constexpr const char* term_dtypes = "x, the tables and grad_out must share one dtype";
 inline constexpr const char* rope_dtypes = "x, freqs and grad_y must share one dtype";
+
+// One floating tensor argument of an operator call, by name, for check_one_dtype (null or
+// undefined: not given).
+struct named_tensor {
+    std::string name;
+    const at::Tensor* t;
+};
+
+// The dtypes the operators' kernels compute in: float32, float64, bfloat16, float16.
+inline bool kernel_float(at::ScalarType st) {
+    return st == at::kFloat || st == at::kDouble || st == at::kBFloat16 || st == at::kHalf;
+}
+
+// The floating tensors of one operator call (`args`, in argument order, the argument the call's
+// dtype is read from first: q, x, tables[0]) have one dtype, or a TypeError naming the argument
+// that differs: the expected dtype is the one most of them have (float32, float64, bfloat16 or
+// float16; a tie goes to the earliest argument's), and the first argument of another dtype is
+// named with the first one of the expected dtype (`[rpe.torch] q has dtype torch.float64 but k
+// has torch.float32; ...` when k and v are float32 and q alone is float64). Called before any
+// tensor is prepared, so that the argument named is the odd one out, not whichever is checked
+// after the reference (prepared() then finds them all alike).
+inline void check_one_dtype(const std::vector<named_tensor>& args, const char* shared) {
+    std::vector<std::pair<at::ScalarType, int>> counts;  // in order of first appearance
+    bool mixed = false;
+    const at::Tensor* first = nullptr;
+    for (const auto& a : args) {
+        if (!a.t || !a.t->defined()) continue;
+        const auto st = a.t->scalar_type();
+        if (first && st != first->scalar_type()) mixed = true;
+        if (!first) first = a.t;
+        if (!kernel_float(st)) continue;  // never the expected dtype: named if it differs
+        auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == st; });
+        if (it == counts.end())
+            counts.emplace_back(st, 1);
+        else
+            ++it->second;
+    }
+    if (!mixed || counts.empty()) return;
+    auto expected = counts.front();
+    for (const auto& c : counts)
+        if (c.second > expected.second) expected = c;
+    const named_tensor *odd = nullptr, *ref = nullptr;
+    for (const auto& a : args) {
+        if (!a.t || !a.t->defined()) continue;
+        if (a.t->scalar_type() == expected.first) {
+            if (!ref) ref = &a;
+        } else if (!odd) {
+            odd = &a;
+        }
+    }
+    TORCH_CHECK_TYPE(false, "[rpe.torch] ", odd->name, " has dtype ", dtype_name(odd->t->scalar_type()), " but ", ref->name,
+                     " has ", dtype_name(expected.first), "; ", shared);
+}
 
 // A defined tensor of dtype `want` on the device of `w` (the CPU by default), contiguous (copied
 // once if it is not). Errors: ValueError naming `name` and its device (another device than the
@@ -409,6 +466,14 @@ term_call<T> setup_term(const c10::optional<at::Tensor>& x_opt, at::TensorList t
                       "[rpe.torch] key_positions is given without positions; expected positions too (the queries')");
     c.tg = target_of(target);
     c.contextual = rpe::parse_contextual(std::string_view(mode.data(), mode.size()));
+    {  // the dtype: tables[0]'s, or the one most of them have (check_one_dtype)
+        std::vector<named_tensor> all;
+        if (!tables_in.empty()) all.push_back({"tables[0]", &tables_in[0]});
+        if (c.contextual && x_opt) all.push_back({"x", &*x_opt});
+        for (std::size_t i = 1; i < tables_in.size(); ++i) all.push_back({"tables[" + std::to_string(i) + "]", &tables_in[i]});
+        if (grad_out_in) all.push_back({"grad_out", grad_out_in});
+        check_one_dtype(all, st.shared);
+    }
     if (c.contextual && x_opt) c.x = prepared(*x_opt, "x", st, w);
     c.tables = prepared_tables<S>(tables_in, "tables", st, w);
     if (grad_out_in) c.grad_out = prepared(*grad_out_in, "grad_out", st, w);
@@ -576,10 +641,27 @@ struct attention_setup {
     rpe::attention_options opt;  // the softmax scale (rpe::attention_options::scale)
 };
 
+// The attention's floating tensor arguments, q first (the call's dtype is q's), for
+// check_one_dtype and the CUDA operators' device: q, k, v, the tables of each slot, a float
+// attn_mask, rope_freqs, grad_out and attn (those given).
+inline std::vector<named_tensor> attention_float_tensors(const attention_args& a) {
+    std::vector<named_tensor> r{{"q", &a.q}, {"k", &a.k}, {"v", &a.v}};
+    static const char* slot_names[] = {"tables_q", "tables_k", "tables_v"};
+    for (int i = 0; i < 3; ++i)
+        for (std::size_t t = 0; t < a.tables[i].size(); ++t)
+            r.push_back({std::string(slot_names[i]) + "[" + std::to_string(t) + "]", &a.tables[i][t]});
+    if (a.attn_mask.defined() && a.attn_mask.scalar_type() != at::kBool) r.push_back({"attn_mask", &a.attn_mask});
+    r.push_back({"rope_freqs", &a.rope_freqs});
+    r.push_back({"grad_out", &a.grad_out});
+    r.push_back({"attn", &a.attn});
+    return r;
+}
+
 // Prepares inputs in place (contiguous, dtype-checked, on w's device) and builds the library's
 // inputs and options (storage type S; terms of scalar T, see attention_setup).
 template <class S, class T = S>
 attention_setup<S, T> setup_attention(attention_args& a, const dtype_rule& st, const where& w = {}) {
+    check_one_dtype(attention_float_tensors(a), st.shared);
     static const char* qkv_names[] = {"q", "k", "v"};
     at::Tensor* qkv[] = {&a.q, &a.k, &a.v};
     for (int i = 0; i < 3; ++i) {

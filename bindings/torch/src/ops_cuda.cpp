@@ -9,8 +9,9 @@
 ///
 /// Arguments are checked and prepared by the code the CPU kernels use (ops_common.hpp), so a bad
 /// argument gets the CPU's exception and message; in addition every tensor must be on the CUDA
-/// device of the operator's first CUDA tensor (ValueError `[rpe.torch] tables[0] is on device
-/// cpu; expected cuda:0, the device of x (...)`), q, k, v are made contiguous (the CUDA attention
+/// device most of the operator's tensors are on (ValueError naming the odd one out: `[rpe.torch]
+/// x is on device cpu; expected cuda:0, the device of tables[0] (...)`; most on the CPU: `...
+/// tables_k[0] is on device cuda:0; expected cpu, the device of q`), q, k, v are made contiguous (the CUDA attention
 /// reads no strided views), and the work is enqueued on Torch's current stream of that device
 /// (at::cuda::getCurrentCUDAStream) under a device guard; outputs are fresh contiguous tensors
 /// there, and nothing waits for the device (except the first upload of a bucket-id or RoPE
@@ -39,6 +40,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -74,12 +76,41 @@ decltype(auto) on_cuda_dtype(at::ScalarType st, F&& f) {
     }
 }
 
-// The device of a CUDA operator: that of the first CUDA tensor among `args` (name, tensor; an
-// undefined tensor is skipped), which every other tensor argument must share (checked by
-// prepared()). The dispatcher calls a CUDA kernel only when some argument is a CUDA tensor.
-where cuda_device_of(std::initializer_list<std::pair<const char*, const at::Tensor*>> args) {
-    for (const auto& [name, t] : args)
-        if (t && t->defined() && t->device().is_cuda()) return where{t->device(), name};
+// The device of a CUDA operator, which every tensor argument in `args` must share (checked by
+// prepared()): the one most of them are on (a tie goes to the earliest argument's; an undefined
+// tensor is skipped), so that the argument named by a mismatch is the odd one out. `index`: the
+// integer index tensors, which may also be on the CPU (not counted; a CUDA one still makes the
+// call a CUDA call). Errors: ValueError when most arguments are on the CPU, naming the first CUDA
+// tensor (`[rpe.torch] tables_k[0] is on device cuda:0; expected cpu, the device of q ...`), or
+// when none is a CUDA tensor (the dispatcher calls a CUDA kernel only when some argument is one).
+where cuda_device_of(const std::vector<named_tensor>& args, const std::vector<named_tensor>& index = {}) {
+    std::vector<std::pair<c10::Device, int>> counts;  // in order of first appearance
+    for (const auto& a : args) {
+        if (!a.t || !a.t->defined()) continue;
+        auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == a.t->device(); });
+        if (it == counts.end())
+            counts.emplace_back(a.t->device(), 1);
+        else
+            ++it->second;
+    }
+    if (!counts.empty()) {
+        auto expected = counts.front();
+        for (const auto& c : counts)
+            if (c.second > expected.second) expected = c;
+        const auto first_on = [&](c10::Device d) {
+            for (const auto& a : args)
+                if (a.t && a.t->defined() && a.t->device() == d) return a.name;
+            return std::string();
+        };
+        if (expected.first.is_cuda()) return where{expected.first, first_on(expected.first)};
+        for (const auto* list : {&args, &index})
+            for (const auto& a : *list)
+                TORCH_CHECK_VALUE(!a.t || !a.t->defined() || !a.t->device().is_cuda(), "[rpe.torch] ", a.name, " is on device ",
+                                  a.t->device().str(), "; expected ", expected.first.str(), ", the device of ",
+                                  first_on(expected.first), " (the rpe_torch operators do not move tensors between devices)");
+    }
+    for (const auto& a : index)
+        if (a.t && a.t->defined() && a.t->device().is_cuda()) return where{a.t->device(), a.name};
     TORCH_CHECK_VALUE(false, "[rpe.torch] no argument is a CUDA tensor; expected the CUDA kernel's inputs on a CUDA device");
     return {};
 }
@@ -128,13 +159,11 @@ std::vector<at::Tensor> term_dispatch(const c10::optional<at::Tensor>& x, at::Te
                                       const c10::optional<at::Tensor>& positions,
                                       const c10::optional<at::Tensor>& key_positions) {
     TORCH_CHECK_VALUE(!tables.empty(), "[rpe.torch] tables is empty; expected 1 (or 2 for cross) tables");
-    const at::Tensor* t1 = tables.size() > 1 ? &tables[1] : nullptr;
-    const where w = cuda_device_of({{"x", x ? &*x : nullptr},
-                                    {"tables[0]", &tables[0]},
-                                    {"tables[1]", t1},
-                                    {"grad_out", grad_out},
-                                    {"positions", positions ? &*positions : nullptr},
-                                    {"key_positions", key_positions ? &*key_positions : nullptr}});
+    std::vector<named_tensor> args{{"tables[0]", &tables[0]}, {"x", x ? &*x : nullptr}};  // tables[0] first: the reference
+    for (std::size_t i = 1; i < tables.size(); ++i) args.push_back({"tables[" + std::to_string(i) + "]", &tables[i]});
+    args.push_back({"grad_out", grad_out});
+    const where w = cuda_device_of(
+        args, {{"positions", positions ? &*positions : nullptr}, {"key_positions", key_positions ? &*key_positions : nullptr}});
     const dtype_rule st{checked_cuda_float_type(tables[0], "tables[0]"), "tables[0]", term_dtypes};
     const c10::cuda::CUDAGuard guard(w.device);
     return on_cuda_dtype(st, [&]<class S, class T>() {
@@ -174,6 +203,7 @@ std::vector<at::Tensor> rope_cuda(const at::Tensor& x_in, const at::Tensor* grad
                                   int64_t height, int64_t width, c10::string_view layout,
                                   const c10::optional<at::Tensor>& positions, int64_t suffix, const dtype_rule& st,
                                   const where& w) {
+    check_one_dtype({{"x", &x_in}, {"freqs", freqs_in ? &*freqs_in : nullptr}, {"grad_y", grad_y_in}}, st.shared);
     const at::Tensor x = prepared(x_in, "x", st, w);
     auto r = make_rope<S>(form, params, skip, layout, suffix);
     TORCH_CHECK_VALUE(r.enabled(), "[rpe.torch] rope form = ''; expected ", rope_form_names());
@@ -203,7 +233,8 @@ std::vector<at::Tensor> rope_dispatch(const at::Tensor& x, const at::Tensor* gra
                                       at::ArrayRef<double> params, const c10::optional<at::Tensor>& freqs, int64_t skip,
                                       int64_t height, int64_t width, c10::string_view layout,
                                       const c10::optional<at::Tensor>& positions, int64_t suffix) {
-    const where w = cuda_device_of({{"x", &x}, {"freqs", freqs ? &*freqs : nullptr}, {"grad_y", grad_y}});
+    const where w = cuda_device_of({{"x", &x}, {"freqs", freqs ? &*freqs : nullptr}, {"grad_y", grad_y}},
+                                   {{"positions", positions ? &*positions : nullptr}});
     const dtype_rule st{checked_cuda_float_type(x, "x"), "x", rope_dtypes};
     const c10::cuda::CUDAGuard guard(w.device);
     return on_cuda_dtype(st, [&]<class S, class T>() {
@@ -230,30 +261,20 @@ std::vector<at::Tensor> rope_backward(const at::Tensor& x, const at::Tensor& gra
 // Fused attention
 // ---------------------------------------------------------------------------------------------
 
-// The CUDA device of the attention's arguments (the first CUDA one among q, k, v, the tables,
-// the masks, the RoPE frequencies and grad_out).
+// The CUDA device of the attention's arguments (cuda_device_of: the one most of q, k, v, the
+// tables, the masks, the RoPE frequencies, grad_out are on; the index tensors may be on the CPU).
 where attention_device(const attention_args& a) {
-    const at::Tensor* first_table = nullptr;
-    const char* first_table_name = "";
-    static const char* slot_names[] = {"tables_q[0]", "tables_k[0]", "tables_v[0]"};
-    for (int i = 0; i < 3 && !first_table; ++i)
-        for (const auto& t : a.tables[i])
-            if (t.defined() && t.device().is_cuda()) {
-                first_table = &t;
-                first_table_name = slot_names[i];
-                break;
-            }
-    return cuda_device_of({{"q", &a.q},
-                           {"k", &a.k},
-                           {"v", &a.v},
-                           {first_table_name, first_table},
-                           {"key_padding_mask", &a.key_padding_mask},
-                           {"attn_mask", &a.attn_mask},
-                           {"rope_freqs", &a.rope_freqs},
-                           {"grad_out", &a.grad_out},
-                           {"rpe_positions", &a.rpe_positions},
-                           {"rpe_key_positions", &a.rpe_key_positions},
-                           {"key_lengths", &a.key_lengths}});
+    std::vector<named_tensor> args = attention_float_tensors(a);
+    if (a.attn_mask.defined() && a.attn_mask.scalar_type() == at::kBool) args.push_back({"attn_mask", &a.attn_mask});
+    args.push_back({"key_padding_mask", &a.key_padding_mask});
+    return cuda_device_of(args, {{"rope_positions", &a.rope_positions},
+                                 {"rope_key_positions", &a.rope_key_positions},
+                                 {"rpe_positions", &a.rpe_positions},
+                                 {"rpe_key_positions", &a.rpe_key_positions},
+                                 {"key_lengths", &a.key_lengths},
+                                 {"packed_lengths", &a.packed_lengths},
+                                 {"packed_grids", &a.packed_grids},
+                                 {"packed_positions", &a.packed_positions}});
 }
 
 // Packed sequences (packed_lengths, packed_grids, packed_positions): rpe's CUDA attention

@@ -190,8 +190,8 @@ def test_mixed_dtypes_are_refused_naming_the_argument():
         ops.attention_forward(*with_(16, a[16].double()))
     with err("rope_freqs", f32, "q", bf):
         ops.attention_forward(*with_(20, a[20].float()))
-    with err("k", bf, "q", f32, "q, k, v"):
-        ops.attention_forward(*with_(0, a[0].float()))  # q's dtype is the call's
+    with err("q", f32, "k", bf, "q, k, v"):
+        ops.attention_forward(*with_(0, a[0].float()))  # q alone of another dtype: q is the odd one, not k
     t = cast(term_cases()["ctx_k_product_shared"], BF)
     with err("x", f32, r"tables\[0\]", bf, "x, the tables and grad_out must share one dtype"):
         ops.term_forward(t[0].float(), *t[1:])  # the term operators' dtype is the tables'

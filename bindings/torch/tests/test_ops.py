@@ -186,6 +186,138 @@ def test_errors_name_the_parameter():
         irpe.get_num_buckets(7, 1.9, 3.8, 15.2)
 
 
+F32, F64 = r"torch\.float32", r"torch\.float64"
+
+
+def odd_dtype(name, dtype, ref, ref_dtype):
+    """pytest.raises of the mixed-dtype TypeError: the odd argument, its dtype, the first argument
+    of the dtype most of the call's tensors have, that dtype."""
+    return pytest.raises(TypeError, match=rf"\[rpe\.torch\] {name} has dtype {dtype} but {ref} has {ref_dtype}; ")
+
+
+def test_mixed_dtypes_name_the_argument_that_differs():
+    """Each operator family with tensors of two dtypes: the exception names the argument whose
+    dtype differs from the others' (the dtype most of them have; a tie: the reference argument's,
+    q, x or tables[0]), its dtype and the expected one, whichever argument the call's dtype is read
+    from."""
+    ops = torch.ops.rpe
+    B, H, h, w, D = 1, 2, 2, 3, 4
+    L = 1 + h * w
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(B, H, L, D, generator=g)
+    t = torch.randn(H, D, 26, generator=g)
+    none = ([], [], [], "", "", "", "", "", "")
+    grid = ([0.0] * 12, h, w, None, None)
+    # attention: q alone of another dtype is the one named (k, v agree), not k
+    with odd_dtype("q", F64, "k", F32):
+        ops.attention_forward(q.double(), q, q, *none, *grid)
+    with odd_dtype("q", F64, "k", F32):
+        irpe.attention(q.double(), q, q, height=h, width=w)
+    with odd_dtype("v", F64, "q", F32):
+        ops.attention_forward(q, q, q.double(), *none, *grid)
+    # a table of another dtype than q, k, v (a module left in float32 with float64 inputs)
+    with odd_dtype(r"tables_k\[0\]", F32, "q", F64):
+        ops.attention_forward(q.double(), q.double(), q.double(), [], [t], [], "", "", "product", "contextual", "", "",
+                              [0.0] * 4 + [1.0, 2.0, 8.0, 1.0] + [0.0] * 4, h, w, None, None)
+    # float64 q, k, v and tables with one float32 table on another slot
+    tq, tv = torch.randn(H, D, 26, generator=g), torch.randn(H, 26, D, generator=g)
+    with odd_dtype(r"tables_v\[0\]", F32, "q", F64):
+        ops.attention_forward(q.double(), q.double(), q.double(), [tq.double()], [t.double()], [tv], "product",
+                              "contextual", "product", "contextual", "product", "contextual", [1.0, 2.0, 8.0, 1.0] * 3,
+                              h, w, None, None)
+    with odd_dtype("attn_mask", F64, "q", F32):
+        ops.attention_forward(q, q, q, *none, [0.0] * 12, h, w, None, torch.zeros(L, L, dtype=torch.float64))
+    freqs = torch.randn(2, H, D // 2, generator=g)
+    with odd_dtype("rope_freqs", F32, "q", F64):
+        ops.attention_forward(q.double(), q.double(), q.double(), *none, *grid, None, "mixed", [], freqs, 1)
+    with odd_dtype("grad_out", F64, "q", F32):
+        ops.attention_backward(q, q, q, *none, *grid, None, q.double())
+    with odd_dtype("q", F32, "k", F64):  # q alone float32 in the backward: grad_out and attn side with k, v
+        ops.attention_backward(q, q.double(), q.double(), *none, *grid, None, q.double(),
+                               attn=torch.zeros(B, H, L, L, dtype=torch.float64))
+    # terms: the tables' dtype; x of another dtype than a lone table (a tie) is named, but a table
+    # alone against x and the other table is the odd one
+    with odd_dtype("x", F64, r"tables\[0\]", F32):
+        ops.term_forward(q.double(), [t[:1]], "product", "contextual", "k", 1.0, 2.0, 8.0, 1, h, w)
+    c = torch.randn(1, D, 5, generator=g)
+    with odd_dtype(r"tables\[0\]", F32, "x", F64):
+        ops.term_forward(q[:, :, 1:].double(), [c, c.double()], "cross", "contextual", "k", 1.0, 2.0, 8.0, 0, h, w)
+    with odd_dtype(r"tables\[1\]", F64, r"tables\[0\]", F32):
+        ops.term_forward(q[:, :, 1:], [c, c.double()], "cross", "contextual", "k", 1.0, 2.0, 8.0, 0, h, w)
+    with odd_dtype("grad_out", F64, r"tables\[0\]", F32):
+        ops.term_backward(q, [t[:1]], torch.zeros(B, H, L, L, dtype=torch.float64), "product", "contextual", "k", 1.0,
+                          2.0, 8.0, 1, h, w)
+    with odd_dtype(r"tables\[0\]", F32, "x", F64):  # x and grad_out agree
+        ops.term_backward(q.double(), [t[:1]], torch.zeros(B, H, L, L, dtype=torch.float64), "product", "contextual",
+                          "k", 1.0, 2.0, 8.0, 1, h, w)
+    with odd_dtype("x", F32, r"tables\[0\]", F64):  # a tie through the function: the table's dtype is expected
+        irpe.term(q, [t[:1].double()], "product", "contextual", "k", 1.0, 2.0, 8.0, 1, h, w)
+    # RoPE: x, freqs, grad_y
+    with odd_dtype("freqs", F32, "x", F64):
+        ops.rope_forward(q.double(), "mixed", [], freqs, 1, h, w)
+    with odd_dtype("freqs", F32, "x", F64):
+        irpe.RoPEMixed(H, D, skip=1)(q.double(), h, w)  # the module's frequencies
+    with odd_dtype("grad_y", F64, "x", F32):
+        ops.rope_backward(q, q.double(), "axial", [100.0], None, 1, h, w)
+    with odd_dtype("x", F32, "freqs", F64):  # freqs and grad_y agree
+        ops.rope_backward(q, q.double(), "mixed", [], freqs.double(), 1, h, w)
+    # the table operators (two tensors: the first one's dtype is expected)
+    with odd_dtype("grad_table", F64, "raw", F32):
+        ops.cpb_table_backward(torch.zeros(15, H), torch.zeros(H, 15, dtype=torch.float64), 2, 3, True)
+    with odd_dtype("grad_out", F64, "raw", F32):
+        ops.cpb_bias_backward(torch.zeros(15, H), torch.zeros(1, H, 6, 6, dtype=torch.float64), 2, 3, True)
+    with odd_dtype("rel_pos_w", F64, "rel_pos_h", F32):
+        ops.decomposed_tables(torch.zeros(3, D), torch.zeros(5, D, dtype=torch.float64), h, w, 1, True)
+    with odd_dtype(r"grad_tables\[1\]", F32, r"grad_tables\[0\]", F64):
+        ops.decomposed_tables_backward(torch.zeros(1, D, 6, dtype=torch.float64), torch.zeros(1, D, 6), 3, 5, h, w, 1,
+                                       True)
+    m = irpe.DecomposedRelPos(h, w, D)  # the module's parameters, rel_pos_w alone float64
+    m.rel_pos_w.data = m.rel_pos_w.data.double()
+    with odd_dtype("rel_pos_w", F64, "rel_pos_h", F32):
+        irpe.attention(q[:, :, 1:], q[:, :, 1:], q[:, :, 1:], rpe_k=m)
+
+
+def test_mixed_devices_name_the_argument_that_differs():
+    """A tensor not on the CPU given to a CPU operator (here a meta tensor through the CPU kernel,
+    or the Python functions' checks): the exception names that argument, its device and cpu."""
+    ops = torch.ops.rpe
+    cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    B, H, h, w, D = 1, 2, 2, 3, 4
+    L = 1 + h * w
+    q = torch.randn(B, H, L, D)
+    t = torch.randn(H, D, 26)
+
+    def on(name):
+        return pytest.raises(ValueError, match=rf"\[rpe\.torch\] {name} is on device meta; expected cpu")
+    with on("v"):
+        ops.attention_forward.default.redispatch(cpu, q, q, q.to("meta"), [], [], [], "", "", "", "", "", "",
+                                                 [0.0] * 12, h, w, None, None)
+    with on(r"tables_k\[0\]"):
+        ops.attention_forward.default.redispatch(cpu, q, q, q, [], [t.to("meta")], [], "", "", "product", "contextual",
+                                                 "", "", [0.0] * 4 + [1.0, 2.0, 8.0, 1.0] + [0.0] * 4, h, w, None, None)
+    cfg = irpe.get_rpe_config(ratio=RATIO, method="product", mode="ctx", shared_head=True, skip=1, rpe_on="k")
+    with on(r"tables_k\[0\]"):  # the Python function checks the slots' tables too
+        irpe.attention(q, q, q, None, irpe.build_rpe(cfg, head_dim=D, num_heads=H)[1].to("meta"), None, height=h, width=w)
+    with on("grad_out"):
+        ops.attention_backward.default.redispatch(cpu, q, q, q, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w,
+                                                  None, None, None, q.to("meta"))
+    with on(r"tables\[1\]"):
+        c = torch.randn(1, D, 5)
+        ops.term_forward.default.redispatch(cpu, q[:, :, 1:], [c, c.to("meta")], "cross", "contextual", "k", 1.0, 2.0,
+                                            8.0, 0, h, w)
+    with on("x"):
+        ops.term_forward.default.redispatch(cpu, q.to("meta"), [t[:1]], "product", "contextual", "k", 1.0, 2.0, 8.0, 1,
+                                            h, w)
+    with on("freqs"):
+        ops.rope_forward.default.redispatch(cpu, q, "mixed", [], torch.randn(2, H, D // 2, device="meta"), 1, h, w)
+    with on("grad_y"):
+        ops.rope_backward.default.redispatch(cpu, q, q.to("meta"), "axial", [100.0], None, 1, h, w)
+    with on("grad_table"):
+        ops.cpb_table_backward.default.redispatch(cpu, torch.zeros(15, H), torch.zeros(H, 15, device="meta"), 2, 3, True)
+    with on("rel_pos_w"):
+        ops.decomposed_tables.default.redispatch(cpu, torch.zeros(3, D), torch.zeros(5, D, device="meta"), h, w, 1, True)
+
+
 def test_no_silent_wrong_gradients():
     mods, q, k, v, L = attention_setup("product", "contextual", "qkv", True, 1)
     out = irpe.attention(q, k, v, *mods, height=2, width=3)
