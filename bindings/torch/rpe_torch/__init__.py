@@ -571,7 +571,7 @@ def _own_skip(m):
 def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=None, key_padding_mask=None,
               attn_mask=None, scale=None, rope=None, save_attn=None, positions=None, key_positions=None,
               rpe_positions=None, rpe_key_positions=None, packed_lengths=None, packed_grids=None,
-              packed_positions=None, key_lengths=None):
+              packed_positions=None, key_lengths=None, rope_query_suffix=None):
     """The attention step of the reference's RPEAttention (after the qkv projection, before the
     output projection) through rpe's fused kernels:
     ``qs = q·scale; logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·scale)ᵀ (+ attn_mask)``, padded keys
@@ -593,9 +593,12 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     position ids for RoPEMRoPE, (frame, row, col) for RoPEVJEPA2), on the CPU or q's device (not
     differentiated); key_positions: the keys' own positions, (N_k, 2), N_k = L_k − skip − suffix
     (e.g. another grid, or SAM2's memory keys: the query grid repeated once per frame,
-    rpe::rope::repeated_grid_positions; default: the queries'; the module's suffix counts the
-    trailing unrotated tokens of q and k alike: SAM2's object-pointer keys, unrotated while the
-    queries have none, take the C++ API's query_suffix or a rotation of their own) — ``positions`` / ``key_positions`` are the RoPE's only; the iRPE terms take
+    rpe::rope::repeated_grid_positions; default: the queries'); rope_query_suffix: the queries' own
+    trailing unrotated tokens (rpe::rotary_embedding::query_suffix, CPU only), an int >= 0; None
+    (or -1): the module's suffix, which otherwise counts the trailing unrotated tokens of q and k
+    alike. SAM2's memory attention passes 0: its object-pointer keys (the module's suffix) are
+    unrotated while the queries have none (L = skip + height·width + rope_query_suffix, L_k = skip
+    + N_k + suffix) — ``positions`` / ``key_positions`` are the RoPE's only; the iRPE terms take
     their own, ``rpe_positions``: integer (N, 2) (row, col) — (N, 3) (t, row, col) for a 3D
     mapping — positions of the N = L − skip grid tokens instead of the grid (height, width are then
     not read by the terms), ``rpe_key_positions`` the keys' (same shape; default the queries');
@@ -620,6 +623,13 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     if rope is None and (positions is not None or key_positions is not None):
         raise ValueError("[rpe.torch] positions / key_positions are given without rope; expected a RoPE module "
                          "(they are the rotary embedding's per-token positions)")
+    if rope_query_suffix is not None:
+        if not isinstance(rope_query_suffix, int) or isinstance(rope_query_suffix, bool) or rope_query_suffix < -1:
+            raise ValueError(f"[rpe.torch] rope_query_suffix = {rope_query_suffix!r}; expected an int >= 0, or None / -1 "
+                             "for the rope's suffix")
+        if rope is None:
+            raise ValueError(f"[rpe.torch] rope_query_suffix = {rope_query_suffix!r} is given without rope; expected a "
+                             "RoPE module (it is the rotary embedding's count of the queries' unrotated trailing tokens)")
     axes, names = getattr(rope, "position_axes", 2), getattr(rope, "position_names", None)
     _check_positions("positions", positions, q, axes, names)
     _check_positions("key_positions", key_positions, q, axes, names)
@@ -699,9 +709,12 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
             raise TypeError(f"[rpe.torch] rope is a {type(rope).__name__}; expected an rpe_torch RoPEAxial, RoPEMixed, "
                             "RoPECat, RoPEDinoV3, RoPEMRoPE or RoPEVJEPA2 module")
         rope._check_head_dim(q, "q")  # a module built for one head_dim refuses another
+        # the queries' grid: L less their own suffix (the module's unless rope_query_suffix is given)
+        qs = None if rope_query_suffix is None or rope_query_suffix < 0 else rope_query_suffix
         # a V-JEPA 2 clip of several frames: its per-token (frame, row, col) ids as the positions
-        rh, rw, positions = rope._grid(L, *(grid if grid is not None and height is None else (height, width)), positions)
-        form, rope_params, rope_skip, h, w = rope._spec(L, rh, rw, positions)
+        rh, rw, positions = rope._grid(L, *(grid if grid is not None and height is None else (height, width)), positions,
+                                       suffix=qs)
+        form, rope_params, rope_skip, h, w = rope._spec(L, rh, rw, positions, suffix=qs)
         if positions is None:  # the rope's grid (with positions, the terms' grid or none)
             grid = (h, w)
         rope_spec, freqs = (form, rope_params, rope_skip, rope.layout, rope.suffix), rope._freqs()
@@ -743,7 +756,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     args = (q, k, v, tq, tk, tv, methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0],
             grid[1], key_padding_mask, attn_mask, None if scale is None else float(scale), rope_spec[0], rope_spec[1], freqs,
             rope_spec[2], rope_spec[3], positions, key_positions, rope_spec[4], rpe_positions, rpe_key_positions,
-            packed_lengths, packed_grids, packed_positions, key_lengths)
+            packed_lengths, packed_grids, packed_positions, key_lengths,
+            -1 if rope_query_suffix is None else int(rope_query_suffix))
     if save_attn:  # the backward reads the probabilities instead of recomputing them
         return _ops.attention_forward_attn(*args)[0]
     return _ops.attention_forward(*args)

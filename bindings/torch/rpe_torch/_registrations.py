@@ -108,12 +108,14 @@ torch.library.register_autograd(f"{_lib}::term_forward", _term_backward, setup_c
 
 #: Defaults of the attention operators' trailing arguments, from ``scale`` on (spec[11:] of
 #: _attention_setup): a call may leave them out.
-_ATTENTION_TAIL = (None, "", [], None, 0, "pairs", None, None, 0, None, None, None, None, None, None)
+_ATTENTION_TAIL = (None, "", [], None, 0, "pairs", None, None, 0, None, None, None, None, None, None, -1)
 
 #: spec indices (after q, k, v and the three table lists) of the attention operators' index
 #: tensors: rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions,
 #: key_lengths (integer, saved for the backward, not differentiated).
 _INDEX = (20, 21, 22, 23, 24, 25)
+#: spec index of rope_query_suffix (the queries' own RoPE suffix, -1 = rope_suffix), the last argument.
+_QUERY_SUFFIX = 26
 
 
 @_fake("attention_forward")
@@ -122,7 +124,7 @@ def _attention_forward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, o
                             rope_skip=0, rope_layout="pairs", rope_positions=None, rope_key_positions=None,
                             rope_suffix=0,
                             rpe_positions=None, rpe_key_positions=None, packed_lengths=None, packed_grids=None,
-                            packed_positions=None, key_lengths=None):
+                            packed_positions=None, key_lengths=None, rope_query_suffix=-1):
     return _empty(q, q.shape)
 
 
@@ -132,7 +134,7 @@ def _attention_forward_attn_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, 
                                  rope_freqs=None, rope_skip=0, rope_layout="pairs", rope_positions=None,
                                  rope_key_positions=None, rope_suffix=0,
                             rpe_positions=None, rpe_key_positions=None, packed_lengths=None, packed_grids=None,
-                            packed_positions=None, key_lengths=None):
+                            packed_positions=None, key_lengths=None, rope_query_suffix=-1):
     b, h, n = q.shape[0], q.shape[1], q.shape[2]
     return [_empty(q, q.shape), _empty(q, (b, h, n, k.shape[2]))]  # (B, H, L, L_k)
 
@@ -143,7 +145,7 @@ def _attention_backward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, 
                              rope_freqs=None, rope_skip=0, attn=None, rope_layout="pairs", rope_positions=None,
                              rope_key_positions=None, rope_suffix=0,
                             rpe_positions=None, rpe_key_positions=None, packed_lengths=None, packed_grids=None,
-                            packed_positions=None, key_lengths=None):
+                            packed_positions=None, key_lengths=None, rope_query_suffix=-1):
     grads = [_empty(q, q.shape), _empty(k, k.shape), _empty(v, v.shape)]
     for slot_tables in (tables_q, tables_k, tables_v):
         grads.extend(_empty(t, t.shape) for t in slot_tables)
@@ -156,8 +158,7 @@ def _attention_setup(ctx, inputs, output):
     q, k, v, tq, tk, tv, *spec = inputs
     # spec: mq, oq, mk, ok, mv, ov, params, height, width, kpm, attn_mask, then (defaulted, maybe
     # absent) scale, rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
-    # rope_key_positions, rope_suffix
-    # rope_key_positions, rope_suffix, then the index tensors (_INDEX)
+    # rope_key_positions, rope_suffix, then the index tensors (_INDEX), rope_query_suffix
     spec = list(spec) + list(_ATTENTION_TAIL[len(spec) - 11:])
     ctx.counts = (len(tq), len(tk), len(tv))
     where = (9, 10, 14, 17, 18, *_INDEX)
@@ -187,14 +188,14 @@ def _attention_backward(ctx, grad_out):
     s = ctx.spec
     grads = _ops.attention_backward(q, k, v, list(tq), list(tk), list(tv), *s[:9], kpm, attn_mask, s[11],
                                     grad_out.contiguous(), s[12], s[13], freqs, s[15], attn, s[16], pos, key_pos, s[19],
-                                    *index)
+                                    *index, s[_QUERY_SUFFIX])
     gq, gk, gv = grads[:3]
     g = grads[3:]
     gtq, gtk, gtv = list(g[:a]), list(g[a:a + b]), list(g[a + b:a + b + c])
     gfreqs = g[a + b + c] if freqs is not None and s[12] == "mixed" else None
     rest = [None] * len(s)
     rest[14] = gfreqs  # rope_freqs; the others (methods, modes, params, grid, masks, scale, rope form, positions,
-    # packed lengths, key lengths) have none
+    # packed lengths, key lengths, rope_query_suffix) have none
     return _masked(ctx, (gq, gk, gv, gtq, gtk, gtv, *rest))
 
 

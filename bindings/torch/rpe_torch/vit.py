@@ -141,17 +141,21 @@ class _RoPE(nn.Module):
         """Refuses x (B, H, L, D) whose D the module was not built for (ValueError); a no-op for
         the forms whose tables the operators check against D themselves."""
 
-    def _grid(self, L, height, width, positions=None):
+    def _grid(self, L, height, width, positions=None, suffix=None):
         """(height, width, positions) the operators get for L tokens: as given (a form on a 2D
-        grid); RoPEVJEPA2 turns a clip of several frames into its per-token (frame, row, col) ids."""
+        grid); RoPEVJEPA2 turns a clip of several frames into its per-token (frame, row, col) ids.
+        ``suffix``: the tokens' trailing unrotated count when not the module's (the attention's
+        rope_query_suffix)."""
         return height, width, positions
 
-    def _spec(self, L, height, width, positions=None):
-        """(form, params, skip, height, width): the grid is not used (1 × 1) with positions."""
+    def _spec(self, L, height, width, positions=None, suffix=None):
+        """(form, params, skip, height, width): the grid is not used (1 × 1) with positions; a
+        square grid of L − skip − suffix tokens when height, width are None (``suffix``: the
+        module's unless given, see _grid)."""
         if positions is not None:
             height, width = 1, 1
         else:
-            height, width = _square_grid(L, self.skip + self.suffix, height, width)
+            height, width = _square_grid(L, self.skip + (self.suffix if suffix is None else suffix), height, width)
         return self.form, [float(p) for p in self._params()], self.skip, height, width
 
     def forward(self, x, height=None, width=None, positions=None):
@@ -543,9 +547,10 @@ class RoPEVJEPA2(_RoPE):
             raise ValueError(f"[rpe.torch] {name} has shape {tuple(x.shape)}; expected D = head_dim = "
                              f"{self.attention_head_size} (the RoPEVJEPA2 module's)")
 
-    def _grid(self, L, height, width, positions=None, frames=None):
+    def _grid(self, L, height, width, positions=None, suffix=None, frames=None):
         """(height, width, positions) of the operators: positions as given; a one-frame clip as the
-        operators' grid; a clip of several frames as its (frame, row, col) ids (grid 1 × 1)."""
+        operators' grid; a clip of several frames as its (frame, row, col) ids (grid 1 × 1).
+        ``suffix``: the tokens' trailing unrotated count when not the module's."""
         if positions is not None:
             return height, width, positions
         frames = self.grid_depth if frames is None else _count(frames, "frames")
@@ -553,19 +558,20 @@ class RoPEVJEPA2(_RoPE):
             raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither")
         if height is None and self.grid_size is not None:
             height, width = self._rows_cols()
-        L, rotated = int(L), int(L) - self.skip - self.suffix
+        suffix = self.suffix if suffix is None else suffix
+        L, rotated = int(L), int(L) - self.skip - suffix
         if height is None:
             side = math.isqrt(max(rotated, 0) // frames)
             if rotated < 1 or side * side * frames != rotated:
                 raise ValueError(f"[rpe.torch] L = {L} is not skip + frames*side*side + suffix (skip = {self.skip}, "
-                                 f"frames = {frames}, suffix = {self.suffix}); pass height and width (or grid_size)")
+                                 f"frames = {frames}, suffix = {suffix}); pass height and width (or grid_size)")
             height = width = side
         if frames == 1:
             return height, width, None  # the operators' grid: ids (0, row, col)
         height, width = _count(height, "height"), _count(width, "width")
         if frames * height * width != rotated:
             raise ValueError(f"[rpe.torch] L = {L}; expected skip + frames*height*width + suffix = {self.skip} + "
-                             f"{frames}*{height}*{width} + {self.suffix}")
+                             f"{frames}*{height}*{width} + {suffix}")
         return 1, 1, _clip_ids(frames, height, width)
 
     def forward(self, x, height=None, width=None, positions=None, frames=None):
@@ -579,7 +585,7 @@ class RoPEVJEPA2(_RoPE):
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D)")
         self._check_head_dim(x)
-        return self._rotate(x, *self._grid(x.shape[2], height, width, positions, frames))
+        return self._rotate(x, *self._grid(x.shape[2], height, width, positions, frames=frames))
 
     def _params(self):
         return [self.theta]

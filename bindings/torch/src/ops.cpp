@@ -4,7 +4,8 @@
 /// backward, and the fused attention step forward and backward (with an optional 2D RoPE of q
 /// and k: the registry's forms, DINOv3 and M-RoPE in channel layout pairs or half, V-JEPA 2 in its
 /// own layout vjepa2, on the grid or at per-token positions (CPU), with unrotated leading and
-/// trailing tokens); the ViT encodings:
+/// trailing tokens, the queries' own trailing count apart from the keys' (rope_query_suffix, CPU));
+/// the ViT encodings:
 /// the Swin, BEiT, SAM-decomposed and 2D-ALiBi mappings selectable by
 /// name in the term and attention operators, 2D RoPE on its own, and the operators that make
 /// their tables (timm's layout, SwinV2's CPB, SAM's tables and resize, ALiBi's fixed table). The
@@ -292,11 +293,13 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
                              const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix,
                              const c10::optional<at::Tensor>& rpe_positions, const c10::optional<at::Tensor>& rpe_key_positions,
                              const c10::optional<at::Tensor>& packed_lengths, const c10::optional<at::Tensor>& packed_grids,
-                             const c10::optional<at::Tensor>& packed_positions, const c10::optional<at::Tensor>& key_lengths) {
+                             const c10::optional<at::Tensor>& packed_positions, const c10::optional<at::Tensor>& key_lengths,
+                             int64_t rope_query_suffix) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
+        a.rope_query_suffix = rope_query_suffix;
         const dtype_rule st{checked_cpu_type(q, "q"), "q", attention_dtypes};
         return on_cpu_type(st, [&]<class S, class T>() { return attention_forward_impl<S, T>(a, st, false)[0]; });
     });
@@ -312,11 +315,12 @@ std::vector<at::Tensor> attention_forward_attn(
     const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
     const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
     const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
-    const c10::optional<at::Tensor>& key_lengths) {
+    const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
+        a.rope_query_suffix = rope_query_suffix;
         const dtype_rule st{checked_cpu_type(q, "q"), "q", attention_dtypes};
         return on_cpu_type(st, [&]<class S, class T>() { return attention_forward_impl<S, T>(a, st, true); });
     });
@@ -332,11 +336,12 @@ std::vector<at::Tensor> attention_backward(
     const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
     const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
     const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
-    const c10::optional<at::Tensor>& key_lengths) {
+    const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
     return translating([&] {
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
+        a.rope_query_suffix = rope_query_suffix;
         a.grad_out = grad_out;
         if (attn) a.attn = *attn;
         const dtype_rule st{checked_cpu_type(q, "q"), "q", attention_dtypes};
@@ -712,7 +717,9 @@ TORCH_LIBRARY(rpe, m) {
     // (rpe::attention_inputs::positions, key_positions); packed_lengths (M,) with packed_grids
     // (M, 2|3) or packed_positions (L − M·skip, 2|3): several images in one sequence, each
     // attended alone (attention_inputs::packed; height, width then 0, 0); key_lengths (B,) valid
-    // keys per batch element (attention_inputs::key_lengths).
+    // keys per batch element (attention_inputs::key_lengths). rope_query_suffix: the queries' own
+    // trailing unrotated tokens (rotary_embedding::query_suffix; -1 = rope_suffix, which then counts
+    // the keys' only: SAM2's memory attention passes 0), CPU only.
     m.def(
         "attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
         "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
@@ -720,8 +727,8 @@ TORCH_LIBRARY(rpe, m) {
         "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, str rope_layout=\"pairs\", "
         "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0, Tensor? rpe_positions=None, Tensor? "
         "rpe_key_positions=None, "
-        "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None) -> "
-        "Tensor");
+        "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None, "
+        "int rope_query_suffix=-1) -> Tensor");
     // [out, attn]: attention_forward that also returns the (B, H, L, L_k) probabilities, for
     // attention_backward's `attn` (the backward then does not recompute them).
     m.def(
@@ -731,8 +738,8 @@ TORCH_LIBRARY(rpe, m) {
         "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, str rope_layout=\"pairs\", "
         "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0, Tensor? rpe_positions=None, Tensor? "
         "rpe_key_positions=None, "
-        "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None) -> "
-        "Tensor[]");
+        "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None, "
+        "int rope_query_suffix=-1) -> Tensor[]");
     // [grad_q, grad_k, grad_v, grad tables of q, then k, then v (, grad_rope_freqs for mixed)];
     // attn: attention_forward_attn's probabilities for the same arguments, or None to recompute.
     m.def(
@@ -742,8 +749,8 @@ TORCH_LIBRARY(rpe, m) {
         "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, Tensor? attn=None, "
         "str rope_layout=\"pairs\", Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0, Tensor? "
         "rpe_positions=None, Tensor? rpe_key_positions=None, "
-        "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None) "
-        "-> Tensor[]");
+        "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None, "
+        "int rope_query_suffix=-1) -> Tensor[]");
     // 2D RoPE of x (B, H, L, D), L = skip + height*width + suffix (or skip + N + suffix with
     // positions (N, 2), (N, 3) for mrope (t, h, w) and vjepa2 (frame, row, col)): a RoPE form of
     // rpe's registry, its params in the registry's order (axial [theta], mixed [] with freqs

@@ -543,23 +543,36 @@ inline at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const c
     return t.to(at::kFloat).contiguous();
 }
 
-// The rotary embedding of (form, params, skip, layout, suffix): form "" (none) or a RoPE form of
+// The attention's rope_query_suffix (rpe::rotary_embedding::query_suffix: the queries' trailing
+// unrotated tokens when they differ from the keys' rope_suffix, e.g. SAM2's memory attention,
+// whose queries have none): -1 (the default: as rope_suffix) or a count >= 0, with a RoPE form
+// only. Errors: ValueError naming rope_query_suffix and its value.
+inline void check_query_suffix(c10::string_view form, int64_t query_suffix) {
+    TORCH_CHECK_VALUE(query_suffix >= -1 && query_suffix < (int64_t{1} << 30), "[rpe.torch] rope_query_suffix = ", query_suffix,
+                      "; expected >= 0, or -1 for rope_suffix (the keys')");
+    TORCH_CHECK_VALUE(query_suffix == -1 || !form.empty(), "[rpe.torch] rope_query_suffix = ", query_suffix,
+                      " without a RoPE (rope_form = ''); expected -1");
+}
+
+// The rotary embedding of (form, params, skip, layout, suffix, query_suffix): form "" (none) or a RoPE form of
 // rpe's registry with its parameters in the registry's order (rpe::family_info::params): "axial"
 // [theta], "mixed" [] (frequencies given with the call), "cat" [temperature, in_pixels, max_res,
 // linear_bands, grid_offset, ref_height, ref_width, xy_indexing], "dinov3" [base, min_period,
 // max_period, normalize (0 separate, 1 max, 2 min), shift_y, shift_x, jitter_y, jitter_x, rescale],
 // "mrope" [theta, section_t, section_h, section_w, interleaved], "vjepa2" [theta] (layout
 // "vjepa2", its only one), "sam2" [theta]; flags as 0 / 1, a choice as its
-// position. The policy's own validate() (through the library's checks) rejects bad values.
+// position; query_suffix the queries' own trailing unrotated tokens (-1: suffix; check_query_suffix).
+// The policy's own validate() (through the library's checks) rejects bad values.
 template <class S>
 rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double> p, int64_t skip,
-                                   c10::string_view channel_layout = "pairs", int64_t suffix = 0) {
+                                   c10::string_view channel_layout = "pairs", int64_t suffix = 0, int64_t query_suffix = -1) {
     const std::string form(form_in.data(), form_in.size());
     rpe::rotary_embedding<S> r;
     const auto need = [&](std::size_t n, const char* layout) {
         TORCH_CHECK_VALUE(p.size() == n, "[rpe.torch] rope_params holds ", p.size(), " values for form '", form, "'; expected ",
                           n, " (", layout, ")");
     };
+    check_query_suffix(form_in, query_suffix);
     if (form.empty()) {
         need(0, "none");
         return r;
@@ -568,6 +581,7 @@ rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double
     TORCH_CHECK_VALUE(suffix >= 0 && suffix < (int64_t{1} << 30), "[rpe.torch] rope suffix = ", suffix, "; expected >= 0");
     r.skip = static_cast<int>(skip);
     r.suffix = static_cast<int>(suffix);
+    r.query_suffix = static_cast<int>(query_suffix);
     r.layout = layout_of(channel_layout, "rope layout");
     // the form and its parameters from rpe's registry (<rpe/families.hpp>), params in its order
     auto& reg = rpe::families();
@@ -626,6 +640,7 @@ struct attention_args {
     c10::string_view rope_layout = "pairs";
     at::Tensor rope_positions, rope_key_positions;  // (N, 2) as given (prepared in setup_attention), or undefined
     int64_t rope_suffix = 0;
+    int64_t rope_query_suffix = -1;  // the queries' own suffix (rotary_embedding::query_suffix); -1: rope_suffix
     // the iRPE terms' index tensors as given (prepared in setup_attention: int32), or undefined:
     // per-token positions (attention_inputs::positions, key_positions), packed sequences
     // (attention_inputs::packed: lengths, grids, positions), valid key lengths (key_lengths)
@@ -745,7 +760,7 @@ attention_setup<S, T> setup_attention(attention_args& a, const dtype_rule& st, c
         check_rank(m, 2, "attn_mask", "(L, L_k)");
         s.in.attn_mask = cref<S>(m);
     }
-    s.in.rope = make_rope<S>(a.rope_form, a.rope_params, a.rope_skip, a.rope_layout, a.rope_suffix);
+    s.in.rope = make_rope<S>(a.rope_form, a.rope_params, a.rope_skip, a.rope_layout, a.rope_suffix, a.rope_query_suffix);
     if (a.rope_freqs.defined()) {
         a.rope_freqs = prepared(a.rope_freqs, "rope_freqs", st, w);
         s.in.rope.freqs = cref<S>(a.rope_freqs);

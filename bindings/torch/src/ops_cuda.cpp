@@ -19,8 +19,10 @@
 ///
 /// What rpe's CUDA backend does not have is refused with a Python exception naming it: the
 /// probabilities output (`attention_forward_attn`: NotImplementedError), the backward from
-/// saved probabilities (`attn`) and packed sequences (`packed_lengths`, `packed_grids`,
-/// `packed_positions`: ValueError naming the argument, refuse_packed). The iRPE terms' per-token
+/// saved probabilities (`attn`), packed sequences (`packed_lengths`, `packed_grids`,
+/// `packed_positions`: ValueError naming the argument, refuse_packed) and RoPE's
+/// `rope_query_suffix` other than -1 and `rope_suffix` (ValueError naming it and its value, before
+/// any other check: refuse_query_suffix). The iRPE terms' per-token
 /// positions (`positions`, `key_positions` of the term operators, `rpe_positions`,
 /// `rpe_key_positions` of the attention) and valid key lengths (`key_lengths`) are integer tensors
 /// on the CPU or the operator's device (ValueError naming one on another device, TypeError for a
@@ -277,6 +279,18 @@ where attention_device(const attention_args& a) {
                                  {"packed_positions", &a.packed_positions}});
 }
 
+// rope_query_suffix (rotary_embedding::query_suffix) other than -1 and rope_suffix: rpe's CUDA
+// attention refuses it (attention_caps::cross_lengths = false, rpe::not_supported); a ValueError
+// naming it and its value, before anything else is read (check_query_suffix's checks first).
+void refuse_query_suffix(c10::string_view rope_form, int64_t query_suffix, int64_t suffix) {
+    check_query_suffix(rope_form, query_suffix);
+    TORCH_CHECK_VALUE(query_suffix < 0 || query_suffix == suffix, "[rpe.torch] rope_query_suffix = ", query_suffix,
+                      " (rope_suffix = ", suffix,
+                      ") is not supported by the cuda backend: rpe's CUDA attention gives the queries and the keys one "
+                      "suffix (rpe::not_supported); expected rope_query_suffix = -1 or ",
+                      suffix, " (the CPU operators take it)");
+}
+
 // Packed sequences (packed_lengths, packed_grids, packed_positions): rpe's CUDA attention
 // refuses them (rpe::not_supported); a ValueError naming the first one given, before any other check.
 void refuse_packed(const attention_args& a, const where& w) {
@@ -321,11 +335,14 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
                              const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix,
                              const c10::optional<at::Tensor>& rpe_positions, const c10::optional<at::Tensor>& rpe_key_positions,
                              const c10::optional<at::Tensor>& packed_lengths, const c10::optional<at::Tensor>& packed_grids,
-                             const c10::optional<at::Tensor>& packed_positions, const c10::optional<at::Tensor>& key_lengths) {
+                             const c10::optional<at::Tensor>& packed_positions, const c10::optional<at::Tensor>& key_lengths,
+                             int64_t rope_query_suffix) {
     return translating([&] {
+        refuse_query_suffix(rope_form, rope_query_suffix, rope_suffix);
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
+        a.rope_query_suffix = rope_query_suffix;
         const where w = attention_device(a);
         refuse_packed(a, w);  // positions and key_lengths: prepared by setup_attention (the CPU or w's device)
         const dtype_rule st{checked_cuda_float_type(q, "q"), "q", attention_dtypes};
@@ -344,14 +361,16 @@ std::vector<at::Tensor> attention_backward(
     const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
     const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
     const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
-    const c10::optional<at::Tensor>& key_lengths) {
+    const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
     return translating([&] {
+        refuse_query_suffix(rope_form, rope_query_suffix, rope_suffix);
         TORCH_CHECK_VALUE(!attn || !attn->defined(),
                           "[rpe.torch] attn (the forward's saved probabilities) is not supported by the cuda backend: rpe's "
                           "CUDA attention keeps no (B, H, L, L) buffer and recomputes them; expected attn = None");
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
+        a.rope_query_suffix = rope_query_suffix;
         a.grad_out = grad_out;
         const where w = attention_device(a);
         refuse_packed(a, w);  // positions and key_lengths: prepared by setup_attention (the CPU or w's device)

@@ -4,7 +4,13 @@ repeated once per memory frame (rope key_positions = the repeated grid), RoPE-Ax
 theta; against the rotations by the RoPE module followed by a plain softmax attention, with
 torch.autograd.gradcheck in float64 (q, k, v), masks of the keys' length, the saved probabilities
 (B, H, L, L_k), torch.library.opcheck of the three attention operators, and the refusals (an iRPE
-term with L_k != L, v of another length than k)."""
+term with L_k != L, v of another length than k). SAM2's whole memory attention in one call: the
+keys' object-pointer tokens unrotated (the module's suffix) while the queries have none
+(rope_query_suffix=0, rotary_embedding::query_suffix), against a RoPE-Axial written with torch ops
+and scaled_dot_product_attention (forward, gradients, gradcheck, opcheck, torch.compile fullgraph),
+its refusals, and the CUDA operator's refusal (host side, without a device)."""
+import math
+
 import pytest
 import torch
 
@@ -109,3 +115,211 @@ def test_cross_attention_refusals_name_the_argument():
     with pytest.raises(ValueError, match=r"rpe_k is attached with keys of another length than the queries "
                                          r"\(L = 6, L_k = 9\)"):
         irpe.attention(q, k, v, rpe_k=term, height=2, width=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# SAM2's memory attention in one call: rope_query_suffix (rotary_embedding::query_suffix)
+# ---------------------------------------------------------------------------------------------
+
+P = 3  # object-pointer tokens: the keys' unrotated suffix; L = 6 queries, L_k = 12 + 3 keys
+THETA = 10000.0
+
+
+def axial_by_hand(x, pos, suffix=0):
+    """rope-vit's RoPE-Axial written with torch ops: pair p < D/4 of each token turns by col·f_p,
+    pair D/4 + p by row·f_p, f_p = 1/θ^(4p/D), channels (2p, 2p+1) as the complex x_2p + i·x_2p+1;
+    pos (N, 2) (row, col) of the first N tokens, the last ``suffix`` unrotated. The angles in
+    float32 as rope-vit's compute_axial_cis (and rpe::rope::axial) make them, cos / sin and the
+    rotation in x's float64."""
+    d = x.shape[-1]
+    f = 1.0 / (torch.tensor(THETA) ** (torch.arange(0, d, 4, dtype=torch.float32)[: d // 4] / d))
+    pos = pos.to(torch.float32)
+    angles = torch.cat([pos[:, 1:2] * f, pos[:, 0:1] * f], 1).to(F64)  # (N, D/2): cols first, then rows
+    n = pos.shape[0]
+    xr = x[..., :n, :].reshape(*x.shape[:-2], n, d // 2, 2)
+    c, s = torch.cos(angles), torch.sin(angles)
+    y = torch.stack([xr[..., 0] * c - xr[..., 1] * s, xr[..., 0] * s + xr[..., 1] * c], -1).reshape(*x.shape[:-2], n, d)
+    return torch.cat([y, x[..., n:n + suffix, :]], -2)
+
+
+def grid_positions():
+    return torch.stack([torch.arange(h * w) // w, torch.arange(h * w) % w], 1)
+
+
+def sam2_reference(q, k, v, attn_mask=None):
+    """The queries rotated on the grid, the memory keys at the grid once per frame with the P
+    pointers unrotated, then torch's scaled_dot_product_attention (float64)."""
+    qr = axial_by_hand(q, grid_positions())
+    kr = axial_by_hand(k, grid_positions().repeat(R, 1), suffix=P)
+    return torch.nn.functional.scaled_dot_product_attention(qr, kr, v, attn_mask=attn_mask)
+
+
+def sam2_inputs(b=B, seed=40):
+    L, Lk = h * w, R * h * w + P
+    return rnd(b, H, L, D, seed=seed), rnd(b, H, Lk, D, seed=seed + 1), rnd(b, H, Lk, D, seed=seed + 2)
+
+
+def test_axial_by_hand_is_the_rope_module():
+    """The reference rotation above is RoPEAxial's (with and without the pointer suffix)."""
+    q, k, _ = sam2_inputs()
+    torch.testing.assert_close(axial_by_hand(q, grid_positions()), irpe.RoPEAxial(theta=THETA)(q, h, w),
+                               atol=1e-13, rtol=1e-13)
+    kp = grid_positions().repeat(R, 1)
+    torch.testing.assert_close(axial_by_hand(k, kp, suffix=P),
+                               irpe.RoPEAxial(theta=THETA, suffix=P)(k, positions=kp), atol=1e-13, rtol=1e-13)
+
+
+@pytest.mark.parametrize("save_attn", [False, True])
+def test_sam2_memory_attention_with_query_suffix_matches_torch(save_attn):
+    """rope_query_suffix=0: the queries are the grid alone, the keys R memory frames and P
+    unrotated pointers (the module's suffix); forward and gradients of q, k, v against the
+    rotations written with torch ops and scaled_dot_product_attention, with an (L, L_k) mask."""
+    q, k, v = sam2_inputs()
+    mask = rnd(h * w, R * h * w + P, grad=False, seed=44)
+    rope = irpe.RoPEAxial(theta=THETA, suffix=P)
+    out = irpe.attention(q, k, v, rope=rope, height=h, width=w, key_positions=grid_positions().repeat(R, 1),
+                         rope_query_suffix=0, attn_mask=mask, save_attn=save_attn)
+    ref = sam2_reference(q, k, v, mask)
+    assert out.shape == (B, H, h * w, D)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    go = rnd(B, H, h * w, D, grad=False, seed=45)
+    got = torch.autograd.grad(out, (q, k, v), go)
+    for a, b in zip(got, torch.autograd.grad(ref, (q, k, v), go)):
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-11)
+    assert got[1][:, :, -P:].abs().sum() > 0  # the pointer keys (unrotated) are attended
+
+
+def test_sam2_memory_attention_with_query_suffix_gradcheck():
+    q, k, v = sam2_inputs(b=1, seed=50)
+    rope, kp = irpe.RoPEAxial(theta=THETA, suffix=P), grid_positions().repeat(R, 1)
+    for save_attn in (False, True):
+        assert torch.autograd.gradcheck(
+            lambda q, k, v: irpe.attention(q, k, v, rope=rope, height=h, width=w, key_positions=kp, rope_query_suffix=0,
+                                           save_attn=save_attn), (q, k, v))
+
+
+def test_query_suffix_equal_to_suffix_is_the_default_and_a_square_grid_uses_it():
+    """rope_query_suffix = the module's suffix (or -1) is the default; without height and width
+    the queries' square grid is L − skip − rope_query_suffix."""
+    rope = irpe.RoPEAxial(theta=THETA, suffix=1)
+    q, k, v = rnd(B, H, 1 + 4 + 1, D, seed=60), rnd(B, H, 1 + 4 + 1, D, seed=61), rnd(B, H, 1 + 4 + 1, D, seed=62)
+    base = irpe.attention(q, k, v, rope=irpe.RoPEAxial(theta=THETA, skip=1, suffix=1))
+    for qs in (1, -1):
+        torch.testing.assert_close(irpe.attention(q, k, v, rope=irpe.RoPEAxial(theta=THETA, skip=1, suffix=1),
+                                                  rope_query_suffix=qs), base, atol=0, rtol=0)
+    # queries: a 2 x 2 grid with no suffix; keys: that grid twice and one pointer
+    kp = torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1]]).repeat(2, 1)
+    qg, kg, vg = q[:, :, :4], rnd(B, H, 9, D, seed=63), rnd(B, H, 9, D, seed=64)
+    out = irpe.attention(qg, kg, vg, rope=rope, key_positions=kp, rope_query_suffix=0)
+    qr = axial_by_hand(qg, kp[:4])
+    kr = axial_by_hand(kg, kp, suffix=1)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(qr, kr, vg), atol=1e-12, rtol=1e-12)
+
+
+def sam2_args():
+    """attention_forward's arguments for SAM2's memory attention: RoPE-Axial, keys at the repeated
+    grid, P pointer keys (rope_suffix), rope_query_suffix 0 (the last argument), an (L, L_k) mask."""
+    q, k, v = sam2_inputs(seed=70)
+    return (q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, rnd(h * w, R * h * w + P, grad=False,
+                                                                                  seed=73),
+            None, "axial", [THETA], None, 0, "pairs", None, grid_positions().repeat(R, 1), P, None, None, None, None,
+            None, None, 0)
+
+
+@pytest.mark.parametrize("name", ["attention_forward", "attention_forward_attn"])
+def test_opcheck_query_suffix(name):
+    op = getattr(ops, name)
+    args = sam2_args()
+    out = op(*args)
+    ref = sam2_reference(*args[:3], args[16])
+    torch.testing.assert_close(out[0] if isinstance(out, list) else out, ref, atol=1e-12, rtol=1e-12)
+    torch.library.opcheck(op, args)
+
+
+def test_opcheck_query_suffix_backward():
+    args = sam2_args()
+    out, attn = ops.attention_forward_attn(*args)
+    q, k, v = (t.detach() for t in args[:3])
+    go = rnd(*out.shape, grad=False, seed=75)
+    for saved in (None, attn.detach()):
+        back = (q, k, v, *args[3:17], None, go, "axial", [THETA], None, 0, saved, "pairs", None, args[24], P, None, None,
+                None, None, None, None, 0)
+        grads = ops.attention_backward(*back)
+        want = torch.autograd.grad(sam2_reference(*args[:3], args[16]), args[:3], go)
+        for a, b in zip(grads[:3], want):
+            torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-11)
+        torch.library.opcheck(ops.attention_backward, back)
+
+
+def test_query_suffix_compiles_fullgraph():
+    """torch.compile(fullgraph=True) of the SAM2 memory attention with rope_query_suffix: no graph
+    break, the eager result and gradients (aot_eager: the fake kernels and autograd formulas)."""
+    rope, kp = irpe.RoPEAxial(theta=THETA, suffix=P), grid_positions().repeat(R, 1)
+
+    def f(q, k, v):
+        return irpe.attention(q, k, v, rope=rope, height=h, width=w, key_positions=kp, rope_query_suffix=0)
+
+    q, k, v = sam2_inputs(seed=80)
+    eager = f(q, k, v)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+    torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
+    go = rnd(*eager.shape, grad=False, seed=81)
+    for a, b in zip(torch.autograd.grad(compiled, (q, k, v), go), torch.autograd.grad(eager, (q, k, v), go)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_query_suffix_refusals_name_it():
+    q, k, v = sam2_inputs(seed=90)
+    rope, kp = irpe.RoPEAxial(theta=THETA, suffix=P), grid_positions().repeat(R, 1)
+    for bad in (-2, True, 1.0, "0"):
+        with pytest.raises(ValueError, match=rf"\[rpe\.torch\] rope_query_suffix = {bad!r}; expected an int >= 0, "
+                                             r"or None / -1 for the rope's suffix"):
+            irpe.attention(q, k, v, rope=rope, height=h, width=w, key_positions=kp, rope_query_suffix=bad)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = 0 is given without rope"):
+        irpe.attention(q, k[:, :, :h * w], v[:, :, :h * w], height=h, width=w, rope_query_suffix=0)
+    # the library's length check names the queries' suffix when it is set apart from the keys'
+    with pytest.raises(ValueError, match=r"\[rpe\.attention\] L = 6; expected rope skip \+ height\*width \+ "
+                                         r"query_suffix = 0 \+ 2\*3 \+ 1"):
+        irpe.attention(q, k, v, rope=rope, height=h, width=w, key_positions=kp, rope_query_suffix=1)
+    with pytest.raises(ValueError, match=r"\[rpe\.attention\] L = 6; expected rope skip \+ height\*width \+ "
+                                         r"suffix = 0 \+ 2\*3 \+ 3"):  # without it: the keys' suffix for q too
+        irpe.attention(q, k, v, rope=rope, height=h, width=w, key_positions=kp)
+    # the operators' own checks (torch.ops.rpe called directly)
+    args = sam2_args()
+    for name in ("attention_forward", "attention_forward_attn"):
+        with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = -2; expected >= 0, or -1 for "
+                                             r"rope_suffix \(the keys'\)"):
+            getattr(ops, name)(*args[:-1], -2)
+        with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = 1073741824; expected >= 0"):
+            getattr(ops, name)(*args[:-1], 1 << 30)
+    no_rope = (*args[:18], "", [], None, 0, "pairs", None, None, 0, *args[26:32])
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = 0 without a RoPE \(rope_form = ''\); "
+                                         r"expected -1"):
+        ops.attention_forward(*no_rope, 0)
+    back = (*args[:17], None, args[0].detach(), "axial", [THETA], None, 0, None, "pairs", None, args[24], P)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = -3; expected >= 0"):
+        ops.attention_backward(*back, None, None, None, None, None, None, -3)
+
+
+@pytest.mark.skipif(not irpe.has_cuda_kernels(), reason="the operator library was built without its CUDA kernels")
+def test_cuda_operators_refuse_query_suffix_before_any_work():
+    """rpe's CUDA attention has no query_suffix other than suffix: the CUDA operators refuse it
+    naming rope_query_suffix and its value, first (called here through the dispatcher's CUDA key
+    with CPU tensors: no device needed; the refusal comes before the device checks)."""
+    cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    args = sam2_args()
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = 0 \(rope_suffix = 3\) is not supported "
+                                         r"by the cuda backend: .*expected rope_query_suffix = -1 or 3"):
+        ops.attention_forward.default.redispatch(cuda, *args)
+    back = (*args[:17], None, args[0].detach(), "axial", [THETA], None, 0, None, "pairs", None, args[24], P,
+            None, None, None, None, None, None, 0)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = 0 \(rope_suffix = 3\) is not supported "
+                                         r"by the cuda backend"):
+        ops.attention_backward.default.redispatch(cuda, *back)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = -2; expected >= 0"):
+        ops.attention_forward.default.redispatch(cuda, *args[:-1], -2)
+    # rope_query_suffix = rope_suffix (or -1) is what the CUDA attention runs: past this check (to the
+    # device check, here with CPU tensors)
+    for qs in (P, -1):
+        with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
+            ops.attention_forward.default.redispatch(cuda, *args[:-1], qs)

@@ -3,8 +3,8 @@ all its default checks (schema, autograd registration, fake tensor against the r
 shapes, dtypes and strides, AOT dispatch with dynamic shapes) on small float64 inputs, and
 ``torch.autograd.gradcheck`` straight on each differentiable operator. The RoPE operators also
 with their newer arguments (layout half, per-token positions and key positions, integer and
-real, a suffix, DINOv3, M-RoPE, V-JEPA 2 in its own layout), and the calls of the older signatures
-(without them)."""
+real, a suffix, DINOv3, M-RoPE, V-JEPA 2 in its own layout), the attention's rope_query_suffix
+(SAM2's memory attention, L_k != L), and the calls of the older signatures (without them)."""
 import pytest
 import torch
 
@@ -65,6 +65,18 @@ def rope_positions_attention_args(rope="axial"):
         pos, key_pos = torch.cat([pos[:, :1] * 0 + 2, pos], 1), torch.cat([key_pos[:, :1] * 0 + 0.5, key_pos], 1)
     return (q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, 1, 1, None, None, None, rope, params, freqs, 1,
             "vjepa2" if rope == "vjepa2" else "half", pos, key_pos, 1)
+
+
+def query_suffix_attention_args():
+    """SAM2-style memory attention (L_k != L): RoPE-Axial with skip 1, the queries on the grid with
+    no trailing token (rope_query_suffix 0, the last argument), the keys at two grids' real
+    positions and 2 unrotated trailing tokens (rope_suffix 2): L = 1 + 6, L_k = 1 + 12 + 2."""
+    L, Lk = 1 + h * w, 1 + 2 * h * w + 2
+    q, k, v = rnd(B, H, L, D, seed=51), rnd(B, H, Lk, D, seed=52), rnd(B, H, Lk, D, seed=53)
+    pos = torch.stack([torch.arange(h * w) // w, torch.arange(h * w) % w], 1)
+    key_pos = torch.cat([pos, pos]).to(F64) * 0.5 + 0.25
+    return (q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, rnd(L, Lk, grad=False, seed=54), None,
+            "axial", [100.0], None, 1, "pairs", None, key_pos, 2, None, None, None, None, None, None, 0)
 
 
 # V-JEPA 2 (layout vjepa2) needs D >= 6: at D = 14 each of its three slices has 4 channels (2
@@ -172,6 +184,13 @@ def op_cases():
     a = detached(rope_positions_attention_args("mixed"))
     cases["attention_backward[rope_positions]"] = (ops.attention_backward, (*a[:18], rnd(B, H, 8, D, grad=False, seed=21),
                                                                             *a[18:22], None, *a[22:]))
+    # RoPE's rope_query_suffix: the queries' own trailing tokens (SAM2's memory attention)
+    cases["attention_forward[rope_query_suffix]"] = (ops.attention_forward, query_suffix_attention_args())
+    cases["attention_forward_attn[rope_query_suffix]"] = (ops.attention_forward_attn, query_suffix_attention_args())
+    a = detached(query_suffix_attention_args())
+    cases["attention_backward[rope_query_suffix]"] = (ops.attention_backward,
+                                                      (*a[:18], rnd(B, H, 1 + h * w, D, grad=False, seed=55), *a[18:22],
+                                                       None, *a[22:]))
     # the iRPE terms' per-token positions, packed sequences, key lengths (integer, not differentiated)
     pos = torch.stack([torch.arange(h * w) // w, torch.arange(h * w) % w], 1)[torch.tensor([4, 0, 5, 2, 1, 3])]
     t = term_cases()
