@@ -725,6 +725,9 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] key_padding_mask is on device cpu; expected cuda:0"):
         rt.attention(q, k, v, height=h, width=w, key_padding_mask=torch.zeros(B, L, dtype=torch.bool))
     rpe_k = rpe_k.cuda()
+    # the tensor named is the odd one out: q, k, v on the CPU and the table alone on the GPU
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] tables_k\[0\] is on device cuda:0; expected cpu, the device of q"):
+        rt.attention(q.cpu(), k.cpu(), v.cpu(), None, rpe_k, None, height=h, width=w)
     # what rpe's CUDA backend does not have
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] save_attn = True is not supported on CUDA"):
         rt.attention(q.requires_grad_(), k, v, None, rpe_k, None, height=h, width=w, save_attn=True)
