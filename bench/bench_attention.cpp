@@ -32,6 +32,8 @@
 #include <utility>
 #include <vector>
 
+// Each bench source has its own namespace: the sources may be compiled together (RPE_BENCH_UNITY_BATCH).
+namespace rpe_bench_attention {
 namespace {
 
 using product = rpe::mapping::product<>;
@@ -479,3 +481,4 @@ const bool registered = [] {
 }();
 
 }  // namespace
+}  // namespace rpe_bench_attention

@@ -18,6 +18,8 @@
 
 #include "bench_common.hpp"
 
+// Each bench source has its own namespace: the sources may be compiled together (RPE_BENCH_UNITY_BATCH).
+namespace rpe_bench_bucket_ids {
 namespace {
 
 using rpe_bench::grid;
@@ -76,3 +78,4 @@ const bool registered = [] {
 }();
 
 }  // namespace
+}  // namespace rpe_bench_bucket_ids

@@ -11,6 +11,8 @@
 
 #include "../examples/01_custom_mapping/chebyshev.hpp"
 
+// Each bench source has its own namespace: the sources may be compiled together (RPE_BENCH_UNITY_BATCH).
+namespace rpe_bench_custom_mapping {
 namespace {
 
 template <class M>
@@ -80,3 +82,4 @@ BENCHMARK_TEMPLATE(BM_CustomMapping_Attention, example::chebyshev)->Arg(14)->Uni
 BENCHMARK_TEMPLATE(BM_CustomMapping_Attention, rpe::mapping::product<>)->Arg(14)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
+}  // namespace rpe_bench_custom_mapping

@@ -40,6 +40,8 @@
 #include <string>
 #include <vector>
 
+// Each bench source has its own namespace: the sources may be compiled together (RPE_BENCH_UNITY_BATCH).
+namespace rpe_bench_model {
 namespace {
 
 using rpe::examples::vit_config;
@@ -246,3 +248,4 @@ const bool registered = [] {
 }();
 
 }  // namespace
+}  // namespace rpe_bench_model

@@ -21,6 +21,8 @@
 
 #include "bench_common.hpp"
 
+// Each bench source has its own namespace: the sources may be compiled together (RPE_BENCH_UNITY_BATCH).
+namespace rpe_bench_reference {
 namespace {
 
 using product = rpe::mapping::product<>;
@@ -115,3 +117,4 @@ const bool registered = [] {
 }();
 
 }  // namespace
+}  // namespace rpe_bench_reference

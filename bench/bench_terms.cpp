@@ -34,6 +34,8 @@
 
 #include "bench_common.hpp"
 
+// Each bench source has its own namespace: the sources may be compiled together (RPE_BENCH_UNITY_BATCH).
+namespace rpe_bench_terms {
 namespace {
 
 using rpe_bench::grid;
@@ -219,3 +221,4 @@ const bool registered = [] {
 }();
 
 }  // namespace
+}  // namespace rpe_bench_terms

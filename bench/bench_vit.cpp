@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+// Each bench source has its own namespace: the sources may be compiled together (RPE_BENCH_UNITY_BATCH).
+namespace rpe_bench_vit {
 namespace {
 
 struct vit_case {
@@ -121,3 +123,4 @@ const bool registered = [] {
 }();
 
 }  // namespace
+}  // namespace rpe_bench_vit

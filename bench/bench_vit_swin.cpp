@@ -19,6 +19,8 @@
 
 #include "bench_common.hpp"
 
+// Each bench source has its own namespace: the sources may be compiled together (RPE_BENCH_UNITY_BATCH).
+namespace rpe_bench_vit_swin {
 namespace {
 
 using rpe_bench::random_vector;
@@ -167,3 +169,4 @@ const bool registered = [] {
 }();
 
 }  // namespace
+}  // namespace rpe_bench_vit_swin
