@@ -75,10 +75,12 @@ struct packed_sequences {
 ///
 /// q: (B, H, L, D); k, v: (B, H, L_k, D) (the same B, H, D; L_k = L in self-attention, any
 /// L_k ≥ 1 in cross-attention and with KV caches: SAM2's memory attention, decoders), projected and
-/// unscaled; with a term attached `L = L_k = skip + depth·height·width` (depth 1 unless the terms
-/// use a 3D mapping). Keys of another length (L_k ≠ L) take no iRPE term and no packing
-/// (rpe::not_supported: the terms' bucket ids pair the tokens of one sequence) and need a backend
-/// with attention_capabilities::cross_lengths (the CPU's). They may be strided views whose last stride is 1
+/// unscaled; with a term attached on a grid `L = L_k = skip + depth·height·width` (depth 1 unless
+/// the terms use a 3D mapping). Keys of another length (L_k ≠ L) need a backend with
+/// attention_capabilities::cross_lengths (the CPU's), take no packing (rpe::not_supported), and
+/// take iRPE terms at positions only: `positions` (L − skip) and `key_positions` (L_k − skip),
+/// the terms' ids (L, L_k) (rpe::invalid_argument naming positions or key_positions when either
+/// is missing: a grid describes one token set). q, k, v may be strided views whose last stride is 1
 /// (tensor_ref::with_strides; e.g. read in place from a packed (B, L, 3, H, D) qkv projection);
 /// outputs, masks and tables are contiguous. The grid size is
 /// given explicitly (the reference's default of a square ⌊√L⌋ grid is not guessed).
@@ -96,8 +98,8 @@ struct packed_sequences {
 /// its own, rope.positions): (L − skip, 2) int32 (row, col) — (L − skip, 3) (t, row, col) for 3D
 /// mappings — of the tokens after each term's `skip` extra tokens, in any order; the terms' ids
 /// are those of rpe::build_bucket_ids(m, positions, key_positions, skip) and height, width, depth
-/// are then not read by the terms. key_positions: the keys' positions (same shape), or empty for
-/// the queries'. A backend without attention_capabilities::positions refuses them.
+/// are then not read by the terms. key_positions: the keys' positions, (L_k − skip, 2 or 3), or
+/// empty for the queries' (L_k = L only). A backend without attention_capabilities::positions refuses them.
 /// packed: optional several images in the sequence (rpe::packed_sequences): attention and terms
 /// within each image only; height, width, depth (0, 0, 1) and positions (empty) are then not used.
 /// key_lengths: optional (B,) int32 valid key lengths: keys at index ≥ key_lengths[b] of batch
@@ -119,7 +121,7 @@ struct attention_inputs {
     int depth = 1;                                      ///< grid frames (3D mappings on T x H x W video grids)
     rotary_embedding<S> rope = {};                      ///< RoPE on q and k (form std::monostate = none)
     tensor_ref<const std::int32_t> positions = {};      ///< (L − skip, 2 or 3) iRPE positions, or empty = the grid
-    tensor_ref<const std::int32_t> key_positions = {};  ///< the keys' (L − skip, 2 or 3), or empty = positions
+    tensor_ref<const std::int32_t> key_positions = {};  ///< the keys' (L_k − skip, 2 or 3), or empty = positions
     packed_sequences packed = {};                       ///< several images in one sequence, or none
     tensor_ref<const std::int32_t> key_lengths = {};    ///< (B,) index after each element's last valid key, or empty = all
 };
@@ -309,7 +311,7 @@ inline void check_packed_term(const packed_sequences& pk, const attention_shape&
 /// @brief Checks q, k, v, the grid (depth, height, width), the masks and each attached term
 /// (slot, heads, head dim, skip + grid = L, tables' count and shapes) of any backend's attention
 /// inputs, and the features used against the backend's capabilities `caps` (strided q/k/v,
-/// RoPE, masks, 3D grids, head dim, keys of another length L_k: no terms, no packing with them).
+/// RoPE, masks, 3D grids, head dim, keys of another length L_k: no packing, terms at positions only).
 /// Returns (B, H, L, D) and L_k.
 /// @throws rpe::invalid_argument `[rpe.attention] ...` naming the argument; rpe::not_supported
 ///   `[rpe.attention] <feature> is not supported by the <backend> backend`.
@@ -366,19 +368,27 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
     require_feature(with_lengths, caps.key_lengths, caps, "valid key lengths (key_lengths)");
     if (with_lengths) check_key_lengths(in.key_lengths, s);
     if (packed) check_packed_front(in, caps);
-    if (s.lk != s.l) {  // cross-attention: no terms, no packing (their ids and images pair equal lengths)
+    if (s.lk != s.l) {  // cross-attention: no packing (its images attend to themselves); terms at positions only
         if (packed)
             throw not_supported(message("attention", "packed sequences with keys of another length than the queries (L = ", s.l,
                                         ", L_k = ", s.lk, "); expected L_k = L (each image attends to itself)"));
         static constexpr const char* slot_names[] = {"rpe_q", "rpe_k", "rpe_v"};
         const decltype(&in.rpe_q) term_slots[] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
-        for (int i = 0; i < 3; ++i)
-            if (term_slots[i]->term)
-                throw not_supported(message("attention", slot_names[i],
-                                            " is attached with keys of another length than the queries (L = ", s.l,
-                                            ", L_k = ", s.lk,
-                                            "); the iRPE terms need L_k = L (their bucket ids pair the tokens of one "
-                                            "sequence: rpe::build_bucket_ids takes positions and key_positions of one count)"));
+        for (int i = 0; i < 3; ++i) {
+            if (!term_slots[i]->term) continue;
+            // a grid (height, width) describes one token set: queries and keys of two counts need
+            // the positions of each (ids (L, L_k), rpe::build_bucket_ids(m, positions, key_positions, skip))
+            require(at_positions, "attention", slot_names[i],
+                    " is attached with keys of another length than the queries (L = ", s.l, ", L_k = ", s.lk,
+                    ") and no positions; expected positions (the queries') and key_positions (the "
+                    "keys'): a grid (height, width) describes one token set");
+            require(!is_empty_view(in.key_positions), "attention",
+                    "key_positions is empty with keys of another length than "
+                    "the queries (L = ",
+                    s.l, ", L_k = ", s.lk, ") and ", slot_names[i],
+                    " attached; expected the keys' "
+                    "positions (L_k - skip of them)");
+        }
     }
     if (caps.max_head_dim > 0 && s.d > caps.max_head_dim)
         throw not_supported(message("attention", "head dim D = ", s.d, " is not supported by the ", caps.backend,
@@ -412,8 +422,14 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
             require(s.l > t.skip(), "attention", "L = ", s.l, " of q; expected more than skip = ", t.skip(), " of ", names[i],
                     " (positions need grid tokens)");
             (void)check_positions(in.positions, axes, s.l - t.skip(), "attention", "positions", what.c_str());
-            if (!is_empty_view(in.key_positions))
-                (void)check_positions(in.key_positions, axes, s.l - t.skip(), "attention", "key_positions", what.c_str());
+            if (!is_empty_view(in.key_positions)) {
+                require(s.lk > t.skip(), "attention", "L_k = ", s.lk, " of k; expected more than skip = ", t.skip(), " of ",
+                        names[i], " (key_positions need grid tokens)");
+                const std::string key_what =
+                    s.lk == s.l ? what
+                                : "L_k - skip = " + std::to_string(s.lk) + " - " + std::to_string(t.skip()) + " of " + names[i];
+                (void)check_positions(in.key_positions, axes, s.lk - t.skip(), "attention", "key_positions", key_what.c_str());
+            }
         } else if (s.l != t.skip() + static_cast<std::int64_t>(in.depth) * in.height * in.width)
             throw invalid_argument(message(
                 "attention", "L = ", s.l, " of q; expected skip + ", in.depth == 1 ? "" : "depth*", "height*width = ", t.skip(),

@@ -54,7 +54,10 @@ decltype(auto) visit_id_width(int bytes, F&& f) {
 /// skip) or bucket_cache::get(m, positions, skip)): `skip` extra tokens, then N tokens at integer
 /// coordinates (row, col) — (t, row, col) for 3D mappings — in any order, `L = skip + N`; id
 /// (i, j) is the mapping's id of the offset pos_i − pos_j (with key positions apart, of
-/// qpos_i − kpos_j). Such ids share the per-offset ids of the positions' bounding box T × H × W
+/// qpos_i − kpos_j). Keys apart may number another count N_k (cross-attention): the ids are then
+/// (L, L_k) with `L_k = skip + N_k` (key_length()), skip rows and columns first, the same ids as
+/// rows (queries) and columns (keys) of the self-attention ids over both token sets together
+/// (docs/positions.md, "Queries and keys of different counts"). Such ids share the per-offset ids of the positions' bounding box T × H × W
 /// (a grid's ids, on the fly; key() is that grid's key) and hold N positions: always on the fly.
 /// Immutable after construction; share it freely between threads, terms and layers.
 /// Source: reference `get_bucket_ids_2d` in microsoft/Cream `iRPE/DeiT-with-iRPE/irpe.py` (2D).
@@ -106,16 +109,27 @@ public:
     [[nodiscard]] bool at_positions() const { return box_ != nullptr; }
     /// @brief True when the keys have positions of their own (at_positions() only).
     [[nodiscard]] bool has_key_positions() const { return !key_positions_.empty(); }
-    /// @brief The grid as text: "HxW", or "TxHxW" when depth > 1; at positions "N positions".
+    /// @brief The grid as text: "HxW", or "TxHxW" when depth > 1; at positions "N positions"
+    /// (keys of another count: "N positions, N_k key positions").
     [[nodiscard]] std::string grid_string() const {
-        if (box_) return std::to_string(query_.size()) + " positions";
+        if (box_)
+            return std::to_string(query_.size()) + " positions" +
+                   (rectangular() ? ", " + std::to_string(key_positions_.size()) + " key positions" : std::string());
         return (key_.depth > 1 ? std::to_string(key_.depth) + "x" : std::string()) + std::to_string(key_.height) + "x" +
                std::to_string(key_.width);
     }
-    /// @brief Sequence length `L = skip + depth·height·width`, or at positions `skip + N`.
+    /// @brief Sequence length `L = skip + depth·height·width`, or at positions `skip + N`: the
+    /// queries' count, the rows of the ids.
     [[nodiscard]] int length() const {
         return key_.skip + (box_ ? static_cast<int>(query_.size()) : key_.depth * key_.height * key_.width);
     }
+    /// @brief The keys' count L_k, the columns of the ids: length() unless the keys have positions
+    /// of their own of another count (`skip + N_k`, cross-attention).
+    [[nodiscard]] int key_length() const {
+        return key_positions_.empty() ? length() : key_.skip + static_cast<int>(key_positions_.size());
+    }
+    /// @brief True when the ids are (L, L_k) with L_k ≠ L (keys at positions of another count).
+    [[nodiscard]] bool rectangular() const { return key_length() != length(); }
     /// @brief Buckets per table, the extra skip bucket(s) included (the table's K).
     [[nodiscard]] int num_buckets() const { return num_buckets_; }
     /// @brief Extra buckets for pairs touching a skip token: 1, or 3 for BEiT-style mappings
@@ -141,13 +155,13 @@ public:
                 b += std::visit([](const auto& x) { return static_cast<std::int64_t>(x.size() * sizeof(x[0])); }, v);
         return b;
     }
-    /// @brief Id of pair (i, j) in table `table`; bounds-checked; any storage.
+    /// @brief Id of pair (i, j) in table `table` (query i < L, key j < L_k); bounds-checked; any storage.
     /// @throws rpe::out_of_range `[rpe.bucket_ids] ...` when an index is outside its range.
     [[nodiscard]] int at(int table, int i, int j) const {
-        const int n = length();
-        if (table < 0 || table >= num_tables() || i < 0 || i >= n || j < 0 || j >= n)
+        const int n = length(), nk = key_length();
+        if (table < 0 || table >= num_tables() || i < 0 || i >= n || j < 0 || j >= nk)
             throw out_of_range(detail::message("bucket_ids", "at(table = ", table, ", i = ", i, ", j = ", j,
-                                               ") outside tables [0, ", num_tables(), ") x L = ", n));
+                                               ") outside tables [0, ", num_tables(), ") x L = ", n, " x L_k = ", nk));
         if (i < skip() || j < skip()) return static_cast<int>(grid().extra_id(i, j));
         const std::int64_t index =
             box_ ? base_ + query_[static_cast<std::size_t>(i - skip())] - key_lin()[static_cast<std::size_t>(j - skip())]
@@ -168,10 +182,13 @@ public:
                           tables_.at(static_cast<std::size_t>(table)));
     }
 
-    /// @brief Rows [i0, i0 + count) of table `table`'s ids as a (count, L) row-major block:
-    /// entry (r, j) is id(i0 + r, j), or with `transposed` id(j, i0 + r) (the query target's
-    /// order). Returns a pointer into the stored matrix when possible (table storage, same Id
-    /// type, not transposed), else fills `buf` (count·L elements) and returns it. No checks (hot path).
+    /// @brief Rows [i0, i0 + count) of table `table`'s ids as a (count, L_k) row-major block (one
+    /// row per query, one entry per key): entry (r, j) is id(i0 + r, j), or with `transposed` the
+    /// query target's id of query i0 + r and key j: id(j, i0 + r) on tokens of one set (the
+    /// reference's rpe_q), at positions with keys apart the id of offset kpos_j − qpos_(i0+r) (what
+    /// self-attention over both sets gives the pair; detail::fill_position_row). Returns a pointer
+    /// into the stored matrix when possible (table storage, same Id type, not transposed), else
+    /// fills `buf` (count·L_k elements) and returns it. No checks (hot path).
     template <class Id>
     const Id* rows(int table, std::int64_t i0, std::int64_t count, bool transposed, Id* buf) const {
         if (!transposed && key_.storage == id_storage::table) {
@@ -188,7 +205,7 @@ public:
         const detail::id_grid g = grid();
         if (box_) {
             const detail::id_positions p{query_.data(), key_lin(), base_};
-            const std::int64_t n = length();
+            const std::int64_t n = key_length();
             std::visit(
                 [&](const auto& off) {
                     for (std::int64_t r = 0; r < count; ++r)
@@ -203,6 +220,24 @@ public:
                     detail::fill_id_row(g, off.data(), i0 + r, transposed, buf + r * length());
             },
             offsets_[static_cast<std::size_t>(table)]);
+        return buf;
+    }
+
+    /// @brief The query target's ids in key order: rows [j0, j0 + count) as a (count, L) block
+    /// (one row per key, one entry per query), entry (r, i) the query target's id of query i and
+    /// key j0 + r (rows(..., transposed = true) at [i, j0 + r]); on tokens of one set row j of the
+    /// ids, id(j0 + r, i). Fills `buf` (count·L) unless stored rows serve (table storage, same Id).
+    template <class Id>
+    const Id* key_rows(int table, std::int64_t j0, std::int64_t count, Id* buf) const {
+        if (!box_ || key_positions_.empty()) return rows<Id>(table, j0, count, false, buf);
+        const detail::id_grid g = grid();
+        const detail::id_positions p{query_.data(), key_lin(), base_};
+        const std::int64_t n = length();
+        std::visit(
+            [&](const auto& off) {
+                for (std::int64_t r = 0; r < count; ++r) detail::fill_position_key_row(g, p, n, off.data(), j0 + r, buf + r * n);
+            },
+            offs()[static_cast<std::size_t>(table)]);
         return buf;
     }
 
@@ -223,8 +258,10 @@ public:
     [[nodiscard]] const std::shared_ptr<const bucket_ids>& box() const { return box_; }
     /// @brief At positions: the grid tokens' linear positions in the box's offset space and the
     /// index of offset (0, 0, 0) (detail::id_positions; `key` points at the queries' positions
-    /// when the keys have none of their own), valid while this object lives; with grid() and the
-    /// per-offset ids, id(i, j) = detail::position_id. All null on a grid.
+    /// when the keys have none of their own; N and N_k = key_length() − skip of them), valid
+    /// while this object lives; with grid() and the per-offset ids, id(i, j) =
+    /// detail::position_id, and the query target's id of query i and key j
+    /// detail::position_id(grid(), p.swapped(), off, j, i). All null on a grid.
     [[nodiscard]] detail::id_positions linear_positions() const {
         if (!box_) return {};
         return detail::id_positions{query_.data(), key_lin(), base_};

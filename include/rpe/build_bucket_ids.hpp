@@ -268,23 +268,17 @@ inline position_plan plan_positions(const tensor_ref<const std::int32_t>& q, con
 }
 
 /// @brief Checks the positions of an id build for mapping type M (2 axes, or 3 for a
-/// Mapping3D), `key_positions` (empty: the queries') of the same count, and skip; returns the
-/// plan. @throws as build_bucket_ids(m, positions, key_positions, skip).
+/// Mapping3D), `key_positions` (empty: the queries'; else any count N_k ≥ 1, cross-attention)
+/// and skip; returns the plan. @throws as build_bucket_ids(m, positions, key_positions, skip).
 inline position_plan check_id_positions(const tensor_ref<const std::int32_t>& positions,
                                         const tensor_ref<const std::int32_t>& key_positions, int skip, int axes) {
     require(skip >= 0, "bucket_ids", "skip = ", skip, "; expected >= 0");
     const std::int64_t n = check_positions(positions, axes, -1, "bucket_ids", "positions");
-    if (key_positions.data != nullptr || key_positions.rank != 0) {
-        if (key_positions.rank == 2 && key_positions.extent(1) == axes && key_positions.extent(0) >= 1 &&
-            key_positions.extent(0) != n)
-            throw not_supported(message("bucket_ids", "key_positions has shape ", key_positions.shape_string(), " and positions ",
-                                        positions.shape_string(),
-                                        ": queries and keys of different lengths (rectangular ids) are not supported; expected ",
-                                        n, " key positions"));
-        (void)check_positions(key_positions, axes, n, "bucket_ids", "key_positions", "the number of positions");
-    }
-    if (skip + n > std::numeric_limits<int>::max())
-        throw out_of_range(message("bucket_ids", "L = skip + N = ", skip, " + ", n, "; expected L < 2^31"));
+    std::int64_t nk = n;
+    if (key_positions.data != nullptr || key_positions.rank != 0)
+        nk = check_positions(key_positions, axes, -1, "bucket_ids", "key_positions");
+    if (skip + std::max(n, nk) > std::numeric_limits<int>::max())
+        throw out_of_range(message("bucket_ids", "L = skip + N = ", skip, " + ", std::max(n, nk), "; expected L < 2^31"));
     return plan_positions(positions, key_positions.data != nullptr ? key_positions : tensor_ref<const std::int32_t>{}, axes);
 }
 
@@ -302,8 +296,11 @@ position_plan check_id_positions(const tensor_ref<const std::int32_t>& positions
 /// bucket_cache::get(m, positions, skip), which shares them per mapping and bounding box).
 ///
 /// `positions`: (N, 2) int32 (row, col) for a 2D mapping, (N, 3) (t, row, col) for a Mapping3D,
-/// contiguous, in any order (repeats allowed); `key_positions`: the keys' (N, A), or empty for
-/// the queries' (self-attention). Id (i, j) of grid tokens is the mapping's id of the offset
+/// contiguous, in any order (repeats allowed); `key_positions`: the keys' (N_k, A), or empty for
+/// the queries' (self-attention). N_k may differ from N (cross-attention): the ids are then
+/// (L, L_k), L = skip + N queries by L_k = skip + N_k keys (bucket_ids::key_length()), the skip
+/// tokens first in both, and equal the query rows and key columns of the self-attention ids over
+/// both sets together. Id (i, j) of grid tokens is the mapping's id of the offset
 /// `pos_i − kpos_j` (t, row, col); pairs touching an extra token get the extra ids, as on a
 /// grid. Positions equal to a grid's coordinates (token skip + r·W + c at (r, c)) give that
 /// grid's ids exactly; any translation of all positions gives the same ids.
@@ -314,8 +311,7 @@ position_plan check_id_positions(const tensor_ref<const std::int32_t>& positions
 ///   integer coordinates (row, col) for a 2D mapping` (also key_positions, a null or strided
 ///   buffer), `positions[i, a] = v; expected |value| <= rpe::max_position = 1048576`, skip < 0,
 ///   invalid mapping parameters, a box the mapping rejects (its validate_grid, e.g. larger than a
-///   Swin window); rpe::not_supported when key_positions holds another number of tokens
-///   (rectangular ids); rpe::out_of_range for L ≥ 2^31 or a box whose per-offset ids exceed
+///   Swin window); rpe::out_of_range for L ≥ 2^31 or a box whose per-offset ids exceed
 ///   bucket_ids::max_bytes / 16, or as build_bucket_ids for a faulty custom mapping.
 /// Thread-safety: reentrant.
 template <GridMapping M>

@@ -137,7 +137,7 @@ public:
                                                                     bucket_cache& cache = bucket_cache::global()) const {
         return cache.get(mapping_, positions, layout_.skip);
     }
-    /// @brief As above with the keys at `key_positions` (same N; queries at `positions`).
+    /// @brief As above with the keys at `key_positions` (N_k ≥ 1 of them: (L, L_k) ids when N_k ≠ N; queries at `positions`).
     /// @throws as bucket_cache::get(m, positions, key_positions, skip).
     [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(tensor_ref<const std::int32_t> positions,
                                                                     tensor_ref<const std::int32_t> key_positions,

@@ -172,7 +172,7 @@ public:
         return bucket_ids(1, height, width, id_storage::automatic);
     }
     /// @brief The bucket ids of this term's skip tokens followed by tokens at per-token positions:
-    /// `positions` (N, position_axes()) int32, `key_positions` the keys' (same N) or empty for the
+    /// `positions` (N, position_axes()) int32, `key_positions` the keys' (any N_k ≥ 1: (L, L_k) ids) or empty for the
     /// queries'; see rpe::build_bucket_ids(m, positions, key_positions, skip). The bounding box's
     /// per-offset ids come from the id source's cache; the returned ids are not cached.
     /// @throws as bucket_cache::get(m, positions, key_positions, skip).

@@ -229,12 +229,22 @@ TEST_CASE("positions: irregular positions and key positions give the mapping's i
     // hand-checked values: pairs (1, 2) offset (-5, -1) -> |6| -> g(6) = 3; (1, 4) same position -> 0
     CHECK(ids->at(0, 1, 2) == 3);
     CHECK(ids->at(0, 1, 4) == 0);
-    // the transposed rows (query target) of key positions: entry (i, j) is id(j, i)
+    // the transposed rows (query target) of key positions: entry (i, j) is the id of the key's offset
+    // from the query, kpos_j − qpos_i (id(j, i) of self-attention over queries and keys together)
     std::vector<std::uint8_t> buf(static_cast<std::size_t>((skip + n) * (skip + n)));
     const std::uint8_t* r = cross->rows<std::uint8_t>(0, 0, skip + n, true, buf.data());
     int wrong = 0;
     for (int i = 0; i < skip + n; ++i)
-        for (int j = 0; j < skip + n; ++j) wrong += r[i * (skip + n) + j] != cross->at(0, j, i);
+        for (int j = 0; j < skip + n; ++j) {
+            const auto a = static_cast<std::size_t>(2 * (i - skip)), b = static_cast<std::size_t>(2 * (j - skip));
+            const int want = i < skip || j < skip ? extra : m.bucket(k[b] - q[a], k[b + 1] - q[a + 1]);
+            wrong += r[i * (skip + n) + j] != want;
+        }
+    CHECK(wrong == 0);
+    // on tokens of one set it is id(j, i)
+    const std::uint8_t* rs = ids->rows<std::uint8_t>(0, 0, skip + n, true, buf.data());
+    for (int i = 0; i < skip + n; ++i)
+        for (int j = 0; j < skip + n; ++j) wrong += rs[i * (skip + n) + j] != ids->at(0, j, i);
     CHECK(wrong == 0);
     // the bias term over these ids: out[0, 0, i, j] = table[0, id(i, j)]
     std::vector<double> table(static_cast<std::size_t>(term.num_buckets()));
@@ -494,20 +504,15 @@ TEST_CASE("positions: bad positions throw naming the parameter and its value") {
             build(pos_ref(far.data(), {3, 2}));
         },
         "[rpe.bucket_ids] positions span a 1x1048577x1048581 box"));
-    // key positions: same shape, else rectangular ids (not supported)
-    CHECK_THROWS_AS((void)rpe::build_bucket_ids(product19, pos_ref(p.data(), {3, 2}), pos_ref(p.data(), {2, 2}), 0),
-                    rpe::not_supported);
-    CHECK(rpe_test::throws_with(
-        [&] {
-            (void)rpe::build_bucket_ids(product19, pos_ref(p.data(), {3, 2}), pos_ref(p.data(), {2, 2}), 0);
-        },
-        "[rpe.bucket_ids] key_positions has shape (2, 2) and positions (3, 2): queries and keys of different lengths "
-        "(rectangular ids) are not supported"));
+    // key positions of another count: (L, L_k) ids (tests/unit/test_irpe_cross.cpp); the mapping's axes still
+    const auto rect = rpe::build_bucket_ids(product19, pos_ref(p.data(), {3, 2}), pos_ref(p.data(), {2, 2}), 0);
+    CHECK(rect->length() == 3);
+    CHECK(rect->key_length() == 2);
     CHECK(rpe_test::throws_with(
         [&] {
             (void)rpe::build_bucket_ids(product19, pos_ref(p.data(), {3, 2}), pos_ref(p.data(), {2, 3}), 0);
         },
-        "[rpe.bucket_ids] key_positions has shape (2, 3); expected (3 = the number of positions, 2)"));
+        "[rpe.bucket_ids] key_positions has shape (2, 3); expected (N >= 1, 2) integer coordinates (row, col)"));
     // a grid-only access of ids at positions
     const auto ids = rpe::build_bucket_ids(product19, pos_ref(p.data(), {3, 2}), 0);
     CHECK(rpe_test::throws_with([&] { ids->visit(0, [](const auto*) { return 0; }); }, "visit() needs table storage"));

@@ -87,18 +87,23 @@ RPE_HOST_DEVICE void fill_id_row(const id_grid& g, const Src* off, std::int64_t 
 /// linear index into the per-offset ids of a T × H × W box (the bounding box of the positions),
 /// `lin = t·(2H−1)(2W−1) + r·(2W−1) + c` for box coordinates (t, r, c) (each ≥ 0), so that the
 /// per-offset index of query i and key j is `base + lin_q[i] − lin_k[j]` with `base` the index of
-/// offset (0, 0, 0). `key` may equal `query` (self-attention: one position per token).
+/// offset (0, 0, 0). `key` may equal `query` (self-attention: one position per token); the keys
+/// may number another count than the queries (cross-attention, L_k ≠ L).
 struct id_positions {
     const std::int64_t* query = nullptr;  ///< (N) linear positions of the queries' grid tokens
-    const std::int64_t* key = nullptr;    ///< (N) linear positions of the keys' grid tokens
+    const std::int64_t* key = nullptr;    ///< (N_k) linear positions of the keys' grid tokens
     std::int64_t base = 0;                ///< per-offset index of offset (0, 0, 0): ((T−1)(2H−1) + H−1)(2W−1) + W−1
+    /// @brief The query target's view (rpe::target::query reads id(j, i) of self-attention, the
+    /// offset of the key relative to the query): queries and keys swapped, so that
+    /// position_id(g, p.swapped(), off, j, i) is the id of offset kpos_j − qpos_i for query i and key j.
+    RPE_HOST_DEVICE constexpr id_positions swapped() const { return id_positions{key, query, base}; }
 };
 
 /// @brief Id of pair (i, j) of tokens at positions (skip extra tokens, then grid tokens at the
 /// linear positions `p`) from the per-offset ids `off`: the extra ids when i or j is an extra
 /// token, else `off[base + query[i − skip] − key[j − skip]]` (the offset qpos_i − kpos_j). The
 /// same id as rpe::bucket_ids::at at positions and fill_position_row; the CUDA attention's
-/// kernels read ids at positions through it.
+/// kernels read ids at positions through it (the query target with p.swapped(), as j, i).
 template <class Src>
 RPE_HOST_DEVICE constexpr std::int64_t position_id(const id_grid& g, const id_positions& p, const Src* off, std::int64_t i,
                                                    std::int64_t j) {
@@ -106,8 +111,11 @@ RPE_HOST_DEVICE constexpr std::int64_t position_id(const id_grid& g, const id_po
                                       : static_cast<std::int64_t>(off[p.base + p.query[i - g.skip] - p.key[j - g.skip]]);
 }
 
-/// @brief Row i of the ids of tokens at positions (id(i, j) for every key j; with `transposed`
-/// id(j, i)) from the per-offset ids `off` into `dst` (L = skip + N entries). `g` gives skip and
+/// @brief Row i of the ids of tokens at positions into `dst` (`n` = L_k = skip + N_k entries, one
+/// per key j), from the per-offset ids `off`: id(i, j), the offset qpos_i − kpos_j; with
+/// `transposed` the query target's id of query i and key j, the offset kpos_j − qpos_i with the
+/// extra ids' roles swapped (on tokens of one set, id(j, i): the reference's rpe_q; with keys
+/// apart, what self-attention over queries and keys together gives that pair). `g` gives skip and
 /// the extra ids (its depth, height and width are the box's, unused here).
 template <class Id, class Src>
 RPE_HOST_DEVICE void fill_position_row(const id_grid& g, const id_positions& p, std::int64_t n, const Src* off, std::int64_t i,
@@ -119,10 +127,20 @@ RPE_HOST_DEVICE void fill_position_row(const id_grid& g, const id_positions& p, 
     if (!transposed) {  // id(i, j): offset q_i − k_j
         const Src* src = off + p.base + p.query[i - skip];
         for (std::int64_t j = 0; j < m; ++j) out[j] = static_cast<Id>(src[-p.key[j]]);
-    } else {  // id(j, i): offset q_j − k_i
-        const Src* src = off + p.base - p.key[i - skip];
-        for (std::int64_t j = 0; j < m; ++j) out[j] = static_cast<Id>(src[p.query[j]]);
+    } else {  // the query target: offset k_j − q_i
+        const Src* src = off + p.base - p.query[i - skip];
+        for (std::int64_t j = 0; j < m; ++j) out[j] = static_cast<Id>(src[p.key[j]]);
     }
+}
+
+/// @brief Row j of the query target's ids in key order at positions (`n` = L = skip + N entries,
+/// one per query i): the query target's id of query i and key j (fill_position_row with
+/// `transposed`), the offset kpos_j − qpos_i; on tokens of one set, id(j, i) for every i (row j of
+/// the ids).
+template <class Id, class Src>
+RPE_HOST_DEVICE void fill_position_key_row(const id_grid& g, const id_positions& p, std::int64_t n, const Src* off,
+                                           std::int64_t j, Id* dst) {
+    fill_position_row(g, p.swapped(), n, off, j, false, dst);
 }
 
 }  // namespace rpe::detail

@@ -25,7 +25,8 @@ namespace rpe::detail {
 struct term_dims {
     std::int64_t batch = 1;        ///< B
     std::int64_t heads = 1;        ///< H
-    std::int64_t length = 0;       ///< L
+    std::int64_t length = 0;       ///< L (queries: rows of the ids)
+    std::int64_t key_length = 0;   ///< L_k (keys: columns of the ids; L unless keys at positions of another count)
     std::int64_t dim = 1;          ///< D (head dim)
     std::int64_t buckets = 0;      ///< K (extra bucket included)
     std::int64_t table_heads = 1;  ///< Ht
@@ -116,8 +117,9 @@ bool is_empty_view(const tensor_ref<T>& t) {
     return t.data == nullptr && t.rank == 0;
 }
 
-/// @brief Checks ids, tables, x and the (L, L)- or (L, D)-shaped buffer `y` (out or grad_out) of a
-/// term call; returns the kernel sizes. `mapping`: the term's mapping key (ids must hold it).
+/// @brief Checks ids, tables, x and the (L, L_k)- or (L, D)-shaped buffer `y` (out or grad_out) of
+/// a term call (L_k = ids.key_length(), L unless keys at positions of another count: then x is
+/// (B, H, L_k, D) for the query target, whose x is k); returns the kernel sizes. `mapping`: the term's mapping key (ids must hold it).
 /// @throws rpe::invalid_argument `[rpe.term] ...` naming the argument and its shape.
 template <class S>
 term_dims check_term_call(const term_layout& lay, const mapping_key_base& mapping, const bucket_ids& ids,
@@ -132,9 +134,11 @@ term_dims check_term_call(const term_layout& lay, const mapping_key_base& mappin
     require(ids.skip() == lay.skip, "term", "bucket ids have skip = ", ids.skip(), "; expected this term's skip = ", lay.skip);
     require(ids.num_tables() == lay.num_tables, "term", "bucket ids hold ", ids.num_tables(), " tables; expected ",
             lay.num_tables);
-    const std::int64_t n = ids.length();
+    const std::int64_t n = ids.length(), nk = ids.key_length();
     term_dims d;
     d.length = n;
+    d.key_length = nk;
+    const auto lengths = [&] { return n == nk ? concat("L = ", n) : concat("L = ", n, ", L_k = ", nk); };  // on failure only
     d.buckets = lay.num_buckets;
     d.dim = lay.head_dim;
     d.heads = lay.num_heads;
@@ -145,22 +149,26 @@ term_dims check_term_call(const term_layout& lay, const mapping_key_base& mappin
         require_extents(tables[static_cast<std::size_t>(t)], table_shape, "term", table_name(lay.num_tables, t));
     if (lay.bias) {
         if (!(y.rank == 4 && y.extent(0) >= 1 && (y.extent(1) == d.table_heads || y.extent(1) == d.heads) && y.extent(2) == n &&
-              y.extent(3) == n))
+              y.extent(3) == nk))
             throw invalid_argument(
                 message("term", y_name, " has shape ", y.shape_string(), "; expected (B >= 1, ",
                         (d.heads == d.table_heads ? std::to_string(d.heads)
                                                   : std::to_string(d.heads) + " or " + std::to_string(d.table_heads)),
-                        ", L, L) with L = ", n, " (bucket ids: skip ", ids.skip(), " + ", ids.grid_string(), ")"));
+                        n == nk ? ", L, L) with " : ", L, L_k) with ", lengths(), " (bucket ids: skip ", ids.skip(), " + ",
+                        ids.grid_string(), ")"));
         require(is_empty_view(x), "term", "x must be empty ({}) in bias mode: the bias term does not read an input");
         d.batch = y.extent(0);
     } else {
-        const bool value = lay.target == rpe::target::value;
-        const std::int64_t x_last = value ? n : d.dim;
-        if (!(x.rank == 4 && x.extent(0) >= 1 && x.extent(1) == d.heads && x.extent(2) == n && x.extent(3) == x_last))
-            throw invalid_argument(message("term", "x has shape ", x.shape_string(), "; expected (B >= 1, ", d.heads, ", ", n,
-                                           ", ", x_last, ") with L = ", n, " = skip ", ids.skip(), " + ", ids.grid_string()));
+        const bool value = lay.target == rpe::target::value, query = lay.target == rpe::target::query;
+        // x: a (L, L_k) for v, q (L rows) for the key target, k (L_k rows) for the query target
+        const std::int64_t x_rows = query ? nk : n, x_last = value ? nk : d.dim;
+        if (!(x.rank == 4 && x.extent(0) >= 1 && x.extent(1) == d.heads && x.extent(2) == x_rows && x.extent(3) == x_last))
+            throw invalid_argument(message("term", "x has shape ", x.shape_string(), "; expected (B >= 1, ", d.heads, ", ",
+                                           x_rows, ", ", x_last, ") with ", lengths(),
+                                           n == nk ? " = skip " : " (bucket ids: skip ", ids.skip(), " + ", ids.grid_string(),
+                                           n == nk ? "" : ")"));
         d.batch = x.extent(0);
-        const std::array<std::int64_t, 4> y_shape{d.batch, d.heads, n, value ? d.dim : n};
+        const std::array<std::int64_t, 4> y_shape{d.batch, d.heads, n, value ? d.dim : nk};
         require_extents(y, y_shape, "term", y_name);
         check_nonnull(x, "term", "x");
     }

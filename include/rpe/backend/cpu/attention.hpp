@@ -61,7 +61,7 @@ template <class S, class Id>
 struct fused_table {
     cpu::id_rows<Id> rows;     // id(i, j) for k and v; id(j, i) at [i, j] for q (transposed)
     int slot = 0;              // index of this table's block of ids (see load_block_ids)
-    const Id* full = nullptr;  // (L, L) ids made once per call (see materialise_ids), or null
+    const Id* full = nullptr;  // (L, L_k) ids made once per call (see materialise_ids), or null
     const S* table = nullptr;  // bias (Ht, K); contextual q/k (Ht, D, K); v (Ht, K, D)
     S* grad = nullptr;         // same shape as table, or null
     std::int64_t table_heads = 1;
@@ -76,8 +76,8 @@ struct fused_table {
 
 template <class S, class Id>
 struct fused_plan {
-    // l: queries; lk: keys and values (lk = l whenever a term is attached: the ids are (l, l), and
-    // the id rows below are l apart)
+    // l: queries; lk: keys and values; with a term attached the ids are (l, lk) (keys of another
+    // count at positions: cross-attention), their rows lk apart
     std::int64_t b = 0, h = 0, l = 0, d = 0, k = 0, rb = 0, lk = 0;
     S scale = 1;
     std::vector<fused_table<S, Id>> on_q, on_k, on_v;
@@ -147,40 +147,41 @@ void add_tables(fused_plan<S, Id>& plan, const attention_term<S>& slot, const st
     }
 }
 
-// Points blk[t.slot] at the (rb, L) ids of rows [i0, i0 + rb) of every table (stored rows, rows
-// made once per call, or rows made into buf, rb_max·L ids per table).
+// Points blk[t.slot] at the (rb, L_k) ids of rows [i0, i0 + rb) of every table (stored rows, rows
+// made once per call, or rows made into buf, rb_max·L_k ids per table).
 template <class S, class Id>
 void load_block_ids(const fused_plan<S, Id>& plan, std::int64_t i0, std::int64_t rb, Id* buf, const Id** blk) {
     for (const auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
         for (const auto& t : *group)
-            blk[t.slot] = t.full ? t.full + i0 * plan.l : t.rows(i0, rb, buf + t.slot * plan.rb * plan.l);
+            blk[t.slot] = t.full ? t.full + i0 * plan.lk : t.rows(i0, rb, buf + t.slot * plan.rb * plan.lk);
 }
 
 // Ids that every (batch, head) plane would otherwise make again row by row (the query target's
 // transposed order, a narrower stored type, on-the-fly storage) are made once per call into an
-// (L, L) buffer when it takes at most this many bytes per table.
+// (L, L_k) buffer when it takes at most this many bytes per table.
 inline constexpr std::int64_t materialise_ids_bytes = std::int64_t{16} << 20;
 
 template <class S, class Id>
-bool needs_materialising(const fused_table<S, Id>& t, std::int64_t n, std::int64_t planes) {
+bool needs_materialising(const fused_table<S, Id>& t, std::int64_t n, std::int64_t nk, std::int64_t planes) {
     const bool direct = !t.rows.transposed && t.rows.ids->storage_kind() == id_storage::table &&
                         t.rows.ids->id_bytes() == static_cast<int>(sizeof(Id));
-    return !direct && planes > 1 && n * n * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
+    return !direct && planes > 1 && n * nk * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
 }
 
-// Declares the (L, L) buffers of the tables that need them (needs_materialising).
+// Declares the (L, L_k) buffers of the tables that need them (needs_materialising).
 template <class S, class Id>
 std::vector<cpu::shared_scratch<Id>> declare_full_ids(const fused_plan<S, Id>& plan, cpu::workspace& ws) {
     std::vector<cpu::shared_scratch<Id>> out;
     for (const auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
-        for (const auto& t : *group) out.emplace_back(ws, needs_materialising(t, plan.l, plan.b * plan.h) ? plan.l * plan.l : 0);
+        for (const auto& t : *group)
+            out.emplace_back(ws, needs_materialising(t, plan.l, plan.lk, plan.b * plan.h) ? plan.l * plan.lk : 0);
     return out;
 }
 
 // Fills the buffers declared by declare_full_ids (after ws.allocate()) and points the tables at them.
 template <class S, class Id>
 void materialise_ids(fused_plan<S, Id>& plan, const std::vector<cpu::shared_scratch<Id>>& full) {
-    const std::int64_t n = plan.l;
+    const std::int64_t n = plan.l, nk = plan.lk;
     std::size_t next = 0;
     for (auto* group : {&plan.on_q, &plan.on_k, &plan.on_v})
         for (auto& t : *group) {
@@ -191,8 +192,8 @@ void materialise_ids(fused_plan<S, Id>& plan, const std::vector<cpu::shared_scra
 #pragma omp parallel for schedule(static) if (n > 64)
 #endif
             for (std::int64_t i = 0; i < n; ++i) {
-                const Id* r = t.rows(i, 1, dst + i * n);
-                if (r != dst + i * n) std::copy(r, r + n, dst + i * n);
+                const Id* r = t.rows(i, 1, dst + i * nk);
+                if (r != dst + i * nk) std::copy(r, r + nk, dst + i * nk);
             }
             t.full = dst;
         }
@@ -207,17 +208,17 @@ struct block_layout {
     // value terms' per-bucket sums there)
     std::int64_t ld = 0;
     bool folded_k = false;
-    // per on_q table: its key-order ids (L, L), [j, i] = id(j, i) (contextual tables, AVX-512F
-    // float only), or null: the per-row gathers
+    // per on_q table: its key-order ids (L_k, L), [j, i] = the query target's id of query i and
+    // key j (contextual tables, AVX-512F float only), or null: the per-row gathers
     const Id* const* qid = nullptr;
-    S* g = nullptr;                                  // with qid: scratch of L·query_chunk values
+    S* g = nullptr;                                  // with qid: scratch of L_k·query_chunk values
     static constexpr std::int64_t query_chunk = 32;  // rows per transposed lookup (a multiple of 16)
 };
 
 // Logits of rows [i0, i0 + rb) of plane p into lg (rb, L), then the masked softmax in place.
 // qs_blk (rb, D) are the scaled queries of those rows; tq holds the plane's products for the
 // contextual q tables (plane_query_products); blk the block's ids per table (load_block_ids).
-// Only the plane's first nk = plan.keys(p) keys are computed: lg is (rb, nk), the ids' rows stay L apart.
+// Only the plane's first nk = plan.keys(p) keys are computed: lg is (rb, nk), the ids' rows stay L_k apart.
 // logits_given: lg already holds qs·kᵀ (the bf16 forward's own product, or the forward's folded
 // product, see block_layout); only the terms, masks and softmax follow. keys: the plane's keys
 // (L, D) contiguous (the forward's rotated keys of this plane, rotate_plane_keys), or null:
@@ -228,7 +229,8 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
                          bool logits_given = false, const S* keys = nullptr, const block_layout<S, Id>* lay = nullptr) {
     using cpu::cmap;
     using cpu::map;
-    const std::int64_t n = plan.l, nk = plan.keys(p), d = plan.d, h = p % plan.h;  // n: the id rows' stride
+    // n: queries (the key-order ids' stride); ni = L_k: the id rows' stride and the q products' rows
+    const std::int64_t n = plan.l, ni = plan.lk, nk = plan.keys(p), d = plan.d, h = p % plan.h;
     const std::int64_t ld = lay && lay->ld > 0 ? lay->ld : nk;
     const bool folded = lay && lay->folded_k;
     if (!logits_given) {
@@ -257,7 +259,7 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
             for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
                 const auto& t = plan.on_q[q];
                 if (t.bias || !lay->qid[q] || q >= 64) continue;
-                const S* w = tq + static_cast<std::int64_t>(q) * n * plan.k;
+                const S* w = tq + static_cast<std::int64_t>(q) * ni * plan.k;
                 constexpr std::int64_t cr_max = block_layout<S, Id>::query_chunk;
                 for (std::int64_t c0 = 0; c0 < rb; c0 += cr_max) {
                     const std::int64_t cr = std::min(cr_max, rb - c0);
@@ -281,15 +283,15 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
                 off += rb * t.k;
                 col += t.k;
             }
-            cpu::gather_add(row, w, t.k, blk[t.slot] + i * n, nk);
+            cpu::gather_add(row, w, t.k, blk[t.slot] + i * ni, nk);
         }
         for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
             const auto& t = plan.on_q[q];
-            const Id* ids = blk[t.slot] + i * n;  // transposed: [i, j] holds id(j, i)
+            const Id* ids = blk[t.slot] + i * ni;  // transposed: [i, j] holds id(j, i)
             if (t.bias)
                 cpu::gather_add(row, t.table + t.head(h) * t.k, t.k, ids, nk);
             else if (q >= 64 || !((looked_up >> q) & 1u))
-                cpu::gather_add_strided(row, tq + static_cast<std::int64_t>(q) * n * plan.k, t.k, ids, nk);
+                cpu::gather_add_strided(row, tq + static_cast<std::int64_t>(q) * ni * plan.k, t.k, ids, nk);
         }
         if (in.attn_mask.data)
             map<S>(row, 1, nk).array() += cmap<S>(in.attn_mask.data + (i0 + i) * in.attn_mask.stride(0), 1, nk).array();
@@ -297,12 +299,12 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
     }
 }
 
-// Per plane: (k·s)·table_q[h'] (L, K) (k: plan.kv, the rotated copy with RoPE) of every contextual q table q, at buf + q·L·K (K = plan.k).
+// Per plane: (k·s)·table_q[h'] (L_k, K) (k: plan.kv, the rotated copy with RoPE) of every contextual q table q, at buf + q·L_k·K (K = plan.k).
 template <class S, class Id>
 void plane_query_products(const fused_plan<S, Id>& plan, std::int64_t p, S* ks, S* buf) {
     using cpu::cmap;
     using cpu::map;
-    const std::int64_t n = plan.l, nk = plan.keys(p), d = plan.d, h = p % plan.h;  // rows of keys >= nk are not read
+    const std::int64_t n = plan.lk, nk = plan.keys(p), d = plan.d, h = p % plan.h;  // rows of keys >= nk are not read
     bool have_ks = false;
     for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
         const auto& t = plan.on_q[q];
@@ -322,11 +324,11 @@ bool has_contextual_query(const fused_plan<S, Id>& plan) {
     return std::any_of(plan.on_q.begin(), plan.on_q.end(), [](const auto& t) { return !t.bias; });
 }
 
-// The contextual q products of every plane, (planes, nq, L, K), into tq, computed once before
-// the row blocks (which may run on different threads); ks_s: (L, D) per thread.
+// The contextual q products of every plane, (planes, nq, L_k, K), into tq, computed once before
+// the row blocks (which may run on different threads); ks_s: (L_k, D) per thread.
 template <class S, class Id>
 void all_query_products(const fused_plan<S, Id>& plan, const cpu::thread_scratch<S>& ks_s, S* tq) {
-    const std::int64_t n = plan.l, planes = plan.b * plan.h;
+    const std::int64_t n = plan.lk, planes = plan.b * plan.h;
     const std::int64_t per_plane = static_cast<std::int64_t>(plan.on_q.size()) * n * plan.k;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
@@ -419,7 +421,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         x.first = items;
         items += x.items;
         x.ctx_q = has_contextual_query(plan);
-        x.tq_per_plane = x.ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * n * plan.k : 0;
+        x.tq_per_plane = x.ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * nkeys * plan.k : 0;
         // RoPE keys: rotated plane by plane into the thread's (L, D) buffer as its blocks are taken
         // (still in cache for the logits' product), unless the contextual q products, computed
         // before the row blocks, need every plane's rotated keys first (then one (B, H, L, D) copy)
@@ -442,13 +444,13 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         // contextual query tables: key-order ids made once per call where they fit (as the
         // materialised ids), then per block a lookup by key and a transposed add (block_layout)
         x.q_lookup =
-            std::is_same_v<S, float> && x.ctx_q && n * n * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
-        g_max = std::max(g_max, x.q_lookup ? n * block_layout<S, Id>::query_chunk : 0);
+            std::is_same_v<S, float> && x.ctx_q && n * nkeys * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
+        g_max = std::max(g_max, x.q_lookup ? nkeys * block_layout<S, Id>::query_chunk : 0);
 #endif
         // work: (rb, K) per-bucket values, two side by side for Cross's two key tables
         work_max = std::max(work_max, 2 * rb_max * std::max<std::int64_t>(plan.k, 1));
         qs_max = std::max(qs_max, rb_max * plan.d);
-        ids_max = std::max(ids_max, plan.tables * rb_max * n);
+        ids_max = std::max(ids_max, plan.tables * rb_max * nkeys);
         ks_max = std::max(ks_max, x.ctx_q ? nkeys * plan.d : 0);
         tables_max = std::max(tables_max, plan.tables);
     }
@@ -460,7 +462,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
     for (auto& x : st) {
         const std::int64_t planes = x.plan.b * x.plan.h;
         const std::int64_t nq_ctx = std::count_if(x.plan.on_q.begin(), x.plan.on_q.end(), [](const auto& t) { return !t.bias; });
-        qid_s.emplace_back(ws, x.q_lookup ? nq_ctx * x.plan.l * x.plan.l : 0);
+        qid_s.emplace_back(ws, x.q_lookup ? nq_ctx * x.plan.l * x.plan.lk : 0);
         tq_s.emplace_back(ws, planes * x.tq_per_plane);
         kr_s.emplace_back(ws, x.plan.rope && !x.keys_per_plane ? planes * x.plan.lk * x.plan.d : 0);
         full_ids.push_back(declare_full_ids(x.plan, ws));
@@ -479,13 +481,13 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         auto& plan = st[m].plan;
         qid[m].assign(plan.on_q.size(), nullptr);
         if (st[m].q_lookup) {
-            const std::int64_t n = plan.l;
+            const std::int64_t n = plan.l, nk = plan.lk;
             Id* next = qid_s[m].data();
             for (std::size_t t = 0; t < plan.on_q.size(); ++t) {
                 if (plan.on_q[t].bias) continue;
-                cpu::key_order_ids(plan.on_q[t].rows, n, next);
+                cpu::key_order_ids(plan.on_q[t].rows, n, nk, next);
                 qid[m][t] = next;
-                next += n * n;
+                next += n * nk;
             }
         }
         materialise_ids(plan, full_ids[m]);
@@ -566,7 +568,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             } else if (vfold) {  // out = [a | per-bucket sums of a]·[v; table_v]
                 std::int64_t col = nk;
                 for (const auto& t : plan.on_v) {
-                    cpu::scatter_rows4(lg, ld, blk[t.slot], n, rb, nk, t.k, part, lg + col, ld);
+                    cpu::scatter_rows4(lg, ld, blk[t.slot], plan.lk, rb, nk, t.k, part, lg + col, ld);
                     col += t.k;
                 }
                 o.noalias() =
@@ -590,8 +592,8 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
     fused_forward<S, Id>(std::vector<forward_part<S>>{{&in, ids, out}}, attn, opt);
 }
 
-// The contextual q terms' key gradients (added into gk, (L, D)) and table partials of plane p
-// from its summed per-(key, bucket) sums gq (one (L, K) block per q table, K = plan.k apart); the
+// The contextual q terms' key gradients (added into gk, (L_k, D)) and table partials of plane p
+// from its summed per-(key, bucket) sums gq (one (L_k, K) block per q table, K = plan.k apart); the
 // table partials go to partial slot `slot`: the plane's first chunk (item `first`), or (`split`:
 // that slot has gone) they are computed in t.plane_partial at the alignment item `first` has in
 // one buffer of every item and copied to `slot`, the plane's last chunk. The plane's other chunks
@@ -601,7 +603,7 @@ void plane_query_gradients(fused_plan<S, Id>& plan, const S* gq, std::int64_t p,
                            std::int64_t first, std::int64_t per_line, GK& gk) {
     using cpu::cmap;
     using cpu::map;
-    const std::int64_t n = plan.l, d = plan.d, k = plan.k, h = p % plan.h;
+    const std::int64_t n = plan.lk, d = plan.d, k = plan.k, h = p % plan.h;  // n: keys
     for (std::size_t q = 0; q < plan.on_q.size(); ++q) {
         auto& t = plan.on_q[q];
         if (t.bias) continue;
@@ -639,10 +641,10 @@ struct backward_layout {
     std::int64_t chunks = 1, blocks_per_chunk = 1, items = 0;
     std::int64_t slots = 0, plane_slots = 0;
     bool split = false;
-    std::int64_t gq_stride = 0;    // per slot: per-(key, bucket) sums of the q tables, nq·L·K
+    std::int64_t gq_stride = 0;    // per slot: per-(key, bucket) sums of the q tables, nq·L_k·K
     std::int64_t gkv_stride = 0;   // per slot: grad_k and grad_v partials, L·D each (chunks > 1)
     std::int64_t item_elems = 0;   // per slot, every partial (table partials included)
-    std::int64_t plane_elems = 0;  // per plane in a wave: recomputed contextual q products, nq·L·K
+    std::int64_t plane_elems = 0;  // per plane in a wave: recomputed contextual q products, nq·L_k·K
     std::int64_t acc_elems = 0;    // split: one plane's accumulator of the per-(key, bucket) sums
     std::int64_t bytes = 0, min_bytes = 0, all_bytes = 0;
     // the offset of item (or plane) e's slot in a wave starting at e, for buffers of `stride`
@@ -658,7 +660,7 @@ backward_layout backward_layout_of(const attention_inputs<S>& in, const attentio
     using value_type = std::conditional_t<std::is_same_v<S, bf16> || std::is_same_v<S, f16>, float, S>;
     lay.per_line = std::max<std::int64_t>(1, 64 / static_cast<std::int64_t>(sizeof(value_type)));
     const std::int64_t planes = in.q.extent(0) * in.q.extent(1), n = in.q.extent(2), d = in.q.extent(3);
-    const std::int64_t nkeys = in.k.extent(2);  // L_k (= n with terms)
+    const std::int64_t nkeys = in.k.extent(2);  // L_k
     std::int64_t k = 0, item = 0, grad_tables = 0, q_partials = 0, q_grad_tables = 0;
     for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
         if (slot->term) k = std::max<std::int64_t>(k, slot->term->num_buckets());
@@ -674,7 +676,7 @@ backward_layout backward_layout_of(const attention_inputs<S>& in, const attentio
             }
     }
     const bool ctx_q = in.rpe_q.term && in.rpe_q.term->contextual();
-    const std::int64_t tq = ctx_q ? in.rpe_q.term->num_tables() * n * k : 0;
+    const std::int64_t tq = ctx_q ? in.rpe_q.term->num_tables() * nkeys * k : 0;
     const std::int64_t rb = row_block_of(opt, n, nkeys), blocks = (n + rb - 1) / rb;
     lay.chunks = planes > 0 ? backward_chunks(planes, blocks) : 1;
     lay.blocks_per_chunk = (blocks + lay.chunks - 1) / lay.chunks;
@@ -722,10 +724,10 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     const cpu::plane_rows_mut<S> gqv(grad_q), gkv(grad_k), gvv(grad_v);
     using cpu::cmap;
     using cpu::map;
-    // n: queries (and the id rows' stride); nkeys: keys and values (= n with terms)
+    // n: queries (and the key-order ids' stride); nkeys: keys and values (and the id rows' stride)
     const std::int64_t n = plan.l, nkeys = plan.lk, d = plan.d, k = plan.k, rb_max = plan.rb, planes = plan.b * plan.h;
     const std::int64_t nq = static_cast<std::int64_t>(plan.on_q.size());
-    const std::int64_t tq_per_plane = nq * n * k;
+    const std::int64_t tq_per_plane = nq * nkeys * k;
     auto table_size = [&](const fused_table<S, Id>& t) { return t.bias ? t.k : d * t.k; };
     const bool ctx_q = has_contextual_query(plan);
     // the contextual q products feed the recomputed probabilities only (none when attn is given)
@@ -749,7 +751,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     cpu::shared_scratch<S> gk_part(ws, padded(lay.slots * lay.gkv_stride)), gv_part(ws, padded(lay.slots * lay.gkv_stride));
     cpu::shared_scratch<S> gq_part(ws, padded(lay.slots * lay.gq_stride)), gq_acc(ws, padded(lay.acc_elems));
     cpu::shared_scratch<S> tq_s(ws, padded(lay.plane_slots * lay.plane_elems));
-    cpu::thread_scratch<S> ks_s(ws, recompute_tq ? n * d : 0);
+    cpu::thread_scratch<S> ks_s(ws, recompute_tq ? nkeys * d : 0);
     // The forward's layout (fused_forward): contextual key tables folded into the logits' product,
     // per plane [k; table_kᵀ] (nk + ΣK, D) in a per-thread buffer, so that the recomputed logits
     // and probabilities are the forward's; lg's and dp's rows ld = lg_stride(nk, ΣK) apart (the
@@ -764,20 +766,20 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     // per key (as the forward) and the per-(key, bucket) sums of dlogits accumulated per key
     bool q_lookup = false;
 #if defined(__AVX512F__)
-    q_lookup = std::is_same_v<S, float> && ctx_q && n * n * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
+    q_lookup = std::is_same_v<S, float> && ctx_q && n * nkeys * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
 #endif
     const std::int64_t nq_ctx = std::count_if(plan.on_q.begin(), plan.on_q.end(), [](const auto& t) { return !t.bias; });
-    cpu::shared_scratch<Id> qid_s(ws, q_lookup ? nq_ctx * n * n : 0);
+    cpu::shared_scratch<Id> qid_s(ws, q_lookup ? nq_ctx * n * nkeys : 0);
     // rows per chunk of the per-key sums (a multiple of 16, at least the lookups' query_chunk): the
     // four partial sums of a key's row are cleared and added once per chunk
     constexpr std::int64_t sum_chunk = 64;
     static_assert(sum_chunk >= block_layout<S, Id>::query_chunk && sum_chunk % 16 == 0);
-    cpu::thread_scratch<S> g_s(ws, q_lookup ? n * sum_chunk : 0);
+    cpu::thread_scratch<S> g_s(ws, q_lookup ? nkeys * sum_chunk : 0);
     cpu::thread_scratch<S> kx_s(ws, fold ? ld_max * d : 0), part_s(ws, 4 * std::max<std::int64_t>(k, 1));
     cpu::thread_scratch<S> lg_s(ws, rb_max * ld_max), dp_s(ws, rb_max * ld_max),
         work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
     cpu::thread_scratch<S> qs_s(ws, rb_max * d), dqs_s(ws, rb_max * d);
-    cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
+    cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * nkeys);
     cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
     // RoPE: rotated keys; rope::mixed with grad_freqs: angle gradients (B·H, grid tokens, D/2)
     const bool rope_freqs = plan.rope && in.rope.grad_freqs.data != nullptr;
@@ -796,8 +798,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     if (q_lookup)
         for (std::size_t t = 0, next = 0; t < plan.on_q.size(); ++t) {
             if (plan.on_q[t].bias) continue;
-            Id* dst = qid_s.data() + static_cast<std::int64_t>(next++) * n * n;
-            cpu::key_order_ids(plan.on_q[t].rows, n, dst);
+            Id* dst = qid_s.data() + static_cast<std::int64_t>(next++) * n * nkeys;
+            cpu::key_order_ids(plan.on_q[t].rows, n, nkeys, dst);
             qid[t] = dst;
         }
     if (rope_freqs) std::fill(ga_s.data(), ga_s.data() + ga_s.count, S(0));
@@ -903,9 +905,10 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         const std::int64_t tk = t.k;
                         const auto tab = cmap<S>(t.table + t.head(h) * tk * d, tk, d);
                         map<S>(work, rb, tk).noalias() = go * tab.transpose();
-                        for (std::int64_t i = 0; i < rb; ++i) cpu::gather_add(dp + i * ld, work + i * tk, tk, idb + i * n, nk);
+                        for (std::int64_t i = 0; i < rb; ++i)
+                            cpu::gather_add(dp + i * ld, work + i * tk, tk, idb + i * nkeys, nk);
                         if (t.grad) {  // per-bucket sums of the probabilities, branch-free
-                            cpu::scatter_rows4(pr, ldp, idb, n, rb, nk, tk, part, work);
+                            cpu::scatter_rows4(pr, ldp, idb, nkeys, rb, nk, tk, part, work);
                             map<S>(t.partial + slot * t.partial_stride, tk, d).noalias() +=
                                 cmap<S>(work, rb, tk).transpose() * go;
                         }
@@ -921,10 +924,11 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         const Id* idb = blk[t.slot];
                         const std::int64_t tk = t.k;
                         if (t.bias) {
-                            if (t.grad) cpu::scatter_sum4(dp, ld, idb, n, rb, nk, tk, part, t.partial + slot * t.partial_stride);
+                            if (t.grad)
+                                cpu::scatter_sum4(dp, ld, idb, nkeys, rb, nk, tk, part, t.partial + slot * t.partial_stride);
                             continue;
                         }
-                        cpu::scatter_rows4(dp, ld, idb, n, rb, nk, tk, part, dp + col, ld);
+                        cpu::scatter_rows4(dp, ld, idb, nkeys, rb, nk, tk, part, dp + col, ld);
                         if (t.grad)
                             map<S>(t.partial + slot * t.partial_stride, d, tk).noalias() +=
                                 cmap<S>(qs, rb, d).transpose() * cpu::cmap_strided<S>(dp + col, rb, tk, Eigen::OuterStride<>(ld));
@@ -944,10 +948,10 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         const Id* idb = blk[t.slot];  // [i, j] holds id(j, i)
                         const std::int64_t tk = t.k;
                         S* acc = t.bias ? (t.grad ? t.partial + slot * t.partial_stride : nullptr)
-                                        : gq + static_cast<std::int64_t>(q) * n * k;
+                                        : gq + static_cast<std::int64_t>(q) * nkeys * k;
                         if (!acc) continue;
                         if (t.bias) {
-                            cpu::scatter_sum4(dp, ld, idb, n, rb, nk, tk, part, acc);
+                            cpu::scatter_sum4(dp, ld, idb, nkeys, rb, nk, tk, part, acc);
                             continue;
                         }
 #if defined(__AVX512F__)
@@ -970,7 +974,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
 #endif
                         // keys j of a row hit different rows of acc: no store-to-load chains, no branch
                         for (std::int64_t i = 0; i < rb; ++i)
-                            for (std::int64_t j = 0; j < nk; ++j) acc[j * tk + idb[i * n + j]] += dp[i * ld + j];
+                            for (std::int64_t j = 0; j < nk; ++j) acc[j * tk + idb[i * nkeys + j]] += dp[i * ld + j];
                     }
                     // RoPE is not combined with packed images: with it, grad_q is contiguous
                     S* gq_rows = gqv.plane(p) + i0r * gqv.sl;

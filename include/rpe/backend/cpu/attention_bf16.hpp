@@ -265,7 +265,7 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
     for (std::size_t t = 0, next = 0; t < plan.on_q.size(); ++t) {
         if (plan.on_q[t].bias || !q_lookup) continue;
         Id* dst = qid_s.data() + static_cast<std::int64_t>(next++) * n * n;
-        cpu::key_order_ids(plan.on_q[t].rows, n, dst);
+        cpu::key_order_ids(plan.on_q[t].rows, n, n, dst);
         qid[t] = dst;
     }
     for (std::size_t t = 0; t < plan.on_q.size(); ++t) {

@@ -2,8 +2,10 @@
 /// @brief CPU kernels of the RPE terms on raw row-major buffers (not API: use rpe::term).
 ///
 /// Shapes in CuTe-like notation. `Ht` table heads (1 when shared), `h' = Ht == 1 ? 0 : h`.
-/// Ids come row by row from an id_rows source (stored or made on the fly, see bucket_ids::rows);
-/// its `transposed` flag selects the query target's pair order: entry (i, j) reads id(j, i).
+/// Ids come row by row from an id_rows source (stored or made on the fly, see bucket_ids::rows),
+/// one row of L_k ids per query; its `transposed` flag selects the query target's pair order:
+/// entry (i, j) reads id(j, i) (keys at positions of another count: the id of offset kpos_j − qpos_i).
+/// L queries, L_k keys (L_k = L but for keys at positions of another count, cross-attention).
 /// Every kernel is parallel over (b, h) with OpenMP when enabled; table gradients are summed
 /// from per-(b, h) partials in a fixed order, so results do not depend on the thread count.
 #pragma once
@@ -88,25 +90,24 @@ struct id_rows {
     const bucket_ids* ids = nullptr;
     int table = 0;
     bool transposed = false;  ///< query target: row i holds id(j, i) for every j
-    /// @brief Rows [i0, i0 + count) as a (count, L) block; `buf` holds count·L ids if needed.
+    /// @brief Rows [i0, i0 + count) as a (count, L_k) block; `buf` holds count·L_k ids if needed.
     const Id* operator()(std::int64_t i0, std::int64_t count, Id* buf) const {
         return ids->template rows<Id>(table, i0, count, transposed, buf);
     }
 };
 
-/// @brief Key-order ids of a query-target id set: dst (L, L) with dst[j·L + i] = id(j, i), row j
-/// the ids of key j's pairs with every query i (the pairs' own order, whatever `rows.transposed`
-/// says), for the contextual query term looked up per key (simd::lookup_rows). Rows made in
-/// parallel over j with OpenMP when L > 64 (each row written by one thread: the same ids for
-/// every thread count).
+/// @brief Key-order ids of a query-target id set: dst (L_k, L) with dst[j·L + i] the query
+/// target's id of query i and key j (id(j, i) on tokens of one set; bucket_ids::key_rows), row j
+/// those of key j's pairs with every query i, for the contextual query term looked up per key
+/// (simd::lookup_rows). `n` = L queries, `nk` = L_k keys. Rows made in parallel over j with
+/// OpenMP when L_k > 64 (each row written by one thread: the same ids for every thread count).
 template <class Id>
-void key_order_ids(const id_rows<Id>& rows, std::int64_t n, Id* dst) {
-    const id_rows<Id> by_key{rows.ids, rows.table, false};  // row j: id(j, ·)
+void key_order_ids(const id_rows<Id>& rows, std::int64_t n, std::int64_t nk, Id* dst) {
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (n > 64)
+#pragma omp parallel for schedule(static) if (nk > 64)
 #endif
-    for (std::int64_t j = 0; j < n; ++j) {
-        const Id* r = by_key(j, 1, dst + j * n);
+    for (std::int64_t j = 0; j < nk; ++j) {
+        const Id* r = rows.ids->template key_rows<Id>(rows.table, j, 1, dst + j * n);
         if (r != dst + j * n) std::copy(r, r + n, dst + j * n);
     }
 }
@@ -142,18 +143,18 @@ inline void scatter_row(const S* g, const Id* r, std::int64_t n, S* o) {
     o[cur] += acc;
 }
 
-/// @brief Key target: S[i, id(i,j)] += g[i,j]; query target: S[j, id(j,i)] += g[i,j].  S: (L, K)
-/// `row` is scratch for one id row (L).
+/// @brief Key target: S[i, id(i,j)] += g[i,j]; query target: S[j, id(j,i)] += g[i,j].  g: (L, L_k);
+/// S: (L, K) for the key target, (L_k, K) for the query target. `row` is scratch for one id row (L_k).
 template <class S, class Id>
-void scatter_add(const S* g, const id_rows<Id>& ids, std::int64_t n, std::int64_t k, Id* row, S* out) {
-    std::fill(out, out + n * k, S(0));
+void scatter_add(const S* g, const id_rows<Id>& ids, std::int64_t n, std::int64_t nk, std::int64_t k, Id* row, S* out) {
+    std::fill(out, out + (ids.transposed ? nk : n) * k, S(0));
     for (std::int64_t i = 0; i < n; ++i) {
-        const S* gi = g + i * n;
+        const S* gi = g + i * nk;
         const Id* r = ids(i, 1, row);
         if (!ids.transposed) {
-            scatter_row(gi, r, n, out + i * k);
+            scatter_row(gi, r, nk, out + i * k);
         } else {
-            for (std::int64_t j = 0; j < n; ++j) out[j * k + r[j]] += gi[j];
+            for (std::int64_t j = 0; j < nk; ++j) out[j * k + r[j]] += gi[j];
         }
     }
 }
@@ -225,28 +226,30 @@ inline void scatter_sum4(const S* g, std::int64_t ldg, const Id* ids, std::int64
     for (std::int64_t b = 0; b < k; ++b) out[b] += (p0[b] + p1[b]) + (p2[b] + p3[b]);
 }
 
-/// @brief Key target: o[i,j] (+)= T[i, id(i,j)]; query target: o[i,j] (+)= T[j, id(j,i)].  T: (L, K),
-/// or with `per_token` false one row (K) shared by all tokens (bias). Vectorised (gather_row), one
-/// pass over the output (written, or added to when `accumulate`).
+/// @brief Key target: o[i,j] (+)= T[i, id(i,j)]; query target: o[i,j] (+)= T[j, id(j,i)].  o: (L, L_k);
+/// T: (L, K) for the key target, (L_k, K) for the query target, or with `per_token` false one row
+/// (K) shared by all tokens (bias). Vectorised (gather_row), one pass over the output (written, or
+/// added to when `accumulate`).
 template <class S, class Id>
-void gather(const S* t, const id_rows<Id>& ids, std::int64_t n, std::int64_t k, bool per_token, bool accumulate, Id* row, S* o) {
+void gather(const S* t, const id_rows<Id>& ids, std::int64_t n, std::int64_t nk, std::int64_t k, bool per_token, bool accumulate,
+            Id* row, S* o) {
     for (std::int64_t i = 0; i < n; ++i) {
-        S* oi = o + i * n;
+        S* oi = o + i * nk;
         const Id* r = ids(i, 1, row);
         if (accumulate) {
             if (!per_token)
-                gather_row<true>(oi, t, k, r, n);
+                gather_row<true>(oi, t, k, r, nk);
             else if (!ids.transposed)
-                gather_row<true>(oi, t + i * k, k, r, n);
+                gather_row<true>(oi, t + i * k, k, r, nk);
             else
-                gather_row_strided<true>(oi, t, k, r, n);
+                gather_row_strided<true>(oi, t, k, r, nk);
         } else {
             if (!per_token)
-                gather_row<false>(oi, t, k, r, n);
+                gather_row<false>(oi, t, k, r, nk);
             else if (!ids.transposed)
-                gather_row<false>(oi, t + i * k, k, r, n);
+                gather_row<false>(oi, t + i * k, k, r, nk);
             else
-                gather_row_strided<false>(oi, t, k, r, n);
+                gather_row_strided<false>(oi, t, k, r, nk);
         }
     }
 }
@@ -266,67 +269,70 @@ void reduce_partials(const S* partial, std::int64_t planes, std::int64_t heads, 
     }
 }
 
-/// @brief Bias forward. table (Ht, K); out (Bo, Ho, L, L) with Ho ∈ {Ht, H}: out[b,h,i,j] (+)= table[h', id].
+/// @brief Bias forward. table (Ht, K); out (Bo, Ho, L, L_k) with Ho ∈ {Ht, H}: out[b,h,i,j] (+)= table[h', id].
 template <class S, class Id>
 void bias_forward(const dims& d, const id_rows<Id>& ids, const S* table, std::int64_t out_batch, std::int64_t out_heads,
                   bool accumulate, S* out) {
-    const std::int64_t n = d.length, planes = out_batch * out_heads;
+    const std::int64_t n = d.length, nk = d.key_length, planes = out_batch * out_heads;
     workspace ws;
-    thread_scratch<Id> row(ws, n);
+    thread_scratch<Id> row(ws, nk);
     ws.allocate();
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (planes > 1 && n * n > 4096)
+#pragma omp parallel for schedule(static) if (planes > 1 && n * nk > 4096)
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         const std::int64_t h = p % out_heads;
         const S* th = table + (d.table_heads == 1 ? 0 : h) * d.buckets;
-        gather(th, ids, n, d.buckets, false, accumulate, row.mine(), out + p * n * n);
+        gather(th, ids, n, nk, d.buckets, false, accumulate, row.mine(), out + p * n * nk);
     }
 }
 
-/// @brief Bias backward. grad (Bo, Ho, L, L) → grad_table (Ht, K) (+)= Σ over pairs, batch and
+/// @brief Bias backward. grad (Bo, Ho, L, L_k) → grad_table (Ht, K) (+)= Σ over pairs, batch and
 /// (for a shared table) heads, accumulated in plane order.
 template <class S, class Id>
 void bias_backward(const dims& d, const id_rows<Id>& ids, const S* grad, std::int64_t grad_batch, std::int64_t grad_heads,
                    bool accumulate, S* grad_table) {
-    const std::int64_t n = d.length, k = d.buckets;
+    const std::int64_t n = d.length, nk = d.key_length, k = d.buckets;
     const std::int64_t planes = grad_batch * grad_heads;
     workspace ws;
     shared_scratch<S> partial_s(ws, planes * k);
-    thread_scratch<Id> row(ws, n);
+    thread_scratch<Id> row(ws, nk);
     ws.allocate();
     S* partial = partial_s.data();
     std::fill(partial, partial + planes * k, S(0));
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (planes > 1 && n * n > 4096)
+#pragma omp parallel for schedule(static) if (planes > 1 && n * nk > 4096)
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         S* acc = partial + p * k;
-        const S* g = grad + p * n * n;
+        const S* g = grad + p * n * nk;
         for (std::int64_t i = 0; i < n; ++i) {
             const Id* r = ids(i, 1, row.mine());
-            scatter_row(g + i * n, r, n, acc);
+            scatter_row(g + i * nk, r, nk, acc);
         }
     }
     reduce_partials(partial, planes, grad_heads, d.table_heads, k, accumulate, grad_table);
 }
 
-/// @brief Contextual q/k forward (paper eqs. 15–16): per (b, h) T = x·table[h'] (L, K), then
-/// gather. x (B, H, L, D); table (Ht, D, K); out (B, H, L, L). O(B·H·L·D·K + B·H·L²).
+/// @brief Contextual q/k forward (paper eqs. 15–16): per (b, h) T = x·table[h'] (X, K), then
+/// gather. x (B, H, X, D) with X = L (key target: x = q) or L_k (query target: x = k); table
+/// (Ht, D, K); out (B, H, L, L_k). O(B·H·X·D·K + B·H·L·L_k).
 template <class S, class Id>
 void contextual_qk_forward(const dims& d, const id_rows<Id>& ids, const S* x, const S* table, bool accumulate, S* out) {
-    const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
+    const std::int64_t n = d.length, nk = d.key_length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
+    const std::int64_t nx = ids.transposed ? nk : n;  // rows of x
     workspace ws;
-    thread_scratch<S> work(ws, n * k);
-    thread_scratch<Id> row(ws, n);
+    thread_scratch<S> work(ws, nx * k);
+    thread_scratch<Id> row(ws, nk);
     ws.allocate();
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
+#pragma omp parallel for schedule(static) if (worth_threads(planes, std::max(n, nk), k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         S* t = work.mine();
-        map<S>(t, n, k).noalias() = cmap<S>(x + p * n * dd, n, dd) * cmap<S>(table + d.table_head(p % d.heads) * dd * k, dd, k);
-        gather(t, ids, n, k, true, accumulate, row.mine(), out + p * n * n);
+        map<S>(t, nx, k).noalias() =
+            cmap<S>(x + p * nx * dd, nx, dd) * cmap<S>(table + d.table_head(p % d.heads) * dd * k, dd, k);
+        gather(t, ids, n, nk, k, true, accumulate, row.mine(), out + p * n * nk);
     }
 }
 
@@ -336,29 +342,30 @@ void contextual_qk_forward(const dims& d, const id_rows<Id>& ids, const S* x, co
 template <class S, class Id>
 void contextual_qk_backward(const dims& d, const id_rows<Id>& ids, const S* x, const S* table, const S* grad, bool accumulate_x,
                             bool accumulate_table, S* grad_x, S* grad_table) {
-    const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
+    const std::int64_t n = d.length, nk = d.key_length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
+    const std::int64_t nx = ids.transposed ? nk : n;  // rows of x: L (key target), L_k (query target)
     workspace ws;
-    thread_scratch<S> work(ws, n * k);
-    thread_scratch<Id> row(ws, n);
+    thread_scratch<S> work(ws, nx * k);
+    thread_scratch<Id> row(ws, nk);
     shared_scratch<S> partial_s(ws, grad_table ? planes * dd * k : 0);
     ws.allocate();
     S* partial = partial_s.data();
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
+#pragma omp parallel for schedule(static) if (worth_threads(planes, std::max(n, nk), k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         S* g = work.mine();
-        scatter_add(grad + p * n * n, ids, n, k, row.mine(), g);
+        scatter_add(grad + p * n * nk, ids, n, nk, k, row.mine(), g);
         const S* th = table + d.table_head(p % d.heads) * dd * k;
         if (grad_x) {
-            map<S> gx(grad_x + p * n * dd, n, dd);
+            map<S> gx(grad_x + p * nx * dd, nx, dd);
             if (accumulate_x)
-                gx.noalias() += cmap<S>(g, n, k) * cmap<S>(th, dd, k).transpose();
+                gx.noalias() += cmap<S>(g, nx, k) * cmap<S>(th, dd, k).transpose();
             else
-                gx.noalias() = cmap<S>(g, n, k) * cmap<S>(th, dd, k).transpose();
+                gx.noalias() = cmap<S>(g, nx, k) * cmap<S>(th, dd, k).transpose();
         }
         if (grad_table)
-            map<S>(partial + p * dd * k, dd, k).noalias() = cmap<S>(x + p * n * dd, n, dd).transpose() * cmap<S>(g, n, k);
+            map<S>(partial + p * dd * k, dd, k).noalias() = cmap<S>(x + p * nx * dd, nx, dd).transpose() * cmap<S>(g, nx, k);
     }
     if (grad_table) {
         reduce_partials(partial, planes, d.heads, d.table_heads, dd * k, accumulate_table, grad_table);
@@ -366,20 +373,20 @@ void contextual_qk_backward(const dims& d, const id_rows<Id>& ids, const S* x, c
 }
 
 /// @brief Contextual value forward (paper eq. 17): S = scatter(a) (L, K); out (+)= S·table[h'].
-/// a (B, H, L, L); table (Ht, K, D); out (B, H, L, D). O(B·H·(L² + L·K·D)).
+/// a (B, H, L, L_k); table (Ht, K, D); out (B, H, L, D). O(B·H·(L·L_k + L·K·D)).
 template <class S, class Id>
 void contextual_v_forward(const dims& d, const id_rows<Id>& ids, const S* a, const S* table, bool accumulate, S* out) {
-    const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
+    const std::int64_t n = d.length, nk = d.key_length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
     workspace ws;
     thread_scratch<S> work(ws, n * k);
-    thread_scratch<Id> row(ws, n);
+    thread_scratch<Id> row(ws, nk);
     ws.allocate();
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
+#pragma omp parallel for schedule(static) if (worth_threads(planes, std::max(n, nk), k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         S* s = work.mine();
-        scatter_add(a + p * n * n, ids, n, k, row.mine(), s);
+        scatter_add(a + p * n * nk, ids, n, nk, k, row.mine(), s);
         map<S> o(out + p * n * dd, n, dd);
         const auto th = cmap<S>(table + d.table_head(p % d.heads) * k * dd, k, dd);
         if (accumulate)
@@ -389,20 +396,20 @@ void contextual_v_forward(const dims& d, const id_rows<Id>& ids, const S* a, con
     }
 }
 
-/// @brief Contextual value backward: grad_a[i,j] (+)= (grad_out·table[h']ᵀ)[i, id(i,j)];
+/// @brief Contextual value backward (a, grad_a (B, H, L, L_k)): grad_a[i,j] (+)= (grad_out·table[h']ᵀ)[i, id(i,j)];
 /// grad_table[h'] (+)= Σ Sᵀ·grad_out. Either output may be null.
 template <class S, class Id>
 void contextual_v_backward(const dims& d, const id_rows<Id>& ids, const S* a, const S* table, const S* grad_out, bool accumulate,
                            S* grad_a, S* grad_table) {
-    const std::int64_t n = d.length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
+    const std::int64_t n = d.length, nk = d.key_length, k = d.buckets, dd = d.dim, planes = d.batch * d.heads;
     workspace ws;
     thread_scratch<S> work(ws, n * k);
-    thread_scratch<Id> row(ws, n);
+    thread_scratch<Id> row(ws, nk);
     shared_scratch<S> partial_s(ws, grad_table ? planes * k * dd : 0);
     ws.allocate();
     S* partial = partial_s.data();
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (worth_threads(planes, n, k, dd))
+#pragma omp parallel for schedule(static) if (worth_threads(planes, std::max(n, nk), k, dd))
 #endif
     for (std::int64_t p = 0; p < planes; ++p) {
         S* w = work.mine();
@@ -410,10 +417,10 @@ void contextual_v_backward(const dims& d, const id_rows<Id>& ids, const S* a, co
         const auto go = cmap<S>(grad_out + p * n * dd, n, dd);
         if (grad_a) {
             map<S>(w, n, k).noalias() = go * th.transpose();
-            gather(w, ids, n, k, true, accumulate, row.mine(), grad_a + p * n * n);
+            gather(w, ids, n, nk, k, true, accumulate, row.mine(), grad_a + p * n * nk);
         }
         if (grad_table) {
-            scatter_add(a + p * n * n, ids, n, k, row.mine(), w);
+            scatter_add(a + p * n * nk, ids, n, nk, k, row.mine(), w);
             map<S>(partial + p * k * dd, k, dd).noalias() = cmap<S>(w, n, k).transpose() * go;
         }
     }

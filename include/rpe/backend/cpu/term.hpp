@@ -102,11 +102,12 @@ void term_backward(const term_dims& d, const bucket_ids& ids, std::span<const te
     }
 }
 
-// Elements of a term's x: none (bias), (B, H, L, L) (value), (B, H, L, D) (query, key).
+// Elements of a term's x: none (bias), (B, H, L, L_k) (value), (B, H, L, D) (key), (B, H, L_k, D) (query).
 template <bool Bias, target Tg>
 std::int64_t term_x_size(const term_dims& d) {
     if constexpr (Bias) return 0;
-    return d.batch * d.heads * d.length * (Tg == target::value ? d.length : d.dim);
+    if constexpr (Tg == target::value) return d.batch * d.heads * d.length * d.key_length;
+    return d.batch * d.heads * (Tg == target::query ? d.key_length : d.length) * d.dim;
 }
 
 // The float copies of 16-bit storage H: half_to_float (n values as a float vector, exact) and

@@ -114,7 +114,8 @@ template <class Id>
 __device__ inline std::int64_t load_id(const attn_ids& v, std::int64_t i, std::int64_t j) {
     const std::int64_t a = v.transposed ? j : i, b = v.transposed ? i : j;
     const Id* off = static_cast<const Id*>(v.offsets);
-    return v.pos.query ? position_id(v.grid, v.pos, off, a, b) : v.grid.id(off, a, b);
+    // at positions the query target's id of (i, j) is that of offset kpos_j − qpos_i (pos.swapped())
+    return v.pos.query ? position_id(v.grid, v.transposed ? v.pos.swapped() : v.pos, off, a, b) : v.grid.id(off, a, b);
 }
 
 // Keys of batch element b that are computed: key_lengths[b], or all L; keys at index ≥ it are

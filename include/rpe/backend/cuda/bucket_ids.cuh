@@ -53,7 +53,8 @@ struct device_id_view {
     /// @brief Id of pair (i, j) in this view's orientation, in [0, K).
     RPE_HOST_DEVICE std::int64_t operator()(std::int64_t i, std::int64_t j) const {
         const std::int64_t a = transposed ? j : i, b = transposed ? i : j;
-        return pos.query ? detail::position_id(grid, pos, offsets, a, b) : grid.id(offsets, a, b);
+        // at positions the query target's id of (i, j) is that of offset kpos_j − qpos_i (pos.swapped())
+        return pos.query ? detail::position_id(grid, transposed ? pos.swapped() : pos, offsets, a, b) : grid.id(offsets, a, b);
     }
 };
 

@@ -43,6 +43,10 @@ public:
     term_device_ids(const rpe::bucket_ids& host, cudaStream_t stream)
         : dev_(cuda::device_bucket_cache::global().get(host.at_positions() ? *host.box() : host, stream)), grid_(host.grid()) {
         if (!host.at_positions()) return;
+        if (host.rectangular())
+            throw not_supported(message("term", "bucket ids of ", host.grid_string(),
+                                        " (keys of another count than the queries, L_k != L) are not supported by the cuda "
+                                        "backend; expected keys of the queries' count"));
         const id_positions hp = host.linear_positions();
         const std::int64_t count = host.length() - host.skip();
         query_ = upload(hp.query, count, stream);
@@ -295,8 +299,10 @@ public:
         if (copied) RPE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
         return cache.get(mapping_, pos, layout_.skip);
     }
-    /// @brief As above with the keys at `key_positions` (same N, host or device memory; queries at
-    /// `positions`). @throws as bucket_cache::get(m, positions, key_positions, skip); rpe::cuda_error.
+    /// @brief As above with the keys at `key_positions` (host or device memory; queries at
+    /// `positions`; another count than N gives (L, L_k) ids, which forward and backward of this
+    /// backend refuse with rpe::not_supported). @throws as bucket_cache::get(m, positions,
+    /// key_positions, skip); rpe::cuda_error.
     [[nodiscard]] std::shared_ptr<const rpe::bucket_ids> bucket_ids(tensor_ref<const std::int32_t> positions,
                                                                     tensor_ref<const std::int32_t> key_positions,
                                                                     bucket_cache& cache = bucket_cache::global()) const {
