@@ -416,6 +416,23 @@ inline std::shared_ptr<const bucket_ids> bucket_ids_of(const registered_mapping&
     });
 }
 
+/// @brief As bucket_ids_of(m, positions, skip) with the keys at `key_positions` (any count N_k:
+/// (L, L_k) ids, rpe::build_bucket_ids(m, positions, key_positions, skip)).
+template <GridMapping M>
+std::shared_ptr<const bucket_ids> bucket_ids_of(const M& m, tensor_ref<const std::int32_t> positions,
+                                                tensor_ref<const std::int32_t> key_positions, int skip) {
+    return build_bucket_ids(m, positions, key_positions, skip);
+}
+
+/// @brief The same for a mapping added at run time (the box spans queries and keys).
+inline std::shared_ptr<const bucket_ids> bucket_ids_of(const registered_mapping& m, tensor_ref<const std::int32_t> positions,
+                                                       tensor_ref<const std::int32_t> key_positions, int skip) {
+    return bucket_ids_at_positions(positions, key_positions, skip, m.entry->mapping_3d ? 3 : 2,
+                                   [&](int depth, int height, int width) {
+                                       return m.entry->build_ids(m.spec, grid_extent{height, width}, depth, skip);
+                                   });
+}
+
 /// @brief Whether a family's terms take `contextual` mode on target `tg`.
 /// @throws rpe::invalid_argument `[rpe.term_spec] mode = ... with target = ... for <family>; expected ...`.
 inline void check_family_terms(const family_info& f, bool contextual, target tg) {

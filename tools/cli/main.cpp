@@ -402,43 +402,80 @@ namespace {
 // rpe buckets
 // ---------------------------------------------------------------------------------------------
 struct buckets_options {
-    std::string grid = "14x14", out, expect, coords, positions;
+    std::string grid = "14x14", out, expect, coords, positions, key_positions;
     int skip = 0;
 };
 
-// Bucket ids of the mapping at the positions of `p` after `skip` tokens (no cache).
-std::shared_ptr<const rpe::bucket_ids> build_position_ids(const mapping_config& mc, const positions_input& p, int skip) {
-    const mapping_config m = mc.for_grid(p.box);
+// The (rows, cols) box spanned by the positions of `a` and `b` together (the last two axes).
+grid_size joint_box(const positions_input& a, const positions_input& b) {
+    std::int64_t lo[2] = {0, 0}, hi[2] = {0, 0};
+    bool first = true;
+    for (const auto* p : {&a, &b})
+        for (std::int64_t i = 0; i < p->tokens; ++i)
+            for (int c = 0; c < 2; ++c) {
+                const std::int64_t v = p->coords[static_cast<std::size_t>(i * p->axes + p->axes - 2 + c)];
+                lo[c] = first ? v : std::min(lo[c], v);
+                hi[c] = first ? v : std::max(hi[c], v);
+                if (c == 1) first = false;
+            }
+    return {static_cast<int>(std::min<std::int64_t>(hi[0] - lo[0] + 1, 1 << 30)),
+            static_cast<int>(std::min<std::int64_t>(hi[1] - lo[1] + 1, 1 << 30))};
+}
+
+// Bucket ids of the mapping at the positions of `p` (the keys at `kp` when given: (L, L_k) ids)
+// after `skip` tokens (no cache); `box` the positions' box (the grid of the window mappings).
+std::shared_ptr<const rpe::bucket_ids> build_position_ids(const mapping_config& mc, const positions_input& p,
+                                                          const positions_input* kp, grid_size box, int skip) {
+    const mapping_config m = mc.for_grid(box);
     try {
-        return rpe::visit_mapping(m.family, {p.box.height, p.box.width},
-                                  [&](const auto& mapping) { return rpe::bucket_ids_of(mapping, p.ref(), skip); });
+        return rpe::visit_mapping(m.family, {box.height, box.width}, [&](const auto& mapping) {
+            return kp ? rpe::bucket_ids_of(mapping, p.ref(), kp->ref(), skip) : rpe::bucket_ids_of(mapping, p.ref(), skip);
+        });
     } catch (const rpe::invalid_argument& e) {
-        throw usage_error("--positions/--skip", e.what());
+        throw usage_error(kp ? "--positions/--key-positions/--skip" : "--positions/--skip", e.what());
     } catch (const rpe::out_of_range& e) {
-        throw usage_error("--positions/--skip", e.what());
+        throw usage_error(kp ? "--positions/--key-positions/--skip" : "--positions/--skip", e.what());
     }
 }
 
 int run_buckets(const mapping_config& mc, const buckets_options& o, bool grid_given) {
+    if (!o.key_positions.empty() && o.positions.empty())
+        throw usage_error("--key-positions", "is given without --positions; expected the queries' --positions P.npy too");
     check_grid_or_positions(grid_given, o.positions);
-    std::optional<positions_input> pos;
+    std::optional<positions_input> pos, kpos;
     if (!o.positions.empty()) pos = load_positions(o.positions);
-    const auto g = pos ? pos->box : parse_grid(o.grid, "--grid");
+    if (!o.key_positions.empty()) {
+        try {
+            kpos = load_positions(o.key_positions);
+        } catch (const usage_error& e) {
+            throw usage_error("--key-positions", e.what());
+        }
+    }
+    const auto g = kpos ? joint_box(*pos, *kpos) : pos ? pos->box : parse_grid(o.grid, "--grid");
     const double tokens = pos ? static_cast<double>(pos->tokens) : static_cast<double>(g.height) * g.width;
-    if (!o.out.empty()) {  // (L, L) ids of at least 1 byte each: refused before the ids are built
-        const double l = static_cast<double>(o.skip) + tokens;
-        if (l * l > static_cast<double>(rpe::bucket_ids::max_bytes))
-            throw usage_error("--out", "the (L, L) ids of L = " + std::to_string(static_cast<long long>(l)) +
+    const double key_tokens = kpos ? static_cast<double>(kpos->tokens) : tokens;
+    if (!o.out.empty()) {  // (L, L_k) ids of at least 1 byte each: refused before the ids are built
+        const double l = static_cast<double>(o.skip) + tokens, lk = static_cast<double>(o.skip) + key_tokens;
+        if (l * lk > static_cast<double>(rpe::bucket_ids::max_bytes))
+            throw usage_error("--out", (kpos ? "the (L, L_k) ids of L = " + std::to_string(static_cast<long long>(l)) +
+                                                   ", L_k = " + std::to_string(static_cast<long long>(lk))
+                                             : "the (L, L) ids of L = " + std::to_string(static_cast<long long>(l))) +
                                            " would take more than 4 GiB; use a smaller --grid");
     }
     if (!o.expect.empty() && !o.out.empty() && same_file(o.out, o.expect))
         throw usage_error("--out/--expect", "'" + o.out + "' and '" + o.expect +
                                                 "' are the same file; the comparison would read what was just written");
     const mapping_config m = mc.for_grid(g);  // swin, beit, swinv2: the window defaults to the grid (the positions' box)
-    const auto ids = pos ? build_position_ids(m, *pos, o.skip) : build_ids(m, g.height, g.width, o.skip);
-    const int n = ids->length(), k = ids->num_buckets(), tables = ids->num_tables();
+    const auto ids =
+        pos ? build_position_ids(m, *pos, kpos ? &*kpos : nullptr, g, o.skip) : build_ids(m, g.height, g.width, o.skip);
+    // n queries (rows), nk keys (columns): nk = n but for --key-positions of another count
+    const int n = ids->length(), nk = ids->key_length(), k = ids->num_buckets(), tables = ids->num_tables();
     std::cout << "mapping: " << m.describe() << "\n";
-    if (pos)
+    if (kpos)
+        std::cout << "positions " << o.positions << ": " << pos->tokens << " queries, key positions " << o.key_positions << ": "
+                  << kpos->tokens << " keys, in a " << g.height << "x" << g.width << " box, skip " << o.skip << ": L = " << n
+                  << ", L_k = " << nk << "\n";
+    else if (pos)
         std::cout << "positions " << o.positions << ": " << pos->tokens << " tokens in a " << g.height << "x" << g.width
                   << " box, skip " << o.skip << ": L = " << n << "\n";
     else
@@ -453,10 +490,10 @@ int run_buckets(const mapping_config& mc, const buckets_options& o, bool grid_gi
         std::vector<char> seen(static_cast<std::size_t>(k), 0);
         if (pos) {  // at positions: every pair, row by row (O(L²))
             rpe::visit_id_width(ids->id_bytes(), [&]<class Id>() {
-                std::vector<Id> row(static_cast<std::size_t>(n));
+                std::vector<Id> row(static_cast<std::size_t>(nk));
                 for (int i = 0; i < n; ++i) {
                     const Id* r = ids->rows<Id>(t, i, 1, false, row.data());
-                    for (int j = 0; j < n; ++j) seen[static_cast<std::size_t>(r[j])] = 1;
+                    for (int j = 0; j < nk; ++j) seen[static_cast<std::size_t>(r[j])] = 1;
                 }
             });
         }
@@ -473,16 +510,16 @@ int run_buckets(const mapping_config& mc, const buckets_options& o, bool grid_gi
         std::cout << (tables > 1 ? (t == 0 ? "rows table: " : "cols table: ") : "") << "buckets used: " << used << " of " << k
                   << " allocated\n";
     }
-    std::cout << "ids: " << (tables > 1 ? "2x" : "") << n << "x" << n << ", " << ids->id_bytes() << " byte"
+    std::cout << "ids: " << (tables > 1 ? "2x" : "") << n << "x" << nk << ", " << ids->id_bytes() << " byte"
               << (ids->id_bytes() > 1 ? "s" : "") << " each, " << ids->bytes() << " bytes held ("
               << (ids->storage_kind() == rpe::id_storage::table ? "(L, L) table + per-offset ids"
                                                                 : "per-offset ids only, rows computed on the fly")
               << ")\n";
 
-    std::vector<std::int64_t> shape{n, n};
+    std::vector<std::int64_t> shape{n, nk};
     if (tables > 1) shape.insert(shape.begin(), tables);
     if (!o.out.empty()) {
-        const std::size_t total = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+        const std::size_t total = static_cast<std::size_t>(n) * static_cast<std::size_t>(nk);
         if (static_cast<double>(total) * tables * ids->id_bytes() > static_cast<double>(rpe::bucket_ids::max_bytes))
             throw usage_error("--out", "the (L, L) ids of L = " + std::to_string(n) +
                                            " would take more than 4 GiB; "
@@ -491,13 +528,14 @@ int run_buckets(const mapping_config& mc, const buckets_options& o, bool grid_gi
             using Id = decltype(id_type);
             rpe::io::atomic_file f(o.out, "cli");
             f.write(std::span<const std::byte>(rpe::io::encode_npy_header<Id>(shape)));
-            const std::int64_t block = std::max<std::int64_t>(1, (std::int64_t{1} << 22) / n);  // ~4 M ids per block
-            std::vector<Id> buf(static_cast<std::size_t>(std::min<std::int64_t>(block, n)) * static_cast<std::size_t>(n));
+            const std::int64_t block = std::max<std::int64_t>(1, (std::int64_t{1} << 22) / nk);  // ~4 M ids per block
+            std::vector<Id> buf(static_cast<std::size_t>(std::min<std::int64_t>(block, n)) * static_cast<std::size_t>(nk));
             for (int t = 0; t < tables; ++t)
                 for (std::int64_t i0 = 0; i0 < n; i0 += block) {
                     const std::int64_t count = std::min<std::int64_t>(block, n - i0);
                     const Id* p = ids->rows<Id>(t, i0, count, false, buf.data());  // table storage: no copy
-                    f.write(std::as_bytes(std::span<const Id>(p, static_cast<std::size_t>(count) * static_cast<std::size_t>(n))));
+                    f.write(
+                        std::as_bytes(std::span<const Id>(p, static_cast<std::size_t>(count) * static_cast<std::size_t>(nk))));
                 }
             f.commit();
         };
@@ -528,7 +566,7 @@ int run_buckets(const mapping_config& mc, const buckets_options& o, bool grid_gi
         std::int64_t differ = 0;
         for (int t = 0; t < tables; ++t)
             for (int i = 0; i < n; ++i)
-                for (int j = 0; j < n; ++j) differ += ids->at(t, i, j) != want[(static_cast<std::size_t>(t) * n + i) * n + j];
+                for (int j = 0; j < nk; ++j) differ += ids->at(t, i, j) != want[(static_cast<std::size_t>(t) * n + i) * nk + j];
         std::cout << "expect: " << differ << " of " << want.size() << " ids differ from " << o.expect << "; "
                   << (differ == 0 ? "match" : "MISMATCH") << "\n";
         return differ == 0 ? 0 : 1;
@@ -779,10 +817,15 @@ int run(int argc, char** argv) {
                      "per-token integer coordinates .npy (L - skip, 2) (row, col) ((.., 3) (t, row, col) for product3d), "
                      "instead of --grid")
         ->check(CLI::ExistingFile);
+    buckets
+        ->add_option("--key-positions", bo.key_positions,
+                     "the keys' integer coordinates .npy (L_k - skip, 2|3), with --positions (the queries'): (L, L_k) ids")
+        ->check(CLI::ExistingFile);
     buckets->add_option("--skip", bo.skip, "extra tokens before the grid (class token)")
         ->capture_default_str()
         ->check(CLI::Range(0, 1 << 30));
-    buckets->add_option("--out", bo.out, "write the (L, L) ids ((2, L, L) for cross) as .npy")->check(non_empty_path);
+    buckets->add_option("--out", bo.out, "write the (L, L) ids ((2, L, L) for cross; (L, L_k) with --key-positions) as .npy")
+        ->check(non_empty_path);
     buckets->add_option("--expect", bo.expect, "compare the ids with this .npy (exit 1 on a difference)")
         ->check(CLI::ExistingFile);
     buckets

@@ -10,6 +10,10 @@ the golden cases without numpy (plain .npy v1.0 reader and writer, C order):
   with tokens permuted the same way (token i of the permuted layout is grid token perm[i - 1] + 1)
 - float_7x7.npy      float32 (49, 2): grid_7x7 as floats (refused: positions are integers)
 - cols4.npy          int32 (3, 4): a shape the tool refuses
+- q20_7x7.npy, k29_7x7.npy  int32 (20, 2), (29, 2): the first 20 and the last 29 tokens of
+  perm_7x7 (queries and keys of different counts, `rpe buckets --key-positions`)
+- ids_q20_k29_7x7.npy int32 (21, 30): the golden ids' rows of those queries and columns of those
+  keys (skip token first in both): the (L, L_k) ids are self-attention's over both sets, restricted
 
 Run from the repository root: python3 tools/golden/gen_cli_positions.py
 """
@@ -83,6 +87,12 @@ def main():
          [out[(p * l + source(i, 1, p9)) * l + source(j, 1, p9)] for p in range(b * h) for i in range(l) for j in range(l)])
     save(f"{OUT}/float_7x7.npy", "<f4", (49, 2), [float(v) for v in grid(7, 7)])
     save(f"{OUT}/cols4.npy", "<i4", (3, 4), list(range(12)))
+    # queries and keys of different counts: two parts of the shuffled 7x7 grid
+    qp, kp = p7[:20], p7[20:]
+    save(f"{OUT}/q20_7x7.npy", "<i4", (20, 2), permuted_rows(grid(7, 7), qp))
+    save(f"{OUT}/k29_7x7.npy", "<i4", (29, 2), permuted_rows(grid(7, 7), kp))
+    save(f"{OUT}/ids_q20_k29_7x7.npy", "<i4", (21, 30),
+         [ids[source(i, 1, qp) * n + source(j, 1, kp)] for i in range(21) for j in range(30)])
 
 
 if __name__ == "__main__":
