@@ -5,7 +5,8 @@
 // formulas written here, forward, and central finite differences (double), backward; the fused
 // attention with each term mode attached against a composed reference written here (logits =
 // (q·s)·kᵀ + the terms from the positions and tables, softmax, value term), forward in double and
-// float, backward against finite differences in q, k, v and every table; and the refusals (wrong
+// float, backward against finite differences in q, k, v and every table (float: against the double
+// gradients); and the refusals (wrong
 // positions counts, missing key_positions, a grid with L_k != L, packing, a backend without
 // cross_lengths, a standalone term's shapes).
 #include <doctest/doctest.h>
@@ -510,6 +511,37 @@ void check_cross_config(const cross_config& c, const std::vector<std::int32_t>& 
     CHECK(max_abs_diff(gv2, gv) < 1e-12);
     for (std::size_t i = 0; i < 3; ++i)
         if (pb.on[i]) CHECK(max_abs_diff(gt2[i], gt[i]) < 1e-12);
+    // float backward (its own per-key sums where the unit has AVX-512): the double gradients within float rounding
+    {
+        const auto f = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+        const auto qf = f(pb.q), kf = f(pb.k), vf = f(pb.v), gof = f(pb.go);
+        std::array<std::vector<float>, 3> tf{f(pb.table[0]), f(pb.table[1]), f(pb.table[2])}, gtf;
+        rpe::attention_inputs<float> fin;
+        fin.q = {qf.data(), {pb.b, pb.h, pb.l, pb.d}};
+        fin.k = {kf.data(), {pb.b, pb.h, pb.lk, pb.d}};
+        fin.v = {vf.data(), {pb.b, pb.h, pb.lk, pb.d}};
+        fin.positions = pos_ref(pb.qp);
+        fin.key_positions = pos_ref(pb.kp);
+        rpe::attention_term<float>* fslots[3] = {&fin.rpe_q, &fin.rpe_k, &fin.rpe_v};
+        for (std::size_t i = 0; i < 3; ++i)
+            if (pb.on[i]) {
+                gtf[i].assign(tf[i].size(), 0.0f);
+                *fslots[i] = {.term = &*pb.desc[i],
+                              .tables = {{tf[i].data(), pb.desc[i]->table_shape()}},
+                              .grad_tables = {{gtf[i].data(), pb.desc[i]->table_shape()}}};
+            }
+        std::vector<float> gqf(gq.size()), gkf(gk.size()), gvf(gv.size());
+        rpe::attention_backward(fin, {.grad_out = {gof.data(), {pb.b, pb.h, pb.l, pb.d}},
+                                      .grad_q = {gqf.data(), {pb.b, pb.h, pb.l, pb.d}},
+                                      .grad_k = {gkf.data(), {pb.b, pb.h, pb.lk, pb.d}},
+                                      .grad_v = {gvf.data(), {pb.b, pb.h, pb.lk, pb.d}}});
+        const auto d = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+        CHECK(max_abs_diff(d(gqf), gq) < 1e-4);
+        CHECK(max_abs_diff(d(gkf), gk) < 1e-4);
+        CHECK(max_abs_diff(d(gvf), gv) < 1e-4);
+        for (std::size_t i = 0; i < 3; ++i)
+            if (pb.on[i]) CHECK(max_abs_diff(d(gtf[i]), gt[i]) < 1e-4);
+    }
 }
 
 }  // namespace
