@@ -328,8 +328,9 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
     bias, [(Ht, D, K)] q/k, [(Ht, K, D)] v, two for cross. Returns (1, Ht, L, L), (B, H, L, L)
     or (B, H, L, D). ``positions``: the tokens' integer positions instead of the grid, (N, 2)
     (row, col) or (N, 3) (t, row, col) for a 3D mapping, L = skip + N (height, width are then not
-    read), on the CPU (or, with CUDA tensors, the CPU or their device), not differentiated; ``key_positions``: the keys' (same shape), default the
-    queries' (docs/positions.md). Raises ValueError / TypeError naming the parameter for bad input.
+    read), on the CPU (or, with CUDA tensors, the CPU or their device), not differentiated; ``key_positions``: the keys', (N_k, 2 or 3),
+    default the queries' (docs/positions.md); N_k ≠ N (CPU): (L, L_k) ids, L_k = skip + N_k, so
+    the output is (…, L, L_k) and x is (B, H, L_k, D) for target "q", (B, H, L, L_k) for "v". Raises ValueError / TypeError naming the parameter for bad input.
     """
     _check_index("positions", positions, x, axes=True, what="per-token positions")
     _check_index("key_positions", key_positions, x, axes=True, what="per-token key positions")
@@ -578,8 +579,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     −∞, ``a = softmax(logits)``, ``out = a·v + rpe_v(a)``.
 
     q: (B, H, L, D), k, v: (B, H, L_k, D) (L_k = L in self-attention; on the CPU any L_k ≥ 1 without
-    iRPE terms or packing: cross-attention, KV caches; masks, key_lengths and the probabilities then
-    follow L_k), float32, float64, bfloat16 or float16 (bfloat16 / float16 on the CPU: rpe::bf16 / rpe::f16 storage, computed in float, each output rounded once; on CUDA when has_cuda_kernels()); rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
+    packing: cross-attention, KV caches; masks, key_lengths and the probabilities then follow L_k;
+    iRPE terms then need rpe_positions and rpe_key_positions), float32, float64, bfloat16 or float16 (bfloat16 / float16 on the CPU: rpe::bf16 / rpe::f16 storage, computed in float, each output rounded once; on CUDA when has_cuda_kernels()); rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
     modules from build_rpe, the ViT term modules RelPosBias, DecomposedRelPos, ALiBi2D or a
     TermSlot (SwinV2's CPB table), or None; height, width: the grid (L = skip + height·width;
     square when None; a ViT term's own grid by default); key_padding_mask: (B, L_k) bool/uint8, true =
@@ -601,7 +602,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     + N_k + suffix) — ``positions`` / ``key_positions`` are the RoPE's only; the iRPE terms take
     their own, ``rpe_positions``: integer (N, 2) (row, col) — (N, 3) (t, row, col) for a 3D
     mapping — positions of the N = L − skip grid tokens instead of the grid (height, width are then
-    not read by the terms), ``rpe_key_positions`` the keys' (same shape; default the queries');
+    not read by the terms), ``rpe_key_positions`` the keys', (L_k − skip, 2 or 3) (default the
+    queries'; required with terms when L_k ≠ L: the terms' ids are then (L, L_k), docs/positions.md);
     packed sequences (several images in one sequence, each attended alone, terms included):
     ``packed_lengths`` (M,) integer tokens per image (each image's own skip tokens first; they sum
     to L) with ``packed_grids`` (M, 2) (height, width) or (M, 3) of each image, or

@@ -53,19 +53,23 @@ def _fake(name):
 # Terms
 # ---------------------------------------------------------------------------------------------
 
-def _term_out_shape(x, tables, mode, target, skip, height, width, positions=None):
+def _term_out_shape(x, tables, mode, target, skip, height, width, positions=None, key_positions=None):
+    # (L, L_k): L queries (the grid, or skip + positions), L_k keys (skip + key_positions, else L)
+    n = skip + (positions.shape[0] if positions is not None else height * width)
+    nk = skip + key_positions.shape[0] if key_positions is not None else n
     if mode not in _CONTEXTUAL:
-        n = skip + (positions.shape[0] if positions is not None else height * width)
-        return tables[0], (1, tables[0].shape[0], n, n)
+        return tables[0], (1, tables[0].shape[0], n, nk)
     if target == "v":
         return x, (x.shape[0], x.shape[1], x.shape[2], tables[0].shape[2])
-    return x, (x.shape[0], x.shape[1], x.shape[2], x.shape[2])
+    if key_positions is None:  # one token set: x's L
+        return x, (x.shape[0], x.shape[1], x.shape[2], x.shape[2])
+    return x, (x.shape[0], x.shape[1], n, nk)
 
 
 @_fake("term_forward")
 def _term_forward_fake(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width, positions=None,
                        key_positions=None):
-    like, shape = _term_out_shape(x, tables, mode, target, skip, height, width, positions)
+    like, shape = _term_out_shape(x, tables, mode, target, skip, height, width, positions, key_positions)
     return _empty(like, shape, tables[0].dtype)
 
 

@@ -371,7 +371,7 @@ inline term_dims dims_of(const at::Tensor& x, at::TensorList tables, bool contex
     const bool value = tg == rpe::target::value;
     check_rank(t, 3, "tables[0]", value ? "(Ht, K, D) for contextual mode on v" : "(Ht, D, K) for contextual mode on q or k");
     TORCH_CHECK_VALUE(x.defined(), "[rpe.torch] x is undefined; contextual mode needs an input");
-    check_rank(x, 4, "x", value ? "(B, H, L, L) attention probabilities" : "(B, H, L, D)");
+    check_rank(x, 4, "x", value ? "(B, H, L, L_k) attention probabilities" : "(B, H, L, D), or (B, H, L_k, D) for q");
     d.heads = x.size(1);
     d.head_dim = value ? t.size(2) : x.size(3);
     d.shared = t.size(0) == 1;
@@ -433,13 +433,13 @@ struct term_call {
     std::unique_ptr<rpe::any_term<T>> term;
     std::shared_ptr<const rpe::bucket_ids> ids;
 
-    // The forward's output, fresh and contiguous: (1, Ht, L, L) bias, (B, H, L, D) contextual v,
-    // (B, H, L, L) contextual q / k.
+    // The forward's output, fresh and contiguous: (1, Ht, L, L_k) bias, (B, H, L, D) contextual v,
+    // (B, H, L, L_k) contextual q / k (L_k = L unless key_positions of another count).
     [[nodiscard]] at::Tensor new_output() const {
-        const int64_t L = ids->length();
-        if (!contextual) return at::empty({1, tables[0].size(0), L, L}, tables[0].options());
+        const int64_t L = ids->length(), Lk = ids->key_length();
+        if (!contextual) return at::empty({1, tables[0].size(0), L, Lk}, tables[0].options());
         if (tg == rpe::target::value) return at::empty({x.size(0), x.size(1), x.size(2), d.head_dim}, x.options());
-        return at::empty({x.size(0), x.size(1), x.size(2), x.size(2)}, x.options());
+        return at::empty({x.size(0), x.size(1), L, Lk}, x.options());
     }
     // The backward's outputs, fresh: [grad_x (empty (0,) in bias mode), grad of each table].
     [[nodiscard]] std::vector<at::Tensor> new_gradients() const {

@@ -4,7 +4,7 @@ repeated once per memory frame (rope key_positions = the repeated grid), RoPE-Ax
 theta; against the rotations by the RoPE module followed by a plain softmax attention, with
 torch.autograd.gradcheck in float64 (q, k, v), masks of the keys' length, the saved probabilities
 (B, H, L, L_k), torch.library.opcheck of the three attention operators, and the refusals (an iRPE
-term with L_k != L, v of another length than k). SAM2's whole memory attention in one call: the
+term on a grid with L_k != L, v of another length than k). SAM2's whole memory attention in one call: the
 keys' object-pointer tokens unrotated (the module's suffix) while the queries have none
 (rope_query_suffix=0, rotary_embedding::query_suffix), against a RoPE-Axial written with torch ops
 and scaled_dot_product_attention (forward, gradients, gradcheck, opcheck, torch.compile fullgraph),
@@ -111,7 +111,8 @@ def test_cross_attention_refusals_name_the_argument():
     with pytest.raises(ValueError, match=r"key_padding_mask has shape \(2, 6\); expected \(2, 9\)"):
         irpe.attention(q, k, v, height=2, width=3, key_padding_mask=torch.zeros(B, 6, dtype=torch.bool))
     term = irpe.RelPosBias((2, 3), H).double()
-    # rpe::not_supported (a ValueError): the terms' ids pair the tokens of one sequence
+    # a grid describes one token set: with L_k != L the terms need rpe_positions and rpe_key_positions
+    # (test_irpe_cross.py)
     with pytest.raises(ValueError, match=r"rpe_k is attached with keys of another length than the queries "
                                          r"\(L = 6, L_k = 9\)"):
         irpe.attention(q, k, v, rpe_k=term, height=2, width=3)
