@@ -323,27 +323,35 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
     "cross", "product", "euc", "quant", the paper variants, the ViT ones, a loaded plugin's), or a
     spec text such as "product:index=clip,beta=4";
     ``mode``: "bias" / "contextual"; ``target``: "k" or "q" (both compute the reference module's
-    untransposed output ``out[b,h,i,j] = Σ_d x[b,h,i,d]·table[h',d,id(i,j)]``) or "v".
+    untransposed output ``out[b,h,i,j] = Σ_d x[b,h,i,d]·table[h',d,id(i,j)]``; for "q" with
+    ``key_positions`` the rows i are the keys: x = k·s (B, H, L_k, D), out (…, L_k, L), id(i, j)
+    the id of the key's offset from the query, kpos_i − qpos_j, the transpose of the attention's
+    query target (``torch.ops.rpe.term_forward`` with "q" gives the (…, L, L_k) orientation)) or "v".
     Shapes: x (B, H, L, D) for q/k, (B, H, L, L) for v, unused (None) for bias; tables [(Ht, K)]
     bias, [(Ht, D, K)] q/k, [(Ht, K, D)] v, two for cross. Returns (1, Ht, L, L), (B, H, L, L)
     or (B, H, L, D). ``positions``: the tokens' integer positions instead of the grid, (N, 2)
     (row, col) or (N, 3) (t, row, col) for a 3D mapping, L = skip + N (height, width are then not
     read), on the CPU (or, with CUDA tensors, the CPU or their device), not differentiated; ``key_positions``: the keys', (N_k, 2 or 3),
     default the queries' (docs/positions.md); N_k ≠ N (CPU): (L, L_k) ids, L_k = skip + N_k, so
-    the output is (…, L, L_k) and x is (B, H, L_k, D) for target "q", (B, H, L, L_k) for "v". Raises ValueError / TypeError naming the parameter for bad input.
+    the output is (…, L, L_k) for "k" (x (B, H, L, D)), (…, L_k, L) for "q" (x (B, H, L_k, D)), and
+    x is (B, H, L, L_k) for "v". Raises ValueError / TypeError naming the parameter for bad input.
     """
+    for i, t in enumerate(tables):  # the float tensors' devices first: an index tensor is not blamed for theirs
+        _check_device(f"tables[{i}]", t)
+    if x is not None:
+        _check_device("x", x)
     _check_index("positions", positions, x, axes=True, what="per-token positions")
     _check_index("key_positions", key_positions, x, axes=True, what="per-token key positions")
     if key_positions is not None and positions is None:
         raise ValueError("[rpe.torch] key_positions is given without positions; expected positions too (the queries')")
-    for i, t in enumerate(tables):
-        _check_device(f"tables[{i}]", t)
-    if x is not None:
-        _check_device("x", x)
     if (mode == "bias" and x is not None and x.dim() == 4 and tables and tables[0].dim() == 2
             and tables[0].shape[0] not in (1, x.shape[1])):
         raise ValueError(f"[rpe.torch] tables[0] has shape {tuple(tables[0].shape)}; expected ({x.shape[1]}, K) for x "
                          f"with {x.shape[1]} heads, or (1, K) (shared by the heads)")
+    if target == "q" and key_positions is not None:  # the keys' rows: the operator's query target, transposed
+        return _ops.term_forward(x if mode != "bias" else None, list(tables), method, mode, "q", float(alpha),
+                                 float(beta), float(gamma), int(skip), int(height), int(width), positions,
+                                 key_positions).transpose(-1, -2)
     if target == "q":
         target = "k"  # the reference module does not know its slot; attention() transposes
     return _ops.term_forward(x if mode != "bias" else None, list(tables), method, mode, target, float(alpha),
@@ -632,6 +640,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         if rope is None:
             raise ValueError(f"[rpe.torch] rope_query_suffix = {rope_query_suffix!r} is given without rope; expected a "
                              "RoPE module (it is the rotary embedding's count of the queries' unrotated trailing tokens)")
+    for name, t in (("q", q), ("k", k), ("v", v)):  # first: an index tensor is not blamed for their device
+        _check_device(name, t)
     axes, names = getattr(rope, "position_axes", 2), getattr(rope, "position_names", None)
     _check_positions("positions", positions, q, axes, names)
     _check_positions("key_positions", key_positions, q, axes, names)
@@ -656,8 +666,6 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
                 raise ValueError(f"[rpe.torch] {n} is given with packed_lengths; expected none (packed_grids / "
                                  "packed_positions give each image's layout; RoPE, key lengths and the (L, L) "
                                  "probabilities are not supported with packed sequences)")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_device(name, t)
     if q.dim() != 4:
         raise ValueError(f"[rpe.torch] q has shape {tuple(q.shape)}; expected (B, H, L, D)")
     L, D = int(q.shape[2]), int(q.shape[3])  # plain ints also under torch.jit.trace

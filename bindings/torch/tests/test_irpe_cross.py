@@ -71,6 +71,24 @@ def test_term_is_the_block_of_the_term_over_both_token_sets(mode, target, heads)
     torch.testing.assert_close(out, block, rtol=0, atol=1e-14)
 
 
+@pytest.mark.parametrize("mode", ["bias", "contextual"])
+def test_rpe_torch_term_query_target_keeps_the_modules_orientation(mode):
+    """rpe_torch.term with target "q" and key positions apart: the reference module's orientation,
+    x = k·s (rows the keys), out (…, L_k, L) = the keys' rows and the queries' columns of the
+    module's output over both token sets (and the transpose of the operator's query target)."""
+    table = rnd(H, K, seed=30) if mode == "bias" else rnd(H, D, K, seed=31)
+    x = None if mode == "bias" else rnd(B, H, LK, D, seed=32)
+    out = rpe_torch.term(x, [table], "product", mode, "q", *RATIO, SKIP, 0, 0, positions=QP, key_positions=KP)
+    assert tuple(out.shape) == ((1, H, LK, L) if mode == "bias" else (B, H, LK, L))
+    xu = None
+    if mode != "bias":
+        xu = torch.zeros(B, H, LU, D, dtype=F64)
+        xu[:, :, COLS] = x
+    union = rpe_torch.term(xu, [table], "product", mode, "q", *RATIO, SKIP, 0, 0, positions=UNION)
+    torch.testing.assert_close(out, union[:, :, COLS][:, :, :, ROWS], rtol=0, atol=1e-14)
+    torch.testing.assert_close(out, term(x, [table], mode, "q", QP, KP).transpose(-1, -2), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("mode,target", CASES)
 def test_term_gradcheck(mode, target):
     if mode == "bias":
@@ -192,3 +210,15 @@ def test_attention_refusals_name_the_argument():
         rpe_torch.attention(q, k, v, *ms, rpe_positions=QP)
     with pytest.raises(ValueError, match=r"key_positions has shape \(4, 2\); expected \(6 = L_k - skip = 7 - 1 of rpe_k"):
         rpe_torch.attention(q, k, v, *ms, rpe_positions=QP, rpe_key_positions=QP)
+
+
+def test_a_float_tensor_on_another_device_is_named_before_the_positions():
+    """q (attention) or x (term) on the meta device with CPU positions: the float tensor is named,
+    not the positions (the index checks read their device from it)."""
+    ms = modules("k", "contextual", False, seed=7)
+    q, k, v = rnd(B, H, L, D, seed=54), rnd(B, H, LK, D, seed=55), rnd(B, H, LK, D, seed=56)
+    with pytest.raises(ValueError, match=r"\[rpe.torch\] q is on device meta; expected cpu"):
+        rpe_torch.attention(q.to("meta"), k, v, *ms, rpe_positions=QP, rpe_key_positions=KP)
+    with pytest.raises(ValueError, match=r"\[rpe.torch\] x is on device meta; expected cpu"):
+        rpe_torch.term(q.to("meta"), [rnd(H, D, K, seed=57)], "product", "contextual", "k", *RATIO, SKIP, 0, 0,
+                       positions=QP, key_positions=KP)
