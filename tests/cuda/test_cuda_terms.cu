@@ -726,10 +726,15 @@ TEST_CASE("device_id_view at positions gives bucket_ids::at (evaluated on the ho
             ids->box()->visit_offsets(t, [&](const auto* off, std::size_t) {
                 using Id = std::remove_cvref_t<decltype(*off)>;
                 int wrong = 0;
+                // transposed (the query target): bucket_ids::rows(..., transposed), the id of offset
+                // kpos_j − qpos_i (id(j, i) when the keys are at the queries' positions)
+                std::vector<std::int64_t> row(static_cast<std::size_t>(n));
                 for (const bool transposed : {false, true}) {
                     const rpe::cuda::device_id_view<Id> v{off, ids->grid(), transposed, ids->linear_positions()};
-                    for (int i = 0; i < n; ++i)
-                        for (int j = 0; j < n; ++j) wrong += v(i, j) != (transposed ? ids->at(t, j, i) : ids->at(t, i, j));
+                    for (int i = 0; i < n; ++i) {
+                        const std::int64_t* r = ids->rows<std::int64_t>(t, i, 1, true, row.data());
+                        for (int j = 0; j < n; ++j) wrong += v(i, j) != (transposed ? r[j] : ids->at(t, i, j));
+                    }
                 }
                 CHECK(wrong == 0);
             });
