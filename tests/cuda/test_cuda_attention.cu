@@ -16,6 +16,7 @@
 #include <rpe/mapping/product3d.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -427,7 +428,174 @@ void attention_at_suite(unsigned seed) {
     }
 }
 
+// Packed sequences (attention_inputs::packed): several images in one sequence, each attended
+// alone, against the CPU fused attention's packed call on the same inputs (whose packing is
+// unit-tested against one call per image). Terms from rpe::make_term_desc (one descriptor for both
+// backends).
+struct packed_config {
+    std::string on = "qkv";  // subset of "qkv"
+    bool contextual = true;  // of the q and k terms (the value term is contextual)
+    bool shared = true;
+    int skip = 1, batch = 2, heads = 2, dim = 16;
+    std::vector<std::array<int, 2>> grids = {{2, 3}, {3, 4}, {1, 5}};  // (height, width) per image
+    bool at_positions = false;  // packed.positions (each image's grid, permuted) in place of packed.grids
+    bool padding = false;       // a key_padding_mask (batch 0: the last key of every image but the first)
+    bool additive = false;      // an additive (L, L) attn_mask
+    bool host_packed = false;   // lengths, grids, positions in host memory on the GPU side too
+};
+
+template <class S>
+void compare_attention_packed(const packed_config& cfg, unsigned seed) {
+    using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
+    const std::int64_t m_count = static_cast<std::int64_t>(cfg.grids.size());
+    std::vector<std::int32_t> lengths, grids, positions;
+    std::int64_t l = 0;
+    for (std::size_t m = 0; m < cfg.grids.size(); ++m) {
+        const auto [gh, gw] = cfg.grids[m];
+        lengths.push_back(cfg.skip + gh * gw);
+        grids.push_back(gh);
+        grids.push_back(gw);
+        const auto p = permuted_grid(1, gh, gw, seed + 50 + static_cast<unsigned>(m));
+        positions.insert(positions.end(), p.begin(), p.end());
+        l += lengths.back();
+    }
+    const std::int64_t b = cfg.batch, h = cfg.heads, d = cfg.dim;
+    INFO("on " << cfg.on << ", contextual " << cfg.contextual << ", M " << m_count << ", L " << l << ", positions "
+               << cfg.at_positions << ", S " << sizeof(S) << " bytes");
+    const std::vector<std::int64_t> qshape{b, h, l, d};
+    const auto q = random_floats(b * h * l * d, seed + 1), k = random_floats(b * h * l * d, seed + 2),
+               v = random_floats(b * h * l * d, seed + 3), gout = random_floats(b * h * l * d, seed + 5);
+    std::vector<std::uint8_t> mask;
+    if (cfg.padding) {
+        mask.assign(static_cast<std::size_t>(b * l), 0);
+        for (std::int64_t m = 1, end = lengths[0]; m < m_count; ++m) {
+            end += lengths[static_cast<std::size_t>(m)];
+            mask[static_cast<std::size_t>(end - 1)] = 1;
+        }
+    }
+    std::vector<float> am;
+    if (cfg.additive) am = random_floats(l * l, seed + 4, 0.5f);
+
+    const auto g19 = rpe::index::piecewise::from_ratio(1.9);
+    std::optional<rpe::term_desc> terms[3];
+    std::vector<std::vector<float>> tables[3];
+    const rpe::target targets[3] = {rpe::target::query, rpe::target::key, rpe::target::value};
+    for (int s = 0; s < 3; ++s) {
+        if (cfg.on.find("qkv"[s]) == std::string::npos) continue;
+        const rpe::term_config tc{.num_heads = cfg.heads, .head_dim = cfg.dim, .shared_head = cfg.shared, .skip = cfg.skip};
+        terms[s] = rpe::make_term_desc(rpe::mapping::product<>{g19}, cfg.contextual || s == 2, targets[s], tc);
+        tables[s].push_back(random_floats(count(terms[s]->table_shape()), seed + 10 + 3 * s, 0.5f));
+    }
+    const std::vector<std::int64_t> pshape{l - m_count * cfg.skip, 2};
+
+    // CPU
+    auto cv = [](const std::vector<float>& x) { return std::vector<C>(x.begin(), x.end()); };
+    const auto cq = cv(q), ck = cv(k), cvv = cv(v), cgout = cv(gout), cam = cv(am);
+    std::vector<std::vector<C>> ctables[3], cgtables[3];
+    rpe::attention_inputs<C> cin;
+    cin.q = view<const C>(cq.data(), qshape);
+    cin.k = view<const C>(ck.data(), qshape);
+    cin.v = view<const C>(cvv.data(), qshape);
+    cin.packed.lengths = view<const std::int32_t>(lengths.data(), {m_count});
+    if (cfg.at_positions)
+        cin.packed.positions = view<const std::int32_t>(positions.data(), pshape);
+    else if (!cfg.on.empty())
+        cin.packed.grids = view<const std::int32_t>(grids.data(), {m_count, 2});
+    if (!mask.empty()) cin.key_padding_mask = view<const std::uint8_t>(mask.data(), {b, l});
+    if (!am.empty()) cin.attn_mask = view<const C>(cam.data(), {l, l});
+    rpe::attention_term<C>* cslots[3] = {&cin.rpe_q, &cin.rpe_k, &cin.rpe_v};
+    for (int s = 0; s < 3; ++s) {
+        if (!terms[s]) continue;
+        cslots[s]->term = &*terms[s];
+        ctables[s].push_back(cv(tables[s][0]));
+        cgtables[s].emplace_back(tables[s][0].size());
+        cslots[s]->tables.push_back(view<const C>(ctables[s][0].data(), terms[s]->table_shape()));
+        cslots[s]->grad_tables.push_back(view<C>(cgtables[s][0].data(), terms[s]->table_shape()));
+    }
+    std::vector<C> cout(static_cast<std::size_t>(b * h * l * d)), cgq(cout.size()), cgk(cout.size()), cgv(cout.size());
+    rpe::attention_forward(cin, view<C>(cout.data(), qshape));
+    rpe::attention_backward(cin, view<const C>(cgout.data(), qshape), view<C>(cgq.data(), qshape), view<C>(cgk.data(), qshape),
+                            view<C>(cgv.data(), qshape));
+
+    // GPU: the same packing, its views in device memory (or host memory); outputs pre-filled with
+    // 99 (a row the packed call leaves unwritten fails the comparison)
+    const std::vector<float> filled(cout.size(), 99.f);
+    device_vec<S> dq(to_storage<S>(q)), dk(to_storage<S>(k)), dv(to_storage<S>(v)), dgout(to_storage<S>(gout)),
+        dam(to_storage<S>(am)), dout(to_storage<S>(filled)), dgq(to_storage<S>(filled)), dgk(to_storage<S>(filled)),
+        dgv(to_storage<S>(filled));
+    device_vec<std::uint8_t> dmask(mask);
+    device_vec<std::int32_t> dlengths(lengths), dgrids(grids), dpos(positions);
+    rpe::cuda::attention_inputs<S> gin;
+    gin.q = dq.cref(qshape);
+    gin.k = dk.cref(qshape);
+    gin.v = dv.cref(qshape);
+    gin.packed.lengths = cfg.host_packed ? cin.packed.lengths : dlengths.cref({m_count});
+    if (cfg.at_positions)
+        gin.packed.positions = cfg.host_packed ? cin.packed.positions : dpos.cref(pshape);
+    else if (!cfg.on.empty())
+        gin.packed.grids = cfg.host_packed ? cin.packed.grids : dgrids.cref({m_count, 2});
+    if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, l});
+    if (!am.empty()) gin.attn_mask = dam.cref({l, l});
+    std::vector<std::unique_ptr<device_vec<S>>> dtables, dgtables;
+    rpe::cuda::attention_term<S>* gslots[3] = {&gin.rpe_q, &gin.rpe_k, &gin.rpe_v};
+    for (int s = 0; s < 3; ++s)
+        if (terms[s]) attach_device_tables(*gslots[s], *terms[s], tables[s], dtables, dgtables);
+    cudaStream_t stream = nullptr;
+    RPE_CUDA_CHECK(cudaStreamCreate(&stream));
+    rpe::cuda::attention_forward(gin, dout.ref(qshape), {}, {.stream = stream});
+    rpe::cuda::attention_backward(gin, dgout.cref(qshape), dgq.ref(qshape), dgk.ref(qshape), dgv.ref(qshape), {.stream = stream});
+    RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    RPE_CUDA_CHECK(cudaStreamDestroy(stream));
+
+    // tolerance as compare_attention_at's: rms-scaled 16u·sqrt(D + L) (table gradients: sqrt(B·H·L²))
+    const double u = rpe::cuda::unit_roundoff<S>();
+    auto check_vs = [&](const std::string& what, const std::vector<double>& gpu, const std::vector<C>& cpu, double len) {
+        const double e = 16.0 * u * std::sqrt(len);
+        std::vector<double> ex(cpu.begin(), cpu.end());
+        double ss = 0;
+        for (double x : ex) ss += x * x;
+        check_close(what, gpu, ex, e * std::sqrt(ss / static_cast<double>(std::max<std::size_t>(ex.size(), 1))), e);
+    };
+    const double n = static_cast<double>(d + l);
+    check_vs("out", to_double(dout.host()), cout, n);
+    check_vs("grad_q", to_double(dgq.host()), cgq, n);
+    check_vs("grad_k", to_double(dgk.host()), cgk, n);
+    check_vs("grad_v", to_double(dgv.host()), cgv, n);
+    std::size_t u_index = 0;
+    for (int s = 0; s < 3; ++s)
+        for (std::size_t t = 0; t < cgtables[s].size(); ++t)
+            check_vs(std::string("grad table ") + "qkv"[s] + std::to_string(t), to_double(dgtables[u_index++]->host()),
+                     cgtables[s][t], static_cast<double>(b * h * l * l));
+}
+
+template <class S>
+void attention_packed_suite(unsigned seed) {
+    SUBCASE("3 images (2 x 3, 3 x 4, 1 x 5), skip 1: contextual q, k, v, shared") { compare_attention_packed<S>({}, seed); }
+    SUBCASE("bias q and k per head, skip 2, a key padding mask and an additive mask") {
+        compare_attention_packed<S>(
+            {.on = "qk", .contextual = false, .shared = false, .skip = 2, .padding = true, .additive = true}, seed);
+    }
+    SUBCASE("contextual v alone, skip 0, packed.positions (permuted grids)") {
+        compare_attention_packed<S>({.on = "v", .skip = 0, .at_positions = true}, seed);
+    }
+    SUBCASE("contextual q, k, v at packed.positions in host memory, a key padding mask") {
+        compare_attention_packed<S>({.at_positions = true, .padding = true, .host_packed = true}, seed);
+    }
+    SUBCASE("B = H = 1 (contiguous image rows, no gather), bias q and k, contextual v, an image of 7 x 7 (two key tiles)") {
+        compare_attention_packed<S>(
+            {.contextual = false, .batch = 1, .heads = 1, .grids = {{7, 7}, {2, 2}, {3, 5}}, .padding = true}, seed);
+    }
+    SUBCASE("one image (the whole sequence: no gather)") {
+        compare_attention_packed<S>({.grids = {{4, 5}}, .host_packed = true}, seed);
+    }
+    SUBCASE("no term: lengths only") { compare_attention_packed<S>({.on = "", .skip = 0, .additive = true}, seed); }
+}
+
 }  // namespace
+
+TEST_CASE_TEMPLATE("cuda fused attention on packed sequences matches the CPU fused attention's packed call", S, float, double) {
+    attention_packed_suite<S>(500);
+}
 
 TEST_CASE_TEMPLATE("cuda fused attention forward and backward match the CPU fused attention", S, float, double, __half,
                    __nv_bfloat16) {
@@ -527,18 +695,73 @@ TEST_CASE("cuda fused attention checks positions and key_lengths in host memory 
     both("[rpe.attention] key_lengths[1] = 5; expected 0 <= length <= L = 4");
 }
 
-TEST_CASE("cuda fused attention refuses packed sequences before any CUDA call") {
-    // host buffers: the shared front refuses the feature from cuda::attention_caps before any CUDA call
-    std::vector<float> q(1 * 1 * 5 * 2), out(q.size()), gq(q.size()), gk(q.size()), gv(q.size());
-    const std::vector<std::int32_t> lengths = {3, 2};
+TEST_CASE("cuda fused attention checks packed sequences in host memory as the CPU does, before any CUDA call") {
+    // host buffers: the shared front's checks (check_packed_front, check_packed_term) and what it
+    // refuses with packing on both backends (RoPE, key_lengths, keys of another length) throw
+    // before any CUDA call, with the CPU's messages
+    std::vector<float> q(2 * 1 * 9 * 2), kv(2 * 1 * 8 * 2), out(q.size()), gq(q.size()), gk(q.size()), gv(q.size()),
+        table(2 * 50);
+    std::vector<std::int32_t> lengths = {5, 4}, grids = {2, 2, 1, 3}, key_lengths = {9, 9};
+    const rpe::term_desc tk = rpe::make_term_desc(rpe::mapping::product<>{rpe::index::piecewise::from_ratio(1.9)}, true,
+                                                  rpe::target::key, {.num_heads = 1, .head_dim = 2, .skip = 1});
     rpe::cuda::attention_inputs<float> in;
-    in.q = in.k = in.v = {q.data(), {1, 1, 5, 2}};
+    in.q = in.k = in.v = {q.data(), {2, 1, 9, 2}};
+    in.rpe_k = {.term = &tk, .tables = {{table.data(), {1, 2, 50}}}};
     in.packed.lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {2});
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, {out.data(), {1, 1, 5, 2}}),
-                         "[rpe.attention] packed sequences (packed) is not supported by the cuda backend", rpe::not_supported);
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_backward(in, {q.data(), {1, 1, 5, 2}}, {gq.data(), {1, 1, 5, 2}},
-                                                       {gk.data(), {1, 1, 5, 2}}, {gv.data(), {1, 1, 5, 2}}),
-                         "[rpe.attention] packed sequences (packed) is not supported by the cuda backend", rpe::not_supported);
+    in.packed.grids = rpe::tensor_ref<const std::int32_t>(grids.data(), {2, 2});
+    const rpe::tensor_ref<float> o{out.data(), {2, 1, 9, 2}};
+    const auto cuda_backward = [&] {
+        rpe::cuda::attention_backward(in, {q.data(), {2, 1, 9, 2}}, {gq.data(), {2, 1, 9, 2}}, {gk.data(), {2, 1, 9, 2}},
+                                      {gv.data(), {2, 1, 9, 2}});
+    };
+    const auto invalid = [&](const std::string& expected) {  // the CPU's message, from both CUDA calls
+        CHECK_THROWS_WITH_AS(rpe::attention_forward(in, o), doctest::Contains(expected.c_str()), rpe::invalid_argument);
+        CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, o), doctest::Contains(expected.c_str()), rpe::invalid_argument);
+        CHECK_THROWS_WITH_AS(cuda_backward(), doctest::Contains(expected.c_str()), rpe::invalid_argument);
+    };
+    const auto refused = [&](const std::string& feature) {  // refused with packing by both backends
+        CHECK_THROWS_WITH_AS(rpe::attention_forward(in, o), (feature + " is not supported by the cpu backend").c_str(),
+                             rpe::not_supported);
+        CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, o), (feature + " is not supported by the cuda backend").c_str(),
+                             rpe::not_supported);
+        CHECK_THROWS_WITH_AS(cuda_backward(), (feature + " is not supported by the cuda backend").c_str(), rpe::not_supported);
+    };
+    lengths[1] = 5;
+    invalid("[rpe.attention] packed.lengths sum to 10; expected L = 9 of q (every token in one image)");
+    lengths[1] = 4;
+    grids[3] = 4;
+    invalid(
+        "[rpe.attention] packed.grids[1] = (1, 4) gives skip + height*width = 5 tokens of rpe_k; expected "
+        "packed.lengths[1] = 4");
+    grids[3] = 3;
+    in.height = 2;
+    invalid("[rpe.attention] height = 2, width = 0, depth = 1 with packed; expected 0, 0, 1");
+    in.height = 0;
+    in.key_lengths = rpe::tensor_ref<const std::int32_t>(key_lengths.data(), {2});
+    refused(
+        "[rpe.attention] key_lengths with packed sequences (packed; each image is attended alone, give a "
+        "key_padding_mask for padded tokens)");
+    in.key_lengths = {};
+    in.rope = {.form = rpe::rope::axial{.theta = 100.0f}};
+    refused("[rpe.attention] rope with packed sequences (packed)");
+    in.rope = {};
+    // the probabilities output: the cuda backend has none (with packing or not)
+    std::vector<float> attn(2 * 1 * 9 * 9);
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, o, {attn.data(), {2, 1, 9, 9}}),
+                         "[rpe.attention] the attn output (probabilities) is not supported by the cuda backend",
+                         rpe::not_supported);
+    // keys of another length: the cuda backend has none (with packing or not); the CPU refuses them with packing
+    in.k = in.v = {kv.data(), {2, 1, 8, 2}};
+    in.rpe_k = {};
+    in.packed.grids = {};
+    CHECK_THROWS_WITH_AS(rpe::attention_forward(in, o),
+                         "[rpe.attention] packed sequences with keys of another length than the queries (L = 9, L_k = 8); "
+                         "expected L_k = L (each image attends to itself)",
+                         rpe::not_supported);
+    CHECK_THROWS_WITH_AS(
+        rpe::cuda::attention_forward(in, o),
+        "[rpe.attention] keys of another length than the queries (L_k != L) is not supported by the cuda backend",
+        rpe::not_supported);
 }
 
 TEST_CASE("cuda fused attention refuses keys of another length and RoPE's query_suffix before any CUDA call") {

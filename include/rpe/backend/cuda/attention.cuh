@@ -12,7 +12,10 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../../attention_inputs.hpp"
@@ -42,8 +45,9 @@ using attention_inputs = rpe::attention_inputs<S>;
 /// (no strided views), no `attn` output and no backward from saved probabilities (there is no
 /// (L, L) buffer), RoPE with the frequencies' gradient (RoPE positions, key_positions and suffix
 /// included, rope::vjepa2's layout too), both masks, 3D grids, D ≤ 128, per-token positions of
-/// the iRPE terms (positions, key_positions) and valid key lengths (key_lengths), each in device
-/// or host memory; no packed sequences, and no keys of another length than the queries (L_k ≠ L;
+/// the iRPE terms (positions, key_positions), valid key lengths (key_lengths) and packed
+/// sequences (packed: lengths, grids, positions), each in device or host memory (packing without
+/// RoPE and without key_lengths, as on the CPU); no keys of another length than the queries (L_k ≠ L;
 /// its kernels index k, v, masks and ids by one L) nor RoPE's query_suffix other than its suffix
 /// (cross_lengths false) (rpe::not_supported before any CUDA call).
 inline constexpr attention_capabilities attention_caps{.backend = "cuda",
@@ -56,7 +60,7 @@ inline constexpr attention_capabilities attention_caps{.backend = "cuda",
                                                        .grid_3d = true,
                                                        .max_head_dim = 128,
                                                        .positions = true,
-                                                       .packed = false,
+                                                       .packed = true,
                                                        .key_lengths = true,
                                                        .cross_lengths = false};
 
@@ -808,13 +812,16 @@ struct rotated_inputs {
 // The attention inputs with every view that the shared front checks read on the host in host
 // memory: RoPE positions (host_rope_positions), the iRPE terms' positions and key_positions when a
 // term is attached (also what the ids are built from; without a term nothing reads them: they stay
-// as given, neither copied nor waited for) and key_lengths (uploaded again by prepare_attention).
+// as given, neither copied nor waited for), key_lengths (uploaded again by prepare_attention) and
+// the packed sequences' lengths, grids and positions (attention_inputs::packed: the images' token
+// ranges, grids and ids are made on the host).
 // `in` itself when none of these is in device memory, else a copy pointing at host copies (waited
 // for).
 template <class S>
 struct host_checked_inputs {
     host_rope_positions<S> hp;
     std::vector<std::int32_t> positions, key_positions, key_lengths;
+    std::vector<std::int32_t> packed_lengths, packed_grids, packed_positions;  // attention_inputs::packed's views
     std::optional<rpe::attention_inputs<S>> copy;
     host_checked_inputs(const rpe::attention_inputs<S>& in, cudaStream_t stream) : hp(in.rope, stream) {
         bool copied = false;
@@ -822,6 +829,9 @@ struct host_checked_inputs {
         const auto pos = with_terms ? host_view(in.positions, positions, stream, copied) : in.positions;
         const auto kpos = with_terms ? host_view(in.key_positions, key_positions, stream, copied) : in.key_positions;
         const auto lengths = host_view(in.key_lengths, key_lengths, stream, copied);
+        const packed_sequences pk{host_view(in.packed.lengths, packed_lengths, stream, copied),
+                                  host_view(in.packed.grids, packed_grids, stream, copied),
+                                  host_view(in.packed.positions, packed_positions, stream, copied)};
         if (copied) RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
         if (copied || in.rope.has_positions()) {
             copy.emplace(in);
@@ -829,12 +839,171 @@ struct host_checked_inputs {
             copy->positions = pos;
             copy->key_positions = kpos;
             copy->key_lengths = lengths;
+            copy->packed = pk;
         }
     }
     host_checked_inputs(const host_checked_inputs&) = delete;  // copy points into the vectors
     host_checked_inputs& operator=(const host_checked_inputs&) = delete;
     const rpe::attention_inputs<S>& of(const rpe::attention_inputs<S>& in) const { return copy ? *copy : in; }
 };
+
+// Copies `height` rows of `width` elements from src (rows `src_pitch` elements apart) to dst
+// (rows `dst_pitch` apart) on `stream`: one cudaMemcpy2DAsync (device or host memory alike).
+template <class T>
+void copy_rows(T* dst, std::int64_t dst_pitch, const T* src, std::int64_t src_pitch, std::int64_t width, std::int64_t height,
+               cudaStream_t stream) {
+    if (width <= 0 || height <= 0) return;
+    const std::size_t e = sizeof(T);
+    RPE_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<std::size_t>(dst_pitch) * e, src, static_cast<std::size_t>(src_pitch) * e,
+                                     static_cast<std::size_t>(width) * e, static_cast<std::size_t>(height), cudaMemcpyDefault,
+                                     stream));
+}
+
+// A packed image's rows of a contiguous (B, H, L, D) tensor (`slice` = token_slice(x, {2}, off,
+// len): (B, H, len, D), planes L·D apart) as a contiguous (B, H, len, D) view: the slice itself when
+// it is contiguous (one image, or B·H = 1), else `scratch` (B·H·len·D elements), filled with the
+// rows when `gather` (inputs; outputs are written back by put_rows).
+template <class T>
+tensor_ref<T> image_rows(const tensor_ref<T>& slice, std::remove_const_t<T>* scratch, bool gather, cudaStream_t stream) {
+    const std::int64_t shape[] = {slice.extent(0), slice.extent(1), slice.extent(2), slice.extent(3)};
+    if (slice.contiguous()) return tensor_ref<T>(slice.data, shape);
+    const std::int64_t row = slice.extent(2) * slice.extent(3);
+    if (gather) copy_rows<std::remove_const_t<T>>(scratch, row, slice.data, slice.stride(1), row, shape[0] * shape[1], stream);
+    return tensor_ref<T>(scratch, shape);
+}
+
+// Writes image rows computed into `rows` (image_rows of `slice`) back into the slice's rows of the
+// whole tensor (nothing when they are the slice itself).
+template <class T>
+void put_rows(const tensor_ref<T>& slice, const tensor_ref<T>& rows, cudaStream_t stream) {
+    if (rows.data == slice.data) return;
+    const std::int64_t row = slice.extent(2) * slice.extent(3);
+    copy_rows(slice.data, slice.stride(1), rows.data, row, row, slice.extent(0) * slice.extent(1), stream);
+}
+
+// A packed image's masks as contiguous device views: its (len, len) block of attn_mask (L, L)
+// and its (B, len) columns of key_padding_mask (B, L), gathered into `am`, `kpm` when they are
+// not contiguous.
+template <class S>
+void image_masks(rpe::attention_inputs<S>& c, S* am, std::uint8_t* kpm, cudaStream_t stream) {
+    if (!is_empty_view(c.attn_mask)) {
+        const std::int64_t len = c.attn_mask.extent(0);
+        if (!c.attn_mask.contiguous()) copy_rows(am, len, c.attn_mask.data, c.attn_mask.stride(0), len, len, stream);
+        c.attn_mask = tensor_ref<const S>(c.attn_mask.contiguous() ? c.attn_mask.data : am, {len, len});
+    }
+    if (!is_empty_view(c.key_padding_mask)) {
+        const std::int64_t b = c.key_padding_mask.extent(0), len = c.key_padding_mask.extent(1);
+        if (!c.key_padding_mask.contiguous())
+            copy_rows(kpm, len, c.key_padding_mask.data, c.key_padding_mask.stride(0), len, b, stream);
+        c.key_padding_mask =
+            tensor_ref<const std::uint8_t>(c.key_padding_mask.contiguous() ? c.key_padding_mask.data : kpm, {b, len});
+    }
+}
+
+// dst[e] = dst[e] + src[e] (in A, rounded to S once: the CPU's sum of the images' table gradients).
+template <class S>
+__global__ void add_into_kernel(S* __restrict__ dst, const S* __restrict__ src, std::int64_t n) {
+    for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < n;
+         e += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+        dst[e] = from_acc<S>(to_acc(dst[e]) + to_acc(src[e]));
+}
+
+// The scratch of the packed calls: per image rows of q, k, v and one or more outputs
+// ((B, H, longest, D) each; none when B·H = 1: the rows are then contiguous) and its masks
+// ((longest, longest), (B, longest)), allocated once for the longest image (0: one image, nothing
+// gathered) and reused image after image (stream-ordered).
+template <class S>
+struct packed_scratch {
+    std::int64_t rows;
+    device_buffer<S> am;
+    device_buffer<std::uint8_t> kpm;
+    std::vector<std::unique_ptr<device_buffer<S>>> x;
+    packed_scratch(const rpe::attention_inputs<S>& in, std::int64_t longest, int count, cudaStream_t stream)
+        : rows(in.q.extent(0) * in.q.extent(1) == 1 ? 0 : in.q.extent(0) * in.q.extent(1) * longest * in.q.extent(3)),
+          am(is_empty_view(in.attn_mask) ? 0 : longest * longest, stream),
+          kpm(is_empty_view(in.key_padding_mask) ? 0 : in.q.extent(0) * longest, stream) {
+        for (int i = 0; i < count; ++i) x.push_back(std::make_unique<device_buffer<S>>(rows, stream));
+    }
+    S* operator[](int i) const { return x[static_cast<std::size_t>(i)]->get(); }
+};
+
+template <class S>
+std::int64_t longest_image(const std::vector<packed_image<S>>& images) {
+    std::int64_t longest = 0;
+    for (const auto& img : images) longest = std::max(longest, img.length);
+    return longest;
+}
+
+// Packed sequences (attention_inputs::packed, checked): each image runs as a call of its own on
+// its rows of q, k, v (its grid's or its positions' ids, its block of the masks), its output
+// scattered into its rows of out, image after image on the stream. Per image: the kernels and
+// GEMMs of one call on (B, H, len, D), and (when the rows are not contiguous: more than one image
+// and B·H > 1) 3 cudaMemcpy2DAsync gathers of q, k, v, one of each mask, and 1 scatter of out.
+template <class S>
+void packed_forward(const rpe::attention_inputs<S>& in, tensor_ref<S> out, double scale, cudaStream_t stream) {
+    const auto images = packed_images(in);
+    const packed_scratch<S> buf(in, images.size() == 1 ? 0 : longest_image(images), 4, stream);
+    for (const auto& img : images) {
+        rpe::attention_inputs<S> c = img.in;
+        c.q = image_rows(c.q, buf[0], true, stream);
+        c.k = image_rows(c.k, buf[1], true, stream);
+        c.v = image_rows(c.v, buf[2], true, stream);
+        image_masks(c, buf.am.get(), buf.kpm.get(), stream);
+        const auto slice = token_slice(out, {2}, img.offset, img.length);
+        const auto rows = image_rows(slice, buf[3], false, stream);
+        attention_forward_impl(c, rows, scale, stream);
+        put_rows(slice, rows, stream);
+    }
+}
+
+// The backward of packed_forward: each image's gradients of q, k, v into its rows (gathered
+// grad_out, as the forward's inputs: 4 gathers and 3 scatters per image when not contiguous); the
+// table gradients of image 0 written in place, each later image's into scratch and added
+// (add_into_kernel, one launch per table and image: the images' sum in image order, as the CPU's).
+template <class S>
+void packed_backward(const rpe::attention_inputs<S>& in, const attention_gradients<S>& g, double scale, cudaStream_t stream) {
+    auto images = packed_images(in);
+    const packed_scratch<S> buf(in, images.size() == 1 ? 0 : longest_image(images), 7, stream);
+    std::int64_t table_size = 0;  // every wanted table gradient, for the images after the first
+    for (const auto* slot : {&in.rpe_q, &in.rpe_k, &in.rpe_v})
+        for (const auto& t : slot->grad_tables)
+            if (t.data) table_size += t.size();
+    const device_buffer<S> tables(images.size() > 1 ? table_size : 0, stream);
+    for (std::size_t m = 0; m < images.size(); ++m) {
+        const auto& img = images[m];
+        rpe::attention_inputs<S> c = img.in;
+        c.q = image_rows(c.q, buf[0], true, stream);
+        c.k = image_rows(c.k, buf[1], true, stream);
+        c.v = image_rows(c.v, buf[2], true, stream);
+        image_masks(c, buf.am.get(), buf.kpm.get(), stream);
+        const auto rows = [&](auto t) { return token_slice(t, {2}, img.offset, img.length); };
+        const tensor_ref<const S> grad_out = image_rows(rows(g.grad_out), buf[3], true, stream);
+        const tensor_ref<S> sq = rows(g.grad_q), sk = rows(g.grad_k), sv = rows(g.grad_v);
+        const tensor_ref<S> gq = image_rows(sq, buf[4], false, stream), gk = image_rows(sk, buf[5], false, stream),
+                            gv = image_rows(sv, buf[6], false, stream);
+        std::vector<std::pair<tensor_ref<S>, S*>> sums;  // (a table gradient, image m's scratch of it), m > 0
+        if (m > 0) {
+            S* next = tables.get();
+            for (auto* slot : {&c.rpe_q, &c.rpe_k, &c.rpe_v})
+                for (auto& t : slot->grad_tables)
+                    if (t.data) {
+                        sums.emplace_back(t, next);
+                        t = tensor_ref<S>(next, std::span<const std::int64_t>(t.shape.data(), static_cast<std::size_t>(t.rank)));
+                        next += t.size();
+                    }
+        }
+        attention_backward_impl(c, grad_out, gq, gk, gv, scale, stream);
+        put_rows(sq, gq, stream);
+        put_rows(sk, gk, stream);
+        put_rows(sv, gv, stream);
+        for (const auto& [given, scratch] : sums) {
+            const std::int64_t n = given.size();
+            const int blocks = static_cast<int>(std::min<std::int64_t>((n + 255) / 256, 4096));
+            add_into_kernel<S><<<blocks, 256, 0, stream>>>(given.data, scratch, n);
+            check_launch("add_into_kernel");
+        }
+    }
+}
 
 // The q and k tables of an attention call with RoPE (checked): q at rope.positions (or the grid),
 // k at rope.key_positions (or the queries' table).
@@ -892,7 +1061,16 @@ namespace rpe::cuda {
 /// and side); the kernels read id(i, j) = per-offset id of pos_i − kpos_j. With `in.key_lengths`
 /// ((B,) int32, device or host memory, copied to the host and checked there: 0 ≤ length ≤ L, then
 /// uploaded): keys at index ≥ key_lengths[b] are padding, never used (as a key_padding_mask marking
-/// them; rows without a valid key give zeros). Packed sequences are refused (attention_caps).
+/// them; rows without a valid key give zeros).
+///
+/// With `in.packed` (rpe::packed_sequences; lengths, grids, positions in device memory are copied
+/// to the host and waited for): each image runs as a call of its own on its tokens, as on the CPU
+/// (its grid's or positions' ids, its block of the masks; no pair of two images is computed), the
+/// images one after another on the stream. When an image's rows are not contiguous (more than one
+/// image and B·H > 1) they are gathered into scratch of the longest image's size (4 buffers of
+/// B·H·len·D elements of S, reused) and its output scattered back: per image the launches of one
+/// call plus 4 cudaMemcpy2DAsync (q, k, v, out) and one per mask. No RoPE, no key_lengths and no
+/// `attn` with packing (rpe::not_supported, as on the CPU).
 template <class S>
 void attention_forward(const attention_inputs<S>& in_given, tensor_ref<S> out, tensor_ref<S> attn = {},
                        const attention_options& opt = {}) {
@@ -901,6 +1079,10 @@ void attention_forward(const attention_inputs<S>& in_given, tensor_ref<S> out, t
     const auto shape = detail::check_attention_forward(in, out, attn, opt, attention_caps);  // the shared front
     const double scale = detail::softmax_scale(opt, shape.d);
     cudaStream_t stream = opt.stream;
+    if (in.packed.enabled()) {  // no RoPE with packing (the shared front)
+        detail::gpu::packed_forward(in, out, scale, stream);
+        return;
+    }
     if (!in.rope.enabled()) {
         detail::gpu::attention_forward_impl(in, out, scale, stream);
         return;
@@ -944,6 +1126,12 @@ template <class S>
 ///
 /// With `in.positions` / `in.key_lengths`: as attention_forward (the same ids; padded keys' grad_k
 /// and grad_v rows are exactly zero and add nothing to the tables' gradients).
+///
+/// With `in.packed`: as attention_forward, each image a backward call of its own into its rows of
+/// grad_q, grad_k, grad_v (per image, when not contiguous: 4 gathers — q, k, v, grad_out — and 3
+/// scatters; 7 scratch buffers of the longest image's B·H·len·D); the table gradients are the
+/// images' sum in image order (the first image's written in place, each later one's computed into
+/// scratch of the tables' size and added by one small kernel per table), as the CPU's.
 template <class S>
 void attention_backward(const attention_inputs<S>& in_given, const attention_gradients<S>& g, const attention_options& opt = {}) {
     const detail::gpu::host_checked_inputs<S> checked(in_given, opt.stream);  // positions, key_lengths read on the host
@@ -953,6 +1141,10 @@ void attention_backward(const attention_inputs<S>& in_given, const attention_gra
     cudaStream_t stream = opt.stream;
     const tensor_ref<const S> grad_out = g.grad_out;
     const tensor_ref<S> grad_q = g.grad_q, grad_k = g.grad_k, grad_v = g.grad_v;
+    if (in.packed.enabled()) {  // no RoPE with packing (the shared front)
+        detail::gpu::packed_backward(in, g, scale, stream);
+        return;
+    }
     if (!in.rope.enabled()) {
         detail::gpu::attention_backward_impl(in, grad_out, grad_q, grad_k, grad_v, scale, stream);
         return;
