@@ -62,7 +62,8 @@ struct attention_term {
 /// positions: (L − M·skip, 2 or 3) int32, every image's grid-token positions, image after image
 /// (as attention_inputs::positions is for one image: rows of image m are its tokens after its
 /// `skip` extra ones); or empty with grids. Exactly one of grids and positions when a term is
-/// attached. All views contiguous, host memory.
+/// attached. All views contiguous, host memory (the CUDA attention also takes device memory,
+/// copied to the host and waited for).
 struct packed_sequences {
     tensor_ref<const std::int32_t> lengths = {};    ///< (M,) tokens per image, its skip tokens included
     tensor_ref<const std::int32_t> grids = {};      ///< (M, 2) (height, width) or (M, 3) (depth, height, width), or empty
