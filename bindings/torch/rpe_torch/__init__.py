@@ -292,15 +292,15 @@ def _known_skip(config, num_buckets, base, skip, what):
 def _check_index(name, t, x=None, axes=None, what="integer tensor"):
     """An integer index tensor of the iRPE terms (per-token positions, packed lengths / grids /
     positions, key lengths): None, or an integer tensor (rank 2, axes 2 or 3 when ``axes``, rank 1
-    otherwise) on the CPU, or with CUDA tensors (has_cuda_kernels()) on the CPU or x's device;
-    packed sequences are refused on CUDA (rpe's CUDA backend has none). TypeError / ValueError
-    naming the argument; the values (ranges, sums, counts) are the library's checks."""
+    otherwise) on the CPU, or with CUDA tensors (has_cuda_kernels()) on the CPU or x's device.
+    TypeError / ValueError naming the argument; the values (ranges, sums, counts) are the
+    library's checks."""
     if t is None:
         return
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"[rpe.torch] {name} is a {type(t).__name__}; expected a torch.Tensor ({what})")
     device = t.device if t.device.type != "cpu" else (x.device if x is not None else t.device)
-    if device.type == "cuda" and has_cuda_kernels() and not name.startswith("packed"):
+    if device.type == "cuda" and has_cuda_kernels():
         if t.device.type != "cpu" and x is not None and t.device != x.device:
             raise ValueError(f"[rpe.torch] {name} is on device {t.device}; expected cpu or {x.device}, the device of the "
                              "other tensors")
@@ -620,7 +620,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     (B,) integer, the index after each batch element's last valid key (keys at index >=
     key_lengths[b] are padding, as key_padding_mask marks them, and are skipped; with a mask, a key
     is padded when either marks it, so take it from the mask: last valid index + 1); these are integer tensors on the CPU
-    (or, with CUDA tensors, the CPU or q's device; packed ones refused on CUDA), not differentiated (docs/positions.md); save_attn: keep the (B, H, L, L_k) probabilities for
+    (or, with CUDA tensors, the CPU or q's device), not differentiated (docs/positions.md); save_attn: keep the (B, H, L, L_k) probabilities for
     the backward, which then does not recompute them (True / False; None: when they take at most
     64 MiB, e.g. DeiT-S at batch 64 in float32; kept only when a backward can follow, except under
     torch.jit.trace, whose graph must hold one operator in every grad mode: there the choice is the

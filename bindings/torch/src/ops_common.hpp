@@ -398,7 +398,7 @@ std::vector<at::Tensor> prepared_tables(at::TensorList tables, const char* name,
 // library reads (rpe::attention_inputs::positions, packed, key_lengths; shapes and values are
 // the library's checks, with its own messages): on the CPU, or for a CUDA operator (w on a CUDA
 // device) on the CPU or w's device as given (rpe's CUDA attention copies device ones to the host
-// for its checks; the CUDA operators refuse packed sequences themselves). Errors: a tensor on
+// for its checks). Errors: a tensor on
 // another device a ValueError; a dtype other than an integer one (bool excluded) a TypeError;
 // values outside int32 a ValueError.
 inline at::Tensor prepared_index(const c10::optional<at::Tensor>& p, const char* name, const char* what, const where& w = {}) {

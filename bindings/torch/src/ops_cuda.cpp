@@ -19,15 +19,15 @@
 ///
 /// What rpe's CUDA backend does not have is refused with a Python exception naming it: the
 /// probabilities output (`attention_forward_attn`: NotImplementedError), the backward from
-/// saved probabilities (`attn`), packed sequences (`packed_lengths`, `packed_grids`,
-/// `packed_positions`: ValueError naming the argument, refuse_packed) and RoPE's
-/// `rope_query_suffix` other than -1 and `rope_suffix` (ValueError naming it and its value, before
-/// any other check: refuse_query_suffix). The iRPE terms' per-token
-/// positions (`positions`, `key_positions` of the term operators, `rpe_positions`,
-/// `rpe_key_positions` of the attention) and valid key lengths (`key_lengths`) are integer tensors
+/// saved probabilities (`attn`) and RoPE's `rope_query_suffix` other than -1 and `rope_suffix`
+/// (ValueError naming it and its value, before any other check: refuse_query_suffix). The iRPE
+/// terms' per-token positions (`positions`, `key_positions` of the term operators, `rpe_positions`,
+/// `rpe_key_positions` of the attention), packed sequences (`packed_lengths`, `packed_grids`,
+/// `packed_positions`) and valid key lengths (`key_lengths`) are integer tensors
 /// on the CPU or the operator's device (ValueError naming one on another device, TypeError for a
 /// dtype that is not an integer one; converted to int32): the attention passes them to rpe's CUDA
-/// attention as they are (device ones are copied to the host there, for the checks and the ids);
+/// attention as they are (device ones are copied to the host there, for the checks, the images'
+/// token ranges and the ids; packed sequences run image after image, docs/cuda.md);
 /// the term operators copy device positions to the CPU (the ids are built on the host), then rpe's
 /// CUDA terms upload the bounding box's per-offset ids and the linear positions (docs/positions.md).
 /// The table operators (timm layout, CPB, SAM, rope_mixed_init), small host computations in rpe,
@@ -45,7 +45,6 @@
 #include <algorithm>
 #include <initializer_list>
 #include <string>
-#include <string_view>
 #include <utility>
 
 #include "cuda_kernels.hpp"
@@ -291,21 +290,6 @@ void refuse_query_suffix(c10::string_view rope_form, int64_t query_suffix, int64
                       suffix, " (the CPU operators take it)");
 }
 
-// Packed sequences (packed_lengths, packed_grids, packed_positions): rpe's CUDA attention
-// refuses them (rpe::not_supported); a ValueError naming the first one given, before any other check.
-void refuse_packed(const attention_args& a, const where& w) {
-    const std::pair<const char*, const at::Tensor*> packed[] = {
-        {"packed_lengths (packed sequences' lengths)", &a.packed_lengths},
-        {"packed_grids (packed images' grids)", &a.packed_grids},
-        {"packed_positions (packed images' per-token positions)", &a.packed_positions}};
-    for (const auto& [what, t] : packed) {
-        const std::string_view text(what);
-        const std::string name(text.substr(0, text.find(' ')));
-        TORCH_CHECK_VALUE(!t->defined(), "[rpe.torch] ", what, " is not supported by the cuda backend: rpe's CUDA kernels ",
-                          "refuse it (rpe::not_supported); expected ", name, " = None with tensors on device ", w.device.str());
-    }
-}
-
 template <class S, class T>
 at::Tensor attention_forward_cuda(attention_args& a, const dtype_rule& st, const where& w) {
     auto s = setup_attention<S, T>(a, st, w);
@@ -344,7 +328,6 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
         a.rope_query_suffix = rope_query_suffix;
         const where w = attention_device(a);
-        refuse_packed(a, w);  // positions and key_lengths: prepared by setup_attention (the CPU or w's device)
         const dtype_rule st{checked_cuda_float_type(q, "q"), "q", attention_dtypes};
         const c10::cuda::CUDAGuard guard(w.device);
         return on_cuda_dtype(st, [&]<class S, class T>() { return attention_forward_cuda<S, T>(a, st, w); });
@@ -373,7 +356,6 @@ std::vector<at::Tensor> attention_backward(
         a.rope_query_suffix = rope_query_suffix;
         a.grad_out = grad_out;
         const where w = attention_device(a);
-        refuse_packed(a, w);  // positions and key_lengths: prepared by setup_attention (the CPU or w's device)
         const dtype_rule st{checked_cuda_float_type(q, "q"), "q", attention_dtypes};
         const c10::cuda::CUDAGuard guard(w.device);
         return on_cuda_dtype(st, [&]<class S, class T>() { return attention_backward_cuda<S, T>(a, st, w); });

@@ -3,8 +3,8 @@ its CPU operators: every term kind, the fused attention (iRPE on q, k, v, Cross,
 scale, RoPE axial / mixed / cat alone and with iRPE) and the standalone RoPE, values and
 gradients (through autograd: the backward operators too), in float32 and float64, and in
 float16 / bfloat16 against the CPU's float32 on the same rounded inputs; the iRPE terms and the
-attention at per-token positions and with valid key lengths (float64); the errors (mixed
-devices, features rpe's CUDA backend lacks, operators without a CUDA kernel, dtypes).
+attention at per-token positions, with valid key lengths and on packed sequences (float64); the
+errors (mixed devices, features rpe's CUDA backend lacks, operators without a CUDA kernel, dtypes).
 
 Every test that needs a device skips when ``torch.cuda.is_available()`` is False (they run on a
 lent GPU through scripts/gpu_check.sh --torch). Without a device, test_cuda_kernels_registered
@@ -662,6 +662,56 @@ def test_attention_at_positions_and_key_lengths_matches_cpu(case, where):
         assert bool(torch.all(kg.grad[0, :, L - 3:] == 0)) and bool(torch.all(vg.grad[0, :, L - 3:] == 0))
 
 
+PACKED_IMAGES = [(2, 3), (3, 4), (1, 5)]  # (height, width) of the packed test's 3 images
+
+
+@needs_gpu
+@pytestmark_kernels
+@pytest.mark.parametrize("where", ["cuda", "cpu"])
+@pytest.mark.parametrize("case", ["grids_contextual_qkv", "positions_contextual_qkv", "grids_bias_qk_padding"])
+def test_attention_packed_matches_cpu(case, where):
+    """rt.attention on packed sequences (3 images of different grids in one sequence, a class
+    token each: packed_lengths with packed_grids or packed_positions, on q's device or on the CPU;
+    iRPE contextual on q, k, v, or bias on q and k with a key padding mask), forward and backward,
+    against the CPU attention's packed call (float64)."""
+    B, H, D, skip = 2, 2, 16, 1
+    lengths = [skip + h * w for h, w in PACKED_IMAGES]
+    L = sum(lengths)
+    bias = case.startswith("grids_bias")
+    cfg = rt.get_rpe_config(ratio=RATIO, method="product", mode="bias" if bias else "contextual", shared_head=not bias,
+                            skip=skip, rpe_on="qk" if bias else "qkv")
+    g = torch.Generator().manual_seed(17)
+    mods_c = [m.double() if m is not None else None for m in rt.build_rpe(cfg, head_dim=D, num_heads=H)]
+    with torch.no_grad():
+        for m in mods_c:
+            if m is not None:
+                for p in m.parameters():
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    mods_g = [copy_module(m).to(DEVICE) if m is not None else None for m in mods_c]
+    dev = DEVICE if where == "cuda" else "cpu"
+    kw_c = {"packed_lengths": torch.tensor(lengths)}
+    if case.startswith("positions"):
+        grids = [torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(-1, 2)
+                 for h, w in PACKED_IMAGES]  # each image's grid positions, permuted
+        kw_c["packed_positions"] = torch.cat([p[torch.randperm(p.shape[0], generator=g)] for p in grids])
+    else:
+        kw_c["packed_grids"] = torch.tensor(PACKED_IMAGES)
+    kw_g = {k: t.to(dev) for k, t in kw_c.items()}
+    if bias:  # the last key of the second and third images padded in batch element 0
+        mask = torch.zeros(B, L, dtype=torch.bool)
+        mask[0, lengths[0] + lengths[1] - 1] = mask[0, L - 1] = True
+        kw_c["key_padding_mask"], kw_g["key_padding_mask"] = mask, mask.to(DEVICE)
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    qg, kg, vg = (t.detach().to(DEVICE).requires_grad_() for t in (q, k, v))
+    out_c = rt.attention(q, k, v, *mods_c, save_attn=False, **kw_c)
+    out_g = rt.attention(qg, kg, vg, *mods_g, **kw_g)
+    check_float64_attention(out_g, out_c, (qg, kg, vg), (q, k, v), g, D + L)
+    params_g = [p for m in mods_g if m is not None for p in m.parameters()]
+    params_c = [p for m in mods_c if m is not None for p in m.parameters()]
+    for a, b in zip(params_g, params_c):
+        assert_matches(a.grad, b.grad, torch.float64, B * H * L * L, f"grad table {tuple(a.shape)}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Table operators (on the host)
 # ---------------------------------------------------------------------------------------------
@@ -740,17 +790,13 @@ def test_errors_name_the_argument():
     # RoPE positions: on the CPU or q's device; CUDA positions with CPU tensors are refused
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is on device cuda:0; expected cpu, the device of"):
         rt.RoPEAxial(skip=1)(q.cpu(), positions=pos.cuda())
-    # packed sequences: refused by Python and by the operators (before any other check)
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] packed_lengths is given with tensors on device cuda:0"):
-        rt.attention(q, k, v, None, rpe_k, None, packed_lengths=torch.tensor([L]), packed_grids=torch.tensor([[h, w]]))
     tail = ("", [], None, 0, "pairs", None, None, 0)
-    for i, (name, t) in enumerate((("packed_lengths", torch.tensor([L])), ("packed_grids", torch.tensor([[h, w]])),
-                                   ("packed_positions", pos))):
-        idx = [None] * 6
-        idx[2 + i] = t
-        with pytest.raises(ValueError, match=rf"\[rpe\.torch\] {name} \(.*\) is not supported by the cuda backend"):
-            torch.ops.rpe.attention_forward(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None,
-                                            None, *tail, *idx)
+    # packed sequences: on the CPU or q's device, checked by the library on the host
+    with pytest.raises(ValueError, match=r"\[rpe\.attention\] packed\.lengths sum to 8; expected L = 7 of q"):
+        rt.attention(q, k, v, None, rpe_k, None, packed_lengths=torch.tensor([L + 1], device="cuda"),
+                     packed_grids=torch.tensor([[h, w]], device="cuda"))
+    with pytest.raises(ValueError, match=r"\[rpe\.attention\] rpe_k is attached with packed but neither packed.grids"):
+        rt.attention(q, k, v, None, rpe_k, None, packed_lengths=torch.tensor([L]))
     # the iRPE terms' positions and key lengths: on the CPU or q's device, integer
     with pytest.raises(TypeError, match=r"\[rpe\.torch\] rpe_positions has dtype torch\.float32; expected an integer"):
         rt.attention(q, k, v, None, rpe_k, None, rpe_positions=pos.float().cuda())
