@@ -229,8 +229,10 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
                          bool logits_given = false, const S* keys = nullptr, const block_layout<S, Id>* lay = nullptr) {
     using cpu::cmap;
     using cpu::map;
-    // n: queries (the key-order ids' stride); ni = L_k: the id rows' stride and the q products' rows
-    const std::int64_t n = plan.l, ni = plan.lk, nk = plan.keys(p), d = plan.d, h = p % plan.h;
+    // n: queries (the key-order ids' stride; read by the AVX-512 lookups only); ni = L_k: the id
+    // rows' stride and the q products' rows
+    [[maybe_unused]] const std::int64_t n = plan.l;
+    const std::int64_t ni = plan.lk, nk = plan.keys(p), d = plan.d, h = p % plan.h;
     const std::int64_t ld = lay && lay->ld > 0 ? lay->ld : nk;
     const bool folded = lay && lay->folded_k;
     if (!logits_given) {
