@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <type_traits>
 #include <typeindex>
 
 #include "concepts.hpp"
@@ -22,15 +23,20 @@ struct mapping_key_base {
 };
 
 template <GridMapping M>
-struct mapping_key final : mapping_key_base {
+struct mapping_key_of final : mapping_key_base {
     M mapping;
-    explicit mapping_key(const M& m) : mapping(m) {}
+    explicit mapping_key_of(const M& m) : mapping(m) {}
     [[nodiscard]] bool equals(const mapping_key_base& other) const override {
-        const auto* o = dynamic_cast<const mapping_key<M>*>(&other);
+        const auto* o = dynamic_cast<const mapping_key_of<M>*>(&other);
         return o != nullptr && o->mapping == mapping;
     }
     [[nodiscard]] std::type_index type() const override { return typeid(M); }
 };
+
+/// @brief The key of mapping type M without its cv-qualifiers, so that a term of
+/// `decltype(m)` for `const auto m = ...` (M = const X) reads ids built from an X and the other way round.
+template <class M>
+using mapping_key = mapping_key_of<std::remove_cv_t<M>>;
 
 }  // namespace detail
 

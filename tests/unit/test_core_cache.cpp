@@ -112,6 +112,29 @@ TEST_CASE("bucket_cache: each part of the key separates entries") {
     CHECK(cache.builds() == 1 + others.size());
 }
 
+TEST_CASE("a term of a const-qualified mapping type reads the unqualified type's ids, and the other way round") {
+    // rpe::term<decltype(m)> for `const auto m = ...` is a term of `const M`: the ids' mapping key
+    // drops the qualifier, so each term accepts the other's ids and gives the same output
+    const auto m = prod;
+    const rpe::term_config cfg{.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1};
+    const rpe::term<decltype(m), rpe::mode::bias, rpe::target::key, float> qualified(m, cfg);
+    const rpe::term<mapping::product<>, rpe::mode::bias, rpe::target::key, float> plain(prod, cfg);
+    const auto ids_q = qualified.bucket_ids(3, 4);
+    const auto ids_p = rpe::build_bucket_ids(prod, 3, 4, 1);
+    CHECK(ids_q->key() == ids_p->key());
+    CHECK(ids_q->key().holds(m));
+    std::vector<float> table(static_cast<std::size_t>(2 * plain.num_buckets()));
+    for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(i % 17) - 8.f;
+    const rpe::tensor_ref<const float> tab(table.data(), {2, plain.num_buckets()});
+    std::vector<float> a(2 * 13 * 13), b(a.size()), c(a.size());
+    qualified.forward(*ids_p, tab, {}, rpe::tensor_ref<float>(a.data(), {1, 2, 13, 13}), rpe::write::overwrite);
+    plain.forward(*ids_q, tab, {}, rpe::tensor_ref<float>(b.data(), {1, 2, 13, 13}), rpe::write::overwrite);
+    plain.forward(*ids_p, tab, {}, rpe::tensor_ref<float>(c.data(), {1, 2, 13, 13}), rpe::write::overwrite);
+    CHECK(a == c);
+    CHECK(b == c);
+    CHECK(c[13] == table[static_cast<std::size_t>(ids_p->at(0, 1, 0))]);  // token 1, the skip token: the extra bucket
+}
+
 TEST_CASE("bucket_cache: the reference's stale-id scenario (L = 50 with skip 1, then L = 49 with skip 0)") {
     // The reference caches per (height, width) and ignores skip, so a module that saw a 7x7 grid
     // with a class token (L = 50) returned those ids for L = 49 without one.
