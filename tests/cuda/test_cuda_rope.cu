@@ -146,7 +146,7 @@ void compare_rope(const rope_config& cfg, unsigned seed) {
         }
     double moved = 0;
     for (std::size_t i = 0; i < y.size(); ++i) moved = std::max(moved, std::fabs(y[i] - static_cast<double>(x[i])));
-    CHECK(moved > 0.1);
+    CHECK(moved > 0.01);  // mrope's h and w pairs turn slowly: about 0.05 on a 3 x 4 grid
 }
 
 struct rope_attn_config {

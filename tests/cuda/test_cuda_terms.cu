@@ -392,8 +392,8 @@ TEST_CASE("ids at a grid's own coordinates give the grid's term (cuda)") {
     // positions equal to the grid's own coordinates in token order: the grid's ids exactly, so
     // the CUDA term at positions equals the CUDA term on the grid (same device, same order of sums)
     using P = rpe::mapping::product<pw>;
-    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t(P{pw::from_ratio(1.9)},
-                                                                         {.num_heads = 2, .head_dim = 4, .skip = 1});
+    const rpe::term<P, rpe::mode::bias, rpe::target::key, float, cuda> t(
+        P{pw::from_ratio(1.9)}, {.num_heads = 2, .head_dim = 4, .shared_head = false, .skip = 1});
     std::vector<std::int32_t> coords;
     for (int r = 0; r < 4; ++r)
         for (int c = 0; c < 5; ++c) coords.insert(coords.end(), {r, c});
@@ -566,12 +566,16 @@ TEST_CASE("device ids at per-token positions: the host's ids through the views, 
                     RPE_CUDA_CHECK(cudaGetLastError());
                 });
             const auto got = buf.host();
+            // the transposed view is the query target's: the host's transposed rows (offset
+            // kpos_j − qpos_i; id(j, i) only when the keys share the queries' positions)
+            std::vector<std::int32_t> row_buf(static_cast<std::size_t>(n));
             int wrong = 0;
-            for (std::int64_t i = 0; i < n; ++i)
+            for (std::int64_t i = 0; i < n; ++i) {
+                const std::int32_t* query_row = ids->rows<std::int32_t>(t, i, 1, true, row_buf.data());
                 for (std::int64_t j = 0; j < n; ++j)
                     wrong += (got[static_cast<std::size_t>(i * n + j)] != ids->at(t, static_cast<int>(i), static_cast<int>(j))) +
-                             (got[static_cast<std::size_t>(n * n + i * n + j)] !=
-                              ids->at(t, static_cast<int>(j), static_cast<int>(i)));
+                             (got[static_cast<std::size_t>(n * n + i * n + j)] != query_row[j]);
+            }
             CHECK(wrong == 0);
         }
     }
