@@ -362,12 +362,32 @@ std::vector<at::Tensor> attention_backward(
     });
 }
 
-// attention_forward_attn: refused (rpe's CUDA attention has no probabilities output).
-void no_probabilities_output(const c10::OperatorHandle& op, torch::jit::Stack*) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "[rpe.torch] ", op.schema().name(),
-                                " (the attention's probabilities output, rpe_torch.attention(save_attn=True)) is not "
-                                "supported by the cuda backend: rpe's CUDA attention keeps no (B, H, L, L) buffer; use "
-                                "attention_forward (save_attn=False: the backward recomputes the probabilities)");
+// attention_forward_attn: refused (rpe's CUDA attention has no probabilities output), after the
+// device checks of attention_forward, so that a call dispatched here by one CUDA tensor among CPU
+// ones (a CUDA table with CPU q, k, v) names that tensor instead.
+std::vector<at::Tensor> attention_forward_attn(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk, at::TensorList tv,
+    c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
+    at::ArrayRef<double> params, int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
+    const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
+    at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
+    c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
+    const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
+    const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
+    const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
+    const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
+    return translating([&] {
+        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
+                           rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
+        set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
+        (void)attention_device(a);
+        TORCH_CHECK_NOT_IMPLEMENTED(false,
+                                    "[rpe.torch] rpe::attention_forward_attn (the attention's probabilities output, "
+                                    "rpe_torch.attention(save_attn=True)) is not supported by the cuda backend: rpe's CUDA "
+                                    "attention keeps no (B, H, L, L) buffer; use attention_forward (save_attn=False: the "
+                                    "backward recomputes the probabilities)");
+        return std::vector<at::Tensor>{};
+    });
 }
 
 // The table operators (timm layout, SwinV2 CPB, SAM resize and tables, rope_mixed_init): rpe
@@ -416,7 +436,7 @@ TORCH_LIBRARY_IMPL(rpe, CUDA, m) {
     m.impl("attention_backward", &attention_backward);
     m.impl("rope_forward", &rope_forward);
     m.impl("rope_backward", &rope_backward);
-    m.impl("attention_forward_attn", torch::CppFunction::makeFromBoxedFunction<&no_probabilities_output>());
+    m.impl("attention_forward_attn", &attention_forward_attn);
     for (const char* name :
          {"rope_mixed_init", "table_from_timm", "table_to_timm", "cpb_table", "cpb_table_backward", "cpb_bias_forward",
           "cpb_bias_backward", "resize_rel_pos", "resize_rel_pos_backward", "decomposed_tables", "decomposed_tables_backward"})
