@@ -26,22 +26,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rpe_torch  # noqa: E402
-
-
-def composed(q, k, v, rpe_q, rpe_k, rpe_v, scale):
-    """The reference's RPEAttention step in PyTorch ops (rpe_torch's term modules for the terms)."""
-    qs = q * scale
-    logits = qs @ k.transpose(-2, -1)
-    if rpe_k is not None:
-        logits = logits + rpe_k(qs)
-    if rpe_q is not None:
-        logits = logits + rpe_q(k * scale).transpose(2, 3)
-    a = logits.softmax(dim=-1)
-    out = a @ v
-    if rpe_v is not None:
-        out = out + rpe_v(a)
-    return out
+from bench_attention import composed  # noqa: E402  (the reference's RPEAttention step in PyTorch ops)
 
 
 def timed(fn, backward, grad):
@@ -90,7 +77,7 @@ def main():
             ("irpe_k", "sdpa + materialised term"):
                 lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=rk(q * scale)),
             ("irpe_qkv", "rpe_torch.attention"): lambda: rpe_torch.attention(q, k, v, rq, rk, rv, height=side, width=side),
-            ("irpe_qkv", "composed (PyTorch ops)"): lambda: composed(q, k, v, rq, rk, rv, scale),
+            ("irpe_qkv", "composed (PyTorch ops)"): lambda: composed((rq, rk, rv), q, k, v, scale),
         }
         for key, fn in list(lines.items()):  # a line that cannot run is reported and left out
             try:

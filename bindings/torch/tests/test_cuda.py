@@ -452,6 +452,58 @@ def test_attention_on_a_side_stream_and_under_no_grad():
     assert_matches(out, expected, torch.float32, 16 + 21, "out (side stream)", attention=True)
 
 
+class _CompiledBlock(torch.nn.Module):
+    """A pre-norm attention block on rpe_torch.attention: RoPE-Mixed (learned frequencies) and
+    contextual iRPE on q, k and v (Product, per-head tables, a class token), 3 × 3 grid."""
+
+    def __init__(self, dim=16, heads=2, side=3):
+        super().__init__()
+        self.heads, self.side = heads, side
+        self.norm = torch.nn.LayerNorm(dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+        self.rope = rt.RoPEMixed(heads, dim // heads, skip=1)
+        cfg = rt.get_rpe_config(ratio=RATIO, method="product", mode="ctx", shared_head=False, skip=1, rpe_on="qkv")
+        self.rpe_q, self.rpe_k, self.rpe_v = rt.build_rpe(cfg, dim // heads, heads)
+        with torch.no_grad():
+            for m in (self.rpe_q, self.rpe_k, self.rpe_v):
+                m.lookup_table_weight.normal_(std=0.5)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(self.norm(x)).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        out = rt.attention(q, k, v, self.rpe_q, self.rpe_k, self.rpe_v, height=self.side, width=self.side, rope=self.rope)
+        return x + self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+@needs_gpu
+@pytestmark_kernels
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_fullgraph_on_cuda(backend):
+    """torch.compile(fullgraph=True) of a block whose attention runs on the CUDA operators (their
+    fake kernels trace it; inductor generates the GPU code around them): no graph break, the output
+    and every parameter gradient equal to eager on the same device (float64)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _CompiledBlock().double().to(DEVICE)
+    x = torch.randn(2, 10, 16, dtype=torch.float64, device=DEVICE)
+
+    def run(f):
+        model.zero_grad(set_to_none=True)
+        out = f(x)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=DEVICE).reshape(out.shape)).sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    eager_out, eager_grads = run(model)
+    out, grads = run(torch.compile(model, fullgraph=True, backend=backend))  # fullgraph: a graph break raises
+    assert out.device.type == DEVICE
+    torch.testing.assert_close(out, eager_out, atol=1e-10, rtol=1e-10)
+    assert grads.keys() == eager_grads.keys()
+    assert sum("lookup_table_weight" in n for n in grads) == 3 and any(n.startswith("rope.") for n in grads), list(grads)
+    for n in grads:
+        torch.testing.assert_close(grads[n], eager_grads[n], atol=1e-10, rtol=1e-10, msg=n)
+
+
 @needs_gpu
 @not_dry
 @pytestmark_kernels
@@ -575,7 +627,7 @@ def test_attention_rope_positions_match_cpu(kind):
 
 
 # ---------------------------------------------------------------------------------------------
-# iRPE at per-token positions, valid key lengths (compiled, not yet run on a GPU)
+# iRPE at per-token positions, valid key lengths
 # ---------------------------------------------------------------------------------------------
 
 def irpe_positions(n, axes, irregular, seed):
