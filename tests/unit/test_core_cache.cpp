@@ -132,7 +132,7 @@ TEST_CASE("a term of a const-qualified mapping type reads the unqualified type's
     plain.forward(*ids_p, tab, {}, rpe::tensor_ref<float>(c.data(), {1, 2, 13, 13}), rpe::write::overwrite);
     CHECK(a == c);
     CHECK(b == c);
-    CHECK(c[13] == table[static_cast<std::size_t>(ids_p->at(0, 1, 0))]);  // token 1, the skip token: the extra bucket
+    CHECK(c[13] == table[static_cast<std::size_t>(ids_p->at(0, 1, 0))]);  // query 1, key 0 (the skip token): its bucket
 }
 
 TEST_CASE("bucket_cache: the reference's stale-id scenario (L = 50 with skip 1, then L = 49 with skip 0)") {
