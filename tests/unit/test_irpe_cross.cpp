@@ -6,13 +6,15 @@
 // attention with each term mode attached against a composed reference written here (logits =
 // (q·s)·kᵀ + the terms from the positions and tables, softmax, value term), forward in double and
 // float, backward against finite differences in q, k, v and every table (float: against the double
-// gradients); and the refusals (wrong
-// positions counts, missing key_positions, a grid with L_k != L, packing, a backend without
-// cross_lengths, a standalone term's shapes).
+// gradients), on Product and on Cross (two tables, each one's gradient); 16-bit storage (bf16, f16)
+// with terms: bit for bit the float call rounded once, and within the float64 bounds; and the
+// refusals (wrong positions counts, missing key_positions, a grid with L_k != L, packing, a
+// backend without cross_lengths, a standalone term's shapes).
 #include <doctest/doctest.h>
 #include <rpe/rpe.hpp>
 
 #include "golden.hpp"
+#include "half_checks.hpp"
 
 #include <algorithm>
 #include <array>
@@ -64,21 +66,29 @@ std::int64_t size_of(const std::vector<std::int64_t>& shape) {
     return z;
 }
 
+// Cross (two tables: rows g(dr), cols g(dc)), the same directed index as `prod`.
+using cross_mapping = rpe::mapping::cross<rpe::index::piecewise>;
+const cross_mapping crossm{rpe::index::piecewise{.alpha = 1.0, .beta = 2.0, .gamma = 4.0}};
+
 // Ids of queries at `q` and keys at `k` (both (N, 2)) after `skip` extra tokens, from the mapping's
-// bucket(dr, dc): the key target's id(i, j), offset qpos_i − kpos_j, and the query target's,
-// offset kpos_j − qpos_i; pairs touching an extra token: the extra bucket K − 1.
+// bucket(dr, dc) (`prod`, or table `table` of `crossm` when `cross` is set): the key target's
+// id(i, j), offset qpos_i − kpos_j, and the query target's, offset kpos_j − qpos_i; pairs touching
+// an extra token: the extra bucket K − 1.
 struct hand_ids {
     const std::vector<std::int32_t>*q, *k;
     int skip = 0, extra = 0;
+    bool cross = false;
+    int table = 0;
+    int bucket(int dr, int dc) const { return cross ? crossm.bucket(dr, dc, table) : prod.bucket(dr, dc); }
     int key(std::int64_t i, std::int64_t j) const {
         if (i < skip || j < skip) return extra;
         const auto a = static_cast<std::size_t>(2 * (i - skip)), b = static_cast<std::size_t>(2 * (j - skip));
-        return prod.bucket((*q)[a] - (*k)[b], (*q)[a + 1] - (*k)[b + 1]);
+        return bucket((*q)[a] - (*k)[b], (*q)[a + 1] - (*k)[b + 1]);
     }
     int query(std::int64_t i, std::int64_t j) const {
         if (i < skip || j < skip) return extra;
         const auto a = static_cast<std::size_t>(2 * (i - skip)), b = static_cast<std::size_t>(2 * (j - skip));
-        return prod.bucket((*k)[b] - (*q)[a], (*k)[b + 1] - (*q)[a + 1]);
+        return bucket((*k)[b] - (*q)[a], (*k)[b + 1] - (*q)[a + 1]);
     }
 };
 
@@ -301,26 +311,29 @@ TEST_CASE("irpe cross: a standalone term names the (L, L_k) shapes it expects") 
 namespace {
 
 // A cross-attention problem with iRPE terms at positions: q (B, H, L, D), k, v (B, H, L_k, D),
-// L = skip + N queries at qpos, L_k = skip + N_k keys at kpos; terms on q, k, v as a config says.
+// L = skip + N queries at qpos, L_k = skip + N_k keys at kpos; terms on q, k, v as a config says,
+// on Product (one table per slot) or Cross (two: rows, then cols, held one after the other).
 struct slot_config {
     bool on = false, contextual = false, shared = true;
 };
 struct cross_config {
     slot_config q, k, v;
     int skip = 1;
+    bool cross = false;  // the Cross mapping (two tables per slot) instead of Product
 };
 
 struct irpe_problem {
     std::int64_t b = 2, h = 2, d = 3, l = 0, lk = 0;
     int skip = 1;
+    bool cross = false;
     std::vector<std::int32_t> qp, kp;
     std::vector<double> q, k, v, go;
     std::array<std::optional<rpe::term_desc>, 3> desc;  // q, k, v slots (only those `on`)
     std::array<bool, 3> on{}, ctx{};
-    std::array<std::vector<double>, 3> table;
+    std::array<std::vector<double>, 3> table;  // a slot's tables one after the other (Cross: rows, cols)
 
     irpe_problem(const cross_config& c, const std::vector<std::int32_t>& qpos, const std::vector<std::int32_t>& kpos)
-        : skip(c.skip), qp(qpos), kp(kpos) {
+        : skip(c.skip), cross(c.cross), qp(qpos), kp(kpos) {
         l = skip + static_cast<std::int64_t>(qp.size() / 2);
         lk = skip + static_cast<std::int64_t>(kp.size() / 2);
         q = random_values(static_cast<std::size_t>(b * h * l * d), 61);
@@ -333,11 +346,21 @@ struct irpe_problem {
             on[i] = s[i]->on;
             ctx[i] = s[i]->contextual || i == 2;
             if (!on[i]) continue;
-            desc[i].emplace(rpe::make_term_desc(
-                prod, ctx[i], tg[i],
-                {.num_heads = static_cast<int>(h), .head_dim = static_cast<int>(d), .shared_head = s[i]->shared, .skip = skip}));
-            table[i] = random_values(static_cast<std::size_t>(size_of(desc[i]->table_shape())), 70 + i);
+            const rpe::term_config tc{
+                .num_heads = static_cast<int>(h), .head_dim = static_cast<int>(d), .shared_head = s[i]->shared, .skip = skip};
+            desc[i].emplace(cross ? rpe::make_term_desc(crossm, ctx[i], tg[i], tc)
+                                  : rpe::make_term_desc(prod, ctx[i], tg[i], tc));
+            table[i] = random_values(static_cast<std::size_t>(desc[i]->num_tables() * size_of(desc[i]->table_shape())), 70 + i);
         }
+    }
+
+    // Views of slot i's tables, one after the other from `data`, each of shape table_shape().
+    template <class T>
+    std::vector<rpe::tensor_ref<T>> views(std::size_t i, T* data) const {
+        const auto shape = desc[i]->table_shape();
+        std::vector<rpe::tensor_ref<T>> r;
+        for (int t = 0; t < desc[i]->num_tables(); ++t) r.emplace_back(data + t * size_of(shape), shape);
+        return r;
     }
 
     rpe::attention_inputs<double> inputs(const std::vector<double>& qs, const std::vector<double>& ks,
@@ -350,7 +373,7 @@ struct irpe_problem {
         in.key_positions = pos_ref(kp);
         rpe::attention_term<double>* slots[3] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
         for (int i = 0; i < 3; ++i)
-            if (on[i]) *slots[i] = {.term = &*desc[i], .tables = {{tabs[i].data(), desc[i]->table_shape()}}};
+            if (on[i]) *slots[i] = {.term = &*desc[i], .tables = views(static_cast<std::size_t>(i), tabs[i].data())};
         return in;
     }
     rpe::attention_inputs<double> inputs() const { return inputs(q, k, v, table); }
@@ -373,17 +396,19 @@ struct irpe_problem {
                                  ks[static_cast<std::size_t>((p * lk + j) * d + c)];
                         for (int t = 0; t < 2; ++t) {  // 0: q slot, 1: k slot
                             if (!on[t]) continue;
-                            const hand_ids hid{&qp, &kp, skip, desc[t]->num_buckets() - 1};
                             const std::int64_t kk = desc[t]->num_buckets(), th = desc[t]->shared_head() ? 0 : hh;
-                            const int id = t == 0 ? hid.query(i, j) : hid.key(i, j);
-                            const auto& tab = tabs[t];
-                            if (!ctx[t]) {
-                                x += tab[static_cast<std::size_t>(th * kk + id)];
-                            } else {  // q slot: (k·s)·table at the query target's id; k slot: (q·s)·table
-                                for (std::int64_t c = 0; c < d; ++c) {
-                                    const double xc = t == 0 ? ks[static_cast<std::size_t>((p * lk + j) * d + c)]
-                                                             : qs[static_cast<std::size_t>((p * l + i) * d + c)];
-                                    x += xc * s * tab[static_cast<std::size_t>((th * d + c) * kk + id)];
+                            for (int tt = 0; tt < desc[t]->num_tables(); ++tt) {  // Cross: rows term + cols term
+                                const hand_ids hid{&qp, &kp, skip, desc[t]->num_buckets() - 1, cross, tt};
+                                const int id = t == 0 ? hid.query(i, j) : hid.key(i, j);
+                                const double* tab = tabs[t].data() + tt * size_of(desc[t]->table_shape());
+                                if (!ctx[t]) {
+                                    x += tab[th * kk + id];
+                                } else {  // q slot: (k·s)·table at the query target's id; k slot: (q·s)·table
+                                    for (std::int64_t c = 0; c < d; ++c) {
+                                        const double xc = t == 0 ? ks[static_cast<std::size_t>((p * lk + j) * d + c)]
+                                                                 : qs[static_cast<std::size_t>((p * l + i) * d + c)];
+                                        x += xc * s * tab[(th * d + c) * kk + id];
+                                    }
                                 }
                             }
                         }
@@ -397,9 +422,12 @@ struct irpe_problem {
                         for (std::int64_t c = 0; c < d; ++c) {
                             double val = vs[static_cast<std::size_t>((p * lk + j) * d + c)];
                             if (on[2]) {
-                                const hand_ids hid{&qp, &kp, skip, desc[2]->num_buckets() - 1};
                                 const std::int64_t kk = desc[2]->num_buckets(), th = desc[2]->shared_head() ? 0 : hh;
-                                val += tabs[2][static_cast<std::size_t>((th * kk + hid.key(i, j)) * d + c)];
+                                for (int tt = 0; tt < desc[2]->num_tables(); ++tt) {
+                                    const hand_ids hid{&qp, &kp, skip, desc[2]->num_buckets() - 1, cross, tt};
+                                    val += tabs[2][static_cast<std::size_t>(tt * size_of(desc[2]->table_shape()) +
+                                                                            (th * kk + hid.key(i, j)) * d + c)];
+                                }
                             }
                             out[static_cast<std::size_t>((p * l + i) * d + c)] += a * val;
                         }
@@ -457,7 +485,8 @@ void check_cross_config(const cross_config& c, const std::vector<std::int32_t>& 
         in.key_positions = pos_ref(pb.kp);
         rpe::attention_term<float>* slots[3] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
         for (int i = 0; i < 3; ++i)
-            if (pb.on[i]) *slots[i] = {.term = &*pb.desc[i], .tables = {{tf[i].data(), pb.desc[i]->table_shape()}}};
+            if (pb.on[i])
+                *slots[i] = {.term = &*pb.desc[i], .tables = pb.views<const float>(static_cast<std::size_t>(i), tf[i].data())};
         std::vector<float> of(out.size());
         rpe::attention_forward(in, rpe::tensor_ref<float>(of.data(), {pb.b, pb.h, pb.l, pb.d}));
         CHECK(max_abs_diff(std::vector<double>(of.begin(), of.end()), ref) < 1e-5);
@@ -470,8 +499,7 @@ void check_cross_config(const cross_config& c, const std::vector<std::int32_t>& 
     for (int i = 0; i < 3; ++i)
         if (pb.on[i]) {
             gt[static_cast<std::size_t>(i)].assign(pb.table[static_cast<std::size_t>(i)].size(), 7.0);
-            slots[i]->grad_tables = {
-                {gt[static_cast<std::size_t>(i)].data(), pb.desc[static_cast<std::size_t>(i)]->table_shape()}};
+            slots[i]->grad_tables = pb.views(static_cast<std::size_t>(i), gt[static_cast<std::size_t>(i)].data());
         }
     const rpe::attention_gradients<double> ag{.grad_out = {pb.go.data(), {pb.b, pb.h, pb.l, pb.d}},
                                               .grad_q = {gq.data(), {pb.b, pb.h, pb.l, pb.d}},
@@ -493,7 +521,7 @@ void check_cross_config(const cross_config& c, const std::vector<std::int32_t>& 
     for (std::size_t i = 0; i < 3; ++i)
         if (pb.on[i]) {
             gt2[i].assign(gt[i].size(), 0.0);
-            slots[i]->grad_tables = {{gt2[i].data(), pb.desc[i]->table_shape()}};
+            slots[i]->grad_tables = pb.views(i, gt2[i].data());
         }
     rpe::attention_gradients<double> ag2 = ag;
     ag2.grad_q = {gq2.data(), {pb.b, pb.h, pb.l, pb.d}};
@@ -527,8 +555,8 @@ void check_cross_config(const cross_config& c, const std::vector<std::int32_t>& 
             if (pb.on[i]) {
                 gtf[i].assign(tf[i].size(), 0.0f);
                 *fslots[i] = {.term = &*pb.desc[i],
-                              .tables = {{tf[i].data(), pb.desc[i]->table_shape()}},
-                              .grad_tables = {{gtf[i].data(), pb.desc[i]->table_shape()}}};
+                              .tables = pb.views<const float>(i, tf[i].data()),
+                              .grad_tables = pb.views(i, gtf[i].data())};
             }
         std::vector<float> gqf(gq.size()), gkf(gk.size()), gvf(gv.size());
         rpe::attention_backward(fin, {.grad_out = {gof.data(), {pb.b, pb.h, pb.l, pb.d}},
@@ -564,6 +592,170 @@ TEST_CASE("irpe cross: the fused attention with L_k != L and each term mode equa
         check_cross_config(configs[c], qpos4, kpos6);  // L_k > L
         check_cross_config(configs[c], kpos6, q3);     // L_k < L
     }
+}
+
+TEST_CASE("irpe cross: the Cross mapping (rows and cols tables) in the fused attention with L_k != L, both tables' gradients") {
+    // the two tables of one offset hold different ids (rows g(dr), cols g(dc)), so a swapped or
+    // dropped table shows in the forward and in each table's gradient
+    CHECK(crossm.bucket(3, -1, 0) != crossm.bucket(3, -1, 1));
+    CHECK(crossm.bucket(3, -1, 0) != crossm.bucket(-3, 1, 0));  // directed: the query target's order matters
+    // the (L, L_k) ids of both tables at the positions, by hand
+    for (const int skip : {0, 1}) {
+        CAPTURE(skip);
+        const auto ids = rpe::build_bucket_ids(crossm, pos_ref(qpos4), pos_ref(kpos6), skip);
+        REQUIRE(ids->num_tables() == 2);
+        int wrong = 0;
+        for (int t = 0; t < 2; ++t) {
+            const hand_ids hand{&qpos4, &kpos6, skip, crossm.num_buckets(), true, t};
+            for (int i = 0; i < skip + 4; ++i)
+                for (int j = 0; j < skip + 6; ++j) wrong += ids->at(t, i, j) != hand.key(i, j);
+        }
+        CHECK(wrong == 0);
+        // query 1 at (1, 2), key 2 at (-2, -2): offset (3, 4)
+        CHECK(ids->at(0, skip + 1, skip + 2) == crossm.bucket(3, 4, 0));
+        CHECK(ids->at(1, skip + 1, skip + 2) == crossm.bucket(3, 4, 1));
+    }
+    const std::vector<std::int32_t> q3 = {0, 0, 2, 1, -1, 2};  // 3 queries: L_k > L and L_k < L below
+    const slot_config off{}, bias_shared{true, false, true}, bias_per_head{true, false, false}, ctx_shared{true, true, true},
+        ctx_per_head{true, true, false};
+    const std::vector<cross_config> configs = {
+        {off, bias_shared, off, 1, true},                 // bias on keys, shared
+        {bias_per_head, off, off, 1, true},               // bias on queries, per head
+        {off, ctx_per_head, off, 1, true},                // contextual keys, per head
+        {ctx_shared, off, off, 1, true},                  // contextual queries, shared
+        {off, off, ctx_per_head, 1, true},                // contextual values, per head
+        {ctx_per_head, ctx_shared, ctx_shared, 2, true},  // all three
+        {bias_shared, ctx_per_head, off, 0, true},        // no skip tokens
+    };
+    for (std::size_t c = 0; c < configs.size(); ++c) {
+        CAPTURE(c);
+        check_cross_config(configs[c], qpos4, kpos6);  // L_k > L
+        check_cross_config(configs[c], kpos6, q3);     // L_k < L
+    }
+}
+
+namespace {
+
+// The problem's inputs on storage S (q, k, v and each slot's tables from the vectors given).
+template <class S>
+rpe::attention_inputs<S> inputs_of(const irpe_problem& pb, const std::vector<S>& q, const std::vector<S>& k,
+                                   const std::vector<S>& v, const std::array<std::vector<S>, 3>& tabs) {
+    rpe::attention_inputs<S> in;
+    in.q = {q.data(), {pb.b, pb.h, pb.l, pb.d}};
+    in.k = {k.data(), {pb.b, pb.h, pb.lk, pb.d}};
+    in.v = {v.data(), {pb.b, pb.h, pb.lk, pb.d}};
+    in.positions = pos_ref(pb.qp);
+    in.key_positions = pos_ref(pb.kp);
+    rpe::attention_term<S>* slots[3] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    for (std::size_t i = 0; i < 3; ++i)
+        if (pb.on[i]) *slots[i] = {.term = &*pb.desc[i], .tables = pb.views(i, tabs[i].data())};
+    return in;
+}
+
+// The forward's output and probabilities, and the backward's gradients (q, k, v, each slot's tables).
+template <class S>
+struct cross_run {
+    std::vector<S> out, attn, q, k, v;
+    std::array<std::vector<S>, 3> tables;
+};
+
+template <class S>
+cross_run<S> run_on(const irpe_problem& pb, rpe::attention_inputs<S> in, const std::vector<S>& go) {
+    cross_run<S> r;
+    const std::int64_t b = pb.b, h = pb.h, l = pb.l, lk = pb.lk, d = pb.d;
+    r.out.assign(static_cast<std::size_t>(b * h * l * d), S(-3.0f));
+    r.attn.assign(static_cast<std::size_t>(b * h * l * lk), S(-3.0f));
+    rpe::attention_forward(in, rpe::tensor_ref<S>(r.out.data(), {b, h, l, d}), rpe::tensor_ref<S>(r.attn.data(), {b, h, l, lk}));
+    r.q.assign(static_cast<std::size_t>(b * h * l * d), S(-3.0f));
+    r.k.assign(static_cast<std::size_t>(b * h * lk * d), S(-3.0f));
+    r.v.assign(r.k.size(), S(-3.0f));
+    rpe::attention_term<S>* slots[3] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
+    for (std::size_t i = 0; i < 3; ++i)
+        if (pb.on[i]) {
+            r.tables[i].assign(pb.table[i].size(), S(-3.0f));
+            slots[i]->grad_tables = pb.views(i, r.tables[i].data());
+        }
+    rpe::attention_backward(in, {.grad_out = {go.data(), {b, h, l, d}},
+                                 .grad_q = {r.q.data(), {b, h, l, d}},
+                                 .grad_k = {r.k.data(), {b, h, lk, d}},
+                                 .grad_v = {r.v.data(), {b, h, lk, d}}});
+    return r;
+}
+
+}  // namespace
+
+// 16-bit storage takes the portable path with L_k != L (docs/attention.md, "Cross-attention"): the
+// float attention on the (exact) widened values, each result rounded once. So, as the 16-bit
+// cross tests of test_attention_cross.cpp without terms: bit for bit the float call rounded once,
+// forward (out, attn) and backward (q, k, v and every table, both of Cross); and against float64
+// (the composed reference, the double backward) within the bounds of test_attention_bf16.cpp.
+TEST_CASE_TEMPLATE("irpe cross: 16-bit storage with L_k != L and iRPE terms is the float attention rounded once", H, rpe::bf16,
+                   rpe::f16) {
+    const std::vector<std::int32_t> q3 = {0, 0, 2, 1, -1, 2};
+    const slot_config off{}, bias_shared{true, false, true}, bias_per_head{true, false, false}, ctx_shared{true, true, true},
+        ctx_per_head{true, true, false};
+    const std::vector<cross_config> configs = {
+        {ctx_per_head, ctx_shared, ctx_per_head, 1, false},  // Product, contextual on q, k, v
+        {bias_per_head, ctx_per_head, ctx_shared, 2, true},  // Cross: bias on q, contextual k and v
+        {ctx_shared, bias_shared, off, 0, true},             // Cross: contextual q, bias k, no skip
+    };
+    const auto half = [](const std::vector<double>& x) {
+        std::vector<H> o(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) o[i] = H(static_cast<float>(x[i]));
+        return o;
+    };
+    const double u = rpe_test::half_traits<H>::u;
+    for (std::size_t c = 0; c < configs.size(); ++c)
+        for (const bool more_keys : {true, false}) {
+            CAPTURE(c);
+            CAPTURE(more_keys);
+            const irpe_problem pb(configs[c], more_keys ? qpos4 : kpos6, more_keys ? kpos6 : q3);
+            REQUIRE(pb.l != pb.lk);
+            const auto qh = half(pb.q), kh = half(pb.k), vh = half(pb.v), goh = half(pb.go);
+            const std::array<std::vector<H>, 3> th{half(pb.table[0]), half(pb.table[1]), half(pb.table[2])};
+            using rpe_test::cast_all;
+            const auto qf = cast_all<float>(qh), kf = cast_all<float>(kh), vf = cast_all<float>(vh), gof = cast_all<float>(goh);
+            const std::array<std::vector<float>, 3> tf{cast_all<float>(th[0]), cast_all<float>(th[1]), cast_all<float>(th[2])};
+            const auto qd = cast_all<double>(qh), kd = cast_all<double>(kh), vd = cast_all<double>(vh),
+                       god = cast_all<double>(goh);
+            const std::array<std::vector<double>, 3> td{cast_all<double>(th[0]), cast_all<double>(th[1]),
+                                                        cast_all<double>(th[2])};
+            const auto got = run_on(pb, inputs_of(pb, qh, kh, vh, th), goh);
+            const auto fl = run_on(pb, inputs_of(pb, qf, kf, vf, tf), gof);
+            CHECK(rpe_test::rounded_from(got.out, fl.out));
+            CHECK(rpe_test::rounded_from(got.attn, fl.attn));
+            CHECK(rpe_test::rounded_from(got.q, fl.q));
+            CHECK(rpe_test::rounded_from(got.k, fl.k));
+            CHECK(rpe_test::rounded_from(got.v, fl.v));
+            for (std::size_t i = 0; i < 3; ++i)
+                if (pb.on[i]) {
+                    CAPTURE(i);
+                    CHECK(rpe_test::rounded_from(got.tables[i], fl.tables[i]));
+                }
+            // against float64 on the same values: the composed reference (out: one rounding to H
+            // and the float computation's 1e-5 of the float check above)
+            const auto ref = pb.reference(qd, kd, vd, td);
+            double worst = 0;
+            for (std::size_t e = 0; e < ref.size(); ++e)
+                worst = std::max(worst, std::abs(static_cast<double>(got.out[e]) - ref[e]) / (u * std::abs(ref[e]) + 2e-5));
+            CHECK(worst <= 1.0);
+            // the gradients against the double backward (itself checked against finite differences
+            // above), with test_attention_bf16.cpp's bound: sums of N = L_k + D + K terms, a table's
+            // over B·H·L pairs more
+            const auto dd = run_on(pb, inputs_of(pb, qd, kd, vd, td), god);
+            std::int64_t kmax = 0;
+            for (std::size_t i = 0; i < 3; ++i)
+                if (pb.on[i]) kmax = std::max<std::int64_t>(kmax, pb.desc[i]->num_buckets());
+            const std::int64_t n_sum = std::max(pb.l, pb.lk) + pb.d + kmax;
+            CHECK(rpe_test::worst_ratio(got.q, dd.q, n_sum) <= 1.0);
+            CHECK(rpe_test::worst_ratio(got.k, dd.k, n_sum) <= 1.0);
+            CHECK(rpe_test::worst_ratio(got.v, dd.v, n_sum) <= 1.0);
+            for (std::size_t i = 0; i < 3; ++i)
+                if (pb.on[i]) {
+                    CAPTURE(i);
+                    CHECK(rpe_test::worst_ratio(got.tables[i], dd.tables[i], n_sum * pb.b * pb.h * pb.l) <= 1.0);
+                }
+        }
 }
 
 TEST_CASE("irpe cross: wrong positions counts, missing key_positions and a grid with L_k != L are refused by name") {

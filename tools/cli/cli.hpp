@@ -70,6 +70,13 @@ struct positions_input {
 positions_input load_positions(const std::string& path);
 /// Exactly one of --grid (typed: `grid_given`) and --positions. @throws usage_error("--grid/--positions").
 void check_grid_or_positions(bool grid_given, const std::string& positions);
+/// Reads `--key-positions K.npy` (the keys' positions, any count: (L, L_k) ids), or nothing when
+/// `key_positions` is empty. @throws usage_error("--key-positions") naming the file when it is
+/// given without --positions (`positions` empty), or for what load_positions refuses.
+std::optional<positions_input> load_key_positions(const std::string& key_positions, const std::string& positions);
+/// The (rows, cols) box spanned by the positions of `a` and `b` together (their last two axes):
+/// the grid of the grid-dependent mappings with --key-positions.
+grid_size joint_box(const positions_input& a, const positions_input& b);
 
 /// Which family a mapping name belongs to (user: a family a --plugin added to the registry).
 enum class mapping_kind { two_d, shaw, t5, swin, beit, swinv2, user };
@@ -144,6 +151,7 @@ std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, con
 /// Options of `rpe term`.
 struct term_options {
     std::string mode = "contextual", target = "k", grid, positions;  ///< positions: --positions P.npy (instead of --grid)
+    std::string key_positions;  ///< --key-positions K.npy (with --positions): keys of their own count, output (..., L, L_k)
     int skip = 0;
     std::vector<std::string> tables;
     std::string input, out, expect;

@@ -1,7 +1,8 @@
 // `rpe`: bucket ids, pictures, terms and benchmarks of rpe's mappings from the command line.
 //
 //   rpe buckets --mapping product --ratio 1.9 --grid 14x14 --skip 1 [--out ids.npy] [--expect ref.npy]
-//               (--positions P.npy instead of --grid: (L - skip, 2) integer (row, col) per token)
+//               (--positions P.npy instead of --grid: (L - skip, 2) integer (row, col) per token;
+//                --key-positions K.npy with it: keys of their own count, (L, L_k) ids; rpe term too)
 //   rpe show    --mapping product --grid 14x14 --query 7,7 [--png out.png] [--all]
 //   rpe term    --mapping product --mode contextual --target k --grid 5x9 --skip 1
 //               --table t.npy --input x.npy --out y.npy [--expect ref.npy]
@@ -396,17 +397,18 @@ std::shared_ptr<const rpe::bucket_ids> build_ids(const mapping_config& mc, int h
     }
 }
 
-namespace {
+std::optional<positions_input> load_key_positions(const std::string& key_positions, const std::string& positions) {
+    if (key_positions.empty()) return std::nullopt;
+    if (positions.empty())
+        throw usage_error("--key-positions",
+                          key_positions + " is given without --positions; expected the queries' --positions P.npy too");
+    try {
+        return load_positions(key_positions);
+    } catch (const usage_error& e) {
+        throw usage_error("--key-positions", e.what());
+    }
+}
 
-// ---------------------------------------------------------------------------------------------
-// rpe buckets
-// ---------------------------------------------------------------------------------------------
-struct buckets_options {
-    std::string grid = "14x14", out, expect, coords, positions, key_positions;
-    int skip = 0;
-};
-
-// The (rows, cols) box spanned by the positions of `a` and `b` together (the last two axes).
 grid_size joint_box(const positions_input& a, const positions_input& b) {
     std::int64_t lo[2] = {0, 0}, hi[2] = {0, 0};
     bool first = true;
@@ -421,6 +423,16 @@ grid_size joint_box(const positions_input& a, const positions_input& b) {
     return {static_cast<int>(std::min<std::int64_t>(hi[0] - lo[0] + 1, 1 << 30)),
             static_cast<int>(std::min<std::int64_t>(hi[1] - lo[1] + 1, 1 << 30))};
 }
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// rpe buckets
+// ---------------------------------------------------------------------------------------------
+struct buckets_options {
+    std::string grid = "14x14", out, expect, coords, positions, key_positions;
+    int skip = 0;
+};
 
 // Bucket ids of the mapping at the positions of `p` (the keys at `kp` when given: (L, L_k) ids)
 // after `skip` tokens (no cache); `box` the positions' box (the grid of the window mappings).
@@ -439,18 +451,11 @@ std::shared_ptr<const rpe::bucket_ids> build_position_ids(const mapping_config& 
 }
 
 int run_buckets(const mapping_config& mc, const buckets_options& o, bool grid_given) {
-    if (!o.key_positions.empty() && o.positions.empty())
-        throw usage_error("--key-positions", "is given without --positions; expected the queries' --positions P.npy too");
+    if (!o.key_positions.empty() && o.positions.empty()) (void)load_key_positions(o.key_positions, o.positions);  // refused
     check_grid_or_positions(grid_given, o.positions);
-    std::optional<positions_input> pos, kpos;
+    std::optional<positions_input> pos;
     if (!o.positions.empty()) pos = load_positions(o.positions);
-    if (!o.key_positions.empty()) {
-        try {
-            kpos = load_positions(o.key_positions);
-        } catch (const usage_error& e) {
-            throw usage_error("--key-positions", e.what());
-        }
-    }
+    const std::optional<positions_input> kpos = load_key_positions(o.key_positions, o.positions);
     const auto g = kpos ? joint_box(*pos, *kpos) : pos ? pos->box : parse_grid(o.grid, "--grid");
     const double tokens = pos ? static_cast<double>(pos->tokens) : static_cast<double>(g.height) * g.width;
     const double key_tokens = kpos ? static_cast<double>(kpos->tokens) : tokens;
@@ -849,6 +854,10 @@ int run(int argc, char** argv) {
     term->add_option("--positions", to.positions,
                      "per-token integer coordinates .npy (L - skip, 2) (row, col) ((.., 3) (t, row, col) for product3d), "
                      "instead of --grid")
+        ->check(CLI::ExistingFile);
+    term->add_option("--key-positions", to.key_positions,
+                     "the keys' integer coordinates .npy (L_k - skip, 2|3), with --positions (the queries'): output "
+                     "(.., L, L_k); contextual q reads (B,H,L_k,D), v (B,H,L,L_k)")
         ->check(CLI::ExistingFile);
     term->add_option("--skip", to.skip, "extra tokens before the grid")->capture_default_str()->check(CLI::Range(0, 1 << 30));
     term->add_option("--table", to.tables,

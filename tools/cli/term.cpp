@@ -76,22 +76,27 @@ std::int64_t grid_tokens(const grid_size& g, const positions_input* pos) {
     return pos ? pos->tokens : static_cast<std::int64_t>(g.height) * g.width;
 }
 
-// The ids of `term` on the grid, or at the positions.
+// The ids of `term` on the grid, or at the positions (the keys at `kpos` when given: (L, L_k) ids).
 std::shared_ptr<const rpe::bucket_ids> layout_ids(const rpe::any_term<float>& term, const grid_size& g,
-                                                  const positions_input* pos) {
-    return pos ? term.bucket_ids(pos->ref()) : term.bucket_ids(g.height, g.width);
+                                                  const positions_input* pos, const positions_input* kpos) {
+    if (pos) return kpos ? term.bucket_ids(pos->ref(), kpos->ref()) : term.bucket_ids(pos->ref());
+    return term.bucket_ids(g.height, g.width);
 }
 
-// "grid HxW" or "positions P.npy (N tokens)" for the report line.
-std::string layout_text(const grid_size& g, const positions_input* pos) {
-    if (pos) return "positions " + pos->path + " (" + std::to_string(pos->tokens) + " tokens)";
+// "grid HxW", "positions P.npy (N tokens)" or, with key positions, "positions P.npy (N tokens),
+// key positions K.npy (N_k tokens)" for the report line.
+std::string layout_text(const grid_size& g, const positions_input* pos, const positions_input* kpos) {
+    if (pos)
+        return "positions " + pos->path + " (" + std::to_string(pos->tokens) + " tokens)" +
+               (kpos ? ", key positions " + kpos->path + " (" + std::to_string(kpos->tokens) + " tokens)" : "");
     return "grid " + std::to_string(g.height) + "x" + std::to_string(g.width);
 }
 
-// The options to blame, "--grid" read as "--positions" when the tokens come from positions.
-std::string blame(const positions_input* pos, std::string options) {
+// The options to blame, "--grid" read as "--positions" when the tokens come from positions (and
+// "--positions/--key-positions" with the keys' own positions).
+std::string blame(const positions_input* pos, std::string options, const positions_input* kpos = nullptr) {
     const auto at = options.find("--grid");
-    if (pos && at != std::string::npos) options.replace(at, 6, "--positions");
+    if (pos && at != std::string::npos) options.replace(at, 6, kpos ? "--positions/--key-positions" : "--positions");
     return options;
 }
 
@@ -100,9 +105,10 @@ int finish(const std::vector<float>& out, const std::vector<std::int64_t>& out_s
     return write_and_compare(out, out_shape, o.out, o.expect, o.atol, o.rtol);
 }
 
-// `rpe term --mapping alibi2d --heads H --grid HxW`: CROMA's fixed bias, (1, H, L, L), from the
-// generated table; no --table, no --input.
-int run_alibi_term(const mapping_config& m, const grid_size& g, const positions_input* pos, const term_options& o) {
+// `rpe term --mapping alibi2d --heads H --grid HxW`: CROMA's fixed bias, (1, H, L, L) ((1, H, L,
+// L_k) with --key-positions), from the generated table; no --table, no --input.
+int run_alibi_term(const mapping_config& m, const grid_size& g, const positions_input* pos, const positions_input* kpos,
+                   const term_options& o) {
     if ((o.mode_given && o.mode != "bias") || (o.target_given && o.target != "k" && o.target != "key"))
         throw usage_error("--mode/--target",
                           m.family.family + " is a bias term on keys; drop --mode/--target or pass --mode bias --target k");
@@ -116,19 +122,19 @@ int run_alibi_term(const mapping_config& m, const grid_size& g, const positions_
     try {
         term = rpe::make_any_term(rpe::vit::make_alibi_2d_term<float>(c));
         table = rpe::vit::alibi_2d_table<float>(c);
-        ids = layout_ids(*term, g, pos);
+        ids = layout_ids(*term, g, pos, kpos);
     } catch (const rpe::invalid_argument& e) {
-        throw usage_error(blame(pos, "--heads/--grid/--skip"), e.what());
+        throw usage_error(blame(pos, "--heads/--grid/--skip", kpos), e.what());
     } catch (const rpe::out_of_range& e) {
-        throw usage_error(blame(pos, "--grid"), e.what());
+        throw usage_error(blame(pos, "--grid", kpos), e.what());
     }
-    const std::int64_t L = o.skip + grid_tokens(g, pos);
-    const std::vector<std::int64_t> out_shape{1, o.heads, L, L};
-    std::vector<float> out(checked_elements(out_shape, blame(pos, "--grid").c_str(), "the output"));
+    const std::int64_t L = o.skip + grid_tokens(g, pos), Lk = kpos ? o.skip + kpos->tokens : L;
+    const std::vector<std::int64_t> out_shape{1, o.heads, L, Lk};
+    std::vector<float> out(checked_elements(out_shape, blame(pos, "--grid", kpos).c_str(), "the output"));
     const std::vector<rpe::tensor_ref<const float>> refs{view<const float>(table.data(), term->table_shape())};
     term->forward(*ids, refs, {}, view<float>(out.data(), out_shape), rpe::write::overwrite);
     const auto slopes = rpe::vit::alibi_slopes(o.heads);
-    std::cout << "term: " << m.describe() << ", bias on k, " << layout_text(g, pos) << ", skip " << o.skip
+    std::cout << "term: " << m.describe() << ", bias on k, " << layout_text(g, pos, kpos) << ", skip " << o.skip
               << ", K = " << term->num_buckets() << "\nslopes:";
     for (const double sl : slopes) std::cout << " " << sl;
     std::cout << "\n";
@@ -138,8 +144,10 @@ int run_alibi_term(const mapping_config& m, const grid_size& g, const positions_
 // `rpe term --mapping decomposed --table rel_pos_h.npy --table rel_pos_w.npy --input qs.npy`:
 // SAM's two tables (Lh, C), (Lw, C) loaded into the Cross term (resized when their length is
 // not 2H - 1 / 2W - 1, times D^1/2 for SAM's unscaled q); x = q*s (B, H, L, D) as every
-// contextual key term takes it, so out = SAM's rel_h + rel_w added to the logits.
-int run_decomposed_term(const mapping_config& m, const grid_size& g, const positions_input* pos, const term_options& o) {
+// contextual key term takes it, so out = SAM's rel_h + rel_w added to the logits ((B, H, L, L_k)
+// with --key-positions).
+int run_decomposed_term(const mapping_config& m, const grid_size& g, const positions_input* pos, const positions_input* kpos,
+                        const term_options& o) {
     if ((o.mode_given && o.mode != "contextual" && o.mode != "ctx") || (o.target_given && o.target != "k" && o.target != "key"))
         throw usage_error("--mode/--target", m.family.family + " is a contextual term on keys; drop --mode/--target");
     if (o.tables.size() != 2)
@@ -179,19 +187,20 @@ int run_decomposed_term(const mapping_config& m, const grid_size& g, const posit
         t1.resize(t0.size());
         rpe::vit::load_decomposed_rel_pos<float>(c, view<const float>(h.data(), th.shape), view<const float>(w.data(), tw.shape),
                                                  {view<float>(t0.data(), shape), view<float>(t1.data(), shape)});
-        ids = layout_ids(*term, g, pos);
+        ids = layout_ids(*term, g, pos, kpos);
     } catch (const rpe::invalid_argument& e) {
-        throw usage_error(blame(pos, "--table/--input/--grid/--skip"), e.what());
+        throw usage_error(blame(pos, "--table/--input/--grid/--skip", kpos), e.what());
     } catch (const rpe::out_of_range& e) {
-        throw usage_error(blame(pos, "--grid"), e.what());
+        throw usage_error(blame(pos, "--grid", kpos), e.what());
     }
-    const std::vector<std::int64_t> out_shape{x.shape[0], x.shape[1], L, L};
-    std::vector<float> out(checked_elements(out_shape, blame(pos, "--grid").c_str(), "the output"));
+    const std::int64_t Lk = kpos ? o.skip + kpos->tokens : L;
+    const std::vector<std::int64_t> out_shape{x.shape[0], x.shape[1], L, Lk};
+    std::vector<float> out(checked_elements(out_shape, blame(pos, "--grid", kpos).c_str(), "the output"));
     const auto shape = term->table_shape();
     const std::vector<rpe::tensor_ref<const float>> refs{view<const float>(t0.data(), shape),
                                                          view<const float>(t1.data(), shape)};
     term->forward(*ids, refs, view<const float>(xd.data(), x.shape), view<float>(out.data(), out_shape), rpe::write::overwrite);
-    std::cout << "term: " << m.describe() << ", contextual on k, " << layout_text(g, pos) << ", skip " << o.skip
+    std::cout << "term: " << m.describe() << ", contextual on k, " << layout_text(g, pos, kpos) << ", skip " << o.skip
               << ", K = " << term->num_buckets() << " per table, tables x D^1/2 (SAM's unscaled q)\n";
     return finish(out, out_shape, o);
 }
@@ -280,15 +289,19 @@ std::unique_ptr<rpe::any_term<float>> make_cli_term(const mapping_config& m, con
 }
 
 int run_term(const mapping_config& mc, const term_options& o) {
+    if (!o.key_positions.empty() && o.positions.empty()) (void)load_key_positions(o.key_positions, o.positions);  // refused
     check_grid_or_positions(!o.grid.empty(), o.positions);
     std::optional<positions_input> positions;
     if (!o.positions.empty()) positions = load_positions(o.positions);
+    const std::optional<positions_input> key_positions = load_key_positions(o.key_positions, o.positions);
     const positions_input* pos = positions ? &*positions : nullptr;
-    const auto g = pos ? pos->box : parse_grid(o.grid, "--grid");  // at positions, their box (swin's default window)
+    const positions_input* kpos = key_positions ? &*key_positions : nullptr;
+    // at positions, their box (with key positions, the box of both): swin's default window
+    const auto g = kpos ? joint_box(*pos, *kpos) : pos ? pos->box : parse_grid(o.grid, "--grid");
     const mapping_config m = mc.for_grid(g);
     check_output_options(o.out, o.expect, o.atol, o.rtol);
-    if (m.vit == vit_kind::alibi2d) return run_alibi_term(m, g, pos, o);
-    if (m.vit == vit_kind::decomposed) return run_decomposed_term(m, g, pos, o);
+    if (m.vit == vit_kind::alibi2d) return run_alibi_term(m, g, pos, kpos, o);
+    if (m.vit == vit_kind::decomposed) return run_decomposed_term(m, g, pos, kpos, o);
     rpe::term_spec spec;
     try {
         spec.contextual = rpe::parse_contextual(o.mode);
@@ -336,7 +349,11 @@ int run_term(const mapping_config& mc, const term_options& o) {
         tables[0].shape = hk;
     }
     const auto& ts = tables[0].shape;
-    const std::int64_t L = o.skip + grid_tokens(g, pos);
+    // L queries; L_k keys: L but for --key-positions of another count
+    const std::int64_t L = o.skip + grid_tokens(g, pos), Lk = kpos ? o.skip + kpos->tokens : L;
+    const bool value = spec.target == rpe::target::value, query = spec.target == rpe::target::query;
+    // the input's rows and columns by name: k (B, H, L, D), q (B, H, L_k, D), v (B, H, L, L_k)
+    const std::string rows_name = kpos && query ? "L_k" : "L", cols_name = !value ? "D" : kpos ? "L_k" : "L";
     const std::size_t want_rank = spec.contextual ? 3 : 2;
     for (std::size_t t = 0; t < tables.size(); ++t) {  // every table (Cross has two), before any view is made
         if (tables[t].shape.size() != want_rank)
@@ -353,22 +370,22 @@ int run_term(const mapping_config& mc, const term_options& o) {
         if (o.input.empty()) throw usage_error("--input", "contextual mode needs an input x");
         x = rpe::io::load_npy(o.input);
         if (x.shape.size() != 4)
-            throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L, " +
-                                             (spec.target == rpe::target::value ? "L)" : "D)"));
+            throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, " +
+                                             rows_name + ", " + cols_name + ")");
         check_int_extents(x.shape, "--input", o.input, 1);  // H, L, D (or L); B stays int64
         x_data = to_float32(x, "--input", o.input);
         spec.num_heads = static_cast<int>(x.shape[1]);
         spec.head_dim = static_cast<int>(spec.target == rpe::target::value ? ts[2] : ts[1]);
-        out_shape = {x.shape[0], x.shape[1], L, spec.target == rpe::target::value ? spec.head_dim : L};
+        out_shape = {x.shape[0], x.shape[1], L, value ? spec.head_dim : Lk};
     } else {
         if (!o.input.empty()) throw usage_error("--input", "bias mode reads no input; drop --input");
         spec.num_heads = static_cast<int>(ts[0]);
-        out_shape = {1, ts[0], L, L};
+        out_shape = {1, ts[0], L, Lk};
     }
     spec.shared_head = ts[0] == 1;
     spec.skip = o.skip;
     // the term checks every shape against the grid, skip and tables; its message names the tensor
-    const std::string culprits = blame(pos, spec.contextual ? "--table/--input/--grid/--skip" : "--table/--grid/--skip");
+    const std::string culprits = blame(pos, spec.contextual ? "--table/--input/--grid/--skip" : "--table/--grid/--skip", kpos);
     std::unique_ptr<rpe::any_term<float>> term;
     std::shared_ptr<const rpe::bucket_ids> ids;
     try {
@@ -377,11 +394,11 @@ int run_term(const mapping_config& mc, const term_options& o) {
         throw usage_error(culprits, e.what());
     }
     try {
-        ids = layout_ids(*term, g, pos);
+        ids = layout_ids(*term, g, pos, kpos);
     } catch (const rpe::invalid_argument& e) {
-        throw usage_error(pos ? "--positions/--skip" : culprits, e.what());
+        throw usage_error(kpos ? "--positions/--key-positions/--skip" : pos ? "--positions/--skip" : culprits, e.what());
     } catch (const rpe::out_of_range& e) {
-        throw usage_error(blame(pos, "--grid"), e.what());
+        throw usage_error(blame(pos, "--grid", kpos), e.what());
     }
 
     // The term checks every shape in forward(); the shapes that size the output are checked
@@ -391,19 +408,19 @@ int run_term(const mapping_config& mc, const term_options& o) {
             throw usage_error("--table", o.tables[t] + " has shape " + rpe::detail::shape_string(tables[t].shape) +
                                              "; expected " + rpe::detail::shape_string(term->table_shape()) +
                                              " for this mapping, mode, target and skip");
-    if (spec.contextual && (x.shape[2] != L || x.shape[3] != (spec.target == rpe::target::value ? L : spec.head_dim)))
-        throw usage_error(blame(pos, "--input/--grid/--skip"),
-                          o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L = " +
-                              std::to_string(L) + ", " + (spec.target == rpe::target::value ? "L" : "D") + " = " +
-                              std::to_string(spec.target == rpe::target::value ? L : spec.head_dim) + ")");
+    const std::int64_t want_rows = query ? Lk : L, want_cols = value ? Lk : spec.head_dim;
+    if (spec.contextual && (x.shape[2] != want_rows || x.shape[3] != want_cols))
+        throw usage_error(blame(pos, "--input/--grid/--skip", kpos),
+                          o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, " + rows_name +
+                              " = " + std::to_string(want_rows) + ", " + cols_name + " = " + std::to_string(want_cols) + ")");
     // the output is sized from --grid/--skip (and the input): capped before it is allocated
     double out_elems = 1.0;
     for (const auto e : out_shape) out_elems *= static_cast<double>(e);
     if (out_elems * sizeof(float) > static_cast<double>(max_output_bytes))
-        throw usage_error(blame(pos, spec.contextual ? "--input/--grid/--skip" : "--grid/--skip"),
+        throw usage_error(blame(pos, spec.contextual ? "--input/--grid/--skip" : "--grid/--skip", kpos),
                           "the output " + rpe::detail::shape_string(out_shape) +
                               " would take more than 4 GiB; expected a smaller grid or input");
-    std::vector<float> out(checked_elements(out_shape, blame(pos, "--grid").c_str(), "the output"));
+    std::vector<float> out(checked_elements(out_shape, blame(pos, "--grid", kpos).c_str(), "the output"));
     std::vector<rpe::tensor_ref<const float>> refs;
     for (std::size_t t = 0; t < tables.size(); ++t) refs.push_back(view<const float>(table_data[t].data(), tables[t].shape));
     try {
@@ -416,7 +433,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
               << (spec.target == rpe::target::query ? "q"
                   : spec.target == rpe::target::key ? "k"
                                                     : "v")
-              << ", " << layout_text(g, pos) << ", skip " << o.skip << ", K = " << term->num_buckets() << "\n";
+              << ", " << layout_text(g, pos, kpos) << ", skip " << o.skip << ", K = " << term->num_buckets() << "\n";
     return finish(out, out_shape, o);
 }
 

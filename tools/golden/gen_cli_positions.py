@@ -14,6 +14,17 @@ the golden cases without numpy (plain .npy v1.0 reader and writer, C order):
   perm_7x7 (queries and keys of different counts, `rpe buckets --key-positions`)
 - ids_q20_k29_7x7.npy int32 (21, 30): the golden ids' rows of those queries and columns of those
   keys (skip token first in both): the (L, L_k) ids are self-attention's over both sets, restricted
+- output_q20_k29_7x7.npy float32 (1, 3, 21, 30): golden term/product_bias_k_unshared_7x7_skip1_r1.9
+  output's rows of those queries and columns of those keys (`rpe term --key-positions`)
+- hand case of `rpe term --key-positions` (values written here, checked by hand; product, ratio
+  1.9: |offsets| <= 1 fall in bucket (dr + 3) * 7 + (dc + 3), the skip bucket is 49):
+  q2_hand.npy int32 (2, 2) queries (0, 0), (1, 1); k3_hand.npy int32 (3, 2) keys (0, 0), (0, 1),
+  (1, 0); ids_table_bias.npy (1, 50) and ids_table_ctx.npy (1, 1, 50) float32 with table[k] = k;
+  x_q_hand.npy (1, 1, 4, 1) float32 = 1, 2, 3, 4 (the keys' k*s, skip token first);
+  out_bias_k_hand.npy (1, 1, 3, 4): bias on k, the key target's ids (offset q - k);
+  out_ctx_q_hand.npy (1, 1, 3, 4): contextual on q, x_j times the query target's ids (offset k - q);
+  ids_table_v.npy (1, 50, 1) float32 with table[k] = k, x_v_hand.npy (1, 1, 3, 4) float32 of ones
+  and out_ctx_v_hand.npy (1, 1, 3, 1): contextual on v, each row's sum of the key target's ids
 
 Run from the repository root: python3 tools/golden/gen_cli_positions.py
 """
@@ -93,6 +104,27 @@ def main():
     save(f"{OUT}/k29_7x7.npy", "<i4", (29, 2), permuted_rows(grid(7, 7), kp))
     save(f"{OUT}/ids_q20_k29_7x7.npy", "<i4", (21, 30),
          [ids[source(i, 1, qp) * n + source(j, 1, kp)] for i in range(21) for j in range(30)])
+    _, (_, h, l, _), out = load(f"{GOLDEN}/term/product_bias_k_unshared_7x7_skip1_r1.9/output.npy")
+    save(f"{OUT}/output_q20_k29_7x7.npy", "<f4", (1, h, 21, 30),
+         [out[(p * l + source(i, 1, qp)) * l + source(j, 1, kp)] for p in range(h) for i in range(21) for j in range(30)])
+    # the hand case: skip 1, L = 3, L_k = 4
+    save(f"{OUT}/q2_hand.npy", "<i4", (2, 2), [0, 0, 1, 1])
+    save(f"{OUT}/k3_hand.npy", "<i4", (3, 2), [0, 0, 0, 1, 1, 0])
+    save(f"{OUT}/ids_table_bias.npy", "<f4", (1, 50), [float(k) for k in range(50)])
+    save(f"{OUT}/ids_table_ctx.npy", "<f4", (1, 1, 50), [float(k) for k in range(50)])
+    save(f"{OUT}/x_q_hand.npy", "<f4", (1, 1, 4, 1), [1.0, 2.0, 3.0, 4.0])
+    # key target, offset q - k: q (0, 0) to keys (0, 0), (0, 1), (1, 0): offsets (0, 0), (0, -1),
+    # (-1, 0): 24, 23, 17; q (1, 1): (1, 1), (1, 0), (0, 1): 32, 31, 25
+    save(f"{OUT}/out_bias_k_hand.npy", "<f4", (1, 1, 3, 4),
+         [49.0, 49.0, 49.0, 49.0, 49.0, 24.0, 23.0, 17.0, 49.0, 32.0, 31.0, 25.0])
+    # query target, offset k - q: q (0, 0): 24, 25, 31; q (1, 1): (-1, -1), (-1, 0), (0, -1): 16,
+    # 17, 23; times x_j = 1, 2, 3, 4 (column j)
+    save(f"{OUT}/out_ctx_q_hand.npy", "<f4", (1, 1, 3, 4),
+         [49.0, 98.0, 147.0, 196.0, 49.0, 48.0, 75.0, 124.0, 49.0, 32.0, 51.0, 92.0])
+    # value target (key target's ids), x = 1: row sums 4 * 49, 49 + 24 + 23 + 17, 49 + 32 + 31 + 25
+    save(f"{OUT}/ids_table_v.npy", "<f4", (1, 50, 1), [float(k) for k in range(50)])
+    save(f"{OUT}/x_v_hand.npy", "<f4", (1, 1, 3, 4), [1.0] * 12)
+    save(f"{OUT}/out_ctx_v_hand.npy", "<f4", (1, 1, 3, 1), [196.0, 113.0, 137.0])
 
 
 if __name__ == "__main__":
