@@ -324,3 +324,50 @@ def test_cuda_operators_refuse_query_suffix_before_any_work():
     for qs in (P, -1):
         with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
             ops.attention_forward.default.redispatch(cuda, *args[:-1], qs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The messages name what the caller gave: rope_query_suffix's lengths
+# ---------------------------------------------------------------------------------------------
+
+def test_query_suffix_length_errors_state_what_was_given():
+    q, k, v = sam2_inputs(seed=100)
+    rope, kp = irpe.RoPEAxial(theta=THETA, suffix=P), grid_positions().repeat(R, 1)
+    # queries on the given grid: the grid's count, no word of positions (none were given for q)
+    for qs in (6, 7):
+        with pytest.raises(ValueError, match=rf"^\[rpe\.attention\] L = 6; expected rope skip \+ height\*width \+ "
+                                             rf"query_suffix = 0 \+ 2\*3 \+ {qs}$"):
+            irpe.attention(q, k, v, rope=rope, height=h, width=w, key_positions=kp, rope_query_suffix=qs)
+    # a square grid inferred (height, width None): the suffix is named as given, not called skip
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] L = 6 is not skip \+ a square \+ rope_query_suffix \(skip = 0, "
+                                         r"rope_query_suffix = 6: 0 tokens left for the square grid; the rope's suffix = 3 "
+                                         r"counts the keys only\); expected L = 0 \+ side\*side \+ 6, or pass height and "
+                                         r"width$"):
+        irpe.attention(q, k, v, rope=rope, key_positions=kp, rope_query_suffix=6)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] L = 6 is not skip \+ a square \+ rope_query_suffix \(skip = 1, "
+                                         r"rope_query_suffix = 0: 5 tokens left for the square grid; the rope's suffix = 3 "
+                                         r"counts the keys only\); expected L = 1 \+ side\*side \+ 0, or pass height and "
+                                         r"width$"):
+        irpe.attention(q, k, v, rope=irpe.RoPEAxial(theta=THETA, skip=1, suffix=P), key_positions=kp,
+                       rope_query_suffix=0)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] L = 6 is not skip \+ a square \+ suffix \(skip = 0, suffix = 3: "
+                                         r"3 tokens left for the square grid\); expected L = 0 \+ side\*side \+ 3, or pass "
+                                         r"height and width$"):
+        irpe.attention(q, k, v, rope=rope, key_positions=kp)
+    # no suffix at all: the message of a plain square grid, unchanged
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] L = 7 is not skip \+ a square \(skip = 0\); pass height and "
+                                         r"width$"):
+        irpe.attention(*(rnd(B, H, 7, D, seed=101 + i) for i in range(3)), rope=irpe.RoPEAxial(theta=THETA))
+    # V-JEPA 2's clip likewise names rope_query_suffix
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] L = 6 is not skip \+ frames\*side\*side \+ rope_query_suffix "
+                                         r"\(skip = 0, frames = 1, rope_query_suffix = 1; the "
+                                         r"rope's suffix = 3 counts the keys only\); pass height and width \(or "
+                                         r"grid_size\)$"):
+        irpe.attention(q, k, v, rope=irpe.RoPEVJEPA2(suffix=P), key_positions=torch.zeros(R * h * w, 3),
+                       rope_query_suffix=1)
+    # the keys at key_positions with none left to rotate: key_positions named (they were given)
+    with pytest.raises(ValueError, match=r"^\[rpe\.attention\] L_k = 15; expected rope skip \+ suffix = 12 \+ 3 below L_k "
+                                         r"\(key_positions need rotated tokens\)$"):
+        irpe.attention(q, k, v, rope=irpe.RoPEAxial(theta=THETA, skip=12, suffix=P), height=h, width=w,
+                       key_positions=kp, rope_query_suffix=0)
+
