@@ -8,7 +8,10 @@ term on a grid with L_k != L, v of another length than k). SAM2's whole memory a
 keys' object-pointer tokens unrotated (the module's suffix) while the queries have none
 (rope_query_suffix=0, rotary_embedding::query_suffix), against a RoPE-Axial written with torch ops
 and scaled_dot_product_attention (forward, gradients, gradcheck, opcheck, torch.compile fullgraph),
-its refusals, and the CUDA operator's refusal (host side, without a device)."""
+its refusals, and the CUDA operator's refusal (host side, without a device). The messages name
+what the caller gave: rope_query_suffix's length errors (the grid's count, the suffix apart from
+skip), the iRPE terms' rpe_positions / rpe_key_positions by those names (apart from the RoPE's
+positions / key_positions), and rpe_positions without an attached iRPE term is refused."""
 import math
 
 import pytest
