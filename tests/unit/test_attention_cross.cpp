@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 // Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
@@ -545,6 +546,28 @@ TEST_CASE("attention cross: shapes, masks, key_lengths, terms and packing with L
                 rpe::attention_forward(in, rpe::tensor_ref<double>(out.data(), {sp.pb.b, sp.pb.h, sp.pb.l, sp.pb.d}));
             },
             "[rpe.attention] L = 6; expected rope skip + height*width + suffix = 0 + 2*3 + 2"));
+        // queries on the grid (no rope positions) with a query_suffix that leaves no rotated token:
+        // the grid's count is named, not positions the caller did not give
+        for (const int qs : {6, 7}) {
+            in = sp.inputs();
+            in.rope.query_suffix = qs;
+            const std::string expected =
+                "[rpe.attention] L = 6; expected rope skip + height*width + query_suffix = 0 + 2*3 + " + std::to_string(qs);
+            CHECK(rpe_test::throws_with(
+                [&] {
+                    rpe::attention_forward(in, rpe::tensor_ref<double>(out.data(), {sp.pb.b, sp.pb.h, sp.pb.l, sp.pb.d}));
+                },
+                expected.c_str()));
+        }
+        in = sp.inputs();
+        in.rope.skip = 13;  // skip 13 + suffix 1 = L_k = 14: no key at key_positions is left to rotate
+        in.rope.query_suffix = -1;
+        in.rope.suffix = 1;
+        CHECK(rpe_test::throws_with(
+            [&] {
+                rpe::attention_forward(in, rpe::tensor_ref<double>(out.data(), {sp.pb.b, sp.pb.h, sp.pb.l, sp.pb.d}));
+            },
+            "[rpe.attention] L_k = 14; expected rope skip + suffix = 13 + 1 below L_k (key_positions need rotated tokens)"));
         in = sp.inputs();
         in.rope.query_suffix = -2;
         CHECK(rpe_test::throws_with(

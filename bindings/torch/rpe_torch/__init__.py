@@ -610,8 +610,9 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     + N_k + suffix) — ``positions`` / ``key_positions`` are the RoPE's only; the iRPE terms take
     their own, ``rpe_positions``: integer (N, 2) (row, col) — (N, 3) (t, row, col) for a 3D
     mapping — positions of the N = L − skip grid tokens instead of the grid (height, width are then
-    not read by the terms), ``rpe_key_positions`` the keys', (L_k − skip, 2 or 3) (default the
-    queries'; required with terms when L_k ≠ L: the terms' ids are then (L, L_k), docs/positions.md);
+    not read by the terms; a ValueError without an attached term, which alone reads them),
+    ``rpe_key_positions`` the keys', (L_k − skip, 2 or 3) (default the queries'; required with
+    terms when L_k ≠ L: the terms' ids are then (L, L_k), docs/positions.md);
     packed sequences (several images in one sequence, each attended alone, terms included):
     ``packed_lengths`` (M,) integer tokens per image (each image's own skip tokens first; they sum
     to L) with ``packed_grids`` (M, 2) (height, width) or (M, 3) of each image, or
@@ -713,6 +714,11 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         for i, t in enumerate(ts):  # the operators' names: tables_q[0], ...
             _check_device(f"tables_{name[-1]}[{i}]", t)
         tables.extend(ts)
+    if rpe_positions is not None and not any(methods):  # nothing would read them: refused, not ignored
+        both = rpe_key_positions is not None
+        raise ValueError(f"[rpe.torch] rpe_positions{' and rpe_key_positions are' if both else ' is'} given but no iRPE "
+                         "term (rpe_q, rpe_k, rpe_v) is attached; expected none (they are the iRPE terms' per-token "
+                         "positions; the RoPE's are positions / key_positions)")
     rope_spec, freqs = ("", [], 0, "pairs", 0), None
     if rope is not None:
         if not isinstance(rope, _RoPE):

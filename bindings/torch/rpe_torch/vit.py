@@ -57,8 +57,9 @@ def _pair(v, name):
     return operator.index(v[0]), operator.index(v[1])
 
 
-def _square_grid(L, skip, height, width):
-    """(height, width) given, or the square grid of L − skip tokens."""
+def _square_grid(L, skip, height, width, suffix=0, suffix_name="suffix", note=""):
+    """(height, width) given, or the square grid of L − skip − suffix tokens (``suffix``: the
+    trailing unrotated tokens, named ``suffix_name`` in the message, with ``note`` after it)."""
     L = int(L)
     if (height is None) != (width is None):
         raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither (a square grid)")
@@ -67,9 +68,14 @@ def _square_grid(L, skip, height, width):
             if not _is_int(v):
                 raise TypeError(f"[rpe.torch] {name} = {v!r}; expected an int (rows or cols of the grid)")
         return operator.index(height), operator.index(width)
-    side = math.isqrt(max(L - skip, 0))
-    if L - skip < 1 or side * side != L - skip:
-        raise ValueError(f"[rpe.torch] L = {L} is not skip + a square (skip = {skip}); pass height and width")
+    n = L - skip - suffix
+    side = math.isqrt(max(n, 0))
+    if n < 1 or side * side != n:
+        if suffix == 0 and suffix_name == "suffix":
+            raise ValueError(f"[rpe.torch] L = {L} is not skip + a square (skip = {skip}); pass height and width")
+        raise ValueError(f"[rpe.torch] L = {L} is not skip + a square + {suffix_name} (skip = {skip}, {suffix_name} = "
+                         f"{suffix}: {n} tokens left for the square grid{note}); expected L = {skip} + side*side + "
+                         f"{suffix}, or pass height and width")
     return side, side
 
 
@@ -141,6 +147,14 @@ class _RoPE(nn.Module):
         """Refuses x (B, H, L, D) whose D the module was not built for (ValueError); a no-op for
         the forms whose tables the operators check against D themselves."""
 
+    def _suffix_names(self, suffix=None):
+        """(count, name, note) of the tokens' trailing unrotated count for messages: the module's
+        ``suffix``, or the attention's ``rope_query_suffix`` when ``suffix`` is given (then the
+        module's counts the keys only)."""
+        if suffix is None:
+            return self.suffix, "suffix", ""
+        return suffix, "rope_query_suffix", f"; the rope's suffix = {self.suffix} counts the keys only"
+
     def _grid(self, L, height, width, positions=None, suffix=None):
         """(height, width, positions) the operators get for L tokens: as given (a form on a 2D
         grid); RoPEVJEPA2 turns a clip of several frames into its per-token (frame, row, col) ids.
@@ -155,7 +169,7 @@ class _RoPE(nn.Module):
         if positions is not None:
             height, width = 1, 1
         else:
-            height, width = _square_grid(L, self.skip + (self.suffix if suffix is None else suffix), height, width)
+            height, width = _square_grid(L, self.skip, height, width, *self._suffix_names(suffix))
         return self.form, [float(p) for p in self._params()], self.skip, height, width
 
     def forward(self, x, height=None, width=None, positions=None):
@@ -558,20 +572,21 @@ class RoPEVJEPA2(_RoPE):
             raise ValueError(f"[rpe.torch] height = {height!r}, width = {width!r}; give both or neither")
         if height is None and self.grid_size is not None:
             height, width = self._rows_cols()
-        suffix = self.suffix if suffix is None else suffix
+        suffix, name, note = self._suffix_names(suffix)
         L, rotated = int(L), int(L) - self.skip - suffix
         if height is None:
             side = math.isqrt(max(rotated, 0) // frames)
             if rotated < 1 or side * side * frames != rotated:
-                raise ValueError(f"[rpe.torch] L = {L} is not skip + frames*side*side + suffix (skip = {self.skip}, "
-                                 f"frames = {frames}, suffix = {suffix}); pass height and width (or grid_size)")
+                raise ValueError(f"[rpe.torch] L = {L} is not skip + frames*side*side + {name} (skip = {self.skip}, "
+                                 f"frames = {frames}, {name} = {suffix}{note}); "
+                                 "pass height and width (or grid_size)")
             height = width = side
         if frames == 1:
             return height, width, None  # the operators' grid: ids (0, row, col)
         height, width = _count(height, "height"), _count(width, "width")
         if frames * height * width != rotated:
-            raise ValueError(f"[rpe.torch] L = {L}; expected skip + frames*height*width + suffix = {self.skip} + "
-                             f"{frames}*{height}*{width} + {suffix}")
+            raise ValueError(f"[rpe.torch] L = {L}; expected skip + frames*height*width + {name} = {self.skip} + "
+                             f"{frames}*{height}*{width} + {suffix}{note and ' (' + note[2:] + ')'}")
         return 1, 1, _clip_ids(frames, height, width)
 
     def forward(self, x, height=None, width=None, positions=None, frames=None):

@@ -23,6 +23,7 @@
 
 #include <rpe/any_term.hpp>
 #include <rpe/attention_inputs.hpp>
+#include <rpe/build_bucket_ids.hpp>
 #include <rpe/families.hpp>
 #include <rpe/make_term.hpp>
 #include <rpe/rope/rotary.hpp>
@@ -647,6 +648,75 @@ struct attention_args {
     at::Tensor rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths;
 };
 
+// rpe_positions or rpe_key_positions `p` (prepared int32, on the CPU or w's device) against one
+// attached term: (tokens, axes) with tokens = `what` (e.g. "L - skip = 7 - 1 of rpe_k"), and on
+// the CPU every |value| <= rpe::max_position (device ones: the library checks the values on its
+// host copy). The library's own check (attention_inputs::positions, key_positions) with the
+// operator's argument names. Errors: ValueError naming `name`.
+inline void check_rpe_position_tensor(const at::Tensor& p, const char* name, int axes, int64_t tokens, const std::string& what) {
+    const char* coords = axes == 3 ? "(t, row, col) for a 3D mapping" : "(row, col) for a 2D mapping";
+    TORCH_CHECK_VALUE(p.dim() == 2 && p.size(1) == axes && p.size(0) == tokens, "[rpe.torch] ", name, " has shape ", shape_of(p),
+                      "; expected (", tokens, " = ", what, ", ", axes, ") integer coordinates ", coords);
+    if (!p.device().is_cpu()) return;
+    const std::int32_t* d = p.data_ptr<std::int32_t>();
+    for (int64_t i = 0; i < p.numel(); ++i)
+        TORCH_CHECK_VALUE(d[i] <= rpe::max_position && d[i] >= -rpe::max_position, "[rpe.torch] ", name, "[", i / axes, ", ",
+                          i % axes, "] = ", d[i], "; expected |value| <= rpe::max_position = ", rpe::max_position);
+}
+
+// The iRPE terms' per-token positions of the attention operators (a.rpe_positions,
+// a.rpe_key_positions, prepared) against the attached terms `terms` (null: no term on that slot),
+// before the library's checks, so that the messages name the operators' arguments (the library
+// names its fields positions / key_positions; the RoPE's are rope_positions / rope_key_positions):
+// none without a term (nothing would read them), none with packed_lengths (packed_positions are
+// the packed images'), both when the keys have another length than the queries (L_k != L, CPU:
+// the CUDA backend refuses L_k != L itself), and for each term rpe_positions (L - skip, A) and
+// rpe_key_positions (L_k - skip, A), A its position axes, values within rpe::max_position.
+// Errors: ValueError naming rpe_positions / rpe_key_positions and the term's slot.
+template <class T>
+void check_rpe_positions(const attention_args& a, const std::unique_ptr<rpe::any_term<T>> (&terms)[3], const where& w) {
+    const bool pos = a.rpe_positions.defined(), kpos = a.rpe_key_positions.defined();
+    const bool any = terms[0] || terms[1] || terms[2];
+    TORCH_CHECK_VALUE(!pos || any, "[rpe.torch] rpe_positions", kpos ? " and rpe_key_positions are" : " is",
+                      " given but no iRPE term (rpe_q, rpe_k, rpe_v) is attached (method_q, method_k, method_v are ''); "
+                      "expected none (nothing reads them: they are the iRPE terms' positions, the RoPE's are "
+                      "rope_positions / rope_key_positions)");
+    if (a.packed_lengths.defined()) {
+        TORCH_CHECK_VALUE(!pos,
+                          "[rpe.torch] rpe_positions is given with packed_lengths; expected packed_positions (every "
+                          "image's positions, image after image) instead");
+        return;
+    }
+    static const char* slot_names[] = {"rpe_q", "rpe_k", "rpe_v"};
+    const int64_t l = a.q.size(2), lk = a.k.size(2);
+    for (int i = 0; i < 3; ++i) {
+        if (!terms[i]) continue;
+        const char* slot = slot_names[i];
+        if (lk != l && w.device.is_cpu()) {  // a grid describes one token set: the ids (L, L_k) need both
+            const std::string lengths =
+                "keys of another length than the queries (L = " + std::to_string(l) + ", L_k = " + std::to_string(lk) + ")";
+            TORCH_CHECK_VALUE(pos, "[rpe.torch] ", slot, " is attached with ", lengths,
+                              " and no rpe_positions; expected rpe_positions (the queries') and rpe_key_positions (the "
+                              "keys'): a grid (height, width) describes one token set");
+            TORCH_CHECK_VALUE(kpos, "[rpe.torch] rpe_key_positions is not given with ", lengths, " and ", slot,
+                              " attached; expected the keys' positions (L_k - skip = ", lk, " - ", terms[i]->skip(), " of them)");
+        }
+        if (!pos) continue;
+        const int64_t skip = terms[i]->skip();
+        const int axes = terms[i]->position_axes();
+        TORCH_CHECK_VALUE(l > skip, "[rpe.torch] L = ", l, " of q; expected more than skip = ", skip, " of ", slot,
+                          " (rpe_positions need grid tokens)");
+        const std::string what = "L - skip = " + std::to_string(l) + " - " + std::to_string(skip) + " of " + slot;
+        check_rpe_position_tensor(a.rpe_positions, "rpe_positions", axes, l - skip, what);
+        if (!kpos) continue;
+        TORCH_CHECK_VALUE(lk > skip, "[rpe.torch] L_k = ", lk, " of k; expected more than skip = ", skip, " of ", slot,
+                          " (rpe_key_positions need grid tokens)");
+        check_rpe_position_tensor(
+            a.rpe_key_positions, "rpe_key_positions", axes, lk - skip,
+            lk == l ? what : "L_k - skip = " + std::to_string(lk) + " - " + std::to_string(skip) + " of " + slot);
+    }
+}
+
 // T: the scalar of the terms that describe the slots (S on the CPU; on CUDA float, or double for
 // double: only their rpe::term_desc is used, never a CPU kernel of them).
 template <class S, class T = S>
@@ -784,6 +854,7 @@ attention_setup<S, T> setup_attention(attention_args& a, const dtype_rule& st, c
                       a.packed_grids.defined() ? "packed_grids" : "packed_positions",
                       " is given without packed_lengths; expected packed_lengths (tokens per image) too");
     s.in.key_lengths = index(a.key_lengths, "key_lengths", "valid key lengths");
+    check_rpe_positions(a, s.terms, w);
     (void)B;
     (void)L;
     return s;

@@ -8,7 +8,10 @@ term on a grid with L_k != L, v of another length than k). SAM2's whole memory a
 keys' object-pointer tokens unrotated (the module's suffix) while the queries have none
 (rope_query_suffix=0, rotary_embedding::query_suffix), against a RoPE-Axial written with torch ops
 and scaled_dot_product_attention (forward, gradients, gradcheck, opcheck, torch.compile fullgraph),
-its refusals, and the CUDA operator's refusal (host side, without a device)."""
+its refusals, and the CUDA operator's refusal (host side, without a device). The messages name
+what the caller gave: rope_query_suffix's length errors (the grid's count, the suffix apart from
+skip), the iRPE terms' rpe_positions / rpe_key_positions by those names (apart from the RoPE's
+positions / key_positions), and rpe_positions without an attached iRPE term is refused."""
 import math
 
 import pytest
@@ -324,3 +327,157 @@ def test_cuda_operators_refuse_query_suffix_before_any_work():
     for qs in (P, -1):
         with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
             ops.attention_forward.default.redispatch(cuda, *args[:-1], qs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The messages name what the caller gave: rope_query_suffix's lengths, the iRPE terms' positions
+# by their Python names (rpe_positions / rpe_key_positions, apart from the RoPE's positions /
+# key_positions), and rpe_positions without a term refused rather than ignored
+# ---------------------------------------------------------------------------------------------
+
+def test_query_suffix_length_errors_state_what_was_given():
+    q, k, v = sam2_inputs(seed=100)
+    rope, kp = irpe.RoPEAxial(theta=THETA, suffix=P), grid_positions().repeat(R, 1)
+    # queries on the given grid: the grid's count, no word of positions (none were given for q)
+    for qs in (6, 7):
+        with pytest.raises(ValueError, match=rf"^\[rpe\.attention\] L = 6; expected rope skip \+ height\*width \+ "
+                                             rf"query_suffix = 0 \+ 2\*3 \+ {qs}$"):
+            irpe.attention(q, k, v, rope=rope, height=h, width=w, key_positions=kp, rope_query_suffix=qs)
+    # a square grid inferred (height, width None): the suffix is named as given, not called skip
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] L = 6 is not skip \+ a square \+ rope_query_suffix \(skip = 0, "
+                                         r"rope_query_suffix = 6: 0 tokens left for the square grid; the rope's suffix = 3 "
+                                         r"counts the keys only\); expected L = 0 \+ side\*side \+ 6, or pass height and "
+                                         r"width$"):
+        irpe.attention(q, k, v, rope=rope, key_positions=kp, rope_query_suffix=6)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] L = 6 is not skip \+ a square \+ rope_query_suffix \(skip = 1, "
+                                         r"rope_query_suffix = 0: 5 tokens left for the square grid; the rope's suffix = 3 "
+                                         r"counts the keys only\); expected L = 1 \+ side\*side \+ 0, or pass height and "
+                                         r"width$"):
+        irpe.attention(q, k, v, rope=irpe.RoPEAxial(theta=THETA, skip=1, suffix=P), key_positions=kp,
+                       rope_query_suffix=0)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] L = 6 is not skip \+ a square \+ suffix \(skip = 0, suffix = 3: "
+                                         r"3 tokens left for the square grid\); expected L = 0 \+ side\*side \+ 3, or pass "
+                                         r"height and width$"):
+        irpe.attention(q, k, v, rope=rope, key_positions=kp)
+    # no suffix at all: the message of a plain square grid, unchanged
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] L = 7 is not skip \+ a square \(skip = 0\); pass height and "
+                                         r"width$"):
+        irpe.attention(*(rnd(B, H, 7, D, seed=101 + i) for i in range(3)), rope=irpe.RoPEAxial(theta=THETA))
+    # V-JEPA 2's clip likewise names rope_query_suffix
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] L = 6 is not skip \+ frames\*side\*side \+ rope_query_suffix "
+                                         r"\(skip = 0, frames = 1, rope_query_suffix = 1; the "
+                                         r"rope's suffix = 3 counts the keys only\); pass height and width \(or "
+                                         r"grid_size\)$"):
+        irpe.attention(q, k, v, rope=irpe.RoPEVJEPA2(suffix=P), key_positions=torch.zeros(R * h * w, 3),
+                       rope_query_suffix=1)
+    # the keys at key_positions with none left to rotate: key_positions named (they were given)
+    with pytest.raises(ValueError, match=r"^\[rpe\.attention\] L_k = 15; expected rope skip \+ suffix = 12 \+ 3 below L_k "
+                                         r"\(key_positions need rotated tokens\)$"):
+        irpe.attention(q, k, v, rope=irpe.RoPEAxial(theta=THETA, skip=12, suffix=P), height=h, width=w,
+                       key_positions=kp, rope_query_suffix=0)
+
+
+# the iRPE terms at positions with keys of another count (test_irpe_cross.py has the values)
+QP = torch.tensor([[0, 0], [1, 2], [-1, 1], [2, -1]])
+KP = torch.tensor([[0, 1], [3, 0], [-2, -2], [1, 1], [0, 0], [3, 0]])
+
+
+def irpe_k(d=4):
+    """A product contextual iRPE on keys, per-head tables, one skip token (random tables)."""
+    cfg = irpe.get_rpe_config(ratio=1.9, method=irpe.METHOD.PRODUCT, mode="contextual", shared_head=False, skip=1,
+                              rpe_on="k")
+    _, m, _ = irpe.build_rpe(cfg, head_dim=d, num_heads=H)
+    with torch.no_grad():
+        m.lookup_table_weight.copy_(rnd(*m.lookup_table_weight.shape, grad=False, seed=110))
+    return m.double()
+
+
+def test_irpe_position_errors_name_the_python_arguments():
+    """rpe_positions / rpe_key_positions of the wrong count, axes or values, or missing with
+    L_k != L: the messages name the arguments the caller passed (the library's own name its
+    fields positions / key_positions, which are the RoPE's arguments of rpe_torch.attention)."""
+    d, m = 4, irpe_k()
+    q, k, v = rnd(B, H, 5, d, seed=111), rnd(B, H, 7, d, seed=112), rnd(B, H, 7, d, seed=113)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_k is attached with keys of another length than the queries "
+                                         r"\(L = 5, L_k = 7\) and no rpe_positions; expected rpe_positions \(the queries'\) "
+                                         r"and rpe_key_positions \(the keys'\): a grid \(height, width\) describes one token "
+                                         r"set$"):
+        irpe.attention(q, k, v, rpe_k=m, height=2, width=2)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_key_positions is not given with keys of another length than "
+                                         r"the queries \(L = 5, L_k = 7\) and rpe_k attached; expected the keys' positions "
+                                         r"\(L_k - skip = 7 - 1 of them\)$"):
+        irpe.attention(q, k, v, rpe_k=m, rpe_positions=QP)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_key_positions has shape \(4, 2\); expected \(6 = L_k - skip = "
+                                         r"7 - 1 of rpe_k, 2\) integer coordinates \(row, col\) for a 2D mapping$"):
+        irpe.attention(q, k, v, rpe_k=m, rpe_positions=QP, rpe_key_positions=QP)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_key_positions has shape \(6, 3\); expected \(6 = L_k - skip = "
+                                         r"7 - 1 of rpe_k, 2\) integer coordinates \(row, col\) for a 2D mapping$"):
+        irpe.attention(q, k, v, rpe_k=m, rpe_positions=QP, rpe_key_positions=torch.zeros(6, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_positions\[1, 0\] = 2097152; expected \|value\| <= "
+                                         r"rpe::max_position = 1048576$"):
+        irpe.attention(q, k, v, rpe_k=m, rpe_positions=QP * (1 << 21), rpe_key_positions=KP)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_key_positions\[0, 1\] = -2097152; expected \|value\| <= "
+                                         r"rpe::max_position = 1048576$"):
+        irpe.attention(q, k, v, rpe_k=m, rpe_positions=QP, rpe_key_positions=-KP * (1 << 21))
+    # self-attention (L_k = L): the keys' count is L - skip
+    q7, k7, v7 = rnd(B, H, 7, d, seed=114), rnd(B, H, 7, d, seed=115), rnd(B, H, 7, d, seed=116)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_key_positions has shape \(5, 2\); expected \(6 = L - skip = "
+                                         r"7 - 1 of rpe_k, 2\) integer coordinates \(row, col\) for a 2D mapping$"):
+        irpe.attention(q7, k7, v7, rpe_k=m, rpe_positions=KP, rpe_key_positions=KP[:5])
+    # beside a RoPE at positions: its errors say "rope positions", the terms' "rpe_positions"
+    rope = irpe.RoPEAxial(theta=THETA, skip=1)
+    with pytest.raises(ValueError, match=r"^\[rpe\.attention\] rope positions has shape \(5, 2\); expected \(6, 2\)$"):
+        irpe.attention(q7, k7, v7, rpe_k=m, rope=rope, positions=KP[:5], rpe_positions=KP)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_key_positions has shape \(4, 2\); expected \(6 = L - skip"):
+        irpe.attention(q7, k7, v7, rpe_k=m, rope=rope, positions=KP, rpe_positions=KP, rpe_key_positions=QP)
+    # the operators themselves (the Python checks bypassed), forward and backward
+    t = m.lookup_table_weight.detach()
+    args = (q.detach(), k.detach(), v.detach(), [], [t], [], "", "", "product", "contextual", "", "",
+            [0.0] * 4 + [1.9, 3.8, 15.2, 1.0] + [0.0] * 4, 1, 1, None, None, None)
+    tail = ("", [], None, 0, "pairs", None, None, 0, QP, QP, None, None, None, None, -1)
+    msg = r"^\[rpe\.torch\] rpe_key_positions has shape \(4, 2\); expected \(6 = L_k - skip = 7 - 1 of rpe_k, 2\)"
+    for name in ("attention_forward", "attention_forward_attn"):
+        with pytest.raises(ValueError, match=msg):
+            getattr(ops, name)(*args, *tail)
+    back = (*args, q.detach(), "", [], None, 0, None, "pairs", None, None, 0, QP, QP, None, None, None, None, -1)
+    with pytest.raises(ValueError, match=msg):
+        ops.attention_backward(*back)
+
+
+def test_irpe_positions_without_a_term_are_refused():
+    """rpe_positions (and rpe_key_positions) with no iRPE term attached: nothing would read them,
+    so they are refused by name instead of being silently ignored (of any count)."""
+    q, k, v = rnd(B, H, 6, D, seed=120), rnd(B, H, 6, D, seed=121), rnd(B, H, 6, D, seed=122)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_positions is given but no iRPE term \(rpe_q, rpe_k, rpe_v\) "
+                                         r"is attached; expected none \(they are the iRPE terms' per-token positions; the "
+                                         r"RoPE's are positions / key_positions\)$"):
+        irpe.attention(q, k, v, height=2, width=3, rpe_positions=QP)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_positions and rpe_key_positions are given but no iRPE term "
+                                         r"\(rpe_q, rpe_k, rpe_v\) is attached"):
+        irpe.attention(q, k, v, rope=irpe.RoPEAxial(theta=THETA), height=2, width=3, rpe_positions=QP,
+                       rpe_key_positions=KP[:2])
+    # an iRPE module without a mode has no term either
+    none_mode = irpe.iRPE(head_dim=D, num_heads=H, mode=None, method=irpe.METHOD.PRODUCT, num_buckets=50)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_positions is given but no iRPE term"):
+        irpe.attention(q, k, v, rpe_k=none_mode, height=2, width=3, rpe_positions=QP)
+    # the operators
+    args = (q.detach(), k.detach(), v.detach(), [], [], [], "", "", "", "", "", "", [0.0] * 12, 2, 3, None, None, None,
+            "", [], None, 0, "pairs", None, None, 0)
+    msg = (r"^\[rpe\.torch\] rpe_positions is given but no iRPE term \(rpe_q, rpe_k, rpe_v\) is attached \(method_q, "
+           r"method_k, method_v are ''\); expected none \(nothing reads them: they are the iRPE terms' positions, the "
+           r"RoPE's are rope_positions / rope_key_positions\)$")
+    for name in ("attention_forward", "attention_forward_attn"):
+        with pytest.raises(ValueError, match=msg):
+            getattr(ops, name)(*args, QP, None, None, None, None, None, -1)
+    back = (*args[:18], q.detach(), "", [], None, 0, None, "pairs", None, None, 0, QP, KP, None, None, None, None, -1)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_positions and rpe_key_positions are given but no iRPE "
+                                         r"term"):
+        ops.attention_backward(*back)
+    # with packed sequences the packed images' positions are packed_positions
+    t = irpe_k(D).lookup_table_weight.detach()
+    packed = (q.detach(), k.detach(), v.detach(), [], [t], [], "", "", "product", "contextual", "", "",
+              [0.0] * 4 + [1.9, 3.8, 15.2, 1.0] + [0.0] * 4, 0, 0, None, None, None, "", [], None, 0, "pairs", None,
+              None, 0)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_positions is given with packed_lengths; expected "
+                                         r"packed_positions \(every image's positions, image after image\) instead$"):
+        ops.attention_forward(*packed, QP, None, torch.tensor([6]), torch.tensor([[1, 5]]), None, None, -1)

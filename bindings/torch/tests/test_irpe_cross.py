@@ -202,13 +202,15 @@ def test_opcheck_attention_with_terms(name):
 def test_attention_refusals_name_the_argument():
     ms = modules("k", "contextual", False, seed=6)
     q, k, v = rnd(B, H, L, D, seed=51), rnd(B, H, LK, D, seed=52), rnd(B, H, LK, D, seed=53)
-    with pytest.raises(ValueError, match=r"rpe_k is attached with keys of another length than the queries "
-                                         r"\(L = 5, L_k = 7\) and no positions"):
+    # the binding's checks, naming the arguments passed (test_cross.py has the whole messages)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rpe_k is attached with keys of another length than the queries "
+                                         r"\(L = 5, L_k = 7\) and no rpe_positions"):
         rpe_torch.attention(q, k, v, *ms, height=2, width=2)
-    with pytest.raises(ValueError, match=r"key_positions is empty with keys of another length than the queries "
-                                         r"\(L = 5, L_k = 7\) and rpe_k attached"):
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rpe_key_positions is not given with keys of another length than "
+                                         r"the queries \(L = 5, L_k = 7\) and rpe_k attached"):
         rpe_torch.attention(q, k, v, *ms, rpe_positions=QP)
-    with pytest.raises(ValueError, match=r"key_positions has shape \(4, 2\); expected \(6 = L_k - skip = 7 - 1 of rpe_k"):
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rpe_key_positions has shape \(4, 2\); expected \(6 = L_k - skip = "
+                                         r"7 - 1 of rpe_k"):
         rpe_torch.attention(q, k, v, *ms, rpe_positions=QP, rpe_key_positions=QP)
 
 

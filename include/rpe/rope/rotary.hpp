@@ -209,11 +209,14 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
             r.form);
         require(fixed_has_at, component,
                 "rope positions are given for a form without angle_at(y, x, pair, head_dim); expected the grid");
-        require(rotated >= 1, component, "L = ", l, "; expected rope skip + ", qs_name, " = ", r.skip, " + ", qsuffix,
-                " below L (positions need rotated tokens)");
-        if (lk != l || r.suffix != qsuffix)
+        // the queries' and the keys' counts at their own positions (queries on the grid: the grid
+        // check below; keys at the queries' positions: the count check below)
+        if (r.positions.data != nullptr)
+            require(rotated >= 1, component, "L = ", l, "; expected rope skip + ", qs_name, " = ", r.skip, " + ", qsuffix,
+                    " below L (positions need rotated tokens)");
+        if (r.key_positions.data != nullptr)
             require(rotated_k >= 1, component, "L_k = ", lk, "; expected rope skip + suffix = ", r.skip, " + ", r.suffix,
-                    " below L_k (positions need rotated tokens)");
+                    " below L_k (key_positions need rotated tokens)");
         const int axes = rope_position_axes(r.form);
         const auto check_positions = [&](const tensor_ref<const float>& p, const char* name, std::int64_t count) {
             if (p.data == nullptr && p.rank == 0) return;
@@ -237,6 +240,7 @@ void check_rope(const rotary_embedding<S>& r, std::int64_t h, std::int64_t l, st
         check_positions(r.key_positions, "key_positions", rotated_k);
         if (r.positions.data == nullptr) {  // queries on the grid, keys at positions
             require(depth == 1, component, "rope needs a 2D grid; depth = ", depth, "; expected 1");
+            require(height >= 1 && width >= 1, component, "rope grid height, width = ", height, ", ", width, "; expected >= 1");
             require(static_cast<std::int64_t>(height) * width == rotated, component, "L = ", l,
                     "; expected rope skip + height*width + ", qs_name, " = ", r.skip, " + ", height, "*", width, " + ", qsuffix);
         } else if (r.key_positions.data == nullptr) {  // keys at the queries' positions
