@@ -135,4 +135,36 @@ inline void check_close(const std::string& what, const std::vector<double>& actu
     MESSAGE(what << ": worst |diff| / tolerance = " << worst);
 }
 
+/// The fused attention's comparison with the CPU's (docs/cuda.md, Tolerances): out, grad_q, grad_k
+/// and grad_v (N = D + L) and every table gradient (N = B·H·L², in slot order q, k, v) each within
+/// ε·rms(cpu) + ε·|cpu| elementwise, ε = c·u·√N with u S's unit roundoff and c = 16 for float and
+/// double, 4 for fp16 and bf16 (their CPU reference is float on the unrounded inputs).
+template <class S, class C>
+void check_attention_results(std::int64_t b, std::int64_t h, std::int64_t l, std::int64_t d, const device_vec<S>& dout,
+                             const device_vec<S>& dgq, const device_vec<S>& dgk, const device_vec<S>& dgv,
+                             const std::vector<C>& cout, const std::vector<C>& cgq, const std::vector<C>& cgk,
+                             const std::vector<C>& cgv, const std::vector<std::unique_ptr<device_vec<S>>>& dgtables,
+                             const std::vector<std::vector<C>> (&cgtables)[3]) {
+    const double u = rpe::cuda::unit_roundoff<S>();
+    const bool low = std::is_same_v<S, __half> || std::is_same_v<S, __nv_bfloat16>;
+    const auto check_vs = [&](const std::string& what, const std::vector<double>& gpu, const std::vector<C>& cpu, double len) {
+        const double e = (low ? 4.0 : 16.0) * u * std::sqrt(len);
+        const std::vector<double> ex(cpu.begin(), cpu.end());
+        double ss = 0;
+        for (double x : ex) ss += x * x;
+        check_close(what, gpu, ex, e * std::sqrt(ss / static_cast<double>(std::max<std::size_t>(ex.size(), 1))), e);
+    };
+    const auto n = static_cast<double>(d + l);
+    check_vs("out", to_double(dout.host()), cout, n);
+    check_vs("grad_q", to_double(dgq.host()), cgq, n);
+    check_vs("grad_k", to_double(dgk.host()), cgk, n);
+    check_vs("grad_v", to_double(dgv.host()), cgv, n);
+    std::size_t index = 0;
+    for (int s = 0; s < 3; ++s)
+        for (std::size_t t = 0; t < cgtables[s].size(); ++t)
+            check_vs(std::string("grad table ") + "qkv"[s] + std::to_string(t), to_double(dgtables.at(index++)->host()),
+                     cgtables[s][t], static_cast<double>(b * h * l * l));
+    CHECK(index == dgtables.size());
+}
+
 }  // namespace rpe_cuda_test

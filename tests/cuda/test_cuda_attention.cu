@@ -159,32 +159,9 @@ void compare_attention(const attn_config& cfg, unsigned seed) {
     RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
     RPE_CUDA_CHECK(cudaStreamDestroy(stream));
 
-    // tolerance: logits are sums of D products (the RPE terms add a few more); the output a sum of
-    // L probabilities times values (plus K bucket sums)
-    const double u = rpe::cuda::unit_roundoff<S>();
-    const bool low = std::is_same_v<S, __half> || std::is_same_v<S, __nv_bfloat16>;
-    const double n = static_cast<double>(d + l);
-    const double eps = (low ? 4.0 : 16.0) * u * std::sqrt(n);
-    std::vector<double> expected(cout.begin(), cout.end());
-    double s2 = 0;
-    for (double x : expected) s2 += x * x;
-    const double rms = std::sqrt(s2 / static_cast<double>(expected.size()));
-    check_close("out", to_double(dout.host()), expected, eps * rms, eps);
-    auto check_vs = [&](const std::string& what, const std::vector<double>& gpu, const std::vector<C>& cpu, double len) {
-        const double e = (low ? 4.0 : 16.0) * u * std::sqrt(len);
-        std::vector<double> ex(cpu.begin(), cpu.end());
-        double ss = 0;
-        for (double x : ex) ss += x * x;
-        check_close(what, gpu, ex, e * std::sqrt(ss / static_cast<double>(std::max<std::size_t>(ex.size(), 1))), e);
-    };
-    check_vs("grad_q", to_double(dgq.host()), cgq, n);
-    check_vs("grad_k", to_double(dgk.host()), cgk, n);
-    check_vs("grad_v", to_double(dgv.host()), cgv, n);
-    std::size_t u_index = 0;
-    for (int s = 0; s < 3; ++s)
-        for (std::size_t t = 0; t < cgtables[s].size(); ++t)
-            check_vs(std::string("grad table ") + "qkv"[s] + std::to_string(t), to_double(dgtables[u_index++]->host()),
-                     cgtables[s][t], static_cast<double>(b * h * l * l));
+    // logits are sums of D products (the RPE terms add a few more); the output a sum of L
+    // probabilities times values (plus K bucket sums)
+    check_attention_results<S, C>(b, h, l, d, dout, dgq, dgk, dgv, cout, cgq, cgk, cgv, dgtables, cgtables);
 }
 
 template <class S>
@@ -345,25 +322,7 @@ void compare_attention_at(const at_config& cfg, unsigned seed) {
     RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
     RPE_CUDA_CHECK(cudaStreamDestroy(stream));
 
-    // tolerance as compare_attention's: rms-scaled 16u·sqrt(D + L) (table gradients: sqrt(B·H·L²))
-    const double u = rpe::cuda::unit_roundoff<S>();
-    auto check_vs = [&](const std::string& what, const std::vector<double>& gpu, const std::vector<C>& cpu, double len) {
-        const double e = 16.0 * u * std::sqrt(len);
-        std::vector<double> ex(cpu.begin(), cpu.end());
-        double ss = 0;
-        for (double x : ex) ss += x * x;
-        check_close(what, gpu, ex, e * std::sqrt(ss / static_cast<double>(std::max<std::size_t>(ex.size(), 1))), e);
-    };
-    const double n = static_cast<double>(d + l);
-    check_vs("out", to_double(dout.host()), cout, n);
-    check_vs("grad_q", to_double(dgq.host()), cgq, n);
-    check_vs("grad_k", to_double(dgk.host()), cgk, n);
-    check_vs("grad_v", to_double(dgv.host()), cgv, n);
-    std::size_t u_index = 0;
-    for (int s = 0; s < 3; ++s)
-        for (std::size_t t = 0; t < cgtables[s].size(); ++t)
-            check_vs(std::string("grad table ") + "qkv"[s] + std::to_string(t), to_double(dgtables[u_index++]->host()),
-                     cgtables[s][t], static_cast<double>(b * h * l * l));
+    check_attention_results<S, C>(b, h, l, d, dout, dgq, dgk, dgv, cout, cgq, cgk, cgv, dgtables, cgtables);
     // padded keys (key_lengths): exactly zero grad_k and grad_v rows; batches without a valid key: zero output
     if (!cfg.key_lengths.empty()) {
         const auto gk = dgk.host(), gv = dgv.host(), o = dout.host();
@@ -547,25 +506,7 @@ void compare_attention_packed(const packed_config& cfg, unsigned seed) {
     RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
     RPE_CUDA_CHECK(cudaStreamDestroy(stream));
 
-    // tolerance as compare_attention_at's: rms-scaled 16u·sqrt(D + L) (table gradients: sqrt(B·H·L²))
-    const double u = rpe::cuda::unit_roundoff<S>();
-    auto check_vs = [&](const std::string& what, const std::vector<double>& gpu, const std::vector<C>& cpu, double len) {
-        const double e = 16.0 * u * std::sqrt(len);
-        std::vector<double> ex(cpu.begin(), cpu.end());
-        double ss = 0;
-        for (double x : ex) ss += x * x;
-        check_close(what, gpu, ex, e * std::sqrt(ss / static_cast<double>(std::max<std::size_t>(ex.size(), 1))), e);
-    };
-    const double n = static_cast<double>(d + l);
-    check_vs("out", to_double(dout.host()), cout, n);
-    check_vs("grad_q", to_double(dgq.host()), cgq, n);
-    check_vs("grad_k", to_double(dgk.host()), cgk, n);
-    check_vs("grad_v", to_double(dgv.host()), cgv, n);
-    std::size_t u_index = 0;
-    for (int s = 0; s < 3; ++s)
-        for (std::size_t t = 0; t < cgtables[s].size(); ++t)
-            check_vs(std::string("grad table ") + "qkv"[s] + std::to_string(t), to_double(dgtables[u_index++]->host()),
-                     cgtables[s][t], static_cast<double>(b * h * l * l));
+    check_attention_results<S, C>(b, h, l, d, dout, dgq, dgk, dgv, cout, cgq, cgk, cgv, dgtables, cgtables);
 }
 
 template <class S>
@@ -593,7 +534,8 @@ void attention_packed_suite(unsigned seed) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("cuda fused attention on packed sequences matches the CPU fused attention's packed call", S, float, double) {
+TEST_CASE_TEMPLATE("cuda fused attention on packed sequences matches the CPU fused attention's packed call", S, float, double,
+                   __half, __nv_bfloat16) {
     attention_packed_suite<S>(500);
 }
 
@@ -603,7 +545,7 @@ TEST_CASE_TEMPLATE("cuda fused attention forward and backward match the CPU fuse
 }
 
 TEST_CASE_TEMPLATE("cuda fused attention at per-token positions and key lengths matches the CPU fused attention", S, float,
-                   double) {
+                   double, __half, __nv_bfloat16) {
     attention_at_suite<S>(400);
 }
 
