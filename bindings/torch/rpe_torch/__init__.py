@@ -63,12 +63,18 @@ torch.ops.load_library(library_path)
 _ops = torch.ops.rpe
 
 
+# Read once, when the library is loaded (its kernels are registered then): a plain bool, so that
+# torch.compile traces the device checks without calling the dispatcher query (a graph break).
+_HAS_CUDA_KERNELS = bool(torch._C._dispatch_has_kernel_for_dispatch_key("rpe::term_forward", "CUDA"))
+
+
 def has_cuda_kernels():
     """True when the loaded operator library has rpe_torch's CUDA kernels (built with CMake option
     RPE_TORCH_CUDA: a CUDA-enabled torch and nvcc of the same CUDA major version): then the
     term, attention and RoPE operators take CUDA tensors (float32, float64, float16, bfloat16).
-    Says nothing about a device being present (``torch.cuda.is_available()``)."""
-    return torch._C._dispatch_has_kernel_for_dispatch_key("rpe::term_forward", "CUDA")
+    Says nothing about a device being present (``torch.cuda.is_available()``). Read when the
+    library was loaded."""
+    return _HAS_CUDA_KERNELS
 
 
 from . import _registrations  # noqa: E402,F401  (fake kernels, autograd formulas, autocast of the operators)

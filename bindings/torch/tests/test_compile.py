@@ -187,3 +187,17 @@ def test_export_round_trip(name, tmp_path):
     torch.export.save(exported, buffer)
     buffer.seek(0)
     torch.testing.assert_close(torch.export.load(buffer).module()(x), expected, atol=0, rtol=0)
+
+
+def test_device_checks_trace_without_a_graph_break():
+    """rpe_torch.attention's device checks read has_cuda_kernels() (a CUDA tensor's path): a plain
+    bool read when the library loaded, so dynamo traces it (the dispatcher query it once called
+    per check broke the graph: seen on a GPU, torch.compile(fullgraph=True) of a CUDA model)."""
+    torch._dynamo.reset()
+
+    def f(x):
+        return x + 1 if rpe_torch.has_cuda_kernels() else x - 1
+
+    x = torch.arange(3.0)
+    expected = x + 1 if rpe_torch.has_cuda_kernels() else x - 1
+    torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="eager")(x), expected, atol=0, rtol=0)
