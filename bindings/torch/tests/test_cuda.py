@@ -404,6 +404,18 @@ def copy_module(m):
     return copy.deepcopy(m) if m is not None else None
 
 
+def random_float64_modules(cfg, D, H, g):
+    """build_rpe's modules for cfg in float64 with every parameter drawn from g (N(0, 1)), and
+    their copies on DEVICE (None where cfg attaches no term)."""
+    mods_c = [m.double() if m is not None else None for m in rt.build_rpe(cfg, head_dim=D, num_heads=H)]
+    with torch.no_grad():
+        for m in mods_c:
+            if m is not None:
+                for p in m.parameters():
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return mods_c, [copy_module(m).to(DEVICE) if m is not None else None for m in mods_c]
+
+
 def check_float64_attention(out_g, out_c, qkv_g, qkv_c, g, n):
     """A float64 attention on the GPU against the CPU's: the outputs, then the backward of both for
     one incoming gradient drawn from generator g (after the outputs' check), and grad q, k, v
@@ -684,13 +696,7 @@ def test_attention_at_positions_and_key_lengths_matches_cpu(case, where):
     L = skip + h * w
     cfg = rt.get_rpe_config(ratio=RATIO, method=3, mode="contextual", shared_head=True, skip=skip, rpe_on="qkv")
     g = torch.Generator().manual_seed(13)
-    mods_c = [m.double() if m is not None else None for m in rt.build_rpe(cfg, head_dim=D, num_heads=H)]
-    with torch.no_grad():
-        for m in mods_c:
-            if m is not None:
-                for p in m.parameters():
-                    p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
-    mods_g = [copy_module(m).to(DEVICE) if m is not None else None for m in mods_c]
+    mods_c, mods_g = random_float64_modules(cfg, D, H, g)
     dev = DEVICE if where == "cuda" else "cpu"
     kw_c = {}
     if case in ("positions", "positions_and_key_lengths"):
@@ -735,13 +741,7 @@ def test_attention_packed_matches_cpu(case, where):
     cfg = rt.get_rpe_config(ratio=RATIO, method="product", mode="bias" if bias else "contextual", shared_head=not bias,
                             skip=skip, rpe_on="qk" if bias else "qkv")
     g = torch.Generator().manual_seed(17)
-    mods_c = [m.double() if m is not None else None for m in rt.build_rpe(cfg, head_dim=D, num_heads=H)]
-    with torch.no_grad():
-        for m in mods_c:
-            if m is not None:
-                for p in m.parameters():
-                    p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
-    mods_g = [copy_module(m).to(DEVICE) if m is not None else None for m in mods_c]
+    mods_c, mods_g = random_float64_modules(cfg, D, H, g)
     dev = DEVICE if where == "cuda" else "cpu"
     kw_c = {"packed_lengths": torch.tensor(lengths)}
     if case.startswith("positions"):
