@@ -1,4 +1,5 @@
-"""Shared helpers of the rpe_torch tests: the repository paths and a tolerance check."""
+"""Shared helpers of the rpe_torch tests: the repository paths, a tolerance check and iRPE modules
+with random tables."""
 import os
 import sys
 from pathlib import Path
@@ -22,3 +23,20 @@ def assert_close(actual, expected, atol, rtol, what):
     err = np.abs(a - e) - (atol + rtol * np.abs(e))
     worst = float(np.max(np.abs(a - e))) if a.size else 0.0
     assert np.all(err <= 0), f"{what}: max |diff| = {worst:.3e} exceeds atol {atol:g} + rtol {rtol:g}·|expected|"
+
+
+def random_irpe_modules(head_dim, num_heads, rpe_on, mode, shared_head, seed, method=None, skip=1, std=1.0):
+    """(rpe_q, rpe_k, rpe_v) of rpe_torch.build_rpe (ratio 1.9, Product unless `method`; None where
+    rpe_on attaches no term) in float64, every parameter drawn N(0, std²) from a generator seeded `seed`."""
+    import rpe_torch
+    method = rpe_torch.METHOD.PRODUCT if method is None else method
+    cfg = rpe_torch.get_rpe_config(ratio=1.9, method=method, mode=mode, shared_head=shared_head, skip=skip, rpe_on=rpe_on)
+    ms = rpe_torch.build_rpe(cfg, head_dim=head_dim, num_heads=num_heads)
+    g = torch.Generator().manual_seed(seed)
+    for m in ms:
+        if m is not None:
+            m.double()
+            for p in m.parameters():
+                with torch.no_grad():
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * std)
+    return ms

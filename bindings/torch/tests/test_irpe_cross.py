@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import rpe_torch
+from conftest import random_irpe_modules
 
 ops = torch.ops.rpe
 F64 = torch.float64
@@ -119,17 +120,7 @@ def test_opcheck_term(mode, target):
 
 def modules(rpe_on, mode, shared_head, seed=0):
     """(rpe_q, rpe_k, rpe_v) float64 modules with random tables (product, ratio 1.9, skip 1)."""
-    cfg = rpe_torch.get_rpe_config(ratio=1.9, method=rpe_torch.METHOD.PRODUCT, mode=mode, shared_head=shared_head,
-                                   skip=SKIP, rpe_on=rpe_on)
-    ms = rpe_torch.build_rpe(cfg, head_dim=D, num_heads=H)
-    g = torch.Generator().manual_seed(seed)
-    for m in ms:
-        if m is not None:
-            m.double()
-            for p in m.parameters():
-                with torch.no_grad():
-                    p.copy_(torch.randn(p.shape, generator=g, dtype=F64) * 0.5)
-    return ms
+    return random_irpe_modules(D, H, rpe_on, mode, shared_head, seed, skip=SKIP, std=0.5)
 
 
 def written_out(q, k, v, ms):

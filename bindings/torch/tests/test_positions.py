@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import rpe_torch
+from conftest import random_irpe_modules
 
 F64 = torch.float64
 H, D = 2, 4
@@ -26,17 +27,7 @@ def grid_positions(h, w):
 
 def modules(rpe_on="qkv", mode="contextual", method=rpe_torch.METHOD.PRODUCT, skip=1, shared_head=False, seed=0):
     """(rpe_q, rpe_k, rpe_v) float64 modules with random tables (ratio 1.9: K = 50 + the skip bucket)."""
-    cfg = rpe_torch.get_rpe_config(ratio=1.9, method=method, mode=mode, shared_head=shared_head, skip=skip,
-                                   rpe_on=rpe_on)
-    ms = rpe_torch.build_rpe(cfg, head_dim=D, num_heads=H)
-    g = torch.Generator().manual_seed(seed)
-    for m in ms:
-        if m is not None:
-            m.double()
-            for p in m.parameters():
-                with torch.no_grad():
-                    p.copy_(torch.randn(p.shape, generator=g, dtype=F64))
-    return ms
+    return random_irpe_modules(D, H, rpe_on, mode, shared_head, seed, method=method, skip=skip)
 
 
 def params_of(ms):
