@@ -428,6 +428,23 @@ def check_float64_attention(out_g, out_c, qkv_g, qkv_c, g, n):
         assert_matches(a.grad, b.grad, torch.float64, n, name, attention=True)
 
 
+def compare_float64_attention(mods_c, mods_g, kw_c, kw_g, g, shape):
+    """rt.attention on the CPU (mods_c, kw_c) and on DEVICE (mods_g, kw_g) of the same random
+    float64 q, k, v of `shape` (B, H, L, D) drawn from g: outputs and q, k, v gradients
+    (check_float64_attention), then every table's gradient; returns DEVICE's (q, k, v) leaves."""
+    B, H, L, D = shape
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    qg, kg, vg = (t.detach().to(DEVICE).requires_grad_() for t in (q, k, v))
+    out_c = rt.attention(q, k, v, *mods_c, save_attn=False, **kw_c)
+    out_g = rt.attention(qg, kg, vg, *mods_g, **kw_g)
+    check_float64_attention(out_g, out_c, (qg, kg, vg), (q, k, v), g, D + L)
+    params_g = [p for m in mods_g if m is not None for p in m.parameters()]
+    params_c = [p for m in mods_c if m is not None for p in m.parameters()]
+    for a, b in zip(params_g, params_c):
+        assert_matches(a.grad, b.grad, torch.float64, B * H * L * L, f"grad table {tuple(a.shape)}")
+    return qg, kg, vg
+
+
 @needs_gpu
 @pytestmark_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
@@ -709,15 +726,7 @@ def test_attention_at_positions_and_key_lengths_matches_cpu(case, where):
     if case in ("key_lengths", "positions_and_key_lengths"):
         kw_c["key_lengths"] = torch.tensor([L - 3, L])
     kw_g = {k: (t.to(dev) if isinstance(t, torch.Tensor) else t) for k, t in kw_c.items()}
-    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
-    qg, kg, vg = (t.detach().to(DEVICE).requires_grad_() for t in (q, k, v))
-    out_c = rt.attention(q, k, v, *mods_c, save_attn=False, **kw_c)
-    out_g = rt.attention(qg, kg, vg, *mods_g, **kw_g)
-    check_float64_attention(out_g, out_c, (qg, kg, vg), (q, k, v), g, D + L)
-    params_g = [p for m in mods_g if m is not None for p in m.parameters()]
-    params_c = [p for m in mods_c if m is not None for p in m.parameters()]
-    for a, b in zip(params_g, params_c):
-        assert_matches(a.grad, b.grad, torch.float64, B * H * L * L, f"grad table {tuple(a.shape)}")
+    _, kg, vg = compare_float64_attention(mods_c, mods_g, kw_c, kw_g, g, (B, H, L, D))
     if "key_lengths" in kw_c:
         assert bool(torch.all(kg.grad[0, :, L - 3:] == 0)) and bool(torch.all(vg.grad[0, :, L - 3:] == 0))
 
@@ -755,15 +764,7 @@ def test_attention_packed_matches_cpu(case, where):
         mask = torch.zeros(B, L, dtype=torch.bool)
         mask[0, lengths[0] + lengths[1] - 1] = mask[0, L - 1] = True
         kw_c["key_padding_mask"], kw_g["key_padding_mask"] = mask, mask.to(DEVICE)
-    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
-    qg, kg, vg = (t.detach().to(DEVICE).requires_grad_() for t in (q, k, v))
-    out_c = rt.attention(q, k, v, *mods_c, save_attn=False, **kw_c)
-    out_g = rt.attention(qg, kg, vg, *mods_g, **kw_g)
-    check_float64_attention(out_g, out_c, (qg, kg, vg), (q, k, v), g, D + L)
-    params_g = [p for m in mods_g if m is not None for p in m.parameters()]
-    params_c = [p for m in mods_c if m is not None for p in m.parameters()]
-    for a, b in zip(params_g, params_c):
-        assert_matches(a.grad, b.grad, torch.float64, B * H * L * L, f"grad table {tuple(a.shape)}")
+    compare_float64_attention(mods_c, mods_g, kw_c, kw_g, g, (B, H, L, D))
 
 
 # ---------------------------------------------------------------------------------------------
