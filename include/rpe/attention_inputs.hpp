@@ -272,7 +272,8 @@ void check_packed_front(const In& in, const attention_capabilities& caps) {
 /// @brief Checks attention_inputs::packed against one attached term `name` (its skip and
 /// position axes): each image longer than skip; packed.grids (M, 2) or (M, 3) with positive sizes
 /// and `lengths[m] = skip + depth·height·width`, or packed.positions (L − M·skip, A) (check_positions).
-/// @throws rpe::invalid_argument `[rpe.attention] packed.grids[1] = (3, 4) gives skip + ... tokens; expected packed.lengths[1] = ...`.
+/// @throws rpe::invalid_argument `[rpe.attention] packed.grids[1] = (3, 4) gives skip + ... tokens; expected packed.lengths[1] = ...`,
+///   or `packed.grids[0] = (2, 2, 3) has depth 2 with the 2D mapping of rpe_k; ...`.
 inline void check_packed_term(const packed_sequences& pk, const attention_shape& s, const term_desc& t, const char* name) {
     const std::int64_t m_count = pk.lengths.extent(0), skip = t.skip();
     for (std::int64_t m = 0; m < m_count; ++m)
@@ -298,6 +299,8 @@ inline void check_packed_term(const packed_sequences& pk, const attention_shape&
             a == 3 ? concat("(", depth, ", ", height, ", ", width, ")") : concat("(", height, ", ", width, ")");
         require(depth >= 1 && height >= 1 && width >= 1, "attention", "packed.grids[", m, "] = ", grid,
                 "; expected positive sizes");
+        require(depth == 1 || t.position_axes() == 3, "attention", "packed.grids[", m, "] = ", grid, " has depth ", depth,
+                " with the 2D mapping of ", name, "; expected depth = 1 (a 3D mapping for depth x height x width grids)");
         // the product step by step, stopping once past the length (int32 sizes: no overflow)
         std::int64_t tokens = depth;
         if (tokens <= pk.lengths.data[m]) tokens *= height;

@@ -586,6 +586,12 @@ TEST_CASE("packed and key_lengths: bad inputs throw naming the parameter and its
                                 "[rpe.attention] packed.grids[3] = (1073741824, 1073741824) gives skip + height*width = more "
                                 "than 17 tokens of rpe_k; expected packed.lengths[3] = 17"));
     grids[6] = grids[7] = 4;
+    // (M, 3) grids with a 2D mapping: image 0 as 2 frames of 2 x 3 (its 13 tokens), the others 1 frame
+    std::vector<std::int32_t> grids3 = {2, 2, 3, 1, 2, 5, 1, 1, 1, 1, 4, 4};
+    in.packed.grids = pos_ref(grids3.data(), {4, 3});
+    CHECK(rpe_test::throws_with([&] { fwd(in); },
+                                "[rpe.attention] packed.grids[0] = (2, 2, 3) has depth 2 with the 2D mapping of rpe_k; expected "
+                                "depth = 1 (a 3D mapping for depth x height x width grids)"));
     in.packed.grids = pos_ref(grids.data(), {2, 4});
     CHECK(rpe_test::throws_with([&] { fwd(in); },
                                 "[rpe.attention] packed.grids has shape (2, 4); expected (M = 4, 2) (height, width) or (M, 3) "
