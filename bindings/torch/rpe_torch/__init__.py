@@ -295,12 +295,12 @@ def _known_skip(config, num_buckets, base, skip, what):
     return skip
 
 
-def _check_index(name, t, x=None, axes=None, what="integer tensor"):
+def _check_index(name, t, x=None, axes=None, what="integer tensor", xname="x"):
     """An integer index tensor of the iRPE terms (per-token positions, packed lengths / grids /
-    positions, key lengths): None, or an integer tensor (rank 2, axes 2 or 3 when ``axes``, rank 1
-    otherwise) on the CPU, or with CUDA tensors (has_cuda_kernels()) on the CPU or x's device.
-    TypeError / ValueError naming the argument; the values (ranges, sums, counts) are the
-    library's checks."""
+    positions, key lengths): None, or an int32 / int64 tensor (rank 2, axes 2 or 3 when ``axes``,
+    rank 1 otherwise) on the CPU, or with CUDA tensors (has_cuda_kernels()) on the CPU or the
+    device of ``x`` (named ``xname`` in the messages). TypeError / ValueError naming the argument;
+    the values (ranges, sums, counts) are the library's checks."""
     if t is None:
         return
     if not isinstance(t, torch.Tensor):
@@ -311,15 +311,30 @@ def _check_index(name, t, x=None, axes=None, what="integer tensor"):
             raise ValueError(f"[rpe.torch] {name} is on device {t.device}; expected cpu or {x.device}, the device of the "
                              "other tensors")
     elif device.type != "cpu":
-        raise ValueError(f"[rpe.torch] {name} is given with tensors on device {device}; expected cpu ({what} are "
-                         "CPU only: rpe's CUDA backend refuses them with rpe::not_supported)")
-    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        other = f"{xname}'s device" if x is not None else "the tables' device"
+        if has_cuda_kernels():
+            raise ValueError(f"[rpe.torch] {name} is given with tensors on device {device}; expected cpu, or {other} "
+                             f"when that is cuda ({what})")
+        raise ValueError(f"[rpe.torch] {name} is given with tensors on device {device}; expected cpu ({what}; "
+                         f"{other} when that is cuda needs the CUDA kernels, which this operator library was built "
+                         "without: CMake option RPE_TORCH_CUDA)")
+    if t.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"[rpe.torch] {name} has dtype {t.dtype}; expected an integer tensor (int32 or int64) of {what}")
     if axes is not None and (t.dim() != 2 or t.shape[1] not in (2, 3)):
         raise ValueError(f"[rpe.torch] {name} has shape {tuple(t.shape)}; expected (N, 2) {what}, or (N, 3) for a 3D "
                          "mapping")
     if axes is None and t.dim() != 1:
         raise ValueError(f"[rpe.torch] {name} has shape {tuple(t.shape)}; expected a 1-D tensor of {what}")
+
+
+def _check_term_positions(x, positions, key_positions):
+    """The per-token positions of an iRPE term (:func:`term`, the modules' forward): each an
+    index tensor (_check_index), and key_positions only with positions. Raises before the grid
+    is inferred."""
+    _check_index("positions", positions, x, axes=True, what="per-token positions")
+    _check_index("key_positions", key_positions, x, axes=True, what="per-token key positions")
+    if key_positions is not None and positions is None:
+        raise ValueError("[rpe.torch] key_positions is given without positions; expected positions too (the queries')")
 
 
 def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, width, positions=None, key_positions=None):
@@ -346,10 +361,7 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
         _check_device(f"tables[{i}]", t)
     if x is not None:
         _check_device("x", x)
-    _check_index("positions", positions, x, axes=True, what="per-token positions")
-    _check_index("key_positions", key_positions, x, axes=True, what="per-token key positions")
-    if key_positions is not None and positions is None:
-        raise ValueError("[rpe.torch] key_positions is given without positions; expected positions too (the queries')")
+    _check_term_positions(x, positions, key_positions)
     if (mode == "bias" and x is not None and x.dim() == 4 and tables and tables[0].dim() == 2
             and tables[0].shape[0] not in (1, x.shape[1])):
         raise ValueError(f"[rpe.torch] tables[0] has shape {tuple(tables[0].shape)}; expected ({x.shape[1]}, K) for x "
@@ -485,6 +497,7 @@ class iRPE(nn.Module):
         _check_device("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D) or (B, H, L, L)")
+        _check_term_positions(x, positions, key_positions)  # before the grid is inferred from L
         method, mode, tables, skip, height, width = self._spec(x.shape[2], *_at_positions(x.shape[2], height, width,
                                                                                            positions))
         c = self.rpe_config
@@ -524,6 +537,7 @@ class iRPE_Cross(nn.Module):
         _check_device("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D) or (B, H, L, L)")
+        _check_term_positions(x, positions, key_positions)  # before the grid is inferred from L
         method, mode, tables, skip, height, width = self._spec(x.shape[2], *_at_positions(x.shape[2], height, width,
                                                                                            positions))
         c = r.rpe_config
@@ -652,12 +666,13 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     axes, names = getattr(rope, "position_axes", 2), getattr(rope, "position_names", None)
     _check_positions("positions", positions, q, axes, names)
     _check_positions("key_positions", key_positions, q, axes, names)
-    _check_index("rpe_positions", rpe_positions, q, axes=True, what="per-token iRPE positions")
-    _check_index("rpe_key_positions", rpe_key_positions, q, axes=True, what="per-token iRPE key positions")
-    _check_index("packed_lengths", packed_lengths, q, what="tokens per image")
-    _check_index("packed_grids", packed_grids, q, axes=True, what="per-image grids (height, width)")
-    _check_index("packed_positions", packed_positions, q, axes=True, what="per-token positions of the packed images")
-    _check_index("key_lengths", key_lengths, q, what="valid key lengths")
+    _check_index("rpe_positions", rpe_positions, q, axes=True, what="per-token iRPE positions", xname="q")
+    _check_index("rpe_key_positions", rpe_key_positions, q, axes=True, what="per-token iRPE key positions", xname="q")
+    _check_index("packed_lengths", packed_lengths, q, what="tokens per image", xname="q")
+    _check_index("packed_grids", packed_grids, q, axes=True, what="per-image grids (height, width)", xname="q")
+    _check_index("packed_positions", packed_positions, q, axes=True, what="per-token positions of the packed images",
+                 xname="q")
+    _check_index("key_lengths", key_lengths, q, what="valid key lengths", xname="q")
     packed = packed_lengths is not None
     if rpe_key_positions is not None and rpe_positions is None:
         raise ValueError("[rpe.torch] rpe_key_positions is given without rpe_positions; expected rpe_positions too "

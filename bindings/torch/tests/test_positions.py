@@ -10,6 +10,8 @@ in another order: float64 rounding); a packed batch of 4 images equals each imag
 same key_padding_mask. Errors name the argument; torch.compile(fullgraph=True) of a block with
 packed lengths has no graph break.
 """
+import re
+
 import pytest
 import torch
 
@@ -308,6 +310,111 @@ def test_errors_name_the_argument():
                                          r"for L = 7 and M = 2 images"):
         call(packed_lengths=torch.tensor([3, 4]), packed_positions=pos[:4])
 
+
+
+NOT_INT32_64 = [torch.uint8, torch.int8, torch.int16, torch.uint16, torch.uint32, torch.uint64]
+
+
+@pytest.mark.parametrize("dtype", NOT_INT32_64, ids=str)
+def test_index_arguments_are_int32_or_int64(dtype):
+    """Every iRPE index argument takes int32 / int64 only (docs/torch.md): another integer dtype,
+    unsigned ones included, is a TypeError naming the argument and its dtype, before any value is
+    read (unsigned ones used to fail inside torch's min, not naming the argument; int8, int16 and
+    uint8 were taken). RoPE positions (integer or float) are another check."""
+    ms = modules("k", "contextual", seed=43)
+    h, w = 2, 3
+    q, k, v = qkv(2, 1 + h * w, seed=44)
+    pos = grid_positions(h, w)
+
+    def call(**kw):
+        return rpe_torch.attention(q, k, v, *ms, **kw)
+
+    lengths, grids = torch.tensor([7]), torch.tensor([[2, 3]])
+    cases = [  # (argument, its description in the message, the call with that argument in `dtype`)
+        ("rpe_positions", "per-token iRPE positions", lambda: call(rpe_positions=pos.to(dtype))),
+        ("rpe_key_positions", "per-token iRPE key positions",
+         lambda: call(rpe_positions=pos, rpe_key_positions=pos.to(dtype))),
+        ("packed_lengths", "tokens per image", lambda: call(packed_lengths=lengths.to(dtype), packed_grids=grids)),
+        ("packed_grids", r"per-image grids \(height, width\)",
+         lambda: call(packed_lengths=lengths, packed_grids=grids.to(dtype))),
+        ("packed_positions", "per-token positions of the packed images",
+         lambda: call(packed_lengths=lengths, packed_positions=pos.to(dtype))),
+        ("key_lengths", "valid key lengths", lambda: call(height=h, width=w, key_lengths=torch.tensor([7, 3], dtype=dtype))),
+        ("positions", "per-token positions", lambda: ms[1](q, positions=pos.to(dtype))),
+        ("key_positions", "per-token key positions", lambda: ms[1](q, positions=pos, key_positions=pos.to(dtype))),
+        ("positions", "per-token positions",
+         lambda: rpe_torch.term(q, [ms[1].lookup_table_weight], "product", "contextual", "k", 1.9, 3.8, 15.2, 1, 2, 3,
+                                positions=pos.to(dtype))),
+    ]
+    dt = re.escape(str(dtype))
+    for name, what, f in cases:
+        with pytest.raises(TypeError, match=rf"^\[rpe\.torch\] {name} has dtype {dt}; "
+                                            rf"expected an integer tensor \(int32 or int64\) of {what}$"):
+            f()
+    # the same values in int32 / int64 are taken
+    want = call(height=h, width=w)
+    for t in (torch.int32, torch.int64):
+        assert torch.equal(call(rpe_positions=pos.to(t)), want)
+        assert torch.equal(call(packed_lengths=lengths.to(t), packed_grids=grids.to(t)), want)
+
+
+def test_rope_positions_keep_integer_and_float_dtypes():
+    """The RoPE positions (``positions`` / ``key_positions`` of the attention with a rope) are not
+    the iRPE index arguments: float32 / float64 and other integer dtypes stay accepted."""
+    h, w = 2, 3
+    q, k, v = qkv(1, 1 + h * w, seed=45)
+    rope = rpe_torch.RoPEAxial(skip=1)
+    pos = grid_positions(h, w)
+    want = rpe_torch.attention(q, k, v, rope=rope, height=h, width=w)
+    for t in (torch.float32, torch.float64, torch.int16, torch.int32):
+        got = rpe_torch.attention(q, k, v, rope=rope, positions=pos.to(t), key_positions=pos.to(t))
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_key_positions_without_positions_before_the_grid():
+    """An iRPE module's forward (iRPE and iRPE_Cross) given key_positions but no positions names
+    the missing argument, whether or not L is skip + a square (it used to blame L = 13 first)."""
+    for method in (rpe_torch.METHOD.PRODUCT, rpe_torch.METHOD.CROSS):
+        rk = modules("k", "contextual", method=method, seed=46)[1]
+        x = torch.randn(1, H, 13, D, dtype=F64)
+        pos = grid_positions(3, 4)
+        for kw in ({}, {"height": 3, "width": 4}):
+            with pytest.raises(ValueError, match=r"^\[rpe\.torch\] key_positions is given without positions; expected "
+                                                 r"positions too \(the queries'\)$"):
+                rk(x, key_positions=pos[:5], **kw)
+
+
+@pytest.mark.parametrize("cuda_kernels", [True, False])
+def test_index_device_message(monkeypatch, cuda_kernels):
+    """An index tensor on a device other than the CPU and the other tensors' (here meta): the
+    message says CUDA takes them on q's (x's) device, and when the library lacks the CUDA kernels,
+    that it was built without them (the text used to say CUDA refuses them, no longer true)."""
+    monkeypatch.setattr(rpe_torch, "has_cuda_kernels", lambda: cuda_kernels)
+    ms = modules("k", "contextual", seed=47)
+    h, w = 2, 3
+    q, k, v = qkv(2, 1 + h * w, seed=48)
+    meta = grid_positions(h, w).to("meta")
+
+    def expected(name, where, other, what):
+        tail = (f"expected cpu, or {other} when that is cuda \\({what}\\)" if cuda_kernels else
+                f"expected cpu \\({what}; {other} when that is cuda needs the CUDA kernels, which this operator "
+                "library was built without: CMake option RPE_TORCH_CUDA\\)")
+        return rf"^\[rpe\.torch\] {name} is given with tensors on device {where}; " + tail + "$"
+
+    with pytest.raises(ValueError, match=expected("rpe_positions", "meta", "q's device", "per-token iRPE positions")):
+        rpe_torch.attention(q, k, v, *ms, rpe_positions=meta)
+    with pytest.raises(ValueError, match=expected("key_lengths", "meta", "q's device", "valid key lengths")):
+        rpe_torch.attention(q, k, v, *ms, height=h, width=w, key_lengths=torch.tensor([7, 3], device="meta"))
+    with pytest.raises(ValueError, match=expected("packed_lengths", "meta", "q's device", "tokens per image")):
+        rpe_torch.attention(q, k, v, *ms, packed_lengths=torch.tensor([7], device="meta"),
+                            packed_grids=torch.tensor([[2, 3]]))
+    with pytest.raises(ValueError, match=expected("positions", "meta", "x's device", "per-token positions")):
+        ms[1](q, positions=meta)
+    bias = rpe_torch.get_rpe_config(ratio=1.9, method=rpe_torch.METHOD.PRODUCT, mode="bias", shared_head=False,
+                                    skip=1, rpe_on="k")
+    table = rpe_torch.build_rpe(bias, head_dim=D, num_heads=H)[1].lookup_table_bias
+    with pytest.raises(ValueError, match=expected("positions", "meta", "the tables' device", "per-token positions")):
+        rpe_torch.term(None, [table], "product", "bias", "k", 1.9, 3.8, 15.2, 1, 2, 3, positions=meta)
 
 def test_operator_errors_name_the_argument():
     """The operators themselves (the Python checks bypassed): dtype, device, int32 range."""
