@@ -64,10 +64,16 @@ struct positions_input {
     grid_size box{};                   ///< rows x cols spanned
     [[nodiscard]] rpe::tensor_ref<const std::int32_t> ref() const { return {coords.data(), {tokens, axes}}; }
 };
-/// Reads `--positions P.npy`: an integer .npy (int8 ... int64, uint*) of shape (N, 2) or (N, 3),
-/// N >= 1, values that fit int32 (the library checks |value| <= rpe::max_position).
-/// @throws usage_error("--positions") naming the file, its dtype or shape, or the value.
-positions_input load_positions(const std::string& path);
+/// Reads the .npy file `path` of an option. @throws usage_error(option) with the reader's message
+/// (`[rpe.npy] <path>: ...`) for a file it cannot read: not a .npy, Fortran order, big-endian,
+/// truncated.
+rpe::io::npy_array load_option_npy(const std::string& path, const char* option);
+/// Reads `--positions P.npy` (or, `option` "--key-positions", the keys' K.npy): an integer .npy
+/// (int8 ... int64, uint*) of shape (N, 2) or (N, 3), N >= 1, values that fit int32 (the library
+/// checks |value| <= rpe::max_position).
+/// @throws usage_error(option) naming the file, its dtype or shape, or the value, or for a file
+/// load_option_npy refuses.
+positions_input load_positions(const std::string& path, const char* option = "--positions");
 /// Exactly one of --grid (typed: `grid_given`) and --positions. @throws usage_error("--grid/--positions").
 void check_grid_or_positions(bool grid_given, const std::string& positions);
 /// Reads `--key-positions K.npy` (the keys' positions, any count: (L, L_k) ids), or nothing when
@@ -107,6 +113,11 @@ struct mapping_config {
     [[nodiscard]] std::string describe() const;  ///< one line, e.g. "product (piecewise alpha=1.9 ...)"
     [[nodiscard]] int num_tables() const { return kind == mapping_kind::two_d && spec.method == rpe::method::cross ? 2 : 1; }
 };
+/// For the window mappings (swin, swinv2, beit) at positions: the positions' bounding box `box`
+/// (the queries' and keys' together with `key_positions`) must fit the window of `m` (after
+/// for_grid). @throws usage_error("--positions/--window") naming the box and the window (the
+/// library's message would call the box a grid).
+void check_positions_window(const mapping_config& m, const grid_size& box, bool key_positions);
 
 /// Mapping names understood by --mapping, for messages: the registry's (plugins' included).
 std::string mapping_names();

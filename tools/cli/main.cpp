@@ -328,26 +328,32 @@ grid_size parse_grid(const std::string& text, const char* option) {
     return g;
 }
 
-positions_input load_positions(const std::string& path) {
+rpe::io::npy_array load_option_npy(const std::string& path, const char* option) {
+    try {
+        return rpe::io::load_npy(path);
+    } catch (const rpe::error& e) {  // not a .npy, Fortran order, big-endian, truncated
+        throw usage_error(option, e.what());
+    }
+}
+
+positions_input load_positions(const std::string& path, const char* option) {
     positions_input p;
     p.path = path;
-    const auto a = rpe::io::load_npy(path);
+    const auto a = load_option_npy(path, option);
     if (a.is_float())
-        throw usage_error("--positions",
-                          path + " has dtype " + a.dtype + "; expected an integer .npy (int32 or int64 coordinates)");
+        throw usage_error(option, path + " has dtype " + a.dtype + "; expected an integer .npy (int32 or int64 coordinates)");
+    const std::string n = std::string_view(option) == "--key-positions" ? "L_k - skip" : "L - skip";  // whose count
     if (a.shape.size() != 2 || a.shape[0] < 1 || (a.shape[1] != 2 && a.shape[1] != 3))
-        throw usage_error("--positions",
-                          path + " has shape " + rpe::detail::shape_string(a.shape) +
-                              "; expected (L - skip, 2) (row, col), or (L - skip, 3) (t, row, col) for a 3D mapping");
+        throw usage_error(option, path + " has shape " + rpe::detail::shape_string(a.shape) + "; expected (" + n +
+                                      ", 2) (row, col), or (" + n + ", 3) (t, row, col) for a 3D mapping");
     if (a.shape[0] > (std::int64_t{1} << 30))
-        throw usage_error("--positions",
-                          path + " has shape " + rpe::detail::shape_string(a.shape) + "; expected at most 2^30 tokens");
+        throw usage_error(option, path + " has shape " + rpe::detail::shape_string(a.shape) + "; expected at most 2^30 tokens");
     try {
         p.coords = a.to<std::int32_t>();
     } catch (const rpe::out_of_range& e) {
-        throw usage_error("--positions", e.what());
+        throw usage_error(option, e.what());
     } catch (const rpe::invalid_argument& e) {
-        throw usage_error("--positions", e.what());
+        throw usage_error(option, e.what());
     }
     p.tokens = a.shape[0];
     p.axes = static_cast<int>(a.shape[1]);
@@ -402,11 +408,7 @@ std::optional<positions_input> load_key_positions(const std::string& key_positio
     if (positions.empty())
         throw usage_error("--key-positions",
                           key_positions + " is given without --positions; expected the queries' --positions P.npy too");
-    try {
-        return load_positions(key_positions);
-    } catch (const usage_error& e) {
-        throw usage_error("--key-positions", e.what());
-    }
+    return load_positions(key_positions, "--key-positions");
 }
 
 grid_size joint_box(const positions_input& a, const positions_input& b) {
@@ -422,6 +424,19 @@ grid_size joint_box(const positions_input& a, const positions_input& b) {
             }
     return {static_cast<int>(std::min<std::int64_t>(hi[0] - lo[0] + 1, 1 << 30)),
             static_cast<int>(std::min<std::int64_t>(hi[1] - lo[1] + 1, 1 << 30))};
+}
+
+void check_positions_window(const mapping_config& m, const grid_size& box, bool key_positions) {
+    if (m.kind != mapping_kind::swin && m.kind != mapping_kind::swinv2 && m.kind != mapping_kind::beit) return;
+    const grid_size w = m.window;
+    if (box.height <= w.height && box.width <= w.width) return;
+    throw usage_error(
+        "--positions/--window",
+        std::string(key_positions ? "the queries' and keys' positions' bounding box " : "the positions' bounding box ") +
+            std::to_string(box.height) + "x" + std::to_string(box.width) + " is larger than the window " +
+            std::to_string(w.height) + "x" + std::to_string(w.width) + " of " + m.name +
+            "; expected positions spanning at most " + std::to_string(w.height) + " rows and " + std::to_string(w.width) +
+            " columns, or a larger --window (the index covers offsets within one window)");
 }
 
 namespace {
@@ -471,18 +486,22 @@ int run_buckets(const mapping_config& mc, const buckets_options& o, bool grid_gi
         throw usage_error("--out/--expect", "'" + o.out + "' and '" + o.expect +
                                                 "' are the same file; the comparison would read what was just written");
     const mapping_config m = mc.for_grid(g);  // swin, beit, swinv2: the window defaults to the grid (the positions' box)
+    if (pos) check_positions_window(m, g, kpos.has_value());
     const auto ids =
         pos ? build_position_ids(m, *pos, kpos ? &*kpos : nullptr, g, o.skip) : build_ids(m, g.height, g.width, o.skip);
     // n queries (rows), nk keys (columns): nk = n but for --key-positions of another count
     const int n = ids->length(), nk = ids->key_length(), k = ids->num_buckets(), tables = ids->num_tables();
     std::cout << "mapping: " << m.describe() << "\n";
+    // the positions' box: frames x rows x cols for (t, row, col) positions (the ids' box depth)
+    const std::string box = (ids->depth() > 1 ? std::to_string(ids->depth()) + "x" : std::string()) + std::to_string(g.height) +
+                            "x" + std::to_string(g.width);
     if (kpos)
         std::cout << "positions " << o.positions << ": " << pos->tokens << " queries, key positions " << o.key_positions << ": "
-                  << kpos->tokens << " keys, in a " << g.height << "x" << g.width << " box, skip " << o.skip << ": L = " << n
-                  << ", L_k = " << nk << "\n";
+                  << kpos->tokens << " keys, in a " << box << " box, skip " << o.skip << ": L = " << n << ", L_k = " << nk
+                  << "\n";
     else if (pos)
-        std::cout << "positions " << o.positions << ": " << pos->tokens << " tokens in a " << g.height << "x" << g.width
-                  << " box, skip " << o.skip << ": L = " << n << "\n";
+        std::cout << "positions " << o.positions << ": " << pos->tokens << " tokens in a " << box << " box, skip " << o.skip
+                  << ": L = " << n << "\n";
     else
         std::cout << "grid " << g.height << "x" << g.width << ", skip " << o.skip << ": L = " << n << "\n";
     std::cout << "num_buckets = " << k;
@@ -493,15 +512,10 @@ int run_buckets(const mapping_config& mc, const buckets_options& o, bool grid_gi
         // every offset (dr, dc) of the grid occurs for some pair: one pair per offset is enough
         // (O(H·W), not O(L²)), plus the extra bucket when there are skip tokens
         std::vector<char> seen(static_cast<std::size_t>(k), 0);
-        if (pos) {  // at positions: every pair, row by row (O(L²))
-            rpe::visit_id_width(ids->id_bytes(), [&]<class Id>() {
-                std::vector<Id> row(static_cast<std::size_t>(nk));
-                for (int i = 0; i < n; ++i) {
-                    const Id* r = ids->rows<Id>(t, i, 1, false, row.data());
-                    for (int j = 0; j < nk; ++j) seen[static_cast<std::size_t>(r[j])] = 1;
-                }
-            });
-        }
+        // at positions: every pair of the N queries and N_k keys (O(N·N_k)), the skip tokens
+        // left to the extra-bucket pairs below (their rows and columns hold only those buckets)
+        for (int i = o.skip; pos && i < n; ++i)
+            for (int j = o.skip; j < nk; ++j) seen[static_cast<std::size_t>(ids->at(t, i, j))] = 1;
         for (int dr = -(g.height - 1); !pos && dr < g.height; ++dr)
             for (int dc = -(g.width - 1); dc < g.width; ++dc) {
                 const int i = o.skip + std::max(dr, 0) * g.width + std::max(dc, 0);

@@ -239,7 +239,7 @@ int run_rope(const rope_options& o) {
         r.positions = cref(positions, positions_shape);
     }
     if (!o.positions.empty()) {
-        const auto p = rpe::io::load_npy(o.positions);
+        const auto p = load_option_npy(o.positions, "--positions");
         positions = to_float32(p, "--positions", o.positions);
         positions_shape = p.shape;
         if (positions_shape.size() > 4)

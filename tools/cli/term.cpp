@@ -299,6 +299,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
     // at positions, their box (with key positions, the box of both): swin's default window
     const auto g = kpos ? joint_box(*pos, *kpos) : pos ? pos->box : parse_grid(o.grid, "--grid");
     const mapping_config m = mc.for_grid(g);
+    if (pos) check_positions_window(m, g, kpos != nullptr);
     check_output_options(o.out, o.expect, o.atol, o.rtol);
     if (m.vit == vit_kind::alibi2d) return run_alibi_term(m, g, pos, kpos, o);
     if (m.vit == vit_kind::decomposed) return run_decomposed_term(m, g, pos, kpos, o);

@@ -25,6 +25,13 @@ the golden cases without numpy (plain .npy v1.0 reader and writer, C order):
   out_ctx_q_hand.npy (1, 1, 3, 4): contextual on q, x_j times the query target's ids (offset k - q);
   ids_table_v.npy (1, 50, 1) float32 with table[k] = k, x_v_hand.npy (1, 1, 3, 4) float32 of ones
   and out_ctx_v_hand.npy (1, 1, 3, 1): contextual on v, each row's sum of the key target's ids
+- grid_3x4.npy       int32 (12, 2): a 3x4 grid (`rpe buckets` with a large --skip counts its
+  buckets over the position pairs, as with --grid 3x4)
+- grid_2x3x4.npy     int32 (24, 3): the (t, row, col) of a 2x3x4 grid (a 2x3x4 box)
+- span_21x21.npy     int32 (2, 2): (0, 0) and (20, 20), a 21x21 box (beyond a 3x3 Swin window)
+- empty.npy          int32 (0, 2): no tokens (refused)
+- fortran_3x4.npy    int32 (12, 2) in Fortran order, bigendian_3x4.npy >i4 (12, 2): grid_3x4
+  in layouts the .npy reader refuses (refused as --positions files, status 2)
 
 Run from the repository root: python3 tools/golden/gen_cli_positions.py
 """
@@ -34,7 +41,7 @@ import struct
 
 GOLDEN = "tests/data/golden"
 OUT = "tests/data/cli/positions"
-FMT = {"<f4": "f", "<i4": "i", "<i8": "q"}
+FMT = {"<f4": "f", "<i4": "i", "<i8": "q", ">i4": "i"}
 
 
 def load(path):
@@ -52,13 +59,17 @@ def load(path):
     return header["descr"], tuple(shape), values
 
 
-def save(path, descr, shape, values):
-    header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, repr(tuple(shape)))
+def save(path, descr, shape, values, fortran=False):
+    """values in C order; fortran=True writes them in Fortran order (and says so in the header)"""
+    if fortran:
+        rows, cols = shape
+        values = [values[r * cols + c] for c in range(cols) for r in range(rows)]
+    header = "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }" % (descr, fortran, repr(tuple(shape)))
     pad = 64 - (10 + len(header) + 1) % 64
     header = header + " " * (pad % 64) + "\n"
     with open(path, "wb") as f:
         f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode("latin1"))
-        f.write(struct.pack("<%d%s" % (len(values), FMT[descr]), *values))
+        f.write(struct.pack("%s%d%s" % (descr[0], len(values), FMT[descr]), *values))
 
 
 def grid(h, w):
@@ -125,6 +136,13 @@ def main():
     save(f"{OUT}/ids_table_v.npy", "<f4", (1, 50, 1), [float(k) for k in range(50)])
     save(f"{OUT}/x_v_hand.npy", "<f4", (1, 1, 3, 4), [1.0] * 12)
     save(f"{OUT}/out_ctx_v_hand.npy", "<f4", (1, 1, 3, 1), [196.0, 113.0, 137.0])
+    # CLI review cases
+    save(f"{OUT}/grid_3x4.npy", "<i4", (12, 2), grid(3, 4))
+    save(f"{OUT}/grid_2x3x4.npy", "<i4", (24, 3), [v for t in range(2) for r in range(3) for c in range(4) for v in (t, r, c)])
+    save(f"{OUT}/span_21x21.npy", "<i4", (2, 2), [0, 0, 20, 20])
+    save(f"{OUT}/empty.npy", "<i4", (0, 2), [])
+    save(f"{OUT}/fortran_3x4.npy", "<i4", (12, 2), grid(3, 4), fortran=True)
+    save(f"{OUT}/bigendian_3x4.npy", ">i4", (12, 2), grid(3, 4))
 
 
 if __name__ == "__main__":
