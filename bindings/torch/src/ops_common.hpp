@@ -29,6 +29,7 @@
 #include <rpe/rope/rotary.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -99,7 +100,15 @@ inline std::string dtype_name(at::ScalarType st) {
         case at::kBool: return "torch.bool";
         case at::kComplexFloat: return "torch.complex64";
         case at::kComplexDouble: return "torch.complex128";
-        default: return std::string("torch.") + dtype_name(st);
+        case at::kComplexHalf: return "torch.complex32";
+        case at::kUInt16: return "torch.uint16";
+        case at::kUInt32: return "torch.uint32";
+        case at::kUInt64: return "torch.uint64";
+        default: {  // c10's name in lower case ("Float8_e4m3fn": "torch.float8_e4m3fn"), as torch prints most
+            std::string name = c10::toString(st);
+            for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+            return "torch." + name;
+        }
     }
 }
 
@@ -400,8 +409,8 @@ std::vector<at::Tensor> prepared_tables(at::TensorList tables, const char* name,
 // the library's checks, with its own messages): on the CPU, or for a CUDA operator (w on a CUDA
 // device) on the CPU or w's device as given (rpe's CUDA attention copies device ones to the host
 // for its checks). Errors: a tensor on
-// another device a ValueError; a dtype other than an integer one (bool excluded) a TypeError;
-// values outside int32 a ValueError.
+// another device a ValueError; a dtype other than int32 and int64 a TypeError (unsigned and
+// narrower integers too, as rpe_torch's own check); values outside int32 a ValueError.
 inline at::Tensor prepared_index(const c10::optional<at::Tensor>& p, const char* name, const char* what, const where& w = {}) {
     if (!p || !p->defined()) return {};
     const at::Tensor& t = *p;
@@ -409,7 +418,7 @@ inline at::Tensor prepared_index(const c10::optional<at::Tensor>& p, const char*
                       " is on device ", t.device().str(), "; expected cpu", w.device.is_cpu() ? "" : " or ",
                       w.device.is_cpu() ? "" : w.device.str(), " (", what, " are read on the host)");
     const auto st = t.scalar_type();
-    TORCH_CHECK_TYPE(at::isIntegralType(st, false), "[rpe.torch] ", name, " has dtype ", dtype_name(st),
+    TORCH_CHECK_TYPE(st == at::kInt || st == at::kLong, "[rpe.torch] ", name, " has dtype ", dtype_name(st),
                      "; expected an integer tensor (int32 or int64) of ", what);
     check_int32_sizes(t, name);
     if (st != at::kInt && t.numel() > 0) {

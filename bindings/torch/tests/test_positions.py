@@ -351,6 +351,12 @@ def test_index_arguments_are_int32_or_int64(dtype):
         with pytest.raises(TypeError, match=rf"^\[rpe\.torch\] {name} has dtype {dt}; "
                                             rf"expected an integer tensor \(int32 or int64\) of {what}$"):
             f()
+    # the operators themselves check the same (called directly)
+    table = ms[1].lookup_table_weight.detach()
+    with pytest.raises(TypeError, match=r"^\[rpe\.torch\] positions has dtype \S+; expected an integer tensor "
+                                        r"\(int32 or int64\) of per-token iRPE positions$"):
+        torch.ops.rpe.term_forward(q.detach(), [table], "product", "contextual", "k", 1.9, 3.8, 15.2, 1, h, w,
+                                   pos.to(dtype))
     # the same values in int32 / int64 are taken
     want = call(height=h, width=w)
     for t in (torch.int32, torch.int64):
