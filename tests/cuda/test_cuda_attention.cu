@@ -213,7 +213,7 @@ struct at_config {
     bool shared = true;
     int skip = 1, batch = 2, heads = 2, dim = 16;
     std::vector<std::int32_t> positions = {};      // (N, axes), or empty: the grid height x width
-    std::vector<std::int32_t> key_positions = {};  // (N, axes), or empty
+    std::vector<std::int32_t> key_positions = {};  // (N_k, axes): N_k != N gives keys of another count (L_k != L), or empty
     int height = 4, width = 5;                     // the grid when positions is empty
     std::vector<std::int32_t> key_lengths = {};    // (B), or empty
     bool padding = false;                          // also a key_padding_mask (batch 0: its last 2 keys)
@@ -226,17 +226,19 @@ void compare_attention_at(const at_config& cfg, unsigned seed) {
     const int axes = cfg.mapping == at_mapping::product3d ? 3 : 2;
     const bool at_positions = !cfg.positions.empty();
     const std::int64_t tokens = at_positions ? static_cast<std::int64_t>(cfg.positions.size()) / axes : cfg.height * cfg.width;
-    const std::int64_t b = cfg.batch, h = cfg.heads, l = cfg.skip + tokens, d = cfg.dim;
-    INFO("on " << cfg.on << ", mapping " << static_cast<int>(cfg.mapping) << ", L " << l << ", positions " << at_positions
-               << ", key positions " << !cfg.key_positions.empty() << ", key lengths " << cfg.key_lengths.size() << ", S "
-               << sizeof(S) << " bytes");
-    const std::vector<std::int64_t> qshape{b, h, l, d};
-    const auto q = random_floats(b * h * l * d, seed + 1), k = random_floats(b * h * l * d, seed + 2),
-               v = random_floats(b * h * l * d, seed + 3), gout = random_floats(b * h * l * d, seed + 5);
+    const std::int64_t key_tokens =
+        cfg.key_positions.empty() ? tokens : static_cast<std::int64_t>(cfg.key_positions.size()) / axes;
+    const std::int64_t b = cfg.batch, h = cfg.heads, l = cfg.skip + tokens, lk = cfg.skip + key_tokens, d = cfg.dim;
+    INFO("on " << cfg.on << ", mapping " << static_cast<int>(cfg.mapping) << ", L " << l << ", L_k " << lk << ", positions "
+               << at_positions << ", key positions " << !cfg.key_positions.empty() << ", key lengths " << cfg.key_lengths.size()
+               << ", S " << sizeof(S) << " bytes");
+    const std::vector<std::int64_t> qshape{b, h, l, d}, kshape{b, h, lk, d};
+    const auto q = random_floats(b * h * l * d, seed + 1), k = random_floats(b * h * lk * d, seed + 2),
+               v = random_floats(b * h * lk * d, seed + 3), gout = random_floats(b * h * l * d, seed + 5);
     std::vector<std::uint8_t> mask;
     if (cfg.padding) {
-        mask.assign(static_cast<std::size_t>(b * l), 0);
-        mask[static_cast<std::size_t>(l - 1)] = mask[static_cast<std::size_t>(l - 2)] = 1;
+        mask.assign(static_cast<std::size_t>(b * lk), 0);
+        mask[static_cast<std::size_t>(lk - 1)] = mask[static_cast<std::size_t>(lk - 2)] = 1;
     }
 
     // one descriptor per slot, for both backends
@@ -257,7 +259,7 @@ void compare_attention_at(const at_config& cfg, unsigned seed) {
         for (int t = 0; t < terms[s]->num_tables(); ++t)
             tables[s].push_back(random_floats(count(terms[s]->table_shape()), seed + 10 + 3 * s + t, 0.5f));
     }
-    const std::vector<std::int64_t> pshape{tokens, axes};
+    const std::vector<std::int64_t> pshape{tokens, axes}, kpshape{key_tokens, axes};
 
     // CPU
     auto cv = [](const std::vector<float>& x) { return std::vector<C>(x.begin(), x.end()); };
@@ -265,17 +267,17 @@ void compare_attention_at(const at_config& cfg, unsigned seed) {
     std::vector<std::vector<C>> ctables[3], cgtables[3];
     rpe::attention_inputs<C> cin;
     cin.q = view<const C>(cq.data(), qshape);
-    cin.k = view<const C>(ck.data(), qshape);
-    cin.v = view<const C>(cvv.data(), qshape);
+    cin.k = view<const C>(ck.data(), kshape);
+    cin.v = view<const C>(cvv.data(), kshape);
     if (!at_positions) {
         cin.height = cfg.height;
         cin.width = cfg.width;
     } else {
         cin.positions = view<const std::int32_t>(cfg.positions.data(), pshape);
-        if (!cfg.key_positions.empty()) cin.key_positions = view<const std::int32_t>(cfg.key_positions.data(), pshape);
+        if (!cfg.key_positions.empty()) cin.key_positions = view<const std::int32_t>(cfg.key_positions.data(), kpshape);
     }
     if (!cfg.key_lengths.empty()) cin.key_lengths = view<const std::int32_t>(cfg.key_lengths.data(), {b});
-    if (!mask.empty()) cin.key_padding_mask = view<const std::uint8_t>(mask.data(), {b, l});
+    if (!mask.empty()) cin.key_padding_mask = view<const std::uint8_t>(mask.data(), {b, lk});
     rpe::attention_term<C>* cslots[3] = {&cin.rpe_q, &cin.rpe_k, &cin.rpe_v};
     for (int s = 0; s < 3; ++s) {
         if (!terms[s]) continue;
@@ -289,28 +291,28 @@ void compare_attention_at(const at_config& cfg, unsigned seed) {
             cslots[s]->grad_tables.push_back(view<C>(cgtables[s][t].data(), terms[s]->table_shape()));
         }
     }
-    std::vector<C> cout(static_cast<std::size_t>(b * h * l * d)), cgq(cout.size()), cgk(cout.size()), cgv(cout.size());
+    std::vector<C> cout(static_cast<std::size_t>(b * h * l * d)), cgq(cout.size()), cgk(k.size()), cgv(k.size());
     rpe::attention_forward(cin, view<C>(cout.data(), qshape));
-    rpe::attention_backward(cin, view<const C>(cgout.data(), qshape), view<C>(cgq.data(), qshape), view<C>(cgk.data(), qshape),
-                            view<C>(cgv.data(), qshape));
+    rpe::attention_backward(cin, view<const C>(cgout.data(), qshape), view<C>(cgq.data(), qshape), view<C>(cgk.data(), kshape),
+                            view<C>(cgv.data(), kshape));
 
     // GPU: the same positions and key lengths, in device memory (or host memory)
     device_vec<S> dq(to_storage<S>(q)), dk(to_storage<S>(k)), dv(to_storage<S>(v)), dgout(to_storage<S>(gout)), dout(cout.size()),
-        dgq(cout.size()), dgk(cout.size()), dgv(cout.size());
+        dgq(cout.size()), dgk(k.size()), dgv(k.size());
     device_vec<std::uint8_t> dmask(mask);
     device_vec<std::int32_t> dpos(cfg.positions), dkpos(cfg.key_positions), dlengths(cfg.key_lengths);
     rpe::cuda::attention_inputs<S> gin;
     gin.q = dq.cref(qshape);
-    gin.k = dk.cref(qshape);
-    gin.v = dv.cref(qshape);
+    gin.k = dk.cref(kshape);
+    gin.v = dv.cref(kshape);
     gin.height = cin.height;
     gin.width = cin.width;
     if (at_positions) {
         gin.positions = cfg.host_positions ? cin.positions : dpos.cref(pshape);
-        if (!cfg.key_positions.empty()) gin.key_positions = cfg.host_positions ? cin.key_positions : dkpos.cref(pshape);
+        if (!cfg.key_positions.empty()) gin.key_positions = cfg.host_positions ? cin.key_positions : dkpos.cref(kpshape);
     }
     if (!cfg.key_lengths.empty()) gin.key_lengths = cfg.host_positions ? cin.key_lengths : dlengths.cref({b});
-    if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, l});
+    if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, lk});
     std::vector<std::unique_ptr<device_vec<S>>> dtables, dgtables;
     rpe::cuda::attention_term<S>* gslots[3] = {&gin.rpe_q, &gin.rpe_k, &gin.rpe_v};
     for (int s = 0; s < 3; ++s)
@@ -318,23 +320,24 @@ void compare_attention_at(const at_config& cfg, unsigned seed) {
     cudaStream_t stream = nullptr;
     RPE_CUDA_CHECK(cudaStreamCreate(&stream));
     rpe::cuda::attention_forward(gin, dout.ref(qshape), {}, {.stream = stream});
-    rpe::cuda::attention_backward(gin, dgout.cref(qshape), dgq.ref(qshape), dgk.ref(qshape), dgv.ref(qshape), {.stream = stream});
+    rpe::cuda::attention_backward(gin, dgout.cref(qshape), dgq.ref(qshape), dgk.ref(kshape), dgv.ref(kshape), {.stream = stream});
     RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
     RPE_CUDA_CHECK(cudaStreamDestroy(stream));
 
-    check_attention_results<S, C>(b, h, l, d, dout, dgq, dgk, dgv, cout, cgq, cgk, cgv, dgtables, cgtables);
+    check_attention_results<S, C>(b, h, std::max(l, lk), d, dout, dgq, dgk, dgv, cout, cgq, cgk, cgv, dgtables, cgtables);
     // padded keys (key_lengths): exactly zero grad_k and grad_v rows; batches without a valid key: zero output
     if (!cfg.key_lengths.empty()) {
         const auto gk = dgk.host(), gv = dgv.host(), o = dout.host();
         int nonzero = 0;
         for (std::int64_t bb = 0; bb < b; ++bb)
             for (std::int64_t hh = 0; hh < h; ++hh)
-                for (std::int64_t j = 0; j < l; ++j)
+                for (std::int64_t j = 0; j < std::max(l, lk); ++j)
                     for (std::int64_t c = 0; c < d; ++c) {
-                        const auto e = static_cast<std::size_t>(((bb * h + hh) * l + j) * d + c);
-                        if (j >= cfg.key_lengths[static_cast<std::size_t>(bb)])
-                            nonzero += rpe::cuda::to_acc(gk[e]) != 0 || rpe::cuda::to_acc(gv[e]) != 0;
-                        if (cfg.key_lengths[static_cast<std::size_t>(bb)] == 0) nonzero += rpe::cuda::to_acc(o[e]) != 0;
+                        const auto ek = static_cast<std::size_t>(((bb * h + hh) * lk + j) * d + c);
+                        const auto eq = static_cast<std::size_t>(((bb * h + hh) * l + j) * d + c);
+                        if (j < lk && j >= cfg.key_lengths[static_cast<std::size_t>(bb)])
+                            nonzero += rpe::cuda::to_acc(gk[ek]) != 0 || rpe::cuda::to_acc(gv[ek]) != 0;
+                        if (j < l && cfg.key_lengths[static_cast<std::size_t>(bb)] == 0) nonzero += rpe::cuda::to_acc(o[eq]) != 0;
                     }
         CHECK(nonzero == 0);
     }
@@ -384,6 +387,27 @@ void attention_at_suite(unsigned seed) {
     SUBCASE("key_lengths and a key padding mask, L = 50 (two tiles of keys), at positions") {
         compare_attention_at<S>({.batch = 3, .positions = permuted_grid(1, 7, 7, 9), .key_lengths = {37, 50, 1}, .padding = true},
                                 seed);
+    }
+    // keys of another count than the queries (L_k != L): (L, L_k) ids at positions and key_positions
+    std::vector<std::int32_t> many_keys;  // 45 keys: two tiles of 32 and more
+    for (int i = 0; i < 2 * 45; ++i) many_keys.push_back(coord(rng));
+    SUBCASE("L_k > L: 45 keys against 23 queries, contextual q, k, v, skip 1, key padding, key_lengths") {
+        compare_attention_at<S>({.positions = irregular, .key_positions = many_keys, .key_lengths = {46, 30}, .padding = true},
+                                seed);
+    }
+    SUBCASE("L_k < L: 20 keys (a permuted 4 x 5 grid) against 49 queries (7 x 7), bias q and k per head, skip 0") {
+        compare_attention_at<S>({.on = "qk",
+                                 .contextual = false,
+                                 .shared = false,
+                                 .skip = 0,
+                                 .positions = permuted_grid(1, 7, 7, 9),
+                                 .key_positions = grid45},
+                                seed);
+    }
+    SUBCASE("L_k != L: Cross (two tables), contextual q, k, v, skip 2, positions in host memory") {
+        compare_attention_at<S>(
+            {.mapping = at_mapping::cross, .skip = 2, .positions = irregular, .key_positions = many_keys, .host_positions = true},
+            seed);
     }
 }
 
@@ -692,45 +716,71 @@ TEST_CASE("cuda fused attention checks packed sequences in host memory as the CP
     CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, o, {attn.data(), {2, 1, 9, 9}}),
                          "[rpe.attention] the attn output (probabilities) is not supported by the cuda backend",
                          rpe::not_supported);
-    // keys of another length: the cuda backend has none (with packing or not); the CPU refuses them with packing
+    // keys of another length with packing: refused by both backends (the shared front)
     in.k = in.v = {kv.data(), {2, 1, 8, 2}};
     in.rpe_k = {};
     in.packed.grids = {};
-    CHECK_THROWS_WITH_AS(rpe::attention_forward(in, o),
-                         "[rpe.attention] packed sequences with keys of another length than the queries (L = 9, L_k = 8); "
-                         "expected L_k = L (each image attends to itself)",
-                         rpe::not_supported);
-    CHECK_THROWS_WITH_AS(
-        rpe::cuda::attention_forward(in, o),
-        "[rpe.attention] keys of another length than the queries (L_k != L) is not supported by the cuda backend",
-        rpe::not_supported);
+    const char* packed_cross =
+        "[rpe.attention] packed sequences with keys of another length than the queries (L = 9, L_k = 8); "
+        "expected L_k = L (each image attends to itself)";
+    CHECK_THROWS_WITH_AS(rpe::attention_forward(in, o), packed_cross, rpe::not_supported);
+    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, o), packed_cross, rpe::not_supported);
 }
 
-TEST_CASE("cuda fused attention refuses keys of another length and RoPE's query_suffix before any CUDA call") {
-    // host buffers: the shared front refuses them from cuda::attention_caps (cross_lengths = false)
-    std::vector<float> q(1 * 1 * 6 * 4), kv(1 * 1 * 7 * 4), out(q.size());
-    rpe::cuda::attention_inputs<float> in;
+// The message of what `f` throws (rpe::invalid_argument or rpe::not_supported), or "" when it returns.
+template <class F>
+std::string thrown(F&& f) {
+    try {
+        f();
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    return "";
+}
+
+TEST_CASE("cuda fused attention with keys of another length refuses bad calls as the CPU does, before any CUDA call") {
+    // host buffers: nothing reaches the device; each call must throw the CPU's message
+    std::vector<float> q(1 * 1 * 6 * 4), kv(1 * 1 * 7 * 4), out(q.size()), g(q.size()), gk(kv.size()), gv(kv.size());
+    rpe::attention_inputs<float> in;
     in.q = {q.data(), {1, 1, 6, 4}};
     in.k = in.v = {kv.data(), {1, 1, 7, 4}};
-    CHECK_THROWS_WITH_AS(
-        rpe::cuda::attention_forward(in, {out.data(), {1, 1, 6, 4}}),
-        "[rpe.attention] keys of another length than the queries (L_k != L) is not supported by the cuda backend",
-        rpe::not_supported);
-    in.v = {q.data(), {1, 1, 6, 4}};  // k alone of another length: k is named
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, {out.data(), {1, 1, 6, 4}}),
-                         "[rpe.attention] k has shape (1, 1, 7, 4); expected (1, 1, 6, 4), the shape of q and v (the cuda "
-                         "backend takes keys of the queries' length)",
-                         rpe::invalid_argument);
-    // L = L_k = 6: the queries on a 2 x 2 grid + 2 unrotated tokens (query_suffix 2), the keys at 6 positions
-    std::vector<float> kpos(12, 1.0f);
-    in.k = in.v = {q.data(), {1, 1, 6, 4}};
-    in.height = in.width = 2;
-    in.rope = {.form = rpe::rope::axial{.theta = 100.0f}};
-    in.rope.key_positions = {kpos.data(), {6, 2}};
-    in.rope.query_suffix = 2;
-    CHECK_THROWS_WITH_AS(rpe::cuda::attention_forward(in, {out.data(), {1, 1, 6, 4}}),
-                         "[rpe.attention] rope query_suffix other than suffix is not supported by the cuda backend",
-                         rpe::not_supported);
+    const auto same = [&](const char* what) {
+        INFO(what);
+        const std::string cpu = thrown([&] { rpe::attention_forward(in, {out.data(), {1, 1, 6, 4}}); });
+        const std::string gpu = thrown([&] { rpe::cuda::attention_forward(in, {out.data(), {1, 1, 6, 4}}); });
+        CHECK(!cpu.empty());
+        CHECK(gpu == cpu);
+        const std::string gpu_b = thrown([&] {
+            rpe::cuda::attention_backward(in, {g.data(), {1, 1, 6, 4}}, {out.data(), {1, 1, 6, 4}}, {gk.data(), {1, 1, 7, 4}},
+                                          {gv.data(), {1, 1, 7, 4}});
+        });
+        CHECK(!gpu_b.empty());
+    };
+    in.v = {q.data(), {1, 1, 6, 4}};  // v of another length than k
+    same("v of another length than k");
+    in.v = in.k;
+    std::vector<float> mask(6 * 6);  // attn_mask (L, L) instead of (L, L_k)
+    in.attn_mask = {mask.data(), {6, 6}};
+    same("attn_mask (L, L)");
+    in.attn_mask = {};
+    std::vector<std::int32_t> lengths{8};
+    in.key_lengths = {lengths.data(), {1}};
+    same("key_lengths above L_k");
+    in.key_lengths = {};
+    // an iRPE term on a grid: L_k != L needs positions and key_positions
+    const auto desc = rpe::make_term_desc(rpe::mapping::product<>{rpe::index::piecewise::from_ratio(1.9)}, false,
+                                          rpe::target::key, {.num_heads = 1, .head_dim = 4, .shared_head = true, .skip = 1});
+    std::vector<float> table(static_cast<std::size_t>(count(desc.table_shape())));
+    in.rpe_k.term = &desc;
+    in.rpe_k.tables = {view<const float>(table.data(), desc.table_shape())};
+    in.height = 1;
+    in.width = 5;
+    same("an iRPE term on a grid");
+    std::vector<std::int32_t> pos(10, 0), kpos(2 * 5, 0);
+    in.height = in.width = 0;
+    in.positions = {pos.data(), {5, 2}};
+    in.key_positions = {kpos.data(), {5, 2}};  // 5 keys, L_k - skip = 6 expected
+    same("key_positions of another count than L_k - skip");
 }
 }  // TEST_SUITE("host")
 

@@ -157,28 +157,32 @@ struct rope_attn_config {
     int suffix = 0;              // trailing unrotated tokens
     bool positions = false;      // queries at random per-token positions (height·width of them)
     bool key_positions = false;  // keys at other random positions
+    int key_tokens = -1;         // with key_positions: that many keys (L_k = skip + key_tokens + suffix), -1: height·width
+    int query_suffix = -1;       // the queries' unrotated trailing tokens (rotary_embedding::query_suffix), -1: suffix
 };
 
 // The fused CUDA attention with RoPE (and iRPE terms) against the CPU fused attention.
 template <class S>
 void compare_rope_attention(const rope_attn_config& cfg, unsigned seed) {
     using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
-    const std::int64_t n = cfg.height * cfg.width, b = cfg.batch, h = cfg.heads, l = cfg.skip + n + cfg.suffix, d = cfg.dim;
-    INFO("form " << cfg.form << ", on '" << cfg.on << "', padding " << cfg.padding << ", L " << l << ", D " << d << ", suffix "
-                 << cfg.suffix << ", positions " << cfg.positions << ", key_positions " << cfg.key_positions << ", S "
-                 << sizeof(S) << " bytes");
+    const std::int64_t n = cfg.height * cfg.width, nk = cfg.key_tokens < 0 ? n : cfg.key_tokens, b = cfg.batch, h = cfg.heads,
+                       d = cfg.dim;
+    const std::int64_t l = cfg.skip + n + (cfg.query_suffix < 0 ? cfg.suffix : cfg.query_suffix), lk = cfg.skip + nk + cfg.suffix;
+    INFO("form " << cfg.form << ", on '" << cfg.on << "', padding " << cfg.padding << ", L " << l << ", L_k " << lk << ", D " << d
+                 << ", suffix " << cfg.suffix << ", query_suffix " << cfg.query_suffix << ", positions " << cfg.positions
+                 << ", key_positions " << cfg.key_positions << ", S " << sizeof(S) << " bytes");
     const int axes = axes_of(cfg.form);
-    const std::vector<std::int64_t> pshape{n, axes};
-    const auto qpos = random_positions(n, axes, seed + 6), kpos = random_positions(n, axes, seed + 7);
-    const std::vector<std::int64_t> shape{b, h, l, d}, fshape{2, h, d / 2};
-    const auto q = random_floats(b * h * l * d, seed + 1), k = random_floats(b * h * l * d, seed + 2),
-               v = random_floats(b * h * l * d, seed + 3), go = random_floats(b * h * l * d, seed + 4),
+    const std::vector<std::int64_t> pshape{n, axes}, kpshape{nk, axes};
+    const auto qpos = random_positions(n, axes, seed + 6), kpos = random_positions(nk, axes, seed + 7);
+    const std::vector<std::int64_t> shape{b, h, l, d}, kshape{b, h, lk, d}, fshape{2, h, d / 2};
+    const auto q = random_floats(b * h * l * d, seed + 1), k = random_floats(b * h * lk * d, seed + 2),
+               v = random_floats(b * h * lk * d, seed + 3), go = random_floats(b * h * l * d, seed + 4),
                f = random_floats(2 * h * d / 2, seed + 5, 0.6f);
     const bool mixed = cfg.form == 1;
     std::vector<std::uint8_t> mask;
     if (cfg.padding) {
-        mask.assign(static_cast<std::size_t>(b * l), 0);
-        for (std::int64_t j = l - 3; j < l; ++j) mask[static_cast<std::size_t>(j)] = 1;  // batch 0: 3 padded keys
+        mask.assign(static_cast<std::size_t>(b * lk), 0);
+        for (std::int64_t j = lk - 3; j < lk; ++j) mask[static_cast<std::size_t>(j)] = 1;  // batch 0: 3 padded keys
     }
     std::unique_ptr<rpe::any_term<float>> cfg_terms[3];
     std::unique_ptr<rpe::any_term<C>> cpu_terms[3];
@@ -205,17 +209,18 @@ void compare_rope_attention(const rope_attn_config& cfg, unsigned seed) {
     std::vector<C> ctables[3], cgtables[3];
     rpe::attention_inputs<C> cin;
     cin.q = view<const C>(cq.data(), shape);
-    cin.k = view<const C>(ck.data(), shape);
-    cin.v = view<const C>(cvv.data(), shape);
+    cin.k = view<const C>(ck.data(), kshape);
+    cin.v = view<const C>(cvv.data(), kshape);
     cin.height = cfg.height;
     cin.width = cfg.width;
-    if (!mask.empty()) cin.key_padding_mask = view<const std::uint8_t>(mask.data(), {b, l});
+    if (!mask.empty()) cin.key_padding_mask = view<const std::uint8_t>(mask.data(), {b, lk});
     std::vector<C> cgf(f.size(), C(-7));
     cin.rope = {.form = form_of(cfg.form), .skip = cfg.skip};
     cin.rope.layout = layout_of(cfg.form);
     cin.rope.suffix = cfg.suffix;
+    cin.rope.query_suffix = cfg.query_suffix;
     if (cfg.positions) cin.rope.positions = view<const float>(qpos.data(), pshape);
-    if (cfg.key_positions) cin.rope.key_positions = view<const float>(kpos.data(), pshape);
+    if (cfg.key_positions) cin.rope.key_positions = view<const float>(kpos.data(), kpshape);
     if (mixed) {
         cin.rope.freqs = view<const C>(cf.data(), fshape);
         cin.rope.grad_freqs = view<C>(cgf.data(), fshape);
@@ -229,31 +234,32 @@ void compare_rope_attention(const rope_attn_config& cfg, unsigned seed) {
         cslots[s]->tables.push_back(view<const C>(ctables[s].data(), cpu_terms[s]->table_shape()));
         cslots[s]->grad_tables.push_back(view<C>(cgtables[s].data(), cpu_terms[s]->table_shape()));
     }
-    std::vector<C> cout(q.size()), cgq(q.size()), cgk(q.size()), cgv(q.size());
+    std::vector<C> cout(q.size()), cgq(q.size()), cgk(k.size()), cgv(k.size());
     rpe::attention_forward(cin, view<C>(cout.data(), shape));
-    rpe::attention_backward(cin, view<const C>(cgo.data(), shape), view<C>(cgq.data(), shape), view<C>(cgk.data(), shape),
-                            view<C>(cgv.data(), shape));
+    rpe::attention_backward(cin, view<const C>(cgo.data(), shape), view<C>(cgq.data(), shape), view<C>(cgk.data(), kshape),
+                            view<C>(cgv.data(), kshape));
 
     // GPU
     device_vec<S> dq(to_storage<S>(q)), dk(to_storage<S>(k)), dv(to_storage<S>(v)), dgo(to_storage<S>(go)), df(to_storage<S>(f));
-    const std::vector<float> poison(q.size(), 99.f);
-    device_vec<S> dout(to_storage<S>(poison)), dgq(to_storage<S>(poison)), dgk(to_storage<S>(poison)), dgv(to_storage<S>(poison)),
-        dgf(to_storage<S>(std::vector<float>(f.size(), 99.f)));
+    const std::vector<float> poison(q.size(), 99.f), kpoison(k.size(), 99.f);
+    device_vec<S> dout(to_storage<S>(poison)), dgq(to_storage<S>(poison)), dgk(to_storage<S>(kpoison)),
+        dgv(to_storage<S>(kpoison)), dgf(to_storage<S>(std::vector<float>(f.size(), 99.f)));
     device_vec<std::uint8_t> dmask(mask);
     std::vector<std::unique_ptr<device_vec<S>>> dtables, dgtables;
     rpe::cuda::attention_inputs<S> gin;
     gin.q = dq.cref(shape);
-    gin.k = dk.cref(shape);
-    gin.v = dv.cref(shape);
+    gin.k = dk.cref(kshape);
+    gin.v = dv.cref(kshape);
     gin.height = cfg.height;
     gin.width = cfg.width;
-    if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, l});
+    if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, lk});
     device_vec<float> dqpos(qpos), dkpos(kpos);
     gin.rope = {.form = form_of(cfg.form), .skip = cfg.skip};
     gin.rope.layout = layout_of(cfg.form);
     gin.rope.suffix = cfg.suffix;
+    gin.rope.query_suffix = cfg.query_suffix;
     if (cfg.positions) gin.rope.positions = dqpos.cref(pshape);  // device memory
-    if (cfg.key_positions) gin.rope.key_positions = dkpos.cref(pshape);
+    if (cfg.key_positions) gin.rope.key_positions = dkpos.cref(kpshape);
     if (mixed) {
         gin.rope.freqs = df.cref(fshape);
         gin.rope.grad_freqs = dgf.ref(fshape);
@@ -270,21 +276,21 @@ void compare_rope_attention(const rope_attn_config& cfg, unsigned seed) {
     cudaStream_t stream = nullptr;
     RPE_CUDA_CHECK(cudaStreamCreate(&stream));
     rpe::cuda::attention_forward(gin, dout.ref(shape), {}, {.stream = stream});
-    rpe::cuda::attention_backward(gin, dgo.cref(shape), dgq.ref(shape), dgk.ref(shape), dgv.ref(shape), {.stream = stream});
+    rpe::cuda::attention_backward(gin, dgo.cref(shape), dgq.ref(shape), dgk.ref(kshape), dgv.ref(kshape), {.stream = stream});
     RPE_CUDA_CHECK(cudaStreamSynchronize(stream));
     RPE_CUDA_CHECK(cudaStreamDestroy(stream));
 
-    const double len = static_cast<double>(d + l);
+    const double len = static_cast<double>(d + std::max(l, lk));
     check_vs<S>("out", to_double(dout.host()), cout, len);
     check_vs<S>("grad_q", to_double(dgq.host()), cgq, len);
     check_vs<S>("grad_k", to_double(dgk.host()), cgk, len);
     check_vs<S>("grad_v", to_double(dgv.host()), cgv, len);
-    if (mixed) check_vs<S>("grad_freqs", to_double(dgf.host()), cgf, static_cast<double>(b * l * l));
+    if (mixed) check_vs<S>("grad_freqs", to_double(dgf.host()), cgf, static_cast<double>(b * l * lk));
     std::size_t u = 0;
     for (int s = 0; s < 3; ++s)
         if (cfg_terms[s])
             check_vs<S>(std::string("grad table ") + letters[s], to_double(dgtables[u++]->host()), cgtables[s],
-                        static_cast<double>(b * h * l * l));
+                        static_cast<double>(b * h * l * lk));
 }
 
 }  // namespace
@@ -361,6 +367,24 @@ TEST_CASE_TEMPLATE("cuda fused attention with RoPE matches the CPU fused attenti
     SUBCASE("vjepa2 on the grid with suffix 2, D = 14") { compare_rope_attention<S>({.form = 7, .dim = 14, .suffix = 2}, 620); }
     SUBCASE("mrope: queries and keys at 3-axis positions, D = 12") {
         compare_rope_attention<S>({.form = 5, .dim = 12, .positions = true, .key_positions = true}, 610);
+    }
+    // keys of another count than the queries (L_k != L)
+    SUBCASE("SAM2 memory attention: axial, queries the 3 x 4 grid, keys the grid 3 times + 4 unrotated pointer tokens") {
+        compare_rope_attention<S>({.form = 0, .skip = 0, .suffix = 4, .key_positions = true, .key_tokens = 36, .query_suffix = 0},
+                                  630);
+    }
+    SUBCASE("mixed (frequency gradient): queries at positions with suffix 1, 7 keys at positions with suffix 2, key padding") {
+        compare_rope_attention<S>({.form = 1,
+                                   .padding = true,
+                                   .suffix = 2,
+                                   .positions = true,
+                                   .key_positions = true,
+                                   .key_tokens = 7,
+                                   .query_suffix = 1},
+                                  635);
+    }
+    SUBCASE("vjepa2: 40 keys at 3-axis positions against 12 queries at theirs, D = 14") {
+        compare_rope_attention<S>({.form = 7, .dim = 14, .positions = true, .key_positions = true, .key_tokens = 40}, 640);
     }
 }
 

@@ -606,8 +606,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     ``qs = q·scale; logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·scale)ᵀ (+ attn_mask)``, padded keys
     −∞, ``a = softmax(logits)``, ``out = a·v + rpe_v(a)``.
 
-    q: (B, H, L, D), k, v: (B, H, L_k, D) (L_k = L in self-attention; on the CPU any L_k ≥ 1 without
-    packing: cross-attention, KV caches; masks, key_lengths and the probabilities then follow L_k;
+    q: (B, H, L, D), k, v: (B, H, L_k, D) (L_k = L in self-attention; any L_k ≥ 1 without
+    packing, on the CPU and CUDA: cross-attention, KV caches; masks, key_lengths and the probabilities then follow L_k;
     iRPE terms then need rpe_positions and rpe_key_positions), float32, float64, bfloat16 or float16 (bfloat16 / float16 on the CPU: rpe::bf16 / rpe::f16 storage, computed in float, each output rounded once; on CUDA when has_cuda_kernels()); rpe_q / rpe_k / rpe_v: iRPE or iRPE_Cross
     modules from build_rpe, the ViT term modules RelPosBias, DecomposedRelPos, ALiBi2D or a
     TermSlot (SwinV2's CPB table), or None; height, width: the grid (L = skip + height·width;
@@ -623,7 +623,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     differentiated); key_positions: the keys' own positions, (N_k, 2), N_k = L_k − skip − suffix
     (e.g. another grid, or SAM2's memory keys: the query grid repeated once per frame,
     rpe::rope::repeated_grid_positions; default: the queries'); rope_query_suffix: the queries' own
-    trailing unrotated tokens (rpe::rotary_embedding::query_suffix, CPU only), an int >= 0; None
+    trailing unrotated tokens (rpe::rotary_embedding::query_suffix), an int >= 0; None
     (or -1): the module's suffix, which otherwise counts the trailing unrotated tokens of q and k
     alike. SAM2's memory attention passes 0: its object-pointer keys (the module's suffix) are
     unrotated while the queries have none (L = skip + height·width + rope_query_suffix, L_k = skip

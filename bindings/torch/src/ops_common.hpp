@@ -678,8 +678,7 @@ inline void check_rpe_position_tensor(const at::Tensor& p, const char* name, int
 // before the library's checks, so that the messages name the operators' arguments (the library
 // names its fields positions / key_positions; the RoPE's are rope_positions / rope_key_positions):
 // none without a term (nothing would read them), none with packed_lengths (packed_positions are
-// the packed images'), both when the keys have another length than the queries (L_k != L, CPU:
-// the CUDA backend refuses L_k != L itself), and for each term rpe_positions (L - skip, A) and
+// the packed images'), both when the keys have another length than the queries (L_k != L), and for each term rpe_positions (L - skip, A) and
 // rpe_key_positions (L_k - skip, A), A its position axes, values within rpe::max_position.
 // Errors: ValueError naming rpe_positions / rpe_key_positions and the term's slot.
 template <class T>

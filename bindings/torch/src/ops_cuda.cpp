@@ -18,9 +18,9 @@
 /// configuration per device, see docs/cuda.md).
 ///
 /// What rpe's CUDA backend does not have is refused with a Python exception naming it: the
-/// probabilities output (`attention_forward_attn`: NotImplementedError), the backward from
-/// saved probabilities (`attn`) and RoPE's `rope_query_suffix` other than -1 and `rope_suffix`
-/// (ValueError naming it and its value, before any other check: refuse_query_suffix). The iRPE
+/// probabilities output (`attention_forward_attn`: NotImplementedError) and the backward from
+/// saved probabilities (`attn`: ValueError). Keys of another length than the queries (L_k != L)
+/// and RoPE's `rope_query_suffix` run as on the CPU (SAM2's memory attention in one call). The iRPE
 /// terms' per-token positions (`positions`, `key_positions` of the term operators, `rpe_positions`,
 /// `rpe_key_positions` of the attention), packed sequences (`packed_lengths`, `packed_grids`,
 /// `packed_positions`) and valid key lengths (`key_lengths`) are integer tensors
@@ -278,18 +278,6 @@ where attention_device(const attention_args& a) {
                                  {"packed_positions", &a.packed_positions}});
 }
 
-// rope_query_suffix (rotary_embedding::query_suffix) other than -1 and rope_suffix: rpe's CUDA
-// attention refuses it (attention_caps::cross_lengths = false, rpe::not_supported); a ValueError
-// naming it and its value, before anything else is read (check_query_suffix's checks first).
-void refuse_query_suffix(c10::string_view rope_form, int64_t query_suffix, int64_t suffix) {
-    check_query_suffix(rope_form, query_suffix);
-    TORCH_CHECK_VALUE(query_suffix < 0 || query_suffix == suffix, "[rpe.torch] rope_query_suffix = ", query_suffix,
-                      " (rope_suffix = ", suffix,
-                      ") is not supported by the cuda backend: rpe's CUDA attention gives the queries and the keys one "
-                      "suffix (rpe::not_supported); expected rope_query_suffix = -1 or ",
-                      suffix, " (the CPU operators take it)");
-}
-
 template <class S, class T>
 at::Tensor attention_forward_cuda(attention_args& a, const dtype_rule& st, const where& w) {
     auto s = setup_attention<S, T>(a, st, w);
@@ -322,7 +310,7 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
                              const c10::optional<at::Tensor>& packed_positions, const c10::optional<at::Tensor>& key_lengths,
                              int64_t rope_query_suffix) {
     return translating([&] {
-        refuse_query_suffix(rope_form, rope_query_suffix, rope_suffix);
+        check_query_suffix(rope_form, rope_query_suffix);  // its value first, as the CPU operator (no device yet)
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
@@ -346,7 +334,7 @@ std::vector<at::Tensor> attention_backward(
     const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
     const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
     return translating([&] {
-        refuse_query_suffix(rope_form, rope_query_suffix, rope_suffix);
+        check_query_suffix(rope_form, rope_query_suffix);  // its value first, as the CPU operator (no device yet)
         TORCH_CHECK_VALUE(!attn || !attn->defined(),
                           "[rpe.torch] attn (the forward's saved probabilities) is not supported by the cuda backend: rpe's "
                           "CUDA attention keeps no (B, H, L, L) buffer and recomputes them; expected attn = None");

@@ -306,27 +306,22 @@ def test_query_suffix_refusals_name_it():
 
 
 @pytest.mark.skipif(not irpe.has_cuda_kernels(), reason="the operator library was built without its CUDA kernels")
-def test_cuda_operators_refuse_query_suffix_before_any_work():
-    """rpe's CUDA attention has no query_suffix other than suffix: the CUDA operators refuse it
-    naming rope_query_suffix and its value, first (called here through the dispatcher's CUDA key
-    with CPU tensors: no device needed; the refusal comes before the device checks)."""
+def test_cuda_operators_take_query_suffix_and_check_it_as_the_cpu():
+    """The CUDA operators run SAM2's memory attention (rope_query_suffix apart from rope_suffix, keys
+    of another length) as the CPU ones: called here through the dispatcher's CUDA key with CPU
+    tensors (no device needed), a good rope_query_suffix passes the argument checks and reaches the
+    device check, a bad one gets the CPU's message first (test_cuda.py runs the call on a GPU)."""
     cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
     args = sam2_args()
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = 0 \(rope_suffix = 3\) is not supported "
-                                         r"by the cuda backend: .*expected rope_query_suffix = -1 or 3"):
-        ops.attention_forward.default.redispatch(cuda, *args)
+    for qs in (0, P, -1):
+        with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
+            ops.attention_forward.default.redispatch(cuda, *args[:-1], qs)
     back = (*args[:17], None, args[0].detach(), "axial", [THETA], None, 0, None, "pairs", None, args[24], P,
             None, None, None, None, None, None, 0)
-    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = 0 \(rope_suffix = 3\) is not supported "
-                                         r"by the cuda backend"):
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
         ops.attention_backward.default.redispatch(cuda, *back)
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = -2; expected >= 0"):
         ops.attention_forward.default.redispatch(cuda, *args[:-1], -2)
-    # rope_query_suffix = rope_suffix (or -1) is what the CUDA attention runs: past this check (to the
-    # device check, here with CPU tensors)
-    for qs in (P, -1):
-        with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
-            ops.attention_forward.default.redispatch(cuda, *args[:-1], qs)
 
 
 # ---------------------------------------------------------------------------------------------

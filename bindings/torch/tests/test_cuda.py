@@ -428,20 +428,22 @@ def check_float64_attention(out_g, out_c, qkv_g, qkv_c, g, n):
         assert_matches(a.grad, b.grad, torch.float64, n, name, attention=True)
 
 
-def compare_float64_attention(mods_c, mods_g, kw_c, kw_g, g, shape):
+def compare_float64_attention(mods_c, mods_g, kw_c, kw_g, g, shape, lk=None):
     """rt.attention on the CPU (mods_c, kw_c) and on DEVICE (mods_g, kw_g) of the same random
-    float64 q, k, v of `shape` (B, H, L, D) drawn from g: outputs and q, k, v gradients
-    (check_float64_attention), then every table's gradient; returns DEVICE's (q, k, v) leaves."""
+    float64 q (B, H, L, D), k and v (B, H, L_k, D) (`shape` (B, H, L, D); L_k = lk, default L)
+    drawn from g: outputs and q, k, v gradients (check_float64_attention), then every table's
+    gradient; returns DEVICE's (q, k, v) leaves."""
     B, H, L, D = shape
-    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    lk = L if lk is None else lk
+    q, k, v = (torch.randn(B, H, n, D, generator=g, dtype=torch.float64).requires_grad_() for n in (L, lk, lk))
     qg, kg, vg = (t.detach().to(DEVICE).requires_grad_() for t in (q, k, v))
     out_c = rt.attention(q, k, v, *mods_c, save_attn=False, **kw_c)
     out_g = rt.attention(qg, kg, vg, *mods_g, **kw_g)
-    check_float64_attention(out_g, out_c, (qg, kg, vg), (q, k, v), g, D + L)
+    check_float64_attention(out_g, out_c, (qg, kg, vg), (q, k, v), g, D + max(L, lk))
     params_g = [p for m in mods_g if m is not None for p in m.parameters()]
     params_c = [p for m in mods_c if m is not None for p in m.parameters()]
     for a, b in zip(params_g, params_c):
-        assert_matches(a.grad, b.grad, torch.float64, B * H * L * L, f"grad table {tuple(a.shape)}")
+        assert_matches(a.grad, b.grad, torch.float64, B * H * L * lk, f"grad table {tuple(a.shape)}")
     return qg, kg, vg
 
 
@@ -729,6 +731,67 @@ def test_attention_at_positions_and_key_lengths_matches_cpu(case, where):
     _, kg, vg = compare_float64_attention(mods_c, mods_g, kw_c, kw_g, g, (B, H, L, D))
     if "key_lengths" in kw_c:
         assert bool(torch.all(kg.grad[0, :, L - 3:] == 0)) and bool(torch.all(vg.grad[0, :, L - 3:] == 0))
+
+
+@needs_gpu
+@pytestmark_kernels
+@pytest.mark.parametrize("where", ["cuda", "cpu"])
+@pytest.mark.parametrize("case", ["more_keys", "fewer_keys_padding_lengths"])
+def test_attention_keys_of_another_length_match_cpu(case, where):
+    """rt.attention with iRPE on q, k, v and keys of another count than the queries (L_k != L:
+    rpe_positions (L - skip), rpe_key_positions (L_k - skip), on q's device or the CPU), with a
+    key padding mask and key_lengths of L_k, forward and backward, against the CPU (float64)."""
+    B, H, h, w, D, skip = 2, 2, 3, 4, 16, 1
+    L = skip + h * w
+    nk = 40 if case == "more_keys" else 5
+    Lk = skip + nk
+    cfg = rt.get_rpe_config(ratio=RATIO, method=3, mode="contextual", shared_head=True, skip=skip, rpe_on="qkv")
+    g = torch.Generator().manual_seed(17)
+    mods_c, mods_g = random_float64_modules(cfg, D, H, g)
+    dev = DEVICE if where == "cuda" else "cpu"
+    kw_c = {"rpe_positions": irpe_positions(h * w, 2, False, 41), "rpe_key_positions": irpe_positions(nk, 2, True, 42)}
+    if case == "fewer_keys_padding_lengths":
+        mask = torch.zeros(B, Lk, dtype=torch.bool)
+        mask[1, -2:] = True
+        kw_c.update(key_padding_mask=mask, key_lengths=torch.tensor([Lk - 1, Lk]))
+    kw_g = {k: t.to(dev) if k != "key_padding_mask" else t.to(DEVICE) for k, t in kw_c.items()}
+    _, kg, vg = compare_float64_attention(mods_c, mods_g, kw_c, kw_g, g, (B, H, L, D), Lk)
+    assert kg.shape == (B, H, Lk, D)
+    if "key_lengths" in kw_c:
+        assert bool(torch.all(kg.grad[0, :, Lk - 1:] == 0)) and bool(torch.all(vg.grad[0, :, Lk - 1:] == 0))
+
+
+@needs_gpu
+@pytestmark_kernels
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+def test_sam2_memory_attention_matches_cpu(kind):
+    """SAM2's memory attention in one CUDA call: queries on an h x w grid (rope_query_suffix=0),
+    keys the grid repeated R times (rope key_positions) and P unrotated pointer tokens (the rope's
+    suffix), an (L, L_k) mask; forward, q, k, v gradients and RoPE-Mixed's frequency gradient
+    against the CPU (float64)."""
+    B, H, h, w, D, R, P = 2, 2, 3, 4, 16, 3, 4
+    L, Lk = h * w, R * h * w + P
+    rope_c = (rt.RoPEAxial(theta=10000.0, suffix=P) if kind == "axial" else
+              rt.RoPEMixed(num_heads=H, head_dim=D, theta=10.0, suffix=P)).double()
+    g = torch.Generator().manual_seed(23)
+    with torch.no_grad():
+        for p in rope_c.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+    rope_g = copy_module(rope_c).to(DEVICE)
+    grid = torch.stack([torch.arange(L) // w, torch.arange(L) % w], 1)
+    kp = grid.repeat(R, 1)
+    mask = torch.randn(L, Lk, generator=g, dtype=torch.float64)
+    q = torch.randn(B, H, L, D, generator=g, dtype=torch.float64).requires_grad_()
+    k, v = (torch.randn(B, H, Lk, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(2))
+    qg, kg, vg = (t.detach().to(DEVICE).requires_grad_() for t in (q, k, v))
+    out_c = rt.attention(q, k, v, rope=rope_c, height=h, width=w, key_positions=kp, rope_query_suffix=0, attn_mask=mask)
+    out_g = rt.attention(qg, kg, vg, rope=rope_g, height=h, width=w, key_positions=kp.to(DEVICE), rope_query_suffix=0,
+                         attn_mask=mask.to(DEVICE))
+    assert out_g.shape == (B, H, L, D)
+    check_float64_attention(out_g, out_c, (qg, kg, vg), (q, k, v), g, D + Lk)
+    assert kg.grad[:, :, -P:].abs().sum() > 0  # the pointer keys (unrotated) are attended
+    for a, b in zip(rope_g.parameters(), rope_c.parameters()):
+        assert_matches(a.grad, b.grad, torch.float64, B * L * Lk, "grad freqs")
 
 
 PACKED_IMAGES = [(2, 3), (3, 4), (1, 5)]  # (height, width) of the packed test's 3 images

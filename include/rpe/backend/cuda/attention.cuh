@@ -47,9 +47,11 @@ using attention_inputs = rpe::attention_inputs<S>;
 /// included, rope::vjepa2's layout too), both masks, 3D grids, D ≤ 128, per-token positions of
 /// the iRPE terms (positions, key_positions), valid key lengths (key_lengths) and packed
 /// sequences (packed: lengths, grids, positions), each in device or host memory (packing without
-/// RoPE and without key_lengths, as on the CPU); no keys of another length than the queries (L_k ≠ L;
-/// its kernels index k, v, masks and ids by one L) nor RoPE's query_suffix other than its suffix
-/// (cross_lengths false) (rpe::not_supported before any CUDA call).
+/// RoPE and without key_lengths, as on the CPU), and keys of another count than the queries
+/// (cross_lengths: k, v (B, H, L_k, D), masks (L, L_k) and (B, L_k), key_lengths ≤ L_k; iRPE terms
+/// then at positions and key_positions, their (L, L_k) ids; RoPE's query_suffix apart from its
+/// suffix: SAM2's memory attention), as on the CPU; packing with L_k ≠ L is refused, as on the CPU
+/// (rpe::not_supported before any CUDA call).
 inline constexpr attention_capabilities attention_caps{.backend = "cuda",
                                                        .strided_qkv = false,
                                                        .saved_probabilities = false,
@@ -62,7 +64,7 @@ inline constexpr attention_capabilities attention_caps{.backend = "cuda",
                                                        .positions = true,
                                                        .packed = true,
                                                        .key_lengths = true,
-                                                       .cross_lengths = false};
+                                                       .cross_lengths = true};
 
 }  // namespace rpe::cuda
 
@@ -108,6 +110,7 @@ struct attn_args {
     void *grad_q = nullptr, *grad_k = nullptr, *grad_v = nullptr;
     void* stats = nullptr;  // backward, acc-type (B·H, L, 3): row max, row sum, Σ_j P·dP
     std::int64_t n = 0, d = 0, heads = 1, planes = 0;
+    std::int64_t m = 0;  // keys and values per plane (L_k; n when the keys are the queries' count)
     double scale = 1;
     attn_table on_q[attn_max_tables], on_k[attn_max_tables], on_v[attn_max_tables];
     int nq = 0, nk = 0, nv = 0;
@@ -122,10 +125,10 @@ __device__ inline std::int64_t load_id(const attn_ids& v, std::int64_t i, std::i
     return v.pos.query ? position_id(v.grid, v.transposed ? v.pos.swapped() : v.pos, off, a, b) : v.grid.id(off, a, b);
 }
 
-// Keys of batch element b that are computed: key_lengths[b], or all L; keys at index ≥ it are
+// Keys of batch element b that are computed: key_lengths[b], or all L_k; keys at index ≥ it are
 // padding (probability 0, zero gradients), never used (the last tile may load their rows; no product reads them).
 __device__ inline std::int64_t valid_keys(const attn_args& a, std::int64_t b) {
-    return a.key_lengths ? static_cast<std::int64_t>(a.key_lengths[b]) : a.n;
+    return a.key_lengths ? static_cast<std::int64_t>(a.key_lengths[b]) : a.m;
 }
 
 // Full-warp reductions through CUB's WarpReduce (shuffle-based for 32 lanes: its TempStorage
@@ -155,11 +158,11 @@ __device__ inline const S* head_table(const attn_table& t, std::int64_t h, std::
 }
 
 // The RPE terms and the additive mask of logit (i, j), row-kernel view: contextual key products of
-// row i in the warp's scratch, contextual query products from the (B·H, L, K) temporary.
+// row i in the warp's scratch, contextual query products from the (B·H, L_k, K) temporary.
 template <class S, class A, class Id>
 __device__ inline A row_terms(const attn_args& a, std::int64_t p, std::int64_t h, std::int64_t i, std::int64_t j,
                               const A* scratch) {
-    const std::int64_t e = i * a.n + j;
+    const std::int64_t e = i * a.m + j;
     A s = 0;
     for (int t = 0; t < a.nk; ++t) {
         const attn_table& tb = a.on_k[t];
@@ -169,7 +172,7 @@ __device__ inline A row_terms(const attn_args& a, std::int64_t p, std::int64_t h
     for (int t = 0; t < a.nq; ++t) {
         const attn_table& tb = a.on_q[t];
         const std::int64_t id = load_id<Id>(tb.ids, i, j);  // id(j, i)
-        s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * a.n + j) * tb.k + id];
+        s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * a.m + j) * tb.k + id];
     }
     if (a.attn_mask) s += to_acc(static_cast<const S*>(a.attn_mask)[e]);
     return s;
@@ -237,8 +240,8 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn
         const std::int64_t nk = valid_keys(args, b);  // keys >= nk: padding (key_lengths), not computed
         for (std::int64_t j0 = 0; j0 < nk; j0 += 32) {
             __syncthreads();  // the previous tile is no longer read
-            stage_tile<S, A>(static_cast<const S*>(args.k), p, j0, n, dd, A(1), ktile);
-            stage_tile<S, A>(static_cast<const S*>(args.v), p, j0, n, dd, A(1), vtile);
+            stage_tile<S, A>(static_cast<const S*>(args.k), p, j0, args.m, dd, A(1), ktile);
+            stage_tile<S, A>(static_cast<const S*>(args.v), p, j0, args.m, dd, A(1), vtile);
             __syncthreads();
             if (!active) continue;
             const std::int64_t j = j0 + lane;
@@ -247,7 +250,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn
                 s = 0;
                 for (std::int64_t c = 0; c < dd; ++c) s += qs[c] * ktile[lane * (dd + 1) + c];
                 s += row_terms<S, A, Id>(args, p, h, i, j, scratch);
-                if (args.key_padding_mask && args.key_padding_mask[b * n + j]) s = neg_inf;
+                if (args.key_padding_mask && args.key_padding_mask[b * args.m + j]) s = neg_inf;
                 if (s != s) {  // NaN: the reference's softmax gives a NaN row
                     nan_seen = true;
                     s = neg_inf;
@@ -338,8 +341,8 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
         for (int pass = 0; pass < 3; ++pass) {        // 0: m and l; 1: Σ P·dP; 2: dS and its sums
             for (std::int64_t j0 = 0; j0 < nk; j0 += 32) {
                 __syncthreads();
-                stage_tile<S, A>(static_cast<const S*>(args.k), p, j0, n, dd, A(1), ktile);
-                if (pass > 0) stage_tile<S, A>(static_cast<const S*>(args.v), p, j0, n, dd, A(1), vtile);
+                stage_tile<S, A>(static_cast<const S*>(args.k), p, j0, args.m, dd, A(1), ktile);
+                if (pass > 0) stage_tile<S, A>(static_cast<const S*>(args.v), p, j0, args.m, dd, A(1), vtile);
                 __syncthreads();
                 if (!active) continue;
                 const std::int64_t j = j0 + lane;
@@ -348,7 +351,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
                     s = 0;
                     for (std::int64_t c = 0; c < dd; ++c) s += qs[c] * ktile[lane * (dd + 1) + c];
                     s += row_terms<S, A, Id>(args, p, h, i, j, scratch);
-                    if ((args.key_padding_mask && args.key_padding_mask[b * n + j]) || s != s) s = neg_inf;
+                    if ((args.key_padding_mask && args.key_padding_mask[b * args.m + j]) || s != s) s = neg_inf;
                 }
                 if (pass == 0) {
                     const A m_new = fmax(m, warp_max(s));
@@ -420,13 +423,13 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_rows_kerne
     }
 }
 
-// Backward, column pass (one warp per key j, lanes over 32-query tiles): with the row statistics,
+// Backward, column pass (one warp per key j < L_k, lanes over 32-query tiles): with the row statistics,
 // recomputes P_ij and dS_ij and writes grad_k = Σ_i dS_ij qs_i, grad_v = Σ_i P_ij grad_out_i and
 // the per-key bucket sums of dS by id(j, i) (query tables).
 template <class S, class A, class Id>
 __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kernel(attn_args args) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    const std::int64_t n = args.n, dd = args.d;
+    const std::int64_t n = args.n, m = args.m, dd = args.d;
     A* qtile = reinterpret_cast<A*>(smem_raw);  // (32, D + 1): scaled queries
     A* gtile = qtile + 32 * (dd + 1);           // (32, D + 1): grad_out rows
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -437,12 +440,12 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
     for (std::int64_t p = blockIdx.y; p < args.planes; p += gridDim.y) {
         const std::int64_t h = p % args.heads, b = p / args.heads;
         const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * attn_warps + warp;
-        const bool active = j < n;
-        const bool padded = active && ((args.key_padding_mask && args.key_padding_mask[b * n + j]) || j >= valid_keys(args, b));
+        const bool active = j < m;
+        const bool padded = active && ((args.key_padding_mask && args.key_padding_mask[b * m + j]) || j >= valid_keys(args, b));
         if (active) {
             for (std::int64_t c = lane; c < dd; c += 32) {
-                kj[c] = to_acc(static_cast<const S*>(args.k)[(p * n + j) * dd + c]);
-                vj[c] = to_acc(static_cast<const S*>(args.v)[(p * n + j) * dd + c]);
+                kj[c] = to_acc(static_cast<const S*>(args.k)[(p * m + j) * dd + c]);
+                vj[c] = to_acc(static_cast<const S*>(args.v)[(p * m + j) * dd + c]);
             }
             for (int t = 0; t < args.nq; ++t)
                 for (int c = lane; c < args.on_q[t].k; c += 32) scratch[args.on_q[t].hist + c] = 0;
@@ -472,9 +475,9 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
                     const attn_table& tb = args.on_q[t];
                     const std::int64_t id = load_id<Id>(tb.ids, i, j);  // id(j, i)
                     s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id])
-                                 : static_cast<const A*>(tb.prod)[(p * n + j) * tb.k + id];
+                                 : static_cast<const A*>(tb.prod)[(p * m + j) * tb.k + id];
                 }
-                if (args.attn_mask) s += to_acc(static_cast<const S*>(args.attn_mask)[i * n + j]);
+                if (args.attn_mask) s += to_acc(static_cast<const S*>(args.attn_mask)[i * m + j]);
                 const A* st = static_cast<const A*>(args.stats) + (p * n + i) * 3;
                 pj = (st[1] > A(0) && s == s && s != neg_inf) ? exp(s - st[0]) / st[1] : A(0);
                 A dp = 0;
@@ -507,14 +510,14 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_backward_cols_kerne
             for (int r = 0; r < attn_max_dim / 32; ++r) {
                 const std::int64_t c = lane + 32 * r;
                 if (c < dd) {
-                    static_cast<S*>(args.grad_k)[(p * n + j) * dd + c] = from_acc<S>(dk[r]);
-                    static_cast<S*>(args.grad_v)[(p * n + j) * dd + c] = from_acc<S>(dv[r]);
+                    static_cast<S*>(args.grad_k)[(p * m + j) * dd + c] = from_acc<S>(dk[r]);
+                    static_cast<S*>(args.grad_v)[(p * m + j) * dd + c] = from_acc<S>(dv[r]);
                 }
             }
             for (int t = 0; t < args.nq; ++t)
                 if (args.on_q[t].rows)
                     for (int c = lane; c < args.on_q[t].k; c += 32)
-                        static_cast<A*>(args.on_q[t].rows)[(p * n + j) * args.on_q[t].k + c] = scratch[args.on_q[t].hist + c];
+                        static_cast<A*>(args.on_q[t].rows)[(p * m + j) * args.on_q[t].k + c] = scratch[args.on_q[t].hist + c];
         }
         __syncthreads();
     }
@@ -555,6 +558,7 @@ attn_args prepare_attention(const rpe::attention_inputs<S>& in, double scale, cu
         args.key_lengths = keep.key_lengths->get();
     }
     args.n = n;
+    args.m = in.k.extent(2);
     args.d = dd;
     args.heads = h;
     args.planes = b * h;
@@ -583,12 +587,11 @@ attn_args prepare_attention(const rpe::attention_inputs<S>& in, double scale, cu
         id_positions pos{};
         if (host.at_positions()) {
             const id_positions hp = host.linear_positions();
-            const std::int64_t count = host.length() - host.skip();
-            keep.positions.push_back(upload(hp.query, count, stream));
+            keep.positions.push_back(upload(hp.query, host.length() - host.skip(), stream));
             pos.query = keep.positions.back()->get();
             pos.key = pos.query;
-            if (hp.key != hp.query) {
-                keep.positions.push_back(upload(hp.key, count, stream));
+            if (hp.key != hp.query) {  // the keys' own: N_k = L_k − skip of them
+                keep.positions.push_back(upload(hp.key, host.key_length() - host.skip(), stream));
                 pos.key = keep.positions.back()->get();
             }
             pos.base = hp.base;
@@ -611,8 +614,10 @@ std::int64_t attention_smem(const attn_args& a) {
     return static_cast<std::int64_t>(sizeof(A)) * (2 * 32 * (a.d + 1) + attn_warps * (2 * a.d + a.scratch));
 }
 
+// Launches `kernel` with one warp per row of `rows` (the queries L for the forward and the
+// backward's row pass, the keys L_k for its column pass) and the planes on the grid's y.
 template <class Kernel, class A>
-void launch_attention(Kernel kernel, const attn_args& args, cudaStream_t stream, const char* what) {
+void launch_attention(Kernel kernel, const attn_args& args, std::int64_t rows, cudaStream_t stream, const char* what) {
     const std::int64_t smem = attention_smem<A>(args);
     int device = 0, smem_max = 0;
     RPE_CUDA_CHECK(cudaGetDevice(&device));
@@ -620,34 +625,37 @@ void launch_attention(Kernel kernel, const attn_args& args, cudaStream_t stream,
     require(smem <= smem_max, "attention", "shared memory need = ", smem, " bytes (D = ", args.d,
             ", bucket slots per row = ", args.scratch, "); expected at most ", smem_max, " on this device");
     RPE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    const dim3 grid(static_cast<unsigned>((args.n + attn_warps - 1) / attn_warps),
+    const dim3 grid(static_cast<unsigned>((rows + attn_warps - 1) / attn_warps),
                     static_cast<unsigned>(std::min<std::int64_t>(args.planes, 65535)));
     kernel<<<grid, attn_warps * 32, static_cast<std::size_t>(smem), stream>>>(args);
     check_launch(what);
 }
 
-// (B·H, L, K) = alpha · x (B·H, L, D) · table[h'] (D, K) for each contextual table of `tables`, into prod.
+// (B·H, R, K) = alpha · x (B·H, R, D) · table[h'] (D, K) for each contextual table of `tables`,
+// into prod; R = `rows` (L for x = q or grad_out, L_k for x = k).
 template <class S, class A>
-void table_products(attn_table* tables, int count, const S* x, const attn_args& a, A alpha, A* buf, bool transposed_v,
-                    cudaStream_t stream) {
+void table_products(attn_table* tables, int count, const S* x, std::int64_t rows, const attn_args& a, A alpha, A* buf,
+                    bool transposed_v, cudaStream_t stream) {
     std::int64_t off = 0;
     for (int t = 0; t < count; ++t) {
         auto& at = tables[t];
         if (at.bias) continue;
-        gemm_shape g{a.n, at.k, a.d, a.planes, a.n * a.d, a.d * at.k, a.n * at.k, true, a.heads, at.table_heads};
+        gemm_shape g{rows, at.k, a.d, a.planes, rows * a.d, a.d * at.k, rows * at.k, true, a.heads, at.table_heads};
         if (transposed_v)  // value table (Ht, K, D): x · tableᵀ
             gemm<false, true, A>(g, x, static_cast<const S*>(at.table), buf + off, false, alpha, stream);
         else
             gemm<false, false, A>(g, x, static_cast<const S*>(at.table), buf + off, false, alpha, stream);
         at.prod = buf + off;
-        off += a.planes * a.n * at.k;
+        off += a.planes * rows * at.k;
     }
 }
 
-inline std::int64_t contextual_size(const attn_table* tables, int count, const attn_args& a, bool all = false) {
+// Elements of the (B·H, R, K) products of the contextual tables of `tables` (all of them with `all`).
+inline std::int64_t contextual_size(const attn_table* tables, int count, std::int64_t rows, const attn_args& a,
+                                    bool all = false) {
     std::int64_t s = 0;
     for (int t = 0; t < count; ++t)
-        if (all || !tables[t].bias) s += a.planes * a.n * tables[t].k;
+        if (all || !tables[t].bias) s += a.planes * rows * tables[t].k;
     return s;
 }
 
@@ -670,11 +678,12 @@ void attention_forward_impl(const rpe::attention_inputs<S>& in, tensor_ref<S> ou
         scratch += args.on_v[t].k;
     }
     args.scratch = scratch;
-    detail::gpu::device_buffer<A> tq(detail::gpu::contextual_size(args.on_q, args.nq, args), stream);  // (B·H, L, K) per q table
-    detail::gpu::table_products(args.on_q, args.nq, in.k.data, args, static_cast<A>(args.scale), tq.get(), false, stream);
+    // (B·H, L_k, K) per q table
+    detail::gpu::device_buffer<A> tq(detail::gpu::contextual_size(args.on_q, args.nq, args.m, args), stream);
+    detail::gpu::table_products(args.on_q, args.nq, in.k.data, args.m, args, static_cast<A>(args.scale), tq.get(), false, stream);
     visit_id_width(id_bytes, [&]<class Id>() {
         detail::gpu::launch_attention<decltype(&detail::gpu::attention_forward_kernel<S, A, Id>), A>(
-            detail::gpu::attention_forward_kernel<S, A, Id>, args, stream, "attention_forward_kernel");
+            detail::gpu::attention_forward_kernel<S, A, Id>, args, args.n, stream, "attention_forward_kernel");
     });
 }
 
@@ -686,7 +695,8 @@ void attention_backward_impl(const rpe::attention_inputs<S>& in, tensor_ref<cons
     detail::gpu::attention_resources keep;
     int id_bytes = 1;
     auto args = detail::gpu::prepare_attention(in, softmax_scale, stream, keep, id_bytes);
-    const std::int64_t h = args.heads, n = args.n, dd = args.d, planes = args.planes;
+    const std::int64_t h = args.heads, n = args.n, m = args.m, dd = args.d, planes = args.planes;
+    const auto rows_of = [&](int s) { return s == 0 ? m : n; };  // q tables: per key (L_k); k, v tables: per query (L)
     args.grad_out = grad_out.data;
     args.grad_q = grad_q.data;
     args.grad_k = grad_k.data;
@@ -702,7 +712,7 @@ void attention_backward_impl(const rpe::attention_inputs<S>& in, tensor_ref<cons
         for (int t = 0; t < counts[s]; ++t) {
             const auto& g = slots[s]->grad_tables;
             grads[s][t] = static_cast<std::size_t>(t) < g.size() ? g[static_cast<std::size_t>(t)].data : nullptr;
-            if (grads[s][t] || (s < 2 && !groups[s][t].bias)) rows_size += planes * n * groups[s][t].k;
+            if (grads[s][t] || (s < 2 && !groups[s][t].bias)) rows_size += planes * rows_of(s) * groups[s][t].k;
         }
     detail::gpu::device_buffer<A> rows(rows_size, stream);
     {
@@ -711,16 +721,16 @@ void attention_backward_impl(const rpe::attention_inputs<S>& in, tensor_ref<cons
             for (int t = 0; t < counts[s]; ++t)
                 if (grads[s][t] || (s < 2 && !groups[s][t].bias)) {
                     groups[s][t].rows = rows.get() + off;
-                    off += planes * n * groups[s][t].k;
+                    off += planes * rows_of(s) * groups[s][t].k;
                 }
     }
     // products: q tables (k·s)·table, k tables qs·table, v tables grad_out·tableᵀ
-    detail::gpu::device_buffer<A> tq(detail::gpu::contextual_size(args.on_q, args.nq, args), stream);
-    detail::gpu::device_buffer<A> tk(detail::gpu::contextual_size(args.on_k, args.nk, args), stream);
-    detail::gpu::device_buffer<A> wv(detail::gpu::contextual_size(args.on_v, args.nv, args), stream);
-    detail::gpu::table_products(args.on_q, args.nq, in.k.data, args, static_cast<A>(args.scale), tq.get(), false, stream);
-    detail::gpu::table_products(args.on_k, args.nk, in.q.data, args, static_cast<A>(args.scale), tk.get(), false, stream);
-    detail::gpu::table_products(args.on_v, args.nv, grad_out.data, args, A(1), wv.get(), true, stream);
+    detail::gpu::device_buffer<A> tq(detail::gpu::contextual_size(args.on_q, args.nq, m, args), stream);
+    detail::gpu::device_buffer<A> tk(detail::gpu::contextual_size(args.on_k, args.nk, n, args), stream);
+    detail::gpu::device_buffer<A> wv(detail::gpu::contextual_size(args.on_v, args.nv, n, args), stream);
+    detail::gpu::table_products(args.on_q, args.nq, in.k.data, m, args, static_cast<A>(args.scale), tq.get(), false, stream);
+    detail::gpu::table_products(args.on_k, args.nk, in.q.data, n, args, static_cast<A>(args.scale), tk.get(), false, stream);
+    detail::gpu::table_products(args.on_v, args.nv, grad_out.data, n, args, A(1), wv.get(), true, stream);
     detail::gpu::device_buffer<A> stats(planes * n * 3, stream);
     args.stats = stats.get();
 
@@ -742,7 +752,7 @@ void attention_backward_impl(const rpe::attention_inputs<S>& in, tensor_ref<cons
     args.scratch = scratch;
     visit_id_width(id_bytes, [&]<class Id>() {
         detail::gpu::launch_attention<decltype(&detail::gpu::attention_backward_rows_kernel<S, A, Id>), A>(
-            detail::gpu::attention_backward_rows_kernel<S, A, Id>, args, stream, "attention_backward_rows_kernel");
+            detail::gpu::attention_backward_rows_kernel<S, A, Id>, args, n, stream, "attention_backward_rows_kernel");
     });
     // column pass: scratch per warp = q bucket sums (the row pass's k products now come from tk)
     scratch = 0;
@@ -753,7 +763,7 @@ void attention_backward_impl(const rpe::attention_inputs<S>& in, tensor_ref<cons
     args.scratch = scratch;
     visit_id_width(id_bytes, [&]<class Id>() {
         detail::gpu::launch_attention<decltype(&detail::gpu::attention_backward_cols_kernel<S, A, Id>), A>(
-            detail::gpu::attention_backward_cols_kernel<S, A, Id>, args, stream, "attention_backward_cols_kernel");
+            detail::gpu::attention_backward_cols_kernel<S, A, Id>, args, m, stream, "attention_backward_cols_kernel");
     });
 
     // tables: input gradients through the contextual tables, then table gradients
@@ -769,15 +779,16 @@ void attention_backward_impl(const rpe::attention_inputs<S>& in, tensor_ref<cons
             const std::int64_t k = at.k;
             const S* table = static_cast<const S*>(at.table);
             const A* g = static_cast<const A*>(at.rows);
-            if (s < 2 && !at.bias) {  // grad_q (k tables) or grad_k (q tables) += s · G · tableᵀ
-                detail::gpu::gemm_shape gs{n, dd, k, planes, n * k, dd * k, n * dd, true, h, at.table_heads};
+            const std::int64_t r = rows_of(s);  // G's rows: L_k for q tables, L for k and v tables
+            if (s < 2 && !at.bias) {            // grad_q (k tables) or grad_k (q tables) += s · G · tableᵀ
+                detail::gpu::gemm_shape gs{r, dd, k, planes, r * k, dd * k, r * dd, true, h, at.table_heads};
                 detail::gpu::gemm<false, true, A>(gs, g, table, s == 1 ? grad_q.data : grad_k.data, true, scale, stream);
             }
             if (!grads[s][t]) continue;
             if (at.bias) {  // bucket sums per row, reduced over rows, batch and (shared) heads
-                detail::gpu::reduce_partials(g, planes, h, at.table_heads, n, k, false, grads[s][t], stream);
+                detail::gpu::reduce_partials(g, planes, h, at.table_heads, r, k, false, grads[s][t], stream);
             } else if (s < 2) {  // grad_table (D, K) = Σ s · xᵀ · G, x = q (k tables) or k (q tables)
-                detail::gpu::gemm_shape gs{dd, k, n, planes, n * dd, n * k, dd * k, false, h, at.table_heads};
+                detail::gpu::gemm_shape gs{dd, k, r, planes, r * dd, r * k, dd * k, false, h, at.table_heads};
                 detail::gpu::gemm<true, false, A>(gs, s == 1 ? in.q.data : in.k.data, g, part.get(), false, scale, stream);
                 detail::gpu::reduce_partials(static_cast<const A*>(part.get()), planes, h, at.table_heads, 1, dd * k, false,
                                              grads[s][t], stream);
@@ -795,14 +806,14 @@ void attention_backward_impl(const rpe::attention_inputs<S>& in, tensor_ref<cons
 // table tq, k by tk (the keys' positions; tq's when the keys have none).
 template <class S>
 struct rotated_inputs {
-    device_buffer<S> q, k;  // (B, H, L, D)
+    device_buffer<S> q, k;  // (B, H, L, D) and (B, H, L_k, D)
     rpe::attention_inputs<S> inputs;
 
     rotated_inputs(const rpe::attention_inputs<S>& in, const attention_shape& s, const rope_view<acc_t<S>>& tq,
                    const rope_view<acc_t<S>>& tk, cudaStream_t stream)
-        : q(s.b * s.h * s.l * s.d, stream), k(s.b * s.h * s.l * s.d, stream), inputs(in) {
+        : q(s.b * s.h * s.l * s.d, stream), k(s.b * s.h * s.lk * s.d, stream), inputs(in) {
         rope_rotate<S>(tq, in.q.data, q.get(), s.b * s.h, s.h, s.l, false, stream);
-        rope_rotate<S>(tk, in.k.data, k.get(), s.b * s.h, s.h, s.l, false, stream);
+        rope_rotate<S>(tk, in.k.data, k.get(), s.b * s.h, s.h, s.lk, false, stream);
         inputs.q.data = q.get();
         inputs.k.data = k.get();
         inputs.rope = {};
@@ -1034,7 +1045,8 @@ namespace rpe::cuda {
 /// table reads. Rows whose keys are all masked give zeros (the reference gives NaN); a NaN logit
 /// makes its row NaN. Probabilities are not returned (there is no (L, L) buffer): a non-empty
 /// `attn` is refused (attention_caps, rpe::not_supported).
-/// @param in     device q, k, v (contiguous), masks, tables; host term descriptors.
+/// @param in     device q (B, H, L, D), k and v (B, H, L_k, D) (contiguous), masks, tables; host
+///   term descriptors.
 /// @param out    (B, H, L, D), device, written.
 /// @param attn   must be empty (`{}`): the CUDA backend has no saved-probabilities output.
 /// @param opt    `opt.scale` the softmax scale; `opt.stream` the caller's stream (nothing waits:
@@ -1062,6 +1074,12 @@ namespace rpe::cuda {
 /// ((B,) int32, device or host memory, copied to the host and checked there: 0 ≤ length ≤ L, then
 /// uploaded): keys at index ≥ key_lengths[b] are padding, never used (as a key_padding_mask marking
 /// them; rows without a valid key give zeros).
+///
+/// Keys of another count than the queries (L_k ≠ L, as the CPU's attention_inputs): the row kernel
+/// streams L_k keys, attn_mask is (L, L_k), key_padding_mask (B, L_k), key_lengths at most L_k; iRPE
+/// terms need `in.positions` (L − skip) and `in.key_positions` (L_k − skip) (their (L, L_k) ids, the
+/// CPU's); with RoPE, k turns at `rope.key_positions` (L_k − skip − suffix) and q at `rope.positions`
+/// or the grid, with `rope.query_suffix` unrotated trailing queries (SAM2's memory attention).
 ///
 /// With `in.packed` (rpe::packed_sequences; lengths, grids, positions in device memory are copied
 /// to the host and waited for): each image runs as a call of its own on its tokens, as on the CPU
@@ -1112,7 +1130,7 @@ template <class S>
 /// grad_k += s·G_q·table_qᵀ) and the table gradients are per-(b, h) GEMM partials reduced in a
 /// fixed order. Temporaries: (B, H, L, K) per table and (B, H, L, 3) statistics.
 /// Padded keys get exactly zero grad_k and grad_v rows; fully masked rows zero grad_q.
-/// @param g   grad_out, grad_q, grad_k, grad_v (B, H, L, D), device; `g.saved_attn` must be empty
+/// @param g   grad_out, grad_q (B, H, L, D), grad_k, grad_v (B, H, L_k, D), device; `g.saved_attn` must be empty
 ///   (attention_caps: no backward from saved probabilities, rpe::not_supported).
 /// @param opt the forward's options (the same scale; the stream).
 /// @throws as attention_forward, and for overlapping outputs.
@@ -1123,6 +1141,9 @@ template <class S>
 /// `x_t · (g_2p+1·y_2p − g_2p·y_2p+1)` (`fy`: y_t; (x_t, y_t) the token's column and row, or its
 /// positions' x and y: q's and k's own) per (b, h) plane, then over the batch in a
 /// fixed order (deterministic). @throws also `[rpe.attention] rope grad_freqs ...` as the CPU.
+///
+/// With L_k ≠ L: as attention_forward; the column pass runs one warp per key (L_k), the query
+/// tables' per-key bucket sums are (B, H, L_k, K).
 ///
 /// With `in.positions` / `in.key_lengths`: as attention_forward (the same ids; padded keys' grad_k
 /// and grad_v rows are exactly zero and add nothing to the tables' gradients).
@@ -1156,9 +1177,9 @@ void attention_backward(const attention_inputs<S>& in_given, const attention_gra
     const std::int64_t planes = shape.b * shape.h;
     if (in.rope.grad_freqs.data != nullptr)
         detail::gpu::rope_frequency_grad<S>(tables.qv(), rot.q.get(), grad_q.data, tables.kv(), rot.k.get(), grad_k.data, false,
-                                            planes, shape.h, shape.l, in.rope.grad_freqs.data, stream);
+                                            planes, shape.h, shape.l, shape.lk, in.rope.grad_freqs.data, stream);
     detail::gpu::rope_rotate<S>(tables.qv(), grad_q.data, grad_q.data, planes, shape.h, shape.l, true, stream);
-    detail::gpu::rope_rotate<S>(tables.kv(), grad_k.data, grad_k.data, planes, shape.h, shape.l, true, stream);
+    detail::gpu::rope_rotate<S>(tables.kv(), grad_k.data, grad_k.data, planes, shape.h, shape.lk, true, stream);
 }
 
 /// @brief attention_backward recomputing the probabilities, with the tensors by position (as

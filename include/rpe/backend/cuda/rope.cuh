@@ -300,14 +300,14 @@ __device__ inline void rope_angle_partial_sums(const rope_view<A>& t, const S* y
 template <class S, class A>
 __global__ void rope_angle_partials_kernel(rope_view<A> t0, const S* __restrict__ y0, const S* __restrict__ g0, rope_view<A> t1,
                                            const S* __restrict__ y1, const S* __restrict__ g1, bool rotate, std::int64_t planes,
-                                           std::int64_t heads, std::int64_t n, A* __restrict__ part) {
+                                           std::int64_t heads, std::int64_t n, std::int64_t n1, A* __restrict__ part) {
     const std::int64_t pairs = t0.pairs, total = planes * pairs;
     for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
          e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
         const std::int64_t j = e % pairs, p = e / pairs, h = p % heads;
         A sx = 0, sy = 0;
         rope_angle_partial_sums<S, A>(t0, y0, g0, rotate, p, h, j, n, sx, sy);
-        if (y1) rope_angle_partial_sums<S, A>(t1, y1, g1, rotate, p, h, j, n, sx, sy);
+        if (y1) rope_angle_partial_sums<S, A>(t1, y1, g1, rotate, p, h, j, n1, sx, sy);
         part[p * pairs + j] = sx;
         part[(planes + p) * pairs + j] = sy;
     }
@@ -418,18 +418,18 @@ void rope_rotate(const rope_view<acc_t<S>>& t, const S* x, S* y, std::int64_t pl
 }
 
 /// rope::mixed's grad_freqs (2, H, D/2) (overwritten) from the angle gradients of (y0, g0) at
-/// table t0 and, when y1 is given, (y1, g1) at table t1 (the keys' in the attention), all
-/// (planes, L, D): per-plane partials, then the fixed-order reduction over the batch of the table
+/// table t0 and, when y1 is given, (y1, g1) at table t1 (the keys' in the attention), y0 and g0
+/// (planes, n, D), y1 and g1 (planes, n1, D): per-plane partials, then the fixed-order reduction over the batch of the table
 /// gradients (reduce_partials). Deterministic.
 template <class S>
 void rope_frequency_grad(const rope_view<acc_t<S>>& t0, const S* y0, const S* g0, const rope_view<acc_t<S>>& t1, const S* y1,
-                         const S* g1, bool rotate, std::int64_t planes, std::int64_t heads, std::int64_t n, S* grad_freqs,
-                         cudaStream_t stream) {
+                         const S* g1, bool rotate, std::int64_t planes, std::int64_t heads, std::int64_t n, std::int64_t n1,
+                         S* grad_freqs, cudaStream_t stream) {
     using A = acc_t<S>;
     const std::int64_t pairs = t0.pairs;
     device_buffer<A> part(2 * planes * pairs, stream);  // (2, planes, D/2)
     rope_angle_partials_kernel<S, A>
-        <<<grid_for(planes * pairs, 128), 128, 0, stream>>>(t0, y0, g0, t1, y1, g1, rotate, planes, heads, n, part.get());
+        <<<grid_for(planes * pairs, 128), 128, 0, stream>>>(t0, y0, g0, t1, y1, g1, rotate, planes, heads, n, n1, part.get());
     check_launch("rope_angle_partials_kernel");
     for (int axis = 0; axis < 2; ++axis)  // out[axis, h, j] = Σ_b part[axis, b·H + h, j]
         reduce_partials(static_cast<const A*>(part.get() + axis * planes * pairs), planes, heads, heads, 1, pairs, false,
@@ -503,7 +503,7 @@ void rope_backward(const rotary_embedding<S>& r_in, int height, int width, tenso
     const detail::gpu::rope_call_table<S> table(r, detail::gpu::query_positions(r), heads, d, height, width, stream);
     if (want_freqs)
         detail::gpu::rope_frequency_grad<S>(table.view(), x.data, grad_y.data, table.view(), nullptr, nullptr, true, planes,
-                                            heads, l, r.grad_freqs.data, stream);
+                                            heads, l, 0, r.grad_freqs.data, stream);
     detail::gpu::rope_rotate<S>(table.view(), grad_y.data, grad_x.data, planes, heads, l, true, stream);
 }
 
