@@ -110,11 +110,11 @@ public:
     /// @brief True when the keys have positions of their own (at_positions() only).
     [[nodiscard]] bool has_key_positions() const { return !key_positions_.empty(); }
     /// @brief The grid as text: "HxW", or "TxHxW" when depth > 1; at positions "N positions"
-    /// (keys of another count: "N positions, N_k key positions").
+    /// (keys with positions of their own, of any count: "N positions, N_k key positions").
     [[nodiscard]] std::string grid_string() const {
         if (box_)
             return std::to_string(query_.size()) + " positions" +
-                   (rectangular() ? ", " + std::to_string(key_positions_.size()) + " key positions" : std::string());
+                   (key_positions_.empty() ? std::string() : ", " + std::to_string(key_positions_.size()) + " key positions");
         return (key_.depth > 1 ? std::to_string(key_.depth) + "x" : std::string()) + std::to_string(key_.height) + "x" +
                std::to_string(key_.width);
     }

@@ -134,6 +134,9 @@ TEST_CASE("irpe cross: (L, L_k) ids equal the query rows and key columns of the 
         CHECK(!u->rectangular());
         CHECK(u->key_length() == u->length());
         CHECK(ids->grid_string() == "4 positions, 6 key positions");
+        CHECK(u->grid_string() == "10 positions");
+        // keys at positions of their own of the queries' count are named too
+        CHECK(rpe::build_bucket_ids(prod, pos_ref(qpos4), pos_ref(qpos4), skip)->grid_string() == "4 positions, 4 key positions");
         CHECK(mismatches_against_union(*ids, *u, 4, 6, skip) == 0);
         // and the mapping's ids, by hand: query 1 at (1, 2), key 2 at (-2, -2): offset (3, 4)
         const hand_ids hand{&qpos4, &kpos6, skip, prod.num_buckets()};

@@ -312,10 +312,11 @@ def _check_index(name, t, x=None, axes=None, what="integer tensor", xname="x"):
                              "other tensors")
     elif device.type != "cpu":
         other = f"{xname}'s device" if x is not None else "the tables' device"
+        # the index tensor itself off the CPU, or on the CPU with x on another device than cuda
+        where = f"is on device {t.device}" if t.device.type != "cpu" else f"is given with {xname} on device {device}"
         if has_cuda_kernels():
-            raise ValueError(f"[rpe.torch] {name} is given with tensors on device {device}; expected cpu, or {other} "
-                             f"when that is cuda ({what})")
-        raise ValueError(f"[rpe.torch] {name} is given with tensors on device {device}; expected cpu ({what}; "
+            raise ValueError(f"[rpe.torch] {name} {where}; expected cpu, or {other} when that is cuda ({what})")
+        raise ValueError(f"[rpe.torch] {name} {where}; expected cpu ({what}; "
                          f"{other} when that is cuda needs the CUDA kernels, which this operator library was built "
                          "without: CMake option RPE_TORCH_CUDA)")
     if t.dtype not in (torch.int32, torch.int64):

@@ -274,8 +274,11 @@ def test_errors_name_the_argument():
         call(rpe_positions=pos.tolist())
     with pytest.raises(ValueError, match=r"rpe_positions has shape \(6, 4\); expected \(N, 2\)"):
         call(rpe_positions=torch.cat([pos, pos], 1))
-    with pytest.raises(ValueError, match=r"rpe_positions is given with tensors on device meta; expected cpu"):
+    with pytest.raises(ValueError, match=r"rpe_positions is on device meta; expected cpu"):
         call(rpe_positions=pos.to("meta"))
+    # q itself on such a device is named first (its own check)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] q is on device meta; expected cpu or cuda"):
+        rpe_torch.attention(*(t.detach().to("meta") for t in (q, k, v)), rpe_positions=pos)
     with pytest.raises(ValueError, match=r"rpe_key_positions is given without rpe_positions"):
         call(rpe_key_positions=pos)
     with pytest.raises(ValueError, match=r"rpe_positions of 5 tokens for L = 7 gives skip = 2, but the term was "
@@ -405,7 +408,7 @@ def test_index_device_message(monkeypatch, cuda_kernels):
         tail = (f"expected cpu, or {other} when that is cuda \\({what}\\)" if cuda_kernels else
                 f"expected cpu \\({what}; {other} when that is cuda needs the CUDA kernels, which this operator "
                 "library was built without: CMake option RPE_TORCH_CUDA\\)")
-        return rf"^\[rpe\.torch\] {name} is given with tensors on device {where}; " + tail + "$"
+        return rf"^\[rpe\.torch\] {name} is on device {where}; " + tail + "$"
 
     with pytest.raises(ValueError, match=expected("rpe_positions", "meta", "q's device", "per-token iRPE positions")):
         rpe_torch.attention(q, k, v, *ms, rpe_positions=meta)
