@@ -576,7 +576,7 @@ int run_buckets(const mapping_config& mc, const buckets_options& o, bool grid_gi
                   << ", 2) float32 log-spaced coordinates (the CPB MLP's input)\n";
     }
     if (!o.expect.empty()) {
-        const auto ref = rpe::io::load_npy(o.expect);
+        const auto ref = load_option_npy(o.expect, "--expect");
         if (ref.shape != shape) {
             std::cout << "expect: " << o.expect << " has another shape; MISMATCH\n";
             return 1;

@@ -254,7 +254,7 @@ int run_rope(const rope_options& o) {
     if (learned) {
         if (o.freqs.empty())
             throw usage_error("--freqs", "--form " + spec.family + " needs the learned frequencies (2, H, D/2) as .npy");
-        const auto f = rpe::io::load_npy(o.freqs);
+        const auto f = load_option_npy(o.freqs, "--freqs");
         freqs = to_float32(f, "--freqs", o.freqs);
         freqs_shape = f.shape;
         if (freqs_shape.size() > 4)
@@ -272,7 +272,7 @@ int run_rope(const rope_options& o) {
     } catch (const rpe::invalid_argument& e) {
         throw usage_error(checked_options(spec), e.what());
     }
-    const auto x = rpe::io::load_npy(o.input);
+    const auto x = load_option_npy(o.input, "--input");
     if (x.shape.size() != 4)
         throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L, D)");
     const auto x_data = to_float32(x, "--input", o.input);

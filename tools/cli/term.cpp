@@ -154,14 +154,14 @@ int run_decomposed_term(const mapping_config& m, const grid_size& g, const posit
         throw usage_error("--table", "got " + std::to_string(o.tables.size()) + " table(s); " + m.family.family +
                                          " needs 2 (SAM's rel_pos_h, then rel_pos_w)");
     if (o.input.empty()) throw usage_error("--input", m.family.family + " needs an input x = q*s (B, H, L, D)");
-    const auto th = rpe::io::load_npy(o.tables[0]), tw = rpe::io::load_npy(o.tables[1]);
+    const auto th = load_option_npy(o.tables[0], "--table"), tw = load_option_npy(o.tables[1], "--table");
     for (const auto* t : {&th, &tw}) {
         const auto& f = o.tables[t == &th ? 0 : 1];
         if (t->shape.size() != 2)
             throw usage_error("--table", f + " has shape " + rpe::detail::shape_string(t->shape) + "; expected (length, C)");
         check_int_extents(t->shape, "--table", f);
     }
-    const auto x = rpe::io::load_npy(o.input);
+    const auto x = load_option_npy(o.input, "--input");
     if (x.shape.size() != 4)
         throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L, D)");
     check_int_extents(x.shape, "--input", o.input, 1);
@@ -244,7 +244,7 @@ int write_and_compare(const std::vector<float>& out, const std::vector<std::int6
         std::cout << "wrote " << out_path << "\n";
     }
     if (!expect.empty()) {
-        const auto ref = rpe::io::load_npy(expect);
+        const auto ref = load_option_npy(expect, "--expect");
         if (ref.shape != out_shape) {
             std::cout << "expect: " << expect << " has shape " << rpe::detail::shape_string(ref.shape) << "; MISMATCH\n";
             return 1;
@@ -318,7 +318,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
         throw usage_error("--table", "got " + std::to_string(o.tables.size()) + " table(s); " + m.name + " needs " +
                                          std::to_string(m.num_tables()) + (m.num_tables() == 2 ? " (rows, then cols)" : ""));
     std::vector<rpe::io::npy_array> tables;
-    for (const auto& path : o.tables) tables.push_back(rpe::io::load_npy(path));
+    for (const auto& path : o.tables) tables.push_back(load_option_npy(path, "--table"));
     std::vector<std::vector<float>> table_data;
     for (std::size_t t = 0; t < tables.size(); ++t) table_data.push_back(to_float32(tables[t], "--table", o.tables[t]));
     // a (K, H) table (timm's layout; swinv2: the CPB MLP's output) becomes the term's (H, K)
@@ -369,7 +369,7 @@ int run_term(const mapping_config& mc, const term_options& o) {
     std::vector<std::int64_t> out_shape;
     if (spec.contextual) {
         if (o.input.empty()) throw usage_error("--input", "contextual mode needs an input x");
-        x = rpe::io::load_npy(o.input);
+        x = load_option_npy(o.input, "--input");
         if (x.shape.size() != 4)
             throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, " +
                                              rows_name + ", " + cols_name + ")");
