@@ -218,6 +218,7 @@ struct at_config {
     std::vector<std::int32_t> key_lengths = {};    // (B), or empty
     bool padding = false;                          // also a key_padding_mask (batch 0: its last 2 keys)
     bool host_positions = false;                   // positions and key_lengths in host memory on the GPU side too
+    bool attn_mask = false;                        // also an additive attn_mask (L, L_k) of random values
 };
 
 template <class S>
@@ -278,6 +279,9 @@ void compare_attention_at(const at_config& cfg, unsigned seed) {
     }
     if (!cfg.key_lengths.empty()) cin.key_lengths = view<const std::int32_t>(cfg.key_lengths.data(), {b});
     if (!mask.empty()) cin.key_padding_mask = view<const std::uint8_t>(mask.data(), {b, lk});
+    const auto am = cfg.attn_mask ? random_floats(l * lk, seed + 7) : std::vector<float>{};
+    const auto cam = std::vector<C>(am.begin(), am.end());
+    if (cfg.attn_mask) cin.attn_mask = view<const C>(cam.data(), {l, lk});
     rpe::attention_term<C>* cslots[3] = {&cin.rpe_q, &cin.rpe_k, &cin.rpe_v};
     for (int s = 0; s < 3; ++s) {
         if (!terms[s]) continue;
@@ -313,6 +317,8 @@ void compare_attention_at(const at_config& cfg, unsigned seed) {
     }
     if (!cfg.key_lengths.empty()) gin.key_lengths = cfg.host_positions ? cin.key_lengths : dlengths.cref({b});
     if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, lk});
+    device_vec<S> dam(to_storage<S>(am));
+    if (cfg.attn_mask) gin.attn_mask = dam.cref({l, lk});
     std::vector<std::unique_ptr<device_vec<S>>> dtables, dgtables;
     rpe::cuda::attention_term<S>* gslots[3] = {&gin.rpe_q, &gin.rpe_k, &gin.rpe_v};
     for (int s = 0; s < 3; ++s)
@@ -391,8 +397,18 @@ void attention_at_suite(unsigned seed) {
     // keys of another count than the queries (L_k != L): (L, L_k) ids at positions and key_positions
     std::vector<std::int32_t> many_keys;  // 45 keys: two tiles of 32 and more
     for (int i = 0; i < 2 * 45; ++i) many_keys.push_back(coord(rng));
-    SUBCASE("L_k > L: 45 keys against 23 queries, contextual q, k, v, skip 1, key padding, key_lengths") {
-        compare_attention_at<S>({.positions = irregular, .key_positions = many_keys, .key_lengths = {46, 30}, .padding = true},
+    SUBCASE("L_k > L: 45 keys against 23 queries, contextual q, k, v, skip 1, key padding, key_lengths, an (L, L_k) mask") {
+        compare_attention_at<S>(
+            {.positions = irregular, .key_positions = many_keys, .key_lengths = {46, 30}, .padding = true, .attn_mask = true},
+            seed);
+    }
+    SUBCASE("L_k < L: 20 keys against 49 queries (two tiles), contextual q, k, v per head, padding, key_lengths, a mask") {
+        compare_attention_at<S>({.shared = false,
+                                 .positions = permuted_grid(1, 7, 7, 9),
+                                 .key_positions = grid45,
+                                 .key_lengths = {21, 12},
+                                 .padding = true,
+                                 .attn_mask = true},
                                 seed);
     }
     SUBCASE("L_k < L: 20 keys (a permuted 4 x 5 grid) against 49 queries (7 x 7), bias q and k per head, skip 0") {

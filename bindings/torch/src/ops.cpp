@@ -4,7 +4,7 @@
 /// backward, and the fused attention step forward and backward (with an optional 2D RoPE of q
 /// and k: the registry's forms, DINOv3 and M-RoPE in channel layout pairs or half, V-JEPA 2 in its
 /// own layout vjepa2, on the grid or at per-token positions (CPU), with unrotated leading and
-/// trailing tokens, the queries' own trailing count apart from the keys' (rope_query_suffix, CPU));
+/// trailing tokens, the queries' own trailing count apart from the keys' (rope_query_suffix));
 /// the ViT encodings:
 /// the Swin, BEiT, SAM-decomposed and 2D-ALiBi mappings selectable by
 /// name in the term and attention operators, 2D RoPE on its own, and the operators that make
@@ -719,7 +719,7 @@ TORCH_LIBRARY(rpe, m) {
     // attended alone (attention_inputs::packed; height, width then 0, 0); key_lengths (B,) valid
     // keys per batch element (attention_inputs::key_lengths). rope_query_suffix: the queries' own
     // trailing unrotated tokens (rotary_embedding::query_suffix; -1 = rope_suffix, which then counts
-    // the keys' only: SAM2's memory attention passes 0), CPU only.
+    // the keys' only: SAM2's memory attention passes 0).
     m.def(
         "attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
         "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "

@@ -678,11 +678,11 @@ inline void check_rpe_position_tensor(const at::Tensor& p, const char* name, int
 // before the library's checks, so that the messages name the operators' arguments (the library
 // names its fields positions / key_positions; the RoPE's are rope_positions / rope_key_positions):
 // none without a term (nothing would read them), none with packed_lengths (packed_positions are
-// the packed images'), both when the keys have another length than the queries (L_k != L), and for each term rpe_positions (L - skip, A) and
-// rpe_key_positions (L_k - skip, A), A its position axes, values within rpe::max_position.
+// the packed images'), both when the keys have another length than the queries (L_k != L), and
+// for each term rpe_positions (L - skip, A) and rpe_key_positions (L_k - skip, A), A its position axes, values within rpe::max_position.
 // Errors: ValueError naming rpe_positions / rpe_key_positions and the term's slot.
 template <class T>
-void check_rpe_positions(const attention_args& a, const std::unique_ptr<rpe::any_term<T>> (&terms)[3], const where& w) {
+void check_rpe_positions(const attention_args& a, const std::unique_ptr<rpe::any_term<T>> (&terms)[3]) {
     const bool pos = a.rpe_positions.defined(), kpos = a.rpe_key_positions.defined();
     const bool any = terms[0] || terms[1] || terms[2];
     TORCH_CHECK_VALUE(!pos || any, "[rpe.torch] rpe_positions", kpos ? " and rpe_key_positions are" : " is",
@@ -700,7 +700,7 @@ void check_rpe_positions(const attention_args& a, const std::unique_ptr<rpe::any
     for (int i = 0; i < 3; ++i) {
         if (!terms[i]) continue;
         const char* slot = slot_names[i];
-        if (lk != l && w.device.is_cpu()) {  // a grid describes one token set: the ids (L, L_k) need both
+        if (lk != l) {  // a grid describes one token set: the ids (L, L_k) need both (CPU and CUDA)
             const std::string lengths =
                 "keys of another length than the queries (L = " + std::to_string(l) + ", L_k = " + std::to_string(lk) + ")";
             TORCH_CHECK_VALUE(pos, "[rpe.torch] ", slot, " is attached with ", lengths,
@@ -862,7 +862,7 @@ attention_setup<S, T> setup_attention(attention_args& a, const dtype_rule& st, c
                       a.packed_grids.defined() ? "packed_grids" : "packed_positions",
                       " is given without packed_lengths; expected packed_lengths (tokens per image) too");
     s.in.key_lengths = index(a.key_lengths, "key_lengths", "valid key lengths");
-    check_rpe_positions(a, s.terms, w);
+    check_rpe_positions(a, s.terms);
     (void)B;
     (void)L;
     return s;

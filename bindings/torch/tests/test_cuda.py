@@ -759,6 +759,14 @@ def test_attention_keys_of_another_length_match_cpu(case, where):
     assert kg.shape == (B, H, Lk, D)
     if "key_lengths" in kw_c:
         assert bool(torch.all(kg.grad[0, :, Lk - 1:] == 0)) and bool(torch.all(vg.grad[0, :, Lk - 1:] == 0))
+    # the operators' own messages, as on the CPU: a term with L_k != L needs both positions
+    qd, kd = torch.zeros(B, H, L, D, device=DEVICE, dtype=torch.float64), torch.zeros(B, H, Lk, D, device=DEVICE,
+                                                                                         dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rpe_key_positions is not given with keys of another length"):
+        rt.attention(qd, kd, kd, *mods_g, rpe_positions=kw_g["rpe_positions"])
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] rpe_q is attached with keys of another length than the "
+                                         rf"queries \(L = {L}, L_k = {Lk}\) and no rpe_positions"):
+        rt.attention(qd, kd, kd, *mods_g, height=h, width=w)
 
 
 @needs_gpu

@@ -91,9 +91,10 @@ struct attn_ids {
 struct attn_table {
     attn_ids ids;                 // row and column kernels alike: ids(i, j) of pair (i, j)
     const void* table = nullptr;  // bias (Ht, K); contextual q/k (Ht, D, K); v (Ht, K, D); storage type S
-    const void* prod = nullptr;  // acc-type (B·H, L, K): q: (k·s)·table; k (backward): qs·table; v (backward): grad_out·tableᵀ
-    void* rows = nullptr;        // backward, acc-type (B·H, L, K) per-row bucket sums: k: of dlogits by id(i, j);
-                                 // q: of dlogits by id(j, i), per key j; v: of probabilities
+    const void* prod =
+        nullptr;  // acc-type: q: (B·H, L_k, K) (k·s)·table; k (backward): (B·H, L, K) qs·table; v (backward): (B·H, L, K) grad_out·tableᵀ
+    void* rows = nullptr;  // backward, acc-type (B·H, L, K) per-row bucket sums (q: (B·H, L_k, K)): k: of dlogits by id(i, j);
+                           // q: of dlogits by id(j, i), per key j; v: of probabilities
     int k = 0;
     int table_heads = 1;
     bool bias = false;
@@ -104,7 +105,7 @@ struct attn_table {
 struct attn_args {
     const void *q = nullptr, *k = nullptr, *v = nullptr, *attn_mask = nullptr;
     const std::uint8_t* key_padding_mask = nullptr;
-    const std::int32_t* key_lengths = nullptr;  // (B) valid keys per batch element (device), or null: all L
+    const std::int32_t* key_lengths = nullptr;  // (B) valid keys per batch element (device), or null: all L_k
     void* out = nullptr;
     const void* grad_out = nullptr;
     void *grad_q = nullptr, *grad_k = nullptr, *grad_v = nullptr;
@@ -198,7 +199,8 @@ __device__ inline void load_query_row(const attn_args& a, std::int64_t p, std::i
     }
 }
 
-// Stages rows [r0, r0 + 32) of x (B·H, L, D) of plane p into tile (32, D + 1) as A (times mul).
+// Stages rows [r0, r0 + 32) of x (B·H, n, D) of plane p into tile (32, D + 1) as A (times mul):
+// n = L for q and grad_out, L_k for k and v; rows from n on are zeros.
 template <class S, class A>
 __device__ inline void stage_tile(const S* x, std::int64_t p, std::int64_t r0, std::int64_t n, std::int64_t dd, A mul, A* tile) {
     for (std::int64_t e = threadIdx.x; e < 32 * dd; e += blockDim.x) {
@@ -1041,7 +1043,7 @@ namespace rpe::cuda {
 /// value term's per-bucket probability sums in shared memory.
 ///
 /// Contextual key terms: per row, qs·table (K values) in shared memory; contextual query terms:
-/// (k·s)·table per (b, h), a (B, H, L, K) temporary (batched GEMM) read by bucket; bias terms:
+/// (k·s)·table per (b, h), a (B, H, L_k, K) temporary (batched GEMM) read by bucket; bias terms:
 /// table reads. Rows whose keys are all masked give zeros (the reference gives NaN); a NaN logit
 /// makes its row NaN. Probabilities are not returned (there is no (L, L) buffer): a non-empty
 /// `attn` is refused (attention_caps, rpe::not_supported).
@@ -1058,7 +1060,7 @@ namespace rpe::cuda {
 /// Source: paper eqs. 13–17 with the reference's attention order (`RPEAttention.forward`).
 ///
 /// With `in.rope` (rpe::rotary_embedding, device freqs): q and k are rotated first into device
-/// scratch (2·B·H·L·D elements of S), as rpe::cuda::rope_forward on both (q at `rope.positions`
+/// scratch (B·H·(L + L_k)·D elements of S), as rpe::cuda::rope_forward on both (q at `rope.positions`
 /// or the grid, k at `rope.key_positions` when given, else as q; positions in device memory are
 /// copied to the host and waited for, host memory is read in place; skip and suffix tokens
 /// copied), and the kernels then run on the rotated q and k (same meaning and checks as the
@@ -1071,7 +1073,7 @@ namespace rpe::cuda {
 /// key_positions): the per-offset ids of the positions' bounding box, uploaded once per box to the
 /// device id cache, and each token's linear position in it, uploaded per call, 8 bytes per token
 /// and side); the kernels read id(i, j) = per-offset id of pos_i − kpos_j. With `in.key_lengths`
-/// ((B,) int32, device or host memory, copied to the host and checked there: 0 ≤ length ≤ L, then
+/// ((B,) int32, device or host memory, copied to the host and checked there: 0 ≤ length ≤ L_k, then
 /// uploaded): keys at index ≥ key_lengths[b] are padding, never used (as a key_padding_mask marking
 /// them; rows without a valid key give zeros).
 ///
@@ -1128,7 +1130,7 @@ template <class S>
 /// recomputes P and dS from the row statistics; writes grad_k, grad_v and the per-key bucket sums
 /// of dS (query terms)); then batched GEMMs apply the tables (grad_q += s·G_k·table_kᵀ,
 /// grad_k += s·G_q·table_qᵀ) and the table gradients are per-(b, h) GEMM partials reduced in a
-/// fixed order. Temporaries: (B, H, L, K) per table and (B, H, L, 3) statistics.
+/// fixed order. Temporaries: (B, H, L, K) per table ((B, H, L_k, K) for query tables) and (B, H, L, 3) statistics.
 /// Padded keys get exactly zero grad_k and grad_v rows; fully masked rows zero grad_q.
 /// @param g   grad_out, grad_q (B, H, L, D), grad_k, grad_v (B, H, L_k, D), device; `g.saved_attn` must be empty
 ///   (attention_caps: no backward from saved probabilities, rpe::not_supported).
