@@ -100,7 +100,8 @@ struct packed_sequences {
 /// mappings — of the tokens after each term's `skip` extra tokens, in any order; the terms' ids
 /// are those of rpe::build_bucket_ids(m, positions, key_positions, skip) and height, width, depth
 /// are then not read by the terms. key_positions: the keys' positions, (L_k − skip, 2 or 3), or
-/// empty for the queries' (L_k = L only). A backend without attention_capabilities::positions refuses them.
+/// empty for the queries' (L_k = L only). A backend without attention_capabilities::positions refuses them;
+/// given with no term attached (nothing would read them) they are refused too (rpe::invalid_argument).
 /// packed: optional several images in the sequence (rpe::packed_sequences): attention and terms
 /// within each image only; height, width, depth (0, 0, 1) and positions (empty) are then not used.
 /// key_lengths: optional (B,) int32 valid key lengths: keys at index ≥ key_lengths[b] of batch
@@ -366,6 +367,11 @@ attention_shape check_attention(const In& in, const attention_capabilities& caps
     require_feature(at_positions, caps.positions, caps, "per-token positions of the iRPE terms (positions)");
     require(!at_positions || !is_empty_view(in.positions), "attention",
             "key_positions is given without positions; expected positions too (the queries' positions)");
+    // the terms are the positions' only readers: given without one, they would be ignored silently
+    require(!at_positions || in.rpe_q.term || in.rpe_k.term || in.rpe_v.term, "attention",
+            is_empty_view(in.key_positions) ? "positions is" : "positions and key_positions are",
+            " given but no iRPE term (rpe_q, rpe_k, rpe_v) is attached; expected none (nothing reads them: they are "
+            "the iRPE terms' positions; the RoPE's are rope.positions and rope.key_positions)");
     const bool packed = in.packed.enabled();
     require_feature(packed, caps.packed, caps, "packed sequences (packed)");
     const bool with_lengths = !is_empty_view(in.key_lengths);

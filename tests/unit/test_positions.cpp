@@ -548,6 +548,22 @@ TEST_CASE("positions: bad positions throw naming the parameter and its value") {
     in.positions = pos_ref(p.data(), {3, 2});
     rpe::attention_forward(in, {out.data(), {1, 1, l, d}});  // and now it runs (height, width unset)
     CHECK(std::isfinite(out[0]));
+    // without a term nothing reads them: refused, not ignored (forward and backward)
+    in.rpe_k = {};
+    CHECK(rpe_test::throws_with(
+        [&] {
+            rpe::attention_forward(in, {out.data(), {1, 1, l, d}});
+        },
+        "[rpe.attention] positions is given but no iRPE term (rpe_q, rpe_k, rpe_v) is attached; "
+        "expected none (nothing reads them"));
+    in.key_positions = pos_ref(p.data(), {3, 2});
+    std::vector<float> g(q.size());
+    CHECK(rpe_test::throws_with(
+        [&] {
+            rpe::attention_backward(in, {q.data(), {1, 1, l, d}}, {g.data(), {1, 1, l, d}}, {g.data(), {1, 1, l, d}},
+                                    {g.data(), {1, 1, l, d}});
+        },
+        "[rpe.attention] positions and key_positions are given but no iRPE term"));
 }
 
 }  // namespace rpe_unit_positions
