@@ -11,7 +11,13 @@
 ///   looked up per block by key and added transposed; bias gathers from float copies of the
 ///   tables (converted once per call); the softmax per row in float, its exponentials rounded to
 ///   bf16 for P·v (as flash attention does on GPUs) and the product scaled by 1/Σe; the value
-///   terms from the float probabilities.
+///   terms from the float probabilities. In an amx_bf16 unit (isa.hpp) where cpu::amx_granted()
+///   (and not the test hook cpu::bf16_amx_off), those three products run on AMX tiles
+///   (cpu::bf16_gemm_amx, the same packed operands: pairs padded to 32 with zeros, the bf16
+///   exponentials' rows padded to 32 columns); each OpenMP thread loads its tile configuration
+///   at the start of its parallel region and releases the tiles at the end (bf16_hw::gemm_tiles).
+///   A future bf16 backward could put its four products (dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K,
+///   dK = dSᵀ·Q) on the same kernel; today the backward is the float one.
 /// - portable (no AVX512_BF16 in this unit or the CPU, RoPE, key_lengths, packed sequences, or the
 ///   test hook bf16_portable_only): the 16-bit glue of attention_half.hpp, shared with rpe::f16:
 ///   q, k, v, tables, attn_mask and RoPE frequencies converted to float once per call (contiguous
@@ -205,7 +211,8 @@ struct gemm_tiles {
 // The AVX512_BF16 path (see the file comment); no RoPE, no key_lengths, L_k = L (every plane's L keys).
 // Per plane, once: kᵀ packed in pairs with the contextual key tables' (D, K) columns after the L
 // keys (the plane's head), v packed, and the contextual query terms' products s·(k·table_q) on
-// vdpbf16ps from the tables packed once per call. Per block of rows: one product gives the
+// vdpbf16ps (or AMX: see the file comment) from the tables packed once per call. Per block of
+// rows: one product gives the
 // scaled logits and the contextual key products, (rb, L + ΣK) rows; the bias and contextual
 // gathers, masks and softmax_row_bf16 (exponentials rounded to bf16) per row; P·v on vdpbf16ps,
 // scaled by 1/Σe; the value terms from the float probabilities. Every row's result depends on
@@ -312,7 +319,7 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
 #pragma omp parallel
 #endif
     {
-        const bf16_hw::gemm_tiles tiles(amx);
+        const bf16_hw::gemm_tiles tiles(amx && ctx_q);  // the only product of this loop: s·(k·table_q)
 #if defined(_OPENMP)
 #pragma omp for schedule(static)
 #endif
