@@ -350,13 +350,14 @@ TEST_CASE("bf16 product on AMX tiles (bf16_gemm_amx) against double: ragged rows
     }
 #else
     CHECK(std::string(cpu::bf16_attention_isa()) == cpu::bf16_isa());
-    MESSAGE("SKIP: this build has no AMX-BF16 (namespace " << cpu::isa_namespace() << ")");
+    MESSAGE("SKIP: this build has no AMX-BF16 (namespace " << std::string(cpu::isa_namespace()) << ")");
 #endif
 }
 
 TEST_CASE("bf16 attention forward on AMX tiles against vdpbf16ps and the float64 composed attention") {
     if (!cpu::hw_amx || !cpu::amx_granted()) {
-        MESSAGE("SKIP: no AMX-BF16 in this build (namespace " << cpu::isa_namespace() << ") or not granted on this machine");
+        MESSAGE("SKIP: no AMX-BF16 in this build (namespace " << std::string(cpu::isa_namespace())
+                                                              << ") or not granted on this machine");
         return;
     }
     struct config {
