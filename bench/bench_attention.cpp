@@ -292,7 +292,7 @@ void run_bf16(benchmark::State& state, const attention_config& config) {
     state.counters["workspace_bytes"] =
         benchmark::Counter(static_cast<double>(rpe::detail::cpu::arena::of_this_thread().capacity()),
                            benchmark::Counter::kDefaults, benchmark::Counter::kIs1024);
-    state.SetLabel(rpe::detail::cpu::bf16_isa());
+    state.SetLabel(rpe::detail::cpu::bf16_attention_isa());
 }
 
 // The floor: the work no attention can avoid, per (b, h) plane one Eigen product S = Q·Kᵀ, the
@@ -334,7 +334,9 @@ void floor_attention(benchmark::State& state, int b, int h, int height, int widt
 // The bf16 floor: per plane S = Q·Kᵀ from bf16 Q, K with float accumulation, the vectorised exp
 // of S in float, S rounded to bf16 and O = S·V (bf16 V, float accumulation). With AVX512_BF16 in
 // rpe_bench's build: vdpbf16ps on K and V packed once before the timing (rpe's bf16 product,
-// label "AVX512_BF16"); otherwise Q, K, V and S converted to float in the loop and Eigen's float
+// label "AVX512_BF16"); with AMX-BF16 in the build (namespace amx_bf16) and granted by the OS,
+// rpe's AMX product bf16_gemm_amx instead, S rounded into rows padded to 32 (label "AMX_BF16");
+// otherwise Q, K, V and S converted to float in the loop and Eigen's float
 // products (label "portable").
 void floor_attention_bf16(benchmark::State& state, int b, int h, int height, int width, int d) {
     namespace cpu = rpe::detail::cpu;
@@ -347,6 +349,33 @@ void floor_attention_bf16(benchmark::State& state, int b, int h, int height, int
     for (auto* x : {&q, &k, &v})
         for (auto& e : *x) e = rpe::bf16(0.125f * normal(rng));
     std::vector<float> s(static_cast<std::size_t>(l * l)), o(static_cast<std::size_t>(planes * l * d));
+#if defined(RPE_HAS_AMX_BF16)
+    if (cpu::amx_granted()) {  // AMX tiles: S kept in bf16 rows of lp (l rounded up to 32, zeros past l)
+        const std::int64_t lp = (l + 31) / 32 * 32, kp_size = cpu::bf16_pack_size_amx(d, l), vp_size = cpu::bf16_pack_size(lp, d);
+        std::vector<rpe::bf16> kp(static_cast<std::size_t>(planes * kp_size)), vp(static_cast<std::size_t>(planes * vp_size)),
+            sp(static_cast<std::size_t>(l * lp));
+        for (std::int64_t p = 0; p < planes; ++p) {
+            cpu::bf16_pack_transposed(k.data() + p * l * d, d, d, l, kp.data() + p * kp_size);
+            cpu::bf16_pack_rows(v.data() + p * l * d, d, l, d, vp.data() + p * vp_size);
+        }
+        const cpu::amx_tiles tiles;
+        for (auto _ : state) {
+            for (std::int64_t p = 0; p < planes; ++p) {
+                cpu::bf16_gemm_amx(l, l, d, q.data() + p * l * d, d, kp.data() + p * kp_size, s.data(), l, 1.0f, false);
+                Eigen::Map<mat> sm(s.data(), l, l);
+                sm = sm.array().exp();
+                for (std::int64_t i = 0; i < l; ++i) cpu::float_to_bf16(s.data() + i * l, sp.data() + i * lp, l);
+                cpu::bf16_gemm_amx(l, d, lp, sp.data(), lp, vp.data() + p * vp_size, o.data() + p * l * d, d, 1.0f, false);
+            }
+            benchmark::DoNotOptimize(o.data());
+            benchmark::ClobberMemory();
+        }
+        state.SetItemsProcessed(state.iterations() * planes * l * l);
+        state.counters["L"] = static_cast<double>(l);
+        state.SetLabel(cpu::bf16_attention_isa());
+        return;
+    }
+#endif
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     const std::int64_t kp_size = cpu::bf16_pack_size(d, l), vp_size = cpu::bf16_pack_size(l, d);
     std::vector<rpe::bf16> kp(static_cast<std::size_t>(planes * kp_size)), vp(static_cast<std::size_t>(planes * vp_size));

@@ -202,7 +202,7 @@ void model_attention_only_bf16(benchmark::State& state, const std::string& varia
         benchmark::ClobberMemory();
     }
     state.SetItemsProcessed(state.iterations() * batch);
-    state.SetLabel(rpe::detail::cpu::bf16_isa());
+    state.SetLabel(rpe::detail::cpu::bf16_attention_isa());
     state.counters["calls"] = c.depth;
 }
 

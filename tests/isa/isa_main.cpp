@@ -1,5 +1,5 @@
 // Test rpe_isa_test: two units of one program (isa_unit.cpp built for the x86-64 baseline and for
-// AVX2 + FMA + F16C; a third for AVX-512 + AVX512_BF16 where the compiler takes it) run the same fused attention and term forward through rpe. rpe's ISA-dependent code
+// AVX2 + FMA + F16C; a third for AVX-512 + AVX512_BF16 and a fourth with AMX-BF16 too where the compiler takes them) run the same fused attention and term forward through rpe. rpe's ISA-dependent code
 // is in a namespace per ISA (rpe/backend/cpu/isa.hpp), so each unit keeps its own copy: the two
 // report their own ISA (through the functions' addresses, which the linker would merge) and
 // give the same results up to float rounding. Exit 77 (skipped) on a CPU without AVX2 + FMA + F16C,
@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#if defined(RPE_ISA_TEST_AMX_UNIT)
+#include <cpuid.h>
+#endif
 
 #include "isa_unit.hpp"
 
@@ -100,6 +103,29 @@ int main() {
           "f16 conversions: AVX-512F and portable give the same bits");
     check(close(hw.attention_f16, base.attention_f16, "attention f16 (AVX512_BF16 unit)", 0x1p-14, 0x1p-10),
           "f16 attention outputs agree");
+#if defined(RPE_ISA_TEST_AMX_UNIT)
+    unsigned ca = 0, cb = 0, cc = 0, cd = 0;  // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 22 AMX-BF16
+    if (!__get_cpuid_count(7, 0, &ca, &cb, &cc, &cd) || !((cd >> 24) & 1u) || !((cd >> 22) & 1u)) {
+        std::printf("SKIP: this CPU lacks AMX-BF16: the AMX unit is not run\n");
+        return failures ? 1 : 0;
+    }
+    const isa_result mx = run_amx_bf16();
+    std::printf("AMX unit: simd_isa %s, namespace %s, bf16 path %s\n", mx.isa.c_str(), mx.ns.c_str(), mx.bf16_path.c_str());
+    check(mx.ns == "amx_bf16", "the AMX unit's rpe code is in namespace amx_bf16");
+    if (mx.bf16_path != "AMX_BF16")
+        std::printf("SKIP: the OS does not grant the AMX tile state: the AMX unit ran its vdpbf16ps fallback\n");
+    check(mx.bf16_path == "AMX_BF16" || mx.bf16_path == "AVX512_BF16",
+          "the AMX unit takes the AMX tiles, or vdpbf16ps where the OS refuses them");
+    check(mx.attention_fn != hw.attention_fn && mx.attention_fn != base.attention_fn,
+          "the AMX unit has its own rpe::attention_forward<float>");
+    check(close(mx.attention, base.attention, "attention (AMX unit)"), "float attention outputs agree");
+    // AMX and vdpbf16ps: the same exact bf16 products summed in float in other orders, which can
+    // move a bf16 rounding (of an exponential or the output) by one step: 2^-7 relative at most
+    check(close(mx.attention_bf16, hw.attention_bf16, "attention bf16 (AMX unit vs AVX512_BF16 unit)", 0x1p-12, 0x1p-7),
+          "bf16 attention outputs agree (AMX and vdpbf16ps paths)");
+    check(close(mx.attention_bf16, base.attention_bf16, "attention bf16 (AMX unit)", 0x1p-7, 0x1p-7),
+          "bf16 attention outputs agree (AMX and portable paths)");
+#endif
 #endif
     return failures ? 1 : 0;
 }

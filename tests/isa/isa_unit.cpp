@@ -1,5 +1,5 @@
 // One unit of test rpe_isa_test, compiled twice: RPE_ISA_TEST_ENTRY names the entry point of the
-// copy (run_baseline, run_avx2, run_avx512_bf16); the ISA flags come from CMakeLists.txt.
+// copy (run_baseline, run_avx2, run_avx512_bf16, run_amx_bf16); the ISA flags come from CMakeLists.txt.
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -77,7 +77,7 @@ isa_result RPE_ISA_TEST_ENTRY() {
     rpe::attention_forward(inb, rpe::tensor_ref<rpe::bf16>(outb.data(), qkv));
     r.attention_bf16.resize(n);
     for (std::size_t i = 0; i < n; ++i) r.attention_bf16[i] = static_cast<float>(outb[i]);
-    const char* (*volatile bf16_path)() = &rpe::detail::cpu::bf16_isa;
+    const char* (*volatile bf16_path)() = &rpe::detail::cpu::bf16_attention_isa;
     r.bf16_path = bf16_path();
 
     // the same attention on f16 storage (the inputs rounded to f16), and the f16 conversions of

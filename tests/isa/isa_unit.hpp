@@ -14,7 +14,7 @@ struct isa_result {
     std::string ns;                       ///< rpe::detail::cpu::isa_namespace(), through its address
     const void* attention_fn = nullptr;   ///< &rpe::attention_forward<float> as this unit sees it
     std::vector<float> attention_bf16;    ///< the same attention on rpe::bf16 storage (values as float)
-    std::string bf16_path;                ///< rpe::detail::cpu::bf16_isa(): "AVX512_BF16" or "portable"
+    std::string bf16_path;                ///< detail::cpu::bf16_attention_isa(): "AMX_BF16", "AVX512_BF16", "portable"
     std::vector<float> attention_f16;     ///< the same attention on rpe::f16 storage (values as float)
     std::vector<std::uint16_t> f16_bits;  ///< detail::cpu::float_to_f16 of a fixed sample (ties, range ends, NaN)
     std::vector<std::uint32_t> f16_wide;  ///< detail::cpu::f16_to_float of all 65536 f16 values, as bits
@@ -24,3 +24,4 @@ struct isa_result {
 isa_result run_baseline();     // unit compiled with -march=x86-64
 isa_result run_avx2();         // unit compiled with -mavx2 -mfma -mf16c
 isa_result run_avx512_bf16();  // unit compiled with -march=x86-64-v4 -mavx512bf16 (when the compiler takes it)
+isa_result run_amx_bf16();     // unit compiled with those and -mamx-tile -mamx-bf16 (when the compiler takes them)

@@ -1,7 +1,9 @@
 // The bf16 attention forward (rpe::attention_forward on rpe::bf16 storage): rpe::bf16's rounding
 // (hand-checked bits), the vdpbf16ps product against double, and the forward against the float64
 // composed attention on the same bf16 values, on both paths (AVX512_BF16 where this build has it,
-// and the portable float path, forced with the test hook bf16_portable_only): no RPE, contextual
+// AMX-BF16 tiles first where it also has those and the OS grants them (namespace amx_bf16, then
+// also against vdpbf16ps, test hook bf16_amx_off), and the portable float path, forced with the
+// test hook bf16_portable_only): no RPE, contextual
 // Product on k, on q, k, v, bias and Cross terms, shared and per-head tables, skip tokens, both
 // masks, strided q/k/v, 1 or 2 threads, RoPE, key_lengths, packed sequences; every golden
 // attention case in bf16; errors. Then the bf16 backward (the float backward rounded once, bit for
@@ -171,8 +173,9 @@ struct bf16_results {
     std::vector<bf16> out, attn;
 };
 
-bf16_results run_bf16(pair_case& c, bool portable, const rpe::attention_options& opt = {}) {
+bf16_results run_bf16(pair_case& c, bool portable, const rpe::attention_options& opt = {}, bool amx_off = false) {
     const rpe_test::bf16_portable_path hook(portable);
+    const rpe_test::bf16_amx_off_path amx_hook(amx_off);
     bf16_results r;
     r.out.assign(static_cast<std::size_t>(c.b * c.h * c.l * c.d), bf16(-3.0f));
     r.attn.assign(static_cast<std::size_t>(c.b * c.h * c.l * c.l), bf16(-3.0f));
@@ -290,6 +293,127 @@ TEST_CASE("bf16 product with float accumulation (vdpbf16ps) against double, odd 
     CHECK(std::string(cpu::bf16_isa()) == "portable");
     MESSAGE("this build has no AVX512_BF16: only the portable bf16 path is tested");
 #endif
+}
+
+TEST_CASE("bf16 product on AMX tiles (bf16_gemm_amx) against double: ragged rows, columns, inner sizes, strides") {
+#if defined(RPE_HAS_AMX_BF16)
+    if (!cpu::amx_granted()) {
+        MESSAGE("SKIP: this unit is built for AMX-BF16 but the CPU or the OS does not grant the tiles");
+        return;
+    }
+    CHECK(std::string(cpu::bf16_attention_isa()) == "AMX_BF16");
+    const cpu::amx_tiles tiles;
+    // m: one partial group, one full + a partial, several blocks; kd: a multiple of 32 (A read in
+    // place), 48 and odd ones (A copied with zeros); n: tails of both 16-column tiles
+    for (const auto [m, n, kd] : {std::array<std::int64_t, 3>{1, 1, 1}, std::array<std::int64_t, 3>{9, 33, 7},
+                                  std::array<std::int64_t, 3>{17, 16, 64}, std::array<std::int64_t, 3>{32, 65, 64},
+                                  std::array<std::int64_t, 3>{70, 47, 48}, std::array<std::int64_t, 3>{8, 65, 197}}) {
+        CAPTURE(m);
+        CAPTURE(n);
+        CAPTURE(kd);
+        std::mt19937 rng(static_cast<std::uint32_t>(m * 1000 + n * 10 + kd));
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        const std::int64_t lda = kd % 32 == 0 ? kd + 32 : kd + 1;  // rows further apart than their length
+        std::vector<bf16> a(static_cast<std::size_t>(m * lda)), b(static_cast<std::size_t>(kd * n));
+        for (auto& e : a) e = bf16(normal(rng));
+        for (auto& e : b) e = bf16(normal(rng));
+        std::vector<bf16> bp(static_cast<std::size_t>(cpu::bf16_pack_size_amx(kd, n)), bf16(0.0f));
+        cpu::bf16_pack_rows(b.data(), n, kd, n, bp.data());
+        const std::int64_t ldc = n + 3;
+        std::vector<float> c(static_cast<std::size_t>(m * ldc), 0.5f), cv(c);
+        cpu::bf16_gemm_amx(m, n, kd, a.data(), lda, bp.data(), c.data(), ldc, 0.25f, true);
+        cpu::bf16_gemm(m, n, kd, a.data(), lda, bp.data(), cv.data(), ldc, 0.25f, true);
+        double worst = 0, worst_v = 0;
+        for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+                double ref = 0, mag = 0;
+                for (std::int64_t r = 0; r < kd; ++r) {
+                    const double x = static_cast<double>(a[static_cast<std::size_t>(i * lda + r)]) *
+                                     static_cast<double>(b[static_cast<std::size_t>(r * n + j)]);
+                    ref += x;
+                    mag += std::fabs(x);
+                }
+                ref = 0.5 + 0.25 * ref;
+                // exact products summed in float in any order: ≤ kd·2^-24·Σ|a·b| (and the scaling's
+                // and the addition's roundings); so both paths, and they differ by at most twice that
+                const double bound = (static_cast<double>(kd) + 2) * 0x1p-24 * (0.25 * mag + std::fabs(ref) + 0.5);
+                const std::size_t x = static_cast<std::size_t>(i * ldc + j);
+                worst = std::max(worst, std::fabs(static_cast<double>(c[x]) - ref) / bound);
+                worst_v = std::max(worst_v, std::fabs(static_cast<double>(c[x]) - static_cast<double>(cv[x])) / (2 * bound));
+            }
+        CHECK(worst <= 1.0);
+        CHECK(worst_v <= 1.0);
+        bool untouched = true;  // the columns past n of each row are not written
+        for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = n; j < ldc; ++j) untouched = untouched && c[static_cast<std::size_t>(i * ldc + j)] == 0.5f;
+        CHECK(untouched);
+    }
+#else
+    CHECK(std::string(cpu::bf16_attention_isa()) == cpu::bf16_isa());
+    MESSAGE("SKIP: this build has no AMX-BF16 (namespace " << std::string(cpu::isa_namespace()) << ")");
+#endif
+}
+
+TEST_CASE("bf16 attention forward on AMX tiles against vdpbf16ps and the float64 composed attention") {
+    if (!cpu::hw_amx || !cpu::amx_granted()) {
+        MESSAGE("SKIP: no AMX-BF16 in this build (namespace " << std::string(cpu::isa_namespace())
+                                                              << ") or not granted on this machine");
+        return;
+    }
+    struct config {
+        const char* name;
+        std::int64_t b, h, d;
+        int height, width, skip;
+        const char* terms;
+        bool kpm, attn_mask;
+    };
+    // L = skip + height·width: 36, 50, 82, 197 (none a multiple of 16); D = 64 (A read in place),
+    // 48 and 16 (A copied with zeros up to 32 per tile)
+    const config configs[] = {
+        {"none D 64", 2, 2, 64, 5, 7, 1, "", false, false},
+        {"k D 64", 1, 2, 64, 9, 9, 1, "k", false, false},
+        {"qkv D 64, masks", 2, 2, 64, 7, 7, 1, "qkv", true, true},
+        {"qkv D 48", 1, 2, 48, 9, 9, 1, "qkv", false, false},
+        {"k D 16, masks", 2, 1, 16, 5, 7, 1, "k", true, true},
+        {"deit-like qkv L 197", 1, 1, 64, 14, 14, 1, "qkv", false, false},
+    };
+    int paths_differ = 0;
+    for (const auto& cf : configs) {
+        CAPTURE(cf.name);
+        pair_case c(cf.b, cf.h, cf.d, cf.height, cf.width, cf.skip, 29);
+        const std::string t = cf.terms;
+        if (t == "k") c.add_term(rpe::method::product, true, rpe::target::key, false, cf.skip);
+        if (t == "qkv")
+            for (auto tg : {rpe::target::query, rpe::target::key, rpe::target::value})
+                c.add_term(rpe::method::product, true, tg, false, cf.skip);
+        if (cf.kpm) c.add_key_padding_mask(false);
+        if (cf.attn_mask) c.add_attn_mask();
+        const auto ref = reference_of(c);
+        const auto amx = run_bf16(c, false);
+        const auto vdp = run_bf16(c, false, {}, true);
+        // both within the float64 bound of the file comment (the AMX products are float sums of
+        // exact products in another order: the same ~D·2^-24 relative error as vdpbf16ps, far
+        // below the bf16 roundings that the bound covers)
+        const double worst_amx = check_against(amx, ref), worst_vdp = check_against(vdp, ref);
+        // and within that bound of each other: the paths differ only in the float logits' last
+        // bits, which can move an exponential's or the output's bf16 rounding by one step
+        double worst_pair = 0;
+        for (std::size_t x = 0; x < ref.out.size(); ++x)
+            worst_pair =
+                std::max(worst_pair, std::fabs(static_cast<double>(amx.out[x]) - static_cast<double>(vdp.out[x])) / ref.bound[x]);
+        CHECK(worst_pair <= 1.0);
+        paths_differ += !same_bits(amx.out, vdp.out);
+        // one thread or two: the same bits (every row's result depends on its row only)
+        rpe_test::set_threads(1);
+        const auto one = run_bf16(c, false);
+        rpe_test::set_threads(2);
+        CHECK(same_bits(one.out, amx.out));
+        CHECK(same_bits(one.attn, amx.attn));
+        MESSAGE(std::string(cf.name) << ": worst |out - ref| / bound AMX " << worst_amx << ", vdpbf16ps " << worst_vdp
+                                     << ", |AMX - vdpbf16ps| / bound " << worst_pair);
+    }
+    // the hook switches the path: AMX and vdpbf16ps sum the products in different orders
+    CHECK(paths_differ > 0);
 }
 
 TEST_CASE("bf16 attention forward against the float64 composed attention: none, iRPE-K, iRPE-QKV, bias, Cross, masks") {

@@ -11,7 +11,13 @@
 ///   looked up per block by key and added transposed; bias gathers from float copies of the
 ///   tables (converted once per call); the softmax per row in float, its exponentials rounded to
 ///   bf16 for P·v (as flash attention does on GPUs) and the product scaled by 1/Σe; the value
-///   terms from the float probabilities.
+///   terms from the float probabilities. In an amx_bf16 unit (isa.hpp) where cpu::amx_granted()
+///   (and not the test hook cpu::bf16_amx_off), those three products run on AMX tiles
+///   (cpu::bf16_gemm_amx, the same packed operands: pairs padded to 32 with zeros, the bf16
+///   exponentials' rows padded to 32 columns); each OpenMP thread loads its tile configuration
+///   at the start of its parallel region and releases the tiles at the end (bf16_hw::gemm_tiles).
+///   A future bf16 backward could put its four products (dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K,
+///   dK = dSᵀ·Q) on the same kernel; today the backward is the float one.
 /// - portable (no AVX512_BF16 in this unit or the CPU, RoPE, key_lengths, packed sequences, or the
 ///   test hook bf16_portable_only): the 16-bit glue of attention_half.hpp, shared with rpe::f16:
 ///   q, k, v, tables, attn_mask and RoPE frequencies converted to float once per call (contiguous
@@ -27,6 +33,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "../../bf16.hpp"
@@ -118,8 +125,9 @@ inline void pack_transposed_at(const bf16* rows, std::int64_t sl, std::int64_t k
     }
 }
 
-// Elements of a bf16 row of n exponentials as softmax_row_bf16 writes them (n rounded up to 16).
-inline std::int64_t padded_row(std::int64_t n) { return (n + 15) / 16 * 16; }
+// Elements of a bf16 row of n exponentials as softmax_row_bf16 writes them (n rounded up to 32:
+// a whole number of AMX A tiles' 32 columns, zeros past n).
+inline std::int64_t padded_row(std::int64_t n) { return (n + 31) / 32 * 32; }
 
 // The softmax of one row of n float logits, keys with mask[j] != 0 excluded (mask may be null),
 // as cpu::softmax_row: max-subtracted, e_j = exp(x_j − max) (0 below the smallest normal number
@@ -166,15 +174,14 @@ inline float softmax_row_bf16(float* row, std::int64_t n, const std::uint8_t* ma
     const __m512 pm = _mm512_set1_ps(m), tiny = _mm512_set1_ps(std::numeric_limits<float>::min()), zero = _mm512_setzero_ps();
     __m512 acc = zero;
     for (std::int64_t j = 0; j < np; j += 16) {
-        const __m512 x = j < full ? _mm512_loadu_ps(row + j) : _mm512_mask_loadu_ps(ninf, tail, row + j);
+        // past the row's tail (np is a multiple of 32): nothing read, exponentials 0
+        const __mmask16 lm = j < full ? __mmask16(0xffff) : (j == full ? tail : __mmask16(0));
+        const __m512 x = _mm512_mask_loadu_ps(ninf, lm, row + j);
         const __m512 e = _mm512_max_ps(_mm512_sub_ps(Eigen::internal::pexp(_mm512_sub_ps(x, pm)), tiny), zero);
         acc = _mm512_add_ps(acc, e);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(pe + j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
         if (probs) {
-            if (j < full)
-                _mm512_storeu_ps(row + j, e);
-            else
-                _mm512_mask_storeu_ps(row + j, tail, e);
+            _mm512_mask_storeu_ps(row + j, lm, e);
         }
     }
     const float inv = 1.0f / _mm512_reduce_add_ps(acc);
@@ -186,12 +193,26 @@ inline float softmax_row_bf16(float* row, std::int64_t n, const std::uint8_t* ma
     return inv;
 }
 
+// The AMX tiles of one thread of the bf16 forward while it lives (cpu::amx_tiles: configured,
+// then released), when `on`; nothing otherwise (and in units without AMX).
+struct gemm_tiles {
+#if defined(RPE_HAS_AMX_BF16)
+    std::optional<cpu::amx_tiles> tiles;
+    explicit gemm_tiles(bool on) {
+        if (on) tiles.emplace();
+    }
+#else
+    explicit gemm_tiles(bool) {}
+#endif
+};
+
 }  // namespace bf16_hw
 
 // The AVX512_BF16 path (see the file comment); no RoPE, no key_lengths, L_k = L (every plane's L keys).
 // Per plane, once: kᵀ packed in pairs with the contextual key tables' (D, K) columns after the L
 // keys (the plane's head), v packed, and the contextual query terms' products s·(k·table_q) on
-// vdpbf16ps from the tables packed once per call. Per block of rows: one product gives the
+// vdpbf16ps (or AMX: see the file comment) from the tables packed once per call. Per block of
+// rows: one product gives the
 // scaled logits and the contextual key products, (rb, L + ΣK) rows; the bias and contextual
 // gathers, masks and softmax_row_bf16 (exponentials rounded to bf16) per row; P·v on vdpbf16ps,
 // scaled by 1/Σe; the value terms from the float probabilities. Every row's result depends on
@@ -208,6 +229,8 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
         *x = tensor_ref<const float>(nullptr, {in.q.extent(0), in.q.extent(1), in.q.extent(2), in.q.extent(3)});
     auto plan = make_plan<float, Id>(f.in, ids, false, opt);
     const std::int64_t n = plan.l, d = plan.d, planes = plan.b * plan.h;
+    const bool amx = cpu::bf16_amx_now();          // the block products on AMX tiles
+    const std::int64_t dpad = (d + 31) / 32 * 32;  // d rounded up to AMX's 32
     // rows per block: at most 32, so that a block's logits and exponentials stay in L1/L2 between
     // the passes (the results do not depend on it)
     const std::int64_t rb_max = std::min<std::int64_t>(plan.rb, 32);
@@ -227,13 +250,16 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
     for (std::size_t t = 0; t < plan.on_q.size(); ++t)
         if (!plan.on_q[t].bias) {
             qpack[t] = qpack_size;
-            qpack_size += plan.on_q[t].table_heads * cpu::bf16_pack_size(d, plan.on_q[t].k);
+            qpack_size += plan.on_q[t].table_heads * cpu::bf16_pack_size(dpad, plan.on_q[t].k);
         }
     const bool ctx_q = qpack_size > 0;
     const bool probs = attn.data || !plan.on_v.empty();  // the float probabilities are needed
     const std::int64_t tq_per_plane = ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * n * plan.k : 0;
-    const std::int64_t npad_k = cpu::bf16_pack_columns(ncols), kp_size = cpu::bf16_pack_size(d, ncols);
-    const std::int64_t vp_size = cpu::bf16_pack_size(n, d), np = bf16_hw::padded_row(n);
+    // the packed B operands hold their pairs up to the inner dimension rounded up to 32 (zeros
+    // past it), so that AMX reads whole tiles; vdpbf16ps reads the pairs up to d (or n) only
+    const std::int64_t np = bf16_hw::padded_row(n);
+    const std::int64_t npad_k = cpu::bf16_pack_columns(ncols), kp_size = cpu::bf16_pack_size(dpad, ncols);
+    const std::int64_t vp_size = cpu::bf16_pack_size(np, d);
     const std::int64_t vk =
         std::max<std::int64_t>(1, std::accumulate(plan.on_v.begin(), plan.on_v.end(), std::int64_t{0},
                                                   [](std::int64_t a, const auto& t) { return std::max(a, t.k); }));
@@ -268,32 +294,52 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
         cpu::key_order_ids(plan.on_q[t].rows, n, n, dst);
         qid[t] = dst;
     }
+    if (ctx_q) std::memset(static_cast<void*>(qt), 0, static_cast<std::size_t>(qpack_size) * sizeof(bf16));
     for (std::size_t t = 0; t < plan.on_q.size(); ++t) {
         if (qpack[t] < 0) continue;
         const auto& ft = plan.on_q[t];
         const bf16* table = in.rpe_q.tables[t].data;
         for (std::int64_t hh = 0; hh < ft.table_heads; ++hh)
-            cpu::bf16_pack_rows(table + hh * d * ft.k, ft.k, d, ft.k, qt + qpack[t] + hh * cpu::bf16_pack_size(d, ft.k));
+            cpu::bf16_pack_rows(table + hh * d * ft.k, ft.k, d, ft.k, qt + qpack[t] + hh * cpu::bf16_pack_size(dpad, ft.k));
     }
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static)
-#endif
-    for (std::int64_t p = 0; p < planes; ++p) {
-        const std::int64_t h = p % plan.h;
-        bf16* kpp = kp + p * kp_size;
-        bf16_hw::pack_transposed_at(kb.plane(p), kb.sl, d, n, npad_k, kp_size, kpp);
-        for (std::size_t t = 0; t < plan.on_k.size(); ++t) {
-            const auto& ft = plan.on_k[t];
-            if (!ft.bias)
-                bf16_hw::pack_rows_at(in.rpe_k.tables[t].data + ft.head(h) * d * ft.k, ft.k, d, ft.k, npad_k, kcol[t], kpp);
+    // the block products: AMX tiles (each thread configures its own: gemm_tiles) or vdpbf16ps
+    const auto gemm = [amx](std::int64_t m, std::int64_t nc, std::int64_t kd, const bf16* a, std::int64_t lda, const bf16* b,
+                            float* c, std::int64_t ldc, float alpha) {
+#if defined(RPE_HAS_AMX_BF16)
+        if (amx) {
+            cpu::bf16_gemm_amx(m, nc, kd, a, lda, b, c, ldc, alpha, false);
+            return;
         }
-        std::memset(static_cast<void*>(vp + p * vp_size), 0, static_cast<std::size_t>(vp_size) * sizeof(bf16));
-        bf16_hw::pack_rows_at(vb.plane(p), vb.sl, n, d, cpu::bf16_pack_columns(d), 0, vp + p * vp_size);
-        for (std::size_t t = 0; t < plan.on_q.size(); ++t) {  // s·(k·table_q[h']) (L, K) at tq + t·L·K_max
-            const auto& ft = plan.on_q[t];
-            if (qpack[t] >= 0)
-                cpu::bf16_gemm(n, ft.k, d, kb.plane(p), kb.sl, qt + qpack[t] + ft.head(h) * cpu::bf16_pack_size(d, ft.k),
-                               tq + p * tq_per_plane + static_cast<std::int64_t>(t) * n * plan.k, ft.k, scale, false);
+#else
+        static_cast<void>(amx);
+#endif
+        cpu::bf16_gemm(m, nc, kd, a, lda, b, c, ldc, alpha, false);
+    };
+#if defined(_OPENMP)
+#pragma omp parallel
+#endif
+    {
+        const bf16_hw::gemm_tiles tiles(amx && ctx_q);  // the only product of this loop: s·(k·table_q)
+#if defined(_OPENMP)
+#pragma omp for schedule(static)
+#endif
+        for (std::int64_t p = 0; p < planes; ++p) {
+            const std::int64_t h = p % plan.h;
+            bf16* kpp = kp + p * kp_size;
+            bf16_hw::pack_transposed_at(kb.plane(p), kb.sl, d, n, npad_k, kp_size, kpp);
+            for (std::size_t t = 0; t < plan.on_k.size(); ++t) {
+                const auto& ft = plan.on_k[t];
+                if (!ft.bias)
+                    bf16_hw::pack_rows_at(in.rpe_k.tables[t].data + ft.head(h) * d * ft.k, ft.k, d, ft.k, npad_k, kcol[t], kpp);
+            }
+            std::memset(static_cast<void*>(vp + p * vp_size), 0, static_cast<std::size_t>(vp_size) * sizeof(bf16));
+            bf16_hw::pack_rows_at(vb.plane(p), vb.sl, n, d, cpu::bf16_pack_columns(d), 0, vp + p * vp_size);
+            for (std::size_t t = 0; t < plan.on_q.size(); ++t) {  // s·(k·table_q[h']) (L, K) at tq + t·L·K_max
+                const auto& ft = plan.on_q[t];
+                if (qpack[t] >= 0)
+                    gemm(n, ft.k, d, kb.plane(p), kb.sl, qt + qpack[t] + ft.head(h) * cpu::bf16_pack_size(dpad, ft.k),
+                         tq + p * tq_per_plane + static_cast<std::int64_t>(t) * n * plan.k, ft.k, scale);
+            }
         }
     }
 #if defined(_OPENMP)
@@ -305,6 +351,7 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
         bf16* pb = pb_s.mine();
         Id* idbuf = ids_s.mine();
         const Id** blk = blk_s.mine();
+        const bf16_hw::gemm_tiles tiles(amx);
 #if defined(_OPENMP)
 #pragma omp for schedule(dynamic, 1)
 #endif
@@ -313,7 +360,7 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
             const std::int64_t rb = std::min(rb_max, n - i0);
             load_block_ids(plan, i0, rb, idbuf, blk);
             // s·(q·kᵀ) and s·(q·table_k) of the contextual key tables, float accumulation
-            cpu::bf16_gemm(rb, ncols, d, qb.plane(p) + i0 * qb.sl, qb.sl, kp + p * kp_size, lg, ncols, scale, false);
+            gemm(rb, ncols, d, qb.plane(p) + i0 * qb.sl, qb.sl, kp + p * kp_size, lg, ncols, scale);
             for (std::size_t t = 0; t < plan.on_q.size(); ++t) {  // + tq[j, id(j, i)] (query target, contextual)
                 const auto& ft = plan.on_q[t];
                 if (ft.bias || !q_lookup) continue;
@@ -343,7 +390,8 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
                 inv[i] = bf16_hw::softmax_row_bf16(row, n, mask, pb + i * np, probs);
             }
             // out = (Σⱼ bf16(e_j)·v_j)/Σe + the value terms (from the float probabilities)
-            cpu::bf16_gemm(rb, d, n, pb, np, vp + p * vp_size, o, d, 1.0f, false);
+            // (AMX: the inner dimension np, the zeros of pb past n against vp's zero pairs past n)
+            gemm(rb, d, amx ? np : n, pb, np, vp + p * vp_size, o, d, 1.0f);
             auto om = map<float>(o, rb, d);
             for (std::int64_t i = 0; i < rb; ++i) om.row(i) *= inv[i];
             for (const auto& t : plan.on_v) {

@@ -26,6 +26,14 @@
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
+#define RPE_HAS_AMX_BF16 1
+#if defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#endif
 
 namespace rpe::detail::cpu {
 inline namespace RPE_ISA_NS {  // see isa.hpp
@@ -52,13 +60,56 @@ inline bool cpu_has_avx512_bf16() {
 #endif
 }
 
-/// @brief The path the bf16 attention of this unit takes on this CPU: "AVX512_BF16" or "portable".
+/// @brief The path the bf16 products of this unit take on this CPU outside AMX (the bf16 Linear
+/// layers; the attention where amx_granted() is false): "AVX512_BF16" or "portable".
 inline const char* bf16_isa() { return hw_bf16 && cpu_has_avx512_bf16() ? "AVX512_BF16" : "portable"; }
 
 /// @brief Test hook (not API): while true, the bf16 attention of this ISA takes the portable path
 /// (float conversion and the float kernels) even where hw_bf16 is true, and bf16_gemm_auto and
 /// bf16_linear take bf16_gemm_portable.
 inline std::atomic<bool> bf16_portable_only{false};
+
+/// True when this unit is built for AMX-BF16 (namespace amx_bf16: `__AMX_TILE__`, `__AMX_BF16__`,
+/// `__AVX512BF16__`, `__AVX512F__`) and so has bf16_gemm_amx.
+#if defined(RPE_HAS_AMX_BF16)
+inline constexpr bool hw_amx = true;
+#else
+inline constexpr bool hw_amx = false;
+#endif
+
+/// @brief Whether AMX tiles may run in this process: hw_amx, the CPU reports AMX-TILE and AMX-BF16
+/// (CPUID leaf 7: EDX bits 24 and 22) and AVX512_BF16, and Linux grants the tile data state
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18)` returns 0; the permission
+/// is per process, so every thread then may use the tiles). Asked once (a thread-safe static) on
+/// the first call; false on other systems and where the request is refused (kernels before 5.16,
+/// VMs without the AMX state), and then the bf16 attention takes vdpbf16ps.
+inline bool amx_granted() {
+#if defined(RPE_HAS_AMX_BF16) && defined(__linux__)
+    static const bool ok = [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+        if (!((d >> 24) & 1u) || !((d >> 22) & 1u) || !cpu_has_avx512_bf16()) return false;
+        return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    }();
+    return ok;
+#else
+    return false;
+#endif
+}
+
+/// @brief Test hook (not API): while true, the bf16 attention of an amx_bf16 unit takes vdpbf16ps
+/// instead of the AMX tiles (bf16_portable_only still wins).
+inline std::atomic<bool> bf16_amx_off{false};
+
+/// @brief True when the bf16 attention forward of this unit runs its block products on AMX now:
+/// amx_granted() and neither test hook (bf16_amx_off, bf16_portable_only) is on.
+inline bool bf16_amx_now() {
+    return amx_granted() && !bf16_amx_off.load(std::memory_order_relaxed) && !bf16_portable_only.load(std::memory_order_relaxed);
+}
+
+/// @brief The path of the bf16 attention forward's products in this unit on this machine:
+/// "AMX_BF16" (amx_granted()), "AVX512_BF16" or "portable" (test hooks not counted).
+inline const char* bf16_attention_isa() { return amx_granted() ? "AMX_BF16" : bf16_isa(); }
 
 /// @brief dst[i] = float(src[i]) for i < n (exact).
 inline void bf16_to_float(const bf16* src, float* dst, std::int64_t n) {
@@ -193,6 +244,123 @@ inline void bf16_gemm(std::int64_t m, std::int64_t n, std::int64_t kd, const bf1
         case 2: simd::bf16_gemm_rows<2>(i, n, kd, a, lda, bp, c, ldc, alpha, add); break;
         case 1: simd::bf16_gemm_rows<1>(i, n, kd, a, lda, bp, c, ldc, alpha, add); break;
         default: break;
+    }
+}
+#endif
+
+#if defined(RPE_HAS_AMX_BF16)
+/// @brief The AMX tile configuration of bf16_gemm_amx: palette 1, tiles 0–7 all 16 rows × 64 bytes
+/// (tmm0–3: 16 × 16 float accumulators, tmm4–5: 16 rows × 32 bf16 of A, tmm6–7: 16 pairs × 16
+/// columns of B). RAII: the constructor loads it on the calling thread (LDTILECFG, which also zeroes
+/// the tiles), the destructor releases the tiles (TILERELEASE: the thread's AMX state back to its
+/// initial state, so context switches stop saving it). A thread's configuration is its own: each
+/// OpenMP thread that calls bf16_gemm_amx makes one first. Only where amx_granted() (else the
+/// instructions fault). Any tile configuration the thread had before is lost.
+struct amx_tiles {
+    struct alignas(64) config {
+        std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+        std::uint16_t colsb[16] = {};
+        std::uint8_t rows[16] = {};
+    };
+    amx_tiles() {
+        config c;
+        for (int t = 0; t < 8; ++t) {
+            c.colsb[t] = 64;
+            c.rows[t] = 16;
+        }
+        __asm__ __volatile__("" ::: "memory");  // g++'s ldtilecfg names 8 bytes of c as its input: keep every store
+        _tile_loadconfig(&c);
+    }
+    ~amx_tiles() { _tile_release(); }
+    amx_tiles(const amx_tiles&) = delete;
+    amx_tiles& operator=(const amx_tiles&) = delete;
+};
+
+/// @brief Elements of a packed B of kd × n for bf16_gemm_amx: as bf16_pack_size with kd rounded up
+/// to 32 (the tiles take 16 pairs at a time); the pairs past kd must be zeros (bf16_pack_rows /
+/// bf16_pack_transposed zero only bf16_pack_size(kd, n): clear the rest first).
+inline std::int64_t bf16_pack_size_amx(std::int64_t kd, std::int64_t n) { return bf16_pack_size((kd + 31) / 32 * 32, n); }
+
+/// @brief bf16_gemm on AMX: C(m, n) = alpha·A·B (+ C when `add`), A (m, kd) bf16 rows `lda` apart,
+/// B packed by bf16_pack_rows / bf16_pack_transposed in a buffer of bf16_pack_size_amx(kd, n)
+/// elements with zeros past kd, C float rows `ldc` apart (columns past n untouched). Needs an
+/// amx_tiles on the calling thread. Blocks of 32 rows × 32 columns: 4 float accumulator tiles,
+/// per 32 of kd two A tiles (loaded in place from A when the 16 rows are there and kd is a
+/// multiple of 32, else copied with zeros into a per-thread buffer) and two B tiles (in place: B's
+/// pair layout is the TDPBF16PS B operand), 4 TDPBF16PS; the tiles stored to a float buffer and
+/// scaled, added and stored with masks. Each bf16 product is exact; the float sums in the
+/// instruction's own order (round to nearest even, float denormals flushed to zero): the bound of
+/// bf16_gemm_portable.
+inline void bf16_gemm_amx(std::int64_t m, std::int64_t n, std::int64_t kd, const bf16* a, std::int64_t lda, const bf16* bp,
+                          float* c, std::int64_t ldc, float alpha, bool add) {
+    const std::int64_t npad = bf16_pack_columns(n), kpad = (kd + 31) / 32 * 32, chunks = kpad / 32;
+    const int bstride = static_cast<int>(npad * 4);  // bytes between pair rows of B
+    thread_local std::vector<bf16> copy;
+    alignas(64) float t[32 * 32];
+    const __m512 va = _mm512_set1_ps(alpha);
+    for (std::int64_t i0 = 0; i0 < m; i0 += 32) {
+        const std::int64_t rows = std::min<std::int64_t>(32, m - i0);
+        const bf16* ap[2] = {nullptr, nullptr};
+        int as[2] = {0, 0};
+        for (int g = 0; g < 2 && 16 * g < rows; ++g) {
+            const std::int64_t r0 = i0 + 16 * g, gr = std::min<std::int64_t>(16, m - r0);
+            if (gr == 16 && kd % 32 == 0) {
+                ap[g] = a + r0 * lda;
+                as[g] = static_cast<int>(lda * 2);
+                continue;
+            }
+            if (copy.size() < static_cast<std::size_t>(32 * kpad)) copy.resize(static_cast<std::size_t>(32 * kpad));
+            bf16* dst = copy.data() + g * 16 * kpad;
+            std::memset(static_cast<void*>(dst), 0, static_cast<std::size_t>(16 * kpad) * sizeof(bf16));
+            for (std::int64_t r = 0; r < gr; ++r)
+                std::memcpy(static_cast<void*>(dst + r * kpad), a + (r0 + r) * lda, static_cast<std::size_t>(kd) * sizeof(bf16));
+            ap[g] = dst;
+            as[g] = static_cast<int>(kpad * 2);
+        }
+        const bool two = rows > 16;
+        // g++'s tileloadd declares no memory input: the stores into A, B and the copy before it
+        __asm__ __volatile__("" ::: "memory");
+        for (std::int64_t j0 = 0; j0 < n; j0 += 32) {
+            const bf16* b = bp + j0 * 2;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (std::int64_t kc = 0; kc < chunks; ++kc) {
+                const bf16* bk = b + kc * 16 * npad * 2;
+                _tile_loadd(6, bk, bstride);
+                _tile_loadd(7, bk + 32, bstride);
+                _tile_loadd(4, ap[0] + kc * 32, as[0]);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                if (two) {
+                    _tile_loadd(5, ap[1] + kc * 32, as[1]);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            _tile_stored(0, t, 128);
+            _tile_stored(1, t + 16, 128);
+            if (two) {
+                _tile_stored(2, t + 16 * 32, 128);
+                _tile_stored(3, t + 16 * 32 + 16, 128);
+            }
+            const std::int64_t rem = n - j0;
+            const __mmask16 m0 = rem >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << rem) - 1u);
+            const __mmask16 m1 =
+                rem >= 32 ? __mmask16(0xffff) : (rem > 16 ? static_cast<__mmask16>((1u << (rem - 16)) - 1u) : __mmask16(0));
+            for (std::int64_t r = 0; r < rows; ++r) {
+                float* cr = c + (i0 + r) * ldc + j0;
+                __m512 v0 = _mm512_mul_ps(_mm512_load_ps(t + r * 32), va),
+                       v1 = _mm512_mul_ps(_mm512_load_ps(t + r * 32 + 16), va);
+                if (add) {
+                    v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cr));
+                    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cr + 16));
+                }
+                _mm512_mask_storeu_ps(cr, m0, v0);
+                if (m1) _mm512_mask_storeu_ps(cr + 16, m1, v1);
+            }
+        }
     }
 }
 #endif

@@ -11,7 +11,10 @@
 /// Member functions of ISA-neutral class templates (rpe::term::forward, ...) carry the same name
 /// as an ABI tag (`RPE_ISA_TAG`, g++ and clang).
 ///
-/// Tiers (the first that the compiler's predefined macros enable): `avx512_bf16` (`__AVX512F__`
+/// Tiers (the first that the compiler's predefined macros enable): `amx_bf16` (`__AMX_TILE__`,
+/// `__AMX_BF16__`, `__AVX512BF16__` and `__AVX512F__`, e.g. `-march=native` on Sapphire Rapids: the
+/// bf16 attention forward's block products on AMX tiles, falling back at run time to vdpbf16ps
+/// where the OS refuses the tile state), `avx512_bf16` (`__AVX512F__`
 /// and `__AVX512BF16__`: the bf16 attention's vdpbf16ps products, bf16_kernels.hpp), `avx512`
 /// (`__AVX512F__`), `avx2_fma`, `avx2`, `avx`, `sse4` (`__SSE4_1__`), `sse2` (the x86-64 baseline), `neon`,
 /// `generic`. Define RPE_ISA_NS (an identifier) before including rpe to separate finer
@@ -20,7 +23,9 @@
 #pragma once
 
 #if !defined(RPE_ISA_NS)
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512F__)
+#define RPE_ISA_NS amx_bf16
+#elif defined(__AVX512F__) && defined(__AVX512BF16__)
 #define RPE_ISA_NS avx512_bf16
 #elif defined(__AVX512F__)
 #define RPE_ISA_NS avx512
