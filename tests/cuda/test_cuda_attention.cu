@@ -581,6 +581,7 @@ struct tc_config {
     bool contextual = true;
     bool shared = true;
     int skip = 1, batch = 2, heads = 3, dim = 64, height = 14, width = 14;
+    int keys = 0;                                // L_k (no term), or 0: L
     bool padding = false;                        // key_padding_mask: batch 0 keys 10..12
     bool additive = false;                       // an additive (L, L) attn_mask
     bool nan_row = false;                        // attn_mask(5, 7) = NaN: row 5 of every plane NaN (key 7 valid)
@@ -591,20 +592,21 @@ struct tc_config {
 template <class S>
 void compare_tensor_cores(const tc_config& cfg, unsigned seed) {
     const std::int64_t b = cfg.batch, h = cfg.heads, tokens = cfg.height * cfg.width, l = cfg.skip + tokens, d = cfg.dim;
-    INFO("on '" << cfg.on << "', contextual " << cfg.contextual << ", B " << b << ", H " << h << ", L " << l << ", D " << d
-                << ", S " << sizeof(S) << " bytes");
-    const std::vector<std::int64_t> qshape{b, h, l, d};
-    const auto q = random_floats(b * h * l * d, seed + 1), k = random_floats(b * h * l * d, seed + 2),
-               v = random_floats(b * h * l * d, seed + 3);
+    const std::int64_t lk = cfg.keys > 0 ? cfg.keys : l;
+    INFO("on '" << cfg.on << "', contextual " << cfg.contextual << ", B " << b << ", H " << h << ", L " << l << ", L_k " << lk
+                << ", D " << d << ", S " << sizeof(S) << " bytes");
+    const std::vector<std::int64_t> qshape{b, h, l, d}, kshape{b, h, lk, d};
+    const auto q = random_floats(b * h * l * d, seed + 1), k = random_floats(b * h * lk * d, seed + 2),
+               v = random_floats(b * h * lk * d, seed + 3);
     std::vector<std::uint8_t> mask;
     if (cfg.padding) {
-        mask.assign(static_cast<std::size_t>(b * l), 0);
+        mask.assign(static_cast<std::size_t>(b * lk), 0);
         for (std::int64_t j = 10; j < 13; ++j) mask[static_cast<std::size_t>(j)] = 1;
     }
     std::vector<float> am;
-    if (cfg.additive) am = random_floats(l * l, seed + 4, 0.5f);
-    if (cfg.nan_row && am.empty()) am.assign(static_cast<std::size_t>(l * l), 0.f);
-    if (cfg.nan_row) am[static_cast<std::size_t>(5 * l + 7)] = std::numeric_limits<float>::quiet_NaN();
+    if (cfg.additive) am = random_floats(l * lk, seed + 4, 0.5f);
+    if (cfg.nan_row && am.empty()) am.assign(static_cast<std::size_t>(l * lk), 0.f);
+    if (cfg.nan_row) am[static_cast<std::size_t>(5 * lk + 7)] = std::numeric_limits<float>::quiet_NaN();
     const auto g19 = rpe::index::piecewise::from_ratio(1.9);
     std::optional<rpe::term_desc> terms[2];
     std::vector<std::unique_ptr<device_vec<S>>> dtables;
@@ -627,17 +629,17 @@ void compare_tensor_cores(const tc_config& cfg, unsigned seed) {
     const auto pos = permuted_grid(1, cfg.height, cfg.width, seed + 20),
                kpos = permuted_grid(1, cfg.height, cfg.width, seed + 21);
     gin.q = dq.cref(qshape);
-    gin.k = dk.cref(qshape);
-    gin.v = dv.cref(qshape);
+    gin.k = dk.cref(kshape);
+    gin.v = dv.cref(kshape);
     if (cfg.at_positions) {
         gin.positions = view<const std::int32_t>(pos.data(), {tokens, 2});  // host memory
         gin.key_positions = view<const std::int32_t>(kpos.data(), {tokens, 2});
-    } else {
+    } else if (!cfg.on.empty()) {  // the terms' grid (without a term there is none)
         gin.height = cfg.height;
         gin.width = cfg.width;
     }
-    if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, l});
-    if (!am.empty()) gin.attn_mask = dam.cref({l, l});
+    if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, lk});
+    if (!am.empty()) gin.attn_mask = dam.cref({l, lk});
     if (!cfg.key_lengths.empty()) gin.key_lengths = dlengths.cref({b});
     REQUIRE(rpe::cuda::attention_forward_uses_tensor_cores(gin, {.tensor_cores = true}));
     CHECK_FALSE(rpe::cuda::attention_forward_uses_tensor_cores(gin, {.tensor_cores = false}));
@@ -700,6 +702,10 @@ void tensor_core_suite(unsigned seed) {
                                  .nan_row = true,
                                  .key_lengths = {70, 0}},
                                 seed);
+    }
+    SUBCASE("no RPE, keys of another count (L = 100, L_k = 150), attn_mask, key padding mask, key_lengths (150, 77)") {
+        compare_tensor_cores<S>(
+            {.height = 9, .width = 11, .keys = 150, .padding = true, .additive = true, .key_lengths = {150, 77}}, seed);
     }
     SUBCASE("contextual q and k per head, D = 128, L = 55") {
         compare_tensor_cores<S>({.on = "qk", .shared = false, .batch = 1, .heads = 2, .dim = 128, .height = 6, .width = 9}, seed);

@@ -357,7 +357,7 @@ __host__ __device__ constexpr bool tc_arch_has() {
 #endif
 }
 
-// Rows [r0, r0 + rows) of x (B·H, L, D) of plane p into tile (rows, ld) of S, zeros at rows ≥
+// Rows [r0, r0 + rows) of x (B·H, n, D) of plane p (n = L for q, L_k for k and v) into tile (rows, ld) of S, zeros at rows ≥
 // `valid`: 16-byte copies (D a multiple of 16, x 16-byte aligned: checked by the host).
 template <class S>
 __device__ inline void tc_stage(const S* x, std::int64_t p, std::int64_t r0, int rows, std::int64_t valid, std::int64_t n, int dd,
@@ -373,7 +373,8 @@ __device__ inline void tc_stage(const S* x, std::int64_t p, std::int64_t r0, int
 }
 
 // The RPE terms and the additive mask of logit (i, j), tensor-core kernel's view: as row_terms,
-// with the contextual key products qs·table of row i read from the (B·H, L, K) temporary.
+// with the contextual key products qs·table of row i read from a (B·H, L, K) temporary as the
+// query products (k·s)·table of key j from theirs (B·H, L_k, K).
 template <class S, class A, class Id>
 __device__ inline A pair_terms(const attn_args& a, std::int64_t p, std::int64_t h, std::int64_t i, std::int64_t j) {
     A s = 0;
@@ -385,9 +386,9 @@ __device__ inline A pair_terms(const attn_args& a, std::int64_t p, std::int64_t 
     for (int t = 0; t < a.nq; ++t) {
         const attn_table& tb = a.on_q[t];
         const std::int64_t id = load_id<Id>(tb.ids, i, j);  // id(j, i)
-        s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * a.n + j) * tb.k + id];
+        s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * a.m + j) * tb.k + id];
     }
-    if (a.attn_mask) s += to_acc(static_cast<const S*>(a.attn_mask)[i * a.n + j]);
+    if (a.attn_mask) s += to_acc(static_cast<const S*>(a.attn_mask)[i * a.m + j]);
     return s;
 }
 
@@ -432,8 +433,8 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_tc_kernel(a
             const std::int64_t nk = valid_keys(args, b);  // keys >= nk: padding (key_lengths), staged as zeros
             for (std::int64_t j0 = 0; j0 < nk; j0 += tc_keys) {
                 __syncthreads();  // the previous tile is no longer read
-                tc_stage<S>(static_cast<const S*>(args.k), p, j0, tc_keys, nk, n, dd, kt, ldx);
-                tc_stage<S>(static_cast<const S*>(args.v), p, j0, tc_keys, nk, n, dd, vt, ldx);
+                tc_stage<S>(static_cast<const S*>(args.k), p, j0, tc_keys, nk, args.m, dd, kt, ldx);
+                tc_stage<S>(static_cast<const S*>(args.v), p, j0, tc_keys, nk, args.m, dd, vt, ldx);
                 __syncthreads();
                 if (!warp_active) continue;
                 // scores (16 × tc_keys) = q rows · kᵀ, float
@@ -459,7 +460,7 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_tc_kernel(a
                     A s = neg_inf;
                     if (row_active && j < nk) {
                         s = sc[r * tc_sld + c] * scale + pair_terms<S, A, Id>(args, p, h, i, j);
-                        if (args.key_padding_mask && args.key_padding_mask[b * n + j]) s = neg_inf;
+                        if (args.key_padding_mask && args.key_padding_mask[b * args.m + j]) s = neg_inf;
                         if (s != s) {  // NaN: the reference's softmax gives a NaN row
                             nan_seen = true;
                             s = neg_inf;
@@ -932,10 +933,13 @@ void attention_forward_impl(const rpe::attention_inputs<S>& in, tensor_ref<S> ou
     auto args = detail::gpu::prepare_attention(in, scale, stream, keep, id_bytes);
     args.out = out.data;
     if (tensor_core_forward(in, tensor_cores)) {
-        detail::gpu::device_buffer<A> tq(detail::gpu::contextual_size(args.on_q, args.nq, args), stream);
-        detail::gpu::device_buffer<A> tk(detail::gpu::contextual_size(args.on_k, args.nk, args), stream);
-        detail::gpu::table_products(args.on_q, args.nq, in.k.data, args, static_cast<A>(args.scale), tq.get(), false, stream);
-        detail::gpu::table_products(args.on_k, args.nk, in.q.data, args, static_cast<A>(args.scale), tk.get(), false, stream);
+        // (B·H, L_k, K) per q table, (B·H, L, K) per k table
+        detail::gpu::device_buffer<A> tq(detail::gpu::contextual_size(args.on_q, args.nq, args.m, args), stream);
+        detail::gpu::device_buffer<A> tk(detail::gpu::contextual_size(args.on_k, args.nk, args.n, args), stream);
+        detail::gpu::table_products(args.on_q, args.nq, in.k.data, args.m, args, static_cast<A>(args.scale), tq.get(), false,
+                                    stream);
+        detail::gpu::table_products(args.on_k, args.nk, in.q.data, args.n, args, static_cast<A>(args.scale), tk.get(), false,
+                                    stream);
         const std::int64_t smem = tc_smem_layout(args.d, sizeof(S)).bytes;
         visit_id_width(id_bytes, [&]<class Id>() {
             const auto kernel = detail::gpu::attention_forward_tc_kernel<S, A, Id>;
