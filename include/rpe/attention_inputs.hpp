@@ -157,10 +157,10 @@ struct attention_options {
     std::int64_t backward_budget_bytes = std::int64_t{256} << 20;
     /// CUDA forward, fp16 and bf16: whether to take the tensor-core kernel where it applies (head
     /// dim a multiple of 16, no value term, ...: rpe::cuda::attention_forward_uses_tensor_cores,
-    /// docs/cuda.md). true: yes; false: the SIMT kernel; unset: the process default, off for now
-    /// (the kernel has not yet run on a GPU), set for every call by the environment variable
-    /// RPE_CUDA_ATTENTION_TENSOR_CORES (`1` on, `0` off; read once per process). The CPU
-    /// backend and the backward ignore it.
+    /// docs/cuda.md). true: yes; false: the SIMT kernel (for comparisons); unset: the process
+    /// default, on, set for every call by the environment variable RPE_CUDA_ATTENTION_TENSOR_CORES
+    /// (`0` off, anything else on; read once per process). The CPU backend and the backward
+    /// ignore it.
     std::optional<bool> tensor_cores = std::nullopt;
 };
 

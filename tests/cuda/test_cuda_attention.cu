@@ -828,7 +828,7 @@ TEST_CASE("cuda fused attention checks positions and key_lengths in host memory 
     both("[rpe.attention] key_lengths[1] = 5; expected 0 <= length <= L = 4");
 }
 
-TEST_CASE("cuda attention_forward_uses_tensor_cores: fp16 and bf16 at D a multiple of 16, no value term, aligned, opted in") {
+TEST_CASE("cuda attention_forward_uses_tensor_cores: fp16 and bf16 at D a multiple of 16, no value term, aligned, allowed") {
     // host buffers: each of these is refused before any CUDA call
     std::vector<__half> h(2 * 64 + 8);
     std::vector<float> f(2 * 64);
@@ -844,8 +844,8 @@ TEST_CASE("cuda attention_forward_uses_tensor_cores: fp16 and bf16 at D a multip
     CHECK_FALSE(rpe::cuda::attention_forward_uses_tensor_cores(hin, on));  // D = 24
     hin.q = hin.k = hin.v = {h.data(), {1, 1, 2, 64}};
     CHECK_FALSE(rpe::cuda::attention_forward_uses_tensor_cores(hin, {.tensor_cores = false}));
-    if (std::getenv("RPE_CUDA_ATTENTION_TENSOR_CORES") == nullptr)  // the default: off for now
-        CHECK_FALSE(rpe::cuda::attention_forward_uses_tensor_cores(hin));
+    const char* env = std::getenv("RPE_CUDA_ATTENTION_TENSOR_CORES");  // the default: on, unless it says 0
+    CHECK(rpe::detail::gpu::tensor_cores_by_default() == (env == nullptr || *env == '\0' || std::string(env) != "0"));
     hin.rpe_v = {.term = &tv};
     CHECK_FALSE(rpe::cuda::attention_forward_uses_tensor_cores(hin, on));  // a value term
     hin.rpe_v = {};

@@ -873,7 +873,7 @@ inline std::int64_t contextual_size(const attn_table* tables, int count, std::in
 // Whether the forward takes the tensor-core kernel when attention_options::tensor_cores is
 // unset: tc_default_on, or the environment variable RPE_CUDA_ATTENTION_TENSOR_CORES when set
 // (`0`: off, anything else: on), read once per process.
-inline constexpr bool tc_default_on = false;  // off until the kernel has run on a GPU
+inline constexpr bool tc_default_on = true;  // run on an H200 on 2026-12-04 (docs/cuda.md)
 inline bool tensor_cores_by_default() {
     static const bool on = [] {
         const char* e = std::getenv("RPE_CUDA_ATTENTION_TENSOR_CORES");
@@ -1324,11 +1324,11 @@ namespace rpe::cuda {
 /// mask (−∞), softmax over keys, `out = a·v + rpe_v(a)`; no (B, H, L, L) buffer: one warp per
 /// query row streams 32-key tiles with an online softmax (flash-attention style) and keeps the
 /// value term's per-bucket probability sums in shared memory. fp16 and bf16 calls with D a
-/// multiple of 16 and no value term may take a tensor-core kernel instead (64 query rows per
+/// multiple of 16 and no value term take a tensor-core kernel instead (64 query rows per
 /// block, 64-key tiles, wmma 16×16×16 products with float accumulation, probabilities rounded to
-/// S for P·v): opt-in for now, with `opt.tensor_cores = true` or the environment variable
-/// RPE_CUDA_ATTENTION_TENSOR_CORES=1 (attention_forward_uses_tensor_cores says whether a call
-/// takes it); the same results within S's rounding.
+/// S for P·v; attention_forward_uses_tensor_cores says whether a call takes it; `opt.tensor_cores
+/// = false` or the environment variable RPE_CUDA_ATTENTION_TENSOR_CORES=0 keep the SIMT kernel):
+/// the same results within S's rounding.
 ///
 /// Contextual key terms: per row, qs·table (K values) in shared memory; contextual query terms:
 /// (k·s)·table per (b, h), a (B, H, L_k, K) temporary (batched GEMM) read by bucket; bias terms:
@@ -1403,9 +1403,9 @@ void attention_forward(const attention_inputs<S>& in_given, tensor_ref<S> out, t
 /// @brief Whether rpe::cuda::attention_forward takes its tensor-core kernel for these inputs and
 /// options (docs/cuda.md, Algorithms): S `__half` or `__nv_bfloat16`, head dim D a multiple of 16
 /// and ≤ 128, no value term (`in.rpe_v`), q, k and v 16-byte aligned (with RoPE q and k are
-/// rotated into aligned scratch: only v counts), `opt.tensor_cores` true (unset: the process
-/// default, off for now; the environment variable RPE_CUDA_ATTENTION_TENSOR_CORES=1 turns it on
-/// for every call), and a current device that runs it (the program's device code for it built for
+/// rotated into aligned scratch: only v counts), `opt.tensor_cores` not false (unset: the
+/// process default, on; the environment variable RPE_CUDA_ATTENTION_TENSOR_CORES=0 turns it off
+/// for every call whose option is unset), and a current device that runs it (the program's device code for it built for
 /// sm_70+ (fp16) or sm_80+ (bf16), its shared memory — 71,680 bytes at D = 64, 112,640 at
 /// D = 128 — within the device's per-block limit). Everything else takes the SIMT kernel; the
 /// backward always does. Does not check the inputs (attention_forward does).
