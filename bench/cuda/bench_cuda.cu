@@ -1,9 +1,11 @@
-// rpe_cuda_bench [--quick]: CUDA benchmarks of the rpe CUDA backend, timed with CUDA events
+// rpe_cuda_bench [--quick | --paths]: CUDA benchmarks of the rpe CUDA backend, timed with CUDA events
 // (median of the timed runs after warm-ups). One line per case:
 //   BM_CudaContextualGather/<type>/B=../H=../L=.. ms=<median> GB/s=<effective> pct_hbm_peak=<%>
 //   BM_CudaContextualKeyForward/<type>/... ms=... GB/s=...        (GEMM x·table + gather)
 //   BM_CudaAttention/<type>/<rpe>/B=../H=../L=../D=.. ms=... ratio_vs_no_rpe=...
 //     (<rpe>: none, k, qkv (iRPE-K/QKV), rope (RoPE-Axial), rope_k (RoPE-Axial + iRPE-K))
+//   BM_CudaAttentionPath/<type>/<rpe>/B=../H=../L=../D=.. tensor_cores=<0|1> tc_ms=... simt_ms=... speedup=...
+//     (the forward's tensor-core kernel against its SIMT kernel, <rpe>: none, k; --paths: these only)
 // Effective bytes of the gather: the (B,H,L,L) output written, the (B,H,L,K) products and the
 // (L,L) ids read once. The HBM peak is 2 × memory clock × bus width (device attributes).
 // Without a CUDA device: prints "skipped: no CUDA device" and exits 77.
@@ -170,10 +172,55 @@ void bench_attention(int b, int h, int grid, int d, int warm, int runs) {
     }
 }
 
+// The forward's two kernels on the same inputs: the tensor-core kernel (fp16/bf16, D a multiple
+// of 16, no value term; attention_options::tensor_cores = true) and the SIMT kernel (false), without
+// RPE and with iRPE-K (product, ratio 1.9, contextual, shared, class token).
+template <class S>
+void bench_attention_paths(int b, int h, int grid, int d, int warm, int runs) {
+    const std::int64_t l = 1 + std::int64_t{grid} * grid, n = std::int64_t{b} * h * l * d;
+    buffer<S> q(n), k(n), v(n), out(n);
+    fill(q.p, n, 4);
+    fill(k.p, n, 5);
+    fill(v.p, n, 6);
+    auto ref = [&](S* p) { return rpe::tensor_ref<const S>(p, {b, h, l, d}); };
+    rpe::term_spec spec;
+    spec.target = rpe::target::key;
+    spec.num_heads = h;
+    spec.head_dim = d;
+    const auto term = rpe::make_term<float>(spec);
+    const auto shape_t = term->table_shape();
+    buffer<S> table(shape_t[0] * shape_t[1] * shape_t[2]);
+    fill(table.p, shape_t[0] * shape_t[1] * shape_t[2], 8);
+    for (const char* on : {"none", "k"}) {
+        rpe::cuda::attention_inputs<S> in;
+        in.q = ref(q.p);
+        in.k = ref(k.p);
+        in.v = ref(v.p);
+        in.height = in.width = grid;
+        if (on[0] == 'k')
+            in.rpe_k = {.term = term.get(), .tables = {rpe::tensor_ref<const S>(table.p, {shape_t[0], shape_t[1], shape_t[2]})}};
+        double ms[2] = {0, 0};
+        for (int simt = 0; simt < 2; ++simt) {
+            const rpe::attention_options opt{.tensor_cores = simt == 0};
+            ms[simt] = time_ms(
+                [&] {
+                    rpe::cuda::attention_forward(in, rpe::tensor_ref<S>(out.p, {b, h, l, d}), {}, opt);
+                },
+                warm, runs);
+        }
+        std::printf("BM_CudaAttentionPath/%s/%s/B=%d/H=%d/L=%lld/D=%d tensor_cores=%d tc_ms=%.4f simt_ms=%.4f speedup=%.2f\n",
+                    type_name<S>(), on, b, h, static_cast<long long>(l), d,
+                    static_cast<int>(rpe::cuda::attention_forward_uses_tensor_cores(in, {.tensor_cores = true})), ms[0], ms[1],
+                    ms[1] / ms[0]);
+        std::fflush(stdout);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+    const bool paths = argc > 1 && std::strcmp(argv[1], "--paths") == 0;  // the tensor-core vs SIMT cases only
     int count = 0;
     const cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0) {
@@ -190,8 +237,13 @@ int main(int argc, char** argv) {
         if (quick) {
             bench_gather<float>(2, 2, 14, warm, runs, peak);
             bench_attention<float>(2, 2, 14, 64, warm, runs);
+            bench_attention_paths<__nv_bfloat16>(2, 2, 14, 64, warm, runs);
             return 0;
         }
+        bench_attention_paths<__nv_bfloat16>(8, 6, 14, 64, warm, runs);
+        bench_attention_paths<__nv_bfloat16>(4, 6, 28, 64, warm, runs);
+        bench_attention_paths<__half>(8, 6, 14, 64, warm, runs);
+        if (paths) return 0;
         for (int grid : {14, 28}) {
             bench_gather<float>(32, 6, grid, warm, runs, peak);
             bench_gather<__nv_bfloat16>(32, 6, grid, warm, runs, peak);

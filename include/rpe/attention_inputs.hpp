@@ -155,6 +155,13 @@ struct attention_options {
     /// blocks) are not counted. Default 256 MiB. The forward and the CUDA backend do not use it (both check it).
     /// @throws rpe::invalid_argument `[rpe.attention] options.backward_budget_bytes = ...` when <= 0.
     std::int64_t backward_budget_bytes = std::int64_t{256} << 20;
+    /// CUDA forward, fp16 and bf16: whether to take the tensor-core kernel where it applies (head
+    /// dim a multiple of 16, no value term, ...: rpe::cuda::attention_forward_uses_tensor_cores,
+    /// docs/cuda.md). true: yes; false: the SIMT kernel (for comparisons); unset: the process
+    /// default, on, set for every call by the environment variable RPE_CUDA_ATTENTION_TENSOR_CORES
+    /// (`0` off, anything else on; read once per process). The CPU backend and the backward
+    /// ignore it.
+    std::optional<bool> tensor_cores = std::nullopt;
 };
 
 /// @brief The backward's tensors, by name: the incoming gradient, the gradients written, and

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -572,6 +573,152 @@ void attention_packed_suite(unsigned seed) {
     SUBCASE("no term: lengths only") { compare_attention_packed<S>({.on = "", .skip = 0, .additive = true}, seed); }
 }
 
+// The tensor-core forward (fp16, bf16; attention_options::tensor_cores = true) against the SIMT
+// forward (tensor_cores = false) on the same device inputs: random q, k, v, terms from rpe::make_term_desc (product
+// mapping, ratio 1.9), optional masks, key lengths, positions and a NaN logit.
+struct tc_config {
+    std::string on;  // subset of "qk" (no value term: the tensor-core kernel does not take one)
+    bool contextual = true;
+    bool shared = true;
+    int skip = 1, batch = 2, heads = 3, dim = 64, height = 14, width = 14;
+    int keys = 0;                                // L_k (no term), or 0: L
+    bool padding = false;                        // key_padding_mask: batch 0 keys 10..12
+    bool additive = false;                       // an additive (L, L) attn_mask
+    bool nan_row = false;                        // attn_mask(5, 7) = NaN: row 5 of every plane NaN (key 7 valid)
+    bool at_positions = false;                   // positions: a permuted grid, key positions another one
+    std::vector<std::int32_t> key_lengths = {};  // (B), or empty
+};
+
+template <class S>
+void compare_tensor_cores(const tc_config& cfg, unsigned seed) {
+    const std::int64_t b = cfg.batch, h = cfg.heads, tokens = cfg.height * cfg.width, l = cfg.skip + tokens, d = cfg.dim;
+    const std::int64_t lk = cfg.keys > 0 ? cfg.keys : l;
+    INFO("on '" << cfg.on << "', contextual " << cfg.contextual << ", B " << b << ", H " << h << ", L " << l << ", L_k " << lk
+                << ", D " << d << ", S " << sizeof(S) << " bytes");
+    const std::vector<std::int64_t> qshape{b, h, l, d}, kshape{b, h, lk, d};
+    const auto q = random_floats(b * h * l * d, seed + 1), k = random_floats(b * h * lk * d, seed + 2),
+               v = random_floats(b * h * lk * d, seed + 3);
+    std::vector<std::uint8_t> mask;
+    if (cfg.padding) {
+        mask.assign(static_cast<std::size_t>(b * lk), 0);
+        for (std::int64_t j = 10; j < 13; ++j) mask[static_cast<std::size_t>(j)] = 1;
+    }
+    std::vector<float> am;
+    if (cfg.additive) am = random_floats(l * lk, seed + 4, 0.5f);
+    if (cfg.nan_row && am.empty()) am.assign(static_cast<std::size_t>(l * lk), 0.f);
+    if (cfg.nan_row) am[static_cast<std::size_t>(5 * lk + 7)] = std::numeric_limits<float>::quiet_NaN();
+    const auto g19 = rpe::index::piecewise::from_ratio(1.9);
+    std::optional<rpe::term_desc> terms[2];
+    std::vector<std::unique_ptr<device_vec<S>>> dtables;
+    rpe::cuda::attention_inputs<S> gin;
+    rpe::cuda::attention_term<S>* gslots[2] = {&gin.rpe_q, &gin.rpe_k};
+    const rpe::target targets[2] = {rpe::target::query, rpe::target::key};
+    for (int s = 0; s < 2; ++s) {
+        if (cfg.on.find("qk"[s]) == std::string::npos) continue;
+        const rpe::term_config tc{.num_heads = cfg.heads, .head_dim = cfg.dim, .shared_head = cfg.shared, .skip = cfg.skip};
+        terms[s] = rpe::make_term_desc(rpe::mapping::product<>{g19}, cfg.contextual, targets[s], tc);
+        gslots[s]->term = &*terms[s];
+        dtables.push_back(
+            std::make_unique<device_vec<S>>(to_storage<S>(random_floats(count(terms[s]->table_shape()), seed + 10 + s, 0.5f))));
+        gslots[s]->tables.push_back(dtables.back()->cref(terms[s]->table_shape()));
+    }
+    device_vec<S> dq(to_storage<S>(q)), dk(to_storage<S>(k)), dv(to_storage<S>(v)), dam(to_storage<S>(am)),
+        dtc(static_cast<std::size_t>(b * h * l * d)), dsimt(static_cast<std::size_t>(b * h * l * d));
+    device_vec<std::uint8_t> dmask(mask);
+    device_vec<std::int32_t> dlengths(cfg.key_lengths);
+    const auto pos = permuted_grid(1, cfg.height, cfg.width, seed + 20),
+               kpos = permuted_grid(1, cfg.height, cfg.width, seed + 21);
+    gin.q = dq.cref(qshape);
+    gin.k = dk.cref(kshape);
+    gin.v = dv.cref(kshape);
+    if (cfg.at_positions) {
+        gin.positions = view<const std::int32_t>(pos.data(), {tokens, 2});  // host memory
+        gin.key_positions = view<const std::int32_t>(kpos.data(), {tokens, 2});
+    } else if (!cfg.on.empty()) {  // the terms' grid (without a term there is none)
+        gin.height = cfg.height;
+        gin.width = cfg.width;
+    }
+    if (!mask.empty()) gin.key_padding_mask = dmask.cref({b, lk});
+    if (!am.empty()) gin.attn_mask = dam.cref({l, lk});
+    if (!cfg.key_lengths.empty()) gin.key_lengths = dlengths.cref({b});
+    REQUIRE(rpe::cuda::attention_forward_uses_tensor_cores(gin, {.tensor_cores = true}));
+    CHECK_FALSE(rpe::cuda::attention_forward_uses_tensor_cores(gin, {.tensor_cores = false}));
+    rpe::cuda::attention_forward(gin, dtc.ref(qshape), {}, {.tensor_cores = true});
+    rpe::cuda::attention_forward(gin, dsimt.ref(qshape), {}, {.tensor_cores = false});
+    const auto tc = to_double(dtc.host()), simt = to_double(dsimt.host());
+
+    // NaN rows: the same elements NaN in both (row 5 of every plane whose row 5 sees key 7)
+    std::size_t nan_tc = 0, nan_both = 0, nan_simt = 0;
+    std::vector<double> tc_finite, simt_finite;
+    for (std::size_t e = 0; e < tc.size(); ++e) {
+        nan_tc += tc[e] != tc[e];
+        nan_simt += simt[e] != simt[e];
+        nan_both += tc[e] != tc[e] && simt[e] != simt[e];
+        if (simt[e] == simt[e]) {
+            tc_finite.push_back(tc[e]);
+            simt_finite.push_back(simt[e]);
+        }
+    }
+    CHECK(nan_tc == nan_simt);
+    CHECK(nan_both == nan_simt);
+    CHECK((nan_simt > 0) == cfg.nan_row);
+    // Both kernels compute the logits in float from the same S inputs (the same products in
+    // another order: ~1e-6 relative) and round the output to S once; the tensor-core kernel also
+    // rounds each probability to S before P·v (relative error ≤ u, independent across keys), so
+    // |tc − simt| ≤ one rounding of the output (2u·|out|: the two float values may round to
+    // neighbours) + the probabilities' rounding, about u·sqrt(Σ_j p_j² v_j²) ≤ u·rms(v)-scale per
+    // element and a few u·rms(out) at the tails of ~1e5 elements: atol 8u·rms(simt), rtol 4u (a
+    // float64 simulation of both kernels' roundings on these shapes, N(0, 1) inputs, 64-key
+    // tiles: at most 0.35 of this bound in fp16 and bf16). A missing or misplaced term, mask or
+    // rescaling differs by O(rms).
+    const double u = rpe::cuda::unit_roundoff<S>();
+    double ss = 0;
+    for (double x : simt_finite) ss += x * x;
+    const double rms = std::sqrt(ss / static_cast<double>(std::max<std::size_t>(simt_finite.size(), 1)));
+    check_close("tensor-core vs SIMT forward", tc_finite, simt_finite, 8 * u * rms, 4 * u);
+    // batch elements without a valid key (key_lengths 0): zeros in both
+    for (std::size_t bb = 0; bb < cfg.key_lengths.size(); ++bb)
+        if (cfg.key_lengths[bb] == 0) {
+            int nonzero = 0;
+            for (std::int64_t e = static_cast<std::int64_t>(bb) * h * l * d; e < (static_cast<std::int64_t>(bb) + 1) * h * l * d;
+                 ++e)
+                nonzero += tc[static_cast<std::size_t>(e)] != 0;
+            CHECK(nonzero == 0);
+        }
+}
+
+template <class S>
+void tensor_core_suite(unsigned seed) {
+    SUBCASE("no RPE, L = 197, D = 64") { compare_tensor_cores<S>({}, seed); }
+    SUBCASE("iRPE-K (contextual key, shared), L = 197, D = 64") { compare_tensor_cores<S>({.on = "k"}, seed); }
+    SUBCASE("bias q and k per head, attn_mask with a NaN logit, key padding mask, key_lengths (70, 0), L = 100") {
+        compare_tensor_cores<S>({.on = "qk",
+                                 .contextual = false,
+                                 .shared = false,
+                                 .height = 9,
+                                 .width = 11,
+                                 .padding = true,
+                                 .additive = true,
+                                 .nan_row = true,
+                                 .key_lengths = {70, 0}},
+                                seed);
+    }
+    SUBCASE("no RPE, keys of another count (L = 100, L_k = 150), attn_mask, key padding mask, key_lengths (150, 77)") {
+        compare_tensor_cores<S>(
+            {.height = 9, .width = 11, .keys = 150, .padding = true, .additive = true, .key_lengths = {150, 77}}, seed);
+    }
+    SUBCASE("contextual q and k per head, D = 128, L = 55") {
+        compare_tensor_cores<S>({.on = "qk", .shared = false, .batch = 1, .heads = 2, .dim = 128, .height = 6, .width = 9}, seed);
+    }
+    SUBCASE("iRPE-K at positions apart from the key positions, key_lengths, skip 0, D = 32, L = 49") {
+        compare_tensor_cores<S>(
+            {.on = "k", .skip = 0, .dim = 32, .height = 7, .width = 7, .at_positions = true, .key_lengths = {49, 30}}, seed);
+    }
+    SUBCASE("contextual q, D = 16, L = 21, one key tile") {
+        compare_tensor_cores<S>({.on = "q", .batch = 1, .heads = 2, .dim = 16, .height = 4, .width = 5}, seed);
+    }
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("cuda fused attention on packed sequences matches the CPU fused attention's packed call", S, float, double,
@@ -587,6 +734,10 @@ TEST_CASE_TEMPLATE("cuda fused attention forward and backward match the CPU fuse
 TEST_CASE_TEMPLATE("cuda fused attention at per-token positions and key lengths matches the CPU fused attention", S, float,
                    double, __half, __nv_bfloat16) {
     attention_at_suite<S>(400);
+}
+
+TEST_CASE_TEMPLATE("cuda fused attention: the tensor-core forward matches the SIMT forward", S, __half, __nv_bfloat16) {
+    tensor_core_suite<S>(600);
 }
 
 TEST_CASE("cuda fused attention matches the golden attention outputs and gradients in float32") {
@@ -675,6 +826,36 @@ TEST_CASE("cuda fused attention checks positions and key_lengths in host memory 
     const std::vector<std::int32_t> lengths = {4, 5};
     in.key_lengths = rpe::tensor_ref<const std::int32_t>(lengths.data(), {2});
     both("[rpe.attention] key_lengths[1] = 5; expected 0 <= length <= L = 4");
+}
+
+TEST_CASE("cuda attention_forward_uses_tensor_cores: fp16 and bf16 at D a multiple of 16, no value term, aligned, allowed") {
+    // host buffers: each of these is refused before any CUDA call
+    std::vector<__half> h(2 * 64 + 8);
+    std::vector<float> f(2 * 64);
+    std::vector<__nv_bfloat16> t(2 * 64);
+    const rpe::term_desc tv = rpe::make_term_desc(rpe::mapping::product<>{rpe::index::piecewise::from_ratio(1.9)}, true,
+                                                  rpe::target::value, {.num_heads = 1, .head_dim = 64, .skip = 0});
+    const rpe::attention_options on{.tensor_cores = true};
+    rpe::attention_inputs<float> fin;
+    fin.q = fin.k = fin.v = {f.data(), {1, 1, 2, 64}};
+    CHECK_FALSE(rpe::cuda::attention_forward_uses_tensor_cores(fin, on));  // float: SIMT
+    rpe::attention_inputs<__half> hin;
+    hin.q = hin.k = hin.v = {h.data(), {1, 1, 4, 24}};
+    CHECK_FALSE(rpe::cuda::attention_forward_uses_tensor_cores(hin, on));  // D = 24
+    hin.q = hin.k = hin.v = {h.data(), {1, 1, 2, 64}};
+    CHECK_FALSE(rpe::cuda::attention_forward_uses_tensor_cores(hin, {.tensor_cores = false}));
+    const char* env = std::getenv("RPE_CUDA_ATTENTION_TENSOR_CORES");  // the default: on, unless it says 0
+    CHECK(rpe::detail::gpu::tensor_cores_by_default() == (env == nullptr || *env == '\0' || std::string(env) != "0"));
+    hin.rpe_v = {.term = &tv};
+    CHECK_FALSE(rpe::cuda::attention_forward_uses_tensor_cores(hin, on));  // a value term
+    hin.rpe_v = {};
+    const bool aligned = reinterpret_cast<std::uintptr_t>(h.data()) % 16 == 0;
+    hin.v = {h.data() + (aligned ? 1 : 0), {1, 1, 2, 64}};
+    if (!aligned) hin.q = hin.k = hin.v;
+    CHECK_FALSE(rpe::cuda::attention_forward_uses_tensor_cores(hin, on));  // v not 16-byte aligned
+    rpe::attention_inputs<__nv_bfloat16> bin;
+    bin.q = bin.k = bin.v = {t.data(), {1, 1, 2, 144}};
+    CHECK_FALSE(rpe::cuda::attention_forward_uses_tensor_cores(bin, on));  // D = 144 > 128
 }
 
 TEST_CASE("cuda fused attention checks packed sequences in host memory as the CPU does, before any CUDA call") {

@@ -6,9 +6,12 @@
 
 #include <cub/warp/warp_reduce.cuh>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -303,6 +306,212 @@ __global__ void __launch_bounds__(attn_warps * 32) attention_forward_kernel(attn
             }
         }
         __syncthreads();  // qs and scratch are rewritten for the next plane
+    }
+}
+
+// Tensor-core forward (fp16, bf16; D a multiple of 16, ≤ 128; no value term): nvcuda::wmma
+// 16×16×16 fragments with float accumulators. A block of attn_warps warps takes tc_rows query
+// rows of one plane (16 per warp) and walks the valid keys in tiles of tc_keys: the q tile (once
+// per plane) and each k and v tile are staged in S in shared memory (rows padded by tc_pad
+// elements; rows past L or past the valid keys are zeros); each warp computes its 16 × tc_keys
+// scores q·kᵀ (float), then per element scale, the RPE terms and masks (as row_terms; the
+// contextual key products qs·table come from a (B·H, L, K) temporary as the query ones), the
+// online softmax per row (float; two lanes per row), P rounded to S, and O += P·v with O in shared
+// memory (float, rescaled by exp(m_old − m_new) before each tile's product).
+inline constexpr int tc_rows = 16 * attn_warps;  // query rows per block
+inline constexpr int tc_keys = 64;               // keys per tile
+inline constexpr int tc_pad = 8;                 // S elements of padding per staged row (keeps 32-byte rows' alignment)
+inline constexpr int tc_sld = tc_keys + 4;       // row stride of a warp's float scores
+inline constexpr int tc_pld = tc_keys + 8;       // row stride of a warp's probabilities (S)
+
+// Byte offsets of the tensor-core kernel's shared memory (every part 32-byte aligned, as wmma's
+// loads and stores require): q, k, v tiles (tc_rows or tc_keys rows of ld_x S), then per warp its
+// scores (16 × tc_sld float), probabilities (16 × tc_pld S) and output rows (16 × ld_o float).
+struct tc_layout {
+    int ld_x = 0, ld_o = 0;
+    std::int64_t q = 0, k = 0, v = 0, sc = 0, pr = 0, o = 0, bytes = 0;
+};
+__host__ __device__ inline tc_layout tc_smem_layout(std::int64_t d, std::int64_t s_bytes) {
+    tc_layout t;
+    t.ld_x = static_cast<int>(d) + tc_pad;
+    t.ld_o = static_cast<int>(d) + 4;
+    t.k = t.q + tc_rows * t.ld_x * s_bytes;
+    t.v = t.k + tc_keys * t.ld_x * s_bytes;
+    t.sc = t.v + tc_keys * t.ld_x * s_bytes;
+    t.pr = t.sc + attn_warps * 16 * tc_sld * 4;
+    t.o = t.pr + attn_warps * 16 * tc_pld * s_bytes;
+    t.bytes = t.o + attn_warps * 16 * t.ld_o * 4;
+    return t;
+}
+
+// Whether this compilation pass has the wmma fragments of S: fp16 from sm_70, bf16 from sm_80
+// (the host pass: yes; the host checks the kernel's PTX version before launching it).
+template <class S>
+__host__ __device__ constexpr bool tc_arch_has() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
+    return false;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    return std::is_same_v<S, __half>;
+#else
+    return std::is_same_v<S, __half> || std::is_same_v<S, __nv_bfloat16>;
+#endif
+}
+
+// Rows [r0, r0 + rows) of x (B·H, n, D) of plane p (n = L for q, L_k for k and v) into tile (rows, ld) of S, zeros at rows ≥
+// `valid`: 16-byte copies (D a multiple of 16, x 16-byte aligned: checked by the host).
+template <class S>
+__device__ inline void tc_stage(const S* x, std::int64_t p, std::int64_t r0, int rows, std::int64_t valid, std::int64_t n, int dd,
+                                S* tile, int ld) {
+    const int chunks = dd / 8;
+    for (int e = threadIdx.x; e < rows * chunks; e += blockDim.x) {
+        const int rr = e / chunks, ch = e % chunks;
+        const std::int64_t r = r0 + rr;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (r < valid) val = *reinterpret_cast<const uint4*>(x + (p * n + r) * dd + ch * 8);
+        *reinterpret_cast<uint4*>(tile + rr * ld + ch * 8) = val;
+    }
+}
+
+// The RPE terms and the additive mask of logit (i, j), tensor-core kernel's view: as row_terms,
+// with the contextual key products qs·table of row i read from a (B·H, L, K) temporary as the
+// query products (k·s)·table of key j from theirs (B·H, L_k, K).
+template <class S, class A, class Id>
+__device__ inline A pair_terms(const attn_args& a, std::int64_t p, std::int64_t h, std::int64_t i, std::int64_t j) {
+    A s = 0;
+    for (int t = 0; t < a.nk; ++t) {
+        const attn_table& tb = a.on_k[t];
+        const std::int64_t id = load_id<Id>(tb.ids, i, j);
+        s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * a.n + i) * tb.k + id];
+    }
+    for (int t = 0; t < a.nq; ++t) {
+        const attn_table& tb = a.on_q[t];
+        const std::int64_t id = load_id<Id>(tb.ids, i, j);  // id(j, i)
+        s += tb.bias ? to_acc(head_table<S>(tb, h, tb.k)[id]) : static_cast<const A*>(tb.prod)[(p * a.m + j) * tb.k + id];
+    }
+    if (a.attn_mask) s += to_acc(static_cast<const S*>(a.attn_mask)[i * a.m + j]);
+    return s;
+}
+
+template <class S, class A, class Id>
+__global__ void __launch_bounds__(attn_warps * 32) attention_forward_tc_kernel(attn_args args) {
+    if constexpr (!tc_arch_has<S>()) {
+        __trap();  // never launched: the host checks the PTX version first
+    } else {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
+        namespace wmma = nvcuda::wmma;
+        extern __shared__ __align__(128) unsigned char tc_smem[];
+        const std::int64_t n = args.n;
+        const int dd = static_cast<int>(args.d);
+        const tc_layout lay = tc_smem_layout(dd, sizeof(S));
+        const int ldx = lay.ld_x, ldo = lay.ld_o;
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        S* qt = reinterpret_cast<S*>(tc_smem + lay.q);
+        S* kt = reinterpret_cast<S*>(tc_smem + lay.k);
+        S* vt = reinterpret_cast<S*>(tc_smem + lay.v);
+        A* sc = reinterpret_cast<A*>(tc_smem + lay.sc) + warp * 16 * tc_sld;  // this warp's scores, then logits
+        S* pr = reinterpret_cast<S*>(tc_smem + lay.pr) + warp * 16 * tc_pld;  // this warp's probabilities
+        A* ob = reinterpret_cast<A*>(tc_smem + lay.o) + warp * 16 * ldo;      // this warp's unnormalised output rows
+        S* out = static_cast<S*>(args.out);
+        const A neg_inf = -std::numeric_limits<A>::infinity();
+        const A scale = static_cast<A>(args.scale);
+        const int r = lane / 2, half = lane % 2;  // the row of this lane pair; this lane's keys 2t + half
+        const std::int64_t i0 = static_cast<std::int64_t>(blockIdx.x) * tc_rows, w0 = i0 + warp * 16, i = w0 + r;
+        const bool warp_active = w0 < n, row_active = i < n;
+        using frag_a = wmma::fragment<wmma::matrix_a, 16, 16, 16, S, wmma::row_major>;
+        using frag_kt = wmma::fragment<wmma::matrix_b, 16, 16, 16, S, wmma::col_major>;  // kᵀ: k's rows as columns
+        using frag_v = wmma::fragment<wmma::matrix_b, 16, 16, 16, S, wmma::row_major>;
+        using frag_c = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+        for (std::int64_t p = blockIdx.y; p < args.planes; p += gridDim.y) {
+            const std::int64_t h = p % args.heads, b = p / args.heads;
+            __syncthreads();  // the previous plane's q tile and output rows are no longer read
+            tc_stage<S>(static_cast<const S*>(args.q), p, i0, tc_rows, n, n, dd, qt, ldx);
+            for (int e = lane; e < 16 * ldo; e += 32) ob[e] = 0;
+            __syncwarp();
+            A m = neg_inf, l = 0;
+            bool nan_seen = false;
+            const std::int64_t nk = valid_keys(args, b);  // keys >= nk: padding (key_lengths), staged as zeros
+            for (std::int64_t j0 = 0; j0 < nk; j0 += tc_keys) {
+                __syncthreads();  // the previous tile is no longer read
+                tc_stage<S>(static_cast<const S*>(args.k), p, j0, tc_keys, nk, args.m, dd, kt, ldx);
+                tc_stage<S>(static_cast<const S*>(args.v), p, j0, tc_keys, nk, args.m, dd, vt, ldx);
+                __syncthreads();
+                if (!warp_active) continue;
+                // scores (16 × tc_keys) = q rows · kᵀ, float
+                for (int jj = 0; jj < tc_keys / 16; ++jj) {
+                    frag_c acc;
+                    wmma::fill_fragment(acc, 0.0f);
+                    if (j0 + jj * 16 < nk)
+                        for (int c0 = 0; c0 < dd; c0 += 16) {
+                            frag_a fa;
+                            frag_kt fb;
+                            wmma::load_matrix_sync(fa, qt + warp * 16 * ldx + c0, ldx);
+                            wmma::load_matrix_sync(fb, kt + jj * 16 * ldx + c0, ldx);
+                            wmma::mma_sync(acc, fa, fb, acc);
+                        }
+                    wmma::store_matrix_sync(sc + jj * 16, acc, tc_sld, wmma::mem_row_major);
+                }
+                __syncwarp();
+                // logits: scale, RPE terms, masks (−∞; a NaN makes the row NaN), then the online softmax
+                A tile_max = neg_inf;
+                for (int t = 0; t < tc_keys / 2; ++t) {
+                    const int c = 2 * t + half;
+                    const std::int64_t j = j0 + c;
+                    A s = neg_inf;
+                    if (row_active && j < nk) {
+                        s = sc[r * tc_sld + c] * scale + pair_terms<S, A, Id>(args, p, h, i, j);
+                        if (args.key_padding_mask && args.key_padding_mask[b * args.m + j]) s = neg_inf;
+                        if (s != s) {  // NaN: the reference's softmax gives a NaN row
+                            nan_seen = true;
+                            s = neg_inf;
+                        }
+                    }
+                    sc[r * tc_sld + c] = s;
+                    tile_max = fmax(tile_max, s);
+                }
+                tile_max = fmax(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+                nan_seen = __shfl_xor_sync(0xffffffffu, static_cast<int>(nan_seen), 1) != 0 || nan_seen;
+                const A m_new = fmax(m, tile_max);
+                const A alpha = m == neg_inf ? A(0) : exp(m - m_new);  // m_new = −∞: the row has no key yet, all zeros
+                A sum = 0;
+                for (int t = 0; t < tc_keys / 2; ++t) {
+                    const int c = 2 * t + half;
+                    const A s = sc[r * tc_sld + c];
+                    const A pj = s == neg_inf ? A(0) : exp(s - m_new);
+                    pr[r * tc_pld + c] = from_acc<S>(pj);
+                    sum += pj;
+                }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                l = l * alpha + sum;
+                for (int c = half; c < dd; c += 2) ob[r * ldo + c] *= alpha;
+                m = m_new;
+                __syncwarp();
+                // O (16 × D) += P (16 × tc_keys) · v tile (tc_keys × D)
+                for (int c0 = 0; c0 < dd; c0 += 16) {
+                    frag_c acc;
+                    wmma::load_matrix_sync(acc, ob + c0, ldo, wmma::mem_row_major);
+                    for (int kk = 0; kk < tc_keys / 16; ++kk) {
+                        if (j0 + kk * 16 >= nk) break;  // zero probabilities, zero rows
+                        frag_a fa;
+                        frag_v fb;
+                        wmma::load_matrix_sync(fa, pr + kk * 16, tc_pld);
+                        wmma::load_matrix_sync(fb, vt + kk * 16 * ldx + c0, ldx);
+                        wmma::mma_sync(acc, fa, fb, acc);
+                    }
+                    wmma::store_matrix_sync(ob + c0, acc, ldo, wmma::mem_row_major);
+                }
+                __syncwarp();
+            }
+            if (warp_active) {  // out = O / l (l = 0: every key masked → zeros; NaN rows NaN), coalesced rows
+                if (half == 0) sc[r * tc_sld] = nan_seen ? std::numeric_limits<A>::quiet_NaN() : (l > A(0) ? A(1) / l : A(0));
+                __syncwarp();
+                for (int e = lane; e < 16 * dd; e += 32) {
+                    const int rr = e / dd, c = e % dd;
+                    if (w0 + rr < n) out[(p * n + w0 + rr) * dd + c] = from_acc<S>(ob[rr * ldo + c] * sc[rr * tc_sld]);
+                }
+            }
+        }
+#endif
     }
 }
 
@@ -661,14 +870,87 @@ inline std::int64_t contextual_size(const attn_table* tables, int count, std::in
     return s;
 }
 
-// The forward after the checks: the kernels on in.q, in.k as given (already rotated with RoPE).
+// Whether the forward takes the tensor-core kernel when attention_options::tensor_cores is
+// unset: tc_default_on, or the environment variable RPE_CUDA_ATTENTION_TENSOR_CORES when set
+// (`0`: off, anything else: on), read once per process.
+inline constexpr bool tc_default_on = true;  // run on an H200 on 2026-12-04 (docs/cuda.md)
+inline bool tensor_cores_by_default() {
+    static const bool on = [] {
+        const char* e = std::getenv("RPE_CUDA_ATTENTION_TENSOR_CORES");
+        if (e == nullptr || *e == '\0') return tc_default_on;
+        return std::strcmp(e, "0") != 0;
+    }();
+    return on;
+}
+
+template <int N>
+__global__ void tc_probe_kernel() {}
+
+// Whether the tensor-core forward kernel of S runs on the current device: the PTX version the
+// device's code of this program was built from (cudaFuncGetAttributes of a kernel of it; it is
+// the __CUDA_ARCH__ of the kernels' pass) has S's fragments, and the kernel's shared memory for
+// head dim d fits the device's opt-in limit.
 template <class S>
-void attention_forward_impl(const rpe::attention_inputs<S>& in, tensor_ref<S> out, double scale, cudaStream_t stream) {
+bool tc_device_supports(std::int64_t d) {
+    cudaFuncAttributes attr{};
+    RPE_CUDA_CHECK(cudaFuncGetAttributes(&attr, tc_probe_kernel<0>));
+    const int need = std::is_same_v<S, __nv_bfloat16> ? 80 : 70;
+    if (attr.ptxVersion < need) return false;
+    int device = 0, smem_max = 0;
+    RPE_CUDA_CHECK(cudaGetDevice(&device));
+    RPE_CUDA_CHECK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return tc_smem_layout(d, sizeof(S)).bytes <= smem_max;
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// Whether the forward of these (checked) inputs takes the tensor-core kernel: S fp16 or bf16,
+// D a multiple of 16 and ≤ 128, no value term, q and k and v 16-byte aligned, `tensor_cores`
+// (attention_options::tensor_cores, or tensor_cores_by_default when unset), and a device that
+// runs it (tc_device_supports).
+template <class S>
+bool tensor_core_forward(const rpe::attention_inputs<S>& in, std::optional<bool> tensor_cores) {
+    if constexpr (!std::is_same_v<S, __half> && !std::is_same_v<S, __nv_bfloat16>) {
+        return false;
+    } else {
+        const std::int64_t d = in.q.extent(3);
+        if (!tensor_cores.value_or(tensor_cores_by_default()) || d % 16 != 0 || d > attn_max_dim || in.rpe_v.term != nullptr)
+            return false;
+        if (!aligned16(in.q.data) || !aligned16(in.k.data) || !aligned16(in.v.data)) return false;
+        return tc_device_supports<S>(d);
+    }
+}
+
+// The forward after the checks: the kernels on in.q, in.k as given (already rotated with RoPE):
+// the tensor-core kernel where tensor_core_forward says so (the contextual key products qs·table
+// computed first into a (B·H, L, K) temporary, a batched GEMM), else the SIMT kernel.
+template <class S>
+void attention_forward_impl(const rpe::attention_inputs<S>& in, tensor_ref<S> out, double scale, std::optional<bool> tensor_cores,
+                            cudaStream_t stream) {
     using A = acc_t<S>;
     detail::gpu::attention_resources keep;
     int id_bytes = 1;
     auto args = detail::gpu::prepare_attention(in, scale, stream, keep, id_bytes);
     args.out = out.data;
+    if (tensor_core_forward(in, tensor_cores)) {
+        // (B·H, L_k, K) per q table, (B·H, L, K) per k table
+        detail::gpu::device_buffer<A> tq(detail::gpu::contextual_size(args.on_q, args.nq, args.m, args), stream);
+        detail::gpu::device_buffer<A> tk(detail::gpu::contextual_size(args.on_k, args.nk, args.n, args), stream);
+        detail::gpu::table_products(args.on_q, args.nq, in.k.data, args.m, args, static_cast<A>(args.scale), tq.get(), false,
+                                    stream);
+        detail::gpu::table_products(args.on_k, args.nk, in.q.data, args.n, args, static_cast<A>(args.scale), tk.get(), false,
+                                    stream);
+        const std::int64_t smem = tc_smem_layout(args.d, sizeof(S)).bytes;
+        visit_id_width(id_bytes, [&]<class Id>() {
+            const auto kernel = detail::gpu::attention_forward_tc_kernel<S, A, Id>;
+            RPE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+            const dim3 grid(static_cast<unsigned>((args.n + tc_rows - 1) / tc_rows),
+                            static_cast<unsigned>(std::min<std::int64_t>(args.planes, 65535)));
+            kernel<<<grid, attn_warps * 32, static_cast<std::size_t>(smem), stream>>>(args);
+            check_launch("attention_forward_tc_kernel");
+        });
+        return;
+    }
     int scratch = 0;  // per warp: contextual key products, then value bucket sums
     for (int t = 0; t < args.nk; ++t)
         if (!args.on_k[t].bias) {
@@ -953,7 +1235,8 @@ std::int64_t longest_image(const std::vector<packed_image<S>>& images) {
 // GEMMs of one call on (B, H, len, D), and (when the rows are not contiguous: more than one image
 // and B·H > 1) 3 cudaMemcpy2DAsync gathers of q, k, v, one of each mask, and 1 scatter of out.
 template <class S>
-void packed_forward(const rpe::attention_inputs<S>& in, tensor_ref<S> out, double scale, cudaStream_t stream) {
+void packed_forward(const rpe::attention_inputs<S>& in, tensor_ref<S> out, double scale, std::optional<bool> tensor_cores,
+                    cudaStream_t stream) {
     const auto images = packed_images(in);
     const packed_scratch<S> buf(in, images.size() == 1 ? 0 : longest_image(images), 4, stream);
     for (const auto& img : images) {
@@ -964,7 +1247,7 @@ void packed_forward(const rpe::attention_inputs<S>& in, tensor_ref<S> out, doubl
         image_masks(c, buf.am.get(), buf.kpm.get(), stream);
         const auto slice = token_slice(out, {2}, img.offset, img.length);
         const auto rows = image_rows(slice, buf[3], false, stream);
-        attention_forward_impl(c, rows, scale, stream);
+        attention_forward_impl(c, rows, scale, tensor_cores, stream);
         put_rows(slice, rows, stream);
     }
 }
@@ -1040,7 +1323,12 @@ namespace rpe::cuda {
 /// `qs = q·s`, `s = opt.scale` (default `D^−½`); `logits = qs·kᵀ + rpe_k(qs) + rpe_q(k·s) + attn_mask`, key padding
 /// mask (−∞), softmax over keys, `out = a·v + rpe_v(a)`; no (B, H, L, L) buffer: one warp per
 /// query row streams 32-key tiles with an online softmax (flash-attention style) and keeps the
-/// value term's per-bucket probability sums in shared memory.
+/// value term's per-bucket probability sums in shared memory. fp16 and bf16 calls with D a
+/// multiple of 16 and no value term take a tensor-core kernel instead (64 query rows per
+/// block, 64-key tiles, wmma 16×16×16 products with float accumulation, probabilities rounded to
+/// S for P·v; attention_forward_uses_tensor_cores says whether a call takes it; `opt.tensor_cores
+/// = false` or the environment variable RPE_CUDA_ATTENTION_TENSOR_CORES=0 keep the SIMT kernel):
+/// the same results within S's rounding.
 ///
 /// Contextual key terms: per row, qs·table (K values) in shared memory; contextual query terms:
 /// (k·s)·table per (b, h), a (B, H, L_k, K) temporary (batched GEMM) read by bucket; bias terms:
@@ -1053,7 +1341,7 @@ namespace rpe::cuda {
 /// @param attn   must be empty (`{}`): the CUDA backend has no saved-probabilities output.
 /// @param opt    `opt.scale` the softmax scale; `opt.stream` the caller's stream (nothing waits:
 ///   a miss of the bucket-id cache or of the fixed RoPE tables' cache waits for its upload);
-///   row_block ignored.
+///   `opt.tensor_cores` chooses the fp16/bf16 kernel (unset: the process default); row_block ignored.
 /// @pre D ≤ 128; S float, double, __half or __nv_bfloat16 (float accumulation; double for double).
 /// @throws rpe::invalid_argument `[rpe.attention] ...` for mismatched shapes, grid, heads, a term
 ///   on the wrong slot, D > 128 or a shared-memory need beyond the device's; rpe::cuda_error.
@@ -1100,16 +1388,34 @@ void attention_forward(const attention_inputs<S>& in_given, tensor_ref<S> out, t
     const double scale = detail::softmax_scale(opt, shape.d);
     cudaStream_t stream = opt.stream;
     if (in.packed.enabled()) {  // no RoPE with packing (the shared front)
-        detail::gpu::packed_forward(in, out, scale, stream);
+        detail::gpu::packed_forward(in, out, scale, opt.tensor_cores, stream);
         return;
     }
     if (!in.rope.enabled()) {
-        detail::gpu::attention_forward_impl(in, out, scale, stream);
+        detail::gpu::attention_forward_impl(in, out, scale, opt.tensor_cores, stream);
         return;
     }
     const detail::gpu::rope_qk_tables<S> tables(in.rope, shape, in.height, in.width, stream);
     const detail::gpu::rotated_inputs<S> rot(in, shape, tables.qv(), tables.kv(), stream);
-    detail::gpu::attention_forward_impl(rot.inputs, out, scale, stream);
+    detail::gpu::attention_forward_impl(rot.inputs, out, scale, opt.tensor_cores, stream);
+}
+
+/// @brief Whether rpe::cuda::attention_forward takes its tensor-core kernel for these inputs and
+/// options (docs/cuda.md, Algorithms): S `__half` or `__nv_bfloat16`, head dim D a multiple of 16
+/// and ≤ 128, no value term (`in.rpe_v`), q, k and v 16-byte aligned (with RoPE q and k are
+/// rotated into aligned scratch: only v counts), `opt.tensor_cores` not false (unset: the
+/// process default, on; the environment variable RPE_CUDA_ATTENTION_TENSOR_CORES=0 turns it off
+/// for every call whose option is unset), and a current device that runs it (the program's device code for it built for
+/// sm_70+ (fp16) or sm_80+ (bf16), its shared memory — 71,680 bytes at D = 64, 112,640 at
+/// D = 128 — within the device's per-block limit). Everything else takes the SIMT kernel; the
+/// backward always does. Does not check the inputs (attention_forward does).
+/// @throws rpe::cuda_error when the device cannot be queried.
+template <class S>
+bool attention_forward_uses_tensor_cores(const attention_inputs<S>& in, const attention_options& opt = {}) {
+    if (in.q.rank != 4) return false;
+    attention_inputs<S> c = in;
+    if (in.rope.enabled()) c.q.data = c.k.data = nullptr;  // the rotated copies: device scratch, aligned
+    return detail::gpu::tensor_core_forward(c, opt.tensor_cores);
 }
 
 /// @brief Deprecated form of attention_forward with the stream by position: use
