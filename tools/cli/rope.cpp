@@ -25,6 +25,43 @@ namespace rpe_cli {
 
 namespace {
 
+// --repeat R rotates the keys at R copies of the grid's (row, col) indices (per-token positions):
+// the grid's own rotation only for forms whose grid angles are those of the integer (row, col)
+// (axial, mixed, sam2, cat on an unscaled grid). DINOv3 (coordinates normalised into (-1, 1)) and
+// cat with --ref-grid / --in-pixels / --grid-offset read a grid through coordinates of their own, so
+// their repeated frames would not be the grid rotation: refused, naming --repeat. Compared on one
+// frame: the table on the grid against the table at the grid's indices (bit for bit). A D the
+// tables refuse is left to the rotation, whose message names it.
+void check_repeat_form(const rpe::rotary_embedding<float>& r, const std::string& form, int height, int width, std::int64_t d) {
+    rpe::rotary_embedding<float> one = r;
+    one.positions = {};
+    one.key_positions = {};
+    one.skip = 0;
+    one.suffix = 0;
+    one.query_suffix = -1;
+    const std::vector<float> grid = rpe::rope::repeated_grid_positions(height, width, 1);
+    bool same = true;
+    try {
+        const auto on_grid = rpe::rope_table_of(one, d, height, width);
+        const std::int64_t shape[] = {static_cast<std::int64_t>(height) * width, 2};
+        const auto at_indices = rpe::rope_position_table(one, rpe::tensor_ref<const float>(grid.data(), shape), d);
+        same = on_grid->cos == at_indices->cos && on_grid->sin == at_indices->sin;
+    } catch (const rpe::error&) {
+        return;  // the rotation below names what is wrong
+    }
+    if (!same)
+        throw usage_error("--repeat", "--form " + form +
+                                          " rotates a grid by coordinates of its own, not by its (row, col) indices, so "
+                                          "copies of the indices would not rotate each frame as the grid; --repeat takes "
+                                          "forms whose grid angles are the indices' (axial, mixed, sam2, cat without "
+                                          "--ref-grid/--in-pixels/--grid-offset); give every key's coordinates with "
+                                          "--positions instead");
+}
+
+}  // namespace
+
+namespace {
+
 rpe::tensor_ref<const float> cref(const std::vector<float>& v, const std::vector<std::int64_t>& shape) {
     return rpe::tensor_ref<const float>(v.data(), std::span<const std::int64_t>(shape));
 }
@@ -276,6 +313,7 @@ int run_rope(const rope_options& o) {
     if (x.shape.size() != 4)
         throw usage_error("--input", o.input + " has shape " + rpe::detail::shape_string(x.shape) + "; expected (B, H, L, D)");
     const auto x_data = to_float32(x, "--input", o.input);
+    if (o.repeat != 1) check_repeat_form(r, spec.family, g.height, g.width, x.shape[3]);
     std::vector<float> y(x_data.size());
     try {
         rpe::rope_forward(r, g.height, g.width, cref(x_data, x.shape),

@@ -181,6 +181,7 @@ class _RoPE(nn.Module):
         _check_device("x", x)
         if x.dim() != 4:
             raise ValueError(f"[rpe.torch] x has shape {tuple(x.shape)}; expected (B, H, L, D)")
+        self._check_head_dim(x)
         return self._rotate(x, *self._grid(x.shape[2], height, width, positions))
 
     def _rotate(self, x, height, width, positions):
@@ -239,6 +240,18 @@ class RoPEMixed(_RoPE):
         return f"num_heads={self.freqs.shape[1]}, head_dim={2 * self.freqs.shape[2]}, {self._options_repr()}"
 
 
+def _flag(value, name):
+    """A boolean parameter: a bool (numpy's too) or the int 0 / 1; TypeError / ValueError naming it
+    otherwise (``bool("false")`` is True: a string is refused rather than read so)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, int):
+        raise ValueError(f"[rpe.torch] {name} = {value!r}; expected True or False (or 0 / 1)")
+    raise TypeError(f"[rpe.torch] {name} is a {type(value).__name__} ({value!r}); expected True or False")
+
+
 class RoPECat(_RoPE):
     """timm's RotaryEmbeddingCat with apply_rot_embed_cat (rpe::rope::cat; EVA-02's defaults):
     ``temperature``, ``in_pixels``, ``max_res``, ``linear_bands``, ``grid_offset``,
@@ -253,8 +266,10 @@ class RoPECat(_RoPE):
         super().__init__(skip, layout, suffix)
         if grid_indexing not in ("ij", "xy"):
             raise ValueError(f"[rpe.torch] grid_indexing = {grid_indexing!r}; expected 'ij' or 'xy'")
-        self.temperature, self.in_pixels, self.max_res = _theta(temperature, "temperature"), bool(in_pixels), float(max_res)
-        self.linear_bands, self.grid_offset, self.grid_indexing = bool(linear_bands), float(grid_offset), grid_indexing
+        self.temperature, self.max_res = _theta(temperature, "temperature"), float(max_res)
+        self.in_pixels = _flag(in_pixels, "in_pixels")
+        self.linear_bands = _flag(linear_bands, "linear_bands")
+        self.grid_offset, self.grid_indexing = float(grid_offset), grid_indexing
         self.ref_feat_shape = None if ref_feat_shape is None else _pair(ref_feat_shape, "ref_feat_shape")
 
     def _params(self):
@@ -386,6 +401,12 @@ class RoPEDinoV3(_RoPE):
         self.shift, self.jitter, self.rescale = shift, jitter, rescale
         return shift, jitter, rescale
 
+    def _check_head_dim(self, x, name="x"):
+        """ValueError when x's D is not ``dim`` (the module's periods are made for it, as timm's)."""
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"[rpe.torch] {name} has shape {tuple(x.shape)}; expected D = dim = {self.dim} (the "
+                             "RoPEDinoV3 module's)")
+
     def _params(self):
         periods = self.min_period is not None
         return [self.temperature if self.temperature is not None else 100.0, self.min_period if periods else 0.0,
@@ -435,7 +456,7 @@ class RoPEMRoPE(_RoPE):
         if len(sections) != 3 or not all(_is_int(v) and v >= 0 for v in sections):
             raise ValueError(f"[rpe.torch] sections = {sections!r}; expected 3 ints >= 0 (t, h, w frequency pairs)")
         sections = tuple(operator.index(v) for v in sections)
-        self.sections, self.theta, self.interleaved = sections, _theta(theta), bool(interleaved)
+        self.sections, self.theta, self.interleaved = sections, _theta(theta), _flag(interleaved, "interleaved")
 
     def _params(self):
         return [self.theta, *self.sections, 1.0 if self.interleaved else 0.0]
@@ -471,7 +492,7 @@ class RoPEVJEPA2(_RoPE):
     Positions: ``forward(x, height=None, width=None, positions=None, frames=None)`` rotates x
     (B, H, L, D) whose L = skip + N + suffix tokens are ``skip`` unrotated leading tokens, N
     rotated ones and ``suffix`` unrotated trailing ones. The N tokens are either
-    ``positions`` (N, 3) (frame, row, col) ids, integer or real, CPU only — the source's
+    ``positions`` (N, 3) (frame, row, col) ids, integer or real, on the CPU or x's device — the source's
     ``get_position_ids`` of the tokens (a mask's kept tokens: :meth:`get_position_ids`) — or a
     clip of ``frames`` × ``height`` × ``width`` tokens in row-major order (frame, then row, then
     col): ``frames`` defaults to ``grid_depth``, (height, width) to ``grid_size``, else a square
@@ -548,8 +569,9 @@ class RoPEVJEPA2(_RoPE):
         if masks is not None:
             if not isinstance(masks, torch.Tensor) or masks.dim() != 1 or masks.is_floating_point() \
                     or masks.is_complex() or masks.dtype == torch.bool:
-                shape = tuple(masks.shape) if isinstance(masks, torch.Tensor) else type(masks).__name__
-                raise ValueError(f"[rpe.torch] masks is {shape}; expected an integer tensor (N,) of kept token indices")
+                what = (f"a {masks.dtype} tensor of shape {tuple(masks.shape)}" if isinstance(masks, torch.Tensor)
+                        else f"a {type(masks).__name__}")
+                raise ValueError(f"[rpe.torch] masks is {what}; expected an integer tensor (N,) of kept token indices")
             if masks.numel() and (int(masks.min()) < 0 or int(masks.max()) >= n):
                 raise ValueError(f"[rpe.torch] masks holds indices in [{int(masks.min())}, {int(masks.max())}]; "
                                  f"expected 0 <= index < {n} (grid_depth*rows*cols)")

@@ -605,7 +605,8 @@ rpe::rotary_embedding<S> make_rope(c10::string_view form_in, at::ArrayRef<double
     for (std::size_t i = 0; i < p.size(); ++i) {
         const auto& q = e->info.params[i];
         double v = p[i];
-        if (q.type == rpe::family_param::kind::flag) v = v != 0 ? 1 : 0;
+        if (q.type == rpe::family_param::kind::flag)  // 0 or 1 exactly: a 0.5 or a NaN is no flag
+            TORCH_CHECK_VALUE(v == 0 || v == 1, "[rpe.torch] rope ", q.name, " = ", v, "; expected 0 or 1 (a flag)");
         if (q.type == rpe::family_param::kind::integer)
             TORCH_CHECK_VALUE(std::isfinite(v) && v == std::floor(v) && std::abs(v) < (1 << 30), "[rpe.torch] rope ", q.name,
                               " = ", v, "; expected an integer");

@@ -365,6 +365,7 @@ std::vector<at::Tensor> attention_forward_attn(
     const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
     const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
     return translating([&] {
+        check_query_suffix(rope_form, rope_query_suffix);  // its value first, as the other attention operators
         auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
                            rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
         set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);

@@ -666,6 +666,22 @@ def test_rope_errors():
         rt.attention(x, x, x, rope=torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match=r"\[rpe\.attention\] .*L = 7"):
         rt.attention(x, x, x, rope=rt.RoPEAxial(skip=0), height=2, width=3)
+    # boolean parameters: True / False (or 0 / 1) only; a string or 0.5 is no flag (bool("false") is True)
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] interleaved is a str \('false'\); expected True or False"):
+        rt.RoPEMRoPE(sections=(1, 1, 2), interleaved="false")
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] in_pixels = 2; expected True or False \(or 0 / 1\)"):
+        rt.RoPECat(in_pixels=2)
+    assert rt.RoPECat(linear_bands=1).linear_bands is True and rt.RoPEMRoPE(interleaved=False).interleaved is False
+    for bad in (0.5, 2.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope interleaved = .*; expected 0 or 1 \(a flag\)"):
+            torch.ops.rpe.rope_forward(x, "mrope", [1e6, 1.0, 1.0, 2.0, bad], None, 1, 2, 3)
+    # RoPEDinoV3 is built for one head dim (its periods): another D is refused, not computed as it
+    x8 = torch.randn(1, 2, 1 + 6, 16)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] x has shape \(1, 2, 7, 16\); expected D = dim = 8 \(the "
+                                         r"RoPEDinoV3 module's\)"):
+        rt.RoPEDinoV3(8, skip=1)(x8, 2, 3)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] q has shape \(1, 2, 7, 16\); expected D = dim = 8"):
+        rt.attention(x8, x8, x8, rope=rt.RoPEDinoV3(8, skip=1), height=2, width=3)
 
 
 def test_rope_layout_positions_dinov3_errors():
@@ -1155,7 +1171,10 @@ def test_rope_vjepa2_errors_name_the_argument():
         (lambda: m.get_position_ids(torch.tensor([0, 8])), ValueError,
          r"\[rpe\.torch\] masks holds indices in \[0, 8\]; expected 0 <= index < 8"),
         (lambda: m.get_position_ids(torch.tensor([[0, 1]])), ValueError,
-         r"\[rpe\.torch\] masks is \(1, 2\); expected an integer tensor \(N,\) of kept token indices"),
+         r"\[rpe\.torch\] masks is a torch\.int64 tensor of shape \(1, 2\); expected an integer tensor \(N,\) of kept "
+         r"token indices"),
+        (lambda: m.get_position_ids(torch.tensor([0.5, 3.0])), ValueError,  # the dtype is what is wrong, and named
+         r"\[rpe\.torch\] masks is a torch\.float32 tensor of shape \(2,\); expected an integer tensor"),
     ]
     for make, error, pattern in cases:
         with pytest.raises(error, match=pattern) as info:
