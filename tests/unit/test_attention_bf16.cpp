@@ -49,6 +49,25 @@ using rpe::bf16;
 namespace cpu = rpe::detail::cpu;
 constexpr double u_bf16 = 1.0 / 256;  // 2^-8
 
+// Entry (i, j) of 0.5 + 0.25·A·B in double (A's rows lda apart, B (kd, n) row-major) and the
+// bound of any float sum of its exact bf16 products with the scaling's and the addition's
+// roundings, ≤ (kd + 2)·2^-24·(Σ|a·b|/4 + |ref| + 0.5): the reference of the bf16 GEMM tests.
+struct gemm_entry {
+    double ref, bound;
+};
+[[maybe_unused]] gemm_entry gemm_reference(const std::vector<bf16>& a, std::int64_t lda, const std::vector<bf16>& b,
+                                           std::int64_t n, std::int64_t kd, std::int64_t i, std::int64_t j) {
+    double ref = 0, mag = 0;
+    for (std::int64_t r = 0; r < kd; ++r) {
+        const double x = static_cast<double>(a[static_cast<std::size_t>(i * lda + r)]) *
+                         static_cast<double>(b[static_cast<std::size_t>(r * n + j)]);
+        ref += x;
+        mag += std::fabs(x);
+    }
+    ref = 0.5 + 0.25 * ref;
+    return {ref, (static_cast<double>(kd) + 2) * 0x1p-24 * (0.25 * mag + std::fabs(ref) + 0.5)};
+}
+
 template <class T>
 rpe::tensor_ref<const T> table_view(const std::vector<T>& t, const std::vector<std::int64_t>& shape) {
     rpe::tensor_ref<const T> r;
@@ -271,16 +290,7 @@ TEST_CASE("bf16 product with float accumulation (vdpbf16ps) against double, odd 
         double worst = 0;
         for (std::int64_t i = 0; i < m; ++i)
             for (std::int64_t j = 0; j < n; ++j) {
-                double ref = 0, mag = 0;
-                for (std::int64_t r = 0; r < kd; ++r) {
-                    const double x = static_cast<double>(a[static_cast<std::size_t>(i * lda + r)]) *
-                                     static_cast<double>(b[static_cast<std::size_t>(r * n + j)]);
-                    ref += x;
-                    mag += std::fabs(x);
-                }
-                ref = 0.5 + 0.25 * ref;
-                // float sums of exact products: ≤ kd·2^-24·Σ|a·b| (and the scaling's rounding)
-                const double bound = (static_cast<double>(kd) + 2) * 0x1p-24 * (0.25 * mag + std::fabs(ref) + 0.5);
+                const auto [ref, bound] = gemm_reference(a, lda, b, n, kd, i, j);  // float sums of exact products
                 worst = std::max(worst, std::fabs(static_cast<double>(c[static_cast<std::size_t>(i * ldc + j)]) - ref) / bound);
             }
         CHECK(worst <= 1.0);
@@ -326,17 +336,9 @@ TEST_CASE("bf16 product on AMX tiles (bf16_gemm_amx) against double: ragged rows
         double worst = 0, worst_v = 0;
         for (std::int64_t i = 0; i < m; ++i)
             for (std::int64_t j = 0; j < n; ++j) {
-                double ref = 0, mag = 0;
-                for (std::int64_t r = 0; r < kd; ++r) {
-                    const double x = static_cast<double>(a[static_cast<std::size_t>(i * lda + r)]) *
-                                     static_cast<double>(b[static_cast<std::size_t>(r * n + j)]);
-                    ref += x;
-                    mag += std::fabs(x);
-                }
-                ref = 0.5 + 0.25 * ref;
-                // exact products summed in float in any order: ≤ kd·2^-24·Σ|a·b| (and the scaling's
-                // and the addition's roundings); so both paths, and they differ by at most twice that
-                const double bound = (static_cast<double>(kd) + 2) * 0x1p-24 * (0.25 * mag + std::fabs(ref) + 0.5);
+                // exact products summed in float in any order: both paths within the bound, and
+                // within twice it of each other
+                const auto [ref, bound] = gemm_reference(a, lda, b, n, kd, i, j);
                 const std::size_t x = static_cast<std::size_t>(i * ldc + j);
                 worst = std::max(worst, std::fabs(static_cast<double>(c[x]) - ref) / bound);
                 worst_v = std::max(worst_v, std::fabs(static_cast<double>(c[x]) - static_cast<double>(cv[x])) / (2 * bound));
