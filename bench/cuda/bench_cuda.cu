@@ -130,21 +130,54 @@ void bench_gather(int b, int h, int grid, int warm, int runs, double peak) {
     std::fflush(stdout);
 }
 
+// The attention benchmarks' q, k, v and out (B, H, L, D), L = 1 + grid² (a class token and a
+// grid × grid image), q, k, v filled with fixed pseudo-random values (seeds 4, 5, 6), and the
+// timing of one forward on them.
 template <class S>
-void bench_attention(int b, int h, int grid, int d, int warm, int runs) {
-    const std::int64_t l = 1 + std::int64_t{grid} * grid, n = std::int64_t{b} * h * l * d;
-    buffer<S> q(n), k(n), v(n), out(n);
-    fill(q.p, n, 4);
-    fill(k.p, n, 5);
-    fill(v.p, n, 6);
-    auto ref = [&](S* p) { return rpe::tensor_ref<const S>(p, {b, h, l, d}); };
-    double base = 0;
-    for (const char* on : {"none", "k", "qkv", "rope", "rope_k"}) {  // rope: RoPE-Axial (θ = 100) on q and k
+struct attention_buffers {
+    int b, h, grid, d;
+    std::int64_t l, n;
+    buffer<S> q, k, v, out;
+
+    attention_buffers(int b_, int h_, int grid_, int d_)
+        : b(b_),
+          h(h_),
+          grid(grid_),
+          d(d_),
+          l(1 + std::int64_t{grid_} * grid_),
+          n(std::int64_t{b_} * h_ * l * d_),
+          q(n),
+          k(n),
+          v(n),
+          out(n) {
+        fill(q.p, n, 4);
+        fill(k.p, n, 5);
+        fill(v.p, n, 6);
+    }
+
+    // Inputs of q, k, v on the grid: no term, no RoPE (the caller adds them).
+    rpe::cuda::attention_inputs<S> inputs() const {
+        const auto ref = [&](const S* p) { return rpe::tensor_ref<const S>(p, {b, h, l, d}); };
         rpe::cuda::attention_inputs<S> in;
         in.q = ref(q.p);
         in.k = ref(k.p);
         in.v = ref(v.p);
         in.height = in.width = grid;
+        return in;
+    }
+
+    // Median milliseconds of the forward of `in` into out with `opt` (time_ms).
+    double time_forward(const rpe::cuda::attention_inputs<S>& in, const rpe::attention_options& opt, int warm, int runs) {
+        return time_ms([&] { rpe::cuda::attention_forward(in, rpe::tensor_ref<S>(out.p, {b, h, l, d}), {}, opt); }, warm, runs);
+    }
+};
+
+template <class S>
+void bench_attention(int b, int h, int grid, int d, int warm, int runs) {
+    attention_buffers<S> x(b, h, grid, d);
+    double base = 0;
+    for (const char* on : {"none", "k", "qkv", "rope", "rope_k"}) {  // rope: RoPE-Axial (θ = 100) on q and k
+        rpe::cuda::attention_inputs<S> in = x.inputs();
         if (std::strncmp(on, "rope", 4) == 0) in.rope = {.form = rpe::rope::axial{.theta = 100.0f}, .skip = 1};
         std::unique_ptr<rpe::any_term<float>> terms[3];
         std::vector<std::unique_ptr<buffer<S>>> tables;
@@ -164,10 +197,10 @@ void bench_attention(int b, int h, int grid, int d, int warm, int runs) {
             fill(tables.back()->p, size, 7 + s);
             slots[s]->tables.push_back(rpe::tensor_ref<const S>(tables.back()->p, {shape_t[0], shape_t[1], shape_t[2]}));
         }
-        const double ms = time_ms([&] { rpe::cuda::attention_forward(in, rpe::tensor_ref<S>(out.p, {b, h, l, d})); }, warm, runs);
+        const double ms = x.time_forward(in, {}, warm, runs);
         if (base == 0) base = ms;
         std::printf("BM_CudaAttention/%s/%s/B=%d/H=%d/L=%lld/D=%d ms=%.4f ratio_vs_no_rpe=%.3f\n", type_name<S>(), on, b, h,
-                    static_cast<long long>(l), d, ms, ms / base);
+                    static_cast<long long>(x.l), d, ms, ms / base);
         std::fflush(stdout);
     }
 }
@@ -177,12 +210,7 @@ void bench_attention(int b, int h, int grid, int d, int warm, int runs) {
 // RPE and with iRPE-K (product, ratio 1.9, contextual, shared, class token).
 template <class S>
 void bench_attention_paths(int b, int h, int grid, int d, int warm, int runs) {
-    const std::int64_t l = 1 + std::int64_t{grid} * grid, n = std::int64_t{b} * h * l * d;
-    buffer<S> q(n), k(n), v(n), out(n);
-    fill(q.p, n, 4);
-    fill(k.p, n, 5);
-    fill(v.p, n, 6);
-    auto ref = [&](S* p) { return rpe::tensor_ref<const S>(p, {b, h, l, d}); };
+    attention_buffers<S> x(b, h, grid, d);
     rpe::term_spec spec;
     spec.target = rpe::target::key;
     spec.num_heads = h;
@@ -192,24 +220,15 @@ void bench_attention_paths(int b, int h, int grid, int d, int warm, int runs) {
     buffer<S> table(shape_t[0] * shape_t[1] * shape_t[2]);
     fill(table.p, shape_t[0] * shape_t[1] * shape_t[2], 8);
     for (const char* on : {"none", "k"}) {
-        rpe::cuda::attention_inputs<S> in;
-        in.q = ref(q.p);
-        in.k = ref(k.p);
-        in.v = ref(v.p);
-        in.height = in.width = grid;
+        rpe::cuda::attention_inputs<S> in = x.inputs();
         if (on[0] == 'k')
             in.rpe_k = {.term = term.get(), .tables = {rpe::tensor_ref<const S>(table.p, {shape_t[0], shape_t[1], shape_t[2]})}};
         double ms[2] = {0, 0};
         for (int simt = 0; simt < 2; ++simt) {
-            const rpe::attention_options opt{.tensor_cores = simt == 0};
-            ms[simt] = time_ms(
-                [&] {
-                    rpe::cuda::attention_forward(in, rpe::tensor_ref<S>(out.p, {b, h, l, d}), {}, opt);
-                },
-                warm, runs);
+            ms[simt] = x.time_forward(in, {.tensor_cores = simt == 0}, warm, runs);
         }
         std::printf("BM_CudaAttentionPath/%s/%s/B=%d/H=%d/L=%lld/D=%d tensor_cores=%d tc_ms=%.4f simt_ms=%.4f speedup=%.2f\n",
-                    type_name<S>(), on, b, h, static_cast<long long>(l), d,
+                    type_name<S>(), on, b, h, static_cast<long long>(x.l), d,
                     static_cast<int>(rpe::cuda::attention_forward_uses_tensor_cores(in, {.tensor_cores = true})), ms[0], ms[1],
                     ms[1] / ms[0]);
         std::fflush(stdout);

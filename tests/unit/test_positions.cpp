@@ -525,37 +525,24 @@ TEST_CASE("positions: bad positions throw naming the parameter and its value") {
     in.q = in.k = in.v = {q.data(), {1, 1, l, d}};
     in.rpe_k = {.term = &tk, .tables = {{table.data(), {1, d, 50}}}};
     in.positions = pos_ref(p.data(), {2, 2});
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_forward(in, {out.data(), {1, 1, l, d}});
-        },
-        "[rpe.attention] positions has shape (2, 2); expected (3 = L - skip = 4 - 1 of rpe_k, 2) integer "
-        "coordinates (row, col) for a 2D mapping"));
+    const auto forward = [&] { rpe::attention_forward(in, {out.data(), {1, 1, l, d}}); };
+    CHECK(rpe_test::throws_with(forward,
+                                "[rpe.attention] positions has shape (2, 2); expected (3 = L - skip = 4 - 1 of rpe_k, 2) integer "
+                                "coordinates (row, col) for a 2D mapping"));
     in.positions = pos_ref(p.data(), {3, 2});
     in.key_positions = pos_ref(p.data(), {3, 3});
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_forward(in, {out.data(), {1, 1, l, d}});
-        },
-        "[rpe.attention] key_positions has shape (3, 3)"));
+    CHECK(rpe_test::throws_with(forward, "[rpe.attention] key_positions has shape (3, 3)"));
     in.positions = {};
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_forward(in, {out.data(), {1, 1, l, d}});
-        },
-        "[rpe.attention] key_positions is given without positions"));
+    CHECK(rpe_test::throws_with(forward, "[rpe.attention] key_positions is given without positions"));
     in.key_positions = {};
     in.positions = pos_ref(p.data(), {3, 2});
-    rpe::attention_forward(in, {out.data(), {1, 1, l, d}});  // and now it runs (height, width unset)
+    forward();  // and now it runs (height, width unset)
     CHECK(std::isfinite(out[0]));
     // without a term nothing reads them: refused, not ignored (forward and backward)
     in.rpe_k = {};
-    CHECK(rpe_test::throws_with(
-        [&] {
-            rpe::attention_forward(in, {out.data(), {1, 1, l, d}});
-        },
-        "[rpe.attention] positions is given but no iRPE term (rpe_q, rpe_k, rpe_v) is attached; "
-        "expected none (nothing reads them"));
+    CHECK(rpe_test::throws_with(forward,
+                                "[rpe.attention] positions is given but no iRPE term (rpe_q, rpe_k, rpe_v) is attached; "
+                                "expected none (nothing reads them"));
     in.key_positions = pos_ref(p.data(), {3, 2});
     std::vector<float> g(q.size());
     CHECK(rpe_test::throws_with(

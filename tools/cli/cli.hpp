@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -180,7 +181,10 @@ struct rope_options {
     std::string form = "axial", grid, input, out, expect, freqs, ref_grid, layout, positions;
     std::string normalize = "separate", shift = "0,0", jitter = "1,1";  // dinov3
     std::string sections = "16,24,24";                                  // mrope
-    bool interleaved = false, theta_given = false;                      // mrope; theta_given: --theta on the command line
+    bool interleaved = false;                                           // mrope
+    // The options given on the command line ("--theta", ...): a form's parameter keeps the form's
+    // default unless given; an option of another form's parameter is a usage error.
+    std::set<std::string> given;
     int skip = 0, suffix = 0;
     int repeat = 1;  // --repeat: copies of the --grid HxW (SAM2's memory keys)
     double base = 100.0, min_period = 0.0, max_period = 0.0, rescale = 1.0;  // dinov3

@@ -999,7 +999,8 @@ int run(int argc, char** argv) {
         return run_term(resolve_mapping(name, mo), to);
     }
     if (*rope) {
-        ro.theta_given = rope->get_option("--theta")->count() > 0;
+        for (const CLI::Option* opt : rope->get_options())
+            if (opt->count() > 0 && !opt->get_lnames().empty()) ro.given.insert("--" + opt->get_lnames().front());
         return run_rope(ro);
     }
     std::vector<mapping_config> maps;

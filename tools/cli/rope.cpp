@@ -1,6 +1,7 @@
 // `rpe rope`: a rotary position embedding (rpe::rope_forward; every RoPE form of rpe's registry, <rpe/families.hpp>: the
 // 2D forms, DINOv3, Qwen-VL's M-RoPE, V-JEPA 2, SAM2) applied to a q or k tensor read from .npy, the result written as .npy (atomically,
-// like every output of the tool). The form's parameters come from the options of the same meaning.
+// like every output of the tool). The form's parameters come from the options of the same meaning; an option of
+// another form's parameters is a usage error (it would be ignored).
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -124,8 +125,33 @@ std::string forms_where(Pred pred) {
     return list;
 }
 
+// The options of the forms' parameters, each with the registry parameter that a form reading it has
+// (rope_spec_of sets them; --freqs, mixed's, is checked by run_rope).
+struct form_option {
+    const char* option;
+    const char* param;
+};
+constexpr form_option form_options[] = {{"--theta", "theta"},
+                                        {"--temperature", "temperature"},
+                                        {"--in-pixels", "in_pixels"},
+                                        {"--max-res", "max_res"},
+                                        {"--linear-bands", "linear_bands"},
+                                        {"--grid-offset", "grid_offset"},
+                                        {"--ref-grid", "ref_height"},
+                                        {"--xy", "xy_indexing"},
+                                        {"--base", "base"},
+                                        {"--min-period", "min_period"},
+                                        {"--max-period", "max_period"},
+                                        {"--normalize", "normalize"},
+                                        {"--shift", "shift_y"},
+                                        {"--jitter", "jitter_y"},
+                                        {"--rescale", "rescale"},
+                                        {"--sections", "section_t"},
+                                        {"--interleaved", "interleaved"}};
+
 // The spec of --form with the options onto the parameters of the same meaning (a form reads the
-// options of its parameters). @throws usage_error naming the option and value.
+// options of its parameters; one of another form's, given, would be ignored: refused, naming the
+// option and the form). @throws usage_error naming the option and value.
 rpe::family_spec rope_spec_of(const rope_options& o) {
     auto& reg = rpe::families();
     rpe::family_spec spec;
@@ -135,10 +161,15 @@ rpe::family_spec rope_spec_of(const rope_options& o) {
         throw usage_error("--form", "'" + o.form + "' is not a RoPE form; expected " +
                                         forms_where([](const rpe::family_spec&) { return true; }));
     }
+    for (const auto& [option, param] : form_options)
+        if (o.given.count(option) != 0 && !spec.has(param))
+            throw usage_error(option, std::string("only --form ") +
+                                          forms_where([param = param](const rpe::family_spec& d) { return d.has(param); }) +
+                                          " reads " + option + ", not --form " + spec.family + "; drop it");
     const auto set = [&](const char* param, double v) {
         if (spec.has(param)) spec.set(param, v);
     };
-    if (o.theta_given) set("theta", o.theta);  // else the form's default (axial 100, as --theta's; mrope 1e6)
+    if (o.given.count("--theta") != 0) set("theta", o.theta);  // else the form's default (axial 100, as --theta's; mrope 1e6)
     set("temperature", o.temperature);
     set("in_pixels", o.in_pixels ? 1 : 0);
     set("max_res", o.max_res);
@@ -171,12 +202,6 @@ rpe::family_spec rope_spec_of(const rope_options& o) {
         set("jitter_y", fy);
         set("jitter_x", fx);
     }
-    if (!spec.has("section_t") && (o.interleaved || o.sections != rope_options{}.sections)) {
-        const std::string opt = o.interleaved ? "--interleaved" : "--sections";
-        throw usage_error(opt.c_str(), "only --form " +
-                                           forms_where([](const rpe::family_spec& d) { return d.has("section_t"); }) + " reads " +
-                                           opt + "; drop it");
-    }
     if (spec.has("section_t")) {
         const auto v = parse_counts(o.sections, "--sections", "sections T,H,W (three counts of frequency pairs)");
         set("section_t", v[0]);
@@ -187,24 +212,43 @@ rpe::family_spec rope_spec_of(const rope_options& o) {
     return spec;
 }
 
-// What the tool prints of the form and its parameters.
+// A parameter's value as the summary prints it (6 significant digits: 100, 0.5, 1e+06).
+std::string num(double v) {
+    std::ostringstream t;
+    t << v;
+    return t.str();
+}
+
+// What the tool prints of the form and every parameter it reads (the options' values or the form's
+// defaults): the summary line's first part.
 std::string describe(const rpe::family_spec& s, const rope_options& o) {
     std::ostringstream t;
     t << s.family << " (" << rpe::family_of(s.family, rpe::family_kind::rope).summary << "), ";
     if (s.params.empty()) {
         t << "frequencies from " << o.freqs;
     } else if (s.has("section_t")) {
-        t << "theta " << static_cast<float>(s.get("theta")) << ", sections " << s.get_int("section_t") << ","
-          << s.get_int("section_h") << "," << s.get_int("section_w") << (s.get("interleaved") != 0 ? ", interleaved" : "");
+        t << "theta " << num(s.get("theta")) << ", sections " << s.get_int("section_t") << "," << s.get_int("section_h") << ","
+          << s.get_int("section_w") << (s.get("interleaved") != 0 ? ", interleaved" : "");
     } else if (s.has("base")) {
-        t << (s.get("min_period") > 0
-                  ? "periods " + std::to_string(s.get("min_period")) + ".." + std::to_string(s.get("max_period"))
-                  : "base " + std::to_string(s.get("base")));
-        t << ", normalize " << rpe::families().value_text(s, "normalize", s.get("normalize"));
+        t << (s.get("min_period") > 0 ? "periods " + num(s.get("min_period")) + ".." + num(s.get("max_period"))
+                                      : "base " + num(s.get("base")));
+        t << ", normalize " << rpe::families().value_text(s, "normalize", s.get("normalize")) << ", shift "
+          << num(s.get("shift_y")) << "," << num(s.get("shift_x")) << ", jitter " << num(s.get("jitter_y")) << ","
+          << num(s.get("jitter_x")) << ", rescale " << num(s.get("rescale"));
     } else if (s.has("theta")) {
-        t << "theta " << std::to_string(s.get("theta"));
+        t << "theta " << num(s.get("theta"));
     } else {
-        t << (s.get("in_pixels") != 0 ? std::string("pixel bands") : "temperature " + std::to_string(s.get("temperature")));
+        if (s.get("in_pixels") != 0)
+            t << "pixel bands, max res " << num(s.get("max_res")) << (s.get("linear_bands") != 0 ? ", linear" : ", log")
+              << " bands";
+        else
+            t << "temperature " << num(s.get("temperature"));
+        t << ", grid offset " << num(s.get("grid_offset"));
+        if (s.get_int("ref_height") > 0)
+            t << ", ref grid " << s.get_int("ref_height") << "x" << s.get_int("ref_width");
+        else
+            t << ", no ref grid";
+        t << ", indexing " << (s.get("xy_indexing") != 0 ? "xy" : "ij");
     }
     return t.str();
 }
@@ -214,7 +258,7 @@ const char* checked_options(const rpe::family_spec& s) {
     if (s.has("section_t")) return "--theta/--sections";
     if (s.has("theta")) return "--theta";
     if (s.has("base")) return "--base/--min-period/--max-period/--jitter/--rescale";
-    return "--theta/--temperature/--max-res/--grid-offset/--ref-grid";
+    return "--temperature/--max-res/--grid-offset/--ref-grid";
 }
 
 }  // namespace
@@ -287,7 +331,7 @@ int run_rope(const rope_options& o) {
     const bool learned = std::holds_alternative<rpe::rope::mixed>(r.form);  // frequencies from --freqs
     if (!o.freqs.empty() && !learned)
         throw usage_error("--freqs", "only --form " + forms_where([](const rpe::family_spec& d) { return d.params.empty(); }) +
-                                         " reads frequencies; drop --freqs");
+                                         " reads --freqs, not --form " + spec.family + "; drop it");
     if (learned) {
         if (o.freqs.empty())
             throw usage_error("--freqs", "--form " + spec.family + " needs the learned frequencies (2, H, D/2) as .npy");

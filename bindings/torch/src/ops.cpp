@@ -296,10 +296,10 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
                              const c10::optional<at::Tensor>& packed_positions, const c10::optional<at::Tensor>& key_lengths,
                              int64_t rope_query_suffix) {
     return translating([&] {
-        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
-                           rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
-        set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
-        a.rope_query_suffix = rope_query_suffix;
+        auto a = make_attention_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale,
+                                     rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
+                                     rope_key_positions, rope_suffix, rpe_positions, rpe_key_positions, packed_lengths,
+                                     packed_grids, packed_positions, key_lengths, rope_query_suffix);
         const dtype_rule st{checked_cpu_type(q, "q"), "q", attention_dtypes};
         return on_cpu_type(st, [&]<class S, class T>() { return attention_forward_impl<S, T>(a, st, false)[0]; });
     });
@@ -317,10 +317,10 @@ std::vector<at::Tensor> attention_forward_attn(
     const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
     const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
     return translating([&] {
-        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
-                           rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
-        set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
-        a.rope_query_suffix = rope_query_suffix;
+        auto a = make_attention_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale,
+                                     rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
+                                     rope_key_positions, rope_suffix, rpe_positions, rpe_key_positions, packed_lengths,
+                                     packed_grids, packed_positions, key_lengths, rope_query_suffix);
         const dtype_rule st{checked_cpu_type(q, "q"), "q", attention_dtypes};
         return on_cpu_type(st, [&]<class S, class T>() { return attention_forward_impl<S, T>(a, st, true); });
     });
@@ -338,10 +338,10 @@ std::vector<at::Tensor> attention_backward(
     const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
     const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
     return translating([&] {
-        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
-                           rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
-        set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
-        a.rope_query_suffix = rope_query_suffix;
+        auto a = make_attention_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale,
+                                     rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
+                                     rope_key_positions, rope_suffix, rpe_positions, rpe_key_positions, packed_lengths,
+                                     packed_grids, packed_positions, key_lengths, rope_query_suffix);
         a.grad_out = grad_out;
         if (attn) a.attn = *attn;
         const dtype_rule st{checked_cpu_type(q, "q"), "q", attention_dtypes};

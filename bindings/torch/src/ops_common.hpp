@@ -907,14 +907,22 @@ struct backward_outputs {
     }
 };
 
-inline attention_args make_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
-                                at::TensorList tk, at::TensorList tv, c10::string_view mq, c10::string_view oq,
-                                c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
-                                at::ArrayRef<double> params, int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
-                                const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
-                                at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
-                                c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
-                                const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix) {
+// The attention operators' common arguments (attention_forward's schema in order: the backward
+// has the same ones, plus grad_out and attn, which it sets itself) into attention_args, for
+// setup_attention. Optional tensors that are None stay undefined. No checks here: they are
+// setup_attention's (and, on CUDA, check_query_suffix / attention_device's), in the order
+// each operator makes them.
+inline attention_args make_attention_args(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk, at::TensorList tv,
+    c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
+    at::ArrayRef<double> params, int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
+    const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
+    at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
+    c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
+    const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
+    const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
+    const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
+    const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
     attention_args a;
     a.q = q;
     a.k = k;
@@ -942,20 +950,14 @@ inline attention_args make_args(const at::Tensor& q, const at::Tensor& k, const 
     if (rope_positions) a.rope_positions = *rope_positions;
     if (rope_key_positions) a.rope_key_positions = *rope_key_positions;
     a.rope_suffix = rope_suffix;
-    return a;
-}
-
-// The attention operators' trailing index tensors (rpe_positions, ..., key_lengths) into a.
-inline void set_index_args(attention_args& a, const c10::optional<at::Tensor>& rpe_positions,
-                           const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
-                           const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
-                           const c10::optional<at::Tensor>& key_lengths) {
     if (rpe_positions) a.rpe_positions = *rpe_positions;
     if (rpe_key_positions) a.rpe_key_positions = *rpe_key_positions;
     if (packed_lengths) a.packed_lengths = *packed_lengths;
     if (packed_grids) a.packed_grids = *packed_grids;
     if (packed_positions) a.packed_positions = *packed_positions;
     if (key_lengths) a.key_lengths = *key_lengths;
+    a.rope_query_suffix = rope_query_suffix;
+    return a;
 }
 
 }  // namespace rpe_torch::ops

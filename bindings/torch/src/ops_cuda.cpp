@@ -311,10 +311,10 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
                              int64_t rope_query_suffix) {
     return translating([&] {
         check_query_suffix(rope_form, rope_query_suffix);  // its value first, as the CPU operator (no device yet)
-        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
-                           rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
-        set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
-        a.rope_query_suffix = rope_query_suffix;
+        auto a = make_attention_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale,
+                                     rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
+                                     rope_key_positions, rope_suffix, rpe_positions, rpe_key_positions, packed_lengths,
+                                     packed_grids, packed_positions, key_lengths, rope_query_suffix);
         const where w = attention_device(a);
         const dtype_rule st{checked_cuda_float_type(q, "q"), "q", attention_dtypes};
         const c10::cuda::CUDAGuard guard(w.device);
@@ -338,10 +338,10 @@ std::vector<at::Tensor> attention_backward(
         TORCH_CHECK_VALUE(!attn || !attn->defined(),
                           "[rpe.torch] attn (the forward's saved probabilities) is not supported by the cuda backend: rpe's "
                           "CUDA attention keeps no (B, H, L, L) buffer and recomputes them; expected attn = None");
-        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
-                           rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
-        set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
-        a.rope_query_suffix = rope_query_suffix;
+        auto a = make_attention_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale,
+                                     rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
+                                     rope_key_positions, rope_suffix, rpe_positions, rpe_key_positions, packed_lengths,
+                                     packed_grids, packed_positions, key_lengths, rope_query_suffix);
         a.grad_out = grad_out;
         const where w = attention_device(a);
         const dtype_rule st{checked_cuda_float_type(q, "q"), "q", attention_dtypes};
@@ -366,9 +366,10 @@ std::vector<at::Tensor> attention_forward_attn(
     const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
     return translating([&] {
         check_query_suffix(rope_form, rope_query_suffix);  // its value first, as the other attention operators
-        auto a = make_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale, rope_form,
-                           rope_params, rope_freqs, rope_skip, rope_layout, rope_positions, rope_key_positions, rope_suffix);
-        set_index_args(a, rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths);
+        auto a = make_attention_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale,
+                                     rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
+                                     rope_key_positions, rope_suffix, rpe_positions, rpe_key_positions, packed_lengths,
+                                     packed_grids, packed_positions, key_lengths, rope_query_suffix);
         (void)attention_device(a);
         TORCH_CHECK_NOT_IMPLEMENTED(false,
                                     "[rpe.torch] rpe::attention_forward_attn (the attention's probabilities output, "
