@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <rpe/rpe.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -110,6 +111,44 @@ TEST_CASE("cpu softmax row: values, masks, -inf, NaN, +inf, all masked, lengths 
     std::vector<std::uint8_t> all(20, 1);
     softmax_row(masked.data(), 20, all.data());
     for (float x : masked) CHECK(x == 0.0f);
+}
+
+TEST_CASE("cpu softmax row exponentials: 1/sum returned, softmax_row's bits, a NaN at any position, all masked") {
+    using rpe::detail::cpu::softmax_row;
+    using rpe::detail::cpu::softmax_row_exp;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (const std::int64_t n : {1, 5, 16, 31, 32, 33, 47, 197}) {
+        CAPTURE(n);
+        std::vector<float> x(static_cast<std::size_t>(n));
+        for (std::int64_t j = 0; j < n; ++j)
+            x[static_cast<std::size_t>(j)] = static_cast<float>(std::cos(0.3 * j) * 4 + 0.01 * j);
+        // the exponentials times the returned factor are softmax_row's probabilities, bit for bit
+        std::vector<float> e = x, probs = x;
+        const float inv = softmax_row_exp(e.data(), n, nullptr);
+        softmax_row(probs.data(), n, nullptr);
+        double m = -1e300, sum = 0;
+        for (float v : x) m = std::max(m, static_cast<double>(v));
+        for (float v : x) sum += std::exp(static_cast<double>(v) - m);
+        CHECK(inv == doctest::Approx(1.0 / sum).epsilon(1e-6));
+        for (std::size_t j = 0; j < x.size(); ++j) {
+            CHECK(e[j] == doctest::Approx(std::exp(static_cast<double>(x[j]) - m)).epsilon(1e-6));
+            CHECK(e[j] * inv == probs[j]);
+        }
+        // a NaN in any lane of the max's two accumulators, its packet loop or the scalar tail
+        // makes the whole row NaN (and 1 is returned, so that a scaled output stays NaN)
+        for (std::int64_t at = 0; at < n; ++at) {
+            std::vector<float> r = x;
+            r[static_cast<std::size_t>(at)] = nan;
+            CAPTURE(at);
+            CHECK(softmax_row_exp(r.data(), n, nullptr) == 1.0f);
+            CHECK(std::all_of(r.begin(), r.end(), [](float v) { return std::isnan(v); }));
+        }
+        // every key masked: zeros and 1, so that the output is zero
+        std::vector<float> r = x;
+        std::vector<std::uint8_t> all(x.size(), 1);
+        CHECK(softmax_row_exp(r.data(), n, all.data()) == 1.0f);
+        CHECK(std::all_of(r.begin(), r.end(), [](float v) { return v == 0.0f; }));
+    }
 }
 
 TEST_CASE("cpu softmax backward row equals the formula and does not depend on the row's alignment") {

@@ -424,9 +424,10 @@ def test_float_only_table_modules_refuse_bf16_naming_the_argument():
 
 
 def test_save_attn_default_counts_bf16_bytes_under_autocast(monkeypatch):
-    """save_attn=None keeps the probabilities when they take at most 64 MiB: under CPU bf16 (or
-    float16) autocast they are stored in bf16 (float16), 2 bytes, so float32 inputs are counted at
-    2 bytes, as bf16 inputs are. L = 4100, one head: 67.2 MB in float32 (not kept), 33.6 MB in bf16 (kept)."""
+    """save_attn=None keeps the probabilities (with a term on the values, as here) when they take at
+    most 64 MiB: under CPU bf16 (or float16) autocast they are stored in bf16 (float16), 2 bytes, so
+    float32 inputs are counted at 2 bytes, as bf16 inputs are. L = 4100 (a 41 × 100 grid), one head:
+    67.2 MB in float32 (not kept), 33.6 MB in bf16 (kept)."""
     used = []
 
     class Recorder:
@@ -437,10 +438,12 @@ def test_save_attn_default_counts_bf16_bytes_under_autocast(monkeypatch):
     monkeypatch.setattr(rpe_torch, "_ops", Recorder())
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 1, 4100, 8, generator=g, requires_grad=True)
+    cfg = rpe_torch.get_rpe_config(ratio=1.9, method="product", mode="contextual", shared_head=True, skip=0, rpe_on="v")
+    _, _, rpe_v = rpe_torch.build_rpe(cfg, head_dim=8, num_heads=1)
 
     def called():
         used.clear()
-        rpe_torch.attention(q, q, q)
+        rpe_torch.attention(q, q, q, None, None, rpe_v, height=41, width=100)
         return [n for n in used if n.startswith("attention_forward")]
 
     assert called() == ["attention_forward"]  # float32: 67.2 MB > 64 MiB

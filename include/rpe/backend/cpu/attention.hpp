@@ -213,9 +213,13 @@ struct block_layout {
     const Id* const* qid = nullptr;
     S* g = nullptr;                                  // with qid: scratch of L_k·query_chunk values
     static constexpr std::int64_t query_chunk = 32;  // rows per transposed lookup (a multiple of 16)
+    // per row of the block: 1/Σ of its exponentials, the rows left unnormalised (softmax_row_exp;
+    // the forward scales its (rb, D) output instead of the (rb, L) rows), or null: probabilities
+    S* inv = nullptr;
 };
 
-// Logits of rows [i0, i0 + rb) of plane p into lg (rb, L), then the masked softmax in place.
+// Logits of rows [i0, i0 + rb) of plane p into lg (rb, L), then the masked softmax in place
+// (with lay->inv: the exponentials and their 1/Σ per row, block_layout).
 // qs_blk (rb, D) are the scaled queries of those rows; tq holds the plane's products for the
 // contextual q tables (plane_query_products); blk the block's ids per table (load_block_ids).
 // Only the plane's first nk = plan.keys(p) keys are computed: lg is (rb, nk), the ids' rows stay L_k apart.
@@ -297,7 +301,10 @@ void block_probabilities(const fused_plan<S, Id>& plan, const attention_inputs<S
         }
         if (in.attn_mask.data)
             map<S>(row, 1, nk).array() += cmap<S>(in.attn_mask.data + (i0 + i) * in.attn_mask.stride(0), 1, nk).array();
-        cpu::softmax_row(row, nk, mask);
+        if (lay && lay->inv)
+            lay->inv[i] = cpu::softmax_row_exp(row, nk, mask);
+        else
+            cpu::softmax_row(row, nk, mask);
     }
 }
 
@@ -411,7 +418,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
     };
     std::vector<state> st(parts.size());
     std::int64_t items = 0, lg_max = 0, work_max = 0, qs_max = 0, ids_max = 0, ks_max = 0, kp_max = 0, kx_max = 0, vx_max = 0,
-                 vk_max = 0, g_max = 0;
+                 vk_max = 0, g_max = 0, rb_all = 0;
     int tables_max = 0;
     for (std::size_t m = 0; m < parts.size(); ++m) {
         auto& x = st[m];
@@ -452,6 +459,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         // work: (rb, K) per-bucket values, two side by side for Cross's two key tables
         work_max = std::max(work_max, 2 * rb_max * std::max<std::int64_t>(plan.k, 1));
         qs_max = std::max(qs_max, rb_max * plan.d);
+        rb_all = std::max(rb_all, rb_max);
         ids_max = std::max(ids_max, plan.tables * rb_max * nkeys);
         ks_max = std::max(ks_max, x.ctx_q ? nkeys * plan.d : 0);
         tables_max = std::max(tables_max, plan.tables);
@@ -472,7 +480,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
     cpu::thread_scratch<S> ks_s(ws, ks_max);
     cpu::thread_scratch<S> lg_s(ws, lg_max), work_s(ws, work_max);
     cpu::thread_scratch<S> qs_s(ws, qs_max), kp_s(ws, kp_max), kx_s(ws, kx_max), vx_s(ws, vx_max), g_s(ws, g_max),
-        part_s(ws, 4 * vk_max);
+        part_s(ws, 4 * vk_max), inv_s(ws, rb_all);
     cpu::thread_scratch<Id> ids_s(ws, ids_max);
     cpu::thread_scratch<const Id*> blk_s(ws, tables_max);
     ws.allocate();
@@ -510,6 +518,8 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         std::int64_t kp_plane = -1;
         block_layout<S, Id> lay;
         lay.g = g_s.mine();
+        S* const inv = inv_s.mine();  // per row of a block: 1/Σ of its exponentials (block_layout::inv)
+        lay.inv = inv;
         // (part, plane, row block) items: a few planes on many threads still use every thread; each
         // block writes its own rows of out, so the thread count does not change any result
 #if defined(_OPENMP)
@@ -578,10 +588,15 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             } else {
                 o.noalias() = probs * plan.vv.rows(p, 0, nk, d);
             }
-            if (attn.data)  // (B, H, L, L_k)
+            // the rows' normalisation, on the (rb, D) output instead of the (rb, nk) exponentials
+            // (the products are linear in them, value sums included)
+            if (nk > 0)
+                for (std::int64_t i = 0; i < rb; ++i) o.row(i) *= inv[i];
+            if (attn.data)  // (B, H, L, L_k): the probabilities, as softmax_row gives them
                 for (std::int64_t i = 0; i < rb; ++i) {
                     S* dst = attn.data + (p * n + i0 + i) * plan.lk;
-                    std::copy(lg + i * ld, lg + i * ld + nk, dst);
+                    const S* src = lg + i * ld;
+                    if (nk > 0) cpu::map<S>(dst, 1, nk) = cpu::cmap<S>(src, 1, nk) * inv[i];
                     std::fill(dst + nk, dst + plan.lk, S(0));
                 }
         }
@@ -861,10 +876,19 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                                          : gkv.rows(p, 0, nkeys, d);
                 auto gv_all = chunks > 1 ? cpu::map_strided<S>(gv_w + slot * lay.gkv_stride, nkeys, d, Eigen::OuterStride<>(d))
                                          : gvv.rows(p, 0, nkeys, d);
-                gk_all.setZero();
-                gv_all.setZero();
-                // keys >= nk are padding (key_lengths): not computed, their gradient rows stay zero
+                // keys >= nk are padding (key_lengths): not computed, their gradient rows stay zero;
+                // rows < nk: assigned by the chunk's first row block (the products' own zeroing,
+                // not a pass of its own over the (L_k, D) gradients), then accumulated
                 const std::int64_t nk = plan.keys(p);
+                const std::int64_t i_first = c * blocks_per_chunk * rb_max,
+                                   i_end = std::min(n, (c + 1) * blocks_per_chunk * rb_max);
+                if (i_first >= i_end) {
+                    gk_all.setZero();
+                    gv_all.setZero();
+                } else {
+                    gk_all.bottomRows(nkeys - nk).setZero();
+                    gv_all.bottomRows(nkeys - nk).setZero();
+                }
                 // ld: lg's and dp's row stride (the forward's); ldp: the probabilities' (given: L_k)
                 const std::int64_t ld = lg_stride(nk, std::max(kx_cols, vx_cols)), ldp = attn.data ? nkeys : ld;
                 auto gk = gk_all.topRows(nk);
@@ -884,9 +908,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 }
                 bl.ld = ld;
                 bl.folded_k = fold;
-                const std::int64_t i_end = std::min(n, (c + 1) * blocks_per_chunk * rb_max);
-                for (std::int64_t i0r = c * blocks_per_chunk * rb_max; i0r < i_end; i0r += rb_max) {
+                for (std::int64_t i0r = i_first; i0r < i_end; i0r += rb_max) {
                     const std::int64_t rb = std::min(rb_max, n - i0r);
+                    const bool first = i0r == i_first;
                     load_block_ids(plan, i0r, rb, idbuf, blk);
                     plan.load_queries(p, i0r, rb, qs);
                     const S* pr = lg;  // the block's probabilities: given, or recomputed into lg
@@ -901,7 +925,10 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     const auto go = gov.rows(p, i0r, rb, d);
                     auto dP = cpu::map_strided<S>(dp, rb, nk, Eigen::OuterStride<>(ld));
                     dP.noalias() = go * vp.transpose();
-                    gv.noalias() += P.transpose() * go;
+                    if (first)
+                        gv.noalias() = P.transpose() * go;
+                    else
+                        gv.noalias() += P.transpose() * go;
                     for (auto& t : plan.on_v) {
                         const Id* idb = blk[t.slot];
                         const std::int64_t tk = t.k;
@@ -918,7 +945,10 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
                     for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(pr + i * ldp, dp + i * ld, nk);
                     const cpu::cmap_strided<S> dL(dp, rb, nk, Eigen::OuterStride<>(ld));
-                    gk.noalias() += dL.transpose() * cmap<S>(qs, rb, d);
+                    if (first)
+                        gk.noalias() = dL.transpose() * cmap<S>(qs, rb, d);
+                    else
+                        gk.noalias() += dL.transpose() * cmap<S>(qs, rb, d);
                     // contextual key tables (folded): per-bucket sums of dlogits (rb, K) into dp's
                     // columns past nk, for dq (below) and the table partials qsᵀ·sums
                     std::int64_t col = nk;

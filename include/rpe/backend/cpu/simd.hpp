@@ -277,15 +277,17 @@ inline void lookup_rows(const float* w, std::int64_t k, const Id* ids, std::int6
 }  // namespace simd
 #endif
 
-/// @brief Softmax of one row of n logits in place, keys with `mask[j] != 0` excluded (mask may be
-/// null). A NaN or +∞ logit makes the whole row NaN; a row whose keys are all masked (or all
-/// −∞) becomes zeros (the reference gives NaN there); a −∞ logit gets exactly 0 (and so do the
-/// values exp(x − max) below the smallest normal number, which the C library gives as
-/// denormals). Max-subtracted, so logits up to ±FLT_MAX do not overflow. Vectorised with Eigen's
-/// packet functions (any ISA Eigen supports): three passes over the row while it sits in L1
-/// (max; exp and sum; scale).
+/// @brief The exponentials of a softmax row in place, without its normalisation: keys with
+/// `mask[j] != 0` excluded (mask may be null), `row[j] = exp(x_j − max)` (exactly 0 for a −∞ or
+/// masked logit and below the smallest normal number, which the C library gives as denormals);
+/// returns 1/Σⱼ row[j], by which the caller scales the row or, cheaper, what it computes from it
+/// (the fused forward: the (rows, D) output, not the (rows, L) probabilities). A NaN or +∞
+/// logit makes the whole row NaN and returns 1; a row whose keys are all masked (or all −∞)
+/// becomes zeros and returns 1 (the reference gives NaN there). Max-subtracted, so logits up to
+/// ±FLT_MAX do not overflow. Vectorised with Eigen's packet functions (any ISA Eigen supports):
+/// two passes over the row while it sits in cache (max with a NaN check; exp and sum).
 template <class S>
-void softmax_row(S* row, std::int64_t n, const std::uint8_t* mask) {
+S softmax_row_exp(S* row, std::int64_t n, const std::uint8_t* mask) {
     constexpr S neg_inf = -std::numeric_limits<S>::infinity();
     if (mask)
         for (std::int64_t j = 0; j < n; ++j)
@@ -293,14 +295,27 @@ void softmax_row(S* row, std::int64_t n, const std::uint8_t* mask) {
     using namespace Eigen::internal;
     using P = typename packet_traits<S>::type;
     constexpr std::int64_t w = unpacket_traits<P>::size;
-    // pass 1: the maximum, NaN-propagating
+    // pass 1: the maximum (two accumulators: the max's latency, not its throughput, bounds one),
+    // NaNs found apart (x == x fails), not through a NaN-propagating max of three instructions
     S m = neg_inf;
     bool nan = false;
     std::int64_t j = 0;
     if (n >= w) {
-        P pm = pset1<P>(neg_inf);
-        for (; j + w <= n; j += w) pm = pmax<Eigen::PropagateNaN>(pm, ploadu<P>(row + j));
-        m = predux_max<Eigen::PropagateNaN>(pm);
+        P m0 = pset1<P>(neg_inf), m1 = m0;
+        P ok = ptrue(m0);
+        for (; j + 2 * w <= n; j += 2 * w) {
+            const P a = ploadu<P>(row + j), b = ploadu<P>(row + j + w);
+            ok = pand(ok, pand(pcmp_eq(a, a), pcmp_eq(b, b)));
+            m0 = pmax(m0, a);
+            m1 = pmax(m1, b);
+        }
+        for (; j + w <= n; j += w) {
+            const P a = ploadu<P>(row + j);
+            ok = pand(ok, pcmp_eq(a, a));
+            m0 = pmax(m0, a);
+        }
+        nan = predux_any(pandnot(ptrue(ok), ok));  // a lane where some x != x
+        m = predux_max(pmax(m0, m1));
     }
     for (; j < n; ++j) {
         nan = nan || std::isnan(row[j]);
@@ -308,11 +323,11 @@ void softmax_row(S* row, std::int64_t n, const std::uint8_t* mask) {
     }
     if (nan || std::isnan(m) || m == std::numeric_limits<S>::infinity()) {  // NaN, as exp(∞ − ∞) would give
         std::fill(row, row + n, std::numeric_limits<S>::quiet_NaN());
-        return;
+        return S(1);
     }
     if (m == neg_inf) {
         std::fill(row, row + n, S(0));
-        return;
+        return S(1);
     }
     // pass 2: exp(x − max) and the sum. Eigen's vectorised exp clamps its input (exp(−∞) would be
     // ~1e-39): subtracting the smallest normal number and clamping at 0 makes every such value an
@@ -348,9 +363,22 @@ void softmax_row(S* row, std::int64_t n, const std::uint8_t* mask) {
         row[j] = e;
         sum += e;
     }
-    // pass 3: normalise
-    const S inv = S(1) / sum;
-    j = 0;
+    return S(1) / sum;
+}
+
+/// @brief Softmax of one row of n logits in place, keys with `mask[j] != 0` excluded (mask may be
+/// null): softmax_row_exp, then the row scaled by the returned 1/Σ (the same bits as the
+/// exponentials times that factor). A NaN or +∞ logit makes the whole row NaN; a row whose keys
+/// are all masked (or all −∞) becomes zeros (the reference gives NaN there); a −∞ logit gets
+/// exactly 0.
+template <class S>
+void softmax_row(S* row, std::int64_t n, const std::uint8_t* mask) {
+    const S inv = softmax_row_exp(row, n, mask);
+    if (inv == S(1)) return;  // NaN or zero rows, or one key: nothing to scale
+    using namespace Eigen::internal;
+    using P = typename packet_traits<S>::type;
+    constexpr std::int64_t w = unpacket_traits<P>::size;
+    std::int64_t j = 0;
     if (n >= w) {
         const P pi = pset1<P>(inv);
         for (; j + w <= n; j += w) pstoreu(row + j, pmul(ploadu<P>(row + j), pi));
