@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <iomanip>
 #include <utility>
 #include <iostream>
 #include <limits>
@@ -57,6 +58,34 @@ void check_repeat_form(const rpe::rotary_embedding<float>& r, const std::string&
                                           "forms whose grid angles are the indices' (axial, mixed, sam2, cat without "
                                           "--ref-grid/--in-pixels/--grid-offset); give every key's coordinates with "
                                           "--positions instead");
+}
+
+// Integer --positions (any integer dtype of the .npy) have |value| <= 2^24: the rotation reads
+// positions in float32, which holds every integer exactly only up to 2^24 (beyond it a position
+// would be read as another one). Floating positions are the file's own values (not checked).
+// @throws usage_error("--positions") naming the file, the element, its value and the float32 it
+// would be read as.
+void check_exact_positions(const rpe::io::npy_array& a, const std::string& file) {
+    if (a.is_float() || a.dtype == "|b1") return;
+    constexpr std::int64_t lim = std::int64_t{1} << 24;
+    const auto refuse = [&](std::size_t i, auto v) {
+        std::ostringstream text;
+        text << std::fixed << std::setprecision(0) << file << ": element " << i << " = " << v
+             << " is an integer position beyond 2^24 = " << lim
+             << "; expected |value| <= 2^24 (positions are read in float32, exact for integers up to 2^24: this one "
+                "would be read as "
+             << static_cast<float>(v) << ")";
+        throw usage_error("--positions", text.str());
+    };
+    if (a.dtype == "<u8") {  // beyond int64
+        const auto v = a.to<std::uint64_t>();
+        for (std::size_t i = 0; i < v.size(); ++i)
+            if (v[i] > static_cast<std::uint64_t>(lim)) refuse(i, v[i]);
+        return;
+    }
+    const auto v = a.to<std::int64_t>();
+    for (std::size_t i = 0; i < v.size(); ++i)
+        if (v[i] > lim || v[i] < -lim) refuse(i, v[i]);
 }
 
 }  // namespace
@@ -321,6 +350,7 @@ int run_rope(const rope_options& o) {
     }
     if (!o.positions.empty()) {
         const auto p = load_option_npy(o.positions, "--positions");
+        check_exact_positions(p, o.positions);
         positions = to_float32(p, "--positions", o.positions);
         positions_shape = p.shape;
         if (positions_shape.size() > 4)
