@@ -180,7 +180,8 @@ constexpr form_option form_options[] = {{"--theta", "theta"},
 
 // The spec of --form with the options onto the parameters of the same meaning (a form reads the
 // options of its parameters; one of another form's, given, would be ignored: refused, naming the
-// option and the form). @throws usage_error naming the option and value.
+// option and the form; so is one of cat's other sub-mode: --temperature with --in-pixels, --max-res
+// or --linear-bands without it). @throws usage_error naming the option and value.
 rpe::family_spec rope_spec_of(const rope_options& o) {
     auto& reg = rpe::families();
     rpe::family_spec spec;
@@ -195,6 +196,21 @@ rpe::family_spec rope_spec_of(const rope_options& o) {
             throw usage_error(option, std::string("only --form ") +
                                           forms_where([param = param](const rpe::family_spec& d) { return d.has(param); }) +
                                           " reads " + option + ", not --form " + spec.family + "; drop it");
+    // cat's two sub-modes read options of their own: --temperature the grid's frequencies, --max-res
+    // and --linear-bands --in-pixels' pixel bands; one of the other sub-mode's, given, would be
+    // ignored: refused too
+    if (spec.has("in_pixels")) {
+        if (o.in_pixels && o.given.count("--temperature") != 0)
+            throw usage_error("--temperature",
+                              "--temperature is read only without --in-pixels (--in-pixels takes pixel "
+                              "bands up to --max-res instead); drop one of them");
+        for (const char* option : {"--max-res", "--linear-bands"})
+            if (!o.in_pixels && o.given.count(option) != 0)
+                throw usage_error(option, std::string(option) +
+                                              " is read only with --in-pixels (pixel bands); without it --form cat reads "
+                                              "--temperature; add --in-pixels or drop " +
+                                              option);
+    }
     const auto set = [&](const char* param, double v) {
         if (spec.has(param)) spec.set(param, v);
     };
