@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <iomanip>
 #include <utility>
 #include <iostream>
 #include <limits>
@@ -57,6 +58,34 @@ void check_repeat_form(const rpe::rotary_embedding<float>& r, const std::string&
                                           "forms whose grid angles are the indices' (axial, mixed, sam2, cat without "
                                           "--ref-grid/--in-pixels/--grid-offset); give every key's coordinates with "
                                           "--positions instead");
+}
+
+// Integer --positions (any integer dtype of the .npy) have |value| <= 2^24: the rotation reads
+// positions in float32, which holds every integer exactly only up to 2^24 (beyond it a position
+// would be read as another one). Floating positions are the file's own values (not checked).
+// @throws usage_error("--positions") naming the file, the element, its value and the float32 it
+// would be read as.
+void check_exact_positions(const rpe::io::npy_array& a, const std::string& file) {
+    if (a.is_float() || a.dtype == "|b1") return;
+    constexpr std::int64_t lim = std::int64_t{1} << 24;
+    const auto refuse = [&](std::size_t i, auto v) {
+        std::ostringstream text;
+        text << std::fixed << std::setprecision(0) << file << ": element " << i << " = " << v
+             << " is an integer position beyond 2^24 = " << lim
+             << "; expected |value| <= 2^24 (positions are read in float32, exact for integers up to 2^24: this one "
+                "would be read as "
+             << static_cast<float>(v) << ")";
+        throw usage_error("--positions", text.str());
+    };
+    if (a.dtype == "<u8") {  // beyond int64
+        const auto v = a.to<std::uint64_t>();
+        for (std::size_t i = 0; i < v.size(); ++i)
+            if (v[i] > static_cast<std::uint64_t>(lim)) refuse(i, v[i]);
+        return;
+    }
+    const auto v = a.to<std::int64_t>();
+    for (std::size_t i = 0; i < v.size(); ++i)
+        if (v[i] > lim || v[i] < -lim) refuse(i, v[i]);
 }
 
 }  // namespace
@@ -151,7 +180,8 @@ constexpr form_option form_options[] = {{"--theta", "theta"},
 
 // The spec of --form with the options onto the parameters of the same meaning (a form reads the
 // options of its parameters; one of another form's, given, would be ignored: refused, naming the
-// option and the form). @throws usage_error naming the option and value.
+// option and the form; so is one of cat's other sub-mode: --temperature with --in-pixels, --max-res
+// or --linear-bands without it). @throws usage_error naming the option and value.
 rpe::family_spec rope_spec_of(const rope_options& o) {
     auto& reg = rpe::families();
     rpe::family_spec spec;
@@ -166,6 +196,21 @@ rpe::family_spec rope_spec_of(const rope_options& o) {
             throw usage_error(option, std::string("only --form ") +
                                           forms_where([param = param](const rpe::family_spec& d) { return d.has(param); }) +
                                           " reads " + option + ", not --form " + spec.family + "; drop it");
+    // cat's two sub-modes read options of their own: --temperature the grid's frequencies, --max-res
+    // and --linear-bands --in-pixels' pixel bands; one of the other sub-mode's, given, would be
+    // ignored: refused too
+    if (spec.has("in_pixels")) {
+        if (o.in_pixels && o.given.count("--temperature") != 0)
+            throw usage_error("--temperature",
+                              "--temperature is read only without --in-pixels (--in-pixels takes pixel "
+                              "bands up to --max-res instead); drop one of them");
+        for (const char* option : {"--max-res", "--linear-bands"})
+            if (!o.in_pixels && o.given.count(option) != 0)
+                throw usage_error(option, std::string(option) +
+                                              " is read only with --in-pixels (pixel bands); without it --form cat reads "
+                                              "--temperature; add --in-pixels or drop " +
+                                              option);
+    }
     const auto set = [&](const char* param, double v) {
         if (spec.has(param)) spec.set(param, v);
     };
@@ -321,6 +366,7 @@ int run_rope(const rope_options& o) {
     }
     if (!o.positions.empty()) {
         const auto p = load_option_npy(o.positions, "--positions");
+        check_exact_positions(p, o.positions);
         positions = to_float32(p, "--positions", o.positions);
         positions_shape = p.shape;
         if (positions_shape.size() > 4)

@@ -32,6 +32,12 @@ the golden cases without numpy (plain .npy v1.0 reader and writer, C order):
 - empty.npy          int32 (0, 2): no tokens (refused)
 - fortran_3x4.npy    int32 (12, 2) in Fortran order, bigendian_3x4.npy >i4 (12, 2): grid_3x4
   in layouts the .npy reader refuses (refused as --positions files, status 2)
+- `rpe rope --positions` and float32's exact integers (|value| <= 2^24):
+  rope_at_2p24.npy int64 (2, 2) (-2^24, 0), (2^24, 1) (taken), rope_at_2p24_f4.npy the same in
+  float32 (exact: the integer file's rotation must equal it), rope_beyond_2p24.npy int64 (2, 2)
+  (0, 0), (2^24 + 1, 1) and rope_beyond_neg_2p24.npy int32 (2, 2) (0, 0), (1, -(2^24 + 1))
+  (refused, status 2: float32 would read 2^24 + 1 as 2^24); x_rope_2.npy float32 (1, 1, 2, 4)
+  the q they rotate (values 1..8)
 
 Run from the repository root: python3 tools/golden/gen_cli_positions.py
 """
@@ -143,6 +149,13 @@ def main():
     save(f"{OUT}/empty.npy", "<i4", (0, 2), [])
     save(f"{OUT}/fortran_3x4.npy", "<i4", (12, 2), grid(3, 4), fortran=True)
     save(f"{OUT}/bigendian_3x4.npy", ">i4", (12, 2), grid(3, 4))
+    # rope --positions: float32 reads integers exactly up to 2^24 only
+    e = 1 << 24
+    save(f"{OUT}/rope_at_2p24.npy", "<i8", (2, 2), [-e, 0, e, 1])
+    save(f"{OUT}/rope_at_2p24_f4.npy", "<f4", (2, 2), [float(-e), 0.0, float(e), 1.0])
+    save(f"{OUT}/rope_beyond_2p24.npy", "<i8", (2, 2), [0, 0, e + 1, 1])
+    save(f"{OUT}/rope_beyond_neg_2p24.npy", "<i4", (2, 2), [0, 0, 1, -(e + 1)])
+    save(f"{OUT}/x_rope_2.npy", "<f4", (1, 1, 2, 4), [float(v) for v in range(1, 9)])
 
 
 if __name__ == "__main__":

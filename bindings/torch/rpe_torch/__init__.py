@@ -621,7 +621,8 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     gradient); positions: the rope's per-token (row, col) coordinates of q's (and k's) N = L −
     skip − suffix rotated tokens instead of the grid, (N, 2) integer or float ((N, 3) (t, h, w)
     position ids for RoPEMRoPE, (frame, row, col) for RoPEVJEPA2), on the CPU or q's device (not
-    differentiated); key_positions: the keys' own positions, (N_k, 2), N_k = L_k − skip − suffix
+    differentiated; read in float32: integer ones beyond |value| = 2^24 are a ValueError naming
+    rope_positions / rope_key_positions, the operator's names); key_positions: the keys' own positions, (N_k, 2), N_k = L_k − skip − suffix
     (e.g. another grid, or SAM2's memory keys: the query grid repeated once per frame,
     rpe::rope::repeated_grid_positions; default: the queries'); rope_query_suffix: the queries' own
     trailing unrotated tokens (rpe::rotary_embedding::query_suffix), an int >= 0; None

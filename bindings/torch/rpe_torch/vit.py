@@ -89,8 +89,9 @@ _LAYOUTS = ("pairs", "half")
 def _check_positions(name, positions, x=None, axes=2, what=None):
     """Per-token RoPE positions: None, or an (N, axes) integer / float32 / float64 tensor of
     (row, col) coordinates — (t, h, w) when axes = 3 (M-RoPE), or the module's ``what`` (V-JEPA 2:
-    (frame, row, col)) — (the operators convert them to float32, as the library reads them), on the
-    CPU or on x's device (CUDA: rpe's CUDA backend copies them to the host for its checks and
+    (frame, row, col)) — (the operators convert them to float32, as the library reads them, and
+    refuse integer ones beyond |value| = 2^24 there: a data check, not traced by torch.compile), on
+    the CPU or on x's device (CUDA: rpe's CUDA backend copies them to the host for its checks and
     tables). ValueError / TypeError naming the argument otherwise."""
     if positions is None:
         return
@@ -636,7 +637,8 @@ class RoPEVJEPA2(_RoPE):
 def rope(x, embedding, height=None, width=None, positions=None):
     """``embedding(x, height, width, positions)``: x (B, H, L, D) rotated by a RoPEAxial /
     RoPEMixed / RoPECat / RoPEDinoV3 / RoPEMRoPE / RoPEVJEPA2 module (on the grid, or at
-    per-token ``positions`` (N, 2), (N, 3) for RoPEMRoPE and RoPEVJEPA2).
+    per-token ``positions`` (N, 2), (N, 3) for RoPEMRoPE and RoPEVJEPA2; integer ones must have
+    |value| <= 2^24, exact in float32, else ValueError naming ``positions[n, a]``).
     Raises TypeError for another embedding."""
     if not isinstance(embedding, _RoPE):
         raise TypeError(f"[rpe.torch] embedding is a {type(embedding).__name__}; expected RoPEAxial, RoPEMixed, RoPECat, "

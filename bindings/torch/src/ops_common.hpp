@@ -33,9 +33,11 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <iomanip>
 #include <limits>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -527,12 +529,58 @@ inline std::string rope_form_names() {
     return names;
 }
 
+// The largest magnitude up to which float32 holds every integer exactly (2^24): an integer RoPE
+// position beyond it would be read as another position.
+inline constexpr int64_t max_exact_float32_position = int64_t{1} << 24;
+
+// Integer RoPE positions `t` (N, A) of `name`, before their conversion to float32: every |value|
+// <= 2^24 (max_exact_float32_position), else a ValueError naming name[n, a], the value, and the
+// float32 it would be rounded to. Floating positions are not checked (their rounding to float32
+// is the caller's own); int8 / uint8 / int16 / uint16 cannot exceed 2^24. One min / max reduction
+// on t's device (on CUDA a sync for its two values; the library copies device positions to the
+// host for its checks anyway); the offending element is looked up only on failure.
+inline void check_float32_exact_positions(const at::Tensor& t, const char* name) {
+    const auto st = t.scalar_type();
+    if ((st != at::kInt && st != at::kLong && st != at::kUInt32 && st != at::kUInt64) || t.numel() == 0) return;
+    // uint32 / uint64 have no min / max kernels: compared in float64 (exact near 2^24; int64 ones in
+    // their own type, their min and max then in float64, which keeps them on their side of ±2^24)
+    const at::Tensor v = st == at::kInt || st == at::kLong ? t : t.to(at::kDouble);
+    const auto [lo, hi] = at::aminmax(v);
+    const at::Tensor range = at::stack({lo.to(at::kDouble), hi.to(at::kDouble)}).cpu();
+    const double* r = range.const_data_ptr<double>();
+    constexpr int64_t lim = max_exact_float32_position;
+    if (r[0] >= -static_cast<double>(lim) && r[1] <= static_cast<double>(lim)) return;
+    const int64_t i = at::logical_or(v.gt(lim), v.lt(-lim)).reshape(-1).nonzero()[0][0].item<int64_t>();
+    const at::Tensor e = t.reshape(-1)[i].cpu();
+    std::ostringstream value, rounded;
+    rounded << std::fixed << std::setprecision(0);
+    const auto show = [&](auto x) {
+        value << x;
+        rounded << static_cast<float>(x);
+    };
+    if (st == at::kInt)
+        show(*e.const_data_ptr<int32_t>());
+    else if (st == at::kLong)
+        show(*e.const_data_ptr<int64_t>());
+    else if (st == at::kUInt32)
+        show(*e.const_data_ptr<uint32_t>());
+    else
+        show(*e.const_data_ptr<uint64_t>());
+    const int64_t axes = t.size(1);
+    TORCH_CHECK_VALUE(false, "[rpe.torch] ", name, "[", i / axes, ", ", i % axes, "] = ", value.str(),
+                      "; expected integer positions with |value| <= 2^24 = ", lim,
+                      " (positions are read in float32, exact for integers up to 2^24: this one would be read as ", rounded.str(),
+                      ")");
+}
+
 // Per-token positions (N, 2) (row, col) — (N, 3) for a 3-axis form (mrope: (t, h, w); vjepa2:
 // (frame, row, col)) — of `name`, integer or floating: the float32 contiguous tensor the library
-// reads (rpe::rotary_embedding::positions), or undefined when not given. The library checks the
-// axes against the form, N against L and that every value is finite. A CPU operator takes them on
-// the CPU; a CUDA operator (w on a CUDA device) on the CPU or on w's device (rpe's CUDA backend
-// copies device positions to the host for its checks and tables, and reads host ones in place).
+// reads (rpe::rotary_embedding::positions), or undefined when not given. Integer positions must
+// have |value| <= 2^24 (check_float32_exact_positions: beyond it float32 would read another
+// position). The library checks the axes against the form, N against L and that every value is
+// finite. A CPU operator takes them on the CPU; a CUDA operator (w on a CUDA device) on the CPU or
+// on w's device (rpe's CUDA backend copies device positions to the host for its checks and
+// tables, and reads host ones in place).
 inline at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const char* name, const where& w = {}) {
     if (!p || !p->defined()) return {};
     const at::Tensor& t = *p;
@@ -550,6 +598,7 @@ inline at::Tensor prepared_positions(const c10::optional<at::Tensor>& p, const c
                       "; expected (N, 2) per-token (row, col) coordinates, or (N, 3) for a 3-axis form ((t, h, w) for "
                       "mrope, (frame, row, col) for vjepa2)");
     check_int32_sizes(t, name);
+    check_float32_exact_positions(t, name);
     return t.to(at::kFloat).contiguous();
 }
 

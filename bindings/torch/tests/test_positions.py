@@ -380,6 +380,97 @@ def test_rope_positions_keep_integer_and_float_dtypes():
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+
+# ---------------------------------------------------------------------------------------------
+# Integer RoPE positions beyond 2^24 (float32, as the library reads them, would round them)
+# ---------------------------------------------------------------------------------------------
+
+EXACT = 2 ** 24  # float32 holds every integer up to 2^24; 2^24 + 1 rounds to 2^24, 2^24 + 3 to 2^24 + 4
+
+
+def beyond_2_24(name, row, col, value, read_as):
+    """The operators' ValueError for integer RoPE positions name[row, col] = value > 2^24 in
+    magnitude, which float32 would read as read_as (written out by hand)."""
+    return (rf"^\[rpe\.torch\] {name}\[{row}, {col}\] = {value}; expected integer positions with \|value\| <= "
+            rf"2\^24 = 16777216 \(positions are read in float32, exact for integers up to 2\^24: this one would be "
+            rf"read as {read_as}\)$")
+
+
+def with_value(pos, row, col, value):
+    """int64 positions pos with pos[row, col] = value."""
+    pos = pos.clone()
+    pos[row, col] = value
+    return pos
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint32, torch.uint64])
+def test_rope_positions_beyond_2_24_refused_by_rope(dtype):
+    """rpe_torch.rope (the rope_forward operator) refuses integer positions of magnitude > 2^24
+    in every integer dtype that can hold one, naming the element, its value and what float32
+    would read; 2^24 itself is exact and taken (the rotation at float32 2^24 bit for bit)."""
+    x = torch.randn(1, H, 6, D, generator=torch.Generator().manual_seed(60), dtype=F64)
+    rope = rpe_torch.RoPEAxial(theta=100.0)
+    pos = grid_positions(2, 3)
+    with pytest.raises(ValueError, match=beyond_2_24("positions", 4, 1, EXACT + 1, 16777216)):
+        rpe_torch.rope(x, rope, positions=with_value(pos, 4, 1, EXACT + 1).to(dtype))
+    with pytest.raises(ValueError, match=beyond_2_24("positions", 2, 0, EXACT + 3, 16777220)):
+        rpe_torch.rope(x, rope, positions=with_value(pos, 2, 0, EXACT + 3).to(dtype))
+    if dtype in (torch.int32, torch.int64):
+        with pytest.raises(ValueError, match=beyond_2_24("positions", 0, 1, -EXACT - 1, -16777216)):
+            rpe_torch.rope(x, rope, positions=with_value(pos, 0, 1, -EXACT - 1).to(dtype))
+        at = with_value(with_value(pos, 4, 1, EXACT), 0, 0, -EXACT)
+    else:
+        at = with_value(pos, 4, 1, EXACT)
+    if dtype == torch.uint64:  # beyond int64: still refused with its own value
+        with pytest.raises(ValueError, match=beyond_2_24("positions", 1, 1, 2 ** 64 - 1, 18446744073709551616)):
+            rpe_torch.rope(x, rope, positions=with_value(pos, 1, 1, -1).to(dtype))
+    want = rpe_torch.rope(x, rope, positions=at.to(torch.float32))
+    assert torch.equal(rpe_torch.rope(x, rope, positions=at.to(dtype)), want)
+    # floating positions are the caller's own values (not checked): 2^24 + 1 in float64 is taken
+    # and read as float32 2^24, the rounding an integer 2^24 + 1 would have had silently
+    big, exact = with_value(pos, 4, 1, EXACT + 1).to(F64), with_value(pos, 4, 1, EXACT).to(F64)
+    assert torch.equal(rpe_torch.rope(x, rope, positions=big), rpe_torch.rope(x, rope, positions=exact))
+    assert not torch.equal(want, rpe_torch.rope(x, rope, positions=pos.to(dtype)))  # the position matters
+
+
+def test_rope_positions_beyond_2_24_refused_by_the_modules():
+    """The RoPE modules' forward (here Qwen-VL's M-RoPE, (t, h, w) position ids, and V-JEPA 2's
+    (frame, row, col)) refuse integer position ids beyond 2^24 and take 2^24."""
+    x = torch.randn(1, H, 4, 12, generator=torch.Generator().manual_seed(61), dtype=F64)
+    ids = torch.tensor([[0, 0, 0], [1, 0, 1], [1, 1, 0], [1, 1, 1]])
+    mrope = rpe_torch.RoPEMRoPE(sections=(2, 2, 2))
+    with pytest.raises(ValueError, match=beyond_2_24("positions", 1, 2, -EXACT - 1, -16777216)):
+        mrope(x, positions=with_value(ids, 1, 2, -EXACT - 1))
+    at = with_value(ids, 3, 0, EXACT)
+    assert torch.equal(mrope(x, positions=at), mrope(x, positions=at.to(torch.float32)))
+    vjepa2 = rpe_torch.RoPEVJEPA2(theta=100.0, grid_depth=2, grid_size=2)
+    with pytest.raises(ValueError, match=beyond_2_24("positions", 3, 0, EXACT + 1, 16777216)):
+        vjepa2(x, positions=with_value(ids, 3, 0, EXACT + 1).to(torch.int32))
+    assert torch.equal(vjepa2(x, positions=at.to(torch.int32)), vjepa2(x, positions=at.to(torch.float32)))
+
+
+@pytest.mark.parametrize("save_attn", [None, True])
+def test_rope_positions_beyond_2_24_refused_by_the_attention(save_attn):
+    """rpe_torch.attention's positions / key_positions (the operators' rope_positions /
+    rope_key_positions, forward and forward_attn) refuse integer positions beyond 2^24 by the
+    operators' names, and take 2^24 (the result of float32 positions of the same values)."""
+    h, w = 2, 3
+    q, k, v = qkv(1, 1 + h * w, seed=62)
+    rope = rpe_torch.RoPEAxial(skip=1)
+    pos = grid_positions(h, w)
+
+    def call(**kw):
+        return rpe_torch.attention(q, k, v, rope=rope, save_attn=save_attn, **kw)
+
+    with pytest.raises(ValueError, match=beyond_2_24("rope_positions", 5, 0, EXACT + 1, 16777216)):
+        call(positions=with_value(pos, 5, 0, EXACT + 1))
+    with pytest.raises(ValueError, match=beyond_2_24("rope_key_positions", 0, 1, -EXACT - 1, -16777216)):
+        call(positions=pos, key_positions=with_value(pos, 0, 1, -EXACT - 1).to(torch.int32))
+    at, kat = with_value(pos, 5, 0, EXACT), with_value(pos, 0, 1, -EXACT)
+    got = call(positions=at, key_positions=kat.to(torch.int32))
+    torch.testing.assert_close(got, call(positions=at.to(torch.float32), key_positions=kat.to(torch.float32)),
+                               rtol=0, atol=0)
+
 def test_key_positions_without_positions_before_the_grid():
     """An iRPE module's forward (iRPE and iRPE_Cross) given key_positions but no positions names
     the missing argument, whether or not L is skip + a square (it used to blame L = 13 first)."""
