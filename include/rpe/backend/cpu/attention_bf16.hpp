@@ -133,10 +133,12 @@ inline std::int64_t padded_row(std::int64_t n) { return (n + 31) / 32 * 32; }
 // as cpu::softmax_row: max-subtracted, e_j = exp(x_j − max) (0 below the smallest normal number
 // and for −∞), 1/Σe. Writes the e_j rounded to bf16 (vcvtneps2bf16: to nearest even) into pe
 // (padded_row(n) elements, zeros past n) and returns 1/Σe (P·v then takes Σⱼ bf16(e_j)·v_j and
-// scales by it); when `probs`, also the float probabilities e_j/Σe in place of the row (for attn
-// and the value terms). A NaN or +∞ logit: the row and pe NaN, returns 1; every key masked (or
-// −∞): zeros, returns 0.
-inline float softmax_row_bf16(float* row, std::int64_t n, const std::uint8_t* mask, bf16* pe, bool probs) {
+// scales by it); in place of the row `keep`: nothing, the float exponentials e_j (for the value
+// terms' sums, scaled with the output) or the float probabilities e_j/Σe (for attn). A NaN or +∞
+// logit: the row (kept) and pe NaN, returns 1; every key masked (or −∞): zeros, returns 0.
+enum class row_keep { nothing, exponentials, probabilities };
+inline float softmax_row_bf16(float* row, std::int64_t n, const std::uint8_t* mask, bf16* pe, row_keep keep) {
+    const bool kept = keep != row_keep::nothing;
     constexpr float inf = std::numeric_limits<float>::infinity();
     if (mask)
         for (std::int64_t j = 0; j < n; ++j)
@@ -144,9 +146,16 @@ inline float softmax_row_bf16(float* row, std::int64_t n, const std::uint8_t* ma
     const __m512 ninf = _mm512_set1_ps(-inf);
     const std::int64_t full = n / 16 * 16;
     const __mmask16 tail = static_cast<__mmask16>((1u << (n - full)) - 1u);
-    __m512 mx = ninf;
+    __m512 mx = ninf, my = ninf;  // two chains of maxima: their latency, not throughput, bounds one
     __mmask16 nan = 0;
-    for (std::int64_t j = 0; j < full; j += 16) {
+    std::int64_t j = 0;
+    for (; j + 32 <= full; j += 32) {
+        const __m512 x = _mm512_loadu_ps(row + j), y = _mm512_loadu_ps(row + j + 16);
+        nan |= _mm512_cmp_ps_mask(x, y, _CMP_UNORD_Q);  // either lane NaN
+        mx = _mm512_max_ps(mx, x);
+        my = _mm512_max_ps(my, y);
+    }
+    if (j < full) {
         const __m512 x = _mm512_loadu_ps(row + j);
         nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
         mx = _mm512_max_ps(mx, x);
@@ -154,18 +163,18 @@ inline float softmax_row_bf16(float* row, std::int64_t n, const std::uint8_t* ma
     if (tail) {
         const __m512 x = _mm512_mask_loadu_ps(ninf, tail, row + full);
         nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-        mx = _mm512_max_ps(mx, x);
+        my = _mm512_max_ps(my, x);
     }
-    const float m = _mm512_reduce_max_ps(mx);
+    const float m = _mm512_reduce_max_ps(_mm512_max_ps(mx, my));
     const std::int64_t np = padded_row(n);
     if (nan || m == inf) {  // NaN, as exp(∞ − ∞) would give
-        if (probs) std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
+        if (kept) std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
         std::fill(pe, pe + n, bf16::from_bits(0x7fc0));
         std::fill(pe + n, pe + np, bf16::from_bits(0));
         return 1.0f;
     }
     if (m == -inf) {
-        if (probs) std::fill(row, row + n, 0.0f);
+        if (kept) std::fill(row, row + n, 0.0f);
         std::fill(pe, pe + np, bf16::from_bits(0));
         return 0.0f;
     }
@@ -173,21 +182,19 @@ inline float softmax_row_bf16(float* row, std::int64_t n, const std::uint8_t* ma
     // and clamped at 0 (an exact 0 for masked keys and past n)
     const __m512 pm = _mm512_set1_ps(m), tiny = _mm512_set1_ps(std::numeric_limits<float>::min()), zero = _mm512_setzero_ps();
     __m512 acc = zero;
-    for (std::int64_t j = 0; j < np; j += 16) {
+    for (j = 0; j < np; j += 16) {
         // past the row's tail (np is a multiple of 32): nothing read, exponentials 0
         const __mmask16 lm = j < full ? __mmask16(0xffff) : (j == full ? tail : __mmask16(0));
         const __m512 x = _mm512_mask_loadu_ps(ninf, lm, row + j);
         const __m512 e = _mm512_max_ps(_mm512_sub_ps(Eigen::internal::pexp(_mm512_sub_ps(x, pm)), tiny), zero);
         acc = _mm512_add_ps(acc, e);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(pe + j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
-        if (probs) {
-            _mm512_mask_storeu_ps(row + j, lm, e);
-        }
+        if (kept) _mm512_mask_storeu_ps(row + j, lm, e);
     }
     const float inv = 1.0f / _mm512_reduce_add_ps(acc);
-    if (probs) {
+    if (keep == row_keep::probabilities) {
         const __m512 pi = _mm512_set1_ps(inv);
-        for (std::int64_t j = 0; j < full; j += 16) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), pi));
+        for (j = 0; j < full; j += 16) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), pi));
         if (tail) _mm512_mask_storeu_ps(row + full, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + full), pi));
     }
     return inv;
@@ -253,7 +260,11 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
             qpack_size += plan.on_q[t].table_heads * cpu::bf16_pack_size(dpad, plan.on_q[t].k);
         }
     const bool ctx_q = qpack_size > 0;
-    const bool probs = attn.data || !plan.on_v.empty();  // the float probabilities are needed
+    // the float row kept: the probabilities for attn; else the exponentials for the value sums
+    // (scaled with the output, as the float forward does), else nothing
+    const auto keep = attn.data            ? bf16_hw::row_keep::probabilities
+                      : !plan.on_v.empty() ? bf16_hw::row_keep::exponentials
+                                           : bf16_hw::row_keep::nothing;
     const std::int64_t tq_per_plane = ctx_q ? static_cast<std::int64_t>(plan.on_q.size()) * n * plan.k : 0;
     // the packed B operands hold their pairs up to the inner dimension rounded up to 32 (zeros
     // past it), so that AMX reads whole tiles; vdpbf16ps reads the pairs up to d (or n) only
@@ -387,17 +398,22 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
                 }
                 if (f.in.attn_mask.data)  // the float copy, (L, L) contiguous
                     map<float>(row, 1, n).array() += cmap<float>(f.in.attn_mask.data + (i0 + i) * n, 1, n).array();
-                inv[i] = bf16_hw::softmax_row_bf16(row, n, mask, pb + i * np, probs);
+                inv[i] = bf16_hw::softmax_row_bf16(row, n, mask, pb + i * np, keep);
             }
-            // out = (Σⱼ bf16(e_j)·v_j)/Σe + the value terms (from the float probabilities)
+            // out = (Σⱼ bf16(e_j)·v_j + the value terms of the float exponentials)/Σe, or with the
+            // probabilities kept (attn) the value terms of those after the scaling
             // (AMX: the inner dimension np, the zeros of pb past n against vp's zero pairs past n)
             gemm(rb, d, amx ? np : n, pb, np, vp + p * vp_size, o, d, 1.0f);
             auto om = map<float>(o, rb, d);
+            const auto value_terms = [&] {
+                for (const auto& t : plan.on_v) {
+                    cpu::scatter_rows4(lg, ncols, blk[t.slot], n, rb, n, t.k, part, work);
+                    om.noalias() += cmap<float>(work, rb, t.k) * cmap<float>(t.table + t.head(h) * t.k * d, t.k, d);
+                }
+            };
+            if (keep == bf16_hw::row_keep::exponentials) value_terms();
             for (std::int64_t i = 0; i < rb; ++i) om.row(i) *= inv[i];
-            for (const auto& t : plan.on_v) {
-                cpu::scatter_rows4(lg, ncols, blk[t.slot], n, rb, n, t.k, part, work);
-                om.noalias() += cmap<float>(work, rb, t.k) * cmap<float>(t.table + t.head(h) * t.k * d, t.k, d);
-            }
+            if (keep == bf16_hw::row_keep::probabilities) value_terms();
             cpu::float_to_bf16(o, out.data + (p * n + i0) * d, rb * d);
             if (attn.data)
                 for (std::int64_t i = 0; i < rb; ++i) cpu::float_to_bf16(lg + i * ncols, attn.data + (p * n + i0 + i) * n, n);
