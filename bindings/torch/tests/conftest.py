@@ -1,5 +1,5 @@
-"""Shared helpers of the rpe_torch tests: the repository paths, a tolerance check and iRPE modules
-with random tables."""
+"""Shared helpers of the rpe_torch tests: the repository paths, a tolerance check, iRPE modules
+with random tables and a recorder of the operators rpe_torch.attention calls."""
 import os
 import sys
 from pathlib import Path
@@ -23,6 +23,23 @@ def assert_close(actual, expected, atol, rtol, what):
     err = np.abs(a - e) - (atol + rtol * np.abs(e))
     worst = float(np.max(np.abs(a - e))) if a.size else 0.0
     assert np.all(err <= 0), f"{what}: max |diff| = {worst:.3e} exceeds atol {atol:g} + rtol {rtol:g}·|expected|"
+
+
+def attention_operators(monkeypatch, call):
+    """The attention forward operators (rpe::attention_forward or attention_forward_attn) that
+    `call()` reaches through rpe_torch's operator namespace, in order (rpe_torch._ops replaced by
+    a recorder for the test's duration)."""
+    import rpe_torch
+    used = []
+
+    class Recorder:
+        def __getattr__(self, name):
+            used.append(name)
+            return getattr(torch.ops.rpe, name)
+
+    monkeypatch.setattr(rpe_torch, "_ops", Recorder())
+    call()
+    return [n for n in used if n.startswith("attention_forward")]
 
 
 def random_irpe_modules(head_dim, num_heads, rpe_on, mode, shared_head, seed, method=None, skip=1, std=1.0):

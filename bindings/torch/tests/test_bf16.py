@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import rpe_torch
+from conftest import attention_operators
 from digits_model import build, images
 from test_library import (B, D, H, attention_args, index_attention_args, op_cases, rnd,
                           rope_positions_attention_args, term_cases)
@@ -428,23 +429,13 @@ def test_save_attn_default_counts_bf16_bytes_under_autocast(monkeypatch):
     most 64 MiB: under CPU bf16 (or float16) autocast they are stored in bf16 (float16), 2 bytes, so
     float32 inputs are counted at 2 bytes, as bf16 inputs are. L = 4100 (a 41 × 100 grid), one head:
     67.2 MB in float32 (not kept), 33.6 MB in bf16 (kept)."""
-    used = []
-
-    class Recorder:
-        def __getattr__(self, name):
-            used.append(name)
-            return getattr(torch.ops.rpe, name)
-
-    monkeypatch.setattr(rpe_torch, "_ops", Recorder())
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 1, 4100, 8, generator=g, requires_grad=True)
     cfg = rpe_torch.get_rpe_config(ratio=1.9, method="product", mode="contextual", shared_head=True, skip=0, rpe_on="v")
     _, _, rpe_v = rpe_torch.build_rpe(cfg, head_dim=8, num_heads=1)
 
     def called():
-        used.clear()
-        rpe_torch.attention(q, q, q, None, None, rpe_v, height=41, width=100)
-        return [n for n in used if n.startswith("attention_forward")]
+        return attention_operators(monkeypatch, lambda: rpe_torch.attention(q, q, q, None, None, rpe_v, height=41, width=100))
 
     assert called() == ["attention_forward"]  # float32: 67.2 MB > 64 MiB
     with torch.autocast("cpu", dtype=torch.bfloat16):

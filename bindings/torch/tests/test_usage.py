@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import rpe_torch
+from conftest import attention_operators
 from digits_model import build, images
 
 F64 = torch.float64
@@ -166,25 +167,16 @@ def test_save_attn_none_keeps_probabilities_only_with_a_query_or_value_term(monk
     with a term on the queries or the values, whose recomputation in the backward costs more than
     the kept probabilities; without one (no term, key terms) the backward recomputes them
     (attention_forward). True and False are obeyed whatever the terms; both give the same gradients."""
-    used = []
-
-    class Recorder:
-        def __getattr__(self, name):
-            used.append(name)
-            return getattr(torch.ops.rpe, name)
-
-    monkeypatch.setattr(rpe_torch, "_ops", Recorder())
     mods = modules(rpe_on=rpe_on, mode="ctx") if rpe_on else [None, None, None]
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 7, 4, generator=g, dtype=F64, requires_grad=True) for _ in range(3))
     grid = dict(height=2, width=3) if rpe_on else {}
-    grads = {}
+    grads, out = {}, {}
     for save in (None, True, False):
-        used.clear()
-        out = rpe_torch.attention(q, k, v, *mods, save_attn=save, **grid)
-        called = [n for n in used if n.startswith("attention_forward")]
+        called = attention_operators(
+            monkeypatch, lambda save=save: out.update(o=rpe_torch.attention(q, k, v, *mods, save_attn=save, **grid)))
         assert called == ["attention_forward_attn" if (keeps if save is None else save) else "attention_forward"], save
-        grads[save] = torch.autograd.grad((out * out).sum(), (q, k, v))
+        grads[save] = torch.autograd.grad((out["o"] * out["o"]).sum(), (q, k, v))
     for a, b in zip(grads[True], grads[False]):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
