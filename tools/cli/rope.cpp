@@ -211,6 +211,13 @@ rpe::family_spec rope_spec_of(const rope_options& o) {
                                               "--temperature; add --in-pixels or drop " +
                                               option);
     }
+    // dinov3's period schedule: --base, or --min-period with --max-period (which then replace the
+    // base's schedule: --base given with them would be ignored, refused)
+    if (spec.has("min_period") && o.given.count("--base") != 0 &&
+        (o.given.count("--min-period") != 0 || o.given.count("--max-period") != 0))
+        throw usage_error("--base",
+                          "--base is read only without --min-period / --max-period (the periods replace the base's "
+                          "schedule); drop one of them");
     const auto set = [&](const char* param, double v) {
         if (spec.has(param)) spec.set(param, v);
     };
