@@ -15,7 +15,9 @@
 // the fused calls' scratch); on attention_fwd_bwd also partials_bytes (the backward's partials
 // live at once under attention_options::backward_budget_bytes, rpe::cpu::plan_backward_scratch)
 // and partials_all_bytes (without a budget); attention_fwd_bwd/grid64/qkv/budget_16MiB runs the
-// backward under a 16 MiB budget. attention/packed4/k and attention_fwd_bwd/packed4/k: 4 images
+// backward under a 16 MiB budget; attention_fwd_bwd/deit_s/<rpe>/saved_attn the forward writing
+// the (B, H, L, L) probabilities and the backward reading them (attention_gradients::saved_attn)
+// instead of recomputing them. attention/packed4/k and attention_fwd_bwd/packed4/k: 4 images
 // of different sizes packed into one sequence; .../packed4_each/k: the same 4 images as 4 calls.
 #include <benchmark/benchmark.h>
 #include <rpe/rpe.hpp>
@@ -135,17 +137,27 @@ struct attention_case : attention_config {
     rpe::tensor_ref<float> view(std::vector<float>& x) { return {x.data(), {b, h, l(), d}}; }
 };
 
-enum class what { forward, forward_backward, composed };
+enum class what { forward, forward_backward, forward_backward_saved, composed };
 
 void run(benchmark::State& state, const attention_config& config, what w) {
     attention_case c(config);
     const std::int64_t l = c.l();
-    if (w == what::composed) c.attn.resize(static_cast<std::size_t>(c.b) * c.h * l * l);
+    if (w == what::composed || w == what::forward_backward_saved) c.attn.resize(static_cast<std::size_t>(c.b) * c.h * l * l);
     const rpe::attention_options opt{.backward_budget_bytes = c.budget};
     rpe::release_cpu_workspace();  // workspace_bytes below: this case's peak, not an earlier case's
     for (auto _ : state) {
         if (w == what::composed) {
             rpe::composed_attention_forward(c.in, c.view(c.out), rpe::tensor_ref<float>(c.attn.data(), {c.b, c.h, l, l}));
+        } else if (w == what::forward_backward_saved) {  // the probabilities kept by the forward, read by the backward
+            const rpe::tensor_ref<float> attn(c.attn.data(), {c.b, c.h, l, l});
+            rpe::attention_forward(c.in, c.view(c.out), attn, opt);
+            rpe::attention_backward(c.in,
+                                    {.grad_out = rpe::tensor_ref<const float>(c.grad_out.data(), {c.b, c.h, l, c.d}),
+                                     .grad_q = c.view(c.gq),
+                                     .grad_k = c.view(c.gk),
+                                     .grad_v = c.view(c.gv),
+                                     .saved_attn = rpe::tensor_ref<const float>(c.attn.data(), {c.b, c.h, l, l})},
+                                    opt);
         } else {
             rpe::attention_forward(c.in, c.view(c.out), {}, opt);
             if (w == what::forward_backward)
@@ -164,7 +176,8 @@ void run(benchmark::State& state, const attention_config& config, what w) {
         return benchmark::Counter(static_cast<double>(x), benchmark::Counter::kDefaults, benchmark::Counter::kIs1024);
     };
     state.counters["workspace_bytes"] = bytes(static_cast<std::int64_t>(rpe::detail::cpu::arena::of_this_thread().capacity()));
-    if (w == what::forward_backward) {  // the backward's partials live at once, and without a budget
+    if (w == what::forward_backward ||
+        w == what::forward_backward_saved) {  // the backward's partials live at once, and without a budget
         const auto plan = rpe::cpu::plan_backward_scratch(c.in, opt);
         state.counters["partials_bytes"] = bytes(plan.bytes);
         state.counters["partials_all_bytes"] = bytes(plan.all_bytes);
@@ -446,6 +459,10 @@ const bool registered = [] {
                 ->UseRealTime();
             if (std::string(s.name) == "deit_s") {
                 benchmark::RegisterBenchmark(("attention_composed/" + tail).c_str(), run, c, what::composed)
+                    ->Unit(benchmark::kMillisecond)
+                    ->UseRealTime();
+                benchmark::RegisterBenchmark(("attention_fwd_bwd/" + tail + "/saved_attn").c_str(), run, c,
+                                             what::forward_backward_saved)
                     ->Unit(benchmark::kMillisecond)
                     ->UseRealTime();
                 benchmark::RegisterBenchmark(("attention/" + tail + "/bf16").c_str(), run_bf16, c)

@@ -644,9 +644,9 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     key_lengths[b] are padding, as key_padding_mask marks them, and are skipped; with a mask, a key
     is padded when either marks it, so take it from the mask: last valid index + 1); these are integer tensors on the CPU
     (or, with CUDA tensors, the CPU or q's device), not differentiated (docs/positions.md); save_attn: keep the (B, H, L, L_k) probabilities for
-    the backward, which then does not recompute them (True / False; None: on the CPU with a term on
-    the queries or the values (without one recomputing is faster) when they take at most 64 MiB,
-    e.g. DeiT-S at batch 64 in float32; kept only when a backward can follow, except under
+    the backward, which then does not recompute them (True / False; None: on the CPU when they take
+    at most 64 MiB (reading them back is faster than recomputing them), e.g. DeiT-S at batch 64 in
+    float32; kept only when a backward can follow, except under
     torch.jit.trace, whose graph must hold one operator in every grad mode: there the choice is the
     shapes' only, eager's in grad mode; pass False for a trace meant for inference only). Rows
     whose keys are all masked give zeros (the reference: NaN). Returns (B, H, L, D), differentiable in q, k, v and every table (first
@@ -782,11 +782,10 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         if (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float16, torch.bfloat16)
                 and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in (torch.bfloat16, torch.float16)):
             size = 2
-        # and only with a term on the queries or the values: the backward's recomputation of the
-        # logits then costs more than writing and reading the probabilities (on a Xeon, DeiT-S
-        # shapes: fwd+bwd 2 ms faster with a contextual query term, 0.5 ms with a value term);
-        # without one (no term, key terms, RoPE) it costs less (1 ms faster without any term)
-        save_attn = (q.device.type == "cpu" and counts[0] + counts[2] > 0
+        # reading them back costs less than the backward's recomputation of the logits and softmax
+        # whatever the terms (on a Xeon, DeiT-S shapes, fwd+bwd: 4 % faster without a term, 6 %
+        # with a contextual key term, 8-10 % with query terms; docs/torch.md)
+        save_attn = (q.device.type == "cpu"
                      and q.shape[0] * q.shape[1] * L * int(k.shape[2]) * size <= 64 << 20)
     # only worth it when a backward can follow; not asked under torch.jit.trace, whose graph holds
     # one operator whatever grad mode it later runs in (check_trace re-traces under no_grad): there

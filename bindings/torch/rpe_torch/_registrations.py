@@ -175,14 +175,19 @@ def _attention_setup(ctx, inputs, output):
     extra = [t for t in saved if t is not None]
     if ctx.with_attn:
         ctx.mark_non_differentiable(output[1])
+        # the probabilities' gradient stays None: materialised, it would be a (B, H, L, L_k) tensor of
+        # zeros allocated and filled at every backward, never read
+        ctx.set_materialize_grads(False)
         extra.append(output[1])
     ctx.save_for_backward(q, k, v, *tq, *tk, *tv, *extra)
 
 
 def _attention_backward(ctx, grad_out):
     _first_order()
-    if isinstance(grad_out, (list, tuple)):  # attention_forward_attn: [grad_out, grad_attn (not differentiable)]
+    if isinstance(grad_out, (list, tuple)):  # attention_forward_attn: [grad_out, grad_attn (not differentiable, None)]
         grad_out = grad_out[0]
+    if grad_out is None:  # (grads not materialised with the probabilities) out's own gradient undefined: zero
+        grad_out = torch.zeros_like(ctx.saved_tensors[0])
     q, k, v, *rest = ctx.saved_tensors
     a, b, c = ctx.counts
     tq, tk, tv, rest = rest[:a], rest[a:a + b], rest[a + b:a + b + c], rest[a + b + c:]

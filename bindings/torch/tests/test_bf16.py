@@ -425,8 +425,8 @@ def test_float_only_table_modules_refuse_bf16_naming_the_argument():
 
 
 def test_save_attn_default_counts_bf16_bytes_under_autocast(monkeypatch):
-    """save_attn=None keeps the probabilities (with a term on the values, as here) when they take at
-    most 64 MiB: under CPU bf16 (or float16) autocast they are stored in bf16 (float16), 2 bytes, so
+    """save_attn=None keeps the probabilities (whatever the terms; a value term here) when they
+    take at most 64 MiB: under CPU bf16 (or float16) autocast they are stored in bf16 (float16), 2 bytes, so
     float32 inputs are counted at 2 bytes, as bf16 inputs are. L = 4100 (a 41 × 100 grid), one head:
     67.2 MB in float32 (not kept), 33.6 MB in bf16 (kept)."""
     g = torch.Generator().manual_seed(0)
