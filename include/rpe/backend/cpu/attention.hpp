@@ -889,8 +889,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     gk_all.bottomRows(nkeys - nk).setZero();
                     gv_all.bottomRows(nkeys - nk).setZero();
                 }
-                // ld: lg's and dp's row stride (the forward's); ldp: the probabilities' (given: L_k)
-                const std::int64_t ld = lg_stride(nk, std::max(kx_cols, vx_cols)), ldp = attn.data ? nkeys : ld;
+                // ld: lg's and dp's row stride (the forward's), also the probabilities' (given ones are
+                // copied into lg)
+                const std::int64_t ld = lg_stride(nk, std::max(kx_cols, vx_cols)), ldp = ld;
                 auto gk = gk_all.topRows(nk);
                 auto gv = gv_all.topRows(nk);
                 const auto vp = plan.vv.rows(p, 0, nk, d);
@@ -915,7 +916,11 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     plan.load_queries(p, i0r, rb, qs);
                     const S* pr = lg;  // the block's probabilities: given, or recomputed into lg
                     if (attn.data) {
-                        pr = attn.data + (p * n + i0r) * nkeys;
+                        // the saved rows, copied: one sequential read of memory the forward wrote
+                        // long before (the products then read them from cache, not from memory
+                        // in their packing's strided order)
+                        const S* src = attn.data + (p * n + i0r) * nkeys;
+                        for (std::int64_t i = 0; i < rb; ++i) std::copy_n(src + i * nkeys, nk, lg + i * ld);
                     } else {  // the forward's logits: with the fold, one product gives qs·kᵀ and qs·table_k
                         if (fold) map<S>(lg, rb, ld).noalias() = cmap<S>(qs, rb, d) * cmap<S>(kx, ld, d).transpose();
                         block_probabilities(plan, in, p, i0r, rb, qs, tqp, blk, lg, work, fold, static_cast<const S*>(nullptr),
