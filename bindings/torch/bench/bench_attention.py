@@ -20,7 +20,8 @@ medians (``--repeat``), a table with the ratio other / rpe_torch (> 1: rpe_torch
 - iRPE-K bias, forward under ``torch.no_grad``, against FlexAttention
   (``torch.nn.attention.flex_attention``, compiled: what runs on CPU) with a ``score_mod``
   reading the bias table through the bucket ids (``--no-flex`` skips its compile);
-- ``rpe_torch.attention`` without RPE against ``scaled_dot_product_attention``;
+- ``rpe_torch.attention`` without RPE against ``scaled_dot_product_attention``: forward in grad mode
+  (q, k, v require grad), forward under ``torch.no_grad``, forward + backward;
 - a timm model (``--timm-model``, default DeiT-S; ``--timm-depth`` blocks) with
   ``rpe_torch.timm.swap_attention`` against timm's own: forward (no_grad) and one AdamW training
   step (``--no-timm`` skips it).
@@ -88,6 +89,13 @@ def _sdpa_bias(q, k, v, table, ids, scale):
                                                             scale=scale)
 
 
+def _no_grad(fn, *args, **kwargs):
+    """fn(*args, **kwargs) under torch.no_grad (inference: no autograd graph, q, k, v requiring grad
+    or not)."""
+    with torch.no_grad():
+        return fn(*args, **kwargs)
+
+
 def _row(rows, case, ours, other, ms, shown):
     """A table row: the case, rpe_torch's median, the other implementation's name and median."""
     rows.append((case, ms[ours], shown, ms[other]))
@@ -136,15 +144,20 @@ def compare_torch(args):
         "bias fwd+bwd sdpa": lambda: _sdpa_bias(q, k, v, bias_table, ids, scale).sum().backward(),
         "plain fwd rpe": lambda: rpe_torch.attention(q, k, v, scale=scale),
         "plain fwd sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale),
+        "plain fwd no_grad rpe": lambda: _no_grad(rpe_torch.attention, q, k, v, scale=scale),
+        "plain fwd no_grad sdpa": lambda: _no_grad(torch.nn.functional.scaled_dot_product_attention, q, k, v,
+                                                   scale=scale),
         "plain fwd+bwd rpe": lambda: rpe_torch.attention(q, k, v, scale=scale).sum().backward(),
         "plain fwd+bwd sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
         .sum().backward(),
     }
     ms = interleaved_medians(fns, args.repeat)
-    for case in ("ctx fwd", "ctx fwd+bwd", "bias fwd", "bias fwd+bwd", "plain fwd", "plain fwd+bwd"):
+    for case in ("ctx fwd", "ctx fwd+bwd", "bias fwd", "bias fwd+bwd", "plain fwd", "plain fwd no_grad",
+                 "plain fwd+bwd"):
         what = {"ctx": "iRPE-K contextual", "bias": "iRPE-K bias", "plain": "no RPE"}[case.split()[0]]
         shown = "SDPA" if case.startswith("plain") else "SDPA + float attn_mask (torch ops)"
-        _row(rows, f"{what} {case.split()[1]} (B={B} H={H} L={L} D={D})", f"{case} rpe", f"{case} sdpa", ms, shown)
+        step = " ".join(case.split()[1:]).replace(" no_grad", ", no_grad")
+        _row(rows, f"{what} {step} (B={B} H={H} L={L} D={D})", f"{case} rpe", f"{case} sdpa", ms, shown)
 
     if not args.no_flex:
         from torch.nn.attention.flex_attention import flex_attention

@@ -797,11 +797,13 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     # tensor the kernels refuse)
     a, b, c = counts
     tq, tk, tv = tables[:a], tables[a:a + b], tables[a + b:a + b + c]
-    args = (q, k, v, tq, tk, tv, methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0],
-            grid[1], key_padding_mask, attn_mask, None if scale is None else float(scale), rope_spec[0], rope_spec[1], freqs,
-            rope_spec[2], rope_spec[3], positions, key_positions, rope_spec[4], rpe_positions, rpe_key_positions,
-            packed_lengths, packed_grids, packed_positions, key_lengths,
-            -1 if rope_query_suffix is None else int(rope_query_suffix))
+    # the operators' grouped arguments (few schema arguments keep torch.library's per-call autograd cost low)
+    args = _registrations.attention_op_args(
+        q, k, v, tq, tk, tv, methods[0], modes[0], methods[1], modes[1], methods[2], modes[2], params, grid[0], grid[1],
+        key_padding_mask, attn_mask, None if scale is None else float(scale), rope_spec[0], rope_spec[1], freqs,
+        rope_spec[2], rope_spec[3], positions, key_positions, rope_spec[4], rpe_positions, rpe_key_positions,
+        packed_lengths, packed_grids, packed_positions, key_lengths,
+        -1 if rope_query_suffix is None else int(rope_query_suffix))
     if save_attn:  # the backward reads the probabilities instead of recomputing them
         return _ops.attention_forward_attn(*args)[0]
     return _ops.attention_forward(*args)

@@ -110,69 +110,91 @@ torch.library.register_autograd(f"{_lib}::term_forward", _term_backward, setup_c
 # Fused attention
 # ---------------------------------------------------------------------------------------------
 
-#: Defaults of the attention operators' trailing arguments, from ``scale`` on (spec[11:] of
-#: _attention_setup): a call may leave them out.
-_ATTENTION_TAIL = (None, "", [], None, 0, "pairs", None, None, 0, None, None, None, None, None, None, -1)
+#: The entries of the attention operators' grouped arguments, in order (ops.cpp's schema): ``spec``
+#: (one string, the names separated by semicolons: torch.jit.trace takes no ``str[]``, and
+#: mapping specs hold commas, e.g. ``"swin:window_h=2,window_w=3"``), ``sizes`` (ints; then, with
+#: index tensors, each one's slot: its index in ATTENTION_INDICES) and ``indices`` (the index
+#: tensors given: torch.jit.trace takes no ``Tensor?[]``); ``params`` holds the 12 term values
+#: (alpha, beta, gamma, skip of q, k, v) followed by the RoPE's params.
+ATTENTION_SPEC = ("method_q", "mode_q", "method_k", "mode_k", "method_v", "mode_v", "rope_form", "rope_layout")
+ATTENTION_SIZES = ("height", "width", "rope_skip", "rope_suffix", "rope_query_suffix")
+ATTENTION_INDICES = ("rope_positions", "rope_key_positions", "rpe_positions", "rpe_key_positions", "packed_lengths",
+                     "packed_grids", "packed_positions", "key_lengths")
+#: Position of ``indices`` (the RoPE's positions and the iRPE terms' index tensors) in the
+#: attention operators' arguments.
+ATTENTION_INDEX_ARG = 13
 
-#: spec indices (after q, k, v and the three table lists) of the attention operators' index
-#: tensors: rpe_positions, rpe_key_positions, packed_lengths, packed_grids, packed_positions,
-#: key_lengths (integer, saved for the backward, not differentiated).
-_INDEX = (20, 21, 22, 23, 24, 25)
-#: spec index of rope_query_suffix (the queries' own RoPE suffix, -1 = rope_suffix), the last argument.
-_QUERY_SUFFIX = 26
+
+def attention_op_args(q, k, v, tables_q=(), tables_k=(), tables_v=(), method_q="", mode_q="", method_k="", mode_k="",
+                      method_v="", mode_v="", params=(), height=1, width=1, key_padding_mask=None, attn_mask=None,
+                      scale=None, rope_form="", rope_params=(), rope_freqs=None, rope_skip=0, rope_layout="pairs",
+                      rope_positions=None, rope_key_positions=None, rope_suffix=0, rpe_positions=None,
+                      rpe_key_positions=None, packed_lengths=None, packed_grids=None, packed_positions=None,
+                      key_lengths=None, rope_query_suffix=-1):
+    """The positional arguments of ``torch.ops.rpe.attention_forward`` (and
+    ``attention_forward_attn``; ``attention_backward`` takes them followed by grad_out and attn)
+    from each argument by its own name: the operators group the rarely used ones (``spec``: the
+    names of :data:`ATTENTION_SPEC` joined by ``;``, ``params``: the 12 term values then
+    ``rope_params``, ``sizes``: :data:`ATTENTION_SIZES` then the slot (index in
+    :data:`ATTENTION_INDICES`) of each tensor of ``indices``, the index tensors given), since
+    torch.library's autograd layer costs O(arguments²) per call. ``params``: () (no term) or the 12
+    term values. Returns a 14-tuple (q, k, v, tables_q, tables_k, tables_v, spec, params, sizes,
+    key_padding_mask, attn_mask, scale, rope_freqs, indices). Raises ValueError for a name of
+    ``spec`` holding a ``;``."""
+    names = [method_q, mode_q, method_k, mode_k, method_v, mode_v, rope_form, rope_layout]
+    for what, name in zip(ATTENTION_SPEC, names):
+        if ";" in name:
+            raise ValueError(f"[rpe.torch] {what} = {name!r}; expected a name without ';' (the operators' spec joins "
+                             "the names with semicolons)")
+    params, rope_params = list(params), list(rope_params)
+    if rope_params and not params:
+        params = [0.0] * 12
+    given = [(slot, t) for slot, t in enumerate((rope_positions, rope_key_positions, rpe_positions, rpe_key_positions,
+                                                 packed_lengths, packed_grids, packed_positions, key_lengths))
+             if t is not None]
+    return (q, k, v, list(tables_q), list(tables_k), list(tables_v), ";".join(names), params + rope_params,
+            [height, width, rope_skip, rope_suffix, rope_query_suffix, *(slot for slot, _ in given)], key_padding_mask,
+            attn_mask, scale, rope_freqs, [t for _, t in given])
+
+
+def _rope_form(spec):
+    entries = spec.split(";")
+    return entries[6] if len(entries) > 6 else ""
 
 
 @_fake("attention_forward")
-def _attention_forward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height, width,
-                            key_padding_mask, attn_mask, scale=None, rope_form="", rope_params=(), rope_freqs=None,
-                            rope_skip=0, rope_layout="pairs", rope_positions=None, rope_key_positions=None,
-                            rope_suffix=0,
-                            rpe_positions=None, rpe_key_positions=None, packed_lengths=None, packed_grids=None,
-                            packed_positions=None, key_lengths=None, rope_query_suffix=-1):
+def _attention_forward_fake(q, k, v, tables_q, tables_k, tables_v, spec, params, sizes, key_padding_mask, attn_mask,
+                            scale, rope_freqs, indices):
     return _empty(q, q.shape)
 
 
 @_fake("attention_forward_attn")
-def _attention_forward_attn_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height,
-                                 width, key_padding_mask, attn_mask, scale=None, rope_form="", rope_params=(),
-                                 rope_freqs=None, rope_skip=0, rope_layout="pairs", rope_positions=None,
-                                 rope_key_positions=None, rope_suffix=0,
-                            rpe_positions=None, rpe_key_positions=None, packed_lengths=None, packed_grids=None,
-                            packed_positions=None, key_lengths=None, rope_query_suffix=-1):
+def _attention_forward_attn_fake(q, k, v, tables_q, tables_k, tables_v, spec, params, sizes, key_padding_mask,
+                                 attn_mask, scale, rope_freqs, indices):
     b, h, n = q.shape[0], q.shape[1], q.shape[2]
     return [_empty(q, q.shape), _empty(q, (b, h, n, k.shape[2]))]  # (B, H, L, L_k)
 
 
 @_fake("attention_backward")
-def _attention_backward_fake(q, k, v, tables_q, tables_k, tables_v, mq, oq, mk, ok, mv, ov, params, height, width,
-                             key_padding_mask, attn_mask, scale, grad_out, rope_form="", rope_params=(),
-                             rope_freqs=None, rope_skip=0, attn=None, rope_layout="pairs", rope_positions=None,
-                             rope_key_positions=None, rope_suffix=0,
-                            rpe_positions=None, rpe_key_positions=None, packed_lengths=None, packed_grids=None,
-                            packed_positions=None, key_lengths=None, rope_query_suffix=-1):
+def _attention_backward_fake(q, k, v, tables_q, tables_k, tables_v, spec, params, sizes, key_padding_mask, attn_mask,
+                             scale, rope_freqs, indices, grad_out, attn=None):
     grads = [_empty(q, q.shape), _empty(k, k.shape), _empty(v, v.shape)]
     for slot_tables in (tables_q, tables_k, tables_v):
         grads.extend(_empty(t, t.shape) for t in slot_tables)
-    if rope_form == "mixed" and rope_freqs is not None:
+    if _rope_form(spec) == "mixed" and rope_freqs is not None:
         grads.append(_empty(rope_freqs, rope_freqs.shape))
     return grads
 
 
 def _attention_setup(ctx, inputs, output):
-    q, k, v, tq, tk, tv, *spec = inputs
-    # spec: mq, oq, mk, ok, mv, ov, params, height, width, kpm, attn_mask, then (defaulted, maybe
-    # absent) scale, rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
-    # rope_key_positions, rope_suffix, then the index tensors (_INDEX), rope_query_suffix
-    spec = list(spec) + list(_ATTENTION_TAIL[len(spec) - 11:])
+    q, k, v, tq, tk, tv, spec, params, sizes, kpm, attn_mask, scale, freqs, indices = inputs
     ctx.counts = (len(tq), len(tk), len(tv))
-    where = (9, 10, 14, 17, 18, *_INDEX)
-    saved = [spec[i] for i in where]
-    for i in where:
-        spec[i] = None  # the tensors are saved below
-    ctx.spec = spec
+    ctx.spec = (spec, params, sizes, scale)
+    saved = [kpm, attn_mask, freqs]  # with the index tensors: saved, not differentiated
     ctx.has = tuple(t is not None for t in saved)
+    ctx.n_indices = len(indices)
     ctx.with_attn = isinstance(output, (list, tuple))
-    extra = [t for t in saved if t is not None]
+    extra = [t for t in saved if t is not None] + list(indices)
     if ctx.with_attn:
         ctx.mark_non_differentiable(output[1])
         # the probabilities' gradient stays None: materialised, it would be a (B, H, L, L_k) tensor of
@@ -192,20 +214,18 @@ def _attention_backward(ctx, grad_out):
     a, b, c = ctx.counts
     tq, tk, tv, rest = rest[:a], rest[a:a + b], rest[a + b:a + b + c], rest[a + b + c:]
     it = iter(rest)
-    kpm, attn_mask, freqs, pos, key_pos, *index = (next(it) if has else None for has in ctx.has)
+    kpm, attn_mask, freqs = (next(it) if has else None for has in ctx.has)
+    indices = [next(it) for _ in range(ctx.n_indices)]
     attn = next(it) if ctx.with_attn else None
-    s = ctx.spec
-    grads = _ops.attention_backward(q, k, v, list(tq), list(tk), list(tv), *s[:9], kpm, attn_mask, s[11],
-                                    grad_out.contiguous(), s[12], s[13], freqs, s[15], attn, s[16], pos, key_pos, s[19],
-                                    *index, s[_QUERY_SUFFIX])
+    spec, params, sizes, scale = ctx.spec
+    grads = _ops.attention_backward(q, k, v, list(tq), list(tk), list(tv), spec, params, sizes, kpm, attn_mask, scale,
+                                    freqs, indices, grad_out.contiguous(), attn)
     gq, gk, gv = grads[:3]
     g = grads[3:]
     gtq, gtk, gtv = list(g[:a]), list(g[a:a + b]), list(g[a + b:a + b + c])
-    gfreqs = g[a + b + c] if freqs is not None and s[12] == "mixed" else None
-    rest = [None] * len(s)
-    rest[14] = gfreqs  # rope_freqs; the others (methods, modes, params, grid, masks, scale, rope form, positions,
-    # packed lengths, key lengths, rope_query_suffix) have none
-    return _masked(ctx, (gq, gk, gv, gtq, gtk, gtv, *rest))
+    gfreqs = g[a + b + c] if freqs is not None and _rope_form(spec) == "mixed" else None
+    # spec, params, sizes, the masks, scale and the index tensors have none
+    return _masked(ctx, (gq, gk, gv, gtq, gtk, gtv, None, None, None, None, None, None, gfreqs, None))
 
 
 for _name in ("attention_forward", "attention_forward_attn"):
@@ -417,8 +437,10 @@ _autocast_lib = torch.library.Library(_lib, "IMPL")
 #: ops.cpp), each with the indices of its floating arguments that are not cast to the autocast
 #: dtype under bfloat16 / float16 autocast: the
 #: RoPE's real-valued per-token positions (the library reads them in float32) and the iRPE terms'
-#: integer positions (left as given, so that a wrong dtype keeps its own message).
-BF16_OPS = {"term_forward": (11, 12), "attention_forward": (23, 24), "attention_forward_attn": (23, 24),
+#: integer positions (left as given, so that a wrong dtype keeps its own message); for the
+#: attention operators, their list ``indices`` (ATTENTION_INDEX_ARG), which holds both.
+BF16_OPS = {"term_forward": (11, 12), "attention_forward": (ATTENTION_INDEX_ARG,),
+            "attention_forward_attn": (ATTENTION_INDEX_ARG,),
             "rope_forward": (8,), "table_from_timm": (), "table_to_timm": ()}
 #: The same operators, float16 on the CPU (rpe::f16 storage: computed in float, rounded once).
 F16_OPS = BF16_OPS
@@ -426,7 +448,8 @@ F16_OPS = BF16_OPS
 #: The forward operators with float16 and bfloat16 CUDA kernels (ops_cuda.cpp over rpe's CUDA
 #: backend: fp16 / bf16 storage, sums in float32), with the arguments left as given (as
 #: BF16_OPS). attention_forward_attn has no CUDA kernel (NotImplementedError, cast or not).
-CUDA_LOW_OPS = {"term_forward": (11, 12), "attention_forward": (23, 24), "attention_forward_attn": (23, 24),
+CUDA_LOW_OPS = {"term_forward": (11, 12), "attention_forward": (ATTENTION_INDEX_ARG,),
+                "attention_forward_attn": (ATTENTION_INDEX_ARG,),
                 "rope_forward": (8,)}
 
 #: (device type, autocast dtype) -> the operators that run in that dtype's own kernel under

@@ -284,64 +284,38 @@ std::vector<at::Tensor> attention_backward_impl(attention_args& a, const dtype_r
 }
 
 at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk,
-                             at::TensorList tv, c10::string_view mq, c10::string_view oq, c10::string_view mk,
-                             c10::string_view ok, c10::string_view mv, c10::string_view ov, at::ArrayRef<double> params,
-                             int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
-                             const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
-                             at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
-                             c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
-                             const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix,
-                             const c10::optional<at::Tensor>& rpe_positions, const c10::optional<at::Tensor>& rpe_key_positions,
-                             const c10::optional<at::Tensor>& packed_lengths, const c10::optional<at::Tensor>& packed_grids,
-                             const c10::optional<at::Tensor>& packed_positions, const c10::optional<at::Tensor>& key_lengths,
-                             int64_t rope_query_suffix) {
+                             at::TensorList tv, c10::string_view spec, at::ArrayRef<double> params, at::ArrayRef<int64_t> sizes,
+                             const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
+                             c10::optional<double> scale, const c10::optional<at::Tensor>& rope_freqs, at::TensorList indices) {
     return translating([&] {
-        auto a = make_attention_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale,
-                                     rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
-                                     rope_key_positions, rope_suffix, rpe_positions, rpe_key_positions, packed_lengths,
-                                     packed_grids, packed_positions, key_lengths, rope_query_suffix);
+        auto a = make_attention_args(q, k, v, tq, tk, tv, spec, params, sizes, kpm, am, scale, rope_freqs, indices);
         const dtype_rule st{checked_cpu_type(q, "q"), "q", attention_dtypes};
         return on_cpu_type(st, [&]<class S, class T>() { return attention_forward_impl<S, T>(a, st, false)[0]; });
     });
 }
 
-std::vector<at::Tensor> attention_forward_attn(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk, at::TensorList tv,
-    c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
-    at::ArrayRef<double> params, int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
-    const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
-    at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
-    c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
-    const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
-    const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
-    const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
-    const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
+std::vector<at::Tensor> attention_forward_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
+                                               at::TensorList tk, at::TensorList tv, c10::string_view spec,
+                                               at::ArrayRef<double> params, at::ArrayRef<int64_t> sizes,
+                                               const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
+                                               c10::optional<double> scale, const c10::optional<at::Tensor>& rope_freqs,
+                                               at::TensorList indices) {
     return translating([&] {
-        auto a = make_attention_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale,
-                                     rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
-                                     rope_key_positions, rope_suffix, rpe_positions, rpe_key_positions, packed_lengths,
-                                     packed_grids, packed_positions, key_lengths, rope_query_suffix);
+        auto a = make_attention_args(q, k, v, tq, tk, tv, spec, params, sizes, kpm, am, scale, rope_freqs, indices);
         const dtype_rule st{checked_cpu_type(q, "q"), "q", attention_dtypes};
         return on_cpu_type(st, [&]<class S, class T>() { return attention_forward_impl<S, T>(a, st, true); });
     });
 }
 
-std::vector<at::Tensor> attention_backward(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk, at::TensorList tv,
-    c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
-    at::ArrayRef<double> params, int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
-    const c10::optional<at::Tensor>& am, c10::optional<double> scale, const at::Tensor& grad_out, c10::string_view rope_form,
-    at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
-    const c10::optional<at::Tensor>& attn, c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
-    const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
-    const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
-    const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
-    const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
+std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
+                                           at::TensorList tk, at::TensorList tv, c10::string_view spec,
+                                           at::ArrayRef<double> params, at::ArrayRef<int64_t> sizes,
+                                           const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
+                                           c10::optional<double> scale, const c10::optional<at::Tensor>& rope_freqs,
+                                           at::TensorList indices, const at::Tensor& grad_out,
+                                           const c10::optional<at::Tensor>& attn) {
     return translating([&] {
-        auto a = make_attention_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale,
-                                     rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
-                                     rope_key_positions, rope_suffix, rpe_positions, rpe_key_positions, packed_lengths,
-                                     packed_grids, packed_positions, key_lengths, rope_query_suffix);
+        auto a = make_attention_args(q, k, v, tq, tk, tv, spec, params, sizes, kpm, am, scale, rope_freqs, indices);
         a.grad_out = grad_out;
         if (attn) a.attn = *attn;
         const dtype_rule st{checked_cpu_type(q, "q"), "q", attention_dtypes};
@@ -708,49 +682,45 @@ TORCH_LIBRARY(rpe, m) {
         "term_backward(Tensor? x, Tensor[] tables, Tensor grad_out, str method, str mode, str target, float alpha, "
         "float beta, float gamma, int skip, int height, int width, Tensor? positions=None, "
         "Tensor? key_positions=None) -> Tensor[]");
-    // The attention step: q (B, H, L, D), k, v (B, H, L_k, D) unscaled (L_k ≠ L on the CPU without terms); method_* "" = no term on that slot;
-    // params: (alpha, beta, gamma, skip) for q, k, v (12 values); scale: the softmax scale
+    // The attention step: q (B, H, L, D), k, v (B, H, L_k, D) unscaled (L_k ≠ L on the CPU without terms); the
+    // rarely used arguments grouped in lists (fewer arguments: torch.library's autograd layer costs
+    // O(arguments²) per call), each taking the defaults of its missing trailing entries
+    // (make_attention_args):
+    // spec "method_q;mode_q;method_k;mode_k;method_v;mode_v;rope_form;rope_layout" (one string,
+    // semicolon-separated: torch.jit.trace takes no str[], names may hold commas; method "" = no term on that slot; default "" each,
+    // layout "pairs"); params [] or the 12 term
+    // values (alpha, beta, gamma, skip for q, k, v), then the RoPE's params; sizes [height, width,
+    // rope_skip, rope_suffix, rope_query_suffix] (default 1, 1, 0, 0, -1); scale: the softmax scale
     // (rpe::attention_options::scale, > 0; None = 1/sqrt(D)), applied by the kernels (q·scale
     // for q·kᵀ and the contextual k term, k·scale for the contextual q term; nothing is copied).
-    // The iRPE terms' index tensors (integer, CPU only, not differentiated; docs/positions.md):
-    // rpe_positions, rpe_key_positions (L − skip, 2|3) per-token positions instead of the grid
-    // (rpe::attention_inputs::positions, key_positions); packed_lengths (M,) with packed_grids
-    // (M, 2|3) or packed_positions (L − M·skip, 2|3): several images in one sequence, each
-    // attended alone (attention_inputs::packed; height, width then 0, 0); key_lengths (B,) valid
-    // keys per batch element (attention_inputs::key_lengths). rope_query_suffix: the queries' own
-    // trailing unrotated tokens (rotary_embedding::query_suffix; -1 = rope_suffix, which then counts
-    // the keys' only: SAM2's memory attention passes 0).
+    // indices: the index tensors given (Tensor[]: torch.jit.trace takes no Tensor?[]), each in the
+    // slot sizes[5 + i] names (sizes then holds all 5 sizes first): 0 rope_positions,
+    // 1 rope_key_positions, 2 rpe_positions, 3 rpe_key_positions, 4 packed_lengths, 5 packed_grids,
+    // 6 packed_positions, 7 key_lengths (the others None): the RoPE's
+    // per-token positions, and the iRPE terms' index tensors (integer, CPU only, not
+    // differentiated; docs/positions.md): rpe_positions, rpe_key_positions (L − skip, 2|3)
+    // per-token positions instead of the grid (rpe::attention_inputs::positions, key_positions);
+    // packed_lengths (M,) with packed_grids (M, 2|3) or packed_positions (L − M·skip, 2|3): several
+    // images in one sequence, each attended alone (attention_inputs::packed; height, width then 0,
+    // 0); key_lengths (B,) valid keys per batch element (attention_inputs::key_lengths).
+    // rope_query_suffix: the queries' own trailing unrotated tokens (rotary_embedding::query_suffix;
+    // -1 = rope_suffix, which then counts the keys' only: SAM2's memory attention passes 0).
     m.def(
         "attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
-        "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
-        "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale=None, str rope_form=\"\", "
-        "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, str rope_layout=\"pairs\", "
-        "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0, Tensor? rpe_positions=None, Tensor? "
-        "rpe_key_positions=None, "
-        "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None, "
-        "int rope_query_suffix=-1) -> Tensor");
+        "str spec, float[] params, int[] sizes, Tensor? key_padding_mask, Tensor? attn_mask, float? scale, "
+        "Tensor? rope_freqs, Tensor[] indices) -> Tensor");
     // [out, attn]: attention_forward that also returns the (B, H, L, L_k) probabilities, for
     // attention_backward's `attn` (the backward then does not recompute them).
     m.def(
         "attention_forward_attn(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
-        "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
-        "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale=None, str rope_form=\"\", "
-        "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, str rope_layout=\"pairs\", "
-        "Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0, Tensor? rpe_positions=None, Tensor? "
-        "rpe_key_positions=None, "
-        "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None, "
-        "int rope_query_suffix=-1) -> Tensor[]");
+        "str spec, float[] params, int[] sizes, Tensor? key_padding_mask, Tensor? attn_mask, float? scale, "
+        "Tensor? rope_freqs, Tensor[] indices) -> Tensor[]");
     // [grad_q, grad_k, grad_v, grad tables of q, then k, then v (, grad_rope_freqs for mixed)];
     // attn: attention_forward_attn's probabilities for the same arguments, or None to recompute.
     m.def(
         "attention_backward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
-        "str method_q, str mode_q, str method_k, str mode_k, str method_v, str mode_v, float[] params, int height, "
-        "int width, Tensor? key_padding_mask, Tensor? attn_mask, float? scale, Tensor grad_out, str rope_form=\"\", "
-        "float[] rope_params=[], Tensor? rope_freqs=None, int rope_skip=0, Tensor? attn=None, "
-        "str rope_layout=\"pairs\", Tensor? rope_positions=None, Tensor? rope_key_positions=None, int rope_suffix=0, Tensor? "
-        "rpe_positions=None, Tensor? rpe_key_positions=None, "
-        "Tensor? packed_lengths=None, Tensor? packed_grids=None, Tensor? packed_positions=None, Tensor? key_lengths=None, "
-        "int rope_query_suffix=-1) -> Tensor[]");
+        "str spec, float[] params, int[] sizes, Tensor? key_padding_mask, Tensor? attn_mask, float? scale, "
+        "Tensor? rope_freqs, Tensor[] indices, Tensor grad_out, Tensor? attn=None) -> Tensor[]");
     // 2D RoPE of x (B, H, L, D), L = skip + height*width + suffix (or skip + N + suffix with
     // positions (N, 2), (N, 3) for mrope (t, h, w) and vjepa2 (frame, row, col)): a RoPE form of
     // rpe's registry, its params in the registry's order (axial [theta], mixed [] with freqs

@@ -958,20 +958,51 @@ struct backward_outputs {
 
 // The attention operators' common arguments (attention_forward's schema in order: the backward
 // has the same ones, plus grad_out and attn, which it sets itself) into attention_args, for
-// setup_attention. Optional tensors that are None stay undefined. No checks here: they are
-// setup_attention's (and, on CUDA, check_query_suffix / attention_device's), in the order
-// each operator makes them.
-inline attention_args make_attention_args(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk, at::TensorList tv,
-    c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
-    at::ArrayRef<double> params, int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
-    const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
-    at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
-    c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
-    const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
-    const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
-    const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
-    const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
+// setup_attention. The grouped arguments, each shorter list taking the defaults of its missing
+// trailing entries (a short schema keeps torch.library's per-call cost low, docs/torch.md):
+//   spec    "method_q;mode_q;method_k;mode_k;method_v;mode_v;rope_form;rope_layout" (one string,
+//           semicolon-separated: torch.jit.trace takes no str[], names may hold commas; default "" each, layout "pairs");
+//   params  [] (no term) or the 12 term values (alpha, beta, gamma, skip of q, k, v), then the
+//           RoPE's params;
+//   sizes   [height, width, rope_skip, rope_suffix, rope_query_suffix] (default 1, 1, 0, 0, -1),
+//           then, when indices is not empty, all 5 and each index tensor's slot;
+//   indices the index tensors given (Tensor[]: torch.jit.trace takes no Tensor?[]), each in the
+//           slot sizes[5 + i] names: 0 rope_positions, 1 rope_key_positions, 2 rpe_positions,
+//           3 rpe_key_positions, 4 packed_lengths, 5 packed_grids, 6 packed_positions,
+//           7 key_lengths (the others: None).
+// Optional tensors that are None stay undefined. Checks here: the lists' lengths and the slots
+// (ValueError naming the list); the values are setup_attention's (and, on CUDA, check_query_suffix /
+// attention_device's), in the order each operator makes them. The string views point into spec.
+inline attention_args make_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
+                                          at::TensorList tk, at::TensorList tv, c10::string_view spec,
+                                          at::ArrayRef<double> params, at::ArrayRef<int64_t> sizes,
+                                          const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
+                                          c10::optional<double> scale, const c10::optional<at::Tensor>& rope_freqs,
+                                          at::TensorList indices) {
+    // spec's semicolon-separated entries (views into it); "" is one empty entry, as the default
+    std::vector<c10::string_view> entries;
+    for (std::size_t begin = 0;;) {
+        const std::size_t end = spec.find(';', begin);
+        entries.push_back(spec.substr(begin, end == c10::string_view::npos ? c10::string_view::npos : end - begin));
+        if (end == c10::string_view::npos) break;
+        begin = end + 1;
+    }
+    TORCH_CHECK_VALUE(entries.size() <= 8, "[rpe.torch] spec = '", spec, "' holds ", entries.size(),
+                      " semicolon-separated entries; expected at most 8: method_q, mode_q, method_k, mode_k, method_v, mode_v, "
+                      "rope_form, rope_layout");
+    TORCH_CHECK_VALUE(params.empty() || params.size() >= 12, "[rpe.torch] params holds ", params.size(),
+                      " values; expected none (no term) or 12 (alpha, beta, gamma, skip of the q, k and v terms) followed by "
+                      "the RoPE's params");
+    static constexpr const char* slots =
+        "height, width, rope_skip, rope_suffix, rope_query_suffix, then each index tensor's slot (0 rope_positions, 1 "
+        "rope_key_positions, 2 rpe_positions, 3 rpe_key_positions, 4 packed_lengths, 5 packed_grids, 6 packed_positions, 7 "
+        "key_lengths)";
+    TORCH_CHECK_VALUE(indices.size() <= 8, "[rpe.torch] indices holds ", indices.size(),
+                      " tensors; expected at most 8 (one per slot: rope_positions, rope_key_positions, rpe_positions, "
+                      "rpe_key_positions, packed_lengths, packed_grids, packed_positions, key_lengths)");
+    TORCH_CHECK_VALUE(indices.empty() ? sizes.size() <= 5 : sizes.size() == 5 + indices.size(), "[rpe.torch] sizes holds ",
+                      sizes.size(), " values with ", indices.size(), " index tensors; expected ",
+                      indices.empty() ? "at most 5" : "5 + one slot per index tensor", ": ", slots);
     attention_args a;
     a.q = q;
     a.k = k;
@@ -979,33 +1010,35 @@ inline attention_args make_attention_args(
     a.tables[0] = tq.vec();
     a.tables[1] = tk.vec();
     a.tables[2] = tv.vec();
-    a.methods[0] = mq;
-    a.methods[1] = mk;
-    a.methods[2] = mv;
-    a.modes[0] = oq;
-    a.modes[1] = ok;
-    a.modes[2] = ov;
-    a.params = params.vec();
-    a.height = height;
-    a.width = width;
+    const auto str = [&](std::size_t i, c10::string_view fallback) { return i < entries.size() ? entries[i] : fallback; };
+    for (std::size_t s = 0; s < 3; ++s) {
+        a.methods[s] = str(2 * s, "");
+        a.modes[s] = str(2 * s + 1, "");
+    }
+    a.rope_form = str(6, "");
+    a.rope_layout = str(7, "pairs");
+    a.params = params.empty() ? std::vector<double>(12, 0.0) : std::vector<double>(params.begin(), params.begin() + 12);
+    if (params.size() > 12) a.rope_params.assign(params.begin() + 12, params.end());
+    const auto size = [&](std::size_t i, int64_t fallback) { return i < sizes.size() ? sizes[i] : fallback; };
+    a.height = size(0, 1);
+    a.width = size(1, 1);
+    a.rope_skip = size(2, 0);
+    a.rope_suffix = size(3, 0);
+    a.rope_query_suffix = size(4, -1);
     if (kpm) a.key_padding_mask = *kpm;
     if (am) a.attn_mask = *am;
     a.scale = scale;
-    a.rope_form = rope_form;
-    a.rope_params = rope_params.vec();
     if (rope_freqs) a.rope_freqs = *rope_freqs;
-    a.rope_skip = rope_skip;
-    a.rope_layout = rope_layout;
-    if (rope_positions) a.rope_positions = *rope_positions;
-    if (rope_key_positions) a.rope_key_positions = *rope_key_positions;
-    a.rope_suffix = rope_suffix;
-    if (rpe_positions) a.rpe_positions = *rpe_positions;
-    if (rpe_key_positions) a.rpe_key_positions = *rpe_key_positions;
-    if (packed_lengths) a.packed_lengths = *packed_lengths;
-    if (packed_grids) a.packed_grids = *packed_grids;
-    if (packed_positions) a.packed_positions = *packed_positions;
-    if (key_lengths) a.key_lengths = *key_lengths;
-    a.rope_query_suffix = rope_query_suffix;
+    at::Tensor* index[8] = {&a.rope_positions, &a.rope_key_positions, &a.rpe_positions,    &a.rpe_key_positions,
+                            &a.packed_lengths, &a.packed_grids,       &a.packed_positions, &a.key_lengths};
+    bool taken[8] = {};
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+        const int64_t slot = sizes[5 + i];
+        TORCH_CHECK_VALUE(slot >= 0 && slot < 8 && !taken[slot], "[rpe.torch] sizes[", 5 + i, "] = ", slot,
+                          "; expected the slot of indices[", i, "], 0..7 and not given twice: ", slots);
+        taken[slot] = true;
+        *index[slot] = indices[i];
+    }
     return a;
 }
 

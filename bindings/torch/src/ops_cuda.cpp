@@ -298,23 +298,12 @@ std::vector<at::Tensor> attention_backward_cuda(attention_args& a, const dtype_r
 }
 
 at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk,
-                             at::TensorList tv, c10::string_view mq, c10::string_view oq, c10::string_view mk,
-                             c10::string_view ok, c10::string_view mv, c10::string_view ov, at::ArrayRef<double> params,
-                             int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
-                             const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
-                             at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
-                             c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
-                             const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix,
-                             const c10::optional<at::Tensor>& rpe_positions, const c10::optional<at::Tensor>& rpe_key_positions,
-                             const c10::optional<at::Tensor>& packed_lengths, const c10::optional<at::Tensor>& packed_grids,
-                             const c10::optional<at::Tensor>& packed_positions, const c10::optional<at::Tensor>& key_lengths,
-                             int64_t rope_query_suffix) {
+                             at::TensorList tv, c10::string_view spec, at::ArrayRef<double> params, at::ArrayRef<int64_t> sizes,
+                             const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
+                             c10::optional<double> scale, const c10::optional<at::Tensor>& rope_freqs, at::TensorList indices) {
     return translating([&] {
-        check_query_suffix(rope_form, rope_query_suffix);  // its value first, as the CPU operator (no device yet)
-        auto a = make_attention_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale,
-                                     rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
-                                     rope_key_positions, rope_suffix, rpe_positions, rpe_key_positions, packed_lengths,
-                                     packed_grids, packed_positions, key_lengths, rope_query_suffix);
+        auto a = make_attention_args(q, k, v, tq, tk, tv, spec, params, sizes, kpm, am, scale, rope_freqs, indices);
+        check_query_suffix(a.rope_form, a.rope_query_suffix);  // its value first, as the CPU operator (no device yet)
         const where w = attention_device(a);
         const dtype_rule st{checked_cuda_float_type(q, "q"), "q", attention_dtypes};
         const c10::cuda::CUDAGuard guard(w.device);
@@ -322,26 +311,19 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
     });
 }
 
-std::vector<at::Tensor> attention_backward(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk, at::TensorList tv,
-    c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
-    at::ArrayRef<double> params, int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
-    const c10::optional<at::Tensor>& am, c10::optional<double> scale, const at::Tensor& grad_out, c10::string_view rope_form,
-    at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
-    const c10::optional<at::Tensor>& attn, c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
-    const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
-    const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
-    const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
-    const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
+std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
+                                           at::TensorList tk, at::TensorList tv, c10::string_view spec,
+                                           at::ArrayRef<double> params, at::ArrayRef<int64_t> sizes,
+                                           const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
+                                           c10::optional<double> scale, const c10::optional<at::Tensor>& rope_freqs,
+                                           at::TensorList indices, const at::Tensor& grad_out,
+                                           const c10::optional<at::Tensor>& attn) {
     return translating([&] {
-        check_query_suffix(rope_form, rope_query_suffix);  // its value first, as the CPU operator (no device yet)
+        auto a = make_attention_args(q, k, v, tq, tk, tv, spec, params, sizes, kpm, am, scale, rope_freqs, indices);
+        check_query_suffix(a.rope_form, a.rope_query_suffix);  // its value first, as the CPU operator (no device yet)
         TORCH_CHECK_VALUE(!attn || !attn->defined(),
                           "[rpe.torch] attn (the forward's saved probabilities) is not supported by the cuda backend: rpe's "
                           "CUDA attention keeps no (B, H, L, L) buffer and recomputes them; expected attn = None");
-        auto a = make_attention_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale,
-                                     rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
-                                     rope_key_positions, rope_suffix, rpe_positions, rpe_key_positions, packed_lengths,
-                                     packed_grids, packed_positions, key_lengths, rope_query_suffix);
         a.grad_out = grad_out;
         const where w = attention_device(a);
         const dtype_rule st{checked_cuda_float_type(q, "q"), "q", attention_dtypes};
@@ -353,23 +335,15 @@ std::vector<at::Tensor> attention_backward(
 // attention_forward_attn: refused (rpe's CUDA attention has no probabilities output), after the
 // device checks of attention_forward, so that a call dispatched here by one CUDA tensor among CPU
 // ones (a CUDA table with CPU q, k, v) names that tensor instead.
-std::vector<at::Tensor> attention_forward_attn(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq, at::TensorList tk, at::TensorList tv,
-    c10::string_view mq, c10::string_view oq, c10::string_view mk, c10::string_view ok, c10::string_view mv, c10::string_view ov,
-    at::ArrayRef<double> params, int64_t height, int64_t width, const c10::optional<at::Tensor>& kpm,
-    const c10::optional<at::Tensor>& am, c10::optional<double> scale, c10::string_view rope_form,
-    at::ArrayRef<double> rope_params, const c10::optional<at::Tensor>& rope_freqs, int64_t rope_skip,
-    c10::string_view rope_layout, const c10::optional<at::Tensor>& rope_positions,
-    const c10::optional<at::Tensor>& rope_key_positions, int64_t rope_suffix, const c10::optional<at::Tensor>& rpe_positions,
-    const c10::optional<at::Tensor>& rpe_key_positions, const c10::optional<at::Tensor>& packed_lengths,
-    const c10::optional<at::Tensor>& packed_grids, const c10::optional<at::Tensor>& packed_positions,
-    const c10::optional<at::Tensor>& key_lengths, int64_t rope_query_suffix) {
+std::vector<at::Tensor> attention_forward_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
+                                               at::TensorList tk, at::TensorList tv, c10::string_view spec,
+                                               at::ArrayRef<double> params, at::ArrayRef<int64_t> sizes,
+                                               const c10::optional<at::Tensor>& kpm, const c10::optional<at::Tensor>& am,
+                                               c10::optional<double> scale, const c10::optional<at::Tensor>& rope_freqs,
+                                               at::TensorList indices) {
     return translating([&] {
-        check_query_suffix(rope_form, rope_query_suffix);  // its value first, as the other attention operators
-        auto a = make_attention_args(q, k, v, tq, tk, tv, mq, oq, mk, ok, mv, ov, params, height, width, kpm, am, scale,
-                                     rope_form, rope_params, rope_freqs, rope_skip, rope_layout, rope_positions,
-                                     rope_key_positions, rope_suffix, rpe_positions, rpe_key_positions, packed_lengths,
-                                     packed_grids, packed_positions, key_lengths, rope_query_suffix);
+        auto a = make_attention_args(q, k, v, tq, tk, tv, spec, params, sizes, kpm, am, scale, rope_freqs, indices);
+        check_query_suffix(a.rope_form, a.rope_query_suffix);  // its value first, as the other attention operators
         (void)attention_device(a);
         TORCH_CHECK_NOT_IMPLEMENTED(false,
                                     "[rpe.torch] rpe::attention_forward_attn (the attention's probabilities output, "

@@ -42,6 +42,16 @@ def attention_operators(monkeypatch, call):
     return [n for n in used if n.startswith("attention_forward")]
 
 
+def attention_backward_op_args(*a, attn=None):
+    """rpe::attention_backward's arguments from the arguments one by one: those of
+    rpe_torch._registrations.attention_op_args (the forward's, by name) with grad_out after scale
+    and attn after rope_skip (a[18], a[23]; trailing ones may be left out, attn also given by
+    name). Returns the forward's grouped arguments followed by grad_out and attn."""
+    from rpe_torch._registrations import attention_op_args
+    named = a[:18] + a[19:23] + a[24:]
+    return (*attention_op_args(*named), a[18], a[23] if len(a) > 23 else attn)
+
+
 def random_irpe_modules(head_dim, num_heads, rpe_on, mode, shared_head, seed, method=None, skip=1, std=1.0):
     """(rpe_q, rpe_k, rpe_v) of rpe_torch.build_rpe (ratio 1.9, Product unless `method`; None where
     rpe_on attaches no term) in float64, every parameter drawn N(0, std²) from a generator seeded `seed`."""

@@ -18,6 +18,8 @@ import pytest
 import torch
 
 import rpe_torch as irpe
+from conftest import attention_backward_op_args as GB  # noqa: E402  (the attention operators' grouped arguments)
+from rpe_torch._registrations import attention_op_args as G  # noqa: E402
 
 ops = torch.ops.rpe
 F64 = torch.float64
@@ -89,21 +91,21 @@ def cross_args():
 def test_opcheck_cross(name):
     op = getattr(ops, name)
     args = cross_args()
-    out = op(*args)
+    out = op(*G(*args))
     if name == "attention_forward_attn":
         assert out[1].shape == (B, H, h * w, R * h * w)  # (B, H, L, L_k)
-    torch.library.opcheck(op, args)
+    torch.library.opcheck(op, G(*args))
 
 
 def test_opcheck_cross_backward():
     args = cross_args()
-    out, attn = ops.attention_forward_attn(*args)
+    out, attn = ops.attention_forward_attn(*G(*args))
     q, k, v = (t.detach() for t in args[:3])
     go = rnd(*out.shape, grad=False, seed=15)
     back = (q, k, v, *args[3:17], None, go, "axial", [10000.0], None, 0, attn.detach(), "pairs", None, key_positions(), 0)
-    grads = ops.attention_backward(*back)
+    grads = ops.attention_backward(*GB(*back))
     assert [tuple(g.shape) for g in grads[:3]] == [tuple(q.shape), tuple(k.shape), tuple(v.shape)]
-    torch.library.opcheck(ops.attention_backward, back)
+    torch.library.opcheck(ops.attention_backward, GB(*back))
 
 
 def test_cross_attention_refusals_name_the_argument():
@@ -234,25 +236,25 @@ def sam2_args():
 def test_opcheck_query_suffix(name):
     op = getattr(ops, name)
     args = sam2_args()
-    out = op(*args)
+    out = op(*G(*args))
     ref = sam2_reference(*args[:3], args[16])
     torch.testing.assert_close(out[0] if isinstance(out, list) else out, ref, atol=1e-12, rtol=1e-12)
-    torch.library.opcheck(op, args)
+    torch.library.opcheck(op, G(*args))
 
 
 def test_opcheck_query_suffix_backward():
     args = sam2_args()
-    out, attn = ops.attention_forward_attn(*args)
+    out, attn = ops.attention_forward_attn(*G(*args))
     q, k, v = (t.detach() for t in args[:3])
     go = rnd(*out.shape, grad=False, seed=75)
     for saved in (None, attn.detach()):
         back = (q, k, v, *args[3:17], None, go, "axial", [THETA], None, 0, saved, "pairs", None, args[24], P, None, None,
                 None, None, None, None, 0)
-        grads = ops.attention_backward(*back)
+        grads = ops.attention_backward(*GB(*back))
         want = torch.autograd.grad(sam2_reference(*args[:3], args[16]), args[:3], go)
         for a, b in zip(grads[:3], want):
             torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-11)
-        torch.library.opcheck(ops.attention_backward, back)
+        torch.library.opcheck(ops.attention_backward, GB(*back))
 
 
 def test_query_suffix_compiles_fullgraph():
@@ -293,16 +295,16 @@ def test_query_suffix_refusals_name_it():
     for name in ("attention_forward", "attention_forward_attn"):
         with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = -2; expected >= 0, or -1 for "
                                              r"rope_suffix \(the keys'\)"):
-            getattr(ops, name)(*args[:-1], -2)
+            getattr(ops, name)(*G(*args[:-1], -2))
         with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = 1073741824; expected >= 0"):
-            getattr(ops, name)(*args[:-1], 1 << 30)
+            getattr(ops, name)(*G(*args[:-1], 1 << 30))
     no_rope = (*args[:18], "", [], None, 0, "pairs", None, None, 0, *args[26:32])
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = 0 without a RoPE \(rope_form = ''\); "
                                          r"expected -1"):
-        ops.attention_forward(*no_rope, 0)
+        ops.attention_forward(*G(*no_rope, 0))
     back = (*args[:17], None, args[0].detach(), "axial", [THETA], None, 0, None, "pairs", None, args[24], P)
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = -3; expected >= 0"):
-        ops.attention_backward(*back, None, None, None, None, None, None, -3)
+        ops.attention_backward(*GB(*back, None, None, None, None, None, None, -3))
 
 
 @pytest.mark.skipif(not irpe.has_cuda_kernels(), reason="the operator library was built without its CUDA kernels")
@@ -315,13 +317,13 @@ def test_cuda_operators_take_query_suffix_and_check_it_as_the_cpu():
     args = sam2_args()
     for qs in (0, P, -1):
         with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
-            ops.attention_forward.default.redispatch(cuda, *args[:-1], qs)
+            ops.attention_forward.default.redispatch(cuda, *G(*args[:-1], qs))
     back = (*args[:17], None, args[0].detach(), "axial", [THETA], None, 0, None, "pairs", None, args[24], P,
             None, None, None, None, None, None, 0)
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
-        ops.attention_backward.default.redispatch(cuda, *back)
+        ops.attention_backward.default.redispatch(cuda, *GB(*back))
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope_query_suffix = -2; expected >= 0"):
-        ops.attention_forward.default.redispatch(cuda, *args[:-1], -2)
+        ops.attention_forward.default.redispatch(cuda, *G(*args[:-1], -2))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,10 +435,10 @@ def test_irpe_position_errors_name_the_python_arguments():
     msg = r"^\[rpe\.torch\] rpe_key_positions has shape \(4, 2\); expected \(6 = L_k - skip = 7 - 1 of rpe_k, 2\)"
     for name in ("attention_forward", "attention_forward_attn"):
         with pytest.raises(ValueError, match=msg):
-            getattr(ops, name)(*args, *tail)
+            getattr(ops, name)(*G(*args, *tail))
     back = (*args, q.detach(), "", [], None, 0, None, "pairs", None, None, 0, QP, QP, None, None, None, None, -1)
     with pytest.raises(ValueError, match=msg):
-        ops.attention_backward(*back)
+        ops.attention_backward(*GB(*back))
 
 
 def test_irpe_positions_without_a_term_are_refused():
@@ -463,11 +465,11 @@ def test_irpe_positions_without_a_term_are_refused():
            r"RoPE's are rope_positions / rope_key_positions\)$")
     for name in ("attention_forward", "attention_forward_attn"):
         with pytest.raises(ValueError, match=msg):
-            getattr(ops, name)(*args, QP, None, None, None, None, None, -1)
+            getattr(ops, name)(*G(*args, QP, None, None, None, None, None, -1))
     back = (*args[:18], q.detach(), "", [], None, 0, None, "pairs", None, None, 0, QP, KP, None, None, None, None, -1)
     with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_positions and rpe_key_positions are given but no iRPE "
                                          r"term"):
-        ops.attention_backward(*back)
+        ops.attention_backward(*GB(*back))
     # with packed sequences the packed images' positions are packed_positions
     t = irpe_k(D).lookup_table_weight.detach()
     packed = (q.detach(), k.detach(), v.detach(), [], [t], [], "", "", "product", "contextual", "", "",
@@ -475,4 +477,4 @@ def test_irpe_positions_without_a_term_are_refused():
               None, 0)
     with pytest.raises(ValueError, match=r"^\[rpe\.torch\] rpe_positions is given with packed_lengths; expected "
                                          r"packed_positions \(every image's positions, image after image\) instead$"):
-        ops.attention_forward(*packed, QP, None, torch.tensor([6]), torch.tensor([[1, 5]]), None, None, -1)
+        ops.attention_forward(*G(*packed, QP, None, torch.tensor([6]), torch.tensor([[1, 5]]), None, None, -1))

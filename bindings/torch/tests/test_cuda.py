@@ -28,6 +28,8 @@ import pytest
 import torch
 
 import rpe_torch as rt
+from conftest import attention_backward_op_args as GB  # attention_backward's grouped arguments
+from rpe_torch._registrations import attention_op_args as G  # the attention operators' grouped arguments
 
 #: The device the comparisons run on: "cuda"; "cpu" only to check this file's harness on a
 #: machine without a GPU (RPE_TORCH_TEST_DEVICE=cpu: CPU against CPU, float32 / float64, no error
@@ -118,8 +120,8 @@ def test_cuda_kernels_registered():
     # attention_forward_attn's refusal comes after the device checks (test_errors_name_the_argument
     # sees it with CUDA tensors); CPU tensors alone are named as such
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
-        torch.ops.rpe.attention_forward_attn.default.redispatch(cuda, q, q, q, [], [], [], "", "", "", "", "", "",
-                                                                [0.0] * 12, 2, 2, None, None)
+        torch.ops.rpe.attention_forward_attn.default.redispatch(cuda, *G(q, q, q, [], [], [], "", "", "", "", "", "",
+                                                                [0.0] * 12, 2, 2, None, None))
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] tables is empty"):
         torch.ops.rpe.term_forward.default.redispatch(cuda, None, [], "product", "bias", "k", 1.0, 2.0, 8.0, 0, 2, 2)
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
@@ -909,10 +911,10 @@ def test_errors_name_the_argument():
         rt.attention(q.requires_grad_(), k, v, None, rpe_k, None, height=h, width=w, save_attn=True)
     with pytest.raises(NotImplementedError, match=r"rpe::attention_forward_attn \(the attention's probabilities output, "
                                                   r"rpe_torch\.attention\(save_attn=True\)\) is not supported by the cuda backend"):
-        torch.ops.rpe.attention_forward_attn(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None)
+        torch.ops.rpe.attention_forward_attn(*G(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None))
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] attn \(the forward's saved probabilities\) is not supported"):
-        torch.ops.rpe.attention_backward(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None, None,
-                                         q, attn=torch.zeros(B, H, L, L, device="cuda"))
+        torch.ops.rpe.attention_backward(*GB(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None, None,
+                                         q, attn=torch.zeros(B, H, L, L, device="cuda")))
     pos = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(-1, 2)
     # RoPE positions: on the CPU or q's device; CUDA positions with CPU tensors are refused
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions is on device cuda:0; expected cpu, the device of"):
@@ -928,8 +930,8 @@ def test_errors_name_the_argument():
     with pytest.raises(TypeError, match=r"\[rpe\.torch\] rpe_positions has dtype torch\.float32; expected an integer"):
         rt.attention(q, k, v, None, rpe_k, None, rpe_positions=pos.float().cuda())
     with pytest.raises(TypeError, match=r"\[rpe\.torch\] key_lengths has dtype torch\.float32; expected an integer"):
-        torch.ops.rpe.attention_forward(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None,
-                                        None, *tail, None, None, None, None, None, torch.full((B,), float(L), device="cuda"))
+        torch.ops.rpe.attention_forward(*G(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, None,
+                                        None, *tail, None, None, None, None, None, torch.full((B,), float(L), device="cuda")))
     with pytest.raises(TypeError, match=r"\[rpe\.torch\] positions has dtype torch\.float32; expected an integer"):
         torch.ops.rpe.term_forward(None, [torch.zeros(H, 26, device="cuda")], "product", "bias", "k", 1.0, 2.0, 8.0, 1,
                                    h, w, pos.float().cuda())

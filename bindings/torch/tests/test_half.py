@@ -20,7 +20,6 @@ import pytest
 import torch
 
 import rpe_torch
-from rpe_torch._registrations import _ATTENTION_TAIL
 from test_library import B, D, H, op_cases, rnd, GRADCHECK_ONLY
 from test_bf16 import ATTENTION, KEEP, ROPE_CASES, TERMS, _buckets, cast, flat
 
@@ -111,9 +110,8 @@ def test_rope_is_the_float_rotation_rounded_once(dtype, name):
 # ---------------------------------------------------------------------------------------------
 
 def _backward(args, grad_out, attn=None):
-    """attention_backward's argument order: grad_out after scale, attn later."""
-    args = list(args) + list(_ATTENTION_TAIL[len(args) - 17:])
-    return ops.attention_backward(*args[:18], grad_out, *args[18:22], attn, *args[22:])
+    """attention_backward: the forward's arguments, then grad_out and attn."""
+    return ops.attention_backward(*args, grad_out, attn)
 
 
 @pytest.mark.parametrize("name", sorted(ATTENTION))

@@ -17,6 +17,7 @@ import torch
 
 import rpe_torch
 from conftest import random_irpe_modules
+from rpe_torch._registrations import attention_op_args
 
 ops = torch.ops.rpe
 F64 = torch.float64
@@ -176,8 +177,8 @@ def attention_args():
     tq, tk = rnd(H, K, seed=44), rnd(1, D, K, seed=45)
     params = [*RATIO, 1.0] * 3
     # height, width: checked by the operator, not read by the terms at positions
-    return (q, k, v, [tq], [tk], [], "product", "bias", "product", "contextual", "", "", params, 2, 2, None, None, None,
-            "", [], None, 0, "pairs", None, None, 0, QP, KP)
+    return attention_op_args(q, k, v, [tq], [tk], [], "product", "bias", "product", "contextual", "", "", params, 2, 2,
+                             rpe_positions=QP, rpe_key_positions=KP)
 
 
 @pytest.mark.parametrize("name", ["attention_forward", "attention_forward_attn"])

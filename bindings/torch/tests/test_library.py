@@ -4,11 +4,15 @@ shapes, dtypes and strides, AOT dispatch with dynamic shapes) on small float64 i
 ``torch.autograd.gradcheck`` straight on each differentiable operator. The RoPE operators also
 with their newer arguments (layout half, per-token positions and key positions, integer and
 real, a suffix, DINOv3, M-RoPE, V-JEPA 2 in its own layout), the attention's rope_query_suffix
-(SAM2's memory attention, L_k != L), and the calls of the older signatures (without them)."""
+(SAM2's memory attention, L_k != L), and the calls of the older signatures (without them). The
+attention operators take their rarely used arguments grouped (spec, params, sizes, indices): the
+cases are written by name and grouped with rpe_torch._registrations.attention_op_args (G); the
+grouping itself (short lists, slots, the lists' checks) has its own tests at the end."""
 import pytest
 import torch
 
 import rpe_torch  # noqa: F401  (loads the operators and their registrations)
+from rpe_torch._registrations import attention_op_args as G  # the attention operators' grouped arguments
 
 ops = torch.ops.rpe
 F64 = torch.float64
@@ -39,6 +43,13 @@ def term_cases():
 
 
 def attention_args(save_attn=False, rope=""):
+    """The attention operators' arguments (grouped: rpe_torch._registrations.attention_op_args):
+    iRPE on q, k and v (Product, contextual), a key padding mask, an additive mask, scale 0.41;
+    RoPE-Mixed or RoPE-Axial on request."""
+    return G(*_attention_named(rope))
+
+
+def _attention_named(rope=""):
     L = 1 + h * w
     q, k, v = rnd(B, H, L, D, seed=1), rnd(B, H, L, D, seed=2), rnd(B, H, L, D, seed=3)
     kpm = torch.zeros(B, L, dtype=torch.bool)
@@ -51,6 +62,10 @@ def attention_args(save_attn=False, rope=""):
 
 
 def rope_positions_attention_args(rope="axial"):
+    return G(*_rope_positions_named(rope))
+
+
+def _rope_positions_named(rope="axial"):
     """The attention without terms, RoPE with the new options: layout half (vjepa2: its own, at
     D = DV), skip 1, a suffix of 1, queries at integer positions, keys at real ones (L = 1 + 6 + 1)."""
     L = 1 + h * w + 1
@@ -75,8 +90,8 @@ def query_suffix_attention_args():
     q, k, v = rnd(B, H, L, D, seed=51), rnd(B, H, Lk, D, seed=52), rnd(B, H, Lk, D, seed=53)
     pos = torch.stack([torch.arange(h * w) // w, torch.arange(h * w) % w], 1)
     key_pos = torch.cat([pos, pos]).to(F64) * 0.5 + 0.25
-    return (q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, rnd(L, Lk, grad=False, seed=54), None,
-            "axial", [100.0], None, 1, "pairs", None, key_pos, 2, None, None, None, None, None, None, 0)
+    return G(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w, None, rnd(L, Lk, grad=False, seed=54), None,
+             "axial", [100.0], None, 1, "pairs", None, key_pos, 2, None, None, None, None, None, None, 0)
 
 
 # V-JEPA 2 (layout vjepa2) needs D >= 6: at D = 14 each of its three slices has 4 channels (2
@@ -88,8 +103,8 @@ def vjepa2_attention_args():
     """The attention with iRPE on k and V-JEPA 2 on the grid (one frame: ids (0, row, col)), skip 1."""
     L = 1 + h * w
     q, k, v = rnd(B, H, L, DV, seed=41), rnd(B, H, L, DV, seed=42), rnd(B, H, L, DV, seed=43)
-    return (q, k, v, [], [rnd(H, DV, 26, seed=44)], [], "", "", "product", "contextual", "", "",
-            [*R, 1.0] * 3, h, w, None, None, None, "vjepa2", [100.0], None, 1, "vjepa2")
+    return G(q, k, v, [], [rnd(H, DV, 26, seed=44)], [], "", "", "product", "contextual", "", "",
+             [*R, 1.0] * 3, h, w, None, None, None, "vjepa2", [100.0], None, 1, "vjepa2")
 
 
 def index_attention_args(kind):
@@ -98,12 +113,12 @@ def index_attention_args(kind):
     "packed_positions" (2 images, 2x3 and 2x2 with a class token each, L = 7 + 5), "key_lengths"."""
     pos = torch.stack([torch.arange(h * w) // w, torch.arange(h * w) % w], 1)[torch.tensor([4, 0, 5, 2, 1, 3])]
     if kind in ("positions", "key_lengths"):
-        a = attention_args()
+        a = _attention_named()
         if kind == "positions":
             idx = (pos, (pos + torch.tensor([1, -2])).to(torch.int32), None, None, None, None)
         else:
             idx = (None, None, None, None, None, torch.tensor([7, 4], dtype=torch.int32))
-        return (*a, "pairs", None, None, 0, *idx)
+        return G(*a, "pairs", None, None, 0, *idx)
     L = 7 + 5
     q, k, v = rnd(B, H, L, D, seed=31), rnd(B, H, L, D, seed=32), rnd(B, H, L, D, seed=33)
     kpm = torch.zeros(B, L, dtype=torch.bool)
@@ -111,10 +126,10 @@ def index_attention_args(kind):
     lengths = torch.tensor([7, 5])
     grids = torch.tensor([[2, 3], [2, 2]], dtype=torch.int32) if kind == "packed_grids" else None
     ppos = torch.cat([pos, torch.tensor([[0, 1], [1, 1], [1, 0], [0, 0]])]) if kind == "packed_positions" else None
-    return (q, k, v, [rnd(1, D, 26, seed=5)], [rnd(H, D, 26, seed=6)], [rnd(1, 26, D, seed=7)],
-            "product", "contextual", "product", "contextual", "product", "contextual",
-            [*R, 1.0] * 3, 0, 0, kpm, rnd(L, L, grad=False, seed=34), 0.41, "", [], None, 0, "pairs", None, None, 0,
-            None, None, lengths, grids, ppos, None)
+    return G(q, k, v, [rnd(1, D, 26, seed=5)], [rnd(H, D, 26, seed=6)], [rnd(1, 26, D, seed=7)],
+             "product", "contextual", "product", "contextual", "product", "contextual",
+             [*R, 1.0] * 3, 0, 0, kpm, rnd(L, L, grad=False, seed=34), 0.41, "", [], None, 0, "pairs", None, None, 0,
+             None, None, lengths, grids, ppos, None)
 
 
 def detached(args):
@@ -135,10 +150,10 @@ def op_cases():
     cases["attention_forward[rope_mixed]"] = (ops.attention_forward, attention_args(rope="mixed"))
     cases["attention_forward[rope_axial]"] = (ops.attention_forward, attention_args(rope="axial"))
     a = attention_args()
-    cases["attention_forward[scale_none]"] = (ops.attention_forward, (*a[:17], None, *a[18:]))  # 1/sqrt(D)
+    cases["attention_forward[scale_none]"] = (ops.attention_forward, (*a[:11], None, *a[12:]))  # scale None: 1/sqrt(D)
     cases["attention_forward_attn"] = (ops.attention_forward_attn, attention_args())
     a = detached(attention_args(rope="mixed"))
-    cases["attention_backward"] = (ops.attention_backward, (*a[:18], rnd(B, H, 7, D, grad=False, seed=10), *a[18:]))
+    cases["attention_backward"] = (ops.attention_backward, (*a, rnd(B, H, 7, D, grad=False, seed=10)))
     x = rnd(B, H, 1 + h * w, D, seed=11)
     cases["rope_forward[axial]"] = (ops.rope_forward, (x, "axial", [100.0], None, 1, h, w))
     cases["rope_forward[mixed]"] = (ops.rope_forward, (x, "mixed", [], rnd(2, H, D // 2, seed=12), 1, h, w))
@@ -178,19 +193,17 @@ def op_cases():
                                                               rope_positions_attention_args("vjepa2"))
     a = detached(rope_positions_attention_args("vjepa2"))
     cases["attention_backward[rope_vjepa2_positions]"] = (ops.attention_backward,
-                                                          (*a[:18], rnd(B, H, 8, DV, grad=False, seed=47), *a[18:22], None,
-                                                           *a[22:]))
+                                                          (*a, rnd(B, H, 8, DV, grad=False, seed=47), None))
     cases["attention_forward_attn[rope_positions]"] = (ops.attention_forward_attn, rope_positions_attention_args("mixed"))
     a = detached(rope_positions_attention_args("mixed"))
-    cases["attention_backward[rope_positions]"] = (ops.attention_backward, (*a[:18], rnd(B, H, 8, D, grad=False, seed=21),
-                                                                            *a[18:22], None, *a[22:]))
+    cases["attention_backward[rope_positions]"] = (ops.attention_backward, (*a, rnd(B, H, 8, D, grad=False, seed=21),
+                                                                            None))
     # RoPE's rope_query_suffix: the queries' own trailing tokens (SAM2's memory attention)
     cases["attention_forward[rope_query_suffix]"] = (ops.attention_forward, query_suffix_attention_args())
     cases["attention_forward_attn[rope_query_suffix]"] = (ops.attention_forward_attn, query_suffix_attention_args())
     a = detached(query_suffix_attention_args())
     cases["attention_backward[rope_query_suffix]"] = (ops.attention_backward,
-                                                      (*a[:18], rnd(B, H, 1 + h * w, D, grad=False, seed=55), *a[18:22],
-                                                       None, *a[22:]))
+                                                      (*a, rnd(B, H, 1 + h * w, D, grad=False, seed=55), None))
     # the iRPE terms' per-token positions, packed sequences, key lengths (integer, not differentiated)
     pos = torch.stack([torch.arange(h * w) // w, torch.arange(h * w) % w], 1)[torch.tensor([4, 0, 5, 2, 1, 3])]
     t = term_cases()
@@ -207,8 +220,7 @@ def op_cases():
     for kind in ("positions", "packed_grids", "key_lengths"):
         a = detached(index_attention_args(kind))
         n = a[0].shape[2]
-        cases[f"attention_backward[{kind}]"] = (ops.attention_backward, (*a[:18], rnd(B, H, n, D, grad=False, seed=35),
-                                                                         *a[18:22], None, *a[22:]))
+        cases[f"attention_backward[{kind}]"] = (ops.attention_backward, (*a, rnd(B, H, n, D, grad=False, seed=35), None))
     cases["rope_mixed_init"] = (ops.rope_mixed_init, (10.0, D, torch.rand(H)))
     cases["table_from_timm"] = (ops.table_from_timm, (rnd(15, H),))
     cases["table_to_timm"] = (ops.table_to_timm, (rnd(H, 15),))
@@ -279,3 +291,80 @@ def test_no_autograd_function_remains():
     for mod in (rpe_torch, rpe_torch.vit):
         for name, obj in vars(mod).items():
             assert not (inspect.isclass(obj) and issubclass(obj, torch.autograd.Function)), name
+
+
+def test_attention_schema_groups_the_rarely_used_arguments():
+    """The attention operators keep a short schema (torch.library's autograd layer walks it in
+    O(arguments²) on every grad-mode call, docs/torch.md): 14 arguments, the backward 16."""
+    names = [a.name for a in ops.attention_forward.default._schema.arguments]
+    assert names == ["q", "k", "v", "tables_q", "tables_k", "tables_v", "spec", "params", "sizes", "key_padding_mask",
+                     "attn_mask", "scale", "rope_freqs", "indices"]
+    assert [a.name for a in ops.attention_forward_attn.default._schema.arguments] == names
+    assert [a.name for a in ops.attention_backward.default._schema.arguments] == names + ["grad_out", "attn"]
+
+
+def test_attention_short_lists_take_the_defaults():
+    """Empty spec, params, sizes and indices: no term, no RoPE, no index tensor (the plain
+    softmax attention, checked against torch's); shorter lists take the missing entries' defaults
+    (layout "pairs", rope_skip 0, rope_suffix 0, rope_query_suffix -1); attention_op_args by name
+    gives the same result."""
+    q, k, v = rnd(B, H, 5, D, grad=False, seed=81), rnd(B, H, 5, D, grad=False, seed=82), rnd(B, H, 5, D, grad=False,
+                                                                                                seed=83)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.5)
+    got = ops.attention_forward(q, k, v, [], [], [], "", [], [], None, None, 0.5, None, [])
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    # RoPE-Axial on a 2x2 grid after one skip token: spec and sizes cut after the form and rope_skip
+    short = ops.attention_forward(q, k, v, [], [], [], ";;;;;;axial", [0.0] * 12 + [100.0], [2, 2, 1], None, None, 0.5,
+                                  None, [])
+    full = ops.attention_forward(*G(q, k, v, [], [], [], "", "", "", "", "", "", [0.0] * 12, 2, 2, None, None, 0.5,
+                                    rope_form="axial", rope_params=[100.0], rope_skip=1, rope_layout="pairs",
+                                    rope_suffix=0, rope_query_suffix=-1))
+    torch.testing.assert_close(short, full, atol=0, rtol=0)
+    assert not torch.allclose(short, want)  # the RoPE did rotate q and k
+
+
+def test_attention_list_lengths_are_checked_naming_the_list():
+    q = rnd(B, H, 5, D, grad=False, seed=84)
+    base = [q, q, q, [], [], [], "", [], [], None, None, None, None, []]
+
+    def call(i, value):
+        a = list(base)
+        a[i] = value
+        return ops.attention_forward(*a)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] spec = ';;product;contextual;;;;pairs;' holds 9 "
+                                         r"semicolon-separated entries; expected at most 8: method_q, mode_q, method_k, mode_k, "
+                                         r"method_v, mode_v, rope_form, rope_layout$"):
+        call(6, ";;product;contextual;;;;pairs;")
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] method_k = 'a;b'; expected a name without ';'"):
+        G(q, q, q, method_k="a;b")
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] params holds 4 values; expected none \(no term\) or 12 "
+                                         r"\(alpha, beta, gamma, skip of the q, k and v terms\) followed by the RoPE's "
+                                         r"params$"):
+        call(7, [1.0, 2.0, 8.0, 1.0])
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] sizes holds 6 values with 0 index tensors; expected at most 5: "
+                                         r"height, width, rope_skip, rope_suffix, rope_query_suffix, then each index "
+                                         r"tensor's slot \(0 rope_positions, 1 rope_key_positions, 2 rpe_positions, 3 "
+                                         r"rpe_key_positions, 4 packed_lengths, 5 packed_grids, 6 packed_positions, 7 "
+                                         r"key_lengths\)$"):
+        call(8, [1] * 6)
+    lengths = torch.tensor([5, 4])
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] indices holds 9 tensors; expected at most 8 \(one per slot"):
+        call(13, [lengths] * 9)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] sizes holds 2 values with 1 index tensors; expected 5 \+ one "
+                                         r"slot per index tensor: height, width"):
+        ops.attention_forward(q, q, q, [], [], [], "", [], [1, 1], None, None, None, None, [lengths])
+    for slots, bad in (([8], "sizes\\[5\\] = 8"), ([7, 7], "sizes\\[6\\] = 7"), ([-1], "sizes\\[5\\] = -1")):
+        with pytest.raises(ValueError, match=rf"^\[rpe\.torch\] {bad}; expected the slot of indices\[\d\], 0\.\.7 and "
+                                             r"not given twice"):
+            ops.attention_forward(q, q, q, [], [], [], "", [], [1, 1, 0, 0, -1, *slots], None, None, None, None,
+                                  [lengths] * len(slots))
+    # each index tensor keeps its own name in the messages: key_lengths (slot 7), then the same
+    # tensor in slot 4 (packed_lengths: its own checks)
+    with pytest.raises(TypeError, match=r"\[rpe\.torch\] key_lengths has dtype torch\.float64; expected an integer"):
+        ops.attention_forward(q, q, q, [], [], [], "", [], [1, 1, 0, 0, -1, 7], None, None, None, None,
+                              [torch.full((B,), 5.0, dtype=F64)])
+    # the slot decides: valid key lengths [5, 4] mask the second batch element's last key
+    got = ops.attention_forward(q, q, q, [], [], [], "", [], [1, 1, 0, 0, -1, 7], None, None, None, None, [lengths])
+    kpm = torch.tensor([[False] * 5, [False] * 4 + [True]])
+    torch.testing.assert_close(got, ops.attention_forward(q, q, q, [], [], [], "", [], [], kpm, None, None, None, []),
+                               atol=1e-12, rtol=1e-12)

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import rpe_torch as irpe
+from conftest import attention_backward_op_args as GB  # attention_backward's grouped arguments
+from rpe_torch._registrations import attention_op_args as G  # the attention operators' grouped arguments
 
 RATIO = 1.0  # alpha 1, beta 2, gamma 8: 5 buckets per axis, small tables for gradcheck
 METHODS = ["euclidean", "quantization", "product", "cross"]
@@ -210,31 +212,31 @@ def test_mixed_dtypes_name_the_argument_that_differs():
     grid = ([0.0] * 12, h, w, None, None)
     # attention: q alone of another dtype is the one named (k, v agree), not k
     with odd_dtype("q", F64, "k", F32):
-        ops.attention_forward(q.double(), q, q, *none, *grid)
+        ops.attention_forward(*G(q.double(), q, q, *none, *grid))
     with odd_dtype("q", F64, "k", F32):
         irpe.attention(q.double(), q, q, height=h, width=w)
     with odd_dtype("v", F64, "q", F32):
-        ops.attention_forward(q, q, q.double(), *none, *grid)
+        ops.attention_forward(*G(q, q, q.double(), *none, *grid))
     # a table of another dtype than q, k, v (a module left in float32 with float64 inputs)
     with odd_dtype(r"tables_k\[0\]", F32, "q", F64):
-        ops.attention_forward(q.double(), q.double(), q.double(), [], [t], [], "", "", "product", "contextual", "", "",
-                              [0.0] * 4 + [1.0, 2.0, 8.0, 1.0] + [0.0] * 4, h, w, None, None)
+        ops.attention_forward(*G(q.double(), q.double(), q.double(), [], [t], [], "", "", "product", "contextual", "", "",
+                              [0.0] * 4 + [1.0, 2.0, 8.0, 1.0] + [0.0] * 4, h, w, None, None))
     # float64 q, k, v and tables with one float32 table on another slot
     tq, tv = torch.randn(H, D, 26, generator=g), torch.randn(H, 26, D, generator=g)
     with odd_dtype(r"tables_v\[0\]", F32, "q", F64):
-        ops.attention_forward(q.double(), q.double(), q.double(), [tq.double()], [t.double()], [tv], "product",
+        ops.attention_forward(*G(q.double(), q.double(), q.double(), [tq.double()], [t.double()], [tv], "product",
                               "contextual", "product", "contextual", "product", "contextual", [1.0, 2.0, 8.0, 1.0] * 3,
-                              h, w, None, None)
+                              h, w, None, None))
     with odd_dtype("attn_mask", F64, "q", F32):
-        ops.attention_forward(q, q, q, *none, [0.0] * 12, h, w, None, torch.zeros(L, L, dtype=torch.float64))
+        ops.attention_forward(*G(q, q, q, *none, [0.0] * 12, h, w, None, torch.zeros(L, L, dtype=torch.float64)))
     freqs = torch.randn(2, H, D // 2, generator=g)
     with odd_dtype("rope_freqs", F32, "q", F64):
-        ops.attention_forward(q.double(), q.double(), q.double(), *none, *grid, None, "mixed", [], freqs, 1)
+        ops.attention_forward(*G(q.double(), q.double(), q.double(), *none, *grid, None, "mixed", [], freqs, 1))
     with odd_dtype("grad_out", F64, "q", F32):
-        ops.attention_backward(q, q, q, *none, *grid, None, q.double())
+        ops.attention_backward(*GB(q, q, q, *none, *grid, None, q.double()))
     with odd_dtype("q", F32, "k", F64):  # q alone float32 in the backward: grad_out and attn side with k, v
-        ops.attention_backward(q, q.double(), q.double(), *none, *grid, None, q.double(),
-                               attn=torch.zeros(B, H, L, L, dtype=torch.float64))
+        ops.attention_backward(*GB(q, q.double(), q.double(), *none, *grid, None, q.double(),
+                               attn=torch.zeros(B, H, L, L, dtype=torch.float64)))
     # terms: the tables' dtype; x of another dtype than a lone table (a tie) is named, but a table
     # alone against x and the other table is the odd one
     with odd_dtype("x", F64, r"tables\[0\]", F32):
@@ -290,17 +292,17 @@ def test_mixed_devices_name_the_argument_that_differs():
     def on(name):
         return pytest.raises(ValueError, match=rf"\[rpe\.torch\] {name} is on device meta; expected cpu")
     with on("v"):
-        ops.attention_forward.default.redispatch(cpu, q, q, q.to("meta"), [], [], [], "", "", "", "", "", "",
-                                                 [0.0] * 12, h, w, None, None)
+        ops.attention_forward.default.redispatch(cpu, *G(q, q, q.to("meta"), [], [], [], "", "", "", "", "", "",
+                                                 [0.0] * 12, h, w, None, None))
     with on(r"tables_k\[0\]"):
-        ops.attention_forward.default.redispatch(cpu, q, q, q, [], [t.to("meta")], [], "", "", "product", "contextual",
-                                                 "", "", [0.0] * 4 + [1.0, 2.0, 8.0, 1.0] + [0.0] * 4, h, w, None, None)
+        ops.attention_forward.default.redispatch(cpu, *G(q, q, q, [], [t.to("meta")], [], "", "", "product", "contextual",
+                                                 "", "", [0.0] * 4 + [1.0, 2.0, 8.0, 1.0] + [0.0] * 4, h, w, None, None))
     cfg = irpe.get_rpe_config(ratio=RATIO, method="product", mode="ctx", shared_head=True, skip=1, rpe_on="k")
     with on(r"tables_k\[0\]"):  # the Python function checks the slots' tables too
         irpe.attention(q, q, q, None, irpe.build_rpe(cfg, head_dim=D, num_heads=H)[1].to("meta"), None, height=h, width=w)
     with on("grad_out"):
-        ops.attention_backward.default.redispatch(cpu, q, q, q, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w,
-                                                  None, None, None, q.to("meta"))
+        ops.attention_backward.default.redispatch(cpu, *GB(q, q, q, [], [], [], "", "", "", "", "", "", [0.0] * 12, h, w,
+                                                  None, None, None, q.to("meta")))
     with on(r"tables\[1\]"):
         c = torch.randn(1, D, 5)
         ops.term_forward.default.redispatch(cpu, q[:, :, 1:], [c, c.to("meta")], "cross", "contextual", "k", 1.0, 2.0,

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import rpe_torch
+from rpe_torch._registrations import attention_op_args as G  # the attention operators' grouped arguments
 from conftest import random_irpe_modules
 
 F64 = torch.float64
@@ -526,9 +527,9 @@ def test_operator_errors_name_the_argument():
     def op(**kw):
         idx = [kw.get(n) for n in ("rpe_positions", "rpe_key_positions", "packed_lengths", "packed_grids",
                                    "packed_positions", "key_lengths")]
-        return ops.attention_forward(q, k, v, [], [t], [], "", "", "product", "contextual", "", "",
+        return ops.attention_forward(*G(q, k, v, [], [t], [], "", "", "product", "contextual", "", "",
                                      [0.0] * 4 + [1.9, 3.8, 15.2, 1.0] + [0.0] * 4, 2, 3, None, None, None, "", [],
-                                     None, 0, "pairs", None, None, 0, *idx)
+                                     None, 0, "pairs", None, None, 0, *idx))
 
     with pytest.raises(TypeError, match=r"\[rpe.torch\] rpe_positions has dtype torch\.float32; expected an integer tensor"):
         op(rpe_positions=pos.float())

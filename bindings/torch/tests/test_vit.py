@@ -13,6 +13,7 @@ import torch
 from torch.nn.utils.stateless import functional_call
 
 import rpe_torch as rt
+from rpe_torch._registrations import attention_op_args as G  # the attention operators' grouped arguments
 from conftest import ROOT, assert_close
 
 GOLDEN = ROOT / "tests" / "data" / "golden_vit"
@@ -694,8 +695,8 @@ def test_rope_layout_positions_dinov3_errors():
                                          r"'vjepa2' \(V-JEPA 2's own, for form 'vjepa2' only\)"):
         torch.ops.rpe.rope_forward(x, "axial", [100.0], None, 1, 2, 3, "interleaved")
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope layout = 'x'; expected 'pairs', 'half' or 'vjepa2'"):
-        torch.ops.rpe.attention_forward(x, x, x, [], [], [], "", "", "", "", "", "", [0.0] * 12, 2, 3, None, None,
-                                        rope_form="axial", rope_params=[100.0], rope_skip=1, rope_layout="x")
+        torch.ops.rpe.attention_forward(*G(x, x, x, [], [], [], "", "", "", "", "", "", [0.0] * 12, 2, 3, None, None,
+                                        rope_form="axial", rope_params=[100.0], rope_skip=1, rope_layout="x"))
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] suffix = -1; expected an int >= 0"):
         rt.RoPEAxial(suffix=-1)
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] rope suffix = -2; expected >= 0"):
@@ -733,9 +734,9 @@ def test_rope_layout_positions_dinov3_errors():
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] positions / key_positions are given without rope"):
         rt.attention(x, x, x, height=2, width=3, positions=grid_positions(2, 3))
     with pytest.raises(TypeError, match=r"\[rpe\.torch\] rope_key_positions has dtype torch\.complex64"):
-        torch.ops.rpe.attention_forward(x, x, x, [], [], [], "", "", "", "", "", "", [0.0] * 12, 2, 3, None, None,
+        torch.ops.rpe.attention_forward(*G(x, x, x, [], [], [], "", "", "", "", "", "", [0.0] * 12, 2, 3, None, None,
                                         rope_form="axial", rope_params=[100.0], rope_skip=1,
-                                        rope_key_positions=torch.zeros(6, 2, dtype=torch.complex64))
+                                        rope_key_positions=torch.zeros(6, 2, dtype=torch.complex64)))
     # DINOv3's configuration
     with pytest.raises(ValueError, match=r"\[rpe\.torch\] dim = 6; expected a multiple of 4"):
         rt.RoPEDinoV3(6)
@@ -1150,8 +1151,8 @@ def test_rope_vjepa2_errors_name_the_argument():
          r"\[rpe\.rope\] rope layout = pairs for a form that runs in its own layout; expected rope::layout::vjepa2"),
         (lambda: torch.ops.rpe.rope_forward(x, "axial", [100.0], None, 0, 2, 4, "vjepa2"), ValueError,
          r"\[rpe\.rope\] rope layout = vjepa2 for a form other than rope::vjepa2; expected pairs or half"),
-        (lambda: torch.ops.rpe.attention_forward(x, x, x, [], [], [], "", "", "", "", "", "", [0.0] * 12, 2, 4, None, None,
-                                                 rope_form="vjepa2", rope_params=[10000.0], rope_layout="half"), ValueError,
+        (lambda: torch.ops.rpe.attention_forward(*G(x, x, x, [], [], [], "", "", "", "", "", "", [0.0] * 12, 2, 4, None, None,
+                                                 rope_form="vjepa2", rope_params=[10000.0], rope_layout="half")), ValueError,
          r"\[rpe\.attention\] rope layout = half for a form that runs in its own layout"),
         (lambda: torch.ops.rpe.rope_forward(x, "vjepa2", [], None, 0, 2, 4, "vjepa2"), ValueError,
          r"\[rpe\.torch\] rope_params holds 0 values for form 'vjepa2'; expected 1 \(theta\)"),
