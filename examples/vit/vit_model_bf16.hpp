@@ -10,8 +10,9 @@
 ///   and RoPE frequencies in bf16 (rpe::attention_forward on rpe::bf16 takes them so); the short
 ///   vectors (biases, LayerNorm weights, class token, pos_embed) as float copies of their bf16
 ///   values (the same values, converted once instead of at every use).
-/// - Matrix products: bf16 × bf16 with float accumulation (vdpbf16ps on AVX512_BF16, else the
-///   portable kernel: rpe::detail::cpu::bf16_linear). Every operand of a product is bf16: the
+/// - Matrix products: bf16 × bf16 with float accumulation (AMX tiles where the unit is built for
+///   AMX-BF16 and the OS grants them, for layers whose inputs are a multiple of 32; else vdpbf16ps
+///   on AVX512_BF16, else the portable kernel: rpe::detail::cpu::bf16_linear). Every operand of a product is bf16: the
 ///   image patches (rounded when gathered), LN1 / LN2 / final-LN outputs, q, k, v, the attention
 ///   output, the GELU output.
 /// - Rounded to bf16 (each once, to nearest even): patches; LayerNorm outputs (computed in float
@@ -148,8 +149,14 @@ public:
         rpe::detail::require(n >= 1, "vit_model", "chunk_size = ", n, "; expected >= 1");
         chunk_ = n;
     }
-    /// @brief "AVX512_BF16" or "portable": the path of this unit's bf16 products on this CPU.
-    [[nodiscard]] static const char* isa() { return rpe::detail::cpu::bf16_hw_now() ? "AVX512_BF16" : "portable"; }
+    /// @brief "AMX_BF16", "AVX512_BF16" or "portable": the path of this unit's bf16 products on this
+    /// CPU now (AMX: the Linear layers whose inputs are a multiple of 32, and the attention; the
+    /// others take vdpbf16ps).
+    [[nodiscard]] static const char* isa() {
+        namespace cpu = rpe::detail::cpu;
+        if (cpu::hw_amx && cpu::bf16_amx_now()) return "AMX_BF16";
+        return cpu::bf16_hw_now() ? "AVX512_BF16" : "portable";
+    }
 
     /// @brief Batch forward: logits of every image (see vit_model::forward).
     /// @param images (N, Cin, S, S) float, rounded to bf16 as the patches are gathered.

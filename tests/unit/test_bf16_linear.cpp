@@ -1,7 +1,8 @@
 // The bf16 Linear layers of the CPU backend (rpe::detail::cpu, bf16_kernels.hpp; the whole-model
 // bf16 benchmarks run on them): bf16_gemm_portable and, where this build has AVX512_BF16,
 // bf16_gemm against a float64 product of the same bf16 values; bf16_pack_linear's panels;
-// bf16_linear and bf16_linear_tiles (epilogue) on both paths (the test hook bf16_portable_only),
+// bf16_linear and bf16_linear_tiles (epilogue) on every path (AMX tiles where the unit is built for
+// them and the OS grants them, vdpbf16ps, portable: the test hooks bf16_amx_off, bf16_portable_only),
 // ragged sizes (rows not a multiple of 8 or of the 64-row tiles, outputs not a multiple of 32 or
 // of the 128-wide panels, odd inner sizes), rows further apart than their length, 1 and 2 threads.
 //
@@ -138,9 +139,10 @@ TEST_CASE("bf16_pack_linear: panels of 128 outputs, each W[panel]ᵀ packed by b
     CHECK(zeros);
 }
 
-TEST_CASE("bf16_linear and bf16_linear_tiles against float64 on both paths; 1 and 2 threads give the same bits") {
+TEST_CASE("bf16_linear and bf16_linear_tiles against float64 on every path; 1 and 2 threads give the same bits") {
     using shape = std::array<std::int64_t, 3>;  // m (rows of x), n (outputs), kd (inputs)
-    for (const auto [m, n, kd] : {shape{1, 1, 1}, shape{5, 130, 33}, shape{70, 257, 75}, shape{131, 128, 384}}) {
+    for (const auto [m, n, kd] :
+         {shape{1, 1, 1}, shape{5, 130, 33}, shape{70, 257, 75}, shape{131, 128, 384}, shape{70, 257, 96}, shape{3, 20, 32}}) {
         CAPTURE(m);
         CAPTURE(n);
         CAPTURE(kd);
@@ -151,9 +153,13 @@ TEST_CASE("bf16_linear and bf16_linear_tiles against float64 on both paths; 1 an
         const auto bias = random_bf16(static_cast<std::size_t>(n), rng);
         const auto pw = cpu::bf16_pack_linear(w.data(), ldw, n, kd);
         auto wref = [&](std::int64_t r, std::int64_t j) { return as_double(w[static_cast<std::size_t>(j * ldw + r)]); };
-        for (const bool portable : {false, true}) {
-            CAPTURE(portable);
-            const rpe_test::bf16_portable_path path(portable);
+        // 0: the unit's own path (AMX tiles where built, granted and kd % 32 == 0), 1: without AMX
+        // (vdpbf16ps where built), 2: portable
+        for (const int route : {0, 1, 2}) {
+            CAPTURE(route);
+            const rpe_test::bf16_amx_off_path amx_off(route == 1);
+            const rpe_test::bf16_portable_path path(route == 2);
+            CHECK(cpu::bf16_linear_uses_amx(pw) == (route == 0 && cpu::hw_amx && cpu::amx_granted() && kd % 32 == 0));
             std::vector<float> first;
             for (const int threads : {1, 2}) {
                 CAPTURE(threads);

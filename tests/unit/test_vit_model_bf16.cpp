@@ -210,7 +210,7 @@ TEST_CASE("vit_model_bf16: shapes are checked before anything is written") {
         "[rpe.vit_model] logits have shape (2, 4); expected (2, 5)", rpe::invalid_argument);
     CHECK(std::all_of(logits.begin(), logits.end(), [](float x) { return x == 7.0f; }));
     const std::string isa = vit_model_bf16::isa();
-    CHECK((isa == "AVX512_BF16" || isa == "portable"));
+    CHECK((isa == "AMX_BF16" || isa == "AVX512_BF16" || isa == "portable"));
 }
 
 }  // namespace rpe_unit_vit_model_bf16

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -451,6 +452,13 @@ struct bf16_linear_weight {
     [[nodiscard]] std::int64_t panel_size() const { return bf16_pack_size(kd, panel); }
 };
 
+/// @brief Whether bf16_linear / bf16_linear_tiles run the products of the packed weight `w` on AMX
+/// tiles now: a unit built for AMX-BF16 (namespace amx_bf16), the tiles granted (amx_granted()),
+/// neither test hook on (bf16_amx_now()), and w's inputs a multiple of 32 (the tiles take 16 pairs
+/// at a time; the packed panels hold no zeros past kd). Otherwise vdpbf16ps or the portable kernel
+/// (bf16_gemm_auto).
+inline bool bf16_linear_uses_amx(const bf16_linear_weight& w) { return hw_amx && w.kd % 32 == 0 && bf16_amx_now(); }
+
 /// @brief Packs W (n, kd), rows `ldw` apart (ldw ≥ kd), for bf16_linear (see bf16_linear_weight).
 /// Done once per weight (at model set-up); n ≥ 0, kd ≥ 1.
 inline bf16_linear_weight bf16_pack_linear(const bf16* w, std::int64_t ldw, std::int64_t n, std::int64_t kd) {
@@ -469,7 +477,9 @@ inline bf16_linear_weight bf16_pack_linear(const bf16* w, std::int64_t ldw, std:
 /// W, float accumulation and float y. x: bf16 rows `ldx` apart; w: W packed by bf16_pack_linear;
 /// y: float rows `ldy` apart (only its first n columns are written). The tiles (blocks of 64 rows
 /// of x × one panel of W) run in parallel with OpenMP (panel-major: a thread keeps its panel
-/// while the rows stream), each by bf16_gemm_auto (so the error bound of bf16_gemm_portable). With
+/// while the rows stream), each by bf16_linear_uses_amx(w) ? bf16_gemm_amx (AMX tiles, configured
+/// once per thread and call) : bf16_gemm_auto (either way the error bound of bf16_gemm_portable;
+/// the paths differ in the order of the float sums). With
 /// `epilogue` (a callable `(i0, rows, j0, cols, float* t, ldt)`, not `nullptr`), the tile t = the
 /// rows [i0, i0 + rows) × columns [j0, j0 + cols) of x·Wᵀ (rows ldt apart) is computed into the
 /// thread's own float scratch instead of y and handed to the epilogue while it is in cache (y and
@@ -482,11 +492,23 @@ void bf16_linear_tiles(std::int64_t m, const bf16* x, std::int64_t ldx, const bf
     constexpr std::int64_t mb = 64;  // rows per tile: a multiple of bf16_gemm's 8 rows
     const std::int64_t blocks = (m + mb - 1) / mb, panels = w.panels(), items = blocks * panels;
     if (m <= 0 || w.n <= 0) return;
+    [[maybe_unused]] const bool amx = bf16_linear_uses_amx(w);
 #if defined(_OPENMP)
 #pragma omp parallel if (items > 1)
 #endif
     {
         std::vector<float> tile(own_tile ? static_cast<std::size_t>(mb * w.panel) : 0);
+#if defined(RPE_HAS_AMX_BF16)
+        std::optional<amx_tiles> tiles;  // this thread's tile configuration, for this call
+        if (amx) tiles.emplace();
+#endif
+        const auto gemm = [&](std::int64_t rows, std::int64_t cols, const bf16* a, const bf16* b, float* c, std::int64_t ldc,
+                              bool acc) {
+#if defined(RPE_HAS_AMX_BF16)
+            if (amx) return bf16_gemm_amx(rows, cols, w.kd, a, ldx, b, c, ldc, 1.0f, acc);
+#endif
+            bf16_gemm_auto(rows, cols, w.kd, a, ldx, b, c, ldc, 1.0f, acc);
+        };
 #if defined(_OPENMP)
 #pragma omp for schedule(static)
 #endif
@@ -495,10 +517,10 @@ void bf16_linear_tiles(std::int64_t m, const bf16* x, std::int64_t ldx, const bf
             const std::int64_t j0 = p * w.panel, rows = std::min(mb, m - i0), cols = std::min(w.panel, w.n - j0);
             const bf16* b = w.packed.data() + p * w.panel_size();
             if constexpr (own_tile) {
-                bf16_gemm_auto(rows, cols, w.kd, x + i0 * ldx, ldx, b, tile.data(), w.panel, 1.0f, false);
+                gemm(rows, cols, x + i0 * ldx, b, tile.data(), w.panel, false);
                 epilogue(i0, rows, j0, cols, tile.data(), w.panel);
             } else {
-                bf16_gemm_auto(rows, cols, w.kd, x + i0 * ldx, ldx, b, y + i0 * ldy + j0, ldy, 1.0f, add);
+                gemm(rows, cols, x + i0 * ldx, b, y + i0 * ldy + j0, ldy, add);
             }
         }
     }
