@@ -3,8 +3,8 @@
 // bf16_gemm against a float64 product of the same bf16 values; bf16_pack_linear's panels;
 // bf16_linear and bf16_linear_tiles (epilogue) on every path (AMX tiles where the unit is built for
 // them and the OS grants them, vdpbf16ps, portable: the test hooks bf16_amx_off, bf16_portable_only),
-// ragged sizes (rows not a multiple of 8 or of the 64-row tiles, outputs not a multiple of 32 or
-// of the 128-wide panels, odd inner sizes), rows further apart than their length, 1 and 2 threads.
+// ragged sizes (rows not a multiple of 8 or of the 64-row tiles, a 32-row AMX block of 17 rows,
+// outputs not a multiple of 32 or of the 128-wide panels, odd inner sizes), rows further apart than their length, 1 and 2 threads.
 //
 // Error model: the inputs are bf16 values, exact in float and double, so the reference (double
 // sums of the same products) sees the same problem. Each product a·b is exact in float (8 × 8
@@ -141,8 +141,8 @@ TEST_CASE("bf16_pack_linear: panels of 128 outputs, each W[panel]ᵀ packed by b
 
 TEST_CASE("bf16_linear and bf16_linear_tiles against float64 on every path; 1 and 2 threads give the same bits") {
     using shape = std::array<std::int64_t, 3>;  // m (rows of x), n (outputs), kd (inputs)
-    for (const auto [m, n, kd] :
-         {shape{1, 1, 1}, shape{5, 130, 33}, shape{70, 257, 75}, shape{131, 128, 384}, shape{70, 257, 96}, shape{3, 20, 32}}) {
+    for (const auto [m, n, kd] : {shape{1, 1, 1}, shape{5, 130, 33}, shape{70, 257, 75}, shape{131, 128, 384}, shape{70, 257, 96},
+                                  shape{3, 20, 32}, shape{49, 40, 64}}) {
         CAPTURE(m);
         CAPTURE(n);
         CAPTURE(kd);
