@@ -654,6 +654,9 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     parameter for bad input.
     """
     from .vit import _RoPE, _check_positions
+    if save_attn is not None and not isinstance(save_attn, bool):  # bool("no") would keep them
+        raise TypeError(f"[rpe.torch] save_attn = {save_attn!r} has type {type(save_attn).__name__}; expected None, True "
+                        "or False")
     if rope is None and (positions is not None or key_positions is not None):
         raise ValueError("[rpe.torch] positions / key_positions are given without rope; expected a RoPE module "
                          "(they are the rotary embedding's per-token positions)")

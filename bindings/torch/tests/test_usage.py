@@ -180,6 +180,15 @@ def test_save_attn_none_keeps_probabilities_on_the_cpu_whatever_the_terms(monkey
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("value", ["no", 0, 1.0, torch.tensor(True)])
+def test_save_attn_must_be_none_or_a_bool(value):
+    """save_attn takes None, True or False: anything else is a TypeError naming it (a string such as
+    "no" would otherwise count as True and keep the probabilities)."""
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"\[rpe.torch\] save_attn = .* has type .*; expected None, True or False"):
+        rpe_torch.attention(q, k, v, save_attn=value)
+
+
 def test_saved_probabilities_get_no_materialised_gradient():
     """The backward of attention_forward_attn gets no (B, H, L, L) tensor of zeros for the
     probabilities' gradient (they are not differentiable; autograd would otherwise allocate and
