@@ -889,9 +889,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     gk_all.bottomRows(nkeys - nk).setZero();
                     gv_all.bottomRows(nkeys - nk).setZero();
                 }
-                // ld: lg's and dp's row stride (the forward's), also the probabilities' (given ones are
-                // copied into lg)
-                const std::int64_t ld = lg_stride(nk, std::max(kx_cols, vx_cols)), ldp = ld;
+                // ld: lg's and dp's row stride (the forward's); lg holds the block's probabilities
+                // (given ones are copied into it)
+                const std::int64_t ld = lg_stride(nk, std::max(kx_cols, vx_cols));
                 auto gk = gk_all.topRows(nk);
                 auto gv = gv_all.topRows(nk);
                 const auto vp = plan.vv.rows(p, 0, nk, d);
@@ -914,7 +914,6 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     const bool first = i0r == i_first;
                     load_block_ids(plan, i0r, rb, idbuf, blk);
                     plan.load_queries(p, i0r, rb, qs);
-                    const S* pr = lg;  // the block's probabilities: given, or recomputed into lg
                     if (attn.data) {
                         // the saved rows, copied: one sequential read of memory the forward wrote
                         // long before (the products then read them from cache, not from memory
@@ -926,7 +925,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         block_probabilities(plan, in, p, i0r, rb, qs, tqp, blk, lg, work, fold, static_cast<const S*>(nullptr),
                                             &bl);
                     }
-                    const auto P = cpu::cmap_strided<S>(pr, rb, nk, Eigen::OuterStride<>(ldp));
+                    const auto P = cpu::cmap_strided<S>(lg, rb, nk, Eigen::OuterStride<>(ld));
                     const auto go = gov.rows(p, i0r, rb, d);
                     auto dP = cpu::map_strided<S>(dp, rb, nk, Eigen::OuterStride<>(ld));
                     dP.noalias() = go * vp.transpose();
@@ -942,13 +941,13 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         for (std::int64_t i = 0; i < rb; ++i)
                             cpu::gather_add(dp + i * ld, work + i * tk, tk, idb + i * nkeys, nk);
                         if (t.grad) {  // per-bucket sums of the probabilities, branch-free
-                            cpu::scatter_rows4(pr, ldp, idb, nkeys, rb, nk, tk, part, work);
+                            cpu::scatter_rows4(lg, ld, idb, nkeys, rb, nk, tk, part, work);
                             map<S>(t.partial + slot * t.partial_stride, tk, d).noalias() +=
                                 cmap<S>(work, rb, tk).transpose() * go;
                         }
                     }
                     // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
-                    for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(pr + i * ldp, dp + i * ld, nk);
+                    for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(lg + i * ld, dp + i * ld, nk);
                     const cpu::cmap_strided<S> dL(dp, rb, nk, Eigen::OuterStride<>(ld));
                     if (first)
                         gk.noalias() = dL.transpose() * cmap<S>(qs, rb, d);
