@@ -439,6 +439,9 @@ const bool registered = [] {
     benchmark::RegisterBenchmark("floor/attention_fwd_bwd/deit_s", floor_attention, 8, 6, 14, 14, 64, true)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
+    benchmark::RegisterBenchmark("floor/attention/digits", floor_attention, 16, 4, 8, 8, 16, false)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
     benchmark::RegisterBenchmark("floor/attention/grid64", floor_attention, 1, 1, 64, 64, 64, false)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
@@ -446,8 +449,8 @@ const bool registered = [] {
         const char* name;
         int b, h, height, width, d;
     };
-    for (const shape s :
-         {shape{"deit_s", 8, 6, 14, 14, 64}, shape{"grid56", 1, 6, 56, 56, 64}, shape{"grid64", 1, 1, 64, 64, 64}})
+    for (const shape s : {shape{"deit_s", 8, 6, 14, 14, 64}, shape{"grid56", 1, 6, 56, 56, 64}, shape{"grid64", 1, 1, 64, 64, 64},
+                          shape{"digits", 16, 4, 8, 8, 16}})
         for (const char* on : {"none", "k", "qkv"}) {
             const attention_config c{s.b, s.h, s.height, s.width, s.d, std::string(on) == "none" ? "" : on, ""};
             const std::string tail = std::string(s.name) + "/" + on;
