@@ -104,7 +104,7 @@ def vjepa2_attention_args():
     L = 1 + h * w
     q, k, v = rnd(B, H, L, DV, seed=41), rnd(B, H, L, DV, seed=42), rnd(B, H, L, DV, seed=43)
     return G(q, k, v, [], [rnd(H, DV, 26, seed=44)], [], "", "", "product", "contextual", "", "",
-             [*R, 1.0] * 3, h, w, None, None, None, "vjepa2", [100.0], None, 1, "vjepa2")
+             [0.0] * 4 + [*R, 1.0] + [0.0] * 4, h, w, None, None, None, "vjepa2", [100.0], None, 1, "vjepa2")
 
 
 def index_attention_args(kind):
@@ -368,3 +368,4 @@ def test_attention_list_lengths_are_checked_naming_the_list():
     kpm = torch.tensor([[False] * 5, [False] * 4 + [True]])
     torch.testing.assert_close(got, ops.attention_forward(q, q, q, [], [], [], "", [], [], kpm, None, None, None, []),
                                atol=1e-12, rtol=1e-12)
+
