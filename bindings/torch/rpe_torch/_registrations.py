@@ -140,7 +140,10 @@ def attention_op_args(q, k, v, tables_q=(), tables_k=(), tables_v=(), method_q="
     torch.library's autograd layer costs O(arguments²) per call. ``params``: () (no term) or the 12
     term values. Returns a 14-tuple (q, k, v, tables_q, tables_k, tables_v, spec, params, sizes,
     key_padding_mask, attn_mask, scale, rope_freqs, indices). Raises ValueError for a name of
-    ``spec`` holding a ``;``."""
+    ``spec`` holding a ``;``. The defaults are the values nothing reads; the operators refuse any
+    other value where it could have no effect (a mode or term params for a slot without a method,
+    a RoPE setting without ``rope_form``: ValueError naming it, ops_common.hpp
+    check_grouped_effects)."""
     names = [method_q, mode_q, method_k, mode_k, method_v, mode_v, rope_form, rope_layout]
     for what, name in zip(ATTENTION_SPEC, names):
         if ";" in name:

@@ -705,6 +705,9 @@ TORCH_LIBRARY(rpe, m) {
     // 0); key_lengths (B,) valid keys per batch element (attention_inputs::key_lengths).
     // rope_query_suffix: the queries' own trailing unrotated tokens (rotary_embedding::query_suffix;
     // -1 = rope_suffix, which then counts the keys' only: SAM2's memory attention passes 0).
+    // A value that nothing would read (a mode or params for a slot without a method, alpha, beta,
+    // gamma a method does not read, a RoPE setting without rope_form) is a ValueError, not ignored
+    // (check_grouped_effects; the registry family's unread values: setup_attention).
     m.def(
         "attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] tables_q, Tensor[] tables_k, Tensor[] tables_v, "
         "str spec, float[] params, int[] sizes, Tensor? key_padding_mask, Tensor? attn_mask, float? scale, "

@@ -320,6 +320,18 @@ inline rpe::term_spec irpe_spec(c10::string_view method, double alpha, double be
     return spec;
 }
 
+// The names of the parameters that a method named in the registry (no spec text) takes from
+// (alpha, beta, gamma), in that order (spec_of): all three for an iRPE method, else the family's
+// first number / integer parameters, at most 3 (e.g. "swin": window_h, window_w).
+inline std::vector<std::string> term_values_read(c10::string_view method) {
+    if (const int id = family_id(method); id >= 0 && id < 6) return {"alpha", "beta", "gamma"};
+    std::vector<std::string> names;
+    for (const auto& p : rpe::family_of(str(method)).params)
+        if (names.size() < 3 && (p.type == rpe::family_param::kind::number || p.type == rpe::family_param::kind::integer))
+            names.push_back(p.name);
+    return names;
+}
+
 template <class S>
 std::unique_ptr<rpe::any_term<S>> make(c10::string_view method, c10::string_view mode, rpe::target tg, double alpha, double beta,
                                        double gamma, int64_t skip, int64_t heads, int64_t head_dim, bool shared) {
@@ -841,6 +853,19 @@ attention_setup<S, T> setup_attention(attention_args& a, const dtype_rule& st, c
         const double* p = a.params.data() + 4 * i;
         TORCH_CHECK_VALUE(p[3] >= 0 && p[3] < (1 << 30) && p[3] == std::floor(p[3]), "[rpe.torch] skip = ", p[3], " (",
                           slot_names[i], "); expected an integer >= 0");
+        if (a.methods[i].find(':') == c10::string_view::npos) {  // (a spec text: check_grouped_effects)
+            // values the method's family does not read (e.g. gamma for "swin") are refused, not ignored
+            const auto read = term_values_read(a.methods[i]);
+            static const char* const values[] = {"alpha", "beta", "gamma"};
+            std::string taken;
+            for (std::size_t j = 0; j < read.size(); ++j)
+                taken += (j == 0 ? "" : ", ") + std::string(values[j]) + " as " + read[j];
+            for (std::size_t j = read.size(); j < 3; ++j)
+                TORCH_CHECK_VALUE(p[j] == 0, "[rpe.torch] params[", 4 * i + j, "] = ", p[j], " (", values[j], " of slot ",
+                                  "qkv"[i], ") with method_", "qkv"[i], " = '", a.methods[i], "', which reads ",
+                                  read.empty() ? std::string("none of alpha, beta, gamma") : taken,
+                                  "; expected 0 (nothing reads it)");
+        }
         s.terms[i] = make<T>(a.methods[i], a.modes[i], targets[i], p[0], p[1], p[2], static_cast<int64_t>(p[3]), H, D,
                              tabs[0].size(0) == 1);
         slots[i]->term = s.terms[i].get();
@@ -956,6 +981,62 @@ struct backward_outputs {
     }
 };
 
+// Refuses the grouped arguments' values that cannot have any effect (a caller's mistake would
+// otherwise be a silent wrong answer), each of them only where its default is what nothing reads:
+//   a slot without a method (method_q / method_k / method_v = ''): its mode must be '' and its
+//     4 params (alpha, beta, gamma, skip) 0;
+//   a method given as a spec text ("family:param=value,...", it sets its own parameters): its
+//     slot's alpha, beta, gamma must be 0 (skip is still read);
+//   no RoPE (rope_form = ''): rope_layout 'pairs', no RoPE params after the 12 term values,
+//     rope_skip 0, rope_suffix 0, rope_query_suffix -1 (check_query_suffix, which also checks its
+//     range with a RoPE), rope_freqs None, and no rope_positions / rope_key_positions among the
+//     index tensors.
+// `n_params`: the values params held as given ([] counts as 12 zeros). Errors: ValueError naming
+// the argument, its list entry and its value.
+inline void check_grouped_effects(const attention_args& a, std::size_t n_params) {
+    static const char* const letters[] = {"q", "k", "v"};
+    static const char* const values[] = {"alpha", "beta", "gamma", "skip"};
+    for (int s = 0; s < 3; ++s) {
+        const char* l = letters[s];
+        const double* p = a.params.data() + 4 * s;
+        if (a.methods[s].empty()) {
+            TORCH_CHECK_VALUE(a.modes[s].empty(), "[rpe.torch] mode_", l, " = '", a.modes[s], "' (spec entry ", 2 * s + 1,
+                              ") without a method (method_", l, " = ''); expected '' (slot ", l,
+                              " has no term: nothing reads its mode)");
+            for (int j = 0; j < 4; ++j)
+                TORCH_CHECK_VALUE(p[j] == 0, "[rpe.torch] params[", 4 * s + j, "] = ", p[j], " (", values[j], " of slot ", l,
+                                  ") without a method (method_", l, " = ''); expected 0 (slot ", l,
+                                  " has no term: nothing reads it)");
+        } else if (a.methods[s].find(':') != c10::string_view::npos) {
+            for (int j = 0; j < 3; ++j)
+                TORCH_CHECK_VALUE(p[j] == 0, "[rpe.torch] params[", 4 * s + j, "] = ", p[j], " (", values[j], " of slot ", l,
+                                  ") with method_", l, " = '", a.methods[s],
+                                  "', a spec text, which sets its own parameters; expected 0 (nothing reads it: set ", values[j],
+                                  " in the text)");
+        }
+    }
+    check_query_suffix(a.rope_form, a.rope_query_suffix);  // sizes[4]: its range, and -1 without a RoPE
+    if (!a.rope_form.empty()) return;
+    constexpr const char* none = " without a RoPE (rope_form = ''); expected ";
+    TORCH_CHECK_VALUE(a.rope_layout == "pairs", "[rpe.torch] rope_layout = '", a.rope_layout, "' (spec entry 7)", none,
+                      "'pairs' (the default: nothing reads it without a RoPE)");
+    TORCH_CHECK_VALUE(a.rope_params.empty(), "[rpe.torch] params[12] = ", a.rope_params.empty() ? 0.0 : a.rope_params[0],
+                      " (the first of ", a.rope_params.size(), " RoPE params; params holds ", n_params, " values)", none,
+                      "12 values, the terms' alone (nothing reads RoPE params without a RoPE)");
+    TORCH_CHECK_VALUE(a.rope_skip == 0, "[rpe.torch] rope_skip = ", a.rope_skip, " (sizes[2])", none,
+                      "0 (the default: nothing reads it without a RoPE)");
+    TORCH_CHECK_VALUE(a.rope_suffix == 0, "[rpe.torch] rope_suffix = ", a.rope_suffix, " (sizes[3])", none,
+                      "0 (the default: nothing reads it without a RoPE)");
+    TORCH_CHECK_VALUE(!a.rope_freqs.defined(), "[rpe.torch] rope_freqs of shape ", shape_of(a.rope_freqs), " is given", none,
+                      "None (only the 'mixed' form reads it)");
+    TORCH_CHECK_VALUE(!a.rope_positions.defined() && !a.rope_key_positions.defined(), "[rpe.torch] ",
+                      a.rope_positions.defined() ? "rope_positions (index slot 0)" : "rope_key_positions (index slot 1)",
+                      " of shape ", shape_of(a.rope_positions.defined() ? a.rope_positions : a.rope_key_positions), " is given",
+                      none,
+                      "none (nothing reads the RoPE's positions without a RoPE; the iRPE terms' are rpe_positions, "
+                      "rpe_key_positions)");
+}
+
 // The attention operators' common arguments (attention_forward's schema in order: the backward
 // has the same ones, plus grad_out and attn, which it sets itself) into attention_args, for
 // setup_attention. The grouped arguments, each shorter list taking the defaults of its missing
@@ -970,8 +1051,10 @@ struct backward_outputs {
 //           slot sizes[5 + i] names: 0 rope_positions, 1 rope_key_positions, 2 rpe_positions,
 //           3 rpe_key_positions, 4 packed_lengths, 5 packed_grids, 6 packed_positions,
 //           7 key_lengths (the others: None).
-// Optional tensors that are None stay undefined. Checks here: the lists' lengths and the slots
-// (ValueError naming the list); the values are setup_attention's (and, on CUDA, check_query_suffix /
+// Optional tensors that are None stay undefined. Checks here, the same for the CPU and CUDA
+// operators: the lists' lengths and the slots (ValueError naming the list), rope_query_suffix's
+// range (check_query_suffix) and every value that cannot have any effect (check_grouped_effects:
+// refused, not ignored); the other values are setup_attention's (and, on CUDA,
 // attention_device's), in the order each operator makes them. The string views point into spec.
 inline attention_args make_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::TensorList tq,
                                           at::TensorList tk, at::TensorList tv, c10::string_view spec,
@@ -1039,6 +1122,7 @@ inline attention_args make_attention_args(const at::Tensor& q, const at::Tensor&
         taken[slot] = true;
         *index[slot] = indices[i];
     }
+    check_grouped_effects(a, params.empty() ? 12 : params.size());
     return a;
 }
 

@@ -303,7 +303,6 @@ at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at:
                              c10::optional<double> scale, const c10::optional<at::Tensor>& rope_freqs, at::TensorList indices) {
     return translating([&] {
         auto a = make_attention_args(q, k, v, tq, tk, tv, spec, params, sizes, kpm, am, scale, rope_freqs, indices);
-        check_query_suffix(a.rope_form, a.rope_query_suffix);  // its value first, as the CPU operator (no device yet)
         const where w = attention_device(a);
         const dtype_rule st{checked_cuda_float_type(q, "q"), "q", attention_dtypes};
         const c10::cuda::CUDAGuard guard(w.device);
@@ -320,7 +319,6 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& q, const at::Tensor
                                            const c10::optional<at::Tensor>& attn) {
     return translating([&] {
         auto a = make_attention_args(q, k, v, tq, tk, tv, spec, params, sizes, kpm, am, scale, rope_freqs, indices);
-        check_query_suffix(a.rope_form, a.rope_query_suffix);  // its value first, as the CPU operator (no device yet)
         TORCH_CHECK_VALUE(!attn || !attn->defined(),
                           "[rpe.torch] attn (the forward's saved probabilities) is not supported by the cuda backend: rpe's "
                           "CUDA attention keeps no (B, H, L, L) buffer and recomputes them; expected attn = None");
@@ -343,7 +341,6 @@ std::vector<at::Tensor> attention_forward_attn(const at::Tensor& q, const at::Te
                                                at::TensorList indices) {
     return translating([&] {
         auto a = make_attention_args(q, k, v, tq, tk, tv, spec, params, sizes, kpm, am, scale, rope_freqs, indices);
-        check_query_suffix(a.rope_form, a.rope_query_suffix);  // its value first, as the other attention operators
         (void)attention_device(a);
         TORCH_CHECK_NOT_IMPLEMENTED(false,
                                     "[rpe.torch] rpe::attention_forward_attn (the attention's probabilities output, "

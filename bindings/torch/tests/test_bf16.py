@@ -105,15 +105,23 @@ ROPE_CASES = {n: a for n, (op, a) in op_cases().items() if op is ops.rope_forwar
 # Fused attention
 # ---------------------------------------------------------------------------------------------
 
+def _only_slots(params, *slots):
+    """params with the term values of the slots (0 q, 1 k, 2 v) not in `slots` set to 0 (a slot without
+    a method takes none: make_attention_args refuses them), the RoPE's params kept."""
+    return [0.0 if i < 12 and i // 4 not in slots else p for i, p in enumerate(params)]
+
+
 def _without_terms(a):
     a = list(a)
     a[3:6], a[6] = [[], [], []], ";".join([""] * 6 + a[6].split(";")[6:])  # spec: no term on any slot
+    a[7] = _only_slots(a[7])
     return tuple(a)
 
 
 def _bias_k(a):
     a = list(a)
     a[3:6], a[6] = [[], [rnd(H, 6, seed=61)], []], ";".join(["", "", "euclidean", "bias", "", ""] + a[6].split(";")[6:])
+    a[7] = _only_slots(a[7], 1)
     return tuple(a)
 
 

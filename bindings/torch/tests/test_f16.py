@@ -81,6 +81,7 @@ def test_f16_overflow_is_infinite():
     L = a[0].shape[2]
     a[0:3] = [torch.zeros(B, H, L, D), torch.zeros(B, H, L, D), torch.full((B, H, L, D), 60000.0)]
     a[6] = ";".join(["", "", "", "", "product", "contextual"] + a[6].split(";")[6:])
+    a[7] = [0.0] * 8 + a[7][8:]  # q, k: no method, no term values
     a[9] = a[10] = None  # no masks
     for value, finite in ((8000.0, False), (1000.0, True)):
         a[3:6] = [[], [], [torch.full((1, 26, D), value)]]

@@ -175,7 +175,7 @@ def attention_args():
     """attention_forward's arguments: a contextual k table and a bias q table at QP / KP."""
     q, k, v = rnd(B, H, L, D, seed=41), rnd(B, H, LK, D, seed=42), rnd(B, H, LK, D, seed=43)
     tq, tk = rnd(H, K, seed=44), rnd(1, D, K, seed=45)
-    params = [*RATIO, 1.0] * 3
+    params = [*RATIO, 1.0] * 2 + [0.0] * 4  # v: no method, params 0 (make_attention_args refuses others)
     # height, width: checked by the operator, not read by the terms at positions
     return attention_op_args(q, k, v, [tq], [tk], [], "product", "bias", "product", "contextual", "", "", params, 2, 2,
                              rpe_positions=QP, rpe_key_positions=KP)

@@ -104,7 +104,7 @@ def vjepa2_attention_args():
     L = 1 + h * w
     q, k, v = rnd(B, H, L, DV, seed=41), rnd(B, H, L, DV, seed=42), rnd(B, H, L, DV, seed=43)
     return G(q, k, v, [], [rnd(H, DV, 26, seed=44)], [], "", "", "product", "contextual", "", "",
-             [*R, 1.0] * 3, h, w, None, None, None, "vjepa2", [100.0], None, 1, "vjepa2")
+             [0.0] * 4 + [*R, 1.0] + [0.0] * 4, h, w, None, None, None, "vjepa2", [100.0], None, 1, "vjepa2")
 
 
 def index_attention_args(kind):
@@ -368,3 +368,159 @@ def test_attention_list_lengths_are_checked_naming_the_list():
     kpm = torch.tensor([[False] * 5, [False] * 4 + [True]])
     torch.testing.assert_close(got, ops.attention_forward(q, q, q, [], [], [], "", [], [], kpm, None, None, None, []),
                                atol=1e-12, rtol=1e-12)
+
+
+# The values of the grouped arguments that cannot have any effect, by name (attention_op_args),
+# and the ValueError each gets (make_attention_args: refused, not ignored).
+NO_EFFECT = {
+    "mode_q": (dict(mode_q="bias"), r"mode_q = 'bias' \(spec entry 1\) without a method \(method_q = ''\); expected '' "
+                                    r"\(slot q has no term: nothing reads its mode\)"),
+    "mode_k": (dict(mode_k="contextual"), r"mode_k = 'contextual' \(spec entry 3\) without a method \(method_k = ''\); "
+                                          r"expected '' \(slot k has no term: nothing reads its mode\)"),
+    "mode_v": (dict(mode_v="ctx"), r"mode_v = 'ctx' \(spec entry 5\) without a method \(method_v = ''\)"),
+    "alpha_q": (dict(params=[1.0] + [0.0] * 11), r"params\[0\] = 1 \(alpha of slot q\) without a method "
+                                                 r"\(method_q = ''\); expected 0 \(slot q has no term: nothing reads it\)"),
+    "beta_k": (dict(params=[0.0] * 5 + [0.5] + [0.0] * 6), r"params\[5\] = 0\.5 \(beta of slot k\) without a method "
+                                                           r"\(method_k = ''\); expected 0"),
+    "gamma_v": (dict(params=[0.0] * 10 + [-8.0, 0.0]), r"params\[10\] = -8 \(gamma of slot v\) without a method "
+                                                       r"\(method_v = ''\); expected 0"),
+    "skip_v": (dict(params=[0.0] * 11 + [1.0]), r"params\[11\] = 1 \(skip of slot v\) without a method "
+                                                r"\(method_v = ''\); expected 0"),
+    "nan_k": (dict(params=[0.0] * 4 + [float("nan")] + [0.0] * 7), r"params\[4\] = nan \(alpha of slot k\) without a "
+                                                                   r"method"),
+    "rope_layout": (dict(rope_layout="half"), r"rope_layout = 'half' \(spec entry 7\) without a RoPE \(rope_form = ''\); "
+                                              r"expected 'pairs' \(the default: nothing reads it without a RoPE\)"),
+    "rope_layout_empty": (dict(rope_layout=""), r"rope_layout = '' \(spec entry 7\) without a RoPE"),
+    "rope_params": (dict(rope_params=[100.0, 2.0]), r"params\[12\] = 100 \(the first of 2 RoPE params; params holds 14 "
+                                                    r"values\) without a RoPE \(rope_form = ''\); expected 12 values, the "
+                                                    r"terms' alone"),
+    "rope_skip": (dict(rope_skip=1), r"rope_skip = 1 \(sizes\[2\]\) without a RoPE \(rope_form = ''\); expected 0 \(the "
+                                     r"default: nothing reads it without a RoPE\)"),
+    "rope_suffix": (dict(rope_suffix=2), r"rope_suffix = 2 \(sizes\[3\]\) without a RoPE \(rope_form = ''\); expected 0"),
+    "rope_query_suffix": (dict(rope_query_suffix=0), r"rope_query_suffix = 0 without a RoPE \(rope_form = ''\); "
+                                                     r"expected -1"),
+    "rope_freqs": (dict(rope_freqs=rnd(2, H, D // 2, grad=False)), r"rope_freqs of shape \(2, 2, 2\) is given without a "
+                                                                   r"RoPE \(rope_form = ''\); expected None \(only the "
+                                                                   r"'mixed' form reads it\)"),
+    "rope_positions": (dict(rope_positions=torch.zeros(h * w, 2)), r"rope_positions \(index slot 0\) of shape \(6, 2\) is "
+                                                                   r"given without a RoPE \(rope_form = ''\); expected none"),
+    "rope_key_positions": (dict(rope_key_positions=torch.zeros(h * w, 2)), r"rope_key_positions \(index slot 1\) of shape "
+                                                                           r"\(6, 2\) is given without a RoPE"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NO_EFFECT))
+def test_attention_values_without_effect_are_refused(case):
+    """A value of the grouped arguments that nothing would read (a mode or term params for a slot
+    without a method, a RoPE setting without a RoPE form) is a ValueError naming the argument, its
+    entry and its value, from each of the three operators (they share make_attention_args), where
+    it used to be ignored; the same call without it runs (the defaults are accepted)."""
+    q = rnd(B, H, h * w, D, grad=False, seed=86)
+    named, message = NO_EFFECT[case]
+    base = dict(height=h, width=w)
+    for name in ("attention_forward", "attention_forward_attn"):
+        with pytest.raises(ValueError, match=r"^\[rpe\.torch\] " + message):
+            getattr(ops, name)(*G(q, q, q, **base, **named))
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] " + message):
+        ops.attention_backward(*G(q, q, q, **base, **named), q, None)
+    want = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    torch.testing.assert_close(ops.attention_forward(*G(q, q, q, **base)), want, atol=1e-12, rtol=1e-12)
+
+
+def test_attention_defaults_given_explicitly_are_accepted():
+    """Every neutral default written out (empty modes, zero params for the slots without a method,
+    layout 'pairs', rope_skip 0, rope_suffix 0, rope_query_suffix -1, as attention_op_args sends
+    them) gives the result of the empty lists; the values refused without a method or a RoPE are
+    read with one (a mode and params with a method, rope_skip with a form)."""
+    q = rnd(B, H, 1 + h * w, D, grad=False, seed=87)
+    empty = ops.attention_forward(q, q, q, [], [], [], "", [], [], None, None, None, None, [])
+    full = ops.attention_forward(q, q, q, [], [], [], ";;;;;;;pairs", [0.0] * 12, [1, 1, 0, 0, -1], None, None, None,
+                                 None, [])
+    torch.testing.assert_close(full, empty, atol=0, rtol=0)
+    # with a method, its mode and params are read: the term changes the result
+    t = rnd(H, 26, grad=False, seed=88)
+    with_term = ops.attention_forward(*G(q, q, q, [], [t], [], method_k="product", mode_k="bias",
+                                         params=[0.0] * 4 + [1.0, 2.0, 8.0, 1.0] + [0.0] * 4, height=h, width=w))
+    assert not torch.allclose(with_term, empty)
+    # with a form, rope_skip is read: RoPE-Axial after one unrotated token
+    roped = ops.attention_forward(*G(q, q, q, rope_form="axial", rope_params=[100.0], rope_skip=1, height=h, width=w))
+    assert not torch.allclose(roped, empty)
+
+
+def test_attention_term_values_a_method_does_not_read_are_refused():
+    """alpha, beta, gamma that the slot's method does not read: a spec text sets its own parameters
+    (all three refused unless 0; its skip is read), a registry family reads its first number /
+    integer parameters only ("swin": window_h, window_w; gamma refused unless 0); the iRPE methods
+    read all three."""
+    q = rnd(B, H, 1 + h * w, D, grad=False, seed=89)
+    t = rnd(H, D, 26, grad=False, seed=90)
+    text = "product:alpha=1,beta=2,gamma=8"
+    for j, value in enumerate(("alpha", "beta", "gamma")):
+        params = [0.0] * 4 + [0.0, 0.0, 0.0, 1.0] + [0.0] * 4
+        params[4 + j] = 2.0
+        with pytest.raises(ValueError, match=rf"^\[rpe\.torch\] params\[{4 + j}\] = 2 \({value} of slot k\) with method_k "
+                                             rf"= '{text}', a spec text, which sets its own parameters; expected 0 "
+                                             rf"\(nothing reads it: set {value} in the text\)"):
+            ops.attention_forward(*G(q, q, q, [], [t], [], method_k=text, mode_k="contextual", params=params, height=h,
+                                     width=w))
+    by_text = ops.attention_forward(*G(q, q, q, [], [t], [], method_k=text, mode_k="contextual",
+                                       params=[0.0] * 4 + [0.0, 0.0, 0.0, 1.0] + [0.0] * 4, height=h, width=w))
+    by_name = ops.attention_forward(*G(q, q, q, [], [t], [], method_k="product", mode_k="contextual",
+                                       params=[0.0] * 4 + [1.0, 2.0, 8.0, 1.0] + [0.0] * 4, height=h, width=w))
+    torch.testing.assert_close(by_text, by_name, atol=0, rtol=0)
+    # swin on a 2x3 window reads (alpha, beta) as (window_h, window_w), not gamma
+    qs = rnd(B, H, h * w, D, grad=False, seed=91)
+    ts = rnd(H, 15, grad=False, seed=92)
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] params\[6\] = 0\.5 \(gamma of slot k\) with method_k = 'swin', "
+                                         r"which reads alpha as window_h, beta as window_w; expected 0 \(nothing reads "
+                                         r"it\)"):
+        ops.attention_forward(*G(qs, qs, qs, [], [ts], [], method_k="swin", mode_k="bias",
+                                 params=[0.0] * 4 + [2.0, 3.0, 0.5, 0.0] + [0.0] * 4, height=h, width=w))
+    swin = ops.attention_forward(*G(qs, qs, qs, [], [ts], [], method_k="swin", mode_k="bias",
+                                    params=[0.0] * 4 + [2.0, 3.0, 0.0, 0.0] + [0.0] * 4, height=h, width=w))
+    assert not torch.allclose(swin, torch.nn.functional.scaled_dot_product_attention(qs, qs, qs))
+
+
+def test_rpe_torch_attention_sends_no_value_without_effect(monkeypatch):
+    """rpe_torch.attention passes the neutral defaults for what it does not use (a slot without a
+    module: method and mode '', params 0; no rope: form '', layout 'pairs', no RoPE params,
+    rope_skip 0, rope_suffix 0, rope_query_suffix -1, no freqs or RoPE positions), so the checks of
+    make_attention_args never refuse its calls; a spec-text term (TermSlot) gets alpha, beta,
+    gamma 0."""
+    import rpe_torch as rt
+    sent = []
+    real = rt._registrations.attention_op_args
+
+    def recording(*a, **kw):
+        sent.append(real(*a, **kw))
+        return sent[-1]
+
+    monkeypatch.setattr(rt._registrations, "attention_op_args", recording)
+    q = rnd(B, H, h * w, D, grad=False, seed=93)
+    slot = rt.TermSlot("swin", [rnd(H, 15, grad=False, seed=94)], window=(h, w))
+    rt.attention(q, q, q, rpe_k=slot, height=h, width=w)
+    spec, params, sizes = sent[-1][6:9]
+    assert spec.split(";")[:2] == ["", ""] and spec.split(";")[4:] == ["", "", "", "pairs"]
+    assert ":" in spec.split(";")[2] and spec.split(";")[3] == "bias"
+    assert params == [0.0] * 12 and sizes == [h, w, 0, 0, -1] and sent[-1][12] is None and sent[-1][13] == []
+    rt.attention(q, q, q, rope=rt.RoPEAxial(theta=100.0), height=h, width=w)
+    spec, params, sizes = sent[-1][6:9]
+    assert spec == ";;;;;;axial;pairs" and params == [0.0] * 12 + [100.0] and sizes == [h, w, 0, 0, -1]
+
+
+@pytest.mark.skipif(not rpe_torch.has_cuda_kernels(), reason="the operator library was built without its CUDA kernels")
+@pytest.mark.parametrize("case", ["mode_k", "beta_k", "rope_layout", "rope_skip", "rope_freqs", "rope_positions"])
+def test_cuda_operators_refuse_values_without_effect_as_the_cpu(case):
+    """The CUDA operators share make_attention_args: called through the dispatcher's CUDA key with
+    CPU tensors (no device needed), a value without effect gets the CPU's message before the
+    device check."""
+    cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    q = rnd(B, H, h * w, D, grad=False, seed=95)
+    named, message = NO_EFFECT[case]
+    for name in ("attention_forward", "attention_forward_attn"):
+        with pytest.raises(ValueError, match=r"^\[rpe\.torch\] " + message):
+            getattr(ops, name).default.redispatch(cuda, *G(q, q, q, height=h, width=w, **named))
+    with pytest.raises(ValueError, match=r"^\[rpe\.torch\] " + message):
+        ops.attention_backward.default.redispatch(cuda, *G(q, q, q, height=h, width=w, **named), q, None)
+    with pytest.raises(ValueError, match=r"\[rpe\.torch\] no argument is a CUDA tensor"):
+        ops.attention_forward.default.redispatch(cuda, *G(q, q, q, height=h, width=w))
