@@ -179,8 +179,9 @@ TEST_CASE("cpu softmax backward row equals the formula and does not depend on th
 #if defined(__AVX512F__)
 // simd::gemm: every element is one fused multiply-add chain over k in order, from 0 or from C
 // (accumulate), so it must equal std::fma applied in that order bit for bit, whatever the tile
-// (rows 1..8 left over, 1..4 vectors of columns, a masked last vector), A row-major or transposed
-// through its strides; nothing outside the m × n block of C is written.
+// (rows 1..8 left over, 1..4 vectors of columns, a masked last vector; inner lengths split into
+// blocks of 128 or not), A row-major or transposed through its strides; nothing outside the m × n
+// block of C is written.
 TEST_CASE("cpu simd gemm equals an in-order fma chain per element, every tile remainder, strided and transposed A") {
     std::mt19937 rng(11);
     std::normal_distribution<float> normal;
@@ -188,7 +189,7 @@ TEST_CASE("cpu simd gemm equals an in-order fma chain per element, every tile re
         for (const bool transposed : {false, true})
             for (const std::int64_t m : {1, 3, 7, 8, 13, 65})
                 for (const std::int64_t n : {1, 16, 17, 50, 64, 65, 128, 247})
-                    for (const std::int64_t kk : {0, 1, 16, 115}) {
+                    for (const std::int64_t kk : {0, 1, 16, 115, 161, 300}) {
                         CAPTURE(accumulate);
                         CAPTURE(transposed);
                         CAPTURE(m);

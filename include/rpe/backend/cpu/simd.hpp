@@ -281,9 +281,9 @@ inline void lookup_rows(const float* w, std::int64_t k, const Id* ids, std::int6
 // broadcast against the B row: each C element is one fused multiply-add chain over k = 0..kk−1
 // in order (starting from 0, or from C with `accumulate`), so its bits depend neither on m, n
 // nor on the tiling: a folded product ([k; tableᵀ] in one B) gives the same logits as separate
-// ones, and the backward's recomputed probabilities equal the forward's. For the attention's
-// shapes (kk · 64 columns of B within L1) it runs at 1.1–1.6× the speed of Eigen's general
-// product, which packs both operands first.
+// ones, and the backward's recomputed probabilities equal the forward's. On the attention's
+// shapes it ran at 1.1–1.6× the speed of Eigen's general product, which packs both operands
+// first (docs/benchmarks.md).
 template <int R, int NV, bool Acc>
 inline void gemm_tile(const float* a, std::int64_t a_rs, std::int64_t a_ks, const float* b, std::int64_t ldb, float* c,
                       std::int64_t ldc, std::int64_t kk, __mmask16 last) {
@@ -349,8 +349,8 @@ inline void gemm_rows(std::int64_t m, const float* a, std::int64_t a_rs, std::in
 }
 
 template <bool Acc>
-inline void gemm(std::int64_t m, std::int64_t n, std::int64_t kk, const float* a, std::int64_t a_rs, std::int64_t a_ks,
-                 const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+inline void gemm_panel(std::int64_t m, std::int64_t n, std::int64_t kk, const float* a, std::int64_t a_rs, std::int64_t a_ks,
+                       const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
     for (std::int64_t j = 0; j < n; j += 64) {
         const std::int64_t w = std::min<std::int64_t>(64, n - j);
         const int nv = static_cast<int>((w + 15) / 16);
@@ -362,6 +362,22 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t kk, const float* a
             default: gemm_rows<4, 4, Acc>(m, a, a_rs, a_ks, b + j, ldb, c + j, ldc, kk, last); break;
         }
     }
+}
+
+// gemm_panel over the inner index in blocks of 128 where it is longer than 160 (so that 128 rows
+// of a 64-column strip of B, 32 KB, stay in L1 while every row tile reads them), the later blocks
+// accumulated onto C: the chains go on from C's float values, so the bits are those of one pass.
+template <bool Acc>
+inline void gemm(std::int64_t m, std::int64_t n, std::int64_t kk, const float* a, std::int64_t a_rs, std::int64_t a_ks,
+                 const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+    constexpr std::int64_t kc = 128;
+    if (kk <= kc + 32) {
+        gemm_panel<Acc>(m, n, kk, a, a_rs, a_ks, b, ldb, c, ldc);
+        return;
+    }
+    gemm_panel<Acc>(m, n, kc, a, a_rs, a_ks, b, ldb, c, ldc);
+    for (std::int64_t k0 = kc; k0 < kk; k0 += kc)
+        gemm_panel<true>(m, n, std::min(kc, kk - k0), a + k0 * a_ks, a_rs, a_ks, b + k0 * ldb, ldb, c, ldc);
 }
 
 // C = A · B (accumulate false) or C += A · B, see gemm_tile.
