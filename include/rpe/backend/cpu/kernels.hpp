@@ -408,8 +408,12 @@ void contextual_v_forward(const dims& d, const id_rows<Id>& ids, const S* a, con
     for (std::int64_t p = 0; p < planes; ++p) {
         S* s = work.mine();
         scatter_add(a + p * n * nk, ids, n, nk, k, row.mine(), s);
-        matmul(n, dd, k, static_cast<const S*>(s), k, 1, table + d.table_head(p % d.heads) * k * dd, dd, out + p * n * dd, dd,
-               accumulate);
+        map<S> o(out + p * n * dd, n, dd);
+        const auto th = cmap<S>(table + d.table_head(p % d.heads) * k * dd, k, dd);
+        if (accumulate)  // (Eigen: simd::gemm measured 7–10% slower on this product)
+            o.noalias() += cmap<S>(s, n, k) * th;
+        else
+            o.noalias() = cmap<S>(s, n, k) * th;
     }
 }
 
@@ -438,7 +442,7 @@ void contextual_v_backward(const dims& d, const id_rows<Id>& ids, const S* a, co
         }
         if (grad_table) {
             scatter_add(a + p * n * nk, ids, n, nk, k, row.mine(), w);
-            matmul(k, dd, n, static_cast<const S*>(w), 1, k, grad_out + p * n * dd, dd, partial + p * k * dd, dd);  // Sᵀ·grad_out
+            map<S>(partial + p * k * dd, k, dd).noalias() = cmap<S>(w, n, k).transpose() * go;
         }
     }
     if (grad_table) {
