@@ -9,8 +9,10 @@
 // attention_fwd_bwd/<shape>/<rpe> forward + backward; attention_composed/<shape>/<rpe> the
 // unfused composition (materialised (B, H, L, L) logits) for comparison;
 // attention/deit_s/<rpe>/bf16 the forward on rpe::bf16 storage (label: "AVX512_BF16" or
-// "portable", the path taken), beside the floors floor/attention/deit_s (float) and
-// floor/attention/deit_s/bf16.
+// "portable", the path taken), beside the floors floor/attention/deit_s (float, Eigen's
+// products), floor/attention/deit_s/rpe_gemm (float, rpe's own product, AVX-512F builds) and
+// floor/attention/deit_s/bf16; attention/digits/<rpe> the digits demo's shapes (B = 16, H = 4,
+// 8 × 8 grid, D = 16) beside floor/attention/digits(/rpe_gemm).
 // Counters: L; workspace_bytes (the calling thread's scratch buffer after the runs: the peak of
 // the fused calls' scratch); on attention_fwd_bwd also partials_bytes (the backward's partials
 // live at once under attention_options::backward_budget_bytes, rpe::cpu::plan_backward_scratch)
@@ -344,6 +346,48 @@ void floor_attention(benchmark::State& state, int b, int h, int height, int widt
     state.counters["L"] = static_cast<double>(l);
 }
 
+#if defined(__AVX512F__)
+// The float floor on rpe's own float product (cpu::simd::gemm, which the fused attention uses
+// with AVX-512F): the same work as floor_attention, with Kᵀ and Vᵀ transposed once before the
+// timing (rpe transposes the keys per plane and call, so this is below what it can reach).
+void floor_attention_rpe_gemm(benchmark::State& state, int b, int h, int height, int width, int d, bool backward) {
+    namespace simd = rpe::detail::cpu::simd;
+    using mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const Eigen::Index l = 1 + static_cast<Eigen::Index>(height) * width;
+    const int planes = b * h;
+    std::vector<mat> q(planes), k(planes), v(planes), kt(planes), vt(planes), go(planes), o(planes), dq(planes), dk(planes),
+        dv(planes);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int p = 0; p < planes; ++p) {
+        for (auto* x : {&q[p], &k[p], &v[p], &go[p]})
+            x->resize(l, d), *x = x->unaryExpr([&](float) { return 0.125f * normal(rng); });
+        kt[p] = k[p].transpose();
+        vt[p] = v[p].transpose();
+        for (auto* x : {&o[p], &dq[p], &dk[p], &dv[p]}) x->resize(l, d);
+    }
+    mat s(l, l), dp(l, l);
+    for (auto _ : state) {
+        for (int p = 0; p < planes; ++p) {
+            simd::gemm(l, l, d, q[p].data(), d, 1, kt[p].data(), l, s.data(), l);
+            s = s.array().exp();
+            simd::gemm(l, d, l, s.data(), l, 1, v[p].data(), d, o[p].data(), d);
+            if (backward) {
+                simd::gemm(l, d, l, s.data(), 1, l, go[p].data(), d, dv[p].data(), d);   // sᵀ·go
+                simd::gemm(l, l, d, go[p].data(), d, 1, vt[p].data(), l, dp.data(), l);  // go·vᵀ
+                dp.array() *= s.array();
+                simd::gemm(l, d, l, dp.data(), l, 1, k[p].data(), d, dq[p].data(), d);  // dp·k
+                simd::gemm(l, d, l, dp.data(), 1, l, q[p].data(), d, dk[p].data(), d);  // dpᵀ·q
+            }
+        }
+        benchmark::DoNotOptimize(o.data());
+        benchmark::ClobberMemory();
+    }
+    state.SetItemsProcessed(state.iterations() * planes * l * l);
+    state.counters["L"] = static_cast<double>(l);
+}
+#endif
+
 // The bf16 floor: per plane S = Q·Kᵀ from bf16 Q, K with float accumulation, the vectorised exp
 // of S in float, S rounded to bf16 and O = S·V (bf16 V, float accumulation). With AVX512_BF16 in
 // rpe_bench's build: vdpbf16ps on K and V packed once before the timing (rpe's bf16 product,
@@ -439,6 +483,20 @@ const bool registered = [] {
     benchmark::RegisterBenchmark("floor/attention_fwd_bwd/deit_s", floor_attention, 8, 6, 14, 14, 64, true)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
+    benchmark::RegisterBenchmark("floor/attention/digits", floor_attention, 16, 4, 8, 8, 16, false)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+#if defined(__AVX512F__)
+    benchmark::RegisterBenchmark("floor/attention/deit_s/rpe_gemm", floor_attention_rpe_gemm, 8, 6, 14, 14, 64, false)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark("floor/attention_fwd_bwd/deit_s/rpe_gemm", floor_attention_rpe_gemm, 8, 6, 14, 14, 64, true)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark("floor/attention/digits/rpe_gemm", floor_attention_rpe_gemm, 16, 4, 8, 8, 16, false)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+#endif
     benchmark::RegisterBenchmark("floor/attention/grid64", floor_attention, 1, 1, 64, 64, 64, false)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
@@ -446,8 +504,8 @@ const bool registered = [] {
         const char* name;
         int b, h, height, width, d;
     };
-    for (const shape s :
-         {shape{"deit_s", 8, 6, 14, 14, 64}, shape{"grid56", 1, 6, 56, 56, 64}, shape{"grid64", 1, 1, 64, 64, 64}})
+    for (const shape s : {shape{"deit_s", 8, 6, 14, 14, 64}, shape{"grid56", 1, 6, 56, 56, 64}, shape{"grid64", 1, 1, 64, 64, 64},
+                          shape{"digits", 16, 4, 8, 8, 16}})
         for (const char* on : {"none", "k", "qkv"}) {
             const attention_config c{s.b, s.h, s.height, s.width, s.d, std::string(on) == "none" ? "" : on, ""};
             const std::string tail = std::string(s.name) + "/" + on;

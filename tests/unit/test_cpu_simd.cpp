@@ -1,7 +1,7 @@
 // The vectorised row kernels of the CPU backend (backend/cpu/simd.hpp) against plain loops:
 // gathers by bucket id (K up to 64 in registers, larger K, per-key tables; 1-, 2- and 4-byte ids;
-// row lengths that are not a multiple of the vector width), the softmax's edge cases, and the
-// scratch workspace.
+// row lengths that are not a multiple of the vector width), the softmax's edge cases, the
+// attention's float product (simd::gemm, AVX-512F) and the scratch workspace.
 #include <doctest/doctest.h>
 #include <rpe/rpe.hpp>
 
@@ -175,6 +175,57 @@ TEST_CASE("cpu softmax backward row equals the formula and does not depend on th
     softmax_backward_row(p2.data() + 3, dp2.data() + 3, n);
     for (std::int64_t j = 0; j < n; ++j) CHECK(dp2[static_cast<std::size_t>(j) + 3] == a[static_cast<std::size_t>(j)]);
 }
+
+#if defined(__AVX512F__)
+// simd::gemm: every element is one fused multiply-add chain over k in order, from 0 or from C
+// (accumulate), so it must equal std::fma applied in that order bit for bit, whatever the tile
+// (rows 1..8 left over, 1..4 vectors of columns, a masked last vector; inner lengths split into
+// blocks of 128 or not), A row-major or transposed through its strides; nothing outside the m × n
+// block of C is written.
+TEST_CASE("cpu simd gemm equals an in-order fma chain per element, every tile remainder, strided and transposed A") {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal;
+    for (const bool accumulate : {false, true})
+        for (const bool transposed : {false, true})
+            for (const std::int64_t m : {1, 3, 7, 8, 13, 65})
+                for (const std::int64_t n : {1, 16, 17, 50, 64, 65, 128, 247})
+                    for (const std::int64_t kk : {0, 1, 16, 115, 161, 300}) {
+                        CAPTURE(accumulate);
+                        CAPTURE(transposed);
+                        CAPTURE(m);
+                        CAPTURE(n);
+                        CAPTURE(kk);
+                        // A (m, kk): row-major with lda = kk + 3, or Aᵀ of a (kk, m) matrix with lda = m + 5
+                        const std::int64_t lda = transposed ? m + 5 : kk + 3, ldb = n + 7, ldc = n + 9;
+                        const std::int64_t a_rs = transposed ? 1 : lda, a_ks = transposed ? lda : 1;
+                        std::vector<float> a(static_cast<std::size_t>((transposed ? kk : m) * lda + 1)),
+                            b(static_cast<std::size_t>(kk * ldb + 1)), c(static_cast<std::size_t>((m + 1) * ldc));
+                        for (auto& e : a) e = normal(rng);
+                        for (auto& e : b) e = normal(rng);
+                        for (auto& e : c) e = normal(rng);
+                        const std::vector<float> c0 = c;
+                        rpe::detail::cpu::simd::gemm(m, n, kk, a.data(), a_rs, a_ks, b.data(), ldb, c.data(), ldc, accumulate);
+                        for (std::int64_t i = 0; i <= m; ++i)
+                            for (std::int64_t j = 0; j < ldc; ++j) {
+                                const auto at = static_cast<std::size_t>(i * ldc + j);
+                                if (i == m || j >= n) {  // outside the block: untouched
+                                    REQUIRE(c[at] == c0[at]);
+                                    continue;
+                                }
+                                float want = accumulate ? c0[at] : 0.0f;
+                                double exact = accumulate ? c0[at] : 0.0;
+                                for (std::int64_t k = 0; k < kk; ++k) {
+                                    const float x = a[static_cast<std::size_t>(i * a_rs + k * a_ks)];
+                                    const float y = b[static_cast<std::size_t>(k * ldb + j)];
+                                    want = std::fma(x, y, want);
+                                    exact += static_cast<double>(x) * y;
+                                }
+                                REQUIRE(c[at] == want);
+                                REQUIRE(std::abs(c[at] - exact) <= 1e-5 * (1.0 + static_cast<double>(kk)));
+                            }
+                    }
+}
+#endif
 
 TEST_CASE("cpu workspace: reused across calls, released on request, results unchanged") {
     namespace cpu = rpe::detail::cpu;

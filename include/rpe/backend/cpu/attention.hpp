@@ -200,6 +200,54 @@ void materialise_ids(fused_plan<S, Id>& plan, const std::vector<cpu::shared_scra
 }
 
 // The forward's faster layout of a block (block_probabilities; null: the plain one of the backward).
+// Whether the float products that make the probabilities and the forward's output run on
+// cpu::simd::gemm (AVX-512F float: faster than Eigen's general product at these shapes, and each
+// element one multiply-add chain in order, see gemm_tile) rather than Eigen. The forward and the
+// backward's recomputation take the same route, so their probabilities are the same bits.
+template <class S>
+inline constexpr bool simd_products =
+#if defined(__AVX512F__)
+    std::is_same_v<S, float>;
+#else
+    false;
+#endif
+
+// Row stride of the transposed keys [kᵀ | table_k] (D, nk + ΣK) of the simd products: whole
+// 16-column tiles (simd::transpose_into writes them).
+inline std::int64_t kt_stride(std::int64_t nk, std::int64_t extra) { return (nk + extra + 15) / 16 * 16; }
+
+// kt (D, ldt) = [kᵀ | table_k of each contextual key table] of plane p: the B of the logits'
+// simd product (keys: the plane's (nk, D) rows, ldk apart; ldt = kt_stride).
+template <class S, class Id>
+void transposed_keys(const fused_plan<S, Id>& plan, std::int64_t p, const S* keys, std::int64_t ldk, std::int64_t nk, S* kt,
+                     std::int64_t ldt) {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<S, float>) {
+        const std::int64_t d = plan.d, h = p % plan.h;
+        cpu::simd::transpose_into(keys, ldk, nk, d, kt, ldt);
+        std::int64_t col = nk;
+        for (const auto& t : plan.on_k)
+            if (!t.bias) {
+                const S* tab = t.table + t.head(h) * d * t.k;  // (D, K)
+                for (std::int64_t e = 0; e < d; ++e) std::copy_n(tab + e * t.k, t.k, kt + e * ldt + col);
+                col += t.k;
+            }
+    }
+#else
+    (void)plan, (void)p, (void)keys, (void)ldk, (void)nk, (void)kt, (void)ldt;
+#endif
+}
+
+// cpu::simd::gemm where simd_products<S> (only called there).
+template <class S>
+void simd_gemm(std::int64_t m, std::int64_t n, std::int64_t kk, const S* a, std::int64_t a_rs, std::int64_t a_ks, const S* b,
+               std::int64_t ldb, S* c, std::int64_t ldc, bool accumulate = false) {
+    static_assert(simd_products<S>, "simd_gemm: only where simd_products<S>");
+#if defined(__AVX512F__)
+    cpu::simd::gemm(m, n, kk, a, a_rs, a_ks, b, ldb, c, ldc, accumulate);
+#endif
+}
+
 template <class S, class Id>
 struct block_layout {
     // lg's rows are ld apart (0: nk); with folded_k, columns [nk, nk + ΣK) of each row hold the
@@ -324,7 +372,10 @@ void plane_query_products(const fused_plan<S, Id>& plan, std::int64_t p, S* ks, 
         }
         const std::int64_t k = t.k;
         S* dst = buf + static_cast<std::int64_t>(q) * n * plan.k;
-        map<S>(dst, nk, k).noalias() = cmap<S>(ks, nk, d) * cmap<S>(t.table + t.head(h) * d * k, d, k);
+        if constexpr (simd_products<S>)
+            simd_gemm(nk, k, d, static_cast<const S*>(ks), d, 1, t.table + t.head(h) * d * k, k, dst, k);
+        else
+            map<S>(dst, nk, k).noalias() = cmap<S>(ks, nk, d) * cmap<S>(t.table + t.head(h) * d * k, d, k);
     }
 }
 
@@ -418,7 +469,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
     };
     std::vector<state> st(parts.size());
     std::int64_t items = 0, lg_max = 0, work_max = 0, qs_max = 0, ids_max = 0, ks_max = 0, kp_max = 0, kx_max = 0, vx_max = 0,
-                 vk_max = 0, g_max = 0, rb_all = 0;
+                 vk_max = 0, g_max = 0, rb_all = 0, kt_max = 0;
     int tables_max = 0;
     for (std::size_t m = 0; m < parts.size(); ++m) {
         auto& x = st[m];
@@ -446,8 +497,11 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         for (const auto& t : plan.on_v) vk_max = std::max(vk_max, t.k);
         // lg's rows (and with the fold the product's columns): n + ΣK rounded up to 16 (64-byte rows)
         const std::int64_t ld_max = lg_stride(nkeys, std::max(x.kx_cols, x.vx_cols));
-        kx_max = std::max(kx_max, x.kx_cols > 0 ? ld_max * plan.d : 0);
-        kp_max = std::max(kp_max, x.keys_per_plane && x.kx_cols == 0 ? nkeys * plan.d : 0);
+        // simd products: per plane the transposed keys [kᵀ | table_k] (D, nk + ΣK) instead of kx
+        // (RoPE keys rotated into kp first)
+        kx_max = std::max(kx_max, x.kx_cols > 0 && !simd_products<S> ? ld_max * plan.d : 0);
+        kt_max = std::max(kt_max, simd_products<S> ? plan.d * kt_stride(nkeys, x.kx_cols) : 0);
+        kp_max = std::max(kp_max, x.keys_per_plane && (x.kx_cols == 0 || simd_products<S>) ? nkeys * plan.d : 0);
         lg_max = std::max(lg_max, rb_max * ld_max);
 #if defined(__AVX512F__)
         // contextual query tables: key-order ids made once per call where they fit (as the
@@ -480,7 +534,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
     cpu::thread_scratch<S> ks_s(ws, ks_max);
     cpu::thread_scratch<S> lg_s(ws, lg_max), work_s(ws, work_max);
     cpu::thread_scratch<S> qs_s(ws, qs_max), kp_s(ws, kp_max), kx_s(ws, kx_max), vx_s(ws, vx_max), g_s(ws, g_max),
-        part_s(ws, 4 * vk_max), inv_s(ws, rb_all);
+        part_s(ws, 4 * vk_max), inv_s(ws, rb_all), kt_s(ws, kt_max);
     cpu::thread_scratch<Id> ids_s(ws, ids_max);
     cpu::thread_scratch<const Id*> blk_s(ws, tables_max);
     ws.allocate();
@@ -511,7 +565,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
 #endif
     {
         S *lg = lg_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *kp = kp_s.mine(), *kx = kx_s.mine(), *vx = vx_s.mine(),
-          *part = part_s.mine();
+          *part = part_s.mine(), *kt = kt_s.mine();
         Id* idbuf = ids_s.mine();
         const Id** blk = blk_s.mine();
         std::size_t kp_part = st.size();  // the (part, plane) whose keys kp (or kx, vx) holds: none yet
@@ -540,7 +594,9 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             const bool fold = x.kx_cols > 0, vfold = x.vx_cols > 0;
             // lg's rows: the logits, then the contextual key products (fold), later the value sums (vfold)
             const std::int64_t ld = lg_stride(nk, std::max(x.kx_cols, x.vx_cols));
-            if ((x.keys_per_plane || fold || vfold) && (kp_part != m || kp_plane != p)) {
+            constexpr bool sp = simd_products<S>;  // the products on simd::gemm, kt instead of kx
+            const std::int64_t ldt = kt_stride(nk, x.kx_cols);
+            if ((sp || x.keys_per_plane || fold || vfold) && (kp_part != m || kp_plane != p)) {
                 if (vfold) {  // vx = [v; table_v] of this plane: (nk + ΣK, D)
                     map<S>(vx, nk, d) = plan.vv.rows(p, 0, nk, d);
                     std::int64_t row = nk;
@@ -549,7 +605,11 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
                         row += t.k;
                     }
                 }
-                if (fold) {  // kx = [k; table_kᵀ] of this plane: (nk + ΣK, D)
+                if constexpr (sp) {  // kt = [kᵀ | table_k] of this plane: (D, nk + ΣK)
+                    if (x.keys_per_plane) rotate_plane_keys(plan, p, kp);
+                    transposed_keys(plan, p, x.keys_per_plane ? static_cast<const S*>(kp) : plan.kv.plane(p),
+                                    x.keys_per_plane ? d : plan.kv.sl, nk, kt, ldt);
+                } else if (fold) {  // kx = [k; table_kᵀ] of this plane: (nk + ΣK, D)
                     if (x.keys_per_plane)
                         rotate_plane_keys(plan, p, kx);
                     else
@@ -567,12 +627,15 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
                 kp_part = m;
                 kp_plane = p;
             }
-            if (fold) map<S>(lg, rb, ld).noalias() = cmap<S>(qs, rb, d) * cmap<S>(kx, ld, d).transpose();
+            if constexpr (sp)
+                simd_gemm(rb, nk + x.kx_cols, d, static_cast<const S*>(qs), d, 1, static_cast<const S*>(kt), ldt, lg, ld);
+            else if (fold)
+                map<S>(lg, rb, ld).noalias() = cmap<S>(qs, rb, d) * cmap<S>(kx, ld, d).transpose();
             lay.ld = ld;
             lay.folded_k = fold;
             lay.qid = x.q_lookup ? qid[m].data() : nullptr;
-            block_probabilities(plan, in, p, i0, rb, qs, tq_s[m].data() + p * x.tq_per_plane, blk, lg, work, fold,
-                                x.keys_per_plane && !fold ? static_cast<const S*>(kp) : nullptr, &lay);
+            block_probabilities(plan, in, p, i0, rb, qs, tq_s[m].data() + p * x.tq_per_plane, blk, lg, work, sp || fold,
+                                !sp && x.keys_per_plane && !fold ? static_cast<const S*>(kp) : nullptr, &lay);
             auto o = ov[m].rows(p, i0, rb, d);
             const cpu::cmap_strided<S> probs(lg, rb, nk, Eigen::OuterStride<>(ld));
             if (nk == 0) {
@@ -583,8 +646,14 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
                     cpu::scatter_rows4(lg, ld, blk[t.slot], plan.lk, rb, nk, t.k, part, lg + col, ld);
                     col += t.k;
                 }
-                o.noalias() =
-                    cpu::cmap_strided<S>(lg, rb, nk + x.vx_cols, Eigen::OuterStride<>(ld)) * cmap<S>(vx, nk + x.vx_cols, d);
+                if constexpr (sp)
+                    simd_gemm(rb, d, nk + x.vx_cols, static_cast<const S*>(lg), ld, 1, static_cast<const S*>(vx), d, o.data(),
+                              ov[m].sl);
+                else
+                    o.noalias() =
+                        cpu::cmap_strided<S>(lg, rb, nk + x.vx_cols, Eigen::OuterStride<>(ld)) * cmap<S>(vx, nk + x.vx_cols, d);
+            } else if constexpr (sp) {
+                simd_gemm(rb, d, nk, static_cast<const S*>(lg), ld, 1, plan.vv.plane(p), plan.vv.sl, o.data(), ov[m].sl);
             } else {
                 o.noalias() = probs * plan.vv.rows(p, 0, nk, d);
             }
@@ -793,6 +862,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     static_assert(sum_chunk >= block_layout<S, Id>::query_chunk && sum_chunk % 16 == 0);
     cpu::thread_scratch<S> g_s(ws, q_lookup ? nkeys * sum_chunk : 0);
     cpu::thread_scratch<S> kx_s(ws, fold ? ld_max * d : 0), part_s(ws, 4 * std::max<std::int64_t>(k, 1));
+    // simd products: the transposed keys [kᵀ | table_k] per plane, as the forward's (its probabilities' bits)
+    cpu::thread_scratch<S> kt_s(ws, simd_products<S> ? d * kt_stride(nkeys, kx_cols) : 0);
+    cpu::thread_scratch<S> vt_s(ws, simd_products<S> ? d * kt_stride(nkeys, 0) : 0);  // vᵀ (D, nk) of the plane
     cpu::thread_scratch<S> lg_s(ws, rb_max * ld_max), dp_s(ws, rb_max * ld_max),
         work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
     cpu::thread_scratch<S> qs_s(ws, rb_max * d), dqs_s(ws, rb_max * d);
@@ -850,7 +922,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
 #endif
         {
             S *lg = lg_s.mine(), *dp = dp_s.mine(), *work = work_s.mine(), *qs = qs_s.mine(), *dqs = dqs_s.mine();
-            S *kx = kx_s.mine(), *part = part_s.mine();
+            S *kx = kx_s.mine(), *part = part_s.mine(), *kt = kt_s.mine(), *vt = vt_s.mine();
             Id* idbuf = ids_s.mine();
             const Id** blk = blk_s.mine();
             std::int64_t kx_plane = -1;  // the plane whose [k; table_kᵀ] kx holds: none yet
@@ -896,6 +968,15 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 auto gv = gv_all.topRows(nk);
                 const auto vp = plan.vv.rows(p, 0, nk, d);
                 const auto kp = plan.kv.rows(p, 0, nk, d);
+                constexpr bool sp = simd_products<S>;
+                const std::int64_t ldt = kt_stride(nk, kx_cols);
+                const std::int64_t ldv = kt_stride(nk, 0);
+                if (sp && kx_plane != p) {
+                    if (!attn.data) transposed_keys(plan, p, plan.kv.plane(p), plan.kv.sl, nk, kt, ldt);
+#if defined(__AVX512F__)
+                    if constexpr (sp) cpu::simd::transpose_into(plan.vv.plane(p), plan.vv.sl, nk, d, vt, ldv);
+#endif
+                }
                 if (fold && kx_plane != p) {  // kx = [k; table_kᵀ] of this plane (rotated k with RoPE), zero rows up to ld
                     map<S>(kx, nk, d) = kp;
                     std::int64_t col = nk;
@@ -905,8 +986,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                             col += t.k;
                         }
                     std::fill(kx + col * d, kx + ld * d, S(0));
-                    kx_plane = p;
                 }
+                kx_plane = p;
                 bl.ld = ld;
                 bl.folded_k = fold;
                 for (std::int64_t i0r = i_first; i0r < i_end; i0r += rb_max) {
@@ -921,18 +1002,28 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         const S* src = attn.data + (p * n + i0r) * nkeys;
                         for (std::int64_t i = 0; i < rb; ++i) std::copy_n(src + i * nkeys, nk, lg + i * ld);
                     } else {  // the forward's logits: with the fold, one product gives qs·kᵀ and qs·table_k
-                        if (fold) map<S>(lg, rb, ld).noalias() = cmap<S>(qs, rb, d) * cmap<S>(kx, ld, d).transpose();
-                        block_probabilities(plan, in, p, i0r, rb, qs, tqp, blk, lg, work, fold, static_cast<const S*>(nullptr),
-                                            &bl);
+                        if constexpr (sp)
+                            simd_gemm(rb, nk + kx_cols, d, static_cast<const S*>(qs), d, 1, static_cast<const S*>(kt), ldt, lg,
+                                      ld);
+                        else if (fold)
+                            map<S>(lg, rb, ld).noalias() = cmap<S>(qs, rb, d) * cmap<S>(kx, ld, d).transpose();
+                        block_probabilities(plan, in, p, i0r, rb, qs, tqp, blk, lg, work, sp || fold,
+                                            static_cast<const S*>(nullptr), &bl);
                     }
                     const auto P = cpu::cmap_strided<S>(lg, rb, nk, Eigen::OuterStride<>(ld));
                     const auto go = gov.rows(p, i0r, rb, d);
                     auto dP = cpu::map_strided<S>(dp, rb, nk, Eigen::OuterStride<>(ld));
-                    dP.noalias() = go * vp.transpose();
-                    if (first)
-                        gv.noalias() = P.transpose() * go;
-                    else
-                        gv.noalias() += P.transpose() * go;
+                    if constexpr (sp) {
+                        simd_gemm(rb, nk, d, go.data(), gov.sl, 1, static_cast<const S*>(vt), ldv, dp, ld);
+                        simd_gemm(nk, d, rb, static_cast<const S*>(lg), 1, ld, go.data(), gov.sl, gv.data(), gv.outerStride(),
+                                  !first);
+                    } else {
+                        dP.noalias() = go * vp.transpose();
+                        if (first)
+                            gv.noalias() = P.transpose() * go;
+                        else
+                            gv.noalias() += P.transpose() * go;
+                    }
                     for (auto& t : plan.on_v) {
                         const Id* idb = blk[t.slot];
                         const std::int64_t tk = t.k;
@@ -942,14 +1033,21 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                             cpu::gather_add(dp + i * ld, work + i * tk, tk, idb + i * nkeys, nk);
                         if (t.grad) {  // per-bucket sums of the probabilities, branch-free
                             cpu::scatter_rows4(lg, ld, idb, nkeys, rb, nk, tk, part, work);
-                            map<S>(t.partial + slot * t.partial_stride, tk, d).noalias() +=
-                                cmap<S>(work, rb, tk).transpose() * go;
+                            if constexpr (sp)
+                                simd_gemm(tk, d, rb, static_cast<const S*>(work), 1, tk, go.data(), gov.sl,
+                                          t.partial + slot * t.partial_stride, d, true);
+                            else
+                                map<S>(t.partial + slot * t.partial_stride, tk, d).noalias() +=
+                                    cmap<S>(work, rb, tk).transpose() * go;
                         }
                     }
                     // softmax backward: dlogits = P ⊙ (dP − Σ_j dP ⊙ P), in dp
                     for (std::int64_t i = 0; i < rb; ++i) cpu::softmax_backward_row(lg + i * ld, dp + i * ld, nk);
                     const cpu::cmap_strided<S> dL(dp, rb, nk, Eigen::OuterStride<>(ld));
-                    if (first)
+                    if constexpr (sp)
+                        simd_gemm(nk, d, rb, static_cast<const S*>(dp), 1, ld, static_cast<const S*>(qs), d, gk.data(),
+                                  gk.outerStride(), !first);
+                    else if (first)
                         gk.noalias() = dL.transpose() * cmap<S>(qs, rb, d);
                     else
                         gk.noalias() += dL.transpose() * cmap<S>(qs, rb, d);
@@ -965,14 +1063,25 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                             continue;
                         }
                         cpu::scatter_rows4(dp, ld, idb, nkeys, rb, nk, tk, part, dp + col, ld);
-                        if (t.grad)
-                            map<S>(t.partial + slot * t.partial_stride, d, tk).noalias() +=
-                                cmap<S>(qs, rb, d).transpose() * cpu::cmap_strided<S>(dp + col, rb, tk, Eigen::OuterStride<>(ld));
+                        if (t.grad) {
+                            if constexpr (sp)
+                                simd_gemm(d, tk, rb, static_cast<const S*>(qs), 1, d, static_cast<const S*>(dp + col), ld,
+                                          t.partial + slot * t.partial_stride, tk, true);
+                            else
+                                map<S>(t.partial + slot * t.partial_stride, d, tk).noalias() +=
+                                    cmap<S>(qs, rb, d).transpose() *
+                                    cpu::cmap_strided<S>(dp + col, rb, tk, Eigen::OuterStride<>(ld));
+                        }
                         col += tk;
                     }
                     auto dq = map<S>(dqs, rb, d);
                     if (nk == 0) {
-                        dq.setZero();   // every key padded: no logit depends on the queries
+                        dq.setZero();           // every key padded: no logit depends on the queries
+                    } else if constexpr (sp) {  // dq = [dlogits | sums]·[k; table_kᵀ], or dlogits·k
+                        if (fold)
+                            simd_gemm(rb, d, col, static_cast<const S*>(dp), ld, 1, static_cast<const S*>(kx), d, dqs, d);
+                        else
+                            simd_gemm(rb, d, nk, static_cast<const S*>(dp), ld, 1, plan.kv.plane(p), plan.kv.sl, dqs, d);
                     } else if (fold) {  // dq = [dlogits | sums | 0]·[k; table_kᵀ; 0]
                         for (std::int64_t i = 0; i < rb; ++i) std::fill(dp + i * ld + col, dp + (i + 1) * ld, S(0));
                         dq.noalias() = cmap<S>(dp, rb, ld) * cmap<S>(kx, ld, d);

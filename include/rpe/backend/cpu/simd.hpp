@@ -274,6 +274,121 @@ inline void lookup_rows(const float* w, std::int64_t k, const Id* ids, std::int6
     }
 }
 
+// The float products of the fused attention (AVX-512F): C (m, n) = A (m, kk) · B (kk, n), or
+// C += A · B, B row-major (rows ldb apart), A element (r, k) at a[r·a_rs + k·a_ks] (a row-major
+// A: a_rs = lda, a_ks = 1; Aᵀ of a row-major matrix: a_rs = 1, a_ks = lda), C rows ldc apart.
+// Register tiles of R rows × NV vectors of 16 columns (the last one masked), the A element
+// broadcast against the B row: each C element is one fused multiply-add chain over k = 0..kk−1
+// in order (starting from 0, or from C with `accumulate`), so its bits depend neither on m, n
+// nor on the tiling: a folded product ([k; tableᵀ] in one B) gives the same logits as separate
+// ones, and the backward's recomputed probabilities equal the forward's. On the attention's
+// shapes it ran at 1.1–1.6× the speed of Eigen's general product, which packs both operands
+// first (docs/benchmarks.md).
+template <int R, int NV, bool Acc>
+inline void gemm_tile(const float* a, std::int64_t a_rs, std::int64_t a_ks, const float* b, std::int64_t ldb, float* c,
+                      std::int64_t ldc, std::int64_t kk, __mmask16 last) {
+    __m512 acc[R][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            acc[r][v] = !Acc          ? _mm512_setzero_ps()
+                        : v == NV - 1 ? _mm512_maskz_loadu_ps(last, c + r * ldc + 16 * v)
+                                      : _mm512_loadu_ps(c + r * ldc + 16 * v);
+    for (std::int64_t k = 0; k < kk; ++k) {
+        __m512 bv[NV];
+        const float* bk = b + k * ldb;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            bv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, bk + 16 * v) : _mm512_loadu_ps(bk + 16 * v);
+        const float* ak = a + k * a_ks;
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+            const __m512 av = _mm512_set1_ps(ak[r * a_rs]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            if (v == NV - 1)
+                _mm512_mask_storeu_ps(c + r * ldc + 16 * v, last, acc[r][v]);
+            else
+                _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+        }
+}
+
+// gemm_tile over m rows in tiles of RM rows (the rest in one smaller tile).
+template <int NV, int RM, bool Acc>
+inline void gemm_rows(std::int64_t m, const float* a, std::int64_t a_rs, std::int64_t a_ks, const float* b, std::int64_t ldb,
+                      float* c, std::int64_t ldc, std::int64_t kk, __mmask16 last) {
+    std::int64_t i = 0;
+    for (; i + RM <= m; i += RM) gemm_tile<RM, NV, Acc>(a + i * a_rs, a_rs, a_ks, b, ldb, c + i * ldc, ldc, kk, last);
+    a += i * a_rs;
+    c += i * ldc;
+    switch (m - i) {
+        case 1: gemm_tile<1, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last); break;
+        case 2: gemm_tile<2, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last); break;
+        case 3: gemm_tile<3, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last); break;
+        case 4:
+            if constexpr (RM > 4) gemm_tile<4, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last);
+            break;
+        case 5:
+            if constexpr (RM > 5) gemm_tile<5, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last);
+            break;
+        case 6:
+            if constexpr (RM > 6) gemm_tile<6, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last);
+            break;
+        case 7:
+            if constexpr (RM > 7) gemm_tile<7, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last);
+            break;
+        default: break;
+    }
+}
+
+template <bool Acc>
+inline void gemm_panel(std::int64_t m, std::int64_t n, std::int64_t kk, const float* a, std::int64_t a_rs, std::int64_t a_ks,
+                       const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+    for (std::int64_t j = 0; j < n; j += 64) {
+        const std::int64_t w = std::min<std::int64_t>(64, n - j);
+        const int nv = static_cast<int>((w + 15) / 16);
+        const __mmask16 last = lanes(w - 16 * (nv - 1));
+        switch (nv) {
+            case 1: gemm_rows<1, 8, Acc>(m, a, a_rs, a_ks, b + j, ldb, c + j, ldc, kk, last); break;
+            case 2: gemm_rows<2, 6, Acc>(m, a, a_rs, a_ks, b + j, ldb, c + j, ldc, kk, last); break;
+            case 3: gemm_rows<3, 4, Acc>(m, a, a_rs, a_ks, b + j, ldb, c + j, ldc, kk, last); break;
+            default: gemm_rows<4, 4, Acc>(m, a, a_rs, a_ks, b + j, ldb, c + j, ldc, kk, last); break;
+        }
+    }
+}
+
+// gemm_panel over the inner index in blocks of 128 where it is longer than 160 (so that 128 rows
+// of a 64-column strip of B, 32 KB, stay in L1 while every row tile reads them), the later blocks
+// accumulated onto C: the chains go on from C's float values, so the bits are those of one pass.
+template <bool Acc>
+inline void gemm(std::int64_t m, std::int64_t n, std::int64_t kk, const float* a, std::int64_t a_rs, std::int64_t a_ks,
+                 const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+    constexpr std::int64_t kc = 128;
+    if (kk <= kc + 32) {
+        gemm_panel<Acc>(m, n, kk, a, a_rs, a_ks, b, ldb, c, ldc);
+        return;
+    }
+    gemm_panel<Acc>(m, n, kc, a, a_rs, a_ks, b, ldb, c, ldc);
+    for (std::int64_t k0 = kc; k0 < kk; k0 += kc)
+        gemm_panel<true>(m, n, std::min(kc, kk - k0), a + k0 * a_ks, a_rs, a_ks, b + k0 * ldb, ldb, c, ldc);
+}
+
+// C = A · B (accumulate false) or C += A · B, see gemm_tile.
+inline void gemm(std::int64_t m, std::int64_t n, std::int64_t kk, const float* a, std::int64_t a_rs, std::int64_t a_ks,
+                 const float* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate = false) {
+    if (m <= 0 || n <= 0) return;
+    if (accumulate)
+        gemm<true>(m, n, kk, a, a_rs, a_ks, b, ldb, c, ldc);
+    else
+        gemm<false>(m, n, kk, a, a_rs, a_ks, b, ldb, c, ldc);
+}
 }  // namespace simd
 #endif
 
