@@ -82,6 +82,7 @@ def worker(rank, world, port, steps, batch, out):
         step_all(ddp, ddp.parameters(), steps, batch, rank, world)
         if rank == 0:
             torch.save(model.state_dict(), out)
+        dist.barrier()  # both ranks done with every collective before either tears the group down
     finally:
         dist.destroy_process_group()
 
@@ -107,5 +108,6 @@ def fsdp_worker(rank, world, port, steps, batch, out):
         state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in model.state_dict().items()}
         if rank == 0:
             torch.save(state, out)
+        dist.barrier()  # as in worker: no rank tears the group down while the other still communicates
     finally:
         dist.destroy_process_group()
