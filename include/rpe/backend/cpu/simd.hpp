@@ -320,32 +320,25 @@ inline void gemm_tile(const float* a, std::int64_t a_rs, std::int64_t a_ks, cons
         }
 }
 
+// The last `rows` (< R + 1) rows of gemm_rows in one tile of exactly that many rows.
+template <int R, int NV, bool Acc>
+inline void gemm_rest(std::int64_t rows, const float* a, std::int64_t a_rs, std::int64_t a_ks, const float* b, std::int64_t ldb,
+                      float* c, std::int64_t ldc, std::int64_t kk, __mmask16 last) {
+    if constexpr (R > 0) {
+        if (rows == R)
+            gemm_tile<R, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last);
+        else
+            gemm_rest<R - 1, NV, Acc>(rows, a, a_rs, a_ks, b, ldb, c, ldc, kk, last);
+    }
+}
+
 // gemm_tile over m rows in tiles of RM rows (the rest in one smaller tile).
 template <int NV, int RM, bool Acc>
 inline void gemm_rows(std::int64_t m, const float* a, std::int64_t a_rs, std::int64_t a_ks, const float* b, std::int64_t ldb,
                       float* c, std::int64_t ldc, std::int64_t kk, __mmask16 last) {
     std::int64_t i = 0;
     for (; i + RM <= m; i += RM) gemm_tile<RM, NV, Acc>(a + i * a_rs, a_rs, a_ks, b, ldb, c + i * ldc, ldc, kk, last);
-    a += i * a_rs;
-    c += i * ldc;
-    switch (m - i) {
-        case 1: gemm_tile<1, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last); break;
-        case 2: gemm_tile<2, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last); break;
-        case 3: gemm_tile<3, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last); break;
-        case 4:
-            if constexpr (RM > 4) gemm_tile<4, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last);
-            break;
-        case 5:
-            if constexpr (RM > 5) gemm_tile<5, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last);
-            break;
-        case 6:
-            if constexpr (RM > 6) gemm_tile<6, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last);
-            break;
-        case 7:
-            if constexpr (RM > 7) gemm_tile<7, NV, Acc>(a, a_rs, a_ks, b, ldb, c, ldc, kk, last);
-            break;
-        default: break;
-    }
+    gemm_rest<RM - 1, NV, Acc>(m - i, a + i * a_rs, a_rs, a_ks, b, ldb, c + i * ldc, ldc, kk, last);
 }
 
 template <bool Acc>
