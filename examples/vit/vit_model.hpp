@@ -65,7 +65,8 @@ struct vit_config {
     /// @brief RoPE on q and k in every block, the class token left unrotated (skip 1);
     /// std::monostate = none. rope::mixed takes per-block frequencies (vit_block_weights::rope_freqs).
     rpe::rope_form rope = {};
-    /// @brief When true, the last block's projection, LN2 and MLP run on the class tokens only
+    /// @brief When true, the last block's attention (its class-token query rows:
+    /// rpe::attention_options::query_rows), projection, LN2 and MLP run on the class tokens only
     /// (the head reads nothing else; forward() with a trace computes every token anyway); false
     /// computes every token in every block, as timm does (the MACs that vit_macs counts with
     /// `prune_last_block = false`).
@@ -152,12 +153,14 @@ inline vit_config deit_s_config(const std::string& rpe_on = "", rpe::rope_form r
 struct vit_mac_count {
     double patch_embed = 0;  ///< G²·(Cin·P²)·C
     double qkv = 0;          ///< depth · L·C·3C
-    double attention = 0;    ///< depth · 2·H·L²·D (q·kᵀ and a·v)
+    double attention = 0;    ///< Σ_blocks 2·H·n·L·D (q·kᵀ and a·v; n = L query rows, or 1 in a pruned last block)
     double proj = 0;         ///< Σ_blocks n·C² (n = L, or 1 in a pruned last block)
     double mlp = 0;          ///< Σ_blocks 2·n·C·F
     double head = 0;         ///< C · num_classes
-    /// @brief iRPE: depth · H·L·K·D per contextual term (q, k: the products of q or k with the
-    /// K table vectors; v: the K per-bucket sums of a times the table), 0 for bias mode (a gather).
+    /// @brief iRPE: Σ_blocks H·n·K·D per contextual term (q, k: the products of q or k with the
+    /// K table vectors; v: the K per-bucket sums of a times the table; n = L, and in a pruned last
+    /// block 1 for k and v, L for q: its per-key products are made for every key), 0 for bias mode
+    /// (a gather).
     double rpe = 0;
     /// @brief RoPE: depth · 2 (q and k) · H·(L−1)·D · 2 (each rotated value is x·cos − y·sin),
     /// plus for rope::mixed the angles col·fx + row·fy: depth · H·(L−1)·D/2 · 2.
@@ -169,20 +172,21 @@ struct vit_mac_count {
 };
 
 /// @brief The MACs of one image's forward for `cfg` (derived; see vit_mac_count for the formula).
-/// @param prune_last_block count the last block's projection and MLP on the class token only
-///   (vit_config::last_block_class_token_only).
+/// @param prune_last_block count the last block's attention (its query rows), projection and MLP
+///   on the class token only (vit_config::last_block_class_token_only).
 [[nodiscard]] inline vit_mac_count vit_macs(const vit_config& cfg, bool prune_last_block) {
     const double C = cfg.embed_dim, H = cfg.num_heads, D = cfg.head_dim, L = cfg.tokens, F = cfg.mlp_hidden_dim, G = cfg.grid,
                  P = cfg.patch_size, depth = cfg.depth;
     vit_mac_count m;
     m.patch_embed = G * G * (cfg.in_chans * P * P) * C;
     m.qkv = depth * L * C * 3 * C;
-    m.attention = depth * 2 * H * L * L * D;
-    const double n_all = depth * L, n = prune_last_block ? (depth - 1) * L + 1 : n_all;
+    const double n_all = depth * L, n = prune_last_block ? (depth - 1) * L + 1 : n_all;  // query rows of all blocks
+    m.attention = n * 2 * H * L * D;
     m.proj = n * C * C;
     m.mlp = n * 2 * C * F;
     m.head = C * cfg.num_classes;
-    if (cfg.rpe.contextual) m.rpe = depth * static_cast<double>(cfg.rpe_on.size()) * H * L * cfg.rpe_num_buckets * D;
+    if (cfg.rpe.contextual)
+        for (const char t : cfg.rpe_on) m.rpe += (t == 'q' ? n_all : n) * H * cfg.rpe_num_buckets * D;
     if (cfg.rope.index() != 0) {
         m.rope = depth * 2 * H * (L - 1) * D * 2;
         if (std::holds_alternative<rpe::rope::mixed>(cfg.rope)) m.rope += depth * H * (L - 1) * (D / 2) * 2;
@@ -407,9 +411,13 @@ public:
     /// @param qkv  (B, L, 3C): the qkv Linear's output, column t·C + h·D + d (t = q, k, v).
     /// @param out  (B, H, L, D), written.
     /// @param attn (B, H, L, L) probabilities, written; or empty (the fused path, no (L, L) buffer).
+    /// @param rows the query rows computed (rpe::attention_options::query_rows; the others of out
+    ///   and attn are not written): forward() passes {0, 1} in a last block pruned to the class
+    ///   token (vit_config::last_block_class_token_only).
     /// @throws rpe::invalid_argument `[rpe.vit_model] ...` for a block outside [0, depth) or a
-    ///   qkv of another shape; what rpe::attention_forward throws for out or attn.
-    void attention(int block, rpe::tensor_ref<const S> qkv, rpe::tensor_ref<S> out, rpe::tensor_ref<S> attn = {}) const {
+    ///   qkv of another shape; what rpe::attention_forward throws for out, attn or rows.
+    void attention(int block, rpe::tensor_ref<const S> qkv, rpe::tensor_ref<S> out, rpe::tensor_ref<S> attn = {},
+                   rpe::query_row_range rows = {}) const {
         rpe::detail::require(block >= 0 && block < cfg_.depth, "vit_model", "block = ", block, "; expected in [0, ", cfg_.depth,
                              ")");
         const std::int64_t C = cfg_.embed_dim, H = cfg_.num_heads, D = cfg_.head_dim, L = cfg_.tokens;
@@ -438,7 +446,7 @@ public:
             in.rope.skip = 1;
             if (std::holds_alternative<rpe::rope::mixed>(cfg_.rope)) in.rope.freqs = {w.rope_freqs, {2, H, D / 2}};
         }
-        rpe::attention_forward(in, out, attn);
+        rpe::attention_forward(in, out, attn, rpe::attention_options{.query_rows = rows});
     }
 
 private:
@@ -643,16 +651,17 @@ private:
             lap(at(&vit_stage_times::layer_norm), t0);
             linear(ws.h.data(), rows, C, w.qkv_w, w.qkv_b, 3 * C, ws.qkv.data());
             lap(at(&vit_stage_times::qkv), t0);
+            // The head reads only the class tokens, so (unless traced, or configured not to) the last
+            // block's attention computes their query rows alone and its projection, LN2 and MLP run
+            // on those b rows (z rows L·C apart); otherwise on all b·L rows.
+            const bool cls_only = !trace && c.last_block_class_token_only && i == c.depth - 1;
             // attention with iRPE / RoPE; fused: no (b, H, L, L) buffer unless the probabilities are traced
-            attention(i, qkv_ref, out_ref, trace ? attn_ref : rpe::tensor_ref<S>{});
+            attention(i, qkv_ref, out_ref, trace ? attn_ref : rpe::tensor_ref<S>{},
+                      cls_only ? rpe::query_row_range{0, 1} : rpe::query_row_range{});
             if (trace)
                 trace->attn[static_cast<std::size_t>(i)].insert(trace->attn[static_cast<std::size_t>(i)].end(), ws.attn.begin(),
                                                                 ws.attn.begin() + b * H * L * L);
             lap(at(&vit_stage_times::attention), t0);
-            // The head reads only the class tokens, so (unless traced, or configured not to) the last
-            // block's projection, LN2 and MLP run on those b rows alone (z rows L·C apart); otherwise
-            // on all b·L rows.
-            const bool cls_only = !trace && c.last_block_class_token_only && i == c.depth - 1;
             const std::int64_t m = cls_only ? b : rows, zs = cls_only ? L * C : C, lm = cls_only ? 1 : L;
             // (b, H, L, D) → (m, C), heads concatenated: one pass, writing o in order
             for (std::int64_t img = 0; img < b; ++img)

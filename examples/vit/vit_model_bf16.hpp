@@ -189,9 +189,12 @@ public:
     /// rpe::bf16 with the block's bf16 iRPE tables and RoPE frequencies, q, k, v read in place.
     /// @param qkv (B, L, 3C) bf16: the qkv Linear's output, column t·C + h·D + d (t = q, k, v).
     /// @param out (B, H, L, D) bf16, written.
+    /// @param rows the query rows computed (rpe::attention_options::query_rows; the others of out
+    ///   are not written): forward() passes {0, 1} in a last block pruned to the class token.
     /// @throws rpe::invalid_argument `[rpe.vit_model] ...` for a block outside [0, depth) or a qkv
-    ///   of another shape; what rpe::attention_forward throws for out.
-    void attention(int block, rpe::tensor_ref<const rpe::bf16> qkv, rpe::tensor_ref<rpe::bf16> out) const {
+    ///   of another shape; what rpe::attention_forward throws for out or rows.
+    void attention(int block, rpe::tensor_ref<const rpe::bf16> qkv, rpe::tensor_ref<rpe::bf16> out,
+                   rpe::query_row_range rows = {}) const {
         const auto& c = config();
         rpe::detail::require(block >= 0 && block < c.depth, "vit_model", "block = ", block, "; expected in [0, ", c.depth, ")");
         const std::int64_t C = c.embed_dim, H = c.num_heads, D = c.head_dim, L = c.tokens;
@@ -220,7 +223,7 @@ public:
             in.rope.skip = 1;
             if (std::holds_alternative<rpe::rope::mixed>(c.rope)) in.rope.freqs = {w.rope_freqs.data(), {2, H, D / 2}};
         }
-        rpe::attention_forward(in, out);
+        rpe::attention_forward(in, out, {}, rpe::attention_options{.query_rows = rows});
     }
 
 private:
@@ -387,9 +390,9 @@ private:
                     }
                 });
             lap(at(&vit_stage_times::qkv), t0);
-            attention(i, qkv_ref, out_ref);
-            lap(at(&vit_stage_times::attention), t0);
             const bool cls_only = c.last_block_class_token_only && i == c.depth - 1;
+            attention(i, qkv_ref, out_ref, cls_only ? rpe::query_row_range{0, 1} : rpe::query_row_range{});
+            lap(at(&vit_stage_times::attention), t0);
             const std::int64_t m = cls_only ? b : rows, zs = cls_only ? L * C : C, lm = cls_only ? 1 : L;
             // (b, H, L, D) → (m, C) bf16, heads concatenated
             for (std::int64_t img = 0; img < b; ++img)

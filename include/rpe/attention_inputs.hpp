@@ -128,6 +128,14 @@ struct attention_inputs {
     tensor_ref<const std::int32_t> key_lengths = {};    ///< (B,) index after each element's last valid key, or empty = all
 };
 
+/// @brief Query rows [begin, end) of every (batch, head) (attention_options::query_rows); end = -1: up to L.
+struct query_row_range {
+    std::int64_t begin = 0;  ///< first row computed
+    std::int64_t end = -1;   ///< one past the last row computed; -1: L (every row from begin)
+    /// @brief Whether this is the whole [0, L) (the default).
+    [[nodiscard]] bool whole() const { return begin == 0 && end == -1; }
+};
+
 /// @brief Options of the attention step, for both backends (each ignores what it does not use).
 struct attention_options {
     /// Softmax scale s of `logits = (q·s)·kᵀ + ...` (the contextual terms see q·s and k·s, as in
@@ -162,6 +170,17 @@ struct attention_options {
     /// (`0` off, anything else on; read once per process). The CPU backend and the backward
     /// ignore it.
     std::optional<bool> tensor_cores = std::nullopt;
+    /// Forward: compute only the query rows [begin, end) of every (batch, head); the other rows of
+    /// `out` (and of `attn`) are not written. Each computed row equals that row of the call on
+    /// every row, bit for bit (a row depends on its own query only). For inference where only
+    /// some rows are read: a classifier whose head reads the class token computes the last
+    /// block's attention for row 0 alone (`{0, 1}`: 1/L of the rows' work; the contextual query
+    /// term's per-key products and the keys' packing are still made for every key). Default: every
+    /// row. Backends with attention_capabilities::query_rows (the CPU: float, double, bf16, f16;
+    /// not with packed sequences); the backward takes only the default.
+    /// @throws rpe::invalid_argument `[rpe.attention] options.query_rows = [begin, end) ...` unless
+    ///   0 <= begin <= end <= L (end = -1: L); on the backward, unless the default.
+    query_row_range query_rows = {};
 };
 
 /// @brief The backward's tensors, by name: the incoming gradient, the gradients written, and
@@ -200,6 +219,7 @@ struct attention_capabilities {
     /// k and v of another length than q (L_k != L: cross-attention, KV caches), and RoPE's
     /// query_suffix other than its suffix
     bool cross_lengths = false;
+    bool query_rows = false;  ///< a forward on some query rows only (attention_options::query_rows)
 };
 
 namespace detail {
@@ -233,6 +253,15 @@ struct attention_shape {
     std::int64_t b, h, l, d;
     std::int64_t lk;  ///< keys and values: (B, H, L_k, D)
 };
+
+/// @brief Checks attention_options::query_rows against L = s.l: 0 <= begin <= end <= L, end = -1 meaning L.
+/// @throws rpe::invalid_argument `[rpe.attention] options.query_rows = [begin, end) ...` otherwise.
+inline void check_query_rows(const attention_options& opt, const attention_shape& s) {
+    const auto& r = opt.query_rows;
+    const std::int64_t end = r.end == -1 ? s.l : r.end;
+    require(r.begin >= 0 && r.end >= -1 && r.begin <= end && end <= s.l, "attention", "options.query_rows = [", r.begin, ", ",
+            r.end, "); expected 0 <= begin <= end <= L = ", s.l, " (end -1: L)");
+}
 
 /// @brief Checks attention_inputs::key_lengths: (B,) int32, contiguous, non-null, each value in
 /// [0, L_k]. @throws rpe::invalid_argument `[rpe.attention] key_lengths[1] = 9; expected 0 <= length
@@ -575,6 +604,10 @@ attention_shape check_attention_forward(const attention_inputs<S>& in, const ten
     require_feature(attn.data != nullptr || attn.rank != 0, caps.saved_probabilities, caps, "the attn output (probabilities)");
     require_feature((attn.data != nullptr || attn.rank != 0) && in.packed.enabled(), false, caps,
                     "the attn output (probabilities) with packed sequences (packed)");
+    check_query_rows(opt, s);
+    require_feature(!opt.query_rows.whole(), caps.query_rows, caps, "options.query_rows (some query rows only)");
+    require_feature(!opt.query_rows.whole() && in.packed.enabled(), false, caps,
+                    "options.query_rows (some query rows only) with packed sequences (packed)");
     check_attention_outputs(in, s, out, attn, false);
     return s;
 }
@@ -590,6 +623,8 @@ attention_shape check_attention_backward(const attention_inputs<S>& in, const at
     const auto s = check_attention(in, caps);
     (void)softmax_scale(opt, s.d);
     check_backward_budget(opt);
+    require(opt.query_rows.whole(), "attention", "options.query_rows = [", opt.query_rows.begin, ", ", opt.query_rows.end,
+            "); expected the default [0, -1) in the backward (every row: the gradients of q, k and v depend on all of them)");
     const bool saved = g.saved_attn.data != nullptr || g.saved_attn.rank != 0;
     require_feature(saved, caps.saved_probabilities, caps, "the backward from saved probabilities (saved_attn)");
     require_feature(saved && in.packed.enabled(), false, caps,

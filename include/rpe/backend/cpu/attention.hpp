@@ -36,7 +36,7 @@ namespace cpu {
 /// strided q/k/v (rows of D contiguous), the `attn` output and the backward from saved
 /// probabilities, RoPE with the frequencies' gradient, both masks, 3D grids, any head dim,
 /// per-token positions of the iRPE terms, packed sequences, key lengths, keys of another length
-/// than the queries (without terms or packing).
+/// than the queries (without terms or packing), a forward on some query rows only (without packing).
 inline constexpr attention_capabilities attention_caps{.backend = "cpu",
                                                        .strided_qkv = true,
                                                        .saved_probabilities = true,
@@ -49,7 +49,8 @@ inline constexpr attention_capabilities attention_caps{.backend = "cpu",
                                                        .positions = true,
                                                        .packed = true,
                                                        .key_lengths = true,
-                                                       .cross_lengths = true};
+                                                       .cross_lengths = true,
+                                                       .query_rows = true};
 
 }  // namespace cpu
 
@@ -461,6 +462,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
     struct state {
         fused_plan<S, Id> plan;
         std::int64_t blocks = 0, items = 0, first = 0, tq_per_plane = 0;
+        std::int64_t row0 = 0, rows = 0;  // the query rows computed: [row0, row0 + rows) (attention_options::query_rows)
         bool ctx_q = false;
         bool keys_per_plane = false;  // RoPE: each plane's keys rotated by the thread that takes its blocks
         std::int64_t kx_cols = 0;     // ΣK of the contextual key tables: folded into the logits' product
@@ -476,7 +478,9 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         x.plan = make_plan<S, Id>(*parts[m].in, parts[m].ids, false, opt);
         const auto& plan = x.plan;
         const std::int64_t n = plan.l, nkeys = plan.lk, rb_max = plan.rb;  // queries, keys
-        x.blocks = (n + rb_max - 1) / rb_max;
+        x.row0 = opt.query_rows.begin;
+        x.rows = (opt.query_rows.end == -1 ? n : opt.query_rows.end) - x.row0;
+        x.blocks = (x.rows + rb_max - 1) / rb_max;
         x.items = plan.b * plan.h * x.blocks;
         x.first = items;
         items += x.items;
@@ -586,8 +590,8 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             const auto& plan = x.plan;
             const attention_inputs<S>& in = *parts[m].in;
             const std::int64_t item = all - x.first, n = plan.l, d = plan.d, rb_max = plan.rb;
-            const std::int64_t p = item / x.blocks, i0 = (item % x.blocks) * rb_max, h = p % plan.h;
-            const std::int64_t rb = std::min(rb_max, n - i0);
+            const std::int64_t p = item / x.blocks, i0 = x.row0 + (item % x.blocks) * rb_max, h = p % plan.h;
+            const std::int64_t rb = std::min(rb_max, x.row0 + x.rows - i0);
             load_block_ids(plan, i0, rb, idbuf, blk);
             plan.load_queries(p, i0, rb, qs);
             const std::int64_t nk = plan.keys(p);  // keys >= nk are padding (key_lengths): not computed

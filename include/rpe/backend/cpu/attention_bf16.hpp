@@ -242,7 +242,9 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
     // the passes (the results do not depend on it)
     const std::int64_t rb_max = std::min<std::int64_t>(plan.rb, 32);
     plan.rb = rb_max;
-    const std::int64_t blocks = (n + rb_max - 1) / rb_max, items = planes * blocks;
+    // the query rows computed: [row0, row0 + rows) (attention_options::query_rows)
+    const std::int64_t row0 = opt.query_rows.begin, rows = (opt.query_rows.end == -1 ? n : opt.query_rows.end) - row0;
+    const std::int64_t blocks = (rows + rb_max - 1) / rb_max, items = planes * blocks;
     // contextual key tables: their columns after the L keys of each plane's packed kᵀ
     std::vector<std::int64_t> kcol(plan.on_k.size(), 0);
     std::int64_t ncols = n;
@@ -367,8 +369,8 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
 #pragma omp for schedule(dynamic, 1)
 #endif
         for (std::int64_t item = 0; item < items; ++item) {
-            const std::int64_t p = item / blocks, i0 = (item % blocks) * rb_max, h = p % plan.h;
-            const std::int64_t rb = std::min(rb_max, n - i0);
+            const std::int64_t p = item / blocks, i0 = row0 + (item % blocks) * rb_max, h = p % plan.h;
+            const std::int64_t rb = std::min(rb_max, row0 + rows - i0);
             load_block_ids(plan, i0, rb, idbuf, blk);
             // s·(q·kᵀ) and s·(q·table_k) of the contextual key tables, float accumulation
             gemm(rb, ncols, d, qb.plane(p) + i0 * qb.sl, qb.sl, kp + p * kp_size, lg, ncols, scale);

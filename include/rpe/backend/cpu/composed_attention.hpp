@@ -33,12 +33,14 @@ namespace rpe {
 namespace detail {
 
 /// @brief What the composed baseline supports: the CPU attention's features, except keys of
-/// another length than the queries (attention_capabilities::cross_lengths: refused with
-/// rpe::not_supported; the fused CPU attention takes them).
+/// another length than the queries (attention_capabilities::cross_lengths) and a forward on some
+/// query rows only (attention_options::query_rows): refused with rpe::not_supported; the fused
+/// CPU attention takes them.
 inline constexpr attention_capabilities composed_attention_caps = [] {
     attention_capabilities c = ::rpe::cpu::attention_caps;
     c.backend = "composed";
     c.cross_lengths = false;
+    c.query_rows = false;
     return c;
 }();
 
@@ -180,6 +182,8 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
         "rpe::attention_forward (the fused attention)");
     if constexpr (detail::composed_scalar<S>) {  // else the static_assert alone speaks: no errors from the body
         const auto s = detail::check_attention(in, detail::composed_attention_caps);
+        detail::require_feature(!opt.query_rows.whole(), false, detail::composed_attention_caps,
+                                "options.query_rows (some query rows only)");
         detail::check_attention_outputs(in, s, out, attn, true);
         if (in.packed.enabled()) {  // each image alone on copies of its tokens; attn block-diagonal, 0 across images
             std::fill(attn.data, attn.data + attn.size(), S(0));
@@ -271,6 +275,8 @@ void composed_attention_backward(const attention_inputs<S>& in, const attention_
         "rpe::attention_backward (the fused attention)");
     if constexpr (detail::composed_scalar<S>) {  // else the static_assert alone speaks: no errors from the body
         const auto s = detail::check_attention(in, detail::composed_attention_caps);
+        detail::require_feature(!opt.query_rows.whole(), false, detail::composed_attention_caps,
+                                "options.query_rows (some query rows only)");
         detail::require(g.saved_attn.data != nullptr || g.saved_attn.rank != 0, "attention",
                         "saved_attn = empty; expected the (B, H, L, L) probabilities of composed_attention_forward (the "
                         "composed backward does not recompute them)");
