@@ -152,7 +152,7 @@ inline vit_config deit_s_config(const std::string& rpe_on = "", rpe::rope_form r
 /// softmax, GELU, biases, residual adds, gathers and table look-ups count 0).
 struct vit_mac_count {
     double patch_embed = 0;  ///< G²·(Cin·P²)·C
-    double qkv = 0;          ///< depth · L·C·3C
+    double qkv = 0;          ///< depth · L·C·3C (a pruned last block: L·C·2C + C·C, its class token's query alone)
     double attention = 0;    ///< Σ_blocks 2·H·n·L·D (q·kᵀ and a·v; n = L query rows, or 1 in a pruned last block)
     double proj = 0;         ///< Σ_blocks n·C² (n = L, or 1 in a pruned last block)
     double mlp = 0;          ///< Σ_blocks 2·n·C·F
@@ -172,15 +172,15 @@ struct vit_mac_count {
 };
 
 /// @brief The MACs of one image's forward for `cfg` (derived; see vit_mac_count for the formula).
-/// @param prune_last_block count the last block's attention (its query rows), projection and MLP
-///   on the class token only (vit_config::last_block_class_token_only).
+/// @param prune_last_block count the last block's queries, attention rows, projection and MLP on
+///   the class token only (vit_config::last_block_class_token_only).
 [[nodiscard]] inline vit_mac_count vit_macs(const vit_config& cfg, bool prune_last_block) {
     const double C = cfg.embed_dim, H = cfg.num_heads, D = cfg.head_dim, L = cfg.tokens, F = cfg.mlp_hidden_dim, G = cfg.grid,
                  P = cfg.patch_size, depth = cfg.depth;
     vit_mac_count m;
     m.patch_embed = G * G * (cfg.in_chans * P * P) * C;
-    m.qkv = depth * L * C * 3 * C;
     const double n_all = depth * L, n = prune_last_block ? (depth - 1) * L + 1 : n_all;  // query rows of all blocks
+    m.qkv = n_all * C * 2 * C + n * C * C;  // k and v of every token, q of the query rows
     m.attention = n * 2 * H * L * D;
     m.proj = n * C * C;
     m.mlp = n * 2 * C * F;
@@ -565,6 +565,19 @@ private:
         ym.noalias() += cmap(x, rows, in) * cmap(w, out, in).transpose();
     }
 
+    /// linear() on rows `x_stride` apart (x) and `y_stride` apart (y): some tokens, or some of W's
+    /// output rows (W (out, in) row-major, b (out) or null).
+    static void linear_strided(const S* x, std::int64_t x_stride, std::int64_t rows, std::int64_t in, const S* w, const S* b,
+                               std::int64_t out, S* y, std::int64_t y_stride) {
+        Eigen::Map<matrix, 0, Eigen::OuterStride<>> ym(y, rows, out, Eigen::OuterStride<>(y_stride));
+        if (b)
+            ym.rowwise() = crow_map(b, out);
+        else
+            ym.setZero();
+        ym.noalias() += Eigen::Map<const matrix, 0, Eigen::OuterStride<>>(x, rows, in, Eigen::OuterStride<>(x_stride)) *
+                        cmap(w, out, in).transpose();
+    }
+
     /// z (rows, out) += x (rows, in) · Wᵀ, W (out, in) row-major, z rows `z_stride` apart: the
     /// residual add done by the GEMM itself (no temporary); the Linear's bias is left to the caller
     /// (see layer_norm's `add`).
@@ -646,15 +659,21 @@ private:
         const S* pending = nullptr;  // fc2 bias of the previous block, not yet added to z (C)
         for (int i = 0; i < c.depth; ++i) {
             const auto& w = w_.blocks[static_cast<std::size_t>(i)];
+            // The head reads only the class tokens, so (unless traced, or configured not to) the last
+            // block computes their queries and attention rows alone, and its projection, LN2 and MLP
+            // run on those b rows (z rows L·C apart); otherwise on all b·L rows.
+            const bool cls_only = !trace && c.last_block_class_token_only && i == c.depth - 1;
             // h = LN1(z + pending); qkv = h·W_qkvᵀ + b: (b·L, 3C), column t·C + n·D + d.
             layer_norm(ws.z.data(), rows, C, pending, w.norm1_w, w.norm1_b, ws.h.data());
             lap(at(&vit_stage_times::layer_norm), t0);
-            linear(ws.h.data(), rows, C, w.qkv_w, w.qkv_b, 3 * C, ws.qkv.data());
+            if (cls_only) {  // k and v of every token; q of the class tokens (rows L apart) only
+                linear_strided(ws.h.data(), C, rows, C, w.qkv_w + C * C, w.qkv_b ? w.qkv_b + C : nullptr, 2 * C,
+                               ws.qkv.data() + C, 3 * C);
+                linear_strided(ws.h.data(), L * C, b, C, w.qkv_w, w.qkv_b, C, ws.qkv.data(), L * 3 * C);
+            } else {
+                linear(ws.h.data(), rows, C, w.qkv_w, w.qkv_b, 3 * C, ws.qkv.data());
+            }
             lap(at(&vit_stage_times::qkv), t0);
-            // The head reads only the class tokens, so (unless traced, or configured not to) the last
-            // block's attention computes their query rows alone and its projection, LN2 and MLP run
-            // on those b rows (z rows L·C apart); otherwise on all b·L rows.
-            const bool cls_only = !trace && c.last_block_class_token_only && i == c.depth - 1;
             // attention with iRPE / RoPE; fused: no (b, H, L, L) buffer unless the probabilities are traced
             attention(i, qkv_ref, out_ref, trace ? attn_ref : rpe::tensor_ref<S>{},
                       cls_only ? rpe::query_row_range{0, 1} : rpe::query_row_range{});

@@ -290,9 +290,9 @@ TEST_CASE("vit_model: DeiT-S configuration and MACs by formula") {
     auto bias = rpe::examples::deit_s_config("k");
     bias.rpe.contextual = false;
     CHECK(rpe::examples::vit_macs(bias, false).rpe == 0.0);
-    // the last block's attention rows, projection and MLP on the class token only: 196 rows fewer,
-    // each 384² + 2·384·1536 + 2·6·197·64 (q·kᵀ and a·v of one row)
-    CHECK(rpe::examples::vit_macs(c, true).base() == 4598882304.0 - 196.0 * (147456 + 1179648 + 151296));
+    // the last block's queries, attention rows, projection and MLP on the class token only: 196
+    // rows fewer, each 384² (q) + 384² + 2·384·1536 + 2·6·197·64 (q·kᵀ and a·v of one row)
+    CHECK(rpe::examples::vit_macs(c, true).base() == 4598882304.0 - 196.0 * (147456 + 147456 + 1179648 + 151296));
     // iRPE in the pruned last block: k and v on one row (6·50·64 each), q on every key (6·197·50·64)
     CHECK(rpe::examples::vit_macs(rpe::examples::deit_s_config("qkv"), true).rpe == 3 * 45388800.0 - 2 * 196.0 * 6 * 50 * 64);
 }
