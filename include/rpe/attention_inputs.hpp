@@ -171,8 +171,9 @@ struct attention_options {
     /// ignore it.
     std::optional<bool> tensor_cores = std::nullopt;
     /// Forward: compute only the query rows [begin, end) of every (batch, head); the other rows of
-    /// `out` (and of `attn`) are not written. Each computed row equals that row of the call on
-    /// every row, bit for bit (a row depends on its own query only). For inference where only
+    /// `out` (and of `attn`) are not written. Each computed row is that row of the call on every
+    /// row (a row depends on its own query only): bit for bit where the products are rpe's own
+    /// (AVX-512F float), else up to the products' last bits (the row blocks start at begin). For inference where only
     /// some rows are read: a classifier whose head reads the class token computes the last
     /// block's attention for row 0 alone (`{0, 1}`: 1/L of the rows' work; the contextual query
     /// term's per-key products and the keys' packing are still made for every key). Default: every

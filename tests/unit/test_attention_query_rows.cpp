@@ -36,7 +36,8 @@ struct rows_problem {
 
     explicit rows_problem(bool bias)
         : tq(rpe::make_term_desc(mapping, true, rpe::target::query, {.num_heads = 2, .head_dim = 8, .skip = 1})),
-          tk(rpe::make_term_desc(mapping, !bias, rpe::target::key, {.num_heads = 2, .head_dim = 8, .shared_head = !bias, .skip = 1})),
+          tk(rpe::make_term_desc(mapping, !bias, rpe::target::key,
+                                 {.num_heads = 2, .head_dim = 8, .shared_head = !bias, .skip = 1})),
           tv(rpe::make_term_desc(mapping, true, rpe::target::value, {.num_heads = 2, .head_dim = 8, .skip = 1})) {
         std::mt19937 rng(99);
         std::normal_distribution<double> normal(0.0, 1.0);
@@ -89,8 +90,8 @@ void check_rows(const rows_problem<S>& p, rpe::query_row_range rows, std::int64_
     const std::int64_t b = p.b, h = p.h, l = p.l, d = p.d;
     const S sentinel = static_cast<S>(7.0f);
     std::vector<S> out_all(p.q.size()), attn_all(static_cast<std::size_t>(b * h * l * l));
-    rpe::attention_forward(in, rpe::tensor_ref<S>(out_all.data(), {b, h, l, d}), rpe::tensor_ref<S>(attn_all.data(), {b, h, l, l}),
-                           {.row_block = row_block});
+    rpe::attention_forward(in, rpe::tensor_ref<S>(out_all.data(), {b, h, l, d}),
+                           rpe::tensor_ref<S>(attn_all.data(), {b, h, l, l}), {.row_block = row_block});
     std::vector<S> out(out_all.size(), sentinel), attn(attn_all.size(), sentinel);
     rpe::attention_forward(in, rpe::tensor_ref<S>(out.data(), {b, h, l, d}), rpe::tensor_ref<S>(attn.data(), {b, h, l, l}),
                            {.row_block = row_block, .query_rows = rows});
@@ -160,9 +161,10 @@ TEST_CASE("attention query_rows: bad ranges, the backward, packed sequences and 
     std::vector<double> go(p.q.size(), 1.0), gq(p.q.size()), gk(p.q.size()), gv(p.q.size());
     const rpe::attention_gradients<double> g{
         .grad_out = {go.data(), shape}, .grad_q = {gq.data(), shape}, .grad_k = {gk.data(), shape}, .grad_v = {gv.data(), shape}};
-    CHECK_THROWS_WITH_AS(rpe::attention_backward(in, g, {.query_rows = {0, 1}}),
-                         doctest::Contains("[rpe.attention] options.query_rows = [0, 1); expected the default [0, -1) in the backward"),
-                         rpe::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        rpe::attention_backward(in, g, {.query_rows = {0, 1}}),
+        doctest::Contains("[rpe.attention] options.query_rows = [0, 1); expected the default [0, -1) in the backward"),
+        rpe::invalid_argument);
     CHECK_NOTHROW(rpe::attention_backward(in, g, {.query_rows = {0, -1}}));
     // the composed baseline computes every row
     std::vector<double> attn(static_cast<std::size_t>(b * h * l * l));
@@ -184,7 +186,8 @@ TEST_CASE("attention query_rows: bad ranges, the backward, packed sequences and 
                          "supported by the cpu backend",
                          rpe::not_supported);
     // a backend without the feature
-    const rpe::attention_capabilities no_rows{.backend = "test", .strided_qkv = true, .key_padding_mask = true, .attn_mask = true};
+    const rpe::attention_capabilities no_rows{
+        .backend = "test", .strided_qkv = true, .key_padding_mask = true, .attn_mask = true};
     CHECK_THROWS_WITH_AS(rpe::detail::check_attention_forward(in, out_ref, {}, {.query_rows = {0, 1}}, no_rows),
                          "[rpe.attention] options.query_rows (some query rows only) is not supported by the test backend",
                          rpe::not_supported);
