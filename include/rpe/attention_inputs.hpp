@@ -171,14 +171,17 @@ struct attention_options {
     /// ignore it.
     std::optional<bool> tensor_cores = std::nullopt;
     /// Forward: compute only the query rows [begin, end) of every (batch, head); the other rows of
-    /// `out` (and of `attn`) are not written. Each computed row is that row of the call on every
-    /// row (a row depends on its own query only): bit for bit where the products are rpe's own
-    /// (AVX-512F float), else up to the products' last bits (the row blocks start at begin). For inference where only
-    /// some rows are read: a classifier whose head reads the class token computes the last
-    /// block's attention for row 0 alone (`{0, 1}`: 1/L of the rows' work; the contextual query
-    /// term's per-key products and the keys' packing are still made for every key). Default: every
-    /// row. Backends with attention_capabilities::query_rows (the CPU: float, double, bf16, f16;
-    /// not with packed sequences); the backward takes only the default.
+    /// `out` (and of `attn`) are not written. Each computed row equals that row of the call on
+    /// every row (a row depends on its own query only): bit for bit where the products run on
+    /// cpu::simd::gemm (float, and f16 and bf16's portable path over it, on AVX-512F units); the row
+    /// blocks start at begin, so Eigen's products (double; float off AVX-512F; the value terms of
+    /// bf16's AVX512_BF16 path) may round differently in the last bits (a 16-bit output then by one
+    /// unit in the last place). For inference where only some rows are read: a classifier whose
+    /// head reads the class token computes the last block's attention for row 0 alone (`{0, 1}`:
+    /// 1/L of the rows' work; the contextual query term's per-key products and the keys' packing
+    /// are still made for every key). Default: every row. Backends with
+    /// attention_capabilities::query_rows (the CPU: float, double, bf16, f16; not with packed
+    /// sequences); the backward takes only the default.
     /// @throws rpe::invalid_argument `[rpe.attention] options.query_rows = [begin, end) ...` unless
     ///   0 <= begin <= end <= L (end = -1: L); on the backward, unless the default.
     query_row_range query_rows = {};
