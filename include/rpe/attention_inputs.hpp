@@ -132,8 +132,8 @@ struct attention_inputs {
 struct query_row_range {
     std::int64_t begin = 0;  ///< first row computed
     std::int64_t end = -1;   ///< one past the last row computed; -1: L (every row from begin)
-    /// @brief Whether this is the whole [0, L) (the default).
-    [[nodiscard]] bool whole() const { return begin == 0 && end == -1; }
+    /// @brief Whether this is every row of L: [0, -1) (the default) or [0, L).
+    [[nodiscard]] bool whole(std::int64_t l) const { return begin == 0 && (end == -1 || end == l); }
 };
 
 /// @brief Options of the attention step, for both backends (each ignores what it does not use).
@@ -181,9 +181,9 @@ struct attention_options {
     /// 1/L of the rows' work; the contextual query term's per-key products and the keys' packing
     /// are still made for every key). Default: every row. Backends with
     /// attention_capabilities::query_rows (the CPU: float, double, bf16, f16; not with packed
-    /// sequences); the backward takes only the default.
+    /// sequences); the backward takes every row only.
     /// @throws rpe::invalid_argument `[rpe.attention] options.query_rows = [begin, end) ...` unless
-    ///   0 <= begin <= end <= L (end = -1: L); on the backward, unless the default.
+    ///   0 <= begin <= end <= L (end = -1: L); on the backward, unless every row ([0, -1) or [0, L)).
     query_row_range query_rows = {};
 };
 
@@ -609,8 +609,8 @@ attention_shape check_attention_forward(const attention_inputs<S>& in, const ten
     require_feature((attn.data != nullptr || attn.rank != 0) && in.packed.enabled(), false, caps,
                     "the attn output (probabilities) with packed sequences (packed)");
     check_query_rows(opt, s);
-    require_feature(!opt.query_rows.whole(), caps.query_rows, caps, "options.query_rows (some query rows only)");
-    require_feature(!opt.query_rows.whole() && in.packed.enabled(), false, caps,
+    require_feature(!opt.query_rows.whole(s.l), caps.query_rows, caps, "options.query_rows (some query rows only)");
+    require_feature(!opt.query_rows.whole(s.l) && in.packed.enabled(), false, caps,
                     "options.query_rows (some query rows only) with packed sequences (packed)");
     check_attention_outputs(in, s, out, attn, false);
     return s;
@@ -627,8 +627,9 @@ attention_shape check_attention_backward(const attention_inputs<S>& in, const at
     const auto s = check_attention(in, caps);
     (void)softmax_scale(opt, s.d);
     check_backward_budget(opt);
-    require(opt.query_rows.whole(), "attention", "options.query_rows = [", opt.query_rows.begin, ", ", opt.query_rows.end,
-            "); expected the default [0, -1) in the backward (every row: the gradients of q, k and v depend on all of them)");
+    require(opt.query_rows.whole(s.l), "attention", "options.query_rows = [", opt.query_rows.begin, ", ", opt.query_rows.end,
+            "); expected every row, [0, -1) or [0, L = ", s.l,
+            "), in the backward (the gradients of q, k and v depend on all of them)");
     const bool saved = g.saved_attn.data != nullptr || g.saved_attn.rank != 0;
     require_feature(saved, caps.saved_probabilities, caps, "the backward from saved probabilities (saved_attn)");
     require_feature(saved && in.packed.enabled(), false, caps,

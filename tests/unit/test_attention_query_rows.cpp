@@ -168,9 +168,11 @@ TEST_CASE("attention query_rows: bad ranges, the backward, packed sequences and 
         .grad_out = {go.data(), shape}, .grad_q = {gq.data(), shape}, .grad_k = {gk.data(), shape}, .grad_v = {gv.data(), shape}};
     CHECK_THROWS_WITH_AS(
         rpe::attention_backward(in, g, {.query_rows = {0, 1}}),
-        doctest::Contains("[rpe.attention] options.query_rows = [0, 1); expected the default [0, -1) in the backward"),
+        doctest::Contains(
+            "[rpe.attention] options.query_rows = [0, 1); expected every row, [0, -1) or [0, L = 13), in the backward"),
         rpe::invalid_argument);
     CHECK_NOTHROW(rpe::attention_backward(in, g, {.query_rows = {0, -1}}));
+    CHECK_NOTHROW(rpe::attention_backward(in, g, {.query_rows = {0, l}}));  // every row, spelled out
     // the composed baseline computes every row
     std::vector<double> attn(static_cast<std::size_t>(b * h * l * l));
     CHECK_THROWS_WITH_AS(
@@ -196,6 +198,10 @@ TEST_CASE("attention query_rows: bad ranges, the backward, packed sequences and 
     CHECK_THROWS_WITH_AS(rpe::detail::check_attention_forward(in, out_ref, {}, {.query_rows = {0, 1}}, no_rows),
                          "[rpe.attention] options.query_rows (some query rows only) is not supported by the test backend",
                          rpe::not_supported);
+    // [0, L) is every row: taken where the option is not
+    CHECK_NOTHROW(rpe::detail::check_attention_forward(in, out_ref, {}, {.query_rows = {0, l}}, no_rows));
+    CHECK_NOTHROW(
+        rpe::composed_attention_forward(in, out_ref, rpe::tensor_ref<double>(attn.data(), {b, h, l, l}), {.query_rows = {0, l}}));
 }
 
 }  // namespace rpe_unit_attention_query_rows

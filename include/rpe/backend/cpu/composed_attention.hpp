@@ -182,7 +182,7 @@ void composed_attention_forward(const attention_inputs<S>& in, tensor_ref<S> out
         "rpe::attention_forward (the fused attention)");
     if constexpr (detail::composed_scalar<S>) {  // else the static_assert alone speaks: no errors from the body
         const auto s = detail::check_attention(in, detail::composed_attention_caps);
-        detail::require_feature(!opt.query_rows.whole(), false, detail::composed_attention_caps,
+        detail::require_feature(!opt.query_rows.whole(s.l), false, detail::composed_attention_caps,
                                 "options.query_rows (some query rows only)");
         detail::check_attention_outputs(in, s, out, attn, true);
         if (in.packed.enabled()) {  // each image alone on copies of its tokens; attn block-diagonal, 0 across images
@@ -275,7 +275,7 @@ void composed_attention_backward(const attention_inputs<S>& in, const attention_
         "rpe::attention_backward (the fused attention)");
     if constexpr (detail::composed_scalar<S>) {  // else the static_assert alone speaks: no errors from the body
         const auto s = detail::check_attention(in, detail::composed_attention_caps);
-        detail::require_feature(!opt.query_rows.whole(), false, detail::composed_attention_caps,
+        detail::require_feature(!opt.query_rows.whole(s.l), false, detail::composed_attention_caps,
                                 "options.query_rows (some query rows only)");
         detail::require(g.saved_attn.data != nullptr || g.saved_attn.rank != 0, "attention",
                         "saved_attn = empty; expected the (B, H, L, L) probabilities of composed_attention_forward (the "
