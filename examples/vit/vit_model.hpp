@@ -65,8 +65,9 @@ struct vit_config {
     /// @brief RoPE on q and k in every block, the class token left unrotated (skip 1);
     /// std::monostate = none. rope::mixed takes per-block frequencies (vit_block_weights::rope_freqs).
     rpe::rope_form rope = {};
-    /// @brief When true, the last block's attention (its class-token query rows:
-    /// rpe::attention_options::query_rows), projection, LN2 and MLP run on the class tokens only
+    /// @brief When true, the last block's queries (vit_model; vit_model_bf16 computes every
+    /// token's), attention (its class-token query rows: rpe::attention_options::query_rows),
+    /// projection, LN2 and MLP run on the class tokens only
     /// (the head reads nothing else; forward() with a trace computes every token anyway); false
     /// computes every token in every block, as timm does (the MACs that vit_macs counts with
     /// `prune_last_block = false`).

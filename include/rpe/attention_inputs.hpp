@@ -132,8 +132,10 @@ struct attention_inputs {
 struct query_row_range {
     std::int64_t begin = 0;  ///< first row computed
     std::int64_t end = -1;   ///< one past the last row computed; -1: L (every row from begin)
+    /// @brief One past the last row computed for L query rows: end, or L when end is -1.
+    [[nodiscard]] std::int64_t end_of(std::int64_t l) const { return end == -1 ? l : end; }
     /// @brief Whether this is every row of L: [0, -1) (the default) or [0, L).
-    [[nodiscard]] bool whole(std::int64_t l) const { return begin == 0 && (end == -1 || end == l); }
+    [[nodiscard]] bool whole(std::int64_t l) const { return begin == 0 && end_of(l) == l; }
 };
 
 /// @brief Options of the attention step, for both backends (each ignores what it does not use).
@@ -262,7 +264,7 @@ struct attention_shape {
 /// @throws rpe::invalid_argument `[rpe.attention] options.query_rows = [begin, end) ...` otherwise.
 inline void check_query_rows(const attention_options& opt, const attention_shape& s) {
     const auto& r = opt.query_rows;
-    const std::int64_t end = r.end == -1 ? s.l : r.end;
+    const std::int64_t end = r.end_of(s.l);
     require(r.begin >= 0 && r.end >= -1 && r.begin <= end && end <= s.l, "attention", "options.query_rows = [", r.begin, ", ",
             r.end, "); expected 0 <= begin <= end <= L = ", s.l, " (end -1: L)");
 }

@@ -479,7 +479,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         const auto& plan = x.plan;
         const std::int64_t n = plan.l, nkeys = plan.lk, rb_max = plan.rb;  // queries, keys
         x.row0 = opt.query_rows.begin;
-        x.rows = (opt.query_rows.end == -1 ? n : opt.query_rows.end) - x.row0;
+        x.rows = opt.query_rows.end_of(n) - x.row0;
         x.blocks = (x.rows + rb_max - 1) / rb_max;
         x.items = plan.b * plan.h * x.blocks;
         x.first = items;

@@ -243,7 +243,7 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
     const std::int64_t rb_max = std::min<std::int64_t>(plan.rb, 32);
     plan.rb = rb_max;
     // the query rows computed: [row0, row0 + rows) (attention_options::query_rows)
-    const std::int64_t row0 = opt.query_rows.begin, rows = (opt.query_rows.end == -1 ? n : opt.query_rows.end) - row0;
+    const std::int64_t row0 = opt.query_rows.begin, rows = opt.query_rows.end_of(n) - row0;
     const std::int64_t blocks = (rows + rb_max - 1) / rb_max, items = planes * blocks;
     // contextual key tables: their columns after the L keys of each plane's packed kᵀ
     std::vector<std::int64_t> kcol(plan.on_k.size(), 0);

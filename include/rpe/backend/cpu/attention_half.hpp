@@ -202,15 +202,11 @@ void forward(const attention_inputs<H>& in, const std::shared_ptr<const bucket_i
         fa.resize(attn.data ? static_cast<std::size_t>(nb * h * n * nk) : 0);
         const tensor_ref<float> fav = attn.data ? tensor_ref<float>(fa.data(), {nb, h, n, nk}) : tensor_ref<float>{};
         fused_forward<float, Id>(f.in, ids, tensor_ref<float>(fo.data(), {nb, h, n, d}), fav, opt);
-        if (opt.query_rows.whole(n)) {
-            from_float(fo.data(), out.data + b0 * h * n * d, nb * h * n * d);
-            if (attn.data) from_float(fa.data(), attn.data + b0 * h * n * nk, nb * h * n * nk);
-        } else {  // the rows computed only (attention_options::query_rows): the others are not written
-            const std::int64_t r0 = opt.query_rows.begin, rows = (opt.query_rows.end == -1 ? n : opt.query_rows.end) - r0;
-            for (std::int64_t p = 0; p < nb * h; ++p) {
-                from_float(fo.data() + (p * n + r0) * d, out.data + ((b0 * h + p) * n + r0) * d, rows * d);
-                if (attn.data) from_float(fa.data() + (p * n + r0) * nk, attn.data + ((b0 * h + p) * n + r0) * nk, rows * nk);
-            }
+        // the rows computed only (attention_options::query_rows; every row by default): the others are not written
+        const std::int64_t r0 = opt.query_rows.begin, rows = opt.query_rows.end_of(n) - r0;
+        for (std::int64_t p = 0; p < nb * h; ++p) {
+            from_float(fo.data() + (p * n + r0) * d, out.data + ((b0 * h + p) * n + r0) * d, rows * d);
+            if (attn.data) from_float(fa.data() + (p * n + r0) * nk, attn.data + ((b0 * h + p) * n + r0) * nk, rows * nk);
         }
     }
 }
