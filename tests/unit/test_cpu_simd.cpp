@@ -1,6 +1,7 @@
 // The vectorised row kernels of the CPU backend (backend/cpu/simd.hpp) against plain loops:
 // gathers by bucket id (K up to 64 in registers, larger K, per-key tables; 1-, 2- and 4-byte ids;
-// row lengths that are not a multiple of the vector width), the softmax's edge cases, the
+// row lengths that are not a multiple of the vector width), the per-bucket sums of the fused
+// attention (scatter_rows4, scatter_sum4: the same bits as their four-partial formula), the softmax's edge cases, the
 // attention's float product (simd::gemm, AVX-512F) and the scratch workspace.
 #include <doctest/doctest.h>
 #include <rpe/rpe.hpp>
@@ -60,6 +61,91 @@ TEST_CASE("cpu gathers equal plain loops for every K, row length and id width") 
                 check_gathers<double, std::uint8_t>(k, n, 5);
             }
         }
+}
+
+namespace {
+
+// Per-bucket sums as scatter_into4's doc states them: key j into partial j mod 4 (the last n mod 4
+// keys into partial 0), each partial in key order, then (p0 + p1) + (p2 + p3).
+template <class S, class Id>
+std::vector<S> four_partial_sums(const S* g, const Id* r, std::int64_t n, std::int64_t k) {
+    std::vector<S> part(static_cast<std::size_t>(4 * k), S(0)), out(static_cast<std::size_t>(k));
+    for (std::int64_t j = 0; j < n; ++j) {
+        const std::int64_t u = j < n / 4 * 4 ? j % 4 : 0;
+        part[static_cast<std::size_t>(u * k + r[j])] += g[j];
+    }
+    for (std::int64_t b = 0; b < k; ++b) {
+        const auto at = [&](std::int64_t u) { return part[static_cast<std::size_t>(u * k + b)]; };
+        out[static_cast<std::size_t>(b)] = (at(0) + at(1)) + (at(2) + at(3));
+    }
+    return out;
+}
+
+template <class S, class Id>
+void check_bucket_sums(std::int64_t k, std::int64_t n, std::int64_t rows, std::uint32_t seed) {
+    using rpe::detail::cpu::scatter_rows4;
+    using rpe::detail::cpu::scatter_sum4;
+    std::mt19937 rng(seed);
+    std::normal_distribution<double> normal;
+    // g's rows ld = n + k apart, the sums written into each row's columns past n (the fused
+    // attention's [logits | sums] layout), ids' rows n + 3 apart
+    const std::int64_t ld = n + k, ldi = n + 3;
+    std::vector<S> g(static_cast<std::size_t>(std::max<std::int64_t>(rows, 1) * ld));
+    std::vector<Id> ids(static_cast<std::size_t>(std::max<std::int64_t>(rows, 1) * ldi));
+    for (auto& e : g) e = static_cast<S>(normal(rng));
+    // runs of one bucket (as the clipped buckets far from a query) and random ids
+    for (std::size_t e = 0; e < ids.size(); ++e)
+        ids[e] = static_cast<Id>(e % 11 < 6 ? 0 : std::uniform_int_distribution<std::int64_t>(0, k - 1)(rng));
+    const std::vector<S> g0 = g;
+    std::vector<S> part(static_cast<std::size_t>(8 * k), S(1234));  // scratch: any contents
+    scatter_rows4(g.data(), ld, ids.data(), ldi, rows, n, k, part.data(), g.data() + n, ld);
+    std::vector<S> total(static_cast<std::size_t>(k), S(0.5)), expect_total = total;
+    scatter_sum4(g0.data(), ld, ids.data(), ldi, rows, n, k, part.data(), total.data());
+    std::vector<S> block_part(static_cast<std::size_t>(4 * k), S(0));
+    for (std::int64_t i = 0; i < rows; ++i) {
+        CAPTURE(i);
+        const S* gi = g0.data() + i * ld;
+        const Id* ri = ids.data() + i * ldi;
+        const auto want = four_partial_sums(gi, ri, n, k);
+        double plain_max = 0;
+        for (std::int64_t b = 0; b < k; ++b) {
+            // the same additions in the same order: the same bits
+            CHECK(g[static_cast<std::size_t>(i * ld + n + b)] == want[static_cast<std::size_t>(b)]);
+            double plain = 0;
+            for (std::int64_t j = 0; j < n; ++j) plain += ri[j] == b ? static_cast<double>(gi[j]) : 0.0;
+            plain_max = std::max(plain_max, std::abs(plain - static_cast<double>(want[static_cast<std::size_t>(b)])));
+        }
+        CHECK(plain_max <= 1e-5);
+        for (std::int64_t j = 0; j < n; ++j)
+            CHECK(g[static_cast<std::size_t>(i * ld + j)] == g0[static_cast<std::size_t>(i * ld + j)]);
+        for (std::int64_t j = 0; j < n; ++j) {  // scatter_sum4: partial j mod 4 over the whole block
+            const std::int64_t u = j < n / 4 * 4 ? j % 4 : 0;
+            block_part[static_cast<std::size_t>(u * k + ri[j])] += gi[j];
+        }
+    }
+    for (std::int64_t b = 0; b < k; ++b) {
+        const auto at = [&](std::int64_t u) { return block_part[static_cast<std::size_t>(u * k + b)]; };
+        expect_total[static_cast<std::size_t>(b)] += (at(0) + at(1)) + (at(2) + at(3));
+    }
+    CHECK(total == expect_total);
+}
+
+}  // namespace
+
+TEST_CASE("cpu per-bucket sums (scatter_rows4, scatter_sum4) are the four-partial sums, bit for bit") {
+    for (const std::int64_t k : {1, 2, 7, 50, 64, 300})
+        for (const std::int64_t n : {0, 1, 3, 4, 7, 8, 9, 15, 16, 17, 31, 65, 197})
+            for (const std::int64_t rows : {0, 1, 2, 5}) {
+                CAPTURE(k);
+                CAPTURE(n);
+                CAPTURE(rows);
+                if (k <= 256) {
+                    check_bucket_sums<float, std::uint8_t>(k, n, rows, 11);
+                    check_bucket_sums<double, std::uint8_t>(k, n, rows, 12);
+                }
+                check_bucket_sums<float, std::uint16_t>(k, n, rows, 13);
+                check_bucket_sums<float, std::uint32_t>(k, n, rows, 14);
+            }
 }
 
 TEST_CASE("cpu softmax row: values, masks, -inf, NaN, +inf, all masked, lengths around the vector width") {

@@ -538,7 +538,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
     cpu::thread_scratch<S> ks_s(ws, ks_max);
     cpu::thread_scratch<S> lg_s(ws, lg_max), work_s(ws, work_max);
     cpu::thread_scratch<S> qs_s(ws, qs_max), kp_s(ws, kp_max), kx_s(ws, kx_max), vx_s(ws, vx_max), g_s(ws, g_max),
-        part_s(ws, 4 * vk_max), inv_s(ws, rb_all), kt_s(ws, kt_max);
+        part_s(ws, 8 * vk_max), inv_s(ws, rb_all), kt_s(ws, kt_max);
     cpu::thread_scratch<Id> ids_s(ws, ids_max);
     cpu::thread_scratch<const Id*> blk_s(ws, tables_max);
     ws.allocate();
@@ -865,7 +865,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     constexpr std::int64_t sum_chunk = 64;
     static_assert(sum_chunk >= block_layout<S, Id>::query_chunk && sum_chunk % 16 == 0);
     cpu::thread_scratch<S> g_s(ws, q_lookup ? nkeys * sum_chunk : 0);
-    cpu::thread_scratch<S> kx_s(ws, fold ? ld_max * d : 0), part_s(ws, 4 * std::max<std::int64_t>(k, 1));
+    cpu::thread_scratch<S> kx_s(ws, fold ? ld_max * d : 0), part_s(ws, 8 * std::max<std::int64_t>(k, 1));
     // simd products: the transposed keys [kᵀ | table_k] per plane, as the forward's (its probabilities' bits)
     cpu::thread_scratch<S> kt_s(ws, simd_products<S> ? d * kt_stride(nkeys, kx_cols) : 0);
     cpu::thread_scratch<S> vt_s(ws, simd_products<S> ? d * kt_stride(nkeys, 0) : 0);  // vᵀ (D, nk) of the plane
@@ -1107,16 +1107,18 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         if constexpr (std::is_same_v<S, float>)
                             if (q_lookup) {  // per key j its row of acc, from dlogits in key order (chunks of
                                              // sum_chunk rows) and the key-order ids: acc's row stays in L1
+                                // (two sets of partials taking turns, as scatter_rows4)
+                                std::fill(part, part + 8 * tk, S(0));
                                 for (std::int64_t c0 = 0; c0 < rb; c0 += sum_chunk) {
                                     const std::int64_t cr = std::min(sum_chunk, rb - c0);
                                     cpu::simd::transpose_into(dp + c0 * ld, ld, cr, nk, bl.g, sum_chunk);
                                     for (std::int64_t j = 0; j < nk; ++j) {
-                                        std::fill(part, part + 4 * tk, S(0));
-                                        cpu::scatter_into4(bl.g + j * sum_chunk, qid[q] + j * n + i0r + c0, cr, tk, part);
-                                        S* a = acc + j * tk;
-                                        for (std::int64_t e = 0; e < tk; ++e)
-                                            a[e] += (part[e] + part[tk + e]) + (part[2 * tk + e] + part[3 * tk + e]);
+                                        cpu::scatter_into4(bl.g + j * sum_chunk, qid[q] + j * n + i0r + c0, cr, tk,
+                                                           part + (j & 1) * 4 * tk);
+                                        if (j > 0)
+                                            cpu::reduce4_clear<true>(part + ((j - 1) & 1) * 4 * tk, tk, acc + (j - 1) * tk);
                                     }
+                                    if (nk > 0) cpu::reduce4_clear<true>(part + ((nk - 1) & 1) * 4 * tk, tk, acc + (nk - 1) * tk);
                                 }
                                 continue;
                             }

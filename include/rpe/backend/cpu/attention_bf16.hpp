@@ -289,7 +289,7 @@ void fused_forward_bf16_hw(const attention_inputs<bf16>& in, const std::shared_p
     const std::int64_t nq_ctx = std::count_if(plan.on_q.begin(), plan.on_q.end(), [](const auto& t) { return !t.bias; });
     const bool q_lookup = n * n * static_cast<std::int64_t>(sizeof(Id)) <= materialise_ids_bytes;
     cpu::shared_scratch<Id> qid_s(ws, q_lookup ? nq_ctx * n * n : 0);
-    cpu::thread_scratch<float> g_s(ws, ctx_q && q_lookup ? n * rbp : 0), part_s(ws, 4 * vk);
+    cpu::thread_scratch<float> g_s(ws, ctx_q && q_lookup ? n * rbp : 0), part_s(ws, 8 * vk);
     cpu::thread_scratch<Id> ids_s(ws, plan.tables * rb_max * n);
     cpu::thread_scratch<const Id*> blk_s(ws, plan.tables);
     const auto full_ids = declare_full_ids(plan, ws);
