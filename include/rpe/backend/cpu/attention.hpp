@@ -1107,18 +1107,11 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         if constexpr (std::is_same_v<S, float>)
                             if (q_lookup) {  // per key j its row of acc, from dlogits in key order (chunks of
                                              // sum_chunk rows) and the key-order ids: acc's row stays in L1
-                                // (two sets of partials taking turns, as scatter_rows4)
-                                std::fill(part, part + 8 * tk, S(0));
                                 for (std::int64_t c0 = 0; c0 < rb; c0 += sum_chunk) {
                                     const std::int64_t cr = std::min(sum_chunk, rb - c0);
                                     cpu::simd::transpose_into(dp + c0 * ld, ld, cr, nk, bl.g, sum_chunk);
-                                    for (std::int64_t j = 0; j < nk; ++j) {
-                                        cpu::scatter_into4(bl.g + j * sum_chunk, qid[q] + j * n + i0r + c0, cr, tk,
-                                                           part + (j & 1) * 4 * tk);
-                                        if (j > 0)
-                                            cpu::reduce4_clear<true>(part + ((j - 1) & 1) * 4 * tk, tk, acc + (j - 1) * tk);
-                                    }
-                                    if (nk > 0) cpu::reduce4_clear<true>(part + ((nk - 1) & 1) * 4 * tk, tk, acc + (nk - 1) * tk);
+                                    // key j: row j of bl.g, ids qid[q][j·n + i0r + c0 …], added to acc's row j
+                                    cpu::scatter_rows4<true>(bl.g, sum_chunk, qid[q] + i0r + c0, n, nk, cr, tk, part, acc, tk);
                                 }
                                 continue;
                             }

@@ -258,17 +258,18 @@ inline void reduce4_clear(S* part, std::int64_t k, S* out) {
 /// are added up while row i + 1 scatters into the other set, so that the vector loads of the sums
 /// do not wait for row i's last scalar stores. part: 8·k values of scratch. out's rows may lie in
 /// g's rows past column n (the fused attention's [logits | sums] buffers): row i − 1 is written
-/// after row i is read.
-template <class S, class Id>
+/// after row i is read. With `accumulate` the sums are added to out's rows instead (the query
+/// term's per-key sums in the fused backward).
+template <bool accumulate = false, class S, class Id>
 inline void scatter_rows4(const S* g, std::int64_t ldg, const Id* ids, std::int64_t ldi, std::int64_t rows, std::int64_t n,
                           std::int64_t k, S* part, S* out, std::int64_t ldo = 0) {
     const std::int64_t lo = ldo > 0 ? ldo : k;
     std::fill(part, part + 8 * k, S(0));
     for (std::int64_t i = 0; i < rows; ++i) {
         scatter_into4(g + i * ldg, ids + i * ldi, n, k, part + (i & 1) * 4 * k);
-        if (i > 0) reduce4_clear<false>(part + ((i - 1) & 1) * 4 * k, k, out + (i - 1) * lo);
+        if (i > 0) reduce4_clear<accumulate>(part + ((i - 1) & 1) * 4 * k, k, out + (i - 1) * lo);
     }
-    if (rows > 0) reduce4_clear<false>(part + ((rows - 1) & 1) * 4 * k, k, out + (rows - 1) * lo);
+    if (rows > 0) reduce4_clear<accumulate>(part + ((rows - 1) & 1) * 4 * k, k, out + (rows - 1) * lo);
 }
 
 /// @brief out[b] += Σ_{i < rows, j < n, ids[i·ldi + j] = b} g[i·ldg + j] for b < k (ids < k): the
