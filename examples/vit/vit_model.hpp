@@ -288,8 +288,9 @@ template <class S>
 /// O(chunk · L·(3C + F)), plus chunk · H·L² when traced, independent of N, and is kept for the
 /// next call (one per thread that ran a chunk) until the model is destroyed.
 /// Threads: with OpenMP, forward() runs the chunks in parallel (one workspace per thread); a
-/// single chunk runs on the calling thread, with the parallelism inside rpe's kernels and
-/// Eigen's GEMMs (both follow OMP_NUM_THREADS: one thread when it is 1).
+/// single chunk runs on the calling thread, with the parallelism inside rpe's kernels and the
+/// Linear layers' products (rpe's float product with AVX-512F, else Eigen's; all follow
+/// OMP_NUM_THREADS: one thread when it is 1).
 /// Thread-safety: forward() is const and may run concurrently (each call takes its own workspaces
 /// from a mutex-guarded pool that keeps them between calls).
 /// Move-only (it owns its rpe terms).
@@ -544,33 +545,9 @@ private:
             if (mixed) need(w.rope_freqs, p + "attn.rope freqs");
         }
 
-        // Wᵀ of the block Linear layers that run on rpe's float product (simd_linear)
-        const std::int64_t C = c.embed_dim, F = c.mlp_hidden_dim;
-        const bool t_qkv = simd_linear(C, 3 * C), t_proj = simd_linear(C, C), t_fc1 = simd_linear(C, F),
-                   t_fc2 = simd_linear(F, C);
-        wt_.assign(static_cast<std::size_t>(
-                       c.depth * ((t_qkv ? 3 * C * C : 0) + (t_proj ? C * C : 0) + (t_fc1 ? F * C : 0) + (t_fc2 ? C * F : 0))),
-                   S(0));
-        wt_blocks_.assign(static_cast<std::size_t>(c.depth), {});
-        S* next = wt_.data();
-        const auto transpose = [&](const S* w, std::int64_t out, std::int64_t in) {  // W (out, in) → Wᵀ (in, out)
-            S* dst = next;
-            map(dst, in, out) = cmap(w, out, in).transpose();
-            next += in * out;
-            return static_cast<const S*>(dst);
-        };
-        for (int i = 0; i < c.depth; ++i) {
-            const auto& w = w_.blocks[static_cast<std::size_t>(i)];
-            auto& t = wt_blocks_[static_cast<std::size_t>(i)];
-            if (t_qkv) t.qkv = transpose(w.qkv_w, 3 * C, C);
-            if (t_proj) t.proj = transpose(w.proj_w, C, C);
-            if (t_fc1) t.fc1 = transpose(w.fc1_w, F, C);
-            if (t_fc2) t.fc2 = transpose(w.fc2_w, C, F);
-        }
-
         // (L, C): what every image's tokens start from: class token + pos_embed[0], then
         // pos_embed[p] + the patch conv's bias (the patch GEMM is accumulated onto it).
-        const std::int64_t L = c.tokens;
+        const std::int64_t C = c.embed_dim, L = c.tokens;
         token_init_.assign(w_.pos_embed, w_.pos_embed + L * C);
         map init(token_init_.data(), L, C);
         init.row(0) += crow_map(w_.cls_token, C);
@@ -584,60 +561,76 @@ private:
     /// y (rows, out) = x (rows, in) · Wᵀ + b, W (out, in) row-major as nn.Linear. The bias is
     /// written first and the product accumulated onto it by the GEMM (Eigen's `noalias() =`
     /// would clear y first instead), so the bias costs no extra pass.
-    /// With `wt` (Wᵀ (in, ldw) row-major, its first `out` columns; from build(), where
-    /// simd_linear(in, out)) the product runs on rpe's float product instead of Eigen's.
-    static void linear(const S* x, std::int64_t rows, std::int64_t in, const S* w, const S* b, std::int64_t out, S* y,
-                       const S* wt = nullptr) {
-        if (wt) {
-            linear_strided(x, in, rows, in, w, b, out, y, out, wt, out);
-            return;
-        }
-        map ym(y, rows, out);
-        if (b)
-            ym.rowwise() = crow_map(b, out);
-        else
-            ym.setZero();
-        ym.noalias() += cmap(x, rows, in) * cmap(w, out, in).transpose();
+    static void linear(const S* x, std::int64_t rows, std::int64_t in, const S* w, const S* b, std::int64_t out, S* y) {
+        linear_strided(x, in, rows, in, w, b, out, y, out);
     }
 
-    /// @brief Whether the block Linear (in → out) runs on rpe's float product (`cpu::simd::gemm`,
-    /// register tiles, no packing: float with AVX-512F) on a copy of Wᵀ rather than on Eigen's:
-    /// in, out ≤ 256 (the digits models' layers: 64 → 192, 64 → 64, 64 → 128, 128 → 64), where it
-    /// measured 17–20 % faster (docs/benchmarks.md, "The digits' Linear layers"). Larger layers
-    /// (DeiT-S's) stay on Eigen for now, with no copy of their weights.
-    [[nodiscard]] static constexpr bool simd_linear(std::int64_t in, std::int64_t out) {
+    /// @brief Whether the Linear layers run on rpe's float product (`cpu::simd::gemm_bt`: W's
+    /// 64-column strips of Wᵀ packed per call, register tiles; float with AVX-512F) rather than
+    /// Eigen's: 14–24 % faster at DeiT-S's layers and 17–24 % at the digits models'
+    /// (docs/benchmarks.md, "The Linear layers on rpe's product").
+    static constexpr bool simd_linear =
 #if defined(__AVX512F__)
-        return std::is_same_v<S, float> && in <= 256 && out <= 256;
+        std::is_same_v<S, float>;
 #else
-        (void)in, (void)out;
-        return false;
+        false;
 #endif
-    }
 
-    /// y rows `y_stride` apart (+)= x rows `x_stride` apart · Wᵀ on rpe's float product; wt: Wᵀ
-    /// (in, ldw) row-major, its first `out` columns.
-    static void linear_on_wt(const S* x, std::int64_t x_stride, std::int64_t rows, std::int64_t in, const S* wt, std::int64_t ldw,
-                             std::int64_t out, S* y, std::int64_t y_stride) {
+    /// y rows `y_stride` apart += x rows `x_stride` apart · Wᵀ (W (out, in) row-major) on rpe's
+    /// float product (simd_linear). Outside a parallel region and above about a million
+    /// multiply-adds, the 64-column strips of y (and, with fewer strips than 2 per thread, row
+    /// ranges) are shared among the OpenMP threads; every element is one in-order chain, so the
+    /// result does not depend on the thread count.
+    static void linear_simd(const S* x, std::int64_t x_stride, std::int64_t rows, std::int64_t in, const S* w, std::int64_t out,
+                            S* y, std::int64_t y_stride) {
 #if defined(__AVX512F__)
-        if constexpr (std::is_same_v<S, float>)
-            rpe::detail::cpu::simd::gemm(rows, out, in, x, x_stride, 1, wt, ldw, y, y_stride, true);
+        if constexpr (std::is_same_v<S, float>) {
+            namespace simd = rpe::detail::cpu::simd;
+            const std::int64_t strips = (out + 63) / 64;
+            int threads = 1;
+#if defined(_OPENMP)
+            if (!omp_in_parallel() && rows * in * out >= (std::int64_t{1} << 20)) threads = omp_get_max_threads();
+#endif
+            // rows split only when the strips alone leave threads idle: each split packs W again
+            const std::int64_t parts =
+                threads > 1 && strips < 2 * threads ? std::min<std::int64_t>((2 * threads + strips - 1) / strips, rows) : 1;
+            const std::int64_t part_rows = (rows + parts - 1) / parts, items = strips * parts;
+            const auto run = [&](std::int64_t item, float* pack) {
+                const std::int64_t j = (item % strips) * 64, r0 = (item / strips) * part_rows;
+                const std::int64_t nr = std::min(part_rows, rows - r0);
+                simd::gemm_bt(nr, j, std::min(j + 64, out), in, x + r0 * x_stride, x_stride, 1, w, in, y + r0 * y_stride,
+                              y_stride, true, pack);
+            };
+            if (threads == 1 || items == 1) {
+                alignas(64) float pack[simd::gemm_bt_pack_floats];
+                for (std::int64_t item = 0; item < items; ++item) run(item, pack);
+                return;
+            }
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads)
+            {
+                alignas(64) float pack[simd::gemm_bt_pack_floats];
+#pragma omp for schedule(dynamic, 1)
+                for (std::int64_t item = 0; item < items; ++item) run(item, pack);
+            }
+#endif
+        }
 #else
-        (void)x, (void)x_stride, (void)rows, (void)in, (void)wt, (void)ldw, (void)out, (void)y, (void)y_stride;
+        (void)x, (void)x_stride, (void)rows, (void)in, (void)w, (void)out, (void)y, (void)y_stride;
 #endif
     }
 
     /// linear() on rows `x_stride` apart (x) and `y_stride` apart (y): some tokens, or some of W's
     /// output rows (W (out, in) row-major, b (out) or null).
-    /// With `wt` as linear()'s (Wᵀ (in, ldw), the `out` columns matching W's rows).
     static void linear_strided(const S* x, std::int64_t x_stride, std::int64_t rows, std::int64_t in, const S* w, const S* b,
-                               std::int64_t out, S* y, std::int64_t y_stride, const S* wt = nullptr, std::int64_t ldw = 0) {
+                               std::int64_t out, S* y, std::int64_t y_stride) {
         Eigen::Map<matrix, 0, Eigen::OuterStride<>> ym(y, rows, out, Eigen::OuterStride<>(y_stride));
         if (b)
             ym.rowwise() = crow_map(b, out);
         else
             ym.setZero();
-        if (wt)
-            linear_on_wt(x, x_stride, rows, in, wt, ldw, out, y, y_stride);
+        if constexpr (simd_linear)
+            linear_simd(x, x_stride, rows, in, w, out, y, y_stride);
         else
             ym.noalias() += Eigen::Map<const matrix, 0, Eigen::OuterStride<>>(x, rows, in, Eigen::OuterStride<>(x_stride)) *
                             cmap(w, out, in).transpose();
@@ -646,11 +639,10 @@ private:
     /// z (rows, out) += x (rows, in) · Wᵀ, W (out, in) row-major, z rows `z_stride` apart: the
     /// residual add done by the GEMM itself (no temporary); the Linear's bias is left to the caller
     /// (see layer_norm's `add`).
-    /// With `wt` as linear()'s.
     static void linear_accumulate(const S* x, std::int64_t rows, std::int64_t in, const S* w, std::int64_t out, S* z,
-                                  std::int64_t z_stride, const S* wt = nullptr) {
-        if (wt)
-            linear_on_wt(x, in, rows, in, wt, out, out, z, z_stride);
+                                  std::int64_t z_stride) {
+        if constexpr (simd_linear)
+            linear_simd(x, in, rows, in, w, out, z, z_stride);
         else
             Eigen::Map<matrix, 0, Eigen::OuterStride<>>(z, rows, out, Eigen::OuterStride<>(z_stride)).noalias() +=
                 cmap(x, rows, in) * cmap(w, out, in).transpose();
@@ -716,8 +708,12 @@ private:
         for (std::int64_t img = 0; img < b; ++img) {
             map zi(ws.z.data() + img * L * C, L, C);
             zi = token_init;
-            zi.bottomRows(G * G).noalias() +=
-                cmap(ws.patches.data() + img * G * G * patch_len, G * G, patch_len) * patch_w.transpose();
+            if constexpr (simd_linear)
+                linear_simd(ws.patches.data() + img * G * G * patch_len, patch_len, G * G, patch_len, w_.patch_w, C,
+                            zi.data() + C, C);
+            else
+                zi.bottomRows(G * G).noalias() +=
+                    cmap(ws.patches.data() + img * G * G * patch_len, G * G, patch_len) * patch_w.transpose();
         }
         if (trace) trace->tokens.insert(trace->tokens.end(), ws.z.begin(), ws.z.begin() + rows * C);
         lap(at(&vit_stage_times::patch_embed), t0);
@@ -728,7 +724,6 @@ private:
         const S* pending = nullptr;  // fc2 bias of the previous block, not yet added to z (C)
         for (int i = 0; i < c.depth; ++i) {
             const auto& w = w_.blocks[static_cast<std::size_t>(i)];
-            const auto& wt = wt_blocks_[static_cast<std::size_t>(i)];
             // The head reads only the class tokens, so (unless traced, or configured not to) the last
             // block computes their queries and attention rows alone, and its projection, LN2 and MLP
             // run on those b rows (z rows L·C apart); otherwise on all b·L rows.
@@ -738,10 +733,10 @@ private:
             lap(at(&vit_stage_times::layer_norm), t0);
             if (cls_only) {  // k and v of every token; q of the class tokens (rows L apart) only
                 linear_strided(ws.h.data(), C, rows, C, w.qkv_w + C * C, w.qkv_b ? w.qkv_b + C : nullptr, 2 * C,
-                               ws.qkv.data() + C, 3 * C, wt.qkv ? wt.qkv + C : nullptr, 3 * C);
-                linear_strided(ws.h.data(), L * C, b, C, w.qkv_w, w.qkv_b, C, ws.qkv.data(), L * 3 * C, wt.qkv, 3 * C);
+                               ws.qkv.data() + C, 3 * C);
+                linear_strided(ws.h.data(), L * C, b, C, w.qkv_w, w.qkv_b, C, ws.qkv.data(), L * 3 * C);
             } else {
-                linear(ws.h.data(), rows, C, w.qkv_w, w.qkv_b, 3 * C, ws.qkv.data(), wt.qkv);
+                linear(ws.h.data(), rows, C, w.qkv_w, w.qkv_b, 3 * C, ws.qkv.data());
             }
             lap(at(&vit_stage_times::qkv), t0);
             // attention with iRPE / RoPE; fused: no (b, H, L, L) buffer unless the probabilities are traced
@@ -760,13 +755,13 @@ private:
                 }
             lap(at(&vit_stage_times::repack), t0);
             // z += o·W_projᵀ; the bias b_proj is added by LN2's pass
-            linear_accumulate(ws.o.data(), m, C, w.proj_w, C, ws.z.data(), zs, wt.proj);
+            linear_accumulate(ws.o.data(), m, C, w.proj_w, C, ws.z.data(), zs);
             lap(at(&vit_stage_times::proj), t0);
             // h = LN2(z += b_proj)
             layer_norm(ws.z.data(), m, zs, w.proj_b, w.norm2_w, w.norm2_b, ws.h.data());
             lap(at(&vit_stage_times::layer_norm), t0);
             // f = GELU(h·W_fc1ᵀ + b_fc1)
-            linear(ws.h.data(), m, C, w.fc1_w, w.fc1_b, F, ws.f.data(), wt.fc1);
+            linear(ws.h.data(), m, C, w.fc1_w, w.fc1_b, F, ws.f.data());
             lap(at(&vit_stage_times::mlp), t0);
             // exact GELU 0.5·x·(1 + erf(x/√2)); Eigen's erf is vectorised for float (a rational
             // approximation within a few ulp of std::erf) and std::erf for double
@@ -774,7 +769,7 @@ private:
             f = S(0.5) * f * (S(1) + (f * static_cast<S>(0.70710678118654752440084436210484903928483593768847)).erf());
             lap(at(&vit_stage_times::gelu), t0);
             // z += f·W_fc2ᵀ; b_fc2 is added by the next LayerNorm's pass (or here when traced)
-            linear_accumulate(ws.f.data(), m, F, w.fc2_w, C, ws.z.data(), zs, wt.fc2);
+            linear_accumulate(ws.f.data(), m, F, w.fc2_w, C, ws.z.data(), zs);
             pending = w.fc2_b;
             lap(at(&vit_stage_times::mlp), t0);
             if (trace) {
@@ -799,16 +794,6 @@ private:
     std::unique_ptr<rpe::any_term<S>> terms_[3];  // q, k, v (null when off)
     std::vector<std::int64_t> rpe_shape_[3];      // their table shapes
     std::vector<S> token_init_;                   // (L, C): class token and patch biases folded into pos_embed
-    // Wᵀ (in, out) of the block Linear layers that run on rpe's float product (simd_linear), per
-    // block qkv, proj, fc1, fc2 (null: Eigen's product on W)
-    struct transposed_block {
-        const S* qkv = nullptr;
-        const S* proj = nullptr;
-        const S* fc1 = nullptr;
-        const S* fc2 = nullptr;
-    };
-    std::vector<S, Eigen::aligned_allocator<S>> wt_;
-    std::vector<transposed_block> wt_blocks_;
     struct workspace_pool {
         std::mutex mutex;  // behind a pointer, so the model stays movable
         std::vector<std::unique_ptr<workspace>> free;

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 // Each unit source has its own namespace: the sources may be compiled together (RPE_TEST_UNITY).
@@ -309,6 +311,51 @@ TEST_CASE("cpu simd gemm equals an in-order fma chain per element, every tile re
                                 REQUIRE(c[at] == want);
                                 REQUIRE(std::abs(c[at] - exact) <= 1e-5 * (1.0 + static_cast<double>(kk)));
                             }
+                    }
+}
+
+// simd::gemm_bt takes B as (n, kk) rows (nn.Linear's W) and packs strips of Bᵀ itself: the same
+// chains, so the same bits as gemm on an explicit Bᵀ, for any column range [j0, j1) (a thread's
+// share), inner lengths around the packing's blocks (160, 128) and every strip remainder; the
+// columns outside [j0, j1) and the rows past m are not written.
+TEST_CASE("cpu simd gemm_bt equals gemm on the transposed B, bit for bit, for any column range") {
+    namespace simd = rpe::detail::cpu::simd;
+    std::mt19937 rng(12);
+    std::normal_distribution<float> normal;
+    alignas(64) static float pack[simd::gemm_bt_pack_floats];
+    for (const bool accumulate : {false, true})
+        for (const std::int64_t m : {1, 5, 13, 40})
+            for (const std::int64_t n : {1, 17, 64, 100, 193})
+                for (const std::int64_t kk : {0, 1, 15, 17, 160, 161, 300})
+                    for (const auto& [j0, j1] : {std::pair<std::int64_t, std::int64_t>{0, n}, {n / 3, n - n / 4}}) {
+                        CAPTURE(accumulate);
+                        CAPTURE(m);
+                        CAPTURE(n);
+                        CAPTURE(kk);
+                        CAPTURE(j0);
+                        CAPTURE(j1);
+                        const std::int64_t lda = kk + 3, ldb = kk + 5, ldc = n + 9;
+                        std::vector<float> a(static_cast<std::size_t>(m * lda + 1)), b(static_cast<std::size_t>(n * ldb + 1)),
+                            bt(static_cast<std::size_t>(kk * n + 1)), c(static_cast<std::size_t>((m + 1) * ldc));
+                        for (auto& e : a) e = normal(rng);
+                        for (auto& e : b) e = normal(rng);
+                        for (auto& e : c) e = normal(rng);
+                        for (std::int64_t k = 0; k < kk; ++k)
+                            for (std::int64_t j = 0; j < n; ++j)
+                                bt[static_cast<std::size_t>(k * n + j)] = b[static_cast<std::size_t>(j * ldb + k)];
+                        std::vector<float> want = c;
+                        simd::gemm(m, j1 - j0, kk, a.data(), lda, 1, bt.data() + j0, n, want.data() + j0, ldc, accumulate);
+                        simd::gemm_bt(m, j0, j1, kk, a.data(), lda, 1, b.data(), ldb, c.data(), ldc, accumulate, pack);
+                        REQUIRE(std::memcmp(c.data(), want.data(), c.size() * sizeof(float)) == 0);
+                        // and real values: one element against a double sum
+                        if (j1 > j0 && kk > 0 && !accumulate) {
+                            double exact = 0;
+                            for (std::int64_t k = 0; k < kk; ++k)
+                                exact += static_cast<double>(a[static_cast<std::size_t>((m - 1) * lda + k)]) *
+                                         b[static_cast<std::size_t>((j1 - 1) * ldb + k)];
+                            REQUIRE(std::abs(c[static_cast<std::size_t>((m - 1) * ldc + j1 - 1)] - exact) <=
+                                    1e-5 * (1.0 + static_cast<double>(kk)));
+                        }
                     }
 }
 #endif

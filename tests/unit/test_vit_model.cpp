@@ -213,6 +213,35 @@ TEST_CASE("vit_model: the forward equals a loop-by-loop reference forward (no RP
         }
 }
 
+// Layers large enough (rows · in · out ≥ 2^20) that the Linear layers' products split their
+// columns, and for the projection's two 64-column strips also their rows, among the threads:
+// the logits are the same bits on one and two threads, and equal the reference forward.
+TEST_CASE("vit_model: Linear layers shared among threads give the one-thread logits bit for bit") {
+    vit_config c = small_config("k");
+    c.img_size = 32, c.embed_dim = 128, c.mlp_hidden_dim = 512;  // L 65, D 32, depth 2 (the first block on every token)
+    const int n = 4;
+    const auto model = rpe::examples::make_random_vit<float>(c, init);
+    const auto images = images_of(model.config(), n);
+#if defined(_OPENMP)
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+#endif
+    const auto one = forward(model, images, n);
+#if defined(_OPENMP)
+    omp_set_num_threads(2);
+#endif
+    const auto two = forward(model, images, n);
+#if defined(_OPENMP)
+    omp_set_num_threads(threads);
+#endif
+    REQUIRE(one.size() == two.size());
+    for (std::size_t i = 0; i < one.size(); ++i) CHECK(one[i] == two[i]);
+    const auto ref = reference_forward(model, images, n);
+    const double scale = max_abs(ref);
+    CHECK(scale > 0.1);
+    CHECK(max_abs_diff(one, ref) <= 1e-5 * scale);
+}
+
 TEST_CASE("vit_model: iRPE with zero tables computes the model without iRPE; nonzero tables change it") {
     const int n = 2;
     const auto none = rpe::examples::make_random_vit<float>(small_config(), init);
