@@ -314,6 +314,48 @@ TEST_CASE("cpu simd gemm equals an in-order fma chain per element, every tile re
                     }
 }
 
+// The softmax's exp (simd::exp_nonpositive) against Eigen's pexp<Packet16f>, after the softmax's
+// flush (subtract the smallest normal number, clamp at 0): the same bits for every float in
+// [−90, −80] (around where results leave the normal range) and for every 97th float of (−80, 0],
+// −0, −∞; and the values themselves against std::exp.
+TEST_CASE("cpu softmax exp equals Eigen's vectorised exp after the softmax's flush, bit for bit") {
+    const __m512 tiny = _mm512_set1_ps(std::numeric_limits<float>::min()), zero = _mm512_setzero_ps();
+    const auto flushed = [&](__m512 e) { return _mm512_max_ps(_mm512_sub_ps(e, tiny), zero); };
+    std::vector<float> xs = {-0.0f, 0.0f, -std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::max()};
+    const auto bits = [](float f) {
+        std::uint32_t u;
+        std::memcpy(&u, &f, 4);
+        return u;
+    };
+    const auto from = [](std::uint32_t u) {
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    };
+    for (std::uint32_t u = bits(-80.0f); u <= bits(-90.0f); ++u) xs.push_back(from(u));  // negative: larger bits, larger |x|
+    for (std::uint32_t u = bits(-0.0f) + 1; u < bits(-80.0f); u += 97) xs.push_back(from(u));
+    while (xs.size() % 16) xs.push_back(-1.0f);
+    std::size_t mismatches = 0, checked = 0;
+    for (std::size_t i = 0; i < xs.size(); i += 16) {
+        const __m512 x = _mm512_loadu_ps(xs.data() + i);
+        alignas(64) float ours[16], eigen[16], raw[16];
+        const __m512 e = rpe::detail::cpu::simd::exp_nonpositive(x);
+        _mm512_store_ps(raw, e);
+        _mm512_store_ps(ours, flushed(e));
+        _mm512_store_ps(eigen, flushed(Eigen::internal::pexp(x)));
+        mismatches += static_cast<std::size_t>(std::memcmp(ours, eigen, sizeof ours) != 0);
+        for (int l = 0; l < 16; ++l, ++checked) {
+            const double want = std::exp(static_cast<double>(xs[i + static_cast<std::size_t>(l)]));
+            if (want >= 1e-37)
+                REQUIRE(std::abs(raw[l] - want) <= 3e-7 * want);  // a few ulp
+            else  // the flush subtracts 1.18e-38 (the smallest normal number): 0 below it
+                REQUIRE((want < 1.1e-38 ? ours[l] == 0.0f : ours[l] <= 1.000001 * want));
+        }
+    }
+    CHECK(checked > 2'000'000);
+    CHECK(mismatches == 0);
+}
+
 // simd::gemm_bt takes B as (n, kk) rows (nn.Linear's W) and packs strips of Bᵀ itself: the same
 // chains, so the same bits as gemm on an explicit Bᵀ, for any column range [j0, j1) (a thread's
 // share), inner lengths around the packing's blocks (160, 128) and every strip remainder; the

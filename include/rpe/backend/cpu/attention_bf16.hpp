@@ -178,15 +178,15 @@ inline float softmax_row_bf16(float* row, std::int64_t n, const std::uint8_t* ma
         std::fill(pe, pe + np, bf16::from_bits(0));
         return 0.0f;
     }
-    // exp(x − max) as softmax_row: Eigen's vectorised exp, the smallest normal number subtracted
-    // and clamped at 0 (an exact 0 for masked keys and past n)
+    // exp(x − max) as softmax_row: its exp (cpu::simd::exp_nonpositive, Eigen's vectorised exp's bits),
+    // the smallest normal number subtracted and clamped at 0 (an exact 0 for masked keys and past n)
     const __m512 pm = _mm512_set1_ps(m), tiny = _mm512_set1_ps(std::numeric_limits<float>::min()), zero = _mm512_setzero_ps();
     __m512 acc = zero;
     for (j = 0; j < np; j += 16) {
         // past the row's tail (np is a multiple of 32): nothing read, exponentials 0
         const __mmask16 lm = j < full ? __mmask16(0xffff) : (j == full ? tail : __mmask16(0));
         const __m512 x = _mm512_mask_loadu_ps(ninf, lm, row + j);
-        const __m512 e = _mm512_max_ps(_mm512_sub_ps(Eigen::internal::pexp(_mm512_sub_ps(x, pm)), tiny), zero);
+        const __m512 e = _mm512_max_ps(_mm512_sub_ps(cpu::simd::exp_nonpositive(_mm512_sub_ps(x, pm)), tiny), zero);
         acc = _mm512_add_ps(acc, e);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(pe + j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
         if (kept) _mm512_mask_storeu_ps(row + j, lm, e);

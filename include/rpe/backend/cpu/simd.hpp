@@ -436,6 +436,43 @@ inline void gemm_bt(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64
 }  // namespace simd
 #endif
 
+#if defined(__AVX512F__)
+namespace simd {
+/// exp(x) of 16 lanes with x ≤ 0 or −∞ (a softmax's logit − max), for softmax_row_exp: Eigen's
+/// pexp<Packet16f> (the same clamp, reduction, polynomial and operation order) without what such
+/// x never need (the upper clamp, the max with x that lets +∞ through) and with 2^m applied by
+/// one vscalefps instead of building its bits: the same bits wherever the result is at least
+/// the smallest normal float (both are y·2^m exactly there); below it, where either gives a value
+/// under that bound, the caller flushes both to 0 (softmax_row_exp's `tiny`). About 15 instead
+/// of 19 vector operations per 16 values.
+inline __m512 exp_nonpositive(__m512 x) {
+    const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-88.3762626647949f));
+    const __m512 m = _mm512_floor_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)));
+    const __m512 r = _mm512_fmadd_ps(m, _mm512_set1_ps(-0.6931471805599453f), xc);
+    const __m512 r2 = _mm512_mul_ps(r, r), r3 = _mm512_mul_ps(r2, r);
+    __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500E-4f), r, _mm512_set1_ps(1.3981999507E-3f));
+    __m512 y1 = _mm512_fmadd_ps(_mm512_set1_ps(4.1665795894E-2f), r, _mm512_set1_ps(1.6666665459E-1f));
+    const __m512 y2 = _mm512_add_ps(r, _mm512_set1_ps(1.0f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073E-3f));
+    y1 = _mm512_fmadd_ps(y1, r, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_fmadd_ps(y, r3, y1);
+    y = _mm512_fmadd_ps(y, r2, y2);
+    return _mm512_scalef_ps(y, m);
+}
+}  // namespace simd
+#endif
+
+// exp(x) of a packet of x ≤ 0 or −∞ for softmax_row_exp: simd::exp_nonpositive for AVX-512 float
+// packets, Eigen's pexp otherwise (the same bits after the caller's flush of values below the
+// smallest normal number).
+template <class P>
+inline P softmax_exp(const P& x) {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<P, __m512>) return simd::exp_nonpositive(x);
+#endif
+    return Eigen::internal::pexp(x);
+}
+
 /// @brief The exponentials of a softmax row in place, without its normalisation: keys with
 /// `mask[j] != 0` excluded (mask may be null), `row[j] = exp(x_j − max)` (exactly 0 for a −∞ or
 /// masked logit and below the smallest normal number, which the C library gives as denormals);
@@ -443,8 +480,9 @@ inline void gemm_bt(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64
 /// (the fused forward: the (rows, D) output, not the (rows, L) probabilities). A NaN or +∞
 /// logit makes the whole row NaN and returns 1; a row whose keys are all masked (or all −∞)
 /// becomes zeros and returns 1 (the reference gives NaN there). Max-subtracted, so logits up to
-/// ±FLT_MAX do not overflow. Vectorised with Eigen's packet functions (any ISA Eigen supports):
-/// two passes over the row while it sits in cache (max with a NaN check; exp and sum).
+/// ±FLT_MAX do not overflow. Vectorised with Eigen's packet functions (any ISA Eigen supports;
+/// on AVX-512F float the exp is simd::exp_nonpositive, the same bits as Eigen's there): two
+/// passes over the row while it sits in cache (max with a NaN check; exp and sum).
 template <class S>
 S softmax_row_exp(S* row, std::int64_t n, const std::uint8_t* mask) {
     constexpr S neg_inf = -std::numeric_limits<S>::infinity();
@@ -498,7 +536,7 @@ S softmax_row_exp(S* row, std::int64_t n, const std::uint8_t* mask) {
         const P pm = pset1<P>(m), pt = pset1<P>(tiny), zero = pzero(pm);
         P acc = zero;
         for (; j + w <= n; j += w) {
-            const P e = pmax(psub(pexp(psub(ploadu<P>(row + j), pm)), pt), zero);
+            const P e = pmax(psub(softmax_exp(psub(ploadu<P>(row + j), pm)), pt), zero);
             pstoreu(row + j, e);
             acc = padd(acc, e);
         }
@@ -509,7 +547,7 @@ S softmax_row_exp(S* row, std::int64_t n, const std::uint8_t* mask) {
         const std::int64_t r = n - j;
         std::fill(tail, tail + w, neg_inf);
         std::copy(row + j, row + n, tail);
-        const P e = pmax(psub(pexp(psub(pload<P>(tail), pset1<P>(m))), pset1<P>(tiny)), pzero(pset1<P>(m)));
+        const P e = pmax(psub(softmax_exp(psub(pload<P>(tail), pset1<P>(m))), pset1<P>(tiny)), pzero(pset1<P>(m)));
         pstore(tail, e);
         for (std::int64_t l = 0; l < r; ++l) {
             row[j + l] = tail[l];
