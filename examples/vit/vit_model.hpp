@@ -567,7 +567,7 @@ private:
 
     /// @brief Whether the Linear layers run on rpe's float product (`cpu::simd::gemm_bt`: W's
     /// 64-column strips of Wᵀ packed per call, register tiles; float with AVX-512F) rather than
-    /// Eigen's: 14–24 % faster at DeiT-S's layers and 17–24 % at the digits models'
+    /// Eigen's: 14–24 % faster at DeiT-S's layers and 16–24 % at the digits models'
     /// (docs/benchmarks.md, "The Linear layers on rpe's product").
     static constexpr bool simd_linear =
 #if defined(__AVX512F__)
