@@ -1,6 +1,7 @@
 /// @file vit_model.hpp
 /// @brief A DeiT / ViT classifier (the reference's `VisionTransformer` with `RPEBlock`s) run in
-/// inference on the CPU with Eigen GEMMs and the library's fused attention,
+/// inference on the CPU with its Linear layers on rpe's float product (AVX-512F builds; Eigen's
+/// GEMMs elsewhere and in float64) and the library's fused attention,
 /// rpe::attention_forward, with iRPE on any of q, k, v and optionally 2D RoPE on q and k.
 ///
 /// Shared by examples/vit_digits (the digits models, weights from a `.safetensors` file) and the
