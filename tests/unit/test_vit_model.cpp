@@ -215,7 +215,9 @@ TEST_CASE("vit_model: the forward equals a loop-by-loop reference forward (no RP
 
 // Layers large enough (rows · in · out ≥ 2^20) that the Linear layers' products split their
 // columns, and for the projection's two 64-column strips also their rows, among the threads:
-// the logits are the same bits on one and two threads, and equal the reference forward.
+// with AVX-512F (rpe's product) the logits are the same bits on one and two threads; elsewhere
+// (Eigen's product, whose blocking follows the thread count) within float rounding; both equal
+// the reference forward.
 TEST_CASE("vit_model: Linear layers shared among threads give the one-thread logits bit for bit") {
     vit_config c = small_config("k");
     c.img_size = 32, c.embed_dim = 128, c.mlp_hidden_dim = 512;  // L 65, D 32, depth 2 (the first block on every token)
@@ -235,9 +237,13 @@ TEST_CASE("vit_model: Linear layers shared among threads give the one-thread log
     omp_set_num_threads(threads);
 #endif
     REQUIRE(one.size() == two.size());
-    for (std::size_t i = 0; i < one.size(); ++i) CHECK(one[i] == two[i]);
     const auto ref = reference_forward(model, images, n);
     const double scale = max_abs(ref);
+#if defined(__AVX512F__)
+    for (std::size_t i = 0; i < one.size(); ++i) CHECK(one[i] == two[i]);
+#else
+    CHECK(max_abs_diff(one, two) <= 1e-5 * scale);
+#endif
     CHECK(scale > 0.1);
     CHECK(max_abs_diff(one, ref) <= 1e-5 * scale);
 }
