@@ -386,24 +386,6 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t kk, const float* a
 /// Floats of gemm_bt's packing buffer: one 64-column strip of Bᵀ, up to 160 inner rows.
 inline constexpr std::int64_t gemm_bt_pack_floats = 160 * 64;
 
-// pack (kb, 64) = Bᵀ rows [k0, k0 + kb), columns [j0, j0 + w) (w ≤ 64) of B (n, kk) rows ldb
-// apart, in 16 × 16 tiles (the lanes past w hold zeros and are not read by the masked tiles).
-inline void pack_bt(const float* b, std::int64_t ldb, std::int64_t j0, std::int64_t w, std::int64_t k0, std::int64_t kb,
-                    float* pack) {
-    __m512 r[16];
-    for (std::int64_t jt = 0; jt < w; jt += 16) {
-        const std::int64_t jr = std::min<std::int64_t>(16, w - jt);
-        for (std::int64_t kt = 0; kt < kb; kt += 16) {
-            const std::int64_t kr = std::min<std::int64_t>(16, kb - kt);
-            const __mmask16 km = lanes(kr);
-            for (int l = 0; l < 16; ++l)
-                r[l] = l < jr ? _mm512_maskz_loadu_ps(km, b + (j0 + jt + l) * ldb + k0 + kt) : _mm512_setzero_ps();
-            transpose16(r);  // r[e][l] = B(j0 + jt + l, k0 + kt + e)
-            for (std::int64_t e = 0; e < kr; ++e) _mm512_store_ps(pack + (kt + e) * 64 + jt, r[e]);
-        }
-    }
-}
-
 /// @brief C (m, n) = A · Bᵀ (accumulate: C += A · Bᵀ) with B given as (n, kk), rows ldb apart,
 /// e.g. nn.Linear's weight W (out, in) for y = x·Wᵀ; A read through strides as in gemm. Columns
 /// [j0, j1) of C only (a thread's share). Each 64-column strip of Bᵀ is packed, as many inner rows
@@ -425,7 +407,7 @@ inline void gemm_bt(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64
         }
         for (std::int64_t k0 = 0; k0 < kk; k0 += step) {
             const std::int64_t kb = std::min(step, kk - k0);
-            pack_bt(b, ldb, j, w, k0, kb, pack);
+            transpose_into(b + j * ldb + k0, ldb, w, kb, pack, 64);  // pack (kb, 64) = Bᵀ's block
             if (accumulate || k0 > 0)
                 gemm_panel<true>(m, w, kb, a + k0 * a_ks, a_rs, a_ks, pack, 64, c + j, ldc);
             else
