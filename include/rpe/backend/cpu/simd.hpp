@@ -420,7 +420,7 @@ inline void gemm_bt(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64
 
 #if defined(__AVX512F__)
 namespace simd {
-/// exp(x) of 16 lanes with x ≤ 0 or −∞ (a softmax's logit − max), for softmax_row_exp: Eigen's
+/// exp(x) of 16 lanes with x ≤ 0 or −∞ (a softmax's logit − max), for softmax_row_exp: Eigen 3.4's
 /// pexp<Packet16f> (the same clamp, reduction, polynomial and operation order) without what such
 /// x never need (the upper clamp, the max with x that lets +∞ through) and with 2^m applied by
 /// one vscalefps instead of building its bits: the same bits wherever the result is at least
