@@ -705,16 +705,11 @@ private:
                             std::copy_n(images + ((img * Cin + ch) * S_img + P * r + ky) * S_img + P * col, P,
                                         row + (ch * P + ky) * P);
                 }
-        const cmap token_init(token_init_.data(), L, C), patch_w(w_.patch_w, C, patch_len);
+        const cmap token_init(token_init_.data(), L, C);
         for (std::int64_t img = 0; img < b; ++img) {
             map zi(ws.z.data() + img * L * C, L, C);
             zi = token_init;
-            if constexpr (simd_linear)
-                linear_simd(ws.patches.data() + img * G * G * patch_len, patch_len, G * G, patch_len, w_.patch_w, C,
-                            zi.data() + C, C);
-            else
-                zi.bottomRows(G * G).noalias() +=
-                    cmap(ws.patches.data() + img * G * G * patch_len, G * G, patch_len) * patch_w.transpose();
+            linear_accumulate(ws.patches.data() + img * G * G * patch_len, G * G, patch_len, w_.patch_w, C, zi.data() + C, C);
         }
         if (trace) trace->tokens.insert(trace->tokens.end(), ws.z.begin(), ws.z.begin() + rows * C);
         lap(at(&vit_stage_times::patch_embed), t0);
