@@ -314,6 +314,65 @@ TEST_CASE("cpu simd gemm equals an in-order fma chain per element, every tile re
                     }
 }
 
+// The forward's value term looked up per key (simd::value_lookup_rows, AVX-512F): per row and 16
+// columns, chains of fused multiply-adds over the keys in the documented order (d ≤ 16: four
+// chains, j mod 4, the last n mod 4 keys into the first, added as (c0 + c1) + (c2 + c3); d ≤ 32:
+// two chains, j mod 2, the last odd key into the first, added as c0 + c1), then added to the
+// output; checked bit for bit against that order and within float rounding against a double sum.
+#if defined(__AVX512F__)
+template <class Id>
+void check_value_lookup(std::int64_t d, std::int64_t n, std::int64_t k, std::uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    const std::int64_t rows = 3, lda = n + 5, ldi = n + 3, ldo = d + 7;
+    std::vector<float> a(static_cast<std::size_t>(rows * lda)), t(static_cast<std::size_t>(k * d)),
+        o(static_cast<std::size_t>(rows * ldo + 1));
+    std::vector<Id> ids(static_cast<std::size_t>(rows * ldi));
+    for (auto& e : a) e = std::abs(normal(rng));
+    for (auto& e : t) e = normal(rng);
+    for (auto& e : o) e = normal(rng);
+    for (auto& e : ids) e = static_cast<Id>(std::uniform_int_distribution<std::int64_t>(0, k - 1)(rng));
+    const std::vector<float> o0 = o;
+    rpe::detail::cpu::simd::value_lookup_rows(a.data(), lda, ids.data(), ldi, rows, n, t.data(), d, o.data(), ldo);
+    const std::int64_t chains = d <= 16 ? 4 : 2;
+    for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t c = 0; c < ldo; ++c) {
+            const auto at = static_cast<std::size_t>(i * ldo + c);
+            if (c >= d) {  // outside the row's d columns: untouched
+                REQUIRE(o[at] == o0[at]);
+                continue;
+            }
+            float chain[4] = {0, 0, 0, 0};
+            double exact = o0[at];
+            for (std::int64_t j = 0; j < n; ++j) {
+                const float w = a[static_cast<std::size_t>(i * lda + j)];
+                const float x = t[static_cast<std::size_t>(ids[static_cast<std::size_t>(i * ldi + j)] * d + c)];
+                const std::int64_t s = j < n / chains * chains ? j % chains : 0;
+                chain[s] = std::fma(w, x, chain[s]);
+                exact += static_cast<double>(w) * x;
+            }
+            const float sum = chains == 4 ? (chain[0] + chain[1]) + (chain[2] + chain[3]) : chain[0] + chain[1];
+            REQUIRE(o[at] == o0[at] + sum);
+            REQUIRE(std::abs(o[at] - exact) <= 1e-5 * (1.0 + static_cast<double>(n)));
+        }
+}
+#endif
+
+TEST_CASE("cpu value lookup rows: a fixed fma chain order per 16 columns, bit for bit, any d <= 32 and key count") {
+#if defined(__AVX512F__)
+    std::uint32_t seed = 1;
+    for (const std::int64_t d : {1, 5, 16, 17, 31, 32})
+        for (const std::int64_t n : {0, 1, 3, 4, 5, 7, 65, 66}) {
+            CAPTURE(d);
+            CAPTURE(n);
+            check_value_lookup<std::uint8_t>(d, n, 50, seed++);
+            check_value_lookup<std::uint16_t>(d, n, 300, seed++);
+        }
+#else
+    MESSAGE("built without AVX-512F: simd::value_lookup_rows is not compiled");
+#endif
+}
+
 // The softmax's exp (simd::exp_nonpositive) against Eigen's pexp<Packet16f>, after the softmax's
 // flush (subtract the smallest normal number, clamp at 0): the same bits for every float in
 // [−90, −80] (around where results leave the normal range) and for every 97th float of (−80, 0],

@@ -239,6 +239,41 @@ void transposed_keys(const fused_plan<S, Id>& plan, std::int64_t p, const S* key
 #endif
 }
 
+// Whether the forward's contextual value terms (nv tables, ΣK buckets, D columns, nk keys) cost
+// less looked up per key (simd::value_lookup_rows: a table row's ⌈D/16⌉ multiply-adds per key and
+// table, ≈ 1.75 cycles each) than as per-bucket sums of the probabilities (a scalar scatter per key
+// and table, ≈ 1 cycle) and their part of the output's product (ΣK·⌈D/16⌉ per row, ≈ 3 cycles
+// each with the sums' reduction). The cycle figures were fitted to rpe_bench's forward on an AMD
+// EPYC (Zen 4) at L = 65 and 197, D = 16 and 32, K = 50 (docs/benchmarks.md, "The value term by
+// key"): the lookup wins at the digits demo's shapes (L = 65, D = 16: −11 % of the iRPE-QKV
+// forward), breaks even at L = 197, D = 16, and loses at D ≥ 32 with L = 197.
+inline bool value_lookup_pays(std::int64_t nk, std::int64_t d, std::int64_t nv, std::int64_t ksum) {
+    if (d > 32) return false;
+    const std::int64_t nc = (d + 15) / 16;
+    return nv * nc * 7 * nk <= nv * 4 * nk + 12 * ksum * nc;
+}
+
+// o[i·ldo + c] *= f[i] for i < rows, c < d: the forward's normalisation of its output rows
+// (Eigen's row expression peels scalars up to an aligned address: most of a 16-column row).
+template <class S>
+inline void scale_rows(S* o, std::int64_t ldo, std::int64_t rows, std::int64_t d, const S* f) {
+    for (std::int64_t i = 0; i < rows; ++i) {
+        S* r = o + i * ldo;
+        const S s = f[i];
+        std::int64_t c = 0;
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<S, float>) {
+            const __m512 v = _mm512_set1_ps(s);
+            for (; c < d; c += 16) {
+                const __mmask16 m = cpu::simd::lanes(d - c);
+                _mm512_mask_storeu_ps(r + c, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, r + c), v));
+            }
+        }
+#endif
+        for (; c < d; ++c) r[c] *= s;
+    }
+}
+
 // cpu::simd::gemm where simd_products<S> (only called there).
 template <class S>
 void simd_gemm(std::int64_t m, std::int64_t n, std::int64_t kk, const S* a, std::int64_t a_rs, std::int64_t a_ks, const S* b,
@@ -468,6 +503,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         std::int64_t kx_cols = 0;     // ΣK of the contextual key tables: folded into the logits' product
         std::int64_t vx_cols = 0;     // ΣK of the value tables: folded into the output's product
         bool q_lookup = false;        // contextual query tables looked up transposed (key-order ids)
+        bool v_direct = false;        // value tables looked up per key (simd::value_lookup_rows), not folded
     };
     std::vector<state> st(parts.size());
     std::int64_t items = 0, lg_max = 0, work_max = 0, qs_max = 0, ids_max = 0, ks_max = 0, kp_max = 0, kx_max = 0, vx_max = 0,
@@ -497,6 +533,12 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         // value tables: per plane [v; table_v] (nk + ΣK, D), the per-bucket sums of the
         // probabilities written into lg's columns past nk, so that one product gives the output
         for (const auto& t : plan.on_v) x.vx_cols += t.k;
+#if defined(__AVX512F__)
+        if constexpr (simd_products<S>)
+            x.v_direct =
+                x.vx_cols > 0 && value_lookup_pays(nkeys, plan.d, static_cast<std::int64_t>(plan.on_v.size()), x.vx_cols);
+#endif
+        if (x.v_direct) x.vx_cols = 0;
         vx_max = std::max(vx_max, x.vx_cols > 0 ? (nkeys + x.vx_cols) * plan.d : 0);
         for (const auto& t : plan.on_v) vk_max = std::max(vk_max, t.k);
         // lg's rows (and with the fold the product's columns): n + ΣK rounded up to 16 (64-byte rows)
@@ -658,13 +700,18 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
                         cpu::cmap_strided<S>(lg, rb, nk + x.vx_cols, Eigen::OuterStride<>(ld)) * cmap<S>(vx, nk + x.vx_cols, d);
             } else if constexpr (sp) {
                 simd_gemm(rb, d, nk, static_cast<const S*>(lg), ld, 1, plan.vv.plane(p), plan.vv.sl, o.data(), ov[m].sl);
+#if defined(__AVX512F__)
+                if (x.v_direct)  // out += Σ_j a(i,j)·table_v[id(i,j)], per key
+                    for (const auto& t : plan.on_v)
+                        cpu::simd::value_lookup_rows(static_cast<const S*>(lg), ld, blk[t.slot], plan.lk, rb, nk,
+                                                     t.table + t.head(h) * t.k * d, d, o.data(), ov[m].sl);
+#endif
             } else {
                 o.noalias() = probs * plan.vv.rows(p, 0, nk, d);
             }
             // the rows' normalisation, on the (rb, D) output instead of the (rb, nk) exponentials
             // (the products are linear in them, value sums included)
-            if (nk > 0)
-                for (std::int64_t i = 0; i < rb; ++i) o.row(i) *= inv[i];
+            if (nk > 0) scale_rows(o.data(), ov[m].sl, rb, d, inv);
             if (attn.data)  // (B, H, L, L_k): the probabilities, as softmax_row gives them
                 for (std::int64_t i = 0; i < rb; ++i) {
                     S* dst = attn.data + (p * n + i0 + i) * plan.lk;

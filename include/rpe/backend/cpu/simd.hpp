@@ -274,6 +274,65 @@ inline void lookup_rows(const float* w, std::int64_t k, const Id* ids, std::int6
     }
 }
 
+// One row of value_lookup_rows, d ≤ 16 (m: its lanes): four multiply-add chains take the keys in
+// turn (j mod 4; the last n mod 4 keys go to the first), added as (c0 + c1) + (c2 + c3).
+template <class Id>
+inline void value_lookup_row16(const float* a, const Id* ids, std::int64_t n, const float* t, std::int64_t d, __mmask16 m,
+                               float* o) {
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    std::int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        c0 = _mm512_fmadd_ps(_mm512_set1_ps(a[j]), _mm512_maskz_loadu_ps(m, t + std::int64_t(ids[j]) * d), c0);
+        c1 = _mm512_fmadd_ps(_mm512_set1_ps(a[j + 1]), _mm512_maskz_loadu_ps(m, t + std::int64_t(ids[j + 1]) * d), c1);
+        c2 = _mm512_fmadd_ps(_mm512_set1_ps(a[j + 2]), _mm512_maskz_loadu_ps(m, t + std::int64_t(ids[j + 2]) * d), c2);
+        c3 = _mm512_fmadd_ps(_mm512_set1_ps(a[j + 3]), _mm512_maskz_loadu_ps(m, t + std::int64_t(ids[j + 3]) * d), c3);
+    }
+    for (; j < n; ++j) c0 = _mm512_fmadd_ps(_mm512_set1_ps(a[j]), _mm512_maskz_loadu_ps(m, t + std::int64_t(ids[j]) * d), c0);
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3));
+    _mm512_mask_storeu_ps(o, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), sum));
+}
+
+// The same for 16 < d ≤ 32 (m: the lanes of the second 16 columns): two chains per 16 columns,
+// keys j mod 2 (the last odd key to the first), added as c0 + c1.
+template <class Id>
+inline void value_lookup_row32(const float* a, const Id* ids, std::int64_t n, const float* t, std::int64_t d, __mmask16 m,
+                               float* o) {
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0, e0 = c0, e1 = c0;
+    std::int64_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+        const float *r0 = t + std::int64_t(ids[j]) * d, *r1 = t + std::int64_t(ids[j + 1]) * d;
+        const __m512 w0 = _mm512_set1_ps(a[j]), w1 = _mm512_set1_ps(a[j + 1]);
+        c0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(r0), c0);
+        e0 = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, r0 + 16), e0);
+        c1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(r1), c1);
+        e1 = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m, r1 + 16), e1);
+    }
+    if (j < n) {
+        const float* r0 = t + std::int64_t(ids[j]) * d;
+        const __m512 w0 = _mm512_set1_ps(a[j]);
+        c0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(r0), c0);
+        e0 = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, r0 + 16), e0);
+    }
+    _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_add_ps(c0, c1)));
+    _mm512_mask_storeu_ps(o + 16, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o + 16), _mm512_add_ps(e0, e1)));
+}
+
+// o[i·ldo + c] += Σ_{j < n} a[i·lda + j] · t[ids[i·ldi + j]·d + c] for i < rows, c < d ≤ 32
+// (ids < the table's rows): the contextual value term of a row block, each key's table row
+// weighted by its (unnormalised) probability, without the per-bucket sums (the forward's choice
+// at small D, fused_forward). Per row and 16 columns the keys are summed in a fixed order of
+// chains (value_lookup_row16 / 32), whatever the block or thread count.
+template <class Id>
+inline void value_lookup_rows(const float* a, std::int64_t lda, const Id* ids, std::int64_t ldi, std::int64_t rows,
+                              std::int64_t n, const float* t, std::int64_t d, float* o, std::int64_t ldo) {
+    const __mmask16 m = lanes(d <= 16 ? d : d - 16);
+    for (std::int64_t i = 0; i < rows; ++i)
+        if (d <= 16)
+            value_lookup_row16(a + i * lda, ids + i * ldi, n, t, d, m, o + i * ldo);
+        else
+            value_lookup_row32(a + i * lda, ids + i * ldi, n, t, d, m, o + i * ldo);
+}
+
 // The float products of the fused attention (AVX-512F): C (m, n) = A (m, kk) · B (kk, n), or
 // C += A · B, B row-major (rows ldb apart), A element (r, k) at a[r·a_rs + k·a_ks] (a row-major
 // A: a_rs = lda, a_ks = 1; Aᵀ of a row-major matrix: a_rs = 1, a_ks = lda), C rows ldc apart.
