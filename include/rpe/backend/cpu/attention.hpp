@@ -233,6 +233,8 @@ void transposed_keys(const fused_plan<S, Id>& plan, std::int64_t p, const S* key
                 for (std::int64_t e = 0; e < d; ++e) std::copy_n(tab + e * t.k, t.k, kt + e * ldt + col);
                 col += t.k;
             }
+        if (col > (nk + 15) / 16 * 16)  // transpose_into zeroed the columns up to nk rounded up to 16
+            for (std::int64_t e = 0; e < d; ++e) std::fill(kt + e * ldt + col, kt + (e + 1) * ldt, 0.0f);
     }
 #else
     (void)plan, (void)p, (void)keys, (void)ldk, (void)nk, (void)kt, (void)ldt;
@@ -542,7 +544,8 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         vx_max = std::max(vx_max, x.vx_cols > 0 ? (nkeys + x.vx_cols) * plan.d : 0);
         for (const auto& t : plan.on_v) vk_max = std::max(vk_max, t.k);
         // lg's rows (and with the fold the product's columns): n + ΣK rounded up to 16 (64-byte rows)
-        const std::int64_t ld_max = lg_stride(nkeys, std::max(x.kx_cols, x.vx_cols));
+        const std::int64_t ld_max = simd_products<S> ? kt_stride(nkeys, std::max(x.kx_cols, x.vx_cols))
+                                                     : lg_stride(nkeys, std::max(x.kx_cols, x.vx_cols));
         // simd products: per plane the transposed keys [kᵀ | table_k] (D, nk + ΣK) instead of kx
         // (RoPE keys rotated into kp first)
         kx_max = std::max(kx_max, x.kx_cols > 0 && !simd_products<S> ? ld_max * plan.d : 0);
@@ -639,8 +642,10 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             const std::int64_t nk = plan.keys(p);  // keys >= nk are padding (key_lengths): not computed
             const bool fold = x.kx_cols > 0, vfold = x.vx_cols > 0;
             // lg's rows: the logits, then the contextual key products (fold), later the value sums (vfold)
-            const std::int64_t ld = lg_stride(nk, std::max(x.kx_cols, x.vx_cols));
             constexpr bool sp = simd_products<S>;  // the products on simd::gemm, kt instead of kx
+            // with simd products, lg's rows are always whole vectors (see the logits' product)
+            const std::int64_t ld =
+                sp ? kt_stride(nk, std::max(x.kx_cols, x.vx_cols)) : lg_stride(nk, std::max(x.kx_cols, x.vx_cols));
             const std::int64_t ldt = kt_stride(nk, x.kx_cols);
             if ((sp || x.keys_per_plane || fold || vfold) && (kp_part != m || kp_plane != p)) {
                 if (vfold) {  // vx = [v; table_v] of this plane: (nk + ΣK, D)
@@ -673,8 +678,13 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
                 kp_part = m;
                 kp_plane = p;
             }
+            // simd products: every column of kt (zeros past nk + ΣK), so that each row of lg is
+            // written in whole vectors: the scalar reads of its last keys that follow (the bias
+            // lookups' and the softmax's tails, L = 65: one key past 64) then take the values from
+            // the store queue instead of waiting for a partly masked store to reach the cache
+            // (a bias term at the digits demo's shapes: −13 %, docs/benchmarks.md)
             if constexpr (sp)
-                simd_gemm(rb, nk + x.kx_cols, d, static_cast<const S*>(qs), d, 1, static_cast<const S*>(kt), ldt, lg, ld);
+                simd_gemm(rb, ldt, d, static_cast<const S*>(qs), d, 1, static_cast<const S*>(kt), ldt, lg, ld);
             else if (fold)
                 map<S>(lg, rb, ld).noalias() = cmap<S>(qs, rb, d) * cmap<S>(kx, ld, d).transpose();
             lay.ld = ld;
