@@ -113,6 +113,19 @@ struct random_attention {
     }
 };
 
+// A contextual Product term (ratio 1.9: K = 50 on an 8 x 8 grid, skip 1) on `target`, h heads of d.
+rpe::term_spec contextual_product(rpe::target target, std::int64_t h, std::int64_t d) {
+    rpe::term_spec spec;
+    spec.method = rpe::method::product;
+    spec.contextual = true;
+    spec.target = target;
+    spec.ratio(1.9);
+    spec.skip = 1;
+    spec.num_heads = static_cast<int>(h);
+    spec.head_dim = static_cast<int>(d);
+    return spec;
+}
+
 template <class S>
 struct results {
     std::vector<S> out, attn, gq, gk, gv;
@@ -232,15 +245,8 @@ TEST_CASE("float forward with a contextual value term: looked up per key (small 
         rpe::attention_term<float>* slots[2] = {&in.rpe_k, &in.rpe_v};
         rpe::attention_term<double>* slots64[2] = {&in64.rpe_k, &in64.rpe_v};
         for (int t = 0; t < 2; ++t) {
-            rpe::term_spec spec;
-            spec.method = rpe::method::product;
-            spec.contextual = true;
-            spec.target = targets[t];
-            spec.ratio(1.9);
-            spec.skip = 1;
+            rpe::term_spec spec = contextual_product(targets[t], h, d);
             spec.shared_head = true;
-            spec.num_heads = static_cast<int>(h);
-            spec.head_dim = static_cast<int>(d);
             terms.push_back(rpe::make_term<float>(spec));
             terms64.push_back(rpe::make_term<double>(spec));
             slots[t]->term = terms.back().get();
@@ -858,14 +864,7 @@ TEST_CASE(
     rpe::attention_term<float>* slots[3] = {&in.rpe_q, &in.rpe_k, &in.rpe_v};
     const rpe::target targets[3] = {rpe::target::query, rpe::target::key, rpe::target::value};
     for (int t = 0; t < 3; ++t) {
-        rpe::term_spec spec;
-        spec.method = rpe::method::product;
-        spec.contextual = true;
-        spec.target = targets[t];
-        spec.ratio(1.9);
-        spec.skip = 1;
-        spec.num_heads = static_cast<int>(h);
-        spec.head_dim = static_cast<int>(d);
+        const rpe::term_spec spec = contextual_product(targets[t], h, d);
         terms.push_back(rpe::make_term<float>(spec));
         slots[t]->term = terms.back().get();
         const auto shape = terms.back()->table_shape();
