@@ -265,6 +265,14 @@ TEST_CASE("float forward with a contextual value term: looked up per key (small 
         for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(out[i] - out64[i]) / (1.0 + std::abs(out64[i])));
         CHECK(worst < 2e-6);
         CHECK(worst > 0);  // float rounding shows: the float forward ran
+        // a NaN in the value table spreads to every output as in float64 (the folded sums
+        // multiply every bucket's row: 0·NaN = NaN), whatever D: non-finite value tables take the fold
+        tables[1][0] = std::numeric_limits<float>::quiet_NaN();
+        tables64[1][0] = std::numeric_limits<double>::quiet_NaN();
+        rpe::attention_forward(in, rpe::tensor_ref<float>(out.data(), {b, h, l, d}));
+        rpe::attention_forward(in64, rpe::tensor_ref<double>(out64.data(), {b, h, l, d}));
+        for (std::size_t i = 0; i < n; ++i) REQUIRE(std::isnan(out[i]) == std::isnan(out64[i]));
+        CHECK(std::isnan(out[0]));
     }
 }
 

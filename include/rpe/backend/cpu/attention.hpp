@@ -538,7 +538,12 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
 #if defined(__AVX512F__)
         if constexpr (simd_products<S>)
             x.v_direct =
-                x.vx_cols > 0 && value_lookup_pays(nkeys, plan.d, static_cast<std::int64_t>(plan.on_v.size()), x.vx_cols);
+                x.vx_cols > 0 && value_lookup_pays(nkeys, plan.d, static_cast<std::int64_t>(plan.on_v.size()), x.vx_cols) &&
+                std::all_of(plan.on_v.begin(), plan.on_v.end(), [&](const auto& t) {
+                    // finite tables only: the folded sums multiply every bucket's row (0·∞ = NaN, as
+                    // in the reference and the float64 forward), the lookup only the rows keys use
+                    return std::all_of(t.table, t.table + t.table_heads * t.k * plan.d, [](S e) { return std::isfinite(e); });
+                });
 #endif
         if (x.v_direct) x.vx_cols = 0;
         vx_max = std::max(vx_max, x.vx_cols > 0 ? (nkeys + x.vx_cols) * plan.d : 0);
