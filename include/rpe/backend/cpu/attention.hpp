@@ -487,6 +487,13 @@ struct forward_part {
 // (64-byte rows for float; with the fold the product's remainder columns are zero).
 inline std::int64_t lg_stride(std::int64_t nk, std::int64_t extra) { return extra > 0 ? (nk + extra + 15) / 16 * 16 : nk; }
 
+// The forward's row stride of its logits block: with simd products always whole 16-column vectors
+// (kt_stride: the logits' product writes its rows whole, see fused_forward), else lg_stride.
+template <class S>
+inline std::int64_t forward_lg_stride(std::int64_t nk, std::int64_t extra) {
+    return simd_products<S> ? kt_stride(nk, extra) : lg_stride(nk, extra);
+}
+
 // The forward of one or more independent problems (the images of a packed sequence) in one
 // parallel region: their (part, plane, row block) items share the threads, so small images do not
 // leave threads idle. Each item is computed as in a call on its part alone (its own plan, ids, row
@@ -549,8 +556,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
         vx_max = std::max(vx_max, x.vx_cols > 0 ? (nkeys + x.vx_cols) * plan.d : 0);
         for (const auto& t : plan.on_v) vk_max = std::max(vk_max, t.k);
         // lg's rows (and with the fold the product's columns): n + ΣK rounded up to 16 (64-byte rows)
-        const std::int64_t ld_max = simd_products<S> ? kt_stride(nkeys, std::max(x.kx_cols, x.vx_cols))
-                                                     : lg_stride(nkeys, std::max(x.kx_cols, x.vx_cols));
+        const std::int64_t ld_max = forward_lg_stride<S>(nkeys, std::max(x.kx_cols, x.vx_cols));
         // simd products: per plane the transposed keys [kᵀ | table_k] (D, nk + ΣK) instead of kx
         // (RoPE keys rotated into kp first)
         kx_max = std::max(kx_max, x.kx_cols > 0 && !simd_products<S> ? ld_max * plan.d : 0);
@@ -648,9 +654,7 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
             const bool fold = x.kx_cols > 0, vfold = x.vx_cols > 0;
             // lg's rows: the logits, then the contextual key products (fold), later the value sums (vfold)
             constexpr bool sp = simd_products<S>;  // the products on simd::gemm, kt instead of kx
-            // with simd products, lg's rows are always whole vectors (see the logits' product)
-            const std::int64_t ld =
-                sp ? kt_stride(nk, std::max(x.kx_cols, x.vx_cols)) : lg_stride(nk, std::max(x.kx_cols, x.vx_cols));
+            const std::int64_t ld = forward_lg_stride<S>(nk, std::max(x.kx_cols, x.vx_cols));
             const std::int64_t ldt = kt_stride(nk, x.kx_cols);
             if ((sp || x.keys_per_plane || fold || vfold) && (kp_part != m || kp_plane != p)) {
                 if (vfold) {  // vx = [v; table_v] of this plane: (nk + ΣK, D)
