@@ -241,6 +241,34 @@ void transposed_keys(const fused_plan<S, Id>& plan, std::int64_t p, const S* key
 #endif
 }
 
+// vt (D, ldv) = [vᵀ | table_vᵀ of each contextual value table] of plane p: the B of the
+// backward's simd product dlogits = grad_out·[vᵀ | table_vᵀ] (one product gives grad_out·vᵀ and
+// the value terms' per-bucket products grad_out·table_vᵀ; values: the plane's (nk, D) rows, ldv_in
+// apart; ldv = kt_stride(nk, ΣK of the value tables)); the columns past them are zero.
+template <class S, class Id>
+void transposed_values(const fused_plan<S, Id>& plan, std::int64_t p, const S* values, std::int64_t ldv_in, std::int64_t nk,
+                       S* vt, std::int64_t ldv) {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<S, float>) {
+        const std::int64_t d = plan.d, h = p % plan.h;
+        cpu::simd::transpose_into(values, ldv_in, nk, d, vt, ldv);
+        std::int64_t col = nk;
+        for (const auto& t : plan.on_v) {
+            const S* tab = t.table + t.head(h) * t.k * d;  // (K, D)
+            for (std::int64_t e = 0; e < d; ++e) {
+                S* dst = vt + e * ldv + col;
+                for (std::int64_t b = 0; b < t.k; ++b) dst[b] = tab[b * d + e];
+            }
+            col += t.k;
+        }
+        if (col > (nk + 15) / 16 * 16)  // transpose_into zeroed the columns up to nk rounded up to 16
+            for (std::int64_t e = 0; e < d; ++e) std::fill(vt + e * ldv + col, vt + (e + 1) * ldv, 0.0f);
+    }
+#else
+    (void)plan, (void)p, (void)values, (void)ldv_in, (void)nk, (void)vt, (void)ldv;
+#endif
+}
+
 // Whether the forward's contextual value terms (nv tables, ΣK buckets, D columns, nk keys) cost
 // less looked up per key (simd::value_lookup_rows: a table row's ⌈D/16⌉ multiply-adds per key and
 // table, ≈ 1.75 cycles each) than as per-bucket sums of the probabilities (a scalar scatter per key
@@ -753,10 +781,11 @@ void fused_forward(const attention_inputs<S>& in, const std::shared_ptr<const bu
 // table partials go to partial slot `slot`: the plane's first chunk (item `first`), or (`split`:
 // that slot has gone) they are computed in t.plane_partial at the alignment item `first` has in
 // one buffer of every item and copied to `slot`, the plane's last chunk. The plane's other chunks
-// hold zeros for these tables, so the item-order sums are the same either way.
+// hold zeros for these tables, so the item-order sums are the same either way. tt: with
+// simd_products, scratch of K·D values (the scaled table transposed).
 template <class S, class Id, class GK>
 void plane_query_gradients(fused_plan<S, Id>& plan, const S* gq, std::int64_t p, std::int64_t slot, bool split,
-                           std::int64_t first, std::int64_t per_line, GK& gk) {
+                           std::int64_t first, std::int64_t per_line, GK& gk, S* tt) {
     using cpu::cmap;
     using cpu::map;
     const std::int64_t n = plan.lk, d = plan.d, k = plan.k, h = p % plan.h;  // n: keys
@@ -764,15 +793,27 @@ void plane_query_gradients(fused_plan<S, Id>& plan, const S* gq, std::int64_t p,
         auto& t = plan.on_q[q];
         if (t.bias) continue;
         const std::int64_t tk = t.k;
-        const auto g = cmap<S>(gq + static_cast<std::int64_t>(q) * n * k, n, tk);
-        const auto tab = cmap<S>(t.table + t.head(h) * d * tk, d, tk);
-        gk.noalias() += plan.scale * (g * tab.transpose());
+        const S* const gp = gq + static_cast<std::int64_t>(q) * n * k;  // (L_k, K), rows K apart
+        const S* const tp = t.table + t.head(h) * d * tk;                // (D, K)
+        const auto g = cmap<S>(gp, n, tk);
+        if constexpr (simd_products<S>) {  // gk += g·(s·table_q)ᵀ: the table scaled and transposed, (K, D)
+            for (std::int64_t b = 0; b < tk; ++b)
+                for (std::int64_t e = 0; e < d; ++e) tt[b * d + e] = plan.scale * tp[e * tk + b];
+            simd_gemm(n, d, tk, gp, tk, 1, static_cast<const S*>(tt), d, gk.data(), gk.outerStride(), true);
+        } else {
+            gk.noalias() += plan.scale * (g * cmap<S>(tp, d, tk).transpose());
+        }
         // Σ (k·s)ᵀ·g = s·kᵀ·g
         if (!t.grad) continue;
         S* const to = t.partial + slot * t.partial_stride;
         S* const dst = split ? t.plane_partial + (first * t.partial_stride) % per_line : to;
         if (split) std::fill(dst, dst + t.partial_stride, S(0));
-        map<S>(dst, d, tk).noalias() += plan.scale * (plan.kv.rows(p, 0, n, d).transpose() * g);
+        if constexpr (simd_products<S>) {  // dst holds zeros (only this writes a contextual q table's partial)
+            simd_gemm(d, tk, n, plan.kv.plane(p), 1, plan.kv.sl, gp, tk, dst, tk);
+            for (std::int64_t e = 0; e < d * tk; ++e) dst[e] *= plan.scale;
+        } else {
+            map<S>(dst, d, tk).noalias() += plan.scale * (plan.kv.rows(p, 0, n, d).transpose() * g);
+        }
         if (split) std::copy(dst, dst + t.partial_stride, to);
     }
 }
@@ -934,7 +975,9 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     cpu::thread_scratch<S> kx_s(ws, fold ? ld_max * d : 0), part_s(ws, 8 * std::max<std::int64_t>(k, 1));
     // simd products: the transposed keys [kᵀ | table_k] per plane, as the forward's (its probabilities' bits)
     cpu::thread_scratch<S> kt_s(ws, simd_products<S> ? d * kt_stride(nkeys, kx_cols) : 0);
-    cpu::thread_scratch<S> vt_s(ws, simd_products<S> ? d * kt_stride(nkeys, 0) : 0);  // vᵀ (D, nk) of the plane
+    // [vᵀ | table_vᵀ] (D, nk + ΣK) of the plane (transposed_values)
+    cpu::thread_scratch<S> vt_s(ws, simd_products<S> ? d * kt_stride(nkeys, vx_cols) : 0);
+    cpu::thread_scratch<S> tt_s(ws, simd_products<S> && ctx_q ? d * k : 0);  // plane_query_gradients' scaled table_qᵀ
     cpu::thread_scratch<S> lg_s(ws, rb_max * ld_max), dp_s(ws, rb_max * ld_max),
         work_s(ws, 2 * rb_max * std::max<std::int64_t>(k, 1));
     cpu::thread_scratch<S> qs_s(ws, rb_max * d), dqs_s(ws, rb_max * d);
@@ -1040,12 +1083,10 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 const auto kp = plan.kv.rows(p, 0, nk, d);
                 constexpr bool sp = simd_products<S>;
                 const std::int64_t ldt = kt_stride(nk, kx_cols);
-                const std::int64_t ldv = kt_stride(nk, 0);
+                const std::int64_t ldv = kt_stride(nk, vx_cols);
                 if (sp && kx_plane != p) {
                     if (!attn.data) transposed_keys(plan, p, plan.kv.plane(p), plan.kv.sl, nk, kt, ldt);
-#if defined(__AVX512F__)
-                    if constexpr (sp) cpu::simd::transpose_into(plan.vv.plane(p), plan.vv.sl, nk, d, vt, ldv);
-#endif
+                    transposed_values(plan, p, plan.vv.plane(p), plan.vv.sl, nk, vt, ldv);
                 }
                 if (fold && kx_plane != p) {  // kx = [k; table_kᵀ] of this plane (rotated k with RoPE), zero rows up to ld
                     map<S>(kx, nk, d) = kp;
@@ -1083,8 +1124,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                     const auto P = cpu::cmap_strided<S>(lg, rb, nk, Eigen::OuterStride<>(ld));
                     const auto go = gov.rows(p, i0r, rb, d);
                     auto dP = cpu::map_strided<S>(dp, rb, nk, Eigen::OuterStride<>(ld));
-                    if constexpr (sp) {
-                        simd_gemm(rb, nk, d, go.data(), gov.sl, 1, static_cast<const S*>(vt), ldv, dp, ld);
+                    if constexpr (sp) {  // dp = go·[vᵀ | table_vᵀ]: the value terms' go·table_vᵀ past column nk
+                        simd_gemm(rb, nk + vx_cols, d, go.data(), gov.sl, 1, static_cast<const S*>(vt), ldv, dp, ld);
                         simd_gemm(nk, d, rb, static_cast<const S*>(lg), 1, ld, go.data(), gov.sl, gv.data(), gv.outerStride(),
                                   !first);
                     } else {
@@ -1094,13 +1135,20 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                         else
                             gv.noalias() += P.transpose() * go;
                     }
+                    std::int64_t vcol = nk;  // simd: the value table's go·table_vᵀ in dp's columns from vcol
                     for (auto& t : plan.on_v) {
                         const Id* idb = blk[t.slot];
                         const std::int64_t tk = t.k;
-                        const auto tab = cmap<S>(t.table + t.head(h) * tk * d, tk, d);
-                        map<S>(work, rb, tk).noalias() = go * tab.transpose();
-                        for (std::int64_t i = 0; i < rb; ++i)
-                            cpu::gather_add(dp + i * ld, work + i * tk, tk, idb + i * nkeys, nk);
+                        if constexpr (sp) {
+                            for (std::int64_t i = 0; i < rb; ++i)
+                                cpu::gather_add(dp + i * ld, dp + i * ld + vcol, tk, idb + i * nkeys, nk);
+                            vcol += tk;
+                        } else {
+                            const auto tab = cmap<S>(t.table + t.head(h) * tk * d, tk, d);
+                            map<S>(work, rb, tk).noalias() = go * tab.transpose();
+                            for (std::int64_t i = 0; i < rb; ++i)
+                                cpu::gather_add(dp + i * ld, work + i * tk, tk, idb + i * nkeys, nk);
+                        }
                         if (t.grad) {  // per-bucket sums of the probabilities, branch-free
                             cpu::scatter_rows4(lg, ld, idb, nkeys, rb, nk, tk, part, work);
                             if constexpr (sp)
@@ -1239,7 +1287,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 if (c1 < chunks) continue;  // the plane's later chunks come in the next wave
                 if (ctx_q)
                     plane_query_gradients(plan, gq, p, slot_of(lay.split ? chunks - 1 : 0), lay.split, p * chunks, lay.per_line,
-                                          gk);
+                                          gk, tt_s.mine());
                 if (plan.rope) {  // gk is the gradient of the rotated keys: rotate it back (contiguous grad_k with RoPE)
                     S* g = gkv.plane(p);
                     if (rope_freqs)
