@@ -217,55 +217,36 @@ inline constexpr bool simd_products =
 // 16-column tiles (simd::transpose_into writes them).
 inline std::int64_t kt_stride(std::int64_t nk, std::int64_t extra) { return (nk + extra + 15) / 16 * 16; }
 
-// kt (D, ldt) = [kᵀ | table_k of each contextual key table] of plane p: the B of the logits'
-// simd product (keys: the plane's (nk, D) rows, ldk apart; ldt = kt_stride).
+// xt (D, ldt) = [xᵀ | the tables] of plane p, the B of a simd product (x: the plane's (nk, D)
+// rows, ldx apart; ldt = kt_stride(nk, ΣK)), zero past them. Keys (`values` false): kt = [kᵀ |
+// table_k of each contextual key table, (D, K)], the logits' B. Values: vt = [vᵀ | table_vᵀ of
+// each contextual value table, (K, D) transposed], the backward's B of dP = grad_out·vt (one
+// product gives grad_out·vᵀ and the value terms' per-bucket products grad_out·table_vᵀ).
 template <class S, class Id>
-void transposed_keys(const fused_plan<S, Id>& plan, std::int64_t p, const S* keys, std::int64_t ldk, std::int64_t nk, S* kt,
-                     std::int64_t ldt) {
+void transposed_operand(const fused_plan<S, Id>& plan, std::int64_t p, bool values, const S* x, std::int64_t ldx, std::int64_t nk,
+                        S* xt, std::int64_t ldt) {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<S, float>) {
         const std::int64_t d = plan.d, h = p % plan.h;
-        cpu::simd::transpose_into(keys, ldk, nk, d, kt, ldt);
+        cpu::simd::transpose_into(x, ldx, nk, d, xt, ldt);
         std::int64_t col = nk;
-        for (const auto& t : plan.on_k)
-            if (!t.bias) {
-                const S* tab = t.table + t.head(h) * d * t.k;  // (D, K)
-                for (std::int64_t e = 0; e < d; ++e) std::copy_n(tab + e * t.k, t.k, kt + e * ldt + col);
-                col += t.k;
-            }
-        if (col > (nk + 15) / 16 * 16)  // transpose_into zeroed the columns up to nk rounded up to 16
-            for (std::int64_t e = 0; e < d; ++e) std::fill(kt + e * ldt + col, kt + (e + 1) * ldt, 0.0f);
-    }
-#else
-    (void)plan, (void)p, (void)keys, (void)ldk, (void)nk, (void)kt, (void)ldt;
-#endif
-}
-
-// vt (D, ldv) = [vᵀ | table_vᵀ of each contextual value table] of plane p: the B of the
-// backward's simd product dlogits = grad_out·[vᵀ | table_vᵀ] (one product gives grad_out·vᵀ and
-// the value terms' per-bucket products grad_out·table_vᵀ; values: the plane's (nk, D) rows, ldv_in
-// apart; ldv = kt_stride(nk, ΣK of the value tables)); the columns past them are zero.
-template <class S, class Id>
-void transposed_values(const fused_plan<S, Id>& plan, std::int64_t p, const S* values, std::int64_t ldv_in, std::int64_t nk,
-                       S* vt, std::int64_t ldv) {
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<S, float>) {
-        const std::int64_t d = plan.d, h = p % plan.h;
-        cpu::simd::transpose_into(values, ldv_in, nk, d, vt, ldv);
-        std::int64_t col = nk;
-        for (const auto& t : plan.on_v) {
-            const S* tab = t.table + t.head(h) * t.k * d;  // (K, D)
+        for (const auto& t : values ? plan.on_v : plan.on_k) {
+            if (!values && t.bias) continue;  // (every value term is contextual)
+            const S* tab = t.table + t.head(h) * d * t.k;
             for (std::int64_t e = 0; e < d; ++e) {
-                S* dst = vt + e * ldv + col;
-                for (std::int64_t b = 0; b < t.k; ++b) dst[b] = tab[b * d + e];
+                S* dst = xt + e * ldt + col;
+                if (values)  // (K, D): column e
+                    for (std::int64_t b = 0; b < t.k; ++b) dst[b] = tab[b * d + e];
+                else  // (D, K): row e
+                    std::copy_n(tab + e * t.k, t.k, dst);
             }
             col += t.k;
         }
         if (col > (nk + 15) / 16 * 16)  // transpose_into zeroed the columns up to nk rounded up to 16
-            for (std::int64_t e = 0; e < d; ++e) std::fill(vt + e * ldv + col, vt + (e + 1) * ldv, 0.0f);
+            for (std::int64_t e = 0; e < d; ++e) std::fill(xt + e * ldt + col, xt + (e + 1) * ldt, 0.0f);
     }
 #else
-    (void)plan, (void)p, (void)values, (void)ldv_in, (void)nk, (void)vt, (void)ldv;
+    (void)plan, (void)p, (void)values, (void)x, (void)ldx, (void)nk, (void)xt, (void)ldt;
 #endif
 }
 
@@ -695,8 +676,8 @@ void fused_forward(const std::vector<forward_part<S>>& parts, tensor_ref<S> attn
                 }
                 if constexpr (sp) {  // kt = [kᵀ | table_k] of this plane: (D, nk + ΣK)
                     if (x.keys_per_plane) rotate_plane_keys(plan, p, kp);
-                    transposed_keys(plan, p, x.keys_per_plane ? static_cast<const S*>(kp) : plan.kv.plane(p),
-                                    x.keys_per_plane ? d : plan.kv.sl, nk, kt, ldt);
+                    transposed_operand(plan, p, false, x.keys_per_plane ? static_cast<const S*>(kp) : plan.kv.plane(p),
+                                       x.keys_per_plane ? d : plan.kv.sl, nk, kt, ldt);
                 } else if (fold) {  // kx = [k; table_kᵀ] of this plane: (nk + ΣK, D)
                     if (x.keys_per_plane)
                         rotate_plane_keys(plan, p, kx);
@@ -794,7 +775,7 @@ void plane_query_gradients(fused_plan<S, Id>& plan, const S* gq, std::int64_t p,
         if (t.bias) continue;
         const std::int64_t tk = t.k;
         const S* const gp = gq + static_cast<std::int64_t>(q) * n * k;  // (L_k, K), rows K apart
-        const S* const tp = t.table + t.head(h) * d * tk;                // (D, K)
+        const S* const tp = t.table + t.head(h) * d * tk;               // (D, K)
         const auto g = cmap<S>(gp, n, tk);
         if constexpr (simd_products<S>) {  // gk += g·(s·table_q)ᵀ: the table scaled and transposed, (K, D)
             for (std::int64_t b = 0; b < tk; ++b)
@@ -975,7 +956,7 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
     cpu::thread_scratch<S> kx_s(ws, fold ? ld_max * d : 0), part_s(ws, 8 * std::max<std::int64_t>(k, 1));
     // simd products: the transposed keys [kᵀ | table_k] per plane, as the forward's (its probabilities' bits)
     cpu::thread_scratch<S> kt_s(ws, simd_products<S> ? d * kt_stride(nkeys, kx_cols) : 0);
-    // [vᵀ | table_vᵀ] (D, nk + ΣK) of the plane (transposed_values)
+    // [vᵀ | table_vᵀ] (D, nk + ΣK) of the plane (transposed_operand)
     cpu::thread_scratch<S> vt_s(ws, simd_products<S> ? d * kt_stride(nkeys, vx_cols) : 0);
     cpu::thread_scratch<S> tt_s(ws, simd_products<S> && ctx_q ? d * k : 0);  // plane_query_gradients' scaled table_qᵀ
     cpu::thread_scratch<S> lg_s(ws, rb_max * ld_max), dp_s(ws, rb_max * ld_max),
@@ -1085,8 +1066,8 @@ void fused_backward(const attention_inputs<S>& in, const std::shared_ptr<const b
                 const std::int64_t ldt = kt_stride(nk, kx_cols);
                 const std::int64_t ldv = kt_stride(nk, vx_cols);
                 if (sp && kx_plane != p) {
-                    if (!attn.data) transposed_keys(plan, p, plan.kv.plane(p), plan.kv.sl, nk, kt, ldt);
-                    transposed_values(plan, p, plan.vv.plane(p), plan.vv.sl, nk, vt, ldv);
+                    if (!attn.data) transposed_operand(plan, p, false, plan.kv.plane(p), plan.kv.sl, nk, kt, ldt);
+                    transposed_operand(plan, p, true, plan.vv.plane(p), plan.vv.sl, nk, vt, ldv);
                 }
                 if (fold && kx_plane != p) {  // kx = [k; table_kᵀ] of this plane (rotated k with RoPE), zero rows up to ld
                     map<S>(kx, nk, d) = kp;
