@@ -78,6 +78,7 @@ def has_cuda_kernels():
 
 
 from . import _registrations  # noqa: E402,F401  (fake kernels, autograd formulas, autocast of the operators)
+from . import _onnx  # noqa: E402  (torch.onnx.export: the terms and the attention from standard operators)
 
 
 class METHOD:
@@ -367,6 +368,11 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
             and tables[0].shape[0] not in (1, x.shape[1])):
         raise ValueError(f"[rpe.torch] tables[0] has shape {tuple(tables[0].shape)}; expected ({x.shape[1]}, K) for x "
                          f"with {x.shape[1]} heads, or (1, K) (shared by the heads)")
+    if _onnx.exporting():  # torch.onnx.export: standard operators only (docs/torch.md, ONNX export)
+        if positions is not None or key_positions is not None:
+            raise _onnx.unsupported("positions" if positions is not None else "key_positions")
+        return _onnx.term(x if mode != "bias" else None, list(tables), method, mode, "v" if target == "v" else "k",
+                          alpha, beta, gamma, skip, height, width)
     if target == "q" and key_positions is not None:  # the keys' rows: the operator's query target, transposed
         return _ops.term_forward(x if mode != "bias" else None, list(tables), method, mode, "q", float(alpha),
                                  float(beta), float(gamma), int(skip), int(height), int(width), positions,
@@ -746,6 +752,20 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
         raise ValueError(f"[rpe.torch] rpe_positions{' and rpe_key_positions are' if both else ' is'} given but no iRPE "
                          "term (rpe_q, rpe_k, rpe_v) is attached; expected none (they are the iRPE terms' per-token "
                          "positions; the RoPE's are positions / key_positions)")
+    if _onnx.exporting():  # torch.onnx.export: the step from standard operators (docs/torch.md, ONNX export)
+        for n, given in (("rope", rope is not None), ("rpe_positions", rpe_positions is not None),
+                         ("packed_lengths", packed), ("key_lengths", key_lengths is not None),
+                         ("rope_query_suffix", rope_query_suffix is not None), ("save_attn = True", bool(save_attn)),
+                         (f"k with L_k = {int(k.shape[2])} keys for L = {L} queries", int(k.shape[2]) != L)):
+            if given:
+                raise _onnx.unsupported(n)
+        from .vit import ALiBi2D
+        for n, m in (("rpe_q", rpe_q), ("rpe_k", rpe_k), ("rpe_v", rpe_v)):  # their tables are parameters or buffers
+            if m is not None and not isinstance(m, (iRPE, iRPE_Cross, ALiBi2D)):
+                raise _onnx.unsupported(f"{n} = a {type(m).__name__} (its tables come from rpe operators; the iRPE, "
+                                        "iRPE_Cross and ALiBi2D modules are composed)")
+        slots = [_slot(n, m, L, height, width) for n, m in (("rpe_q", rpe_q), ("rpe_k", rpe_k), ("rpe_v", rpe_v))]
+        return _onnx.attention(q, k, v, slots, key_padding_mask, attn_mask, scale)
     rope_spec, freqs = ("", [], 0, "pairs", 0), None
     if rope is not None:
         if not isinstance(rope, _RoPE):
