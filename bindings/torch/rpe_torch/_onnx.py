@@ -41,7 +41,7 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
     """rpe_torch.term's output from standard operators (see rpe_torch.term for the shapes): bias
     ``table[h, id(i, j)]``; contextual q/k ``(x·table)[b, h, i, id(i, j)]``; v ``Σ_j x[b, h, i, j]·
     table[h, id(i, j), :]`` (the per-bucket sums of x, then one product with the table)."""
-    ids = constant_ids(method, alpha, beta, gamma, skip, height, width)
+    ids = constant_ids(method, alpha, beta, gamma, skip, height, width).to(tables[0].device)
     out = None
     for t, table in enumerate(tables):
         idt = ids[t]  # (L, L)
