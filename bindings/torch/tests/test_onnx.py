@@ -153,3 +153,45 @@ def test_unsupported_arguments_are_named(dynamo):
     q = torch.randn(1, 2, 12, 8)
     with pytest.raises(Exception, match=r"rpe_k = a RelPosBias \(its tables come from rpe operators"):
         export(VitTermBlock("swin").eval(), (q, q, q), dynamo)
+
+
+class ConfigBlock(nn.Module):
+    """iRPE on q, k and v (v only for contextual) of one configuration, through the modules (the
+    reference's composition) and through rpe_torch.attention; returns both."""
+
+    def __init__(self, method, mode, shared, skip, heads=2, dim=8):
+        super().__init__()
+        cfg = rpe_torch.get_rpe_config(ratio=1.3, method=method, mode=mode, shared_head=shared, skip=skip,
+                                       rpe_on="qkv" if mode == "contextual" else "qk")
+        self.rpe_q, self.rpe_k, self.rpe_v = rpe_torch.build_rpe(cfg, dim, heads)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.normal_()
+
+    def forward(self, q, k, v):
+        s = q.shape[-1] ** -0.5
+        logits = (q * s) @ k.transpose(-2, -1) + self.rpe_k(q * s, 4, 5) + self.rpe_q(k * s, 4, 5).transpose(2, 3)
+        a = logits.softmax(dim=-1)
+        out = a @ v
+        if self.rpe_v is not None:
+            out = out + self.rpe_v(a, 4, 5)
+        return out, rpe_torch.attention(q, k, v, self.rpe_q, self.rpe_k, self.rpe_v, height=4, width=5)
+
+
+@pytest.mark.parametrize("method,mode,shared,skip", [
+    (m, mode, shared, skip) for m in (rpe_torch.METHOD.EUCLIDEAN, rpe_torch.METHOD.QUANT, rpe_torch.METHOD.CROSS,
+                                      rpe_torch.METHOD.PRODUCT)
+    for mode in ("bias", "contextual") for shared in (True, False) for skip in (0, 1)])
+def test_every_irpe_configuration(method, mode, shared, skip):
+    """Every mapping, mode, shared / per-head tables and skip, on a 4 × 5 grid (TorchScript-based
+    exporter: the quicker one; the dynamo-based one is covered above)."""
+    torch.manual_seed(3)
+    block = ConfigBlock(method, mode, shared, skip).eval()
+    L = skip + 20
+    q, k, v = (torch.randn(2, 2, L, 8) for _ in range(3))
+    with torch.no_grad():
+        want = block(q, k, v)
+    torch.testing.assert_close(want[0], want[1], rtol=1e-5, atol=1e-5)  # the two routes agree in eager
+    got = run(export(block, (q, k, v), False), q, k, v)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
