@@ -1386,6 +1386,13 @@ void packed_backward(const attention_inputs<S>& in, const attention_gradients<S>
 #endif
         for (std::size_t i = 0; i < small.size(); ++i) {
             try {
+#if defined(_OPENMP)
+                // this thread's task only: its nested regions (one thread) and Eigen's products see
+                // one thread, as in a call on one thread. Otherwise Eigen takes its parallel product
+                // path there (omp_get_num_threads() is 1, omp_get_max_threads() is not), blocked for
+                // that many threads, and the bits depend on the thread count.
+                omp_set_num_threads(1);
+#endif
                 run(small[i], o);  // its own parallel regions are nested: one thread
             } catch (...) {
                 errors[i] = std::current_exception();
