@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <type_traits>
@@ -403,6 +405,65 @@ TEST_CASE("packed: results are bit-identical for 1, 2 and 3 threads") {
                 check_identical(one, run(pb.packed(), pb.go, false));
             }
         }
+    rpe_test::set_threads(2);
+}
+
+TEST_CASE_TEMPLATE("packed: the images run side by side give the same bits as on one thread (Eigen's products)", S, float,
+                   double) {
+    // B = H = 1, two images (4 x 8 and 6 x 1 grids, class token), D = 48, contextual Product/clip
+    // terms on q and k (K = 626): the query term's per-plane products (L_k x K)·(K x D) are large
+    // enough for Eigen's parallel product (double; float without AVX-512F), which the images run
+    // side by side (nested regions of one thread) must not take.
+    const std::int64_t h = 1, d = 48, l = (1 + 32) + (1 + 6);
+    const std::vector<std::int32_t> lens = {33, 7}, grids = {4, 8, 6, 1};
+    std::vector<S> q = random_vector<S>(static_cast<std::size_t>(h * l * d), 1), k = random_vector<S>(q.size(), 2),
+                   v = random_vector<S>(q.size(), 3), go = random_vector<S>(q.size(), 4);
+    rpe::attention_inputs<S> in;
+    in.q = {q.data(), {1, h, l, d}};
+    in.k = {k.data(), {1, h, l, d}};
+    in.v = {v.data(), {1, h, l, d}};
+    in.packed.lengths = {lens.data(), {2}};
+    in.packed.grids = {grids.data(), {2, 2}};
+    std::vector<std::unique_ptr<rpe::any_term<S>>> terms;
+    std::vector<std::vector<S>> tabs;
+    std::vector<std::vector<std::int64_t>> shapes;
+    tabs.reserve(2);
+    shapes.reserve(2);
+    rpe::attention_term<S>* slots[2] = {&in.rpe_q, &in.rpe_k};
+    for (int t = 0; t < 2; ++t) {
+        rpe::term_spec s;
+        s.method = rpe::method::product;
+        s.index = rpe::index_kind::clip;
+        s.beta = 12;
+        s.skip = 1;
+        s.target = t == 0 ? rpe::target::query : rpe::target::key;
+        s.num_heads = static_cast<int>(h);
+        s.head_dim = static_cast<int>(d);
+        terms.push_back(rpe::make_term<S>(s));
+        slots[t]->term = terms.back().get();
+        const auto sh = terms.back()->table_shape();
+        auto& shape = shapes.emplace_back(sh.begin(), sh.end());
+        std::int64_t size = 1;
+        for (const auto e : sh) size *= e;
+        auto& tab = tabs.emplace_back(random_vector<S>(static_cast<std::size_t>(size), 5u + static_cast<std::uint32_t>(t)));
+        slots[t]->tables.push_back(rpe::tensor_ref<const S>(tab.data(), std::span<const std::int64_t>(shape)));
+    }
+    const auto grads = [&](int threads) {
+        rpe_test::set_threads(threads);
+        std::vector<S> gq(q.size()), gk(q.size()), gv(q.size());
+        rpe::attention_backward(in, rpe::tensor_ref<const S>(go.data(), {1, h, l, d}),
+                                rpe::tensor_ref<S>(gq.data(), {1, h, l, d}), rpe::tensor_ref<S>(gk.data(), {1, h, l, d}),
+                                rpe::tensor_ref<S>(gv.data(), {1, h, l, d}));
+        gq.insert(gq.end(), gk.begin(), gk.end());
+        gq.insert(gq.end(), gv.begin(), gv.end());
+        return gq;
+    };
+    const auto one = grads(1);
+    for (const int threads : {2, 4}) {
+        CAPTURE(threads);
+        const auto more = grads(threads);
+        CHECK(std::memcmp(one.data(), more.data(), one.size() * sizeof(S)) == 0);
+    }
     rpe_test::set_threads(2);
 }
 
