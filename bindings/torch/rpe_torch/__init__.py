@@ -719,6 +719,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
     elif packed:
         index_skip = "own"
     methods, modes, params, counts, tables = [], [], [], [], []
+    slots = []  # each slot's (method, mode, tables, alpha, beta, gamma, skip, height, width) or None
     grid = None
     for name, m in (("rpe_q", rpe_q), ("rpe_k", rpe_k), ("rpe_v", rpe_v)):
         sk, sk_what = index_skip, what
@@ -728,6 +729,7 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
                 sk = (L - int(packed_grids.prod(1).sum())) // int(packed_lengths.shape[0])
             sk_what = "packed_lengths"
         slot = _slot(name, m, L, height, width, None if sk == "own" else sk, sk_what)
+        slots.append(slot)
         if slot is None:
             methods.append("")
             modes.append("")
@@ -764,7 +766,6 @@ def attention(q, k, v, rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=No
             if m is not None and not isinstance(m, (iRPE, iRPE_Cross, ALiBi2D)):
                 raise _onnx.unsupported(f"{n} = a {type(m).__name__} (its tables come from rpe operators; the iRPE, "
                                         "iRPE_Cross and ALiBi2D modules are composed)")
-        slots = [_slot(n, m, L, height, width) for n, m in (("rpe_q", rpe_q), ("rpe_k", rpe_k), ("rpe_v", rpe_v))]
         return _onnx.attention(q, k, v, slots, key_padding_mask, attn_mask, scale)
     rope_spec, freqs = ("", [], 0, "pairs", 0), None
     if rope is not None:

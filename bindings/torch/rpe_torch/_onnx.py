@@ -58,6 +58,12 @@ def term(x, tables, method, mode, target, alpha, beta, gamma, skip, height, widt
     return out
 
 
+def slot_term(x, slot, target):
+    """term() of an attention slot's (method, mode, tables, alpha, beta, gamma, skip, height, width)."""
+    method, mode, ts, alpha, beta, gamma, skip, h, w = slot
+    return term(x, ts, method, mode, target, alpha, beta, gamma, skip, h, w)
+
+
 def attention(q, k, v, slots, key_padding_mask, attn_mask, scale):
     """rpe_torch.attention's output from standard operators: ``qs = q·scale``, ``logits = qs·kᵀ +
     rpe_k(qs) + rpe_q(k·scale)ᵀ + attn_mask``, padded keys −∞, ``a = softmax(logits)`` (rows
@@ -68,11 +74,9 @@ def attention(q, k, v, slots, key_padding_mask, attn_mask, scale):
     logits = torch.matmul(qs, k.transpose(-1, -2))
     sq, sk, sv = slots
     if sk is not None:
-        method, mode, ts, alpha, beta, gamma, skip, h, w = sk
-        logits = logits + term(qs, ts, method, mode, "k", alpha, beta, gamma, skip, h, w)
+        logits = logits + slot_term(qs, sk, "k")
     if sq is not None:
-        method, mode, ts, alpha, beta, gamma, skip, h, w = sq
-        logits = logits + term(k * s, ts, method, mode, "k", alpha, beta, gamma, skip, h, w).transpose(-1, -2)
+        logits = logits + slot_term(k * s, sq, "k").transpose(-1, -2)
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             logits = logits.masked_fill(attn_mask, float("-inf"))
@@ -86,6 +90,5 @@ def attention(q, k, v, slots, key_padding_mask, attn_mask, scale):
         a = torch.where(dead, torch.zeros_like(a), a)
     out = torch.matmul(a, v)
     if sv is not None:
-        method, mode, ts, alpha, beta, gamma, skip, h, w = sv
-        out = out + term(a, ts, method, mode, "v", alpha, beta, gamma, skip, h, w)
+        out = out + slot_term(a, sv, "v")
     return out

@@ -16,17 +16,14 @@ from digits_model import build, images
 import onnx  # noqa: E402  (bindings/torch/requirements.txt: onnx, onnxruntime, onnxscript)
 import onnxruntime as ort  # noqa: E402
 
-# the exporters of this torch: the dynamo-based one (torch.export, the default of torch 2.9+) and
-# the TorchScript-based one where it still exists
+# both exporters of the pinned torch: the dynamo-based one (torch.export, the default of torch
+# 2.9+) and the TorchScript-based one
 EXPORTERS = [True, False]
 
 
 def export(model, args, dynamo, **kw):
     f = io.BytesIO()
-    try:
-        torch.onnx.export(model, args, f, dynamo=dynamo, **kw)
-    except TypeError as e:  # an exporter this torch does not have
-        pytest.skip(f"torch.onnx.export(dynamo={dynamo}) is not available: {e}")
+    torch.onnx.export(model, args, f, dynamo=dynamo, **kw)
     return f.getvalue()
 
 
